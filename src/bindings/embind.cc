@@ -1,0 +1,116 @@
+// Embind surface of the wasm module: plain numbers in, status out. No math here.
+// The TypeScript layer (js/) validates the user's input, copies tensors into the wasm heap,
+// fills a ProblemDesc with their addresses (byte offsets into the heap) and strides (in
+// elements), and turns a non-ok status into an exception.
+#include <emscripten/bind.h>
+
+#include <cstdint>
+
+#include "sdpa.h"
+
+namespace {
+
+struct ProblemDesc {
+  int32_t batch, qHeads, kvHeads, qLen, kvLen, headDim, valueDim;
+  uint32_t query, key, value, output, weights, mask, causalOffsets, keyLengths;
+  int32_t qStrideB, qStrideH, qStrideL, kStrideB, kStrideH, kStrideL;
+  int32_t vStrideB, vStrideH, vStrideL, oStrideB, oStrideH, oStrideL;
+  int32_t maskKind, maskStrideB, maskStrideH, maskStrideQ, maskStrideK;
+  float scale, softcap;
+  bool causal;
+  int32_t causalOffset;
+};
+
+template <typename T>
+T* at(uint32_t address) {
+  return reinterpret_cast<T*>(static_cast<uintptr_t>(address));
+}
+
+sdpa::Problem to_problem(const ProblemDesc& d) {
+  sdpa::Problem p;
+  p.batch = d.batch;
+  p.q_heads = d.qHeads;
+  p.kv_heads = d.kvHeads;
+  p.q_len = d.qLen;
+  p.kv_len = d.kvLen;
+  p.head_dim = d.headDim;
+  p.value_dim = d.valueDim;
+  p.query = at<const float>(d.query);
+  p.q_stride_b = d.qStrideB, p.q_stride_h = d.qStrideH, p.q_stride_l = d.qStrideL;
+  p.key = at<const float>(d.key);
+  p.k_stride_b = d.kStrideB, p.k_stride_h = d.kStrideH, p.k_stride_l = d.kStrideL;
+  p.value = at<const float>(d.value);
+  p.v_stride_b = d.vStrideB, p.v_stride_h = d.vStrideH, p.v_stride_l = d.vStrideL;
+  p.output = at<float>(d.output);
+  p.o_stride_b = d.oStrideB, p.o_stride_h = d.oStrideH, p.o_stride_l = d.oStrideL;
+  p.weights = at<float>(d.weights);
+  p.scale = d.scale;
+  p.softcap = d.softcap;
+  p.mask_kind = static_cast<sdpa::MaskKind>(d.maskKind);
+  p.mask = at<const void>(d.mask);
+  p.mask_stride_b = d.maskStrideB, p.mask_stride_h = d.maskStrideH;
+  p.mask_stride_q = d.maskStrideQ, p.mask_stride_k = d.maskStrideK;
+  p.causal = d.causal;
+  p.causal_offset = d.causalOffset;
+  p.causal_offsets = at<const int32_t>(d.causalOffsets);
+  p.key_lengths = at<const int32_t>(d.keyLengths);
+  return p;
+}
+
+double scratch_floats(const ProblemDesc& d) {
+  return static_cast<double>(sdpa::scratch_floats(to_problem(d)));
+}
+
+int32_t forward(const ProblemDesc& d, uint32_t scratch, double scratch_floats) {
+  return static_cast<int32_t>(sdpa::forward(to_problem(d), at<float>(scratch),
+                                            static_cast<size_t>(scratch_floats)));
+}
+
+std::string status_name(int32_t status) {
+  return sdpa::status_name(static_cast<sdpa::Status>(status));
+}
+
+}  // namespace
+
+EMSCRIPTEN_BINDINGS(sdpa_wasm) {
+  emscripten::value_object<ProblemDesc>("ProblemDesc")
+      .field("batch", &ProblemDesc::batch)
+      .field("qHeads", &ProblemDesc::qHeads)
+      .field("kvHeads", &ProblemDesc::kvHeads)
+      .field("qLen", &ProblemDesc::qLen)
+      .field("kvLen", &ProblemDesc::kvLen)
+      .field("headDim", &ProblemDesc::headDim)
+      .field("valueDim", &ProblemDesc::valueDim)
+      .field("query", &ProblemDesc::query)
+      .field("key", &ProblemDesc::key)
+      .field("value", &ProblemDesc::value)
+      .field("output", &ProblemDesc::output)
+      .field("weights", &ProblemDesc::weights)
+      .field("mask", &ProblemDesc::mask)
+      .field("causalOffsets", &ProblemDesc::causalOffsets)
+      .field("keyLengths", &ProblemDesc::keyLengths)
+      .field("qStrideB", &ProblemDesc::qStrideB)
+      .field("qStrideH", &ProblemDesc::qStrideH)
+      .field("qStrideL", &ProblemDesc::qStrideL)
+      .field("kStrideB", &ProblemDesc::kStrideB)
+      .field("kStrideH", &ProblemDesc::kStrideH)
+      .field("kStrideL", &ProblemDesc::kStrideL)
+      .field("vStrideB", &ProblemDesc::vStrideB)
+      .field("vStrideH", &ProblemDesc::vStrideH)
+      .field("vStrideL", &ProblemDesc::vStrideL)
+      .field("oStrideB", &ProblemDesc::oStrideB)
+      .field("oStrideH", &ProblemDesc::oStrideH)
+      .field("oStrideL", &ProblemDesc::oStrideL)
+      .field("maskKind", &ProblemDesc::maskKind)
+      .field("maskStrideB", &ProblemDesc::maskStrideB)
+      .field("maskStrideH", &ProblemDesc::maskStrideH)
+      .field("maskStrideQ", &ProblemDesc::maskStrideQ)
+      .field("maskStrideK", &ProblemDesc::maskStrideK)
+      .field("scale", &ProblemDesc::scale)
+      .field("softcap", &ProblemDesc::softcap)
+      .field("causal", &ProblemDesc::causal)
+      .field("causalOffset", &ProblemDesc::causalOffset);
+  emscripten::function("scratchFloats", &scratch_floats);
+  emscripten::function("forward", &forward);
+  emscripten::function("statusName", &status_name);
+}

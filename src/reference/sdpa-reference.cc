@@ -1,0 +1,75 @@
+#include "reference/sdpa-reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace sdpa {
+
+std::vector<double> reference_forward(const Problem& p, std::vector<double>* weights) {
+  const int64_t B = p.batch, Hq = p.q_heads, Hkv = p.kv_heads, Lq = p.q_len, Lk = p.kv_len,
+                E = p.head_dim, Ev = p.value_dim;
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  std::vector<double> out(static_cast<size_t>(B * Hq * Lq * Ev), 0.0);
+  if (weights != nullptr) weights->assign(static_cast<size_t>(B * Hq * Lq * Lk), 0.0);
+
+  std::vector<double> logits(static_cast<size_t>(Lk));
+  std::vector<bool> blocked(static_cast<size_t>(Lk));
+  for (int64_t b = 0; b < B; b++) {
+    const int64_t valid_keys = p.key_lengths != nullptr ? p.key_lengths[b] : Lk;
+    const int64_t offset = p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset;
+    for (int64_t h = 0; h < Hq; h++) {
+      const int64_t kvh = h / (Hq / Hkv);
+      for (int64_t i = 0; i < Lq; i++) {
+        const float* q = p.query + b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_l;
+        // 1. logits: scale·q·k, then softcap, then the mask; blocked keys are -inf.
+        for (int64_t j = 0; j < Lk; j++) {
+          const int64_t m = b * p.mask_stride_b + h * p.mask_stride_h + i * p.mask_stride_q +
+                            j * p.mask_stride_k;
+          bool is_blocked = j >= valid_keys || (p.causal && j > i + offset);
+          if (p.mask_kind == MaskKind::kBool) {
+            is_blocked = is_blocked || static_cast<const uint8_t*>(p.mask)[m] == 0;
+          }
+          if (p.mask_kind == MaskKind::kFloat &&
+              static_cast<const float*>(p.mask)[m] == -std::numeric_limits<float>::infinity()) {
+            is_blocked = true;
+          }
+          blocked[j] = is_blocked;
+          if (is_blocked) {
+            logits[j] = neg_inf;
+            continue;
+          }
+          const float* k = p.key + b * p.k_stride_b + kvh * p.k_stride_h + j * p.k_stride_l;
+          double dot = 0.0;
+          for (int64_t d = 0; d < E; d++) dot += static_cast<double>(q[d]) * k[d];
+          double s = static_cast<double>(p.scale) * dot;
+          if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
+          if (p.mask_kind == MaskKind::kFloat) s += static_cast<const float*>(p.mask)[m];
+          logits[j] = s;
+        }
+        // 2. softmax with the maximum subtracted; an all-blocked row stays all zero.
+        double max_logit = neg_inf;
+        for (int64_t j = 0; j < Lk; j++) max_logit = std::max(max_logit, logits[j]);
+        if (max_logit == neg_inf) continue;
+        double sum = 0.0;
+        for (int64_t j = 0; j < Lk; j++) {
+          logits[j] = blocked[j] ? 0.0 : std::exp(logits[j] - max_logit);
+          sum += logits[j];
+        }
+        // 3. output row = Σ_j p_j·v_j over the keys that are not blocked.
+        double* o = out.data() + ((b * Hq + h) * Lq + i) * Ev;
+        for (int64_t j = 0; j < Lk; j++) {
+          if (blocked[j]) continue;
+          const double prob = logits[j] / sum;
+          if (weights != nullptr) (*weights)[static_cast<size_t>(((b * Hq + h) * Lq + i) * Lk + j)] = prob;
+          const float* v = p.value + b * p.v_stride_b + kvh * p.v_stride_h + j * p.v_stride_l;
+          for (int64_t c = 0; c < Ev; c++) o[c] += prob * v[c];
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace sdpa

@@ -1,0 +1,96 @@
+// sdpa-wasm: scaled dot-product attention, softmax(Q·Kᵀ·scale + mask)·V.
+//
+// Shapes (logical; strides below say where each element lives):
+//   query  [B, Hq,  Lq, E ]
+//   key    [B, Hkv, Lk, E ]
+//   value  [B, Hkv, Lk, Ev]
+//   output [B, Hq,  Lq, Ev]
+//   weights (optional) [B, Hq, Lq, Lk], always dense row-major
+//   mask (optional), broadcast to [B, Hq, Lq, Lk] through zero strides
+// Hq % Hkv == 0; query head h reads KV head h / (Hq / Hkv) (grouped-query attention).
+//
+// All strides are in ELEMENTS (not bytes). The innermost axis of query, key, value and
+// output (E or Ev) is contiguous; the others have explicit strides, so both the
+// [B, H, L, E] and the [B, L, H, E] layouts are described without copies.
+//
+// The score of query row i and key j, in the order the operations are applied:
+//   s  = scale · (q_i · k_j)
+//   s  = softcap · tanh(s / softcap)                     if softcap > 0
+//   s  = s + mask[b, h, i, j]                            float mask (may be -inf)
+//   s  = -inf  where bool mask == 0, where j >= key_length[b],
+//              or (causal) where j > i + causal_offset[b]
+// Output row i = Σ_j softmax_j(s) · v_j. A row whose every key is blocked (-inf) has no
+// softmax; its output (and weights) are exact zeros.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace sdpa {
+
+enum class MaskKind : int32_t { kNone = 0, kFloat = 1, kBool = 2 };
+
+// One attention problem. Pointers are not owned. Inputs are never written.
+struct Problem {
+  int32_t batch = 0;        // B
+  int32_t q_heads = 0;      // Hq
+  int32_t kv_heads = 0;     // Hkv
+  int32_t q_len = 0;        // Lq
+  int32_t kv_len = 0;       // Lk
+  int32_t head_dim = 0;     // E  (query and key)
+  int32_t value_dim = 0;    // Ev (value and output)
+
+  const float* query = nullptr;
+  int64_t q_stride_b = 0, q_stride_h = 0, q_stride_l = 0;
+  const float* key = nullptr;
+  int64_t k_stride_b = 0, k_stride_h = 0, k_stride_l = 0;
+  const float* value = nullptr;
+  int64_t v_stride_b = 0, v_stride_h = 0, v_stride_l = 0;
+  float* output = nullptr;
+  int64_t o_stride_b = 0, o_stride_h = 0, o_stride_l = 0;
+
+  float scale = 0.0f;       // any finite number
+  float softcap = 0.0f;     // 0 = off, else > 0
+
+  MaskKind mask_kind = MaskKind::kNone;
+  const void* mask = nullptr;  // float* (kFloat) or uint8_t* (kBool, 1 = may attend)
+  // Broadcast strides over [B, Hq, Lq, Lk]: 0 on an axis the mask does not have.
+  int64_t mask_stride_b = 0, mask_stride_h = 0, mask_stride_q = 0, mask_stride_k = 0;
+
+  bool causal = false;
+  // Per-batch causal offsets [B], or nullptr for one offset for all batches.
+  const int32_t* causal_offsets = nullptr;
+  int32_t causal_offset = 0;
+  // Per-batch valid key counts [B] in [0, Lk], or nullptr for Lk.
+  const int32_t* key_lengths = nullptr;
+
+  float* weights = nullptr;  // optional [B, Hq, Lq, Lk] softmax probabilities
+};
+
+enum class Status : int32_t {
+  kOk = 0,
+  kBadShape = 1,        // a dimension < 1, or Hq % Hkv != 0
+  kNullPointer = 2,     // a required pointer is null
+  kBadScale = 3,        // scale not finite
+  kBadSoftcap = 4,      // softcap < 0 or not finite
+  kBadKeyLength = 5,    // key_lengths[b] outside [0, Lk]
+  kBadStride = 6,       // a negative stride
+  kBadScratch = 7,      // scratch missing or smaller than scratch_floats()
+};
+
+const char* status_name(Status status);
+
+// Checks what the kernel relies on. The TypeScript layer validates first and gives the
+// user-facing message; this is the C++ boundary's own guard (tests, fuzzers, bindings).
+Status validate(const Problem& p);
+
+// Number of floats of scratch that forward() needs for this problem (O(Lk·(E + Ev)) for
+// the packed K/V of one head plus O(tile) for the rest; never O(Lq·Lk)).
+size_t scratch_floats(const Problem& p);
+
+// Computes p.output (and p.weights when non-null). `scratch` holds at least
+// scratch_floats(p) floats, aligned to 16 bytes. Returns kOk or the first check that failed;
+// on failure nothing is written.
+Status forward(const Problem& p, float* scratch, size_t scratch_size);
+
+}  // namespace sdpa

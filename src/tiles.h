@@ -1,0 +1,22 @@
+// Tile sizes of the forward kernel: the one place they are defined.
+#pragma once
+
+namespace sdpa {
+
+// Query rows processed together: 4 rows × 8 keys (2 vectors) = 8 accumulators in Q·Kᵀ,
+// 4 rows × 8 value columns = 8 accumulators in P·V. With the operands that is 11-12 live
+// v128 registers, under the 16 that V8 gives wasm on x86 (more spill: PERF-NOTES).
+constexpr int kQueryTile = 4;
+// Keys per tile of the online softmax (scores of one tile live in scratch, never Lq×Lk).
+constexpr int kKeyTile = 32;
+// Keys per packed group: K is stored [Lk/4][E][4] so one load gives 4 keys at one dim.
+constexpr int kKeyGroup = 4;
+// Value/output columns per P·V block (two vectors); Ev is padded to a multiple of this.
+constexpr int kValueBlock = 8;
+
+static_assert(kKeyTile % (2 * kKeyGroup) == 0, "a key tile is whole pairs of key groups");
+static_assert(kQueryTile == 4, "the row statistics use one 4-lane vector");
+
+constexpr int round_up(int n, int m) { return (n + m - 1) / m * m; }
+
+}  // namespace sdpa

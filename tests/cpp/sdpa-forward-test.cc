@@ -1,0 +1,399 @@
+// The SIMD forward kernel (through sdpa::forward) against the double-precision reference.
+// Shapes come from the tile sizes in src/tiles.h: 1, tile-1, tile, tile+1, primes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "reference/sdpa-reference.h"
+#include "sdpa.h"
+#include "tiles.h"
+
+namespace sdpa {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// One test problem, described by shapes and options; Harness turns it into data.
+struct Case {
+  int B = 1, Hq = 1, Hkv = 1, Lq = 1, Lk = 1, E = 4, Ev = 4;
+  bool bshd = false;                 // tensors laid out [B, L, H, E]
+  MaskKind mask_kind = MaskKind::kNone;
+  std::vector<int> mask_dims;        // right-aligned against [B, Hq, Lq, Lk]
+  double mask_block_fraction = 0.0;  // share of mask entries that block (-inf or 0)
+  bool causal = false;
+  std::vector<int32_t> offsets;      // one = for every batch; B = per batch
+  std::vector<int32_t> key_lengths;  // empty = none
+  float softcap = 0.0f;
+  float scale = NAN;                 // NAN = 1/sqrt(E)
+  float input_scale = 1.0f;          // multiplies Q (large logits)
+  bool weights = true;
+  uint32_t seed = 1;
+
+  std::string describe() const {
+    std::ostringstream s;
+    s << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " E" << E
+      << " Ev" << Ev << (bshd ? " bshd" : "") << " mask" << static_cast<int>(mask_kind)
+      << (causal ? " causal" : "") << " softcap" << softcap << " seed" << seed;
+    return s.str();
+  }
+};
+
+struct Harness {
+  Case c;
+  std::vector<float> q, k, v, mask_f, out, weights;
+  std::vector<uint8_t> mask_b;
+  std::vector<int32_t> offsets, key_lengths;
+  Problem p;
+
+  explicit Harness(const Case& cs) : c(cs) {
+    std::mt19937 rng(c.seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    auto fill = [&](std::vector<float>& x, size_t n, float s) {
+      x.resize(n);
+      for (float& e : x) e = normal(rng) * s;
+    };
+    fill(q, size_t(c.B) * c.Hq * c.Lq * c.E, c.input_scale);
+    fill(k, size_t(c.B) * c.Hkv * c.Lk * c.E, 1.0f);
+    fill(v, size_t(c.B) * c.Hkv * c.Lk * c.Ev, 1.0f);
+    out.assign(size_t(c.B) * c.Hq * c.Lq * c.Ev, kNaN);  // NaN: every element must be written
+    if (c.weights) weights.assign(size_t(c.B) * c.Hq * c.Lq * c.Lk, kNaN);
+
+    p.batch = c.B, p.q_heads = c.Hq, p.kv_heads = c.Hkv, p.q_len = c.Lq, p.kv_len = c.Lk;
+    p.head_dim = c.E, p.value_dim = c.Ev;
+    set_strides(c.Hq, c.Lq, c.E, &p.q_stride_b, &p.q_stride_h, &p.q_stride_l);
+    set_strides(c.Hkv, c.Lk, c.E, &p.k_stride_b, &p.k_stride_h, &p.k_stride_l);
+    set_strides(c.Hkv, c.Lk, c.Ev, &p.v_stride_b, &p.v_stride_h, &p.v_stride_l);
+    set_strides(c.Hq, c.Lq, c.Ev, &p.o_stride_b, &p.o_stride_h, &p.o_stride_l);
+    p.query = q.data(), p.key = k.data(), p.value = v.data(), p.output = out.data();
+    p.weights = c.weights ? weights.data() : nullptr;
+    p.scale = std::isnan(c.scale) ? 1.0f / std::sqrt(float(c.E)) : c.scale;
+    p.softcap = c.softcap;
+
+    p.mask_kind = c.mask_kind;
+    if (c.mask_kind != MaskKind::kNone) {
+      const int full[4] = {c.B, c.Hq, c.Lq, c.Lk};
+      int dims[4] = {1, 1, 1, 1};
+      const int rank = int(c.mask_dims.size());
+      for (int a = 0; a < rank; a++) dims[4 - rank + a] = c.mask_dims[a];
+      int64_t strides[4], n = 1;
+      for (int a = 3; a >= 0; a--) {
+        strides[a] = dims[a] == 1 && full[a] != 1 ? 0 : n;
+        n *= dims[a];
+      }
+      p.mask_stride_b = strides[0], p.mask_stride_h = strides[1];
+      p.mask_stride_q = strides[2], p.mask_stride_k = strides[3];
+      std::uniform_real_distribution<double> u(0.0, 1.0);
+      if (c.mask_kind == MaskKind::kFloat) {
+        mask_f.resize(size_t(n));
+        for (float& m : mask_f) m = u(rng) < c.mask_block_fraction ? -kInf : normal(rng);
+        p.mask = mask_f.data();
+      } else {
+        mask_b.resize(size_t(n));
+        for (uint8_t& m : mask_b) m = u(rng) < c.mask_block_fraction ? 0 : 1;
+        p.mask = mask_b.data();
+      }
+    }
+    p.causal = c.causal;
+    if (c.offsets.size() == 1) p.causal_offset = c.offsets[0];
+    if (c.offsets.size() > 1) {
+      offsets = c.offsets;
+      p.causal_offsets = offsets.data();
+    }
+    if (!c.key_lengths.empty()) {
+      key_lengths = c.key_lengths;
+      p.key_lengths = key_lengths.data();
+    }
+  }
+
+  void set_strides(int H, int L, int D, int64_t* sb, int64_t* sh, int64_t* sl) const {
+    if (c.bshd) {  // [B, L, H, D]
+      *sb = int64_t(L) * H * D, *sl = int64_t(H) * D, *sh = D;
+    } else {       // [B, H, L, D]
+      *sb = int64_t(H) * L * D, *sh = int64_t(L) * D, *sl = D;
+    }
+  }
+
+  float& value_at(int b, int h, int j, int c_) {
+    return v[size_t(b * p.v_stride_b + h * p.v_stride_h + j * p.v_stride_l + c_)];
+  }
+  float& key_at(int b, int h, int j, int d) {
+    return k[size_t(b * p.k_stride_b + h * p.k_stride_h + j * p.k_stride_l + d)];
+  }
+
+  Status run() {
+    std::vector<float> scratch(scratch_floats(p));
+    return forward(p, scratch.data(), scratch.size());
+  }
+
+  // Output (in the case's layout) element for logical (b, h, i, c).
+  float output_at(int b, int h, int i, int c_) const {
+    return out[size_t(b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_l + c_)];
+  }
+
+  // Compares against the reference: |got - ref| <= tol·(1 + |ref|) for every element.
+  void expect_matches_reference(double tol = 2e-5) const {
+    std::vector<double> ref_w;
+    const std::vector<double> ref = reference_forward(p, c.weights ? &ref_w : nullptr);
+    double worst = 0.0;
+    for (int b = 0; b < c.B; b++)
+      for (int h = 0; h < c.Hq; h++)
+        for (int i = 0; i < c.Lq; i++)
+          for (int e = 0; e < c.Ev; e++) {
+            const double r = ref[size_t(((b * c.Hq + h) * c.Lq + i) * c.Ev + e)];
+            const float g = output_at(b, h, i, e);
+            const double err = std::abs(g - r) / (1.0 + std::abs(r));
+            worst = std::max(worst, err);
+            ASSERT_TRUE(std::isfinite(g) && err <= tol)
+                << c.describe() << "\n output[" << b << "," << h << "," << i << "," << e
+                << "] got " << g << " ref " << r;
+          }
+    if (c.weights) {
+      for (size_t n = 0; n < ref_w.size(); n++) {
+        const double err = std::abs(weights[n] - ref_w[n]);
+        ASSERT_TRUE(std::isfinite(weights[n]) && err <= tol)
+            << c.describe() << "\n weights[" << n << "] got " << weights[n] << " ref " << ref_w[n];
+      }
+    }
+  }
+};
+
+void check(const Case& c, double tol = 2e-5) {
+  Harness h(c);
+  ASSERT_EQ(h.run(), Status::kOk) << c.describe();
+  h.expect_matches_reference(tol);
+}
+
+const int kEdgeLengths[] = {1, 2, kQueryTile - 1, kQueryTile, kQueryTile + 1, 13,
+                            kKeyTile - 1, kKeyTile, kKeyTile + 1, 2 * kKeyTile + 1, 97};
+
+TEST(SdpaForward, QueryAndKeyLengthsAroundTileEdges) {
+  uint32_t seed = 1;
+  for (int lq : kEdgeLengths)
+    for (int lk : kEdgeLengths) {
+      Case c;
+      c.Lq = lq, c.Lk = lk, c.E = 8, c.Ev = 8, c.seed = seed++;
+      check(c);
+    }
+}
+
+TEST(SdpaForward, HeadDimsAroundVectorAndBlockWidths) {
+  uint32_t seed = 100;
+  for (int e : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 64, 128, 256})
+    for (int ev : {1, 3, 4, kValueBlock - 1, kValueBlock, kValueBlock + 1, 24, 64}) {
+      Case c;
+      c.Lq = 5, c.Lk = 37, c.E = e, c.Ev = ev, c.seed = seed++;
+      check(c);
+    }
+}
+
+TEST(SdpaForward, GroupedAndMultiQueryHeads) {
+  const int heads[][2] = {{2, 2}, {4, 2}, {6, 3}, {8, 1}, {6, 2}};
+  uint32_t seed = 200;
+  for (auto& hh : heads)
+    for (bool bshd : {false, true}) {
+      Case c;
+      c.B = 2, c.Hq = hh[0], c.Hkv = hh[1], c.Lq = 6, c.Lk = 35, c.E = 12, c.Ev = 10;
+      c.bshd = bshd, c.seed = seed++;
+      check(c);
+    }
+}
+
+TEST(SdpaForward, MasksOfEveryBroadcastShape) {
+  const std::vector<std::vector<int>> shapes = {
+      {7, 41}, {1, 41}, {7, 1}, {41}, {1}, {3, 7, 41}, {1, 7, 41}, {3, 1, 41},
+      {2, 3, 7, 41}, {2, 1, 1, 41}, {1, 3, 7, 41}, {2, 1, 7, 41}, {1, 1, 1, 1}};
+  uint32_t seed = 300;
+  for (const auto& dims : shapes)
+    for (MaskKind kind : {MaskKind::kFloat, MaskKind::kBool})
+      for (bool causal : {false, true}) {
+        Case c;
+        c.B = 2, c.Hq = 3, c.Hkv = 1, c.Lq = 7, c.Lk = 41, c.E = 8, c.Ev = 5;
+        c.mask_kind = kind, c.mask_dims = dims, c.mask_block_fraction = 0.3;
+        c.causal = causal, c.offsets = {3}, c.seed = seed++;
+        check(c);
+      }
+}
+
+TEST(SdpaForward, CausalOffsetsTopLeftBottomRightNegativeAndPerBatch) {
+  uint32_t seed = 400;
+  for (int lq : {1, 4, 5, 33})
+    for (int lk : {1, 31, 33, 70})
+      for (int offset : {0, lk - lq, -2, -lq, 5, 1000, -1000}) {
+        Case c;
+        c.Lq = lq, c.Lk = lk, c.E = 8, c.Ev = 8, c.causal = true, c.offsets = {offset};
+        c.seed = seed++;
+        check(c);
+      }
+  Case c;
+  c.B = 3, c.Lq = 9, c.Lk = 40, c.E = 8, c.Ev = 8, c.causal = true, c.offsets = {0, 31, -4};
+  check(c);
+}
+
+TEST(SdpaForward, KeyLengthsSoftcapAndScale) {
+  Case c;
+  c.B = 4, c.Hq = 2, c.Lq = 6, c.Lk = 70, c.E = 16, c.Ev = 16;
+  c.key_lengths = {70, 0, 33, 1};
+  check(c);
+  c.causal = true, c.offsets = {64};
+  check(c);
+  c.key_lengths = {}, c.causal = false, c.softcap = 2.5f, c.scale = 0.7f;
+  check(c);
+  c.softcap = 0.0f, c.scale = -0.01f;
+  check(c);
+  c.scale = 0.0f;  // every score 0: uniform softmax
+  check(c);
+}
+
+TEST(SdpaForward, FullyMaskedRowsAreExactZeros) {
+  Case c;
+  c.B = 2, c.Hq = 2, c.Lq = 6, c.Lk = 40, c.E = 8, c.Ev = 8, c.causal = true;
+  c.offsets = {-3, -100};  // batch 0: rows 0..2 see nothing; batch 1: no row sees anything
+  Harness h(c);
+  ASSERT_EQ(h.run(), Status::kOk);
+  h.expect_matches_reference();
+  for (int hh = 0; hh < 2; hh++)
+    for (int e = 0; e < 8; e++) {
+      for (int i = 0; i < 3; i++) EXPECT_EQ(h.output_at(0, hh, i, e), 0.0f);
+      for (int i = 0; i < 6; i++) EXPECT_EQ(h.output_at(1, hh, i, e), 0.0f);
+    }
+
+  Case m;  // a bool mask row of all zeros, and key length 0
+  m.B = 2, m.Lq = 5, m.Lk = 9, m.mask_kind = MaskKind::kBool, m.mask_dims = {5, 9};
+  m.key_lengths = {9, 0};
+  Harness hm(m);
+  std::fill(hm.mask_b.begin() + 2 * 9, hm.mask_b.begin() + 3 * 9, 0);
+  ASSERT_EQ(hm.run(), Status::kOk);
+  hm.expect_matches_reference();
+  for (int e = 0; e < m.Ev; e++) {
+    EXPECT_EQ(hm.output_at(0, 0, 2, e), 0.0f);
+    for (int i = 0; i < 5; i++) EXPECT_EQ(hm.output_at(1, 0, i, e), 0.0f);
+  }
+  for (int j = 0; j < 9; j++) EXPECT_EQ(hm.weights[2 * 9 + j], 0.0f);
+}
+
+TEST(SdpaForward, NanInBlockedKeysNeverReachesTheOutput) {
+  // Padding past key_lengths, keys past the causal frontier, and keys blocked by a mask
+  // hold NaN in K and V; the reference (which never reads them) stays finite.
+  Case c;
+  c.B = 2, c.Hq = 2, c.Lq = 7, c.Lk = 45, c.E = 8, c.Ev = 9;
+  c.key_lengths = {30, 45}, c.causal = true, c.offsets = {20};
+  c.mask_kind = MaskKind::kFloat, c.mask_dims = {7, 45};
+  Harness h(c);
+  for (int j = 0; j < 45; j++) h.mask_f[size_t(3 * 45 + j)] = j % 3 == 0 ? -kInf : 0.5f;
+  for (int b = 0; b < 2; b++)
+    for (int kvh = 0; kvh < h.c.Hkv; kvh++)
+      for (int j = 0; j < 45; j++) {
+        const bool padding = j >= h.c.key_lengths[size_t(b)];
+        const bool after_frontier = j > 6 + 20;  // no row may see it
+        if (padding || after_frontier) {
+          for (int d = 0; d < 8; d++) h.key_at(b, kvh, j, d) = kNaN;
+          for (int e = 0; e < 9; e++) h.value_at(b, kvh, j, e) = kNaN;
+        }
+      }
+  ASSERT_EQ(h.run(), Status::kOk);
+  h.expect_matches_reference();
+
+  // V rows blocked for one query row only (mask) but attended by other rows: row 3 must
+  // not see the NaN those rows legitimately produce.
+  Case m;
+  m.Lq = 4, m.Lk = 12, m.mask_kind = MaskKind::kBool, m.mask_dims = {4, 12};
+  Harness hm(m);
+  for (int j = 0; j < 12; j++) hm.mask_b[size_t(3 * 12 + j)] = j == 5 ? 0 : 1;
+  for (int e = 0; e < m.Ev; e++) hm.value_at(0, 0, 5, e) = kNaN;
+  for (int d = 0; d < m.E; d++) hm.key_at(0, 0, 5, d) = kNaN;
+  ASSERT_EQ(hm.run(), Status::kOk);
+  for (int e = 0; e < m.Ev; e++) {
+    EXPECT_TRUE(std::isfinite(hm.output_at(0, 0, 3, e))) << "row 3 col " << e;
+    EXPECT_TRUE(std::isnan(hm.output_at(0, 0, 0, e))) << "row 0 attends the NaN key";
+  }
+}
+
+TEST(SdpaForward, HugeLogitsNeitherOverflowNorNaN) {
+  for (float magnitude : {1e2f, 1e4f, 1e6f}) {
+    Case c;
+    c.Lq = 9, c.Lk = 70, c.E = 16, c.Ev = 8, c.input_scale = magnitude, c.seed = 77;
+    Harness h(c);
+    ASSERT_EQ(h.run(), Status::kOk);
+    // fp32 rounding of a score s costs about |s|·2^-23 in its exponent; scores here reach
+    // ~|q|·|k|/4 ≈ magnitude·4, so the tolerance follows that bound.
+    const double tol = std::max(2e-5, 8.0 * magnitude * 4.0 * std::ldexp(1.0, -23));
+    h.expect_matches_reference(tol);
+  }
+}
+
+TEST(SdpaForward, DeterministicAndInputsUntouched) {
+  Case c;
+  c.B = 2, c.Hq = 4, c.Hkv = 2, c.Lq = 19, c.Lk = 67, c.E = 24, c.Ev = 20;
+  c.mask_kind = MaskKind::kFloat, c.mask_dims = {19, 67}, c.mask_block_fraction = 0.2;
+  Harness h(c);
+  const auto q = h.q, k = h.k, v = h.v, mask = h.mask_f;
+  ASSERT_EQ(h.run(), Status::kOk);
+  const auto first_out = h.out, first_w = h.weights;
+  ASSERT_EQ(h.run(), Status::kOk);
+  EXPECT_EQ(0, std::memcmp(first_out.data(), h.out.data(), first_out.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(first_w.data(), h.weights.data(), first_w.size() * sizeof(float)));
+  EXPECT_EQ(q, h.q);
+  EXPECT_EQ(k, h.k);
+  EXPECT_EQ(v, h.v);
+  EXPECT_EQ(0, std::memcmp(mask.data(), h.mask_f.data(), mask.size() * sizeof(float)));
+}
+
+TEST(SdpaForward, LongSequencesUseTileSizedScratch) {
+  Case c;
+  c.Lq = 32768, c.Lk = 32768, c.E = 16, c.Ev = 16, c.weights = false;
+  Harness h(c);
+  // Packed K and V of one head plus tiles: O(Lk·(E + Ev)), nowhere near Lq·Lk.
+  const size_t floats = scratch_floats(h.p);
+  EXPECT_LT(floats, size_t(32768) * (16 + 16) + 4096);
+}
+
+TEST(SdpaForward, ValidateRejectsWhatTheKernelCannotDo) {
+  Case c;
+  c.Lq = 4, c.Lk = 8;
+  {
+    Harness h(c);
+    h.p.q_heads = 3, h.p.kv_heads = 2;
+    EXPECT_EQ(h.run(), Status::kBadShape);
+  }
+  {
+    Harness h(c);
+    h.p.head_dim = 0;
+    EXPECT_EQ(h.run(), Status::kBadShape);
+  }
+  {
+    Harness h(c);
+    h.p.scale = kNaN;
+    EXPECT_EQ(h.run(), Status::kBadScale);
+  }
+  {
+    Harness h(c);
+    h.p.softcap = -1.0f;
+    EXPECT_EQ(h.run(), Status::kBadSoftcap);
+  }
+  {
+    Harness h(c);
+    int32_t too_long = 9;
+    h.p.key_lengths = &too_long;
+    EXPECT_EQ(h.run(), Status::kBadKeyLength);
+  }
+  {
+    Harness h(c);
+    h.p.value = nullptr;
+    EXPECT_EQ(h.run(), Status::kNullPointer);
+  }
+  {
+    Harness h(c);
+    std::vector<float> scratch(scratch_floats(h.p) - 1);
+    EXPECT_EQ(forward(h.p, scratch.data(), scratch.size()), Status::kBadScratch);
+  }
+}
+
+}  // namespace
+}  // namespace sdpa
