@@ -1,0 +1,140 @@
+// sdpa-wasm: scaled dot-product attention in WebAssembly SIMD.
+//
+//   const attn = await createAttention();
+//   const { output } = attn.sdpa(query, key, value, { isCausal: true });
+//   attn.dispose();
+//
+// query [B, Hq, Lq, E], key [B, Hkv, Lk, E], value [B, Hkv, Lk, Ev] → output [B, Hq, Lq, Ev]
+// (rank 3 and 2 drop leading axes of 1; layout 'bshd' swaps H and L). Hq % Hkv == 0.
+import { loadModule } from './loader.js';
+import type { ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
+import type { AttentionOptions, SdpaOptions, SdpaResult, Tensor } from './types.js';
+import { plan, type Plan } from './validate.js';
+
+export type { AttentionOptions, MaskTensor, SdpaOptions, SdpaResult, Tensor } from './types.js';
+
+const MASK_KIND = { float: 1, bool: 2 } as const;
+
+export class Attention {
+  /** Threads the kernel runs on. */
+  readonly threads: number;
+  /** Whether the 128-bit SIMD kernel is in use (always, in this release). */
+  readonly simd = true;
+  #module: SdpaModule | null;
+
+  /** @internal Use createAttention(). */
+  constructor(module: SdpaModule, threads: number) {
+    this.#module = module;
+    this.threads = threads;
+  }
+
+  /**
+   * softmax(query·keyᵀ·scale + mask)·value. Inputs are never modified; the same inputs give
+   * bitwise-identical outputs. Throws TypeError/RangeError on bad input (the instance stays
+   * usable).
+   */
+  sdpa(query: Tensor, key: Tensor, value: Tensor, options?: SdpaOptions): SdpaResult {
+    const module = this.#module;
+    if (module === null) throw new Error('sdpa: this Attention instance has been disposed');
+    const p = plan(query, key, value, options);
+    return run(module, p, query.data, key.data, value.data);
+  }
+
+  /** Releases the instance; sdpa() then throws. Calling it twice is harmless. */
+  dispose(): void {
+    this.#module = null;
+  }
+
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+/** Loads the wasm module (once per page or process) and returns an attention instance. */
+export async function createAttention(options: AttentionOptions = {}): Promise<Attention> {
+  if (options === null || typeof options !== 'object') {
+    throw new TypeError(`createAttention: options must be an object, got ${String(options)}`);
+  }
+  const { threads } = options;
+  if (threads !== undefined && (typeof threads !== 'number' || !Number.isInteger(threads) || threads < 1)) {
+    throw new RangeError(`createAttention: options.threads must be a positive integer, got ${String(threads)}`);
+  }
+  const module = await loadModule();
+  return new Attention(module, 1);
+}
+
+// Copies the inputs into wasm memory, runs the kernel, copies the results out, and frees
+// every allocation whatever happens.
+function run(module: SdpaModule, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): SdpaResult {
+  const allocations: number[] = [];
+  const alloc = (bytes: number, what: string): number => {
+    const address = bytes === 0 ? 0 : module._malloc(bytes);
+    if (bytes !== 0 && address === 0) {
+      throw new RangeError(
+        `sdpa: cannot allocate ${bytes} bytes of wasm memory for ${what} (the module's memory is limited to 2 GiB)`);
+    }
+    if (address !== 0) allocations.push(address);
+    return address;
+  };
+  try {
+    const desc: ProblemDesc = {
+      batch: p.batch, qHeads: p.qHeads, kvHeads: p.kvHeads, qLen: p.qLen, kvLen: p.kvLen,
+      headDim: p.headDim, valueDim: p.valueDim,
+      query: 0, key: 0, value: 0, output: 0, weights: 0, mask: 0, causalOffsets: 0, keyLengths: 0,
+      qStrideB: p.q.b, qStrideH: p.q.h, qStrideL: p.q.l,
+      kStrideB: p.k.b, kStrideH: p.k.h, kStrideL: p.k.l,
+      vStrideB: p.v.b, vStrideH: p.v.h, vStrideL: p.v.l,
+      oStrideB: p.o.b, oStrideH: p.o.h, oStrideL: p.o.l,
+      maskKind: p.mask === null ? 0 : MASK_KIND[p.mask.kind],
+      maskStrideB: p.mask?.strides[0] ?? 0, maskStrideH: p.mask?.strides[1] ?? 0,
+      maskStrideQ: p.mask?.strides[2] ?? 0, maskStrideK: p.mask?.strides[3] ?? 0,
+      scale: p.scale, softcap: p.softcap, causal: p.causal, causalOffset: p.causalOffset,
+    };
+    const scratchFloats = module.scratchFloats(desc);
+    const scratch = alloc(scratchFloats * 4, 'scratch');
+    desc.query = alloc(q.byteLength, 'query');
+    desc.key = alloc(k.byteLength, 'key');
+    desc.value = alloc(v.byteLength, 'value');
+    desc.output = alloc(p.outputSize * 4, 'the output');
+    desc.weights = alloc(p.weightsSize * 4, 'the weights');
+    if (p.mask !== null) desc.mask = alloc(p.mask.data.byteLength, 'options.attnMask');
+    if (p.causalOffsets !== null) desc.causalOffsets = alloc(p.causalOffsets.byteLength, 'options.causalOffset');
+    if (p.keyLengths !== null) desc.keyLengths = alloc(p.keyLengths.byteLength, 'options.keyLengths');
+
+    // Heap views are read only after the last allocation: growing memory detaches them.
+    const f32 = module.HEAPF32, i32 = module.HEAP32, u8 = module.HEAPU8;
+    f32.set(q, desc.query >>> 2);
+    f32.set(k, desc.key >>> 2);
+    f32.set(v, desc.value >>> 2);
+    if (p.mask !== null) {
+      if (p.mask.kind === 'float') f32.set(p.mask.data, desc.mask >>> 2);
+      else u8.set(p.mask.data, desc.mask);
+    }
+    if (p.causalOffsets !== null) i32.set(p.causalOffsets, desc.causalOffsets >>> 2);
+    if (p.keyLengths !== null) i32.set(p.keyLengths, desc.keyLengths >>> 2);
+
+    const status = module.forward(desc, scratch, scratchFloats);
+    if (status !== 0) {
+      // plan() checks everything the kernel checks; reaching this is a bug in sdpa-wasm.
+      throw new Error(`sdpa: internal error: the kernel rejected a validated problem (${module.statusName(status)})`);
+    }
+
+    const heap = module.HEAPF32;
+    const outputView = heap.subarray(desc.output >>> 2, (desc.output >>> 2) + p.outputSize);
+    let output: Float32Array;
+    if (p.out !== null) {
+      p.out.set(outputView);
+      output = p.out.length === p.outputSize ? p.out : p.out.subarray(0, p.outputSize);
+    } else {
+      output = outputView.slice();
+    }
+    const result: SdpaResult = { output: { data: output, dims: p.outputDims } };
+    if (p.weightsDims !== null) {
+      const w = heap.slice(desc.weights >>> 2, (desc.weights >>> 2) + p.weightsSize);
+      result.weights = { data: w, dims: p.weightsDims };
+    }
+    return result;
+  } finally {
+    for (const address of allocations) module._free(address);
+  }
+}

@@ -1,0 +1,57 @@
+/** A dense row-major tensor: the same shape as an onnxruntime-web Tensor's `data`/`dims`. */
+export interface Tensor {
+  data: Float32Array;
+  dims: readonly number[];
+}
+
+/**
+ * An attention mask, broadcast NumPy-style (right-aligned) to `[B, Hq, Lq, Lk]`.
+ * - `Float32Array`: added to the scores after scaling and softcap; may hold `-Infinity`.
+ * - `Uint8Array`: boolean, `1` = may attend, `0` = blocked.
+ */
+export interface MaskTensor {
+  data: Float32Array | Uint8Array;
+  dims: readonly number[];
+}
+
+export interface SdpaOptions {
+  /** Multiplies Q·Kᵀ. Any finite number; default `1/sqrt(E)`. */
+  scale?: number;
+  /** > 0: scores become `softcap·tanh(s/softcap)`, after scaling and before any mask. */
+  softcap?: number;
+  /** Additive (float) or boolean (uint8) mask, broadcast to `[B, Hq, Lq, Lk]`. */
+  attnMask?: MaskTensor;
+  /** Query row `i` may attend key `j` only if `j <= i + causalOffset`. Combines with a mask. */
+  isCausal?: boolean;
+  /**
+   * Integer, or an `Int32Array` with one offset per batch; default 0 (PyTorch's top-left
+   * alignment). `Lk - Lq` is the bottom-right alignment of a KV cache. Requires `isCausal`.
+   */
+  causalOffset?: number | Int32Array;
+  /** One valid key count per batch, in `[0, Lk]`: keys `j >= keyLengths[b]` are padding, never read. */
+  keyLengths?: Int32Array;
+  /** Also return the softmax probabilities `[..., Hq, Lq, Lk]` (zeros on fully masked rows). */
+  returnWeights?: boolean;
+  /** Write the output into this buffer (at least as long as the output) instead of a new one. */
+  out?: Float32Array;
+  /**
+   * `'bhsd'` (default): tensors are `[B, H, L, E]`. `'bshd'`: tensors are `[B, L, H, E]`
+   * (the output too: `[B, Lq, Hq, Ev]`); no transposes needed by the caller.
+   */
+  layout?: 'bhsd' | 'bshd';
+}
+
+export interface SdpaResult {
+  /** `[..., Hq, Lq, Ev]` (or `[..., Lq, Hq, Ev]` with `layout: 'bshd'`), the query's rank. */
+  output: Tensor;
+  /** `[..., Hq, Lq, Lk]`, present when `returnWeights` was set. */
+  weights?: Tensor;
+}
+
+export interface AttentionOptions {
+  /**
+   * Worker threads to use. This release runs on one thread; `attn.threads` reports
+   * the number actually used.
+   */
+  threads?: number;
+}

@@ -1,0 +1,34 @@
+// Types of the Emscripten-generated factory (dist/wasm/sdpa.mjs). Emscripten 3.1.6 cannot
+// emit these (no --emit-tsd), so they are written by hand from src/bindings/embind.cc.
+
+/** Mirrors ProblemDesc in src/bindings/embind.cc: addresses are byte offsets in the heap. */
+export interface ProblemDesc {
+  batch: number; qHeads: number; kvHeads: number; qLen: number; kvLen: number;
+  headDim: number; valueDim: number;
+  query: number; key: number; value: number; output: number; weights: number;
+  mask: number; causalOffsets: number; keyLengths: number;
+  qStrideB: number; qStrideH: number; qStrideL: number;
+  kStrideB: number; kStrideH: number; kStrideL: number;
+  vStrideB: number; vStrideH: number; vStrideL: number;
+  oStrideB: number; oStrideH: number; oStrideL: number;
+  maskKind: number; maskStrideB: number; maskStrideH: number; maskStrideQ: number; maskStrideK: number;
+  scale: number; softcap: number; causal: boolean; causalOffset: number;
+}
+
+export interface SdpaModule {
+  HEAPU8: Uint8Array;
+  HEAP32: Int32Array;
+  HEAPF32: Float32Array;
+  _malloc(bytes: number): number;
+  _free(address: number): void;
+  scratchFloats(desc: ProblemDesc): number;
+  forward(desc: ProblemDesc, scratch: number, scratchFloats: number): number;
+  statusName(status: number): string;
+}
+
+export interface ModuleOverrides {
+  wasmBinary?: ArrayBuffer | Uint8Array;
+  locateFile?: (path: string, prefix: string) => string;
+}
+
+export default function createSdpaModule(overrides?: ModuleOverrides): Promise<SdpaModule>;

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Builds the package into dist/: the wasm module (Emscripten, -msimd128, Embind) and the
+# TypeScript API. Incremental: CMake and tsc rebuild only what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export NODE_PATH=/usr/share/nodejs  # Emscripten 3.1.6 (Debian) finds acorn there
+
+if [ ! -f build/wasm/CMakeCache.txt ]; then
+  emcmake cmake -S . -B build/wasm -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CROSSCOMPILING_EMULATOR=/usr/bin/node >/dev/null
+fi
+cmake --build build/wasm -j2
+npx tsc -p tsconfig.json
+cp js/wasm/sdpa.d.mts dist/wasm/sdpa.d.mts
+echo "build: dist/ ready ($(stat -c %s dist/wasm/sdpa.wasm) bytes of wasm)" >&2
