@@ -55,7 +55,7 @@ Status forward(const Problem& p, float* scratch, size_t scratch_size) {
   if (scratch == nullptr || scratch_size < scratch_floats(p)) return Status::kBadScratch;
   for (int32_t b = 0; b < p.batch; b++) {
     for (int32_t kv_head = 0; kv_head < p.kv_heads; kv_head++) {
-      sdpa_f32_fwd_ukernel_4x32__wasmsimd(p, b, kv_head, scratch);
+      sdpa_f32_fwd_ukernel_4x32__wasmsimd(p, b, kv_head, 0, p.q_len, scratch);
     }
   }
   return Status::kOk;

@@ -73,17 +73,26 @@ enum class TileKind {
   kClean,       // every row attends every key, no mask: bias[] unused
 };
 
+struct TileBias {
+  TileKind kind;
+  // Columns [0, open_cols) are blocked for no row: P·V may multiply them unconditionally.
+  // Blocked entries only occur from open_cols on (a causal diagonal or a key-length edge
+  // leaves at most a few such columns; a mask with -inf can leave many).
+  int32_t open_cols;
+};
+
 struct RowTile {
   int32_t b, h, i0;        // batch, query head, first query row of the tile
   int32_t limit[kQueryTile];  // row r may attend keys j < limit[r] (0 for rows past Lq)
 };
 
-TileKind build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias) {
+TileBias build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias) {
   bool clean = p.mask_kind == MaskKind::kNone;
   for (int r = 0; r < kQueryTile; r++) clean = clean && rt.limit[r] >= j0 + kKeyTile;
-  if (clean) return TileKind::kClean;
+  if (clean) return {TileKind::kClean, kKeyTile};
 
   bool any_allowed = false;
+  int32_t open_cols = kKeyTile;
   for (int r = 0; r < kQueryTile; r++) {
     float* bias_row = bias + r * kKeyTile;
     const int32_t allowed_end = std::clamp(rt.limit[r] - j0, 0, kKeyTile);
@@ -98,11 +107,16 @@ TileKind build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias
         value = static_cast<const uint8_t*>(p.mask)[at] != 0 ? 0.0f : kNegInf;
       }
       bias_row[c] = value;
-      any_allowed = any_allowed || value != kNegInf;
+      if (value == kNegInf) {
+        open_cols = std::min(open_cols, c);
+      } else {
+        any_allowed = true;
+      }
     }
     for (int c = allowed_end; c < kKeyTile; c++) bias_row[c] = kNegInf;
+    open_cols = std::min(open_cols, allowed_end);
   }
-  return any_allowed ? TileKind::kPartial : TileKind::kAllBlocked;
+  return {any_allowed ? TileKind::kPartial : TileKind::kAllBlocked, open_cols};
 }
 
 // scores[4][32] = q_tile[4][E] · K[j0 .. j0+32)ᵀ, K packed [groups][E][4].
@@ -210,10 +224,11 @@ v128_t exponentiate_tile(float* scores, v128_t shift, const ExpConstants& ec) {
 }
 
 // acc[r][:] = alpha[r]·acc[r][:] + Σ_{j < key_count} probs[r][j]·V[j][:]
-// With `skip_zero`, a key whose probability is exactly 0 for a row (blocked, or exp
-// underflow) is skipped for that row rather than multiplied by 0.
-void accumulate_pv(const float* probs, const float* packed_value_tile, int32_t key_count,
-                   int32_t ev8, v128_t alpha, bool skip_zero, float* acc) {
+// Keys j < open_count are open for every row and are multiplied unconditionally; from
+// open_count on, a key whose probability is exactly 0 for a row (blocked, or exp underflow)
+// is skipped for that row, not multiplied by 0, so NaN in a blocked V row cannot leak.
+void accumulate_pv(const float* probs, const float* packed_value_tile, int32_t open_count,
+                   int32_t key_count, int32_t ev8, v128_t alpha, float* acc) {
   const v128_t a0 = wasm_i32x4_shuffle(alpha, alpha, 0, 0, 0, 0);
   const v128_t a1 = wasm_i32x4_shuffle(alpha, alpha, 1, 1, 1, 1);
   const v128_t a2 = wasm_i32x4_shuffle(alpha, alpha, 2, 2, 2, 2);
@@ -236,48 +251,45 @@ void accumulate_pv(const float* probs, const float* packed_value_tile, int32_t k
     v128_t acc3x0123 = wasm_f32x4_mul(wasm_v128_load(o3), a3);
     v128_t acc3x4567 = wasm_f32x4_mul(wasm_v128_load(o3 + 4), a3);
     const float* v = packed_value_tile + col;
-    if (!skip_zero) {
 #pragma clang loop unroll(disable)
-      for (int32_t j = 0; j < key_count; j++) {
-        const v128_t v0123 = wasm_v128_load(v + static_cast<size_t>(j) * ev8);
-        const v128_t v4567 = wasm_v128_load(v + static_cast<size_t>(j) * ev8 + 4);
-        const v128_t vp0 = wasm_v128_load32_splat(p0 + j);
-        acc0x0123 = wasm_f32x4_add(acc0x0123, wasm_f32x4_mul(vp0, v0123));
-        acc0x4567 = wasm_f32x4_add(acc0x4567, wasm_f32x4_mul(vp0, v4567));
-        const v128_t vp1 = wasm_v128_load32_splat(p1 + j);
-        acc1x0123 = wasm_f32x4_add(acc1x0123, wasm_f32x4_mul(vp1, v0123));
-        acc1x4567 = wasm_f32x4_add(acc1x4567, wasm_f32x4_mul(vp1, v4567));
-        const v128_t vp2 = wasm_v128_load32_splat(p2 + j);
-        acc2x0123 = wasm_f32x4_add(acc2x0123, wasm_f32x4_mul(vp2, v0123));
-        acc2x4567 = wasm_f32x4_add(acc2x4567, wasm_f32x4_mul(vp2, v4567));
-        const v128_t vp3 = wasm_v128_load32_splat(p3 + j);
-        acc3x0123 = wasm_f32x4_add(acc3x0123, wasm_f32x4_mul(vp3, v0123));
-        acc3x4567 = wasm_f32x4_add(acc3x4567, wasm_f32x4_mul(vp3, v4567));
+    for (int32_t j = 0; j < open_count; j++) {
+      const v128_t v0123 = wasm_v128_load(v + static_cast<size_t>(j) * ev8);
+      const v128_t v4567 = wasm_v128_load(v + static_cast<size_t>(j) * ev8 + 4);
+      const v128_t vp0 = wasm_v128_load32_splat(p0 + j);
+      acc0x0123 = wasm_f32x4_add(acc0x0123, wasm_f32x4_mul(vp0, v0123));
+      acc0x4567 = wasm_f32x4_add(acc0x4567, wasm_f32x4_mul(vp0, v4567));
+      const v128_t vp1 = wasm_v128_load32_splat(p1 + j);
+      acc1x0123 = wasm_f32x4_add(acc1x0123, wasm_f32x4_mul(vp1, v0123));
+      acc1x4567 = wasm_f32x4_add(acc1x4567, wasm_f32x4_mul(vp1, v4567));
+      const v128_t vp2 = wasm_v128_load32_splat(p2 + j);
+      acc2x0123 = wasm_f32x4_add(acc2x0123, wasm_f32x4_mul(vp2, v0123));
+      acc2x4567 = wasm_f32x4_add(acc2x4567, wasm_f32x4_mul(vp2, v4567));
+      const v128_t vp3 = wasm_v128_load32_splat(p3 + j);
+      acc3x0123 = wasm_f32x4_add(acc3x0123, wasm_f32x4_mul(vp3, v0123));
+      acc3x4567 = wasm_f32x4_add(acc3x4567, wasm_f32x4_mul(vp3, v4567));
+    }
+    for (int32_t j = open_count; j < key_count; j++) {
+      const v128_t v0123 = wasm_v128_load(v + static_cast<size_t>(j) * ev8);
+      const v128_t v4567 = wasm_v128_load(v + static_cast<size_t>(j) * ev8 + 4);
+      if (p0[j] != 0.0f) {
+        const v128_t vp = wasm_f32x4_splat(p0[j]);
+        acc0x0123 = wasm_f32x4_add(acc0x0123, wasm_f32x4_mul(vp, v0123));
+        acc0x4567 = wasm_f32x4_add(acc0x4567, wasm_f32x4_mul(vp, v4567));
       }
-    } else {
-      for (int32_t j = 0; j < key_count; j++) {
-        const v128_t v0123 = wasm_v128_load(v + static_cast<size_t>(j) * ev8);
-        const v128_t v4567 = wasm_v128_load(v + static_cast<size_t>(j) * ev8 + 4);
-        if (p0[j] != 0.0f) {
-          const v128_t vp = wasm_f32x4_splat(p0[j]);
-          acc0x0123 = wasm_f32x4_add(acc0x0123, wasm_f32x4_mul(vp, v0123));
-          acc0x4567 = wasm_f32x4_add(acc0x4567, wasm_f32x4_mul(vp, v4567));
-        }
-        if (p1[j] != 0.0f) {
-          const v128_t vp = wasm_f32x4_splat(p1[j]);
-          acc1x0123 = wasm_f32x4_add(acc1x0123, wasm_f32x4_mul(vp, v0123));
-          acc1x4567 = wasm_f32x4_add(acc1x4567, wasm_f32x4_mul(vp, v4567));
-        }
-        if (p2[j] != 0.0f) {
-          const v128_t vp = wasm_f32x4_splat(p2[j]);
-          acc2x0123 = wasm_f32x4_add(acc2x0123, wasm_f32x4_mul(vp, v0123));
-          acc2x4567 = wasm_f32x4_add(acc2x4567, wasm_f32x4_mul(vp, v4567));
-        }
-        if (p3[j] != 0.0f) {
-          const v128_t vp = wasm_f32x4_splat(p3[j]);
-          acc3x0123 = wasm_f32x4_add(acc3x0123, wasm_f32x4_mul(vp, v0123));
-          acc3x4567 = wasm_f32x4_add(acc3x4567, wasm_f32x4_mul(vp, v4567));
-        }
+      if (p1[j] != 0.0f) {
+        const v128_t vp = wasm_f32x4_splat(p1[j]);
+        acc1x0123 = wasm_f32x4_add(acc1x0123, wasm_f32x4_mul(vp, v0123));
+        acc1x4567 = wasm_f32x4_add(acc1x4567, wasm_f32x4_mul(vp, v4567));
+      }
+      if (p2[j] != 0.0f) {
+        const v128_t vp = wasm_f32x4_splat(p2[j]);
+        acc2x0123 = wasm_f32x4_add(acc2x0123, wasm_f32x4_mul(vp, v0123));
+        acc2x4567 = wasm_f32x4_add(acc2x4567, wasm_f32x4_mul(vp, v4567));
+      }
+      if (p3[j] != 0.0f) {
+        const v128_t vp = wasm_f32x4_splat(p3[j]);
+        acc3x0123 = wasm_f32x4_add(acc3x0123, wasm_f32x4_mul(vp, v0123));
+        acc3x4567 = wasm_f32x4_add(acc3x4567, wasm_f32x4_mul(vp, v4567));
       }
     }
     wasm_v128_store(o0, acc0x0123);
@@ -326,16 +338,17 @@ size_t sdpa_f32_fwd_4x32__wasmsimd_scratch(const Problem& p) {
 }
 
 void sdpa_f32_fwd_ukernel_4x32__wasmsimd(const Problem& p, int32_t b, int32_t kv_head,
-                                         float* scratch_base) {
+                                         int32_t q_begin, int32_t q_end, float* scratch_base) {
   assert(p.head_dim >= 1 && p.value_dim >= 1 && p.q_len >= 1 && p.kv_len >= 1);
   assert(p.q_heads % p.kv_heads == 0);
   assert(b >= 0 && b < p.batch && kv_head >= 0 && kv_head < p.kv_heads);
+  assert(0 <= q_begin && q_begin < q_end && q_end <= p.q_len);
   assert(scratch_base != nullptr);
 
   Scratch s;
   layout(p, reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch_base) + 15) & ~uintptr_t{15}),
          &s);
-  const int32_t E = p.head_dim, Ev = p.value_dim, Lq = p.q_len;
+  const int32_t E = p.head_dim, Ev = p.value_dim, Lq = p.q_len;  // Lq: the weights' row count
   const int32_t ev8 = round_up(Ev, kValueBlock);
   const ExpConstants ec = make_exp_constants();
 
@@ -345,13 +358,13 @@ void sdpa_f32_fwd_ukernel_4x32__wasmsimd(const Problem& p, int32_t b, int32_t kv
   const int64_t offset = p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset;
   // Row i may attend keys j < limit(i) (causal: j <= i + offset), a value in [0, valid_keys].
   auto row_limit = [&](int32_t i) -> int32_t {
-    if (i >= Lq) return 0;  // rows of the last tile past Lq: nothing to attend, never written
+    if (i >= q_end) return 0;  // rows of the last tile past q_end: nothing to attend, never written
     if (!p.causal) return valid_keys;
     return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1, 0, valid_keys));
   };
   // Pack only the keys some row may attend: the causal frontier of the last row.
   // row_limit grows with i, so the last row's limit bounds every row's.
-  const int32_t packed_keys = row_limit(Lq - 1);
+  const int32_t packed_keys = row_limit(q_end - 1);
   pack_key(p.key + b * p.k_stride_b + kv_head * p.k_stride_h, p.k_stride_l, packed_keys, E,
            s.packed_key);
   pack_value(p.value + b * p.v_stride_b + kv_head * p.v_stride_h, p.v_stride_l, packed_keys, Ev,
@@ -361,8 +374,8 @@ void sdpa_f32_fwd_ukernel_4x32__wasmsimd(const Problem& p, int32_t b, int32_t kv
   for (int32_t h = kv_head * group; h < (kv_head + 1) * group; h++) {
     const float* q_head = p.query + b * p.q_stride_b + h * p.q_stride_h;
     float* out_head = p.output + b * p.o_stride_b + h * p.o_stride_h;
-    for (int32_t i0 = 0; i0 < Lq; i0 += kQueryTile) {
-      const int32_t rows = std::min(kQueryTile, Lq - i0);
+    for (int32_t i0 = q_begin; i0 < q_end; i0 += kQueryTile) {
+      const int32_t rows = std::min(kQueryTile, q_end - i0);
       RowTile rt{b, h, i0, {}};
       int32_t keys_end = 0;  // furthest key any row of the tile may attend
       for (int r = 0; r < kQueryTile; r++) {
@@ -386,10 +399,10 @@ void sdpa_f32_fwd_ukernel_4x32__wasmsimd(const Problem& p, int32_t b, int32_t kv
       const v128_t zero = running_sum;
 
       for (int32_t j0 = 0; j0 < keys_end; j0 += kKeyTile) {
-        const TileKind kind = build_bias(p, rt, j0, s.bias);
-        if (kind == TileKind::kAllBlocked) continue;  // m, l, o unchanged
+        const TileBias tile = build_bias(p, rt, j0, s.bias);
+        if (tile.kind == TileKind::kAllBlocked) continue;  // m, l, o unchanged
         score_tile(s.q_tile, s.packed_key + static_cast<size_t>(j0) * E, E, s.scores);
-        finish_scores(p, kind, s.bias, s.scores);
+        finish_scores(p, tile.kind, s.bias, s.scores);
 
         const v128_t new_max = wasm_f32x4_pmax(running_max, tile_row_max(s.scores));
         // A row still at -inf has attended nothing: shift by 0 (its scores are all -inf,
@@ -404,8 +417,8 @@ void sdpa_f32_fwd_ukernel_4x32__wasmsimd(const Problem& p, int32_t b, int32_t kv
         running_max = new_max;
 
         const int32_t key_count = std::min(kKeyTile, keys_end - j0);
-        accumulate_pv(s.scores, s.packed_value + static_cast<size_t>(j0) * ev8, key_count, ev8,
-                      alpha, kind == TileKind::kPartial, s.acc);
+        accumulate_pv(s.scores, s.packed_value + static_cast<size_t>(j0) * ev8,
+                      std::min(tile.open_cols, key_count), key_count, ev8, alpha, s.acc);
       }
 
       // out = o / l; l == 0 means the row attended nothing: exact zeros, not 0/0 = NaN.
@@ -426,12 +439,13 @@ void sdpa_f32_fwd_ukernel_4x32__wasmsimd(const Problem& p, int32_t b, int32_t kv
       float* w_head = p.weights + (static_cast<int64_t>(b) * p.q_heads + h) * Lq * p.kv_len;
       for (int32_t j0 = 0; j0 < p.kv_len; j0 += kKeyTile) {
         const int32_t cols = std::min(kKeyTile, p.kv_len - j0);
-        const TileKind kind = j0 < keys_end ? build_bias(p, rt, j0, s.bias) : TileKind::kAllBlocked;
-        if (kind == TileKind::kAllBlocked) {
+        const TileBias tile =
+            j0 < keys_end ? build_bias(p, rt, j0, s.bias) : TileBias{TileKind::kAllBlocked, 0};
+        if (tile.kind == TileKind::kAllBlocked) {
           std::fill(s.scores, s.scores + kQueryTile * kKeyTile, 0.0f);
         } else {
           score_tile(s.q_tile, s.packed_key + static_cast<size_t>(j0) * E, E, s.scores);
-          finish_scores(p, kind, s.bias, s.scores);
+          finish_scores(p, tile.kind, s.bias, s.scores);
           exponentiate_tile(s.scores, final_shift, ec);
         }
         for (int r = 0; r < rows; r++) {
