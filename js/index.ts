@@ -6,7 +6,7 @@
 //
 // query [B, Hq, Lq, E], key [B, Hkv, Lk, E], value [B, Hkv, Lk, Ev] → output [B, Hq, Lq, Ev]
 // (rank 3 and 2 drop leading axes of 1; layout 'bshd' swaps H and L). Hq % Hkv == 0.
-import { loadModule } from './loader.js';
+import { acquireModule, hardwareThreads, threadsAvailable, type ModuleHandle } from './loader.js';
 import type { ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 import type { AttentionOptions, SdpaOptions, SdpaResult, Tensor } from './types.js';
 import { plan, type Plan } from './validate.js';
@@ -16,16 +16,16 @@ export type { AttentionOptions, MaskTensor, SdpaOptions, SdpaResult, Tensor } fr
 const MASK_KIND = { float: 1, bool: 2 } as const;
 
 export class Attention {
-  /** Threads the kernel runs on. */
+  /** Threads the kernel runs on: > 1 means the threaded build (pthreads in Web Workers). */
   readonly threads: number;
-  /** Whether the 128-bit SIMD kernel is in use (always, in this release). */
+  /** Whether the 128-bit SIMD kernel is in use (always: the package requires wasm SIMD). */
   readonly simd = true;
-  #module: SdpaModule | null;
+  #handle: ModuleHandle | null;
 
   /** @internal Use createAttention(). */
-  constructor(module: SdpaModule, threads: number) {
-    this.#module = module;
-    this.threads = threads;
+  constructor(handle: ModuleHandle) {
+    this.#handle = handle;
+    this.threads = handle.threads;
   }
 
   /**
@@ -34,15 +34,19 @@ export class Attention {
    * usable).
    */
   sdpa(query: Tensor, key: Tensor, value: Tensor, options?: SdpaOptions): SdpaResult {
-    const module = this.#module;
-    if (module === null) throw new Error('sdpa: this Attention instance has been disposed');
+    const handle = this.#handle;
+    if (handle === null) throw new Error('sdpa: this Attention instance has been disposed');
     const p = plan(query, key, value, options);
-    return run(module, p, query.data, key.data, value.data);
+    return run(handle.module, handle.threads, p, query.data, key.data, value.data);
   }
 
-  /** Releases the instance; sdpa() then throws. Calling it twice is harmless. */
+  /**
+   * Releases the instance; sdpa() then throws. The last instance of a thread count to be
+   * disposed terminates that pool's workers (so Node can exit). Calling it twice is harmless.
+   */
   dispose(): void {
-    this.#module = null;
+    this.#handle?.release();
+    this.#handle = null;
   }
 
   [Symbol.dispose](): void {
@@ -50,22 +54,45 @@ export class Attention {
   }
 }
 
-/** Loads the wasm module (once per page or process) and returns an attention instance. */
+/** The most threads createAttention() uses unless asked for more. */
+export const DEFAULT_MAX_THREADS = 4;
+/** The most threads createAttention() accepts. */
+export const MAX_THREADS = 64;
+
+/**
+ * Loads the wasm module (once per page or process, and per thread count for the threaded
+ * build) and returns an attention instance.
+ *
+ * `threads` defaults to the number of logical processors (os.availableParallelism() in Node,
+ * navigator.hardwareConcurrency in browsers), at most DEFAULT_MAX_THREADS. More than one
+ * thread needs SharedArrayBuffer: always there in Node; in browsers only on cross-origin
+ * isolated pages (served with COOP: same-origin and COEP: require-corp). Elsewhere the
+ * single-threaded build is used and `attn.threads` is 1.
+ */
 export async function createAttention(options: AttentionOptions = {}): Promise<Attention> {
-  if (options === null || typeof options !== 'object') {
+  if (options === null || typeof options !== 'object' || Array.isArray(options)) {
     throw new TypeError(`createAttention: options must be an object, got ${String(options)}`);
   }
-  const { threads } = options;
-  if (threads !== undefined && (typeof threads !== 'number' || !Number.isInteger(threads) || threads < 1)) {
-    throw new RangeError(`createAttention: options.threads must be a positive integer, got ${String(threads)}`);
+  for (const name of Object.keys(options)) {
+    if (name !== 'threads') throw new TypeError(`createAttention: unknown option "${name}"; known options: threads`);
   }
-  const module = await loadModule();
-  return new Attention(module, 1);
+  const { threads } = options;
+  if (threads !== undefined) {
+    if (typeof threads !== 'number') {
+      throw new TypeError(`createAttention: options.threads must be a number, got ${String(threads)}`);
+    }
+    if (!Number.isInteger(threads) || threads < 1 || threads > MAX_THREADS) {
+      throw new RangeError(`createAttention: options.threads must be an integer in [1, ${MAX_THREADS}], got ${threads}`);
+    }
+  }
+  const wanted = threads ?? Math.min(await hardwareThreads(), DEFAULT_MAX_THREADS);
+  const handle = await acquireModule(threadsAvailable() ? wanted : 1);
+  return new Attention(handle);
 }
 
 // Copies the inputs into wasm memory, runs the kernel, copies the results out, and frees
 // every allocation whatever happens.
-function run(module: SdpaModule, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): SdpaResult {
+function run(module: SdpaModule, threads: number, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): SdpaResult {
   const allocations: number[] = [];
   const alloc = (bytes: number, what: string): number => {
     const address = bytes === 0 ? 0 : module._malloc(bytes);
@@ -90,7 +117,7 @@ function run(module: SdpaModule, p: Plan, q: Float32Array, k: Float32Array, v: F
       maskStrideQ: p.mask?.strides[2] ?? 0, maskStrideK: p.mask?.strides[3] ?? 0,
       scale: p.scale, softcap: p.softcap, causal: p.causal, causalOffset: p.causalOffset,
     };
-    const scratchFloats = module.scratchFloats(desc);
+    const scratchFloats = module.scratchFloats(desc, threads);
     const scratch = alloc(scratchFloats * 4, 'scratch');
     desc.query = alloc(q.byteLength, 'query');
     desc.key = alloc(k.byteLength, 'key');
@@ -113,7 +140,7 @@ function run(module: SdpaModule, p: Plan, q: Float32Array, k: Float32Array, v: F
     if (p.causalOffsets !== null) i32.set(p.causalOffsets, desc.causalOffsets >>> 2);
     if (p.keyLengths !== null) i32.set(p.keyLengths, desc.keyLengths >>> 2);
 
-    const status = module.forward(desc, scratch, scratchFloats);
+    const status = module.forward(desc, scratch, scratchFloats, threads);
     if (status !== 0) {
       // plan() checks everything the kernel checks; reaching this is a bug in sdpa-wasm.
       throw new Error(`sdpa: internal error: the kernel rejected a validated problem (${module.statusName(status)})`);

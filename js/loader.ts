@@ -1,12 +1,15 @@
-// Loads the wasm module once per JS realm, in Node and in browsers.
-// The .wasm is located with `new URL(..., import.meta.url)` so that bundlers (Vite,
-// webpack, Rollup) see and copy it. Under Node, Emscripten's loader would try fetch() on a
-// file path, so the bytes are read from disk and handed over as wasmBinary.
-import createSdpaModule, { type SdpaModule } from './wasm/sdpa.mjs';
+// Loads the wasm modules, in Node and in browsers.
+//   - sdpa.wasm: single-threaded; loaded once per JS realm and shared by every instance.
+//   - sdpa-mt.wasm: pthreads over a shared memory, for threads > 1. Loaded once per thread
+//     count (its pool of Web Workers / worker_threads is sized at load time) and released
+//     when the last instance using it is disposed.
+// The files are located with `new URL(..., import.meta.url)` so that bundlers (Vite,
+// webpack, Rollup) see and copy them. Under Node, Emscripten's loader would try fetch() on
+// a file path, so the bytes are read from disk and handed over as wasmBinary.
+import createSdpaModule, { type ModuleOverrides, type SdpaModule } from './wasm/sdpa.mjs';
 
-const wasmUrl = new URL('./wasm/sdpa.wasm', import.meta.url);
-
-let loading: Promise<SdpaModule> | null = null;
+const singleThreadWasm = new URL('./wasm/sdpa.wasm', import.meta.url);
+const multiThreadWasm = new URL('./wasm/sdpa-mt.wasm', import.meta.url);
 
 // The smallest module that uses a v128 instruction: (func (result v128) v128.const 0).
 const SIMD_PROBE = new Uint8Array([
@@ -14,28 +17,104 @@ const SIMD_PROBE = new Uint8Array([
   0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 11,
 ]);
 
-const isNode = typeof process !== 'undefined' && typeof process.versions?.node === 'string';
+export const isNode = typeof process !== 'undefined' && typeof process.versions?.node === 'string';
 
-async function load(): Promise<SdpaModule> {
+/** Whether this environment can run the threaded build (shared memory between workers). */
+export function threadsAvailable(): boolean {
+  if (typeof SharedArrayBuffer !== 'function') return false;
+  return isNode || (globalThis as { crossOriginIsolated?: boolean }).crossOriginIsolated === true;
+}
+
+/** Logical processors: os.availableParallelism() in Node, navigator.hardwareConcurrency elsewhere. */
+export async function hardwareThreads(): Promise<number> {
+  if (isNode) {
+    const osName = 'node:os';
+    const os = await import(/* @vite-ignore */ osName);
+    return typeof os.availableParallelism === 'function' ? os.availableParallelism() : os.cpus().length;
+  }
+  return (globalThis as { navigator?: { hardwareConcurrency?: number } }).navigator?.hardwareConcurrency ?? 1;
+}
+
+async function readNodeFile(url: URL): Promise<Uint8Array> {
+  const fsName = 'node:fs/promises';
+  const { readFile } = await import(/* @vite-ignore */ fsName);
+  return readFile(url);
+}
+
+function checkSimd(): void {
   if (typeof WebAssembly !== 'object' || !WebAssembly.validate(SIMD_PROBE)) {
     throw new Error(
       'sdpa-wasm needs WebAssembly with 128-bit SIMD (Chrome/Edge 91+, Firefox 89+, Safari 16.4+, Node 16.4+); ' +
       'this environment does not support it');
   }
-  if (isNode && wasmUrl.protocol === 'file:') {
-    const { readFile } = await import(/* @vite-ignore */ 'node:fs/promises');
-    const wasmBinary = await readFile(wasmUrl);
-    return createSdpaModule({ wasmBinary });
-  }
-  return createSdpaModule({ locateFile: () => wasmUrl.href });
 }
 
-export function loadModule(): Promise<SdpaModule> {
-  if (loading === null) {
-    loading = load().catch((error: unknown) => {
-      loading = null;  // a failed load (e.g. a network error) may be retried
-      throw error;
-    });
+/** A loaded module and the number of threads its pool supports. */
+export interface ModuleHandle {
+  module: SdpaModule;
+  threads: number;
+  release(): void;
+}
+
+let singleThread: Promise<SdpaModule> | null = null;
+const multiThread = new Map<number, { loading: Promise<SdpaModule>; users: number }>();
+
+function retryable(load: () => Promise<SdpaModule>, forget: () => void): Promise<SdpaModule> {
+  return load().catch((error: unknown) => {
+    forget();  // a failed load (e.g. a network error) may be retried
+    throw error;
+  });
+}
+
+async function loadSingleThread(): Promise<SdpaModule> {
+  const overrides: ModuleOverrides = isNode && singleThreadWasm.protocol === 'file:'
+    ? { wasmBinary: await readNodeFile(singleThreadWasm) }
+    : { locateFile: () => singleThreadWasm.href };
+  return createSdpaModule(overrides);
+}
+
+async function loadMultiThread(threads: number): Promise<SdpaModule> {
+  // Imported lazily: the threaded glue is only fetched where it is used.
+  const { default: create } = await import('./wasm/sdpa-mt.mjs');
+  const overrides: ModuleOverrides & { sdpaWorkers: number } = { sdpaWorkers: threads - 1 };
+  if (isNode && multiThreadWasm.protocol === 'file:') overrides.wasmBinary = await readNodeFile(multiThreadWasm);
+  const module = await create(overrides);
+  // Idle workers must not keep a Node process alive (dispose() terminates them anyway).
+  if (isNode) for (const worker of module.PThread?.unusedWorkers ?? []) (worker as { unref?(): void }).unref?.();
+  return module;
+}
+
+export async function acquireModule(threads: number): Promise<ModuleHandle> {
+  checkSimd();
+  if (threads <= 1) {
+    singleThread ??= retryable(loadSingleThread, () => { singleThread = null; });
+    return { module: await singleThread, threads: 1, release: () => {} };
   }
-  return loading;
+  let entry = multiThread.get(threads);
+  if (entry === undefined) {
+    entry = { loading: retryable(() => loadMultiThread(threads), () => multiThread.delete(threads)), users: 0 };
+    multiThread.set(threads, entry);
+  }
+  entry.users++;
+  const current = entry;
+  let module: SdpaModule;
+  try {
+    module = await current.loading;
+  } catch (error) {
+    current.users--;
+    throw error;
+  }
+  let released = false;
+  return {
+    module,
+    threads,
+    release: () => {
+      if (released) return;
+      released = true;
+      if (--current.users === 0 && multiThread.get(threads) === current) {
+        multiThread.delete(threads);
+        module.PThread?.terminateAllThreads();  // lets Node exit; the module is not reused
+      }
+    },
+  };
 }

@@ -50,8 +50,9 @@ export interface SdpaResult {
 
 export interface AttentionOptions {
   /**
-   * Worker threads to use. This release runs on one thread; `attn.threads` reports
-   * the number actually used.
+   * Threads to run on, an integer in [1, 64]; default: the logical processors, at most 4.
+   * More than 1 needs SharedArrayBuffer (Node; cross-origin isolated pages), else the
+   * single-threaded build is used. `attn.threads` reports what was chosen.
    */
   threads?: number;
 }

@@ -11,5 +11,7 @@ if [ ! -f build/wasm/CMakeCache.txt ]; then
 fi
 cmake --build build/wasm -j2
 npx tsc -p tsconfig.json
-cp js/wasm/sdpa.d.mts dist/wasm/sdpa.d.mts
+cp js/wasm/sdpa.d.mts js/wasm/sdpa-mt.d.mts dist/wasm/
+# sdpa-mt.worker.js is CommonJS; the package is "type": "module".
+printf '{ "type": "commonjs" }\n' > dist/wasm/package.json
 echo "build: dist/ ready ($(stat -c %s dist/wasm/sdpa.wasm) bytes of wasm)" >&2

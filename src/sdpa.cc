@@ -1,9 +1,12 @@
 // Validation and dispatch of the forward pass (src/sdpa.h).
 #include "sdpa.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/sdpa-kernels.h"
+#include "parallel/thread-pool.h"
+#include "tiles.h"
 
 namespace sdpa {
 
@@ -47,16 +50,63 @@ Status validate(const Problem& p) {
   return Status::kOk;
 }
 
-size_t scratch_floats(const Problem& p) { return sdpa_f32_fwd_4x32__wasmsimd_scratch(p); }
+size_t scratch_floats(const Problem& p, int32_t threads) {
+  return sdpa_f32_fwd_4x32__wasmsimd_scratch(p) * static_cast<size_t>(threads);
+}
 
-Status forward(const Problem& p, float* scratch, size_t scratch_size) {
+namespace {
+
+// The parallel split: items are (block of query rows, batch, KV head). One block per
+// (batch, KV head) on one thread; with more threads, enough blocks for about 4 items per
+// thread (so uneven causal blocks balance out), but never blocks under kMinBlockRows rows
+// (each item packs its K/V head once, which must stay small next to its compute).
+constexpr int32_t kMinBlockRows = 16;
+constexpr int32_t kItemsPerThread = 4;
+
+struct ForwardWork {
+  const Problem* p;
+  float* scratch;
+  size_t scratch_per_thread;
+  int32_t blocks;      // query-row blocks per (batch, KV head)
+  int32_t block_rows;  // a multiple of kQueryTile
+};
+
+void forward_item(void* context, int32_t item, int32_t thread) {
+  const ForwardWork& w = *static_cast<const ForwardWork*>(context);
+  const Problem& p = *w.p;
+  const int32_t pairs = p.batch * p.kv_heads;
+  // Last blocks first: under a causal mask they attend the most keys, and handing out the
+  // longest items first keeps the threads' finishing times close.
+  const int32_t block = w.blocks - 1 - item / pairs;
+  const int32_t pair = item % pairs;
+  const int32_t q_begin = block * w.block_rows;
+  const int32_t q_end = std::min(p.q_len, q_begin + w.block_rows);
+  sdpa_f32_fwd_ukernel_4x32__wasmsimd(p, pair / p.kv_heads, pair % p.kv_heads, q_begin, q_end,
+                                      w.scratch + static_cast<size_t>(thread) * w.scratch_per_thread);
+}
+
+}  // namespace
+
+Status forward(const Problem& p, float* scratch, size_t scratch_size, ThreadPool* pool) {
   const Status status = validate(p);
   if (status != Status::kOk) return status;
-  if (scratch == nullptr || scratch_size < scratch_floats(p)) return Status::kBadScratch;
-  for (int32_t b = 0; b < p.batch; b++) {
-    for (int32_t kv_head = 0; kv_head < p.kv_heads; kv_head++) {
-      sdpa_f32_fwd_ukernel_4x32__wasmsimd(p, b, kv_head, 0, p.q_len, scratch);
-    }
+  const int32_t threads = pool != nullptr ? pool->threads() : 1;
+  if (scratch == nullptr || scratch_size < scratch_floats(p, threads)) return Status::kBadScratch;
+
+  const int32_t pairs = p.batch * p.kv_heads;
+  int32_t blocks = 1;
+  if (threads > 1) {
+    const int32_t wanted = (kItemsPerThread * threads + pairs - 1) / pairs;
+    blocks = std::max(1, std::min(wanted, p.q_len / kMinBlockRows));
+  }
+  const int32_t block_rows = round_up((p.q_len + blocks - 1) / blocks, kQueryTile);
+  ForwardWork work{&p, scratch, sdpa_f32_fwd_4x32__wasmsimd_scratch(p), 0, block_rows};
+  work.blocks = (p.q_len + block_rows - 1) / block_rows;
+  const int32_t items = work.blocks * pairs;
+  if (pool != nullptr) {
+    pool->run(items, forward_item, &work);
+  } else {
+    for (int32_t item = 0; item < items; item++) forward_item(&work, item, 0);
   }
   return Status::kOk;
 }

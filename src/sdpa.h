@@ -84,13 +84,18 @@ const char* status_name(Status status);
 // user-facing message; this is the C++ boundary's own guard (tests, fuzzers, bindings).
 Status validate(const Problem& p);
 
-// Number of floats of scratch that forward() needs for this problem (O(Lk·(E + Ev)) for
-// the packed K/V of one head plus O(tile) for the rest; never O(Lq·Lk)).
-size_t scratch_floats(const Problem& p);
+class ThreadPool;
+
+// Number of floats of scratch that forward() needs on `threads` threads: per thread, the
+// packed K/V of one head (O(Lk·(E + Ev))) plus O(tile) for the rest; never O(Lq·Lk).
+size_t scratch_floats(const Problem& p, int32_t threads = 1);
 
 // Computes p.output (and p.weights when non-null). `scratch` holds at least
-// scratch_floats(p) floats, aligned to 16 bytes. Returns kOk or the first check that failed;
-// on failure nothing is written.
-Status forward(const Problem& p, float* scratch, size_t scratch_size);
+// scratch_floats(p, threads) floats, where threads = pool ? pool->threads() : 1. Work is split
+// over (batch, KV head, block of query rows); every output row is computed by the same
+// sequence of operations whatever the split, so results are bitwise identical for any
+// number of threads. Returns kOk or the first check that failed; on failure nothing is
+// written.
+Status forward(const Problem& p, float* scratch, size_t scratch_size, ThreadPool* pool = nullptr);
 
 }  // namespace sdpa

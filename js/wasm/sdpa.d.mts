@@ -21,9 +21,13 @@ export interface SdpaModule {
   HEAPF32: Float32Array;
   _malloc(bytes: number): number;
   _free(address: number): void;
-  scratchFloats(desc: ProblemDesc): number;
-  forward(desc: ProblemDesc, scratch: number, scratchFloats: number): number;
+  /** Floats of scratch forward() needs on `threads` threads. */
+  scratchFloats(desc: ProblemDesc, threads: number): number;
+  /** Status 0 = ok. threads > 1 only in the threaded build (sdpa-mt). */
+  forward(desc: ProblemDesc, scratch: number, scratchFloats: number, threads: number): number;
   statusName(status: number): string;
+  /** Threaded build only: Emscripten's worker pool. */
+  PThread?: { unusedWorkers: unknown[]; terminateAllThreads(): void };
 }
 
 export interface ModuleOverrides {

@@ -5,7 +5,9 @@
 #include <emscripten/bind.h>
 
 #include <cstdint>
+#include <memory>
 
+#include "parallel/thread-pool.h"
 #include "sdpa.h"
 
 namespace {
@@ -57,13 +59,25 @@ sdpa::Problem to_problem(const ProblemDesc& d) {
   return p;
 }
 
-double scratch_floats(const ProblemDesc& d) {
-  return static_cast<double>(sdpa::scratch_floats(to_problem(d)));
+double scratch_floats(const ProblemDesc& d, int32_t threads) {
+  return static_cast<double>(sdpa::scratch_floats(to_problem(d), threads));
 }
 
-int32_t forward(const ProblemDesc& d, uint32_t scratch, double scratch_floats) {
+// The module's thread pool, created on the first call with threads > 1 (and recreated if
+// the count changes). Only the threaded build (-pthread) may ask for threads > 1.
+sdpa::ThreadPool* pool_for(int32_t threads) {
+  static std::unique_ptr<sdpa::ThreadPool> pool;
+  if (threads <= 1) return nullptr;
+  if (pool == nullptr || pool->threads() != threads) {
+    pool.reset();
+    pool = std::make_unique<sdpa::ThreadPool>(threads);
+  }
+  return pool.get();
+}
+
+int32_t forward(const ProblemDesc& d, uint32_t scratch, double scratch_floats, int32_t threads) {
   return static_cast<int32_t>(sdpa::forward(to_problem(d), at<float>(scratch),
-                                            static_cast<size_t>(scratch_floats)));
+                                            static_cast<size_t>(scratch_floats), pool_for(threads)));
 }
 
 std::string status_name(int32_t status) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/thread-pool.h"
 #include "reference/sdpa-reference.h"
 #include "sdpa.h"
 #include "tiles.h"
@@ -343,6 +345,53 @@ TEST(SdpaForward, DeterministicAndInputsUntouched) {
   EXPECT_EQ(k, h.k);
   EXPECT_EQ(v, h.v);
   EXPECT_EQ(0, std::memcmp(mask.data(), h.mask_f.data(), mask.size() * sizeof(float)));
+}
+
+TEST(SdpaForward, ThreadsGiveBitwiseIdenticalResults) {
+  // Splits by (batch, KV head, block of query rows) only regroup whole rows, so any thread
+  // count must reproduce the single-threaded bits exactly; and match the reference.
+  const Case cases[] = {
+      [] { Case c; c.B = 2, c.Hq = 6, c.Hkv = 2, c.Lq = 150, c.Lk = 97, c.E = 16, c.Ev = 9; return c; }(),
+      [] { Case c; c.Lq = 301, c.Lk = 301, c.E = 8, c.Ev = 8, c.causal = true, c.offsets = {0}; return c; }(),
+      [] { Case c; c.B = 3, c.Lq = 70, c.Lk = 40, c.causal = true, c.offsets = {-5}, c.key_lengths = {40, 0, 17};
+           c.mask_kind = MaskKind::kBool, c.mask_dims = {70, 40}, c.mask_block_fraction = 0.3; return c; }(),
+  };
+  for (const Case& c : cases) {
+    Harness single(c);
+    ASSERT_EQ(single.run(), Status::kOk);
+    single.expect_matches_reference();
+    for (int threads : {2, 3, 5}) {
+      ThreadPool pool(threads);
+      Harness h(c);
+      std::vector<float> scratch(scratch_floats(h.p, threads));
+      for (int repeat = 0; repeat < 2; repeat++) {  // the pool is reused across calls
+        ASSERT_EQ(forward(h.p, scratch.data(), scratch.size(), &pool), Status::kOk);
+        EXPECT_EQ(0, std::memcmp(single.out.data(), h.out.data(), h.out.size() * sizeof(float)))
+            << c.describe() << " threads " << threads;
+        EXPECT_EQ(0, std::memcmp(single.weights.data(), h.weights.data(), h.weights.size() * sizeof(float)))
+            << c.describe() << " threads " << threads;
+      }
+      std::vector<float> too_small(scratch_floats(h.p, threads) - 1);
+      EXPECT_EQ(forward(h.p, too_small.data(), too_small.size(), &pool), Status::kBadScratch);
+    }
+  }
+}
+
+TEST(ThreadPool, RunsEveryItemExactlyOnceOnDistinctThreadSlots) {
+  for (int threads : {1, 2, 4}) {
+    ThreadPool pool(threads);
+    for (int items : {0, 1, 3, 100}) {
+      std::vector<std::atomic<int>> runs(static_cast<size_t>(items));
+      struct Context { std::vector<std::atomic<int>>* runs; int threads; std::atomic<bool> bad_slot{false}; } ctx{&runs, threads};
+      pool.run(items, [](void* c, int32_t item, int32_t thread) {
+        auto* x = static_cast<Context*>(c);
+        if (thread < 0 || thread >= x->threads) x->bad_slot = true;
+        (*x->runs)[static_cast<size_t>(item)]++;
+      }, &ctx);
+      EXPECT_FALSE(ctx.bad_slot);
+      for (int i = 0; i < items; i++) EXPECT_EQ(runs[static_cast<size_t>(i)].load(), 1) << "item " << i;
+    }
+  }
 }
 
 TEST(SdpaForward, LongSequencesUseTileSizedScratch) {
