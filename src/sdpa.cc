@@ -50,42 +50,104 @@ Status validate(const Problem& p) {
   return Status::kOk;
 }
 
-size_t scratch_floats(const Problem& p, int32_t threads) {
-  return sdpa_f32_fwd_4x32__wasmsimd_scratch(p) * static_cast<size_t>(threads);
-}
-
 namespace {
 
-// The parallel split: items are (block of query rows, batch, KV head). One block per
-// (batch, KV head) on one thread; with more threads, enough blocks for about 4 items per
-// thread (so uneven causal blocks balance out), but never blocks under kMinBlockRows rows
-// (each item packs its K/V head once, which must stay small next to its compute).
+// How forward() splits the work. Items are calls of the kernel (src/kernels/sdpa-kernels.h).
+//   Prefill (many query rows per KV head): items are (block of flat rows, batch, KV head);
+//   each packs its K/V head once. One block per (batch, KV head) on one thread; with more
+//   threads, enough blocks for about kItemsPerThread items per thread (uneven causal blocks
+//   balance out), never under kMinBlockRows rows (packing must stay small next to compute).
+//   Decode (at most two row tiles per KV head, e.g. Lq = 1 with up to 8 query heads per KV
+//   head): K/V are read in place, once, and the keys are split into segments of
+//   kSegmentKeys (split-K) whose partial (m, l, o) are merged afterwards. The segments
+//   depend on Lk only, never on the thread count, so results are bitwise identical for any
+//   number of threads.
 constexpr int32_t kMinBlockRows = 16;
 constexpr int32_t kItemsPerThread = 4;
+constexpr int32_t kSegmentKeys = 512;
+static_assert(kSegmentKeys % kKeyTile == 0, "segments start on a key tile");
+
+struct WorkPlan {
+  int32_t pairs;         // B·Hkv
+  int32_t rows;          // flat rows per pair: (Hq / Hkv)·Lq
+  bool in_place;         // decode: read K/V in place
+  int32_t segments;      // key segments per pair (> 1: split-K)
+  int32_t blocks;        // row blocks per pair (prefill)
+  int32_t block_rows;    // a multiple of kQueryTile
+  size_t per_thread;     // kernel scratch per thread
+  size_t partial_floats; // per (pair, segment): the row tiles' partial state
+};
+
+WorkPlan plan_work(const Problem& p, int32_t threads) {
+  WorkPlan w{};
+  w.pairs = p.batch * p.kv_heads;
+  w.rows = p.q_heads / p.kv_heads * p.q_len;
+  const int32_t row_tiles = (w.rows + kQueryTile - 1) / kQueryTile;
+  w.in_place = row_tiles <= 2;
+  w.segments = w.in_place && p.weights == nullptr ? (p.kv_len + kSegmentKeys - 1) / kSegmentKeys : 1;
+  w.blocks = 1;
+  if (w.segments == 1 && threads > 1) {
+    const int32_t wanted = (kItemsPerThread * threads + w.pairs - 1) / w.pairs;
+    w.blocks = std::max(1, std::min(wanted, w.rows / kMinBlockRows));
+  }
+  w.block_rows = round_up((w.rows + w.blocks - 1) / w.blocks, kQueryTile);
+  w.blocks = (w.rows + w.block_rows - 1) / w.block_rows;
+  w.per_thread = sdpa_f32_fwd_4x32__wasmsimd_scratch(p);
+  w.partial_floats = static_cast<size_t>(row_tiles) * sdpa_f32_fwd_4x32__wasmsimd_partial_floats(p);
+  return w;
+}
+
+size_t partials_total(const WorkPlan& w) {
+  return w.segments > 1 ? static_cast<size_t>(w.pairs) * w.segments * w.partial_floats : 0;
+}
 
 struct ForwardWork {
   const Problem* p;
-  float* scratch;
-  size_t scratch_per_thread;
-  int32_t blocks;      // query-row blocks per (batch, KV head)
-  int32_t block_rows;  // a multiple of kQueryTile
+  WorkPlan plan;
+  float* scratch;   // [threads][per_thread]
+  float* partials;  // [pairs][segments][partial_floats]
 };
 
 void forward_item(void* context, int32_t item, int32_t thread) {
-  const ForwardWork& w = *static_cast<const ForwardWork*>(context);
-  const Problem& p = *w.p;
-  const int32_t pairs = p.batch * p.kv_heads;
-  // Last blocks first: under a causal mask they attend the most keys, and handing out the
-  // longest items first keeps the threads' finishing times close.
-  const int32_t block = w.blocks - 1 - item / pairs;
-  const int32_t pair = item % pairs;
-  const int32_t q_begin = block * w.block_rows;
-  const int32_t q_end = std::min(p.q_len, q_begin + w.block_rows);
-  sdpa_f32_fwd_ukernel_4x32__wasmsimd(p, pair / p.kv_heads, pair % p.kv_heads, q_begin, q_end,
-                                      w.scratch + static_cast<size_t>(thread) * w.scratch_per_thread);
+  const ForwardWork& fw = *static_cast<const ForwardWork*>(context);
+  const Problem& p = *fw.p;
+  const WorkPlan& w = fw.plan;
+  KernelWork kw;
+  int32_t pair;
+  if (w.segments > 1) {
+    pair = item / w.segments;
+    const int32_t segment = item % w.segments;
+    kw.row_begin = 0, kw.row_end = w.rows;
+    kw.key_begin = segment * kSegmentKeys;
+    kw.key_end = std::min(p.kv_len, kw.key_begin + kSegmentKeys);
+    kw.partials = fw.partials + static_cast<size_t>(item) * w.partial_floats;
+  } else {
+    // Last blocks first: under a causal mask they attend the most keys, and handing out the
+    // longest items first keeps the threads' finishing times close.
+    const int32_t block = w.blocks - 1 - item / w.pairs;
+    pair = item % w.pairs;
+    kw.row_begin = block * w.block_rows;
+    kw.row_end = std::min(w.rows, kw.row_begin + w.block_rows);
+    kw.key_begin = 0, kw.key_end = p.kv_len;
+    kw.pack = !w.in_place;
+  }
+  kw.b = pair / p.kv_heads, kw.kv_head = pair % p.kv_heads;
+  sdpa_f32_fwd_ukernel_4x32__wasmsimd(p, kw, fw.scratch + static_cast<size_t>(thread) * w.per_thread);
+}
+
+void merge_item(void* context, int32_t pair, int32_t /*thread*/) {
+  const ForwardWork& fw = *static_cast<const ForwardWork*>(context);
+  const Problem& p = *fw.p;
+  sdpa_f32_fwd_merge_partials(p, pair / p.kv_heads, pair % p.kv_heads, fw.plan.rows, fw.plan.segments,
+                              fw.partials + static_cast<size_t>(pair) * fw.plan.segments * fw.plan.partial_floats);
 }
 
 }  // namespace
+
+size_t scratch_floats(const Problem& p, int32_t threads) {
+  const WorkPlan w = plan_work(p, threads);
+  return w.per_thread * static_cast<size_t>(threads) + partials_total(w);
+}
 
 Status forward(const Problem& p, float* scratch, size_t scratch_size, ThreadPool* pool) {
   const Status status = validate(p);
@@ -93,21 +155,18 @@ Status forward(const Problem& p, float* scratch, size_t scratch_size, ThreadPool
   const int32_t threads = pool != nullptr ? pool->threads() : 1;
   if (scratch == nullptr || scratch_size < scratch_floats(p, threads)) return Status::kBadScratch;
 
-  const int32_t pairs = p.batch * p.kv_heads;
-  int32_t blocks = 1;
-  if (threads > 1) {
-    const int32_t wanted = (kItemsPerThread * threads + pairs - 1) / pairs;
-    blocks = std::max(1, std::min(wanted, p.q_len / kMinBlockRows));
-  }
-  const int32_t block_rows = round_up((p.q_len + blocks - 1) / blocks, kQueryTile);
-  ForwardWork work{&p, scratch, sdpa_f32_fwd_4x32__wasmsimd_scratch(p), 0, block_rows};
-  work.blocks = (p.q_len + block_rows - 1) / block_rows;
-  const int32_t items = work.blocks * pairs;
-  if (pool != nullptr) {
-    pool->run(items, forward_item, &work);
-  } else {
-    for (int32_t item = 0; item < items; item++) forward_item(&work, item, 0);
-  }
+  ForwardWork fw{&p, plan_work(p, threads), scratch, nullptr};
+  fw.partials = scratch + fw.plan.per_thread * static_cast<size_t>(threads);
+  const int32_t items = fw.plan.pairs * (fw.plan.segments > 1 ? fw.plan.segments : fw.plan.blocks);
+  auto run = [&](int32_t n, ThreadPool::Task task) {
+    if (pool != nullptr) {
+      pool->run(n, task, &fw);
+    } else {
+      for (int32_t item = 0; item < n; item++) task(&fw, item, 0);
+    }
+  };
+  run(items, forward_item);
+  if (fw.plan.segments > 1) run(fw.plan.pairs, merge_item);
   return Status::kOk;
 }
 

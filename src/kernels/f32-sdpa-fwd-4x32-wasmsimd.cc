@@ -8,6 +8,16 @@
 //   o_t = α_t·o_{t-1} + Σ_j exp(s_j - m_t)·v_j   unnormalised output row
 // and finally out = o / l, or exact zeros when l == 0 (every key of the row was blocked).
 // Every exponent is s - m <= 0, so exp never overflows whatever the logits' magnitude.
+// Independent partial results (m, l, o) over disjoint key ranges merge exactly the same way
+// (split-K, for decoding: see merge_partials).
+//
+// The rows of a tile are "flat rows" f = (h - first head of the KV group)·Lq + i: the query
+// rows of all heads sharing one KV head (GQA), so that a decode step (Lq = 1) with 4 query
+// heads per KV head fills one tile and reads each key once for all of them.
+//
+// K and V are either packed into scratch once per call (prefill: many row tiles reuse them;
+// K as [Lk/4][E][4] so one load gives 4 keys at one dim) or read in place (decode: one or
+// two row tiles read each key once, and a packing pass would double the memory traffic).
 //
 // Blocked keys never reach the arithmetic as values: causal and key-length limits are loop
 // bounds (per row: keys j < limit[r]); K/V are packed only up to the furthest key any row
@@ -31,10 +41,12 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Scratch layout, in floats, for one (batch, KV head); every part starts 16-byte aligned.
+int32_t value_cols_padded(const Problem& p) { return round_up(p.value_dim, kValueBlock); }
+
+// Scratch layout, in floats, for one call; every part starts 16-byte aligned.
 //   packed_key   [round_up(Lk, kKeyTile) / 4][E][4]  key j, dim d at ((j/4)·E + d)·4 + j%4
 //   packed_value [Lk][Ev8]                           Ev8 = round_up(Ev, kValueBlock)
-//   q_tile       [4][E]                              scale·q of the tile's rows, 0 past Lq
+//   q_tile       [4][E]                              scale·q of the tile's rows, 0 past its rows
 //   scores       [4][kKeyTile]                       scores, then probabilities, of one tile
 //   bias         [4][kKeyTile]                       0, mask value, or -inf (blocked)
 //   acc          [4][Ev8]                            unnormalised output rows o
@@ -51,7 +63,7 @@ size_t align4(size_t n) { return (n + 3) / 4 * 4; }
 
 size_t layout(const Problem& p, float* base, Scratch* s) {
   const size_t key_rows = static_cast<size_t>(round_up(p.kv_len, kKeyTile));
-  const size_t ev8 = static_cast<size_t>(round_up(p.value_dim, kValueBlock));
+  const size_t ev8 = static_cast<size_t>(value_cols_padded(p));
   const size_t sizes[6] = {
       key_rows * p.head_dim,          static_cast<size_t>(p.kv_len) * ev8,
       align4(kQueryTile * static_cast<size_t>(p.head_dim)), kQueryTile * kKeyTile,
@@ -81,9 +93,13 @@ struct TileBias {
   int32_t open_cols;
 };
 
+// The query rows of one tile. Rows r >= rows are padding: limit 0, zero q, never written.
 struct RowTile {
-  int32_t b, h, i0;        // batch, query head, first query row of the tile
-  int32_t limit[kQueryTile];  // row r may attend keys j < limit[r] (0 for rows past Lq)
+  int32_t b;
+  int32_t rows;
+  int32_t h[kQueryTile], i[kQueryTile];  // query head and query row of each row
+  int32_t limit[kQueryTile];  // row r may attend keys j < limit[r] (within this call's keys)
+  int32_t keys_end;           // max over rows of limit[r]
 };
 
 TileBias build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias) {
@@ -96,8 +112,8 @@ TileBias build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias
   for (int r = 0; r < kQueryTile; r++) {
     float* bias_row = bias + r * kKeyTile;
     const int32_t allowed_end = std::clamp(rt.limit[r] - j0, 0, kKeyTile);
-    const int64_t mask_row = rt.b * p.mask_stride_b + rt.h * p.mask_stride_h +
-                             static_cast<int64_t>(rt.i0 + r) * p.mask_stride_q;
+    const int64_t mask_row = rt.b * p.mask_stride_b + rt.h[r] * p.mask_stride_h +
+                             static_cast<int64_t>(rt.i[r]) * p.mask_stride_q;
     for (int c = 0; c < allowed_end; c++) {
       const int64_t at = mask_row + static_cast<int64_t>(j0 + c) * p.mask_stride_k;
       float value = 0.0f;
@@ -117,66 +133,6 @@ TileBias build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias
     open_cols = std::min(open_cols, allowed_end);
   }
   return {any_allowed ? TileKind::kPartial : TileKind::kAllBlocked, open_cols};
-}
-
-// scores[4][32] = q_tile[4][E] · K[j0 .. j0+32)ᵀ, K packed [groups][E][4].
-// 4 rows × 8 keys per pass: 8 accumulators, 2 key loads and 4 broadcasts per dim.
-void score_tile(const float* q_tile, const float* packed_key_tile, int32_t head_dim,
-                float* scores) {
-  for (int g = 0; g < kKeyTile; g += 2 * kKeyGroup) {
-    const float* k0 = packed_key_tile + static_cast<size_t>(g) * head_dim;
-    const float* k1 = k0 + static_cast<size_t>(kKeyGroup) * head_dim;
-    v128_t acc0x0123 = wasm_f32x4_splat(0.0f), acc0x4567 = acc0x0123;
-    v128_t acc1x0123 = acc0x0123, acc1x4567 = acc0x0123;
-    v128_t acc2x0123 = acc0x0123, acc2x4567 = acc0x0123;
-    v128_t acc3x0123 = acc0x0123, acc3x4567 = acc0x0123;
-    const float* q0 = q_tile;
-    const float* q1 = q0 + head_dim;
-    const float* q2 = q1 + head_dim;
-    const float* q3 = q2 + head_dim;
-#pragma clang loop unroll(disable)
-    for (int32_t d = 0; d < head_dim; d++) {
-      const v128_t k0123 = wasm_v128_load(k0 + 4 * d);
-      const v128_t k4567 = wasm_v128_load(k1 + 4 * d);
-      const v128_t vq0 = wasm_v128_load32_splat(q0 + d);
-      acc0x0123 = wasm_f32x4_add(acc0x0123, wasm_f32x4_mul(vq0, k0123));
-      acc0x4567 = wasm_f32x4_add(acc0x4567, wasm_f32x4_mul(vq0, k4567));
-      const v128_t vq1 = wasm_v128_load32_splat(q1 + d);
-      acc1x0123 = wasm_f32x4_add(acc1x0123, wasm_f32x4_mul(vq1, k0123));
-      acc1x4567 = wasm_f32x4_add(acc1x4567, wasm_f32x4_mul(vq1, k4567));
-      const v128_t vq2 = wasm_v128_load32_splat(q2 + d);
-      acc2x0123 = wasm_f32x4_add(acc2x0123, wasm_f32x4_mul(vq2, k0123));
-      acc2x4567 = wasm_f32x4_add(acc2x4567, wasm_f32x4_mul(vq2, k4567));
-      const v128_t vq3 = wasm_v128_load32_splat(q3 + d);
-      acc3x0123 = wasm_f32x4_add(acc3x0123, wasm_f32x4_mul(vq3, k0123));
-      acc3x4567 = wasm_f32x4_add(acc3x4567, wasm_f32x4_mul(vq3, k4567));
-    }
-    wasm_v128_store(scores + 0 * kKeyTile + g, acc0x0123);
-    wasm_v128_store(scores + 0 * kKeyTile + g + 4, acc0x4567);
-    wasm_v128_store(scores + 1 * kKeyTile + g, acc1x0123);
-    wasm_v128_store(scores + 1 * kKeyTile + g + 4, acc1x4567);
-    wasm_v128_store(scores + 2 * kKeyTile + g, acc2x0123);
-    wasm_v128_store(scores + 2 * kKeyTile + g + 4, acc2x4567);
-    wasm_v128_store(scores + 3 * kKeyTile + g, acc3x0123);
-    wasm_v128_store(scores + 3 * kKeyTile + g + 4, acc3x4567);
-  }
-}
-
-// Softcap and bias in the order of the contract: s = softcap·tanh(s/softcap), then
-// s = s + bias, where a -inf bias replaces s by -inf (so a NaN score of a blocked key,
-// from NaN in padding, becomes -inf instead of staying NaN).
-void finish_scores(const Problem& p, TileKind kind, const float* bias, float* scores) {
-  if (p.softcap > 0.0f) {
-    const float cap = p.softcap, inv_cap = 1.0f / p.softcap;
-    for (int e = 0; e < kQueryTile * kKeyTile; e++) scores[e] = cap * std::tanh(scores[e] * inv_cap);
-  }
-  if (kind != TileKind::kPartial) return;
-  const v128_t neg_inf = wasm_f32x4_splat(kNegInf);
-  for (int e = 0; e < kQueryTile * kKeyTile; e += 4) {
-    const v128_t b = wasm_v128_load(bias + e);
-    const v128_t s = wasm_f32x4_add(wasm_v128_load(scores + e), b);
-    wasm_v128_store(scores + e, wasm_v128_bitselect(neg_inf, s, wasm_f32x4_eq(b, neg_inf)));
-  }
 }
 
 float hmax(v128_t v) {
@@ -223,83 +179,202 @@ v128_t exponentiate_tile(float* scores, v128_t shift, const ExpConstants& ec) {
   return wasm_v128_load(row_sum);
 }
 
-// acc[r][:] = alpha[r]·acc[r][:] + Σ_{j < key_count} probs[r][j]·V[j][:]
-// Keys j < open_count are open for every row and are multiplied unconditionally; from
-// open_count on, a key whose probability is exactly 0 for a row (blocked, or exp underflow)
-// is skipped for that row, not multiplied by 0, so NaN in a blocked V row cannot leak.
-void accumulate_pv(const float* probs, const float* packed_value_tile, int32_t open_count,
-                   int32_t key_count, int32_t ev8, v128_t alpha, float* acc) {
-  const v128_t a0 = wasm_i32x4_shuffle(alpha, alpha, 0, 0, 0, 0);
-  const v128_t a1 = wasm_i32x4_shuffle(alpha, alpha, 1, 1, 1, 1);
-  const v128_t a2 = wasm_i32x4_shuffle(alpha, alpha, 2, 2, 2, 2);
-  const v128_t a3 = wasm_i32x4_shuffle(alpha, alpha, 3, 3, 3, 3);
-  const float* p0 = probs;
-  const float* p1 = p0 + kKeyTile;
-  const float* p2 = p1 + kKeyTile;
-  const float* p3 = p2 + kKeyTile;
-  for (int32_t col = 0; col < ev8; col += kValueBlock) {
-    float* o0 = acc + col;
-    float* o1 = o0 + ev8;
-    float* o2 = o1 + ev8;
-    float* o3 = o2 + ev8;
-    v128_t acc0x0123 = wasm_f32x4_mul(wasm_v128_load(o0), a0);
-    v128_t acc0x4567 = wasm_f32x4_mul(wasm_v128_load(o0 + 4), a0);
-    v128_t acc1x0123 = wasm_f32x4_mul(wasm_v128_load(o1), a1);
-    v128_t acc1x4567 = wasm_f32x4_mul(wasm_v128_load(o1 + 4), a1);
-    v128_t acc2x0123 = wasm_f32x4_mul(wasm_v128_load(o2), a2);
-    v128_t acc2x4567 = wasm_f32x4_mul(wasm_v128_load(o2 + 4), a2);
-    v128_t acc3x0123 = wasm_f32x4_mul(wasm_v128_load(o3), a3);
-    v128_t acc3x4567 = wasm_f32x4_mul(wasm_v128_load(o3 + 4), a3);
-    const float* v = packed_value_tile + col;
+// scores[4][32] = q_tile[4][E] · K[j0 .. j0+32)ᵀ, K packed [groups][E][4].
+// 4 rows × 8 keys per pass: 8 accumulators, 2 key loads and 4 broadcasts per dim.
+void score_tile(const float* q_tile, const float* packed_key_tile, int32_t head_dim,
+                float* scores) {
+  for (int g = 0; g < kKeyTile; g += 2 * kKeyGroup) {
+    const float* k0 = packed_key_tile + static_cast<size_t>(g) * head_dim;
+    const float* k1 = k0 + static_cast<size_t>(kKeyGroup) * head_dim;
+    v128_t acc0x0123 = wasm_f32x4_splat(0.0f), acc0x4567 = acc0x0123;
+    v128_t acc1x0123 = acc0x0123, acc1x4567 = acc0x0123;
+    v128_t acc2x0123 = acc0x0123, acc2x4567 = acc0x0123;
+    v128_t acc3x0123 = acc0x0123, acc3x4567 = acc0x0123;
+    const float* q0 = q_tile;
+    const float* q1 = q0 + head_dim;
+    const float* q2 = q1 + head_dim;
+    const float* q3 = q2 + head_dim;
 #pragma clang loop unroll(disable)
-    for (int32_t j = 0; j < open_count; j++) {
-      const v128_t v0123 = wasm_v128_load(v + static_cast<size_t>(j) * ev8);
-      const v128_t v4567 = wasm_v128_load(v + static_cast<size_t>(j) * ev8 + 4);
-      const v128_t vp0 = wasm_v128_load32_splat(p0 + j);
-      acc0x0123 = wasm_f32x4_add(acc0x0123, wasm_f32x4_mul(vp0, v0123));
-      acc0x4567 = wasm_f32x4_add(acc0x4567, wasm_f32x4_mul(vp0, v4567));
-      const v128_t vp1 = wasm_v128_load32_splat(p1 + j);
-      acc1x0123 = wasm_f32x4_add(acc1x0123, wasm_f32x4_mul(vp1, v0123));
-      acc1x4567 = wasm_f32x4_add(acc1x4567, wasm_f32x4_mul(vp1, v4567));
-      const v128_t vp2 = wasm_v128_load32_splat(p2 + j);
-      acc2x0123 = wasm_f32x4_add(acc2x0123, wasm_f32x4_mul(vp2, v0123));
-      acc2x4567 = wasm_f32x4_add(acc2x4567, wasm_f32x4_mul(vp2, v4567));
-      const v128_t vp3 = wasm_v128_load32_splat(p3 + j);
-      acc3x0123 = wasm_f32x4_add(acc3x0123, wasm_f32x4_mul(vp3, v0123));
-      acc3x4567 = wasm_f32x4_add(acc3x4567, wasm_f32x4_mul(vp3, v4567));
+    for (int32_t d = 0; d < head_dim; d++) {
+      const v128_t k0123 = wasm_v128_load(k0 + 4 * d);
+      const v128_t k4567 = wasm_v128_load(k1 + 4 * d);
+      const v128_t vq0 = wasm_v128_load32_splat(q0 + d);
+      acc0x0123 = wasm_f32x4_add(acc0x0123, wasm_f32x4_mul(vq0, k0123));
+      acc0x4567 = wasm_f32x4_add(acc0x4567, wasm_f32x4_mul(vq0, k4567));
+      const v128_t vq1 = wasm_v128_load32_splat(q1 + d);
+      acc1x0123 = wasm_f32x4_add(acc1x0123, wasm_f32x4_mul(vq1, k0123));
+      acc1x4567 = wasm_f32x4_add(acc1x4567, wasm_f32x4_mul(vq1, k4567));
+      const v128_t vq2 = wasm_v128_load32_splat(q2 + d);
+      acc2x0123 = wasm_f32x4_add(acc2x0123, wasm_f32x4_mul(vq2, k0123));
+      acc2x4567 = wasm_f32x4_add(acc2x4567, wasm_f32x4_mul(vq2, k4567));
+      const v128_t vq3 = wasm_v128_load32_splat(q3 + d);
+      acc3x0123 = wasm_f32x4_add(acc3x0123, wasm_f32x4_mul(vq3, k0123));
+      acc3x4567 = wasm_f32x4_add(acc3x4567, wasm_f32x4_mul(vq3, k4567));
     }
-    for (int32_t j = open_count; j < key_count; j++) {
-      const v128_t v0123 = wasm_v128_load(v + static_cast<size_t>(j) * ev8);
-      const v128_t v4567 = wasm_v128_load(v + static_cast<size_t>(j) * ev8 + 4);
-      if (p0[j] != 0.0f) {
-        const v128_t vp = wasm_f32x4_splat(p0[j]);
-        acc0x0123 = wasm_f32x4_add(acc0x0123, wasm_f32x4_mul(vp, v0123));
-        acc0x4567 = wasm_f32x4_add(acc0x4567, wasm_f32x4_mul(vp, v4567));
+    wasm_v128_store(scores + 0 * kKeyTile + g, acc0x0123);
+    wasm_v128_store(scores + 0 * kKeyTile + g + 4, acc0x4567);
+    wasm_v128_store(scores + 1 * kKeyTile + g, acc1x0123);
+    wasm_v128_store(scores + 1 * kKeyTile + g + 4, acc1x4567);
+    wasm_v128_store(scores + 2 * kKeyTile + g, acc2x0123);
+    wasm_v128_store(scores + 2 * kKeyTile + g + 4, acc2x4567);
+    wasm_v128_store(scores + 3 * kKeyTile + g, acc3x0123);
+    wasm_v128_store(scores + 3 * kKeyTile + g + 4, acc3x4567);
+  }
+}
+
+// scores[r][c] = q_tile[r] · k_{c} for r < rows and c < key_count, K rows read in place
+// (row stride k_stride floats, E contiguous). Columns from key_count on are set to 0; the
+// bias marks them blocked. Four keys at a time: four accumulators over E in steps of 4, then
+// a 4×4 transpose-add leaves the four dot products in one vector.
+void score_tile_in_place(const float* q_tile, int32_t rows, const float* key, int64_t k_stride,
+                         int32_t key_count, int32_t head_dim, float* scores) {
+  const int32_t e4 = head_dim & ~3;
+  for (int32_t r = 0; r < rows; r++) {
+    const float* q = q_tile + r * head_dim;
+    float* s = scores + r * kKeyTile;
+    int32_t c = 0;
+    for (; c + 4 <= key_count; c += 4) {
+      const float* k0 = key + c * k_stride;
+      const float* k1 = k0 + k_stride;
+      const float* k2 = k1 + k_stride;
+      const float* k3 = k2 + k_stride;
+      v128_t a0 = wasm_f32x4_splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
+#pragma clang loop unroll(disable)
+      for (int32_t d = 0; d < e4; d += 4) {
+        const v128_t vq = wasm_v128_load(q + d);
+        a0 = wasm_f32x4_add(a0, wasm_f32x4_mul(vq, wasm_v128_load(k0 + d)));
+        a1 = wasm_f32x4_add(a1, wasm_f32x4_mul(vq, wasm_v128_load(k1 + d)));
+        a2 = wasm_f32x4_add(a2, wasm_f32x4_mul(vq, wasm_v128_load(k2 + d)));
+        a3 = wasm_f32x4_add(a3, wasm_f32x4_mul(vq, wasm_v128_load(k3 + d)));
       }
-      if (p1[j] != 0.0f) {
-        const v128_t vp = wasm_f32x4_splat(p1[j]);
-        acc1x0123 = wasm_f32x4_add(acc1x0123, wasm_f32x4_mul(vp, v0123));
-        acc1x4567 = wasm_f32x4_add(acc1x4567, wasm_f32x4_mul(vp, v4567));
-      }
-      if (p2[j] != 0.0f) {
-        const v128_t vp = wasm_f32x4_splat(p2[j]);
-        acc2x0123 = wasm_f32x4_add(acc2x0123, wasm_f32x4_mul(vp, v0123));
-        acc2x4567 = wasm_f32x4_add(acc2x4567, wasm_f32x4_mul(vp, v4567));
-      }
-      if (p3[j] != 0.0f) {
-        const v128_t vp = wasm_f32x4_splat(p3[j]);
-        acc3x0123 = wasm_f32x4_add(acc3x0123, wasm_f32x4_mul(vp, v0123));
-        acc3x4567 = wasm_f32x4_add(acc3x4567, wasm_f32x4_mul(vp, v4567));
+      // (a0[0]+a0[2], a1[0]+a1[2], a0[1]+a0[3], a1[1]+a1[3]) and the same for a2, a3.
+      const v128_t t01 = wasm_f32x4_add(wasm_i32x4_shuffle(a0, a1, 0, 4, 1, 5),
+                                        wasm_i32x4_shuffle(a0, a1, 2, 6, 3, 7));
+      const v128_t t23 = wasm_f32x4_add(wasm_i32x4_shuffle(a2, a3, 0, 4, 1, 5),
+                                        wasm_i32x4_shuffle(a2, a3, 2, 6, 3, 7));
+      // Lane n = the whole dot product of key c + n.
+      wasm_v128_store(s + c, wasm_f32x4_add(wasm_i32x4_shuffle(t01, t23, 0, 1, 4, 5),
+                                            wasm_i32x4_shuffle(t01, t23, 2, 3, 6, 7)));
+      for (int32_t d = e4; d < head_dim; d++) {
+        s[c] += q[d] * k0[d];
+        s[c + 1] += q[d] * k1[d];
+        s[c + 2] += q[d] * k2[d];
+        s[c + 3] += q[d] * k3[d];
       }
     }
-    wasm_v128_store(o0, acc0x0123);
-    wasm_v128_store(o0 + 4, acc0x4567);
-    wasm_v128_store(o1, acc1x0123);
-    wasm_v128_store(o1 + 4, acc1x4567);
-    wasm_v128_store(o2, acc2x0123);
-    wasm_v128_store(o2 + 4, acc2x4567);
-    wasm_v128_store(o3, acc3x0123);
-    wasm_v128_store(o3 + 4, acc3x4567);
+    for (; c < key_count; c++) {
+      const float* k = key + c * k_stride;
+      v128_t a = wasm_f32x4_splat(0.0f);
+      for (int32_t d = 0; d < e4; d += 4) {
+        a = wasm_f32x4_add(a, wasm_f32x4_mul(wasm_v128_load(q + d), wasm_v128_load(k + d)));
+      }
+      float dot = hsum(a);
+      for (int32_t d = e4; d < head_dim; d++) dot += q[d] * k[d];
+      s[c] = dot;
+    }
+    for (; c < kKeyTile; c++) s[c] = 0.0f;
+  }
+}
+
+// Softcap and bias in the order of the contract: s = softcap·tanh(s/softcap), then
+// s = s + bias, where a -inf bias replaces s by -inf (so a NaN score of a blocked key,
+// from NaN in padding, becomes -inf instead of staying NaN).
+void finish_scores(const Problem& p, TileKind kind, const float* bias, float* scores) {
+  if (p.softcap > 0.0f) {
+    const float cap = p.softcap, inv_cap = 1.0f / p.softcap;
+    for (int e = 0; e < kQueryTile * kKeyTile; e++) scores[e] = cap * std::tanh(scores[e] * inv_cap);
+  }
+  if (kind != TileKind::kPartial) return;
+  const v128_t neg_inf = wasm_f32x4_splat(kNegInf);
+  for (int e = 0; e < kQueryTile * kKeyTile; e += 4) {
+    const v128_t b = wasm_v128_load(bias + e);
+    const v128_t s = wasm_f32x4_add(wasm_v128_load(scores + e), b);
+    wasm_v128_store(scores + e, wasm_v128_bitselect(neg_inf, s, wasm_f32x4_eq(b, neg_inf)));
+  }
+}
+
+// acc[r][col .. col+4·kVecs) = alpha[r]·acc[r][…] + Σ_{j < key_count} probs[r][j]·V[j][…]
+// for r < kRows. Keys j < open_count are open for every row and are multiplied
+// unconditionally; from open_count on, a key whose probability is exactly 0 for a row
+// (blocked, or exp underflow) is skipped for that row, not multiplied by 0, so NaN in a
+// blocked V row cannot leak. 4 rows × 8 columns = 8 accumulators at most.
+template <int kRows, int kVecs>
+void pv_block(const float* probs, const float* value, int64_t v_stride, int32_t open_count,
+              int32_t key_count, const float* alpha, float* acc, int32_t acc_stride) {
+  v128_t o[kRows][kVecs];
+  for (int r = 0; r < kRows; r++) {
+    const v128_t a = wasm_f32x4_splat(alpha[r]);
+    for (int k = 0; k < kVecs; k++) o[r][k] = wasm_f32x4_mul(wasm_v128_load(acc + r * acc_stride + 4 * k), a);
+  }
+#pragma clang loop unroll(disable)
+  for (int32_t j = 0; j < open_count; j++) {
+    v128_t v[kVecs];
+    for (int k = 0; k < kVecs; k++) v[k] = wasm_v128_load(value + j * v_stride + 4 * k);
+    for (int r = 0; r < kRows; r++) {
+      const v128_t p = wasm_v128_load32_splat(probs + r * kKeyTile + j);
+      for (int k = 0; k < kVecs; k++) o[r][k] = wasm_f32x4_add(o[r][k], wasm_f32x4_mul(p, v[k]));
+    }
+  }
+  for (int32_t j = open_count; j < key_count; j++) {
+    v128_t v[kVecs];
+    for (int k = 0; k < kVecs; k++) v[k] = wasm_v128_load(value + j * v_stride + 4 * k);
+    for (int r = 0; r < kRows; r++) {
+      const float pr = probs[r * kKeyTile + j];
+      if (pr == 0.0f) continue;
+      const v128_t p = wasm_f32x4_splat(pr);
+      for (int k = 0; k < kVecs; k++) o[r][k] = wasm_f32x4_add(o[r][k], wasm_f32x4_mul(p, v[k]));
+    }
+  }
+  for (int r = 0; r < kRows; r++) {
+    for (int k = 0; k < kVecs; k++) wasm_v128_store(acc + r * acc_stride + 4 * k, o[r][k]);
+  }
+}
+
+// The same for the last 1..3 columns of an in-place V whose width is not a multiple of 4.
+template <int kRows>
+void pv_columns_scalar(const float* probs, const float* value, int64_t v_stride, int32_t cols,
+                       int32_t key_count, const float* alpha, float* acc, int32_t acc_stride) {
+  for (int r = 0; r < kRows; r++) {
+    for (int32_t c = 0; c < cols; c++) {
+      float o = acc[r * acc_stride + c] * alpha[r];
+      for (int32_t j = 0; j < key_count; j++) {
+        const float pr = probs[r * kKeyTile + j];
+        if (pr != 0.0f) o += pr * value[j * v_stride + c];
+      }
+      acc[r * acc_stride + c] = o;
+    }
+  }
+}
+
+template <int kRows>
+void accumulate_pv_rows(const float* probs, const float* value, int64_t v_stride, int32_t cols,
+                        int32_t open_count, int32_t key_count, const float* alpha, float* acc,
+                        int32_t acc_stride) {
+  int32_t col = 0;
+  for (; col + 8 <= cols; col += 8) {
+    pv_block<kRows, 2>(probs, value + col, v_stride, open_count, key_count, alpha, acc + col, acc_stride);
+  }
+  if (col + 4 <= cols) {
+    pv_block<kRows, 1>(probs, value + col, v_stride, open_count, key_count, alpha, acc + col, acc_stride);
+    col += 4;
+  }
+  if (col < cols) {
+    pv_columns_scalar<kRows>(probs, value + col, v_stride, cols - col, key_count, alpha, acc + col, acc_stride);
+  }
+}
+
+// acc[r][0 .. cols) = alpha[r]·acc[r][…] + Σ_j probs[r][j]·V[j][0 .. cols) for r < rows.
+// Packed V has cols = Ev8 (zero padded); in-place V has cols = Ev.
+void accumulate_pv(const float* probs, const float* value, int64_t v_stride, int32_t cols,
+                   int32_t rows, int32_t open_count, int32_t key_count, v128_t alpha_v,
+                   float* acc, int32_t acc_stride) {
+  float alpha[kQueryTile];
+  wasm_v128_store(alpha, alpha_v);
+  switch (rows) {
+    case 1: accumulate_pv_rows<1>(probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride); break;
+    case 2: accumulate_pv_rows<2>(probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride); break;
+    case 3: accumulate_pv_rows<3>(probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride); break;
+    default: accumulate_pv_rows<4>(probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride); break;
   }
 }
 
@@ -330,6 +405,138 @@ void pack_value(const float* value, int64_t stride_l, int32_t key_count, int32_t
   }
 }
 
+// Where one call reads K and V: packed into scratch, or in place in the caller's tensors.
+struct KeyValueSource {
+  bool packed;
+  const float* key;    // packed: [groups][E][4] from key 0; in place: key 0 of the head
+  int64_t key_stride;  // in place only: floats between consecutive keys
+  const float* value;  // packed: [Lk][Ev8]; in place: key 0's row of the head
+  int64_t value_stride;
+  int32_t value_cols;  // packed: Ev8; in place: Ev
+};
+
+void score_tile_from(const KeyValueSource& kv, const float* q_tile, int32_t rows, int32_t j0,
+                     int32_t key_count, int32_t head_dim, float* scores) {
+  if (kv.packed) {
+    score_tile(q_tile, kv.key + static_cast<size_t>(j0) * head_dim, head_dim, scores);
+  } else {
+    score_tile_in_place(q_tile, rows, kv.key + j0 * kv.key_stride, kv.key_stride, key_count,
+                        head_dim, scores);
+  }
+}
+
+// The online softmax of one row tile over keys [key_begin, rt.keys_end), then its output:
+// the normalised rows (and weights) when `partial` is null, else the unnormalised state
+// (m, l, o) of each row for merge_partials.
+void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& kv,
+                     int32_t key_begin, float* partial, const Scratch& s, const ExpConstants& ec) {
+  const int32_t E = p.head_dim, Ev = p.value_dim, ev8 = value_cols_padded(p);
+  // q_tile = scale·q (the scale folded into Q once), zero rows past rt.rows.
+  for (int r = 0; r < kQueryTile; r++) {
+    float* dst = s.q_tile + r * E;
+    if (r < rt.rows) {
+      const float* src = p.query + rt.b * p.q_stride_b + rt.h[r] * p.q_stride_h +
+                         static_cast<int64_t>(rt.i[r]) * p.q_stride_l;
+      for (int32_t d = 0; d < E; d++) dst[d] = src[d] * p.scale;
+    } else {
+      std::fill(dst, dst + E, 0.0f);
+    }
+  }
+  std::fill(s.acc, s.acc + kQueryTile * ev8, 0.0f);
+  v128_t running_max = wasm_f32x4_splat(kNegInf);  // m, lane r = row r
+  v128_t running_sum = wasm_f32x4_splat(0.0f);     // l
+  const v128_t neg_inf = running_max;
+  const v128_t zero = running_sum;
+
+  for (int32_t j0 = key_begin; j0 < rt.keys_end; j0 += kKeyTile) {
+    const TileBias tile = build_bias(p, rt, j0, s.bias);
+    if (tile.kind == TileKind::kAllBlocked) continue;  // m, l, o unchanged
+    const int32_t key_count = std::min(kKeyTile, rt.keys_end - j0);
+    score_tile_from(kv, s.q_tile, rt.rows, j0, key_count, E, s.scores);
+    finish_scores(p, tile.kind, s.bias, s.scores);
+
+    const v128_t new_max = wasm_f32x4_pmax(running_max, tile_row_max(s.scores));
+    // A row still at -inf has attended nothing: shift by 0 (its scores are all -inf,
+    // so its probabilities are exp(-inf) = 0) and keep α = 1 (its o and l are 0).
+    const v128_t still_empty = wasm_f32x4_eq(new_max, neg_inf);
+    const v128_t shift = wasm_v128_bitselect(zero, new_max, still_empty);
+    // α = exp(m_old - m_new) <= 1: 1 when the maximum did not grow, 0 when m_old = -inf.
+    const v128_t alpha = wasm_v128_bitselect(
+        ec.one, exp_nonpositive(wasm_f32x4_sub(running_max, new_max), ec), still_empty);
+    const v128_t tile_sum = exponentiate_tile(s.scores, shift, ec);
+    running_sum = wasm_f32x4_add(wasm_f32x4_mul(running_sum, alpha), tile_sum);
+    running_max = new_max;
+
+    accumulate_pv(s.scores, kv.value + j0 * kv.value_stride, kv.value_stride, kv.value_cols,
+                  rt.rows, std::min(tile.open_cols, key_count), key_count, alpha, s.acc, ev8);
+  }
+
+  float maxima[kQueryTile], sums[kQueryTile];
+  wasm_v128_store(maxima, running_max);
+  wasm_v128_store(sums, running_sum);
+  if (partial != nullptr) {  // [4][2 + Ev8]: m, l, o
+    for (int r = 0; r < rt.rows; r++) {
+      float* dst = partial + r * (2 + ev8);
+      dst[0] = maxima[r];
+      dst[1] = sums[r];
+      std::memcpy(dst + 2, s.acc + r * ev8, sizeof(float) * Ev);
+    }
+    return;
+  }
+
+  // out = o / l; l == 0 means the row attended nothing: exact zeros, not 0/0 = NaN.
+  float inv_sum[kQueryTile];
+  for (int r = 0; r < kQueryTile; r++) inv_sum[r] = sums[r] == 0.0f ? 0.0f : 1.0f / sums[r];
+  for (int r = 0; r < rt.rows; r++) {
+    float* dst = p.output + rt.b * p.o_stride_b + rt.h[r] * p.o_stride_h +
+                 static_cast<int64_t>(rt.i[r]) * p.o_stride_l;
+    const float* o = s.acc + r * ev8;
+    for (int32_t c = 0; c < Ev; c++) dst[c] = o[c] * inv_sum[r];
+  }
+
+  if (p.weights == nullptr) return;
+  // weights[i][j] = exp(s_ij - m_i) / l_i, recomputing the scores tile by tile with the
+  // final m and l; zeros for blocked keys, skipped tiles and empty rows.
+  assert(key_begin == 0);
+  const v128_t final_shift =
+      wasm_v128_bitselect(zero, running_max, wasm_f32x4_eq(running_max, neg_inf));
+  for (int32_t j0 = 0; j0 < p.kv_len; j0 += kKeyTile) {
+    const int32_t cols = std::min(kKeyTile, p.kv_len - j0);
+    const TileBias tile =
+        j0 < rt.keys_end ? build_bias(p, rt, j0, s.bias) : TileBias{TileKind::kAllBlocked, 0};
+    if (tile.kind == TileKind::kAllBlocked) {
+      std::fill(s.scores, s.scores + kQueryTile * kKeyTile, 0.0f);
+    } else {
+      score_tile_from(kv, s.q_tile, rt.rows, j0, std::min(kKeyTile, rt.keys_end - j0), E, s.scores);
+      finish_scores(p, tile.kind, s.bias, s.scores);
+      exponentiate_tile(s.scores, final_shift, ec);
+    }
+    for (int r = 0; r < rt.rows; r++) {
+      float* dst = p.weights +
+                   ((static_cast<int64_t>(rt.b) * p.q_heads + rt.h[r]) * p.q_len + rt.i[r]) * p.kv_len + j0;
+      const float* src = s.scores + r * kKeyTile;
+      for (int32_t c = 0; c < cols; c++) dst[c] = src[c] * inv_sum[r];
+    }
+  }
+}
+
+// Keys this batch may attend, and the causal frontier: row i may attend keys j < limit(i).
+struct RowLimits {
+  int32_t valid_keys;  // key_lengths[b], or Lk
+  bool causal;
+  int64_t offset;
+  int32_t operator()(int32_t i) const {
+    if (!causal) return valid_keys;
+    return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1, 0, valid_keys));
+  }
+};
+
+RowLimits row_limits(const Problem& p, int32_t b) {
+  const int32_t valid_keys = p.key_lengths != nullptr ? p.key_lengths[b] : p.kv_len;
+  assert(valid_keys >= 0 && valid_keys <= p.kv_len);
+  return {valid_keys, p.causal, p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset};
+}
+
 }  // namespace
 
 size_t sdpa_f32_fwd_4x32__wasmsimd_scratch(const Problem& p) {
@@ -337,124 +544,90 @@ size_t sdpa_f32_fwd_4x32__wasmsimd_scratch(const Problem& p) {
   return layout(p, nullptr, &unused) + 4;  // + 4: room to align the base to 16 bytes
 }
 
-void sdpa_f32_fwd_ukernel_4x32__wasmsimd(const Problem& p, int32_t b, int32_t kv_head,
-                                         int32_t q_begin, int32_t q_end, float* scratch_base) {
+size_t sdpa_f32_fwd_4x32__wasmsimd_partial_floats(const Problem& p) {
+  return static_cast<size_t>(kQueryTile) * (2 + value_cols_padded(p));
+}
+
+void sdpa_f32_fwd_ukernel_4x32__wasmsimd(const Problem& p, const KernelWork& w, float* scratch_base) {
   assert(p.head_dim >= 1 && p.value_dim >= 1 && p.q_len >= 1 && p.kv_len >= 1);
   assert(p.q_heads % p.kv_heads == 0);
-  assert(b >= 0 && b < p.batch && kv_head >= 0 && kv_head < p.kv_heads);
-  assert(0 <= q_begin && q_begin < q_end && q_end <= p.q_len);
+  assert(w.b >= 0 && w.b < p.batch && w.kv_head >= 0 && w.kv_head < p.kv_heads);
+  const int32_t group = p.q_heads / p.kv_heads;
+  assert(0 <= w.row_begin && w.row_begin < w.row_end && w.row_end <= group * p.q_len);
+  assert(0 <= w.key_begin && w.key_begin % kKeyTile == 0 && w.key_begin < w.key_end && w.key_end <= p.kv_len);
+  assert(!w.pack || (w.key_begin == 0 && w.partials == nullptr));
+  assert(w.partials == nullptr || p.weights == nullptr);
   assert(scratch_base != nullptr);
 
   Scratch s;
-  layout(p, reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch_base) + 15) & ~uintptr_t{15}),
-         &s);
-  const int32_t E = p.head_dim, Ev = p.value_dim, Lq = p.q_len;  // Lq: the weights' row count
-  const int32_t ev8 = round_up(Ev, kValueBlock);
+  layout(p, reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch_base) + 15) & ~uintptr_t{15}), &s);
   const ExpConstants ec = make_exp_constants();
+  const RowLimits limit_of = row_limits(p, w.b);
+  const int32_t first_head = w.kv_head * group;
+  // Flat row f is query row f % Lq of head first_head + f / Lq. Its keys: [key_begin, end).
+  auto limit_of_flat = [&](int32_t f) { return std::min(limit_of(f % p.q_len), w.key_end); };
 
-  // Keys this batch may attend at all: j < valid_keys (padding past key_lengths[b]).
-  const int32_t valid_keys = p.key_lengths != nullptr ? p.key_lengths[b] : p.kv_len;
-  assert(valid_keys >= 0 && valid_keys <= p.kv_len);
-  const int64_t offset = p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset;
-  // Row i may attend keys j < limit(i) (causal: j <= i + offset), a value in [0, valid_keys].
-  auto row_limit = [&](int32_t i) -> int32_t {
-    if (i >= q_end) return 0;  // rows of the last tile past q_end: nothing to attend, never written
-    if (!p.causal) return valid_keys;
-    return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1, 0, valid_keys));
-  };
-  // Pack only the keys some row may attend: the causal frontier of the last row.
-  // row_limit grows with i, so the last row's limit bounds every row's.
-  const int32_t packed_keys = row_limit(q_end - 1);
-  pack_key(p.key + b * p.k_stride_b + kv_head * p.k_stride_h, p.k_stride_l, packed_keys, E,
-           s.packed_key);
-  pack_value(p.value + b * p.v_stride_b + kv_head * p.v_stride_h, p.v_stride_l, packed_keys, Ev,
-             ev8, s.packed_value);
+  const float* key = p.key + w.b * p.k_stride_b + w.kv_head * p.k_stride_h;
+  const float* value = p.value + w.b * p.v_stride_b + w.kv_head * p.v_stride_h;
+  KeyValueSource kv{false, key, p.k_stride_l, value, p.v_stride_l, p.value_dim};
+  if (w.pack) {
+    // Pack only the keys some row of this call may attend.
+    int32_t packed_keys = 0;
+    for (int32_t f = w.row_begin; f < w.row_end; f++) packed_keys = std::max(packed_keys, limit_of_flat(f));
+    const int32_t ev8 = value_cols_padded(p);
+    pack_key(key, p.k_stride_l, packed_keys, p.head_dim, s.packed_key);
+    pack_value(value, p.v_stride_l, packed_keys, p.value_dim, ev8, s.packed_value);
+    kv = KeyValueSource{true, s.packed_key, 0, s.packed_value, ev8, ev8};
+  }
 
-  const int32_t group = p.q_heads / p.kv_heads;
-  for (int32_t h = kv_head * group; h < (kv_head + 1) * group; h++) {
-    const float* q_head = p.query + b * p.q_stride_b + h * p.q_stride_h;
-    float* out_head = p.output + b * p.o_stride_b + h * p.o_stride_h;
-    for (int32_t i0 = q_begin; i0 < q_end; i0 += kQueryTile) {
-      const int32_t rows = std::min(kQueryTile, q_end - i0);
-      RowTile rt{b, h, i0, {}};
-      int32_t keys_end = 0;  // furthest key any row of the tile may attend
-      for (int r = 0; r < kQueryTile; r++) {
-        rt.limit[r] = row_limit(i0 + r);
-        keys_end = std::max(keys_end, rt.limit[r]);
-      }
-      // q_tile = scale·q (the scale folded into Q once), zero rows past Lq.
-      for (int r = 0; r < kQueryTile; r++) {
-        float* dst = s.q_tile + r * E;
-        if (r < rows) {
-          const float* src = q_head + static_cast<int64_t>(i0 + r) * p.q_stride_l;
-          for (int32_t d = 0; d < E; d++) dst[d] = src[d] * p.scale;
-        } else {
-          std::fill(dst, dst + E, 0.0f);
-        }
-      }
-      std::fill(s.acc, s.acc + kQueryTile * ev8, 0.0f);
-      v128_t running_max = wasm_f32x4_splat(kNegInf);  // m, lane r = row r
-      v128_t running_sum = wasm_f32x4_splat(0.0f);     // l
-      const v128_t neg_inf = running_max;
-      const v128_t zero = running_sum;
-
-      for (int32_t j0 = 0; j0 < keys_end; j0 += kKeyTile) {
-        const TileBias tile = build_bias(p, rt, j0, s.bias);
-        if (tile.kind == TileKind::kAllBlocked) continue;  // m, l, o unchanged
-        score_tile(s.q_tile, s.packed_key + static_cast<size_t>(j0) * E, E, s.scores);
-        finish_scores(p, tile.kind, s.bias, s.scores);
-
-        const v128_t new_max = wasm_f32x4_pmax(running_max, tile_row_max(s.scores));
-        // A row still at -inf has attended nothing: shift by 0 (its scores are all -inf,
-        // so its probabilities are exp(-inf) = 0) and keep α = 1 (its o and l are 0).
-        const v128_t still_empty = wasm_f32x4_eq(new_max, neg_inf);
-        const v128_t shift = wasm_v128_bitselect(zero, new_max, still_empty);
-        // α = exp(m_old - m_new) <= 1: 1 when the maximum did not grow, 0 when m_old = -inf.
-        const v128_t alpha = wasm_v128_bitselect(
-            ec.one, exp_nonpositive(wasm_f32x4_sub(running_max, new_max), ec), still_empty);
-        const v128_t tile_sum = exponentiate_tile(s.scores, shift, ec);
-        running_sum = wasm_f32x4_add(wasm_f32x4_mul(running_sum, alpha), tile_sum);
-        running_max = new_max;
-
-        const int32_t key_count = std::min(kKeyTile, keys_end - j0);
-        accumulate_pv(s.scores, s.packed_value + static_cast<size_t>(j0) * ev8,
-                      std::min(tile.open_cols, key_count), key_count, ev8, alpha, s.acc);
-      }
-
-      // out = o / l; l == 0 means the row attended nothing: exact zeros, not 0/0 = NaN.
-      float sums[kQueryTile], inv_sum[kQueryTile];
-      wasm_v128_store(sums, running_sum);
-      for (int r = 0; r < kQueryTile; r++) inv_sum[r] = sums[r] == 0.0f ? 0.0f : 1.0f / sums[r];
-      for (int r = 0; r < rows; r++) {
-        float* dst = out_head + static_cast<int64_t>(i0 + r) * p.o_stride_l;
-        const float* o = s.acc + r * ev8;
-        for (int32_t c = 0; c < Ev; c++) dst[c] = o[c] * inv_sum[r];
-      }
-
-      if (p.weights == nullptr) continue;
-      // weights[i][j] = exp(s_ij - m_i) / l_i, recomputing the scores tile by tile with the
-      // final m and l; zeros for blocked keys, skipped tiles and empty rows.
-      const v128_t final_shift =
-          wasm_v128_bitselect(zero, running_max, wasm_f32x4_eq(running_max, neg_inf));
-      float* w_head = p.weights + (static_cast<int64_t>(b) * p.q_heads + h) * Lq * p.kv_len;
-      for (int32_t j0 = 0; j0 < p.kv_len; j0 += kKeyTile) {
-        const int32_t cols = std::min(kKeyTile, p.kv_len - j0);
-        const TileBias tile =
-            j0 < keys_end ? build_bias(p, rt, j0, s.bias) : TileBias{TileKind::kAllBlocked, 0};
-        if (tile.kind == TileKind::kAllBlocked) {
-          std::fill(s.scores, s.scores + kQueryTile * kKeyTile, 0.0f);
-        } else {
-          score_tile(s.q_tile, s.packed_key + static_cast<size_t>(j0) * E, E, s.scores);
-          finish_scores(p, tile.kind, s.bias, s.scores);
-          exponentiate_tile(s.scores, final_shift, ec);
-        }
-        for (int r = 0; r < rows; r++) {
-          float* dst = w_head + static_cast<int64_t>(i0 + r) * p.kv_len + j0;
-          const float* src = s.scores + r * kKeyTile;
-          for (int32_t c = 0; c < cols; c++) dst[c] = src[c] * inv_sum[r];
-        }
-      }
+  const size_t partial_floats = sdpa_f32_fwd_4x32__wasmsimd_partial_floats(p);
+  for (int32_t f0 = w.row_begin; f0 < w.row_end; f0 += kQueryTile) {
+    RowTile rt{};
+    rt.b = w.b;
+    rt.rows = std::min(kQueryTile, w.row_end - f0);
+    for (int r = 0; r < kQueryTile; r++) {
+      const int32_t f = f0 + r;
+      rt.h[r] = first_head + (r < rt.rows ? f / p.q_len : 0);
+      rt.i[r] = r < rt.rows ? f % p.q_len : 0;
+      rt.limit[r] = r < rt.rows ? limit_of_flat(f) : 0;
+      rt.keys_end = std::max(rt.keys_end, rt.limit[r]);
     }
+    float* partial = w.partials == nullptr
+                         ? nullptr
+                         : w.partials + static_cast<size_t>((f0 - w.row_begin) / kQueryTile) * partial_floats;
+    attend_row_tile(p, rt, kv, w.key_begin, partial, s, ec);
+  }
+}
+
+void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, int32_t rows,
+                                 int32_t segments, const float* partials) {
+  // partials: [segments][ceil(rows / 4)][4][2 + Ev8], each row (m_s, l_s, o_s) over segment s.
+  // With m = max_s m_s, the whole row is l = Σ_s exp(m_s - m)·l_s, o = Σ_s exp(m_s - m)·o_s;
+  // segments with m_s = -inf attended nothing and are skipped (their exp would be NaN when
+  // m is -inf too). Summed in segment order: the same bits for any number of threads.
+  const int32_t group = p.q_heads / p.kv_heads;
+  const int32_t Ev = p.value_dim;
+  const size_t tile_floats = sdpa_f32_fwd_4x32__wasmsimd_partial_floats(p);
+  const size_t row_floats = tile_floats / kQueryTile;
+  const size_t segment_floats = static_cast<size_t>((rows + kQueryTile - 1) / kQueryTile) * tile_floats;
+  for (int32_t f = 0; f < rows; f++) {
+    const float* row0 = partials + static_cast<size_t>(f / kQueryTile) * tile_floats + (f % kQueryTile) * row_floats;
+    float m = kNegInf;
+    for (int32_t seg = 0; seg < segments; seg++) m = std::max(m, row0[seg * segment_floats]);
+    float* dst = p.output + b * p.o_stride_b + (kv_head * group + f / p.q_len) * p.o_stride_h +
+                 static_cast<int64_t>(f % p.q_len) * p.o_stride_l;
+    std::fill(dst, dst + Ev, 0.0f);
+    if (m == kNegInf) continue;  // every key of the row blocked: exact zeros
+    float l = 0.0f;
+    for (int32_t seg = 0; seg < segments; seg++) {
+      const float* part = row0 + seg * segment_floats;
+      if (part[0] == kNegInf) continue;
+      const float scale = std::exp(part[0] - m);
+      l += scale * part[1];
+      for (int32_t c = 0; c < Ev; c++) dst[c] += scale * part[2 + c];
+    }
+    const float inv_l = l == 0.0f ? 0.0f : 1.0f / l;
+    for (int32_t c = 0; c < Ev; c++) dst[c] *= inv_l;
   }
 }
 

@@ -1,5 +1,4 @@
-// Forward kernels. Each call processes one (batch, KV head) and query rows
-// [q_begin, q_end) of all the query heads that share that KV head (GQA), over all keys. See src/sdpa.h for the problem's contract.
+// Forward kernels. See src/sdpa.h for the problem's contract.
 #pragma once
 
 #include <cstddef>
@@ -9,13 +8,34 @@
 
 namespace sdpa {
 
-// Floats of scratch one call needs (same for every (batch, KV head) of the problem).
-size_t sdpa_f32_fwd_4x32__wasmsimd_scratch(const Problem& p);
+// One call's share of the work: one (batch, KV head), a range of its "flat rows"
+// f = (h - kv_head·group)·Lq + i (the query rows of every head sharing the KV head), and a
+// range of keys.
+struct KernelWork {
+  int32_t b = 0, kv_head = 0;
+  int32_t row_begin = 0, row_end = 0;  // 0 <= row_begin < row_end <= group·Lq
+  int32_t key_begin = 0, key_end = 0;  // key_begin a multiple of kKeyTile; key_end <= Lk
+  // Pack K/V into scratch first (worth it when many row tiles reuse them), or read in place.
+  bool pack = false;
+  // Null: write output rows (and weights, which need the whole key range). Else a split-K
+  // segment: write each row's unnormalised (m, l, o) here, partial_floats(p) per row tile,
+  // for sdpa_f32_fwd_merge_partials.
+  float* partials = nullptr;
+};
 
-// Preconditions (asserted): validate(p) == kOk; 0 <= b < B; 0 <= kv_head < Hkv;
-// 0 <= q_begin < q_end <= Lq; scratch holds sdpa_f32_fwd_4x32__wasmsimd_scratch(p) floats
-// (any 4-byte alignment) and is used by this call alone.
-void sdpa_f32_fwd_ukernel_4x32__wasmsimd(const Problem& p, int32_t b, int32_t kv_head,
-                                         int32_t q_begin, int32_t q_end, float* scratch);
+// Floats of scratch one call needs (the same for every call of the problem).
+size_t sdpa_f32_fwd_4x32__wasmsimd_scratch(const Problem& p);
+// Floats of partial state one row tile writes in a split-K call.
+size_t sdpa_f32_fwd_4x32__wasmsimd_partial_floats(const Problem& p);
+
+// Preconditions (asserted): validate(p) == kOk and the KernelWork ranges above; scratch
+// holds sdpa_f32_fwd_4x32__wasmsimd_scratch(p) floats (any 4-byte alignment) used by this
+// call alone.
+void sdpa_f32_fwd_ukernel_4x32__wasmsimd(const Problem& p, const KernelWork& work, float* scratch);
+
+// Output rows [0, rows) of one (batch, KV head) from `segments` split-K calls' partials,
+// laid out [segments][row tiles][partial_floats / 4 per row].
+void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, int32_t rows,
+                                 int32_t segments, const float* partials);
 
 }  // namespace sdpa
