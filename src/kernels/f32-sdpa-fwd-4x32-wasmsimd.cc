@@ -146,29 +146,30 @@ float hsum(v128_t v) {
          (wasm_f32x4_extract_lane(v, 2) + wasm_f32x4_extract_lane(v, 3));
 }
 
-// Per-row maxima of one score tile, as one 4-lane vector (lane r = row r).
-v128_t tile_row_max(const float* scores) {
+// Per-row maxima of the first `cols` columns (a multiple of 8) of one score tile, as one
+// 4-lane vector (lane r = row r).
+v128_t tile_row_max(const float* scores, int32_t cols) {
   float row_max[kQueryTile];
   for (int r = 0; r < kQueryTile; r++) {
     const float* s = scores + r * kKeyTile;
     v128_t m = wasm_v128_load(s);
-    for (int c = 4; c < kKeyTile; c += 4) m = wasm_f32x4_pmax(m, wasm_v128_load(s + c));
+    for (int c = 4; c < cols; c += 4) m = wasm_f32x4_pmax(m, wasm_v128_load(s + c));
     row_max[r] = hmax(m);
   }
   return wasm_v128_load(row_max);
 }
 
-// scores := exp(scores - max[r]) in place, returning the per-row sums as one vector.
-// `shift` lane r is the row's running maximum, or 0 when that maximum is still -inf (no key
-// attended yet): then every score of the row is -inf too and exp(-inf - 0) = 0, where
-// -inf - (-inf) would be NaN.
-v128_t exponentiate_tile(float* scores, v128_t shift, const ExpConstants& ec) {
+// scores := exp(scores - max[r]) in place for the first `cols` columns (a multiple of 8),
+// returning the per-row sums as one vector. `shift` lane r is the row's running maximum, or
+// 0 when that maximum is still -inf (no key attended yet): then every score of the row is
+// -inf too and exp(-inf - 0) = 0, where -inf - (-inf) would be NaN.
+v128_t exponentiate_tile(float* scores, int32_t cols, v128_t shift, const ExpConstants& ec) {
   float row_sum[kQueryTile];
   for (int r = 0; r < kQueryTile; r++) {
     float* s = scores + r * kKeyTile;
     const v128_t m = wasm_f32x4_splat(wasm_f32x4_extract_lane(shift, 0));
     v128_t sum = wasm_f32x4_splat(0.0f);
-    for (int c = 0; c < kKeyTile; c += 4) {
+    for (int c = 0; c < cols; c += 4) {
       const v128_t e = exp_nonpositive(wasm_f32x4_sub(wasm_v128_load(s + c), m), ec);
       wasm_v128_store(s + c, e);
       sum = wasm_f32x4_add(sum, e);
@@ -179,11 +180,12 @@ v128_t exponentiate_tile(float* scores, v128_t shift, const ExpConstants& ec) {
   return wasm_v128_load(row_sum);
 }
 
-// scores[4][32] = q_tile[4][E] · K[j0 .. j0+32)ᵀ, K packed [groups][E][4].
+// scores[4][0 .. cols) = q_tile[4][E] · K[j0 .. j0+cols)ᵀ, K packed [groups][E][4], cols a
+// multiple of 8 (a causal diagonal tile needs only its first columns).
 // 4 rows × 8 keys per pass: 8 accumulators, 2 key loads and 4 broadcasts per dim.
 void score_tile(const float* q_tile, const float* packed_key_tile, int32_t head_dim,
-                float* scores) {
-  for (int g = 0; g < kKeyTile; g += 2 * kKeyGroup) {
+                int32_t cols, float* scores) {
+  for (int g = 0; g < cols; g += 2 * kKeyGroup) {
     const float* k0 = packed_key_tile + static_cast<size_t>(g) * head_dim;
     const float* k1 = k0 + static_cast<size_t>(kKeyGroup) * head_dim;
     v128_t acc0x0123 = wasm_f32x4_splat(0.0f), acc0x4567 = acc0x0123;
@@ -415,10 +417,13 @@ struct KeyValueSource {
   int32_t value_cols;  // packed: Ev8; in place: Ev
 };
 
+// Scores of the tile's keys [j0, j0 + key_count), valid in the first round_up(key_count, 8)
+// columns (the rest of those columns are blocked by the bias; later columns are not used).
 void score_tile_from(const KeyValueSource& kv, const float* q_tile, int32_t rows, int32_t j0,
                      int32_t key_count, int32_t head_dim, float* scores) {
   if (kv.packed) {
-    score_tile(q_tile, kv.key + static_cast<size_t>(j0) * head_dim, head_dim, scores);
+    score_tile(q_tile, kv.key + static_cast<size_t>(j0) * head_dim, head_dim,
+               round_up(key_count, 2 * kKeyGroup), scores);
   } else {
     score_tile_in_place(q_tile, rows, kv.key + j0 * kv.key_stride, kv.key_stride, key_count,
                         head_dim, scores);
@@ -455,7 +460,8 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
     score_tile_from(kv, s.q_tile, rt.rows, j0, key_count, E, s.scores);
     finish_scores(p, tile.kind, s.bias, s.scores);
 
-    const v128_t new_max = wasm_f32x4_pmax(running_max, tile_row_max(s.scores));
+    const int32_t cols = round_up(key_count, 2 * kKeyGroup);  // columns holding scores
+    const v128_t new_max = wasm_f32x4_pmax(running_max, tile_row_max(s.scores, cols));
     // A row still at -inf has attended nothing: shift by 0 (its scores are all -inf,
     // so its probabilities are exp(-inf) = 0) and keep α = 1 (its o and l are 0).
     const v128_t still_empty = wasm_f32x4_eq(new_max, neg_inf);
@@ -463,7 +469,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
     // α = exp(m_old - m_new) <= 1: 1 when the maximum did not grow, 0 when m_old = -inf.
     const v128_t alpha = wasm_v128_bitselect(
         ec.one, exp_nonpositive(wasm_f32x4_sub(running_max, new_max), ec), still_empty);
-    const v128_t tile_sum = exponentiate_tile(s.scores, shift, ec);
+    const v128_t tile_sum = exponentiate_tile(s.scores, cols, shift, ec);
     running_sum = wasm_f32x4_add(wasm_f32x4_mul(running_sum, alpha), tile_sum);
     running_max = new_max;
 
@@ -509,7 +515,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
     } else {
       score_tile_from(kv, s.q_tile, rt.rows, j0, std::min(kKeyTile, rt.keys_end - j0), E, s.scores);
       finish_scores(p, tile.kind, s.bias, s.scores);
-      exponentiate_tile(s.scores, final_shift, ec);
+      exponentiate_tile(s.scores, kKeyTile, final_shift, ec);
     }
     for (int r = 0; r < rt.rows; r++) {
       float* dst = p.weights +
