@@ -14,6 +14,8 @@ import { plan, type Plan } from './validate.js';
 export type { AttentionOptions, MaskTensor, SdpaOptions, SdpaResult, Tensor } from './types.js';
 
 const MASK_KIND = { float: 1, bool: 2 } as const;
+/** The wasm memory limit (-sMAXIMUM_MEMORY=2GB in CMakeLists.txt). */
+const MAX_WASM_BYTES = 2 ** 31;
 
 export class Attention {
   /** Threads the kernel runs on: > 1 means the threaded build (pthreads in Web Workers). */
@@ -95,7 +97,9 @@ export async function createAttention(options: AttentionOptions = {}): Promise<A
 function run(module: SdpaModule, threads: number, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): SdpaResult {
   const allocations: number[] = [];
   const alloc = (bytes: number, what: string): number => {
-    const address = bytes === 0 ? 0 : module._malloc(bytes);
+    // _malloc takes a 32-bit size: anything at or above the 2 GiB memory limit is refused
+    // here, before it could wrap around to a small allocation.
+    const address = bytes === 0 || bytes >= MAX_WASM_BYTES ? 0 : module._malloc(bytes);
     if (bytes !== 0 && address === 0) {
       throw new RangeError(
         `sdpa: cannot allocate ${bytes} bytes of wasm memory for ${what} (the module's memory is limited to 2 GiB)`);

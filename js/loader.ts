@@ -41,6 +41,22 @@ async function readNodeFile(url: URL): Promise<Uint8Array> {
   return readFile(url);
 }
 
+// The CommonJS globals Emscripten's Node code expects, for src/bindings/node-globals-pre.js
+// (the threaded glue must not await or import node: modules itself: bundlers put it in a
+// classic worker).
+async function provideNodeGlobals(): Promise<void> {
+  const key = Symbol.for('sdpa-wasm/node-globals');
+  const registry = globalThis as unknown as Record<symbol, unknown>;
+  if (registry[key] !== undefined) return;
+  const [moduleName, urlName, pathName] = ['node:module', 'node:url', 'node:path'];
+  const { createRequire } = await import(/* @vite-ignore */ moduleName);
+  const { fileURLToPath } = await import(/* @vite-ignore */ urlName);
+  const { dirname } = await import(/* @vite-ignore */ pathName);
+  const glue = new URL('./wasm/sdpa-mt.mjs', import.meta.url);
+  const filename = fileURLToPath(glue);
+  registry[key] = { require: createRequire(glue), filename, dirname: dirname(filename) };
+}
+
 function checkSimd(): void {
   if (typeof WebAssembly !== 'object' || !WebAssembly.validate(SIMD_PROBE)) {
     throw new Error(
@@ -74,6 +90,7 @@ async function loadSingleThread(): Promise<SdpaModule> {
 }
 
 async function loadMultiThread(threads: number): Promise<SdpaModule> {
+  if (isNode) await provideNodeGlobals();
   // Imported lazily: the threaded glue is only fetched where it is used.
   const { default: create } = await import('./wasm/sdpa-mt.mjs');
   const overrides: ModuleOverrides & { sdpaWorkers: number } = { sdpaWorkers: threads - 1 };

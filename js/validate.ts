@@ -71,7 +71,10 @@ function checkDims(name: string, dims: unknown, minRank: number, maxRank: number
       `sdpa: ${name}.dims must have rank ${minRank}..${maxRank}, got [${dims.join(', ')}] (rank ${dims.length})`);
   }
   dims.forEach((d, axis) => {
-    if (typeof d !== 'number' || !Number.isInteger(d) || d < 1 || d > 0x7fffffff) {
+    if (typeof d !== 'number') {
+      throw new TypeError(`sdpa: ${name}.dims[${axis}] must be a number, got ${describe(d)} in [${dims.join(', ')}]`);
+    }
+    if (!Number.isInteger(d) || d < 1 || d > 0x7fffffff) {
       throw new RangeError(
         `sdpa: ${name}.dims[${axis}] must be a positive integer, got ${describe(d)} in [${dims.join(', ')}]`);
     }
@@ -158,7 +161,7 @@ export function plan(query: unknown, key: unknown, value: unknown, options: unkn
   }
   const o = opts as SdpaOptions;
 
-  const layout = o.layout ?? 'bhsd';
+  const layout = o.layout === undefined ? 'bhsd' : o.layout;
   if (layout !== 'bhsd' && layout !== 'bshd') {
     throw new RangeError(`sdpa: options.layout must be 'bhsd' or 'bshd', got ${describe(layout)}`);
   }

@@ -65,6 +65,10 @@ namespace {
 constexpr int32_t kMinBlockRows = 16;
 constexpr int32_t kItemsPerThread = 4;
 constexpr int32_t kSegmentKeys = 512;
+// Below this many multiply-adds (~0.2 ms on one core) the work runs on the calling thread
+// alone: waking workers costs more than it saves, and on a busy machine a descheduled
+// worker can delay a tiny call by a whole scheduling quantum.
+constexpr double kMinParallelMultiplyAdds = 4e6;
 static_assert(kSegmentKeys % kKeyTile == 0, "segments start on a key tile");
 
 struct WorkPlan {
@@ -74,8 +78,8 @@ struct WorkPlan {
   int32_t segments;      // key segments per pair (> 1: split-K)
   int32_t blocks;        // row blocks per pair (prefill)
   int32_t block_rows;    // a multiple of kQueryTile
-  size_t per_thread;     // kernel scratch per thread
-  size_t partial_floats; // per (pair, segment): the row tiles' partial state
+  uint64_t per_thread;      // kernel scratch per thread
+  uint64_t partial_floats;  // per (pair, segment): the row tiles' partial state
 };
 
 WorkPlan plan_work(const Problem& p, int32_t threads) {
@@ -93,12 +97,12 @@ WorkPlan plan_work(const Problem& p, int32_t threads) {
   w.block_rows = round_up((w.rows + w.blocks - 1) / w.blocks, kQueryTile);
   w.blocks = (w.rows + w.block_rows - 1) / w.block_rows;
   w.per_thread = sdpa_f32_fwd_4x32__wasmsimd_scratch(p);
-  w.partial_floats = static_cast<size_t>(row_tiles) * sdpa_f32_fwd_4x32__wasmsimd_partial_floats(p);
+  w.partial_floats = static_cast<uint64_t>(row_tiles) * sdpa_f32_fwd_4x32__wasmsimd_partial_floats(p);
   return w;
 }
 
-size_t partials_total(const WorkPlan& w) {
-  return w.segments > 1 ? static_cast<size_t>(w.pairs) * w.segments * w.partial_floats : 0;
+uint64_t partials_total(const WorkPlan& w) {
+  return w.segments > 1 ? static_cast<uint64_t>(w.pairs) * w.segments * w.partial_floats : 0;
 }
 
 struct ForwardWork {
@@ -144,12 +148,12 @@ void merge_item(void* context, int32_t pair, int32_t /*thread*/) {
 
 }  // namespace
 
-size_t scratch_floats(const Problem& p, int32_t threads) {
+uint64_t scratch_floats(const Problem& p, int32_t threads) {
   const WorkPlan w = plan_work(p, threads);
-  return w.per_thread * static_cast<size_t>(threads) + partials_total(w);
+  return w.per_thread * static_cast<uint64_t>(threads) + partials_total(w);
 }
 
-Status forward(const Problem& p, float* scratch, size_t scratch_size, ThreadPool* pool) {
+Status forward(const Problem& p, float* scratch, uint64_t scratch_size, ThreadPool* pool) {
   const Status status = validate(p);
   if (status != Status::kOk) return status;
   const int32_t threads = pool != nullptr ? pool->threads() : 1;
@@ -158,6 +162,9 @@ Status forward(const Problem& p, float* scratch, size_t scratch_size, ThreadPool
   ForwardWork fw{&p, plan_work(p, threads), scratch, nullptr};
   fw.partials = scratch + fw.plan.per_thread * static_cast<size_t>(threads);
   const int32_t items = fw.plan.pairs * (fw.plan.segments > 1 ? fw.plan.segments : fw.plan.blocks);
+  const double multiply_adds = static_cast<double>(p.batch) * p.q_heads * p.q_len * p.kv_len *
+                              (p.head_dim + p.value_dim);
+  if (multiply_adds < kMinParallelMultiplyAdds) pool = nullptr;
   auto run = [&](int32_t n, ThreadPool::Task task) {
     if (pool != nullptr) {
       pool->run(n, task, &fw);

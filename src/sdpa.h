@@ -88,7 +88,8 @@ class ThreadPool;
 
 // Number of floats of scratch that forward() needs on `threads` threads: per thread, the
 // packed K/V of one head (O(Lk·(E + Ev))) plus O(tile) for the rest; never O(Lq·Lk).
-size_t scratch_floats(const Problem& p, int32_t threads = 1);
+// 64-bit even in wasm32, where a 32-bit size_t could wrap around for huge problems.
+uint64_t scratch_floats(const Problem& p, int32_t threads = 1);
 
 // Computes p.output (and p.weights when non-null). `scratch` holds at least
 // scratch_floats(p, threads) floats, where threads = pool ? pool->threads() : 1. Work is split
@@ -96,6 +97,6 @@ size_t scratch_floats(const Problem& p, int32_t threads = 1);
 // sequence of operations whatever the split, so results are bitwise identical for any
 // number of threads. Returns kOk or the first check that failed; on failure nothing is
 // written.
-Status forward(const Problem& p, float* scratch, size_t scratch_size, ThreadPool* pool = nullptr);
+Status forward(const Problem& p, float* scratch, uint64_t scratch_size, ThreadPool* pool = nullptr);
 
 }  // namespace sdpa

@@ -77,7 +77,7 @@ sdpa::ThreadPool* pool_for(int32_t threads) {
 
 int32_t forward(const ProblemDesc& d, uint32_t scratch, double scratch_floats, int32_t threads) {
   return static_cast<int32_t>(sdpa::forward(to_problem(d), at<float>(scratch),
-                                            static_cast<size_t>(scratch_floats), pool_for(threads)));
+                                            static_cast<uint64_t>(scratch_floats), pool_for(threads)));
 }
 
 std::string status_name(int32_t status) {

@@ -59,18 +59,20 @@ struct Scratch {
   float* acc;
 };
 
-size_t align4(size_t n) { return (n + 3) / 4 * 4; }
+// Sizes in 64 bits: for huge problems the total must not wrap around a 32-bit size_t (it is
+// checked against the scratch the caller provides before any pointer is formed).
+uint64_t align4(uint64_t n) { return (n + 3) / 4 * 4; }
 
-size_t layout(const Problem& p, float* base, Scratch* s) {
-  const size_t key_rows = static_cast<size_t>(round_up(p.kv_len, kKeyTile));
-  const size_t ev8 = static_cast<size_t>(value_cols_padded(p));
-  const size_t sizes[6] = {
-      key_rows * p.head_dim,          static_cast<size_t>(p.kv_len) * ev8,
-      align4(kQueryTile * static_cast<size_t>(p.head_dim)), kQueryTile * kKeyTile,
+uint64_t layout(const Problem& p, float* base, Scratch* s) {
+  const uint64_t key_rows = static_cast<uint64_t>(round_up(p.kv_len, kKeyTile));
+  const uint64_t ev8 = static_cast<uint64_t>(value_cols_padded(p));
+  const uint64_t sizes[6] = {
+      key_rows * static_cast<uint64_t>(p.head_dim), static_cast<uint64_t>(p.kv_len) * ev8,
+      align4(kQueryTile * static_cast<uint64_t>(p.head_dim)), kQueryTile * kKeyTile,
       kQueryTile * kKeyTile,          kQueryTile * ev8};
   float** parts[6] = {&s->packed_key, &s->packed_value, &s->q_tile,
                       &s->scores,     &s->bias,         &s->acc};
-  size_t offset = 0;
+  uint64_t offset = 0;
   for (int i = 0; i < 6; i++) {
     if (base != nullptr) *parts[i] = base + offset;
     offset += align4(sizes[i]);
@@ -545,13 +547,13 @@ RowLimits row_limits(const Problem& p, int32_t b) {
 
 }  // namespace
 
-size_t sdpa_f32_fwd_4x32__wasmsimd_scratch(const Problem& p) {
+uint64_t sdpa_f32_fwd_4x32__wasmsimd_scratch(const Problem& p) {
   Scratch unused;
   return layout(p, nullptr, &unused) + 4;  // + 4: room to align the base to 16 bytes
 }
 
-size_t sdpa_f32_fwd_4x32__wasmsimd_partial_floats(const Problem& p) {
-  return static_cast<size_t>(kQueryTile) * (2 + value_cols_padded(p));
+uint64_t sdpa_f32_fwd_4x32__wasmsimd_partial_floats(const Problem& p) {
+  return static_cast<uint64_t>(kQueryTile) * (2 + value_cols_padded(p));
 }
 
 void sdpa_f32_fwd_ukernel_4x32__wasmsimd(const Problem& p, const KernelWork& w, float* scratch_base) {
@@ -586,7 +588,7 @@ void sdpa_f32_fwd_ukernel_4x32__wasmsimd(const Problem& p, const KernelWork& w, 
     kv = KeyValueSource{true, s.packed_key, 0, s.packed_value, ev8, ev8};
   }
 
-  const size_t partial_floats = sdpa_f32_fwd_4x32__wasmsimd_partial_floats(p);
+  const size_t partial_floats = static_cast<size_t>(sdpa_f32_fwd_4x32__wasmsimd_partial_floats(p));
   for (int32_t f0 = w.row_begin; f0 < w.row_end; f0 += kQueryTile) {
     RowTile rt{};
     rt.b = w.b;
@@ -613,7 +615,7 @@ void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, i
   // m is -inf too). Summed in segment order: the same bits for any number of threads.
   const int32_t group = p.q_heads / p.kv_heads;
   const int32_t Ev = p.value_dim;
-  const size_t tile_floats = sdpa_f32_fwd_4x32__wasmsimd_partial_floats(p);
+  const size_t tile_floats = static_cast<size_t>(sdpa_f32_fwd_4x32__wasmsimd_partial_floats(p));
   const size_t row_floats = tile_floats / kQueryTile;
   const size_t segment_floats = static_cast<size_t>((rows + kQueryTile - 1) / kQueryTile) * tile_floats;
   for (int32_t f = 0; f < rows; f++) {

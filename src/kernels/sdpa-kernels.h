@@ -24,9 +24,9 @@ struct KernelWork {
 };
 
 // Floats of scratch one call needs (the same for every call of the problem).
-size_t sdpa_f32_fwd_4x32__wasmsimd_scratch(const Problem& p);
+uint64_t sdpa_f32_fwd_4x32__wasmsimd_scratch(const Problem& p);
 // Floats of partial state one row tile writes in a split-K call.
-size_t sdpa_f32_fwd_4x32__wasmsimd_partial_floats(const Problem& p);
+uint64_t sdpa_f32_fwd_4x32__wasmsimd_partial_floats(const Problem& p);
 
 // Preconditions (asserted): validate(p) == kOk and the KernelWork ranges above; scratch
 // holds sdpa_f32_fwd_4x32__wasmsimd_scratch(p) floats (any 4-byte alignment) used by this

@@ -376,13 +376,14 @@ TEST(SdpaForward, DecodeReadsKeysInPlaceAndSplitsThemIntoSegments) {
 
 TEST(SdpaForward, ThreadsGiveBitwiseIdenticalResults) {
   // Splits by (batch, KV head, block of query rows) only regroup whole rows, so any thread
-  // count must reproduce the single-threaded bits exactly; and match the reference.
+  // count must reproduce the single-threaded bits exactly; and match the reference. Every
+  // case is above the size under which forward() stays on the calling thread.
   const Case cases[] = {
-      [] { Case c; c.B = 2, c.Hq = 6, c.Hkv = 2, c.Lq = 150, c.Lk = 97, c.E = 16, c.Ev = 9; return c; }(),
-      [] { Case c; c.Lq = 301, c.Lk = 301, c.E = 8, c.Ev = 8, c.causal = true, c.offsets = {0}; return c; }(),
-      [] { Case c; c.Hq = 8, c.Hkv = 2, c.Lq = 1, c.Lk = 3000, c.E = 64, c.Ev = 64, c.weights = false; return c; }(),
-      [] { Case c; c.B = 3, c.Lq = 70, c.Lk = 40, c.causal = true, c.offsets = {-5}, c.key_lengths = {40, 0, 17};
-           c.mask_kind = MaskKind::kBool, c.mask_dims = {70, 40}, c.mask_block_fraction = 0.3; return c; }(),
+      [] { Case c; c.B = 2, c.Hq = 6, c.Hkv = 2, c.Lq = 200, c.Lk = 97, c.E = 16, c.Ev = 9; return c; }(),
+      [] { Case c; c.Lq = 701, c.Lk = 701, c.E = 8, c.Ev = 8, c.causal = true, c.offsets = {0}; return c; }(),
+      [] { Case c; c.Hq = 8, c.Hkv = 2, c.Lq = 1, c.Lk = 8000, c.E = 64, c.Ev = 64, c.weights = false; return c; }(),
+      [] { Case c; c.B = 3, c.Lq = 200, c.Lk = 300, c.E = 16, c.Ev = 16, c.causal = true, c.offsets = {-5}, c.key_lengths = {300, 0, 170};
+           c.mask_kind = MaskKind::kBool, c.mask_dims = {200, 300}, c.mask_block_fraction = 0.3; return c; }(),
   };
   for (const Case& c : cases) {
     Harness single(c);

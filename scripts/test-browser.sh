@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Browser and packaging tests, with Playwright in the system Chromium (/usr/bin/chromium):
+#   - the demo page (web/) driven through its controls, its numbers checked against Node;
+#   - the ONNX conformance and float64 reference cases run inside Chromium;
+#   - npm pack, then examples/node, examples/vite (vite build) and examples/plain-html
+#     installed from the tarball in temporary directories.
+# Expects dist/ to be built (npm run build). Extra arguments go to `playwright test`.
+# Screenshots: test-results/screenshots/. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -x "${CHROMIUM_PATH:-/usr/bin/chromium}" ]; then
+  echo "test-browser: installing chromium with apt-get" >&2
+  sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends chromium
+fi
+if [ ! -f dist/index.js ] || [ ! -f dist/wasm/sdpa.wasm ]; then
+  echo "test-browser: dist/ is not built; run npm run build first" >&2
+  exit 1
+fi
+
+status=0
+npx --no-install playwright test "$@" || status=$?
+
+# One plain closing line with the counts.
+results=test-results/playwright/results.json
+if [ -f "$results" ]; then
+  node -e '
+    const { stats } = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+    const failed = stats.unexpected + stats.flaky;
+    console.log(`browser: ${stats.expected} passed, ${failed} failed` + (stats.skipped ? `, ${stats.skipped} skipped` : ""));
+  ' "$results"
+fi
+exit $status

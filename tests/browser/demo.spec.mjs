@@ -1,0 +1,372 @@
+// The demo page (web/) in Chromium: drives the controls, checks that every number shown is
+// what Node computes with the same seed (web/seeded.mjs is imported here and by the page),
+// checks the lessons the panels teach, the threads/SIMD report with and without cross-origin
+// isolation, a narrow window, and saves a screenshot of each panel to test-results/screenshots/.
+import { test, expect } from '@playwright/test';
+import { formatValue, randomQKV, textQKV, tokenize } from '../../web/seeded.mjs';
+import {
+  ISOLATED, PLAIN, bitDifferences, nodePackage, openDemo, recompute, screenshotPath,
+} from './helpers.mjs';
+
+let pkg;
+let attn;  // Node's instance (one thread: the threaded build gives the same bits)
+
+test.beforeAll(async () => {
+  pkg = await nodePackage();
+  attn = await pkg.createAttention({ threads: 1 });
+});
+test.afterAll(() => attn?.dispose());
+
+/** The page's heatmap state as plain arrays. */
+const readHeatmap = (page) => page.evaluate(() => {
+  const h = window.__demo.heatmap;
+  return {
+    params: h.params, L: h.L, tokens: h.tokens, outputDims: h.outputDims, weightsDims: h.weightsDims,
+    output: Array.from(h.output), weights: Array.from(h.weights), emptyRows: h.emptyRows,
+  };
+});
+
+/** Moves the real mouse over heatmap cell (row i, key j). */
+async function hoverCell(page, i, j) {
+  const canvas = page.getByTestId('heatmap-canvas');
+  await canvas.scrollIntoViewIfNeeded();
+  const g = await page.evaluate(() => window.__demo.heatmap.geometry);
+  const box = await canvas.boundingBox();
+  const scale = box.width / g.width;
+  await page.mouse.move(box.x + (g.left + (j + 0.5) * g.cell) * scale, box.y + (g.top + (i + 0.5) * g.cell) * scale);
+  await expect(page.getByTestId('hover-cell')).toContainText(`query ${i}`);
+}
+
+/** The text the page shows for an output row: the first 8 values (then "…" if there are more). */
+function rowText(output, Ev, rowIndex) {
+  const row = output.slice(rowIndex * Ev, (rowIndex + 1) * Ev);
+  const shown = Array.from(row.slice(0, 8), formatValue).join('  ');
+  return Ev > 8 ? `${shown}  …` : shown;
+}
+
+async function setHeatmapControls(page, c) {
+  const set = (action) => recompute(page, 'heatmap', action);
+  if (c.source) await set(() => page.getByTestId('ctl-source').selectOption(c.source));
+  if (c.text !== undefined) await set(() => page.getByTestId('ctl-text').fill(c.text));
+  if (c.seed !== undefined) await set(() => page.getByTestId('ctl-seed').fill(String(c.seed)));
+  if (c.seqLen !== undefined) await set(() => page.getByTestId('ctl-seqlen').fill(String(c.seqLen)));
+  if (c.dk !== undefined) await set(() => page.getByTestId('ctl-dk').selectOption(String(c.dk)));
+  if (c.heads !== undefined) await set(() => page.getByTestId('ctl-heads').selectOption(String(c.heads)));
+  if (c.head !== undefined) await set(() => page.getByTestId('ctl-head').selectOption(String(c.head)));
+  if (c.causal !== undefined) await set(() => page.getByTestId('ctl-causal').setChecked(c.causal));
+  if (c.padding !== undefined) await set(() => page.getByTestId('ctl-padding').fill(String(c.padding)));
+  if (c.softcap !== undefined) await set(() => page.getByTestId('ctl-softcap').fill(String(c.softcap)));
+}
+
+test('isolated page: cross-origin isolated, threaded build in use, numbers equal Node', async ({ page }) => {
+  const wasmFiles = [];
+  page.on('response', (r) => { if (r.url().endsWith('.wasm')) wasmFiles.push(new URL(r.url()).pathname); });
+  const errors = await openDemo(page, ISOLATED);
+  expect(await page.evaluate(() => crossOriginIsolated)).toBe(true);
+  expect(await page.evaluate(() => typeof SharedArrayBuffer)).toBe('function');
+
+  // More than one thread when the page is isolated and the machine has more than one core.
+  const threads = await page.evaluate(() => window.__demo.threads);
+  expect(threads).toBe(await page.evaluate(
+    (maxDefault) => (crossOriginIsolated && navigator.hardwareConcurrency > 1 ? Math.min(navigator.hardwareConcurrency, maxDefault) : 1),
+    pkg.DEFAULT_MAX_THREADS));
+  expect(wasmFiles).toContain(threads > 1 ? '/dist/wasm/sdpa-mt.wasm' : '/dist/wasm/sdpa.wasm');
+  await expect(page.getByTestId('env-threads')).toHaveText(String(threads));
+  await expect(page.getByTestId('env-simd')).toHaveText('on');
+  await expect(page.getByTestId('env-isolated')).toHaveText('yes');
+  await expect(page.getByTestId('status')).toHaveText('Ready.');
+
+  // The default heatmap (random, seed 1, L 16, d_k 32, 3 heads) equals Node's, bit for bit.
+  const shown = await readHeatmap(page);
+  expect(shown.params).toMatchObject({ source: 'random', seed: 1, seqLen: 16, dk: 32, heads: 3, causal: false, padding: 0, softcap: 0 });
+  const { query, key, value } = randomQKV({ seqLen: 16, dk: 32, heads: 3, seed: 1 });
+  const node = attn.sdpa(query, key, value, { returnWeights: true });
+  expect(bitDifferences(shown.output, Array.from(node.output.data))).toEqual([]);
+  expect(bitDifferences(shown.weights, Array.from(node.weights.data))).toEqual([]);
+  await expect(page.getByTestId('hover-output')).toHaveText(rowText(node.output.data, 32, 0));
+
+  await page.screenshot({ path: screenshotPath('00-demo-full-page.png'), fullPage: true });
+  expect(errors).toEqual([]);
+});
+
+test('page without isolation headers: not isolated, one thread, same numbers', async ({ page }) => {
+  const wasmFiles = [];
+  page.on('response', (r) => { if (r.url().endsWith('.wasm')) wasmFiles.push(new URL(r.url()).pathname); });
+  const errors = await openDemo(page, PLAIN);
+  expect(await page.evaluate(() => crossOriginIsolated)).toBe(false);
+  expect(await page.evaluate(() => typeof SharedArrayBuffer)).toBe('undefined');
+  expect(await page.evaluate(() => window.__demo.threads)).toBe(1);
+  expect(wasmFiles).toEqual(['/dist/wasm/sdpa.wasm']);
+  await expect(page.getByTestId('env-threads')).toHaveText('1');
+  await expect(page.getByTestId('env-isolated')).toHaveText('no');
+
+  await setHeatmapControls(page, { seed: 99, causal: true });
+  const shown = await readHeatmap(page);
+  const { query, key, value } = randomQKV({ seqLen: 16, dk: 32, heads: 3, seed: 99 });
+  const node = attn.sdpa(query, key, value, { isCausal: true, returnWeights: true });
+  expect(bitDifferences(shown.output, Array.from(node.output.data))).toEqual([]);
+  expect(bitDifferences(shown.weights, Array.from(node.weights.data))).toEqual([]);
+  await page.locator('header').screenshot({ path: screenshotPath('07-header-not-isolated.png') });
+  expect(errors).toEqual([]);
+});
+
+test('heatmap: controls drive sdpa-wasm; weights, hover readout and outputs equal Node', async ({ page }) => {
+  const errors = await openDemo(page);
+  const c = { seed: 12345, seqLen: 24, dk: 64, heads: 4, head: 2, causal: true, padding: 5, softcap: 3 };
+  await setHeatmapControls(page, c);
+  const shown = await readHeatmap(page);
+  expect(shown.params).toMatchObject({ ...c, source: 'random' });
+
+  const { query, key, value } = randomQKV({ seqLen: 24, dk: 64, heads: 4, seed: 12345 });
+  const node = attn.sdpa(query, key, value, { isCausal: true, keyLengths: Int32Array.of(19), softcap: 3, returnWeights: true });
+  expect(shown.outputDims).toEqual(node.output.dims);
+  expect(shown.weightsDims).toEqual(node.weights.dims);
+  expect(bitDifferences(shown.output, Array.from(node.output.data))).toEqual([]);
+  expect(bitDifferences(shown.weights, Array.from(node.weights.data))).toEqual([]);
+
+  // Causal and padding: blocked cells are exact zeros, and every row sums to 1.
+  const L = 24;
+  for (let h = 0; h < 4; h++) {
+    for (let i = 0; i < L; i++) {
+      const row = shown.weights.slice((h * L + i) * L, (h * L + i + 1) * L);
+      row.forEach((p, j) => { if (j > i || j >= 19) expect(p).toBe(0); });
+      expect(Math.abs(row.reduce((a, b) => a + b, 0) - 1)).toBeLessThan(1e-5);
+    }
+  }
+  await expect(page.getByTestId('heatmap-empty-rows')).toHaveText('0');
+
+  // Hover with the mouse: the readout shows the weight and the output row of head 2.
+  for (const [i, j] of [[10, 3], [23, 18], [0, 0]]) {
+    await hoverCell(page, i, j);
+    const weight = node.weights.data[(2 * L + i) * L + j];
+    await expect(page.getByTestId('hover-cell')).toHaveText(`query ${i} → key ${j}: weight ${formatValue(weight)}`);
+    await expect(page.getByTestId('hover-row-label')).toHaveText(`output row ${i}, head 2 (first 8 of 64 values):`);
+    await expect(page.getByTestId('hover-output')).toHaveText(rowText(node.output.data, 64, 2 * L + i));
+  }
+  await hoverCell(page, 12, 5);
+  await page.getByTestId('panel-heatmap').screenshot({ path: screenshotPath('01-heatmap-random-causal-padded.png') });
+  expect(errors).toEqual([]);
+});
+
+test('heatmap: fully masked rows show zeros, not NaN', async ({ page }) => {
+  const errors = await openDemo(page);
+  // Padding every key leaves every query row with nothing to attend.
+  await setHeatmapControls(page, { seed: 5, seqLen: 12, heads: 2, head: 1, padding: 12 });
+  const shown = await readHeatmap(page);
+  expect(shown.params.padding).toBe(12);
+  expect(shown.output.every((x) => x === 0)).toBe(true);
+  expect(shown.weights.every((x) => x === 0)).toBe(true);
+  await expect(page.getByTestId('heatmap-empty-rows')).toHaveText(String(2 * 12));
+  await hoverCell(page, 4, 7);
+  await expect(page.getByTestId('hover-output')).toHaveText(`${Array(8).fill('0.0000').join('  ')}  …`);
+  await expect(page.getByTestId('hover-cell')).toHaveText('query 4 → key 7: weight 0.0000');
+  await page.getByTestId('panel-heatmap').screenshot({ path: screenshotPath('02-heatmap-fully-masked-zeros.png') });
+  const { query, key, value } = randomQKV({ seqLen: 12, dk: 32, heads: 2, seed: 5 });
+  const node = attn.sdpa(query, key, value, { keyLengths: Int32Array.of(0), returnWeights: true });
+  expect(bitDifferences(shown.output, Array.from(node.output.data))).toEqual([]);
+
+  // Causal with padding: the rows keep the keys before the padding; none is empty.
+  await setHeatmapControls(page, { causal: true, padding: 4 });
+  const partly = await readHeatmap(page);
+  expect(partly.emptyRows).toBe(0);
+  expect(partly.output.some(Number.isNaN)).toBe(false);
+  await page.getByTestId('panel-heatmap').screenshot({ path: screenshotPath('02-heatmap-causal-padding-4.png') });
+  expect(errors).toEqual([]);
+});
+
+test('heatmap: Q/K/V from a text with the toy embedding; heads show their patterns', async ({ page }) => {
+  const errors = await openDemo(page);
+  const text = 'the cat sat on the mat and the dog sat on the cat .';
+  await setHeatmapControls(page, { source: 'text', text, dk: 64, heads: 3, head: 0 });
+  const shown = await readHeatmap(page);
+  const tokens = tokenize(text);
+  expect(shown.tokens).toEqual(tokens);
+  expect(shown.L).toBe(14);
+  await expect(page.getByTestId('ctl-seqlen')).toBeDisabled();
+  await expect(page.getByTestId('ctl-seqlen')).toHaveValue('14');
+
+  const t = textQKV({ text, dk: 64, heads: 3, seed: 1 });
+  const node = attn.sdpa(t.query, t.key, t.value, { returnWeights: true });
+  expect(bitDifferences(shown.weights, Array.from(node.weights.data))).toEqual([]);
+  expect(bitDifferences(shown.output, Array.from(node.output.data))).toEqual([]);
+
+  const L = tokens.length;
+  const argmax = (h, i) => {
+    let best = 0;
+    for (let j = 1; j < L; j++) if (shown.weights[(h * L + i) * L + j] > shown.weights[(h * L + i) * L + best]) best = j;
+    return best;
+  };
+  for (let i = 0; i < L; i++) {
+    expect(tokens[argmax(0, i)]).toBe(tokens[i]);   // head 0: the same word
+    if (i > 0) expect(argmax(1, i)).toBe(i - 1);     // head 1: the previous token
+  }
+  await hoverCell(page, 12, 1);  // the second "cat" looking at the first
+  await expect(page.getByTestId('hover-cell')).toHaveText(
+    `query 12 “cat” → key 1 “cat”: weight ${formatValue(node.weights.data[12 * L + 1])}`);
+  await expect(page.getByTestId('head-kind')).toContainText('same word');
+  await page.getByTestId('panel-heatmap').screenshot({ path: screenshotPath('03-heatmap-text-same-word-head.png') });
+  expect(errors).toEqual([]);
+});
+
+test('√d_k lesson: scaled vs unscaled weights equal Node; spread grows as √d_k, unscaled rows saturate', async ({ page }) => {
+  const errors = await openDemo(page);
+  const lesson = await page.evaluate(() => {
+    const l = window.__demo.lesson;
+    return {
+      L: l.L, seed: l.seed,
+      rows: l.rows.map((r) => ({ ...r, weightsScaled: Array.from(r.weightsScaled), weightsUnscaled: Array.from(r.weightsUnscaled) })),
+    };
+  });
+  expect(lesson.rows.map((r) => r.dk)).toEqual([16, 32, 64, 128, 256, 512]);
+  const L = lesson.L;
+  expect(L).toBe(32);
+
+  const stats = (w) => {
+    let entropy = 0, largest = 0, gradient = 0;
+    for (let i = 0; i < L; i++) {
+      let h = 0, m = 0, g = 0;
+      for (let j = 0; j < L; j++) {
+        const p = w[i * L + j];
+        if (p > 0) h -= p * Math.log(p);
+        if (p > m) m = p;
+        g += p * (1 - p);
+      }
+      entropy += h; largest += m; gradient += g;
+    }
+    return { entropy: entropy / L, largest: largest / L, gradient: gradient / L };
+  };
+  for (const r of lesson.rows) {
+    const { query, key, value } = randomQKV({ seqLen: L, dk: r.dk, heads: 1, seed: lesson.seed });
+    const scaled = attn.sdpa(query, key, value, { returnWeights: true }).weights.data;
+    const unscaled = attn.sdpa(query, key, value, { returnWeights: true, scale: 1 }).weights.data;
+    expect(bitDifferences(r.weightsScaled, Array.from(scaled))).toEqual([]);
+    expect(bitDifferences(r.weightsUnscaled, Array.from(unscaled))).toEqual([]);
+    const s = stats(scaled), u = stats(unscaled);
+    // The table shows these numbers.
+    await expect(page.getByTestId(`ls-entropy-scaled-${r.dk}`)).toHaveText(s.entropy.toFixed(3));
+    await expect(page.getByTestId(`ls-entropy-unscaled-${r.dk}`)).toHaveText(u.entropy.toFixed(3));
+    await expect(page.getByTestId(`ls-largest-scaled-${r.dk}`)).toHaveText(s.largest.toFixed(3));
+    await expect(page.getByTestId(`ls-largest-unscaled-${r.dk}`)).toHaveText(u.largest.toFixed(3));
+    await expect(page.getByTestId(`ls-gradient-unscaled-${r.dk}`)).toHaveText(u.gradient.toFixed(3));
+    await expect(page.getByTestId(`ls-sqrt-${r.dk}`)).toHaveText(Math.sqrt(r.dk).toFixed(2));
+    await expect(page.getByTestId(`ls-std-${r.dk}`)).toHaveText(r.std.toFixed(2));
+    // The lesson: the logits spread like √d_k; scaled rows stay spread out at every width.
+    expect(r.std / Math.sqrt(r.dk)).toBeGreaterThan(0.85);
+    expect(r.std / Math.sqrt(r.dk)).toBeLessThan(1.15);
+    expect(s.entropy).toBeGreaterThan(0.8 * Math.log(L));
+    expect(s.largest).toBeLessThan(0.3);
+  }
+  const u16 = stats(lesson.rows[0].weightsUnscaled), u512 = stats(lesson.rows[5].weightsUnscaled);
+  expect(u512.largest).toBeGreaterThan(0.85);                 // nearly one-hot rows
+  expect(u512.entropy).toBeLessThan(u16.entropy / 3);         // entropy collapses
+  expect(u512.gradient).toBeLessThan(0.2);                    // and the softmax gradient vanishes
+  await page.getByTestId('panel-lesson').screenshot({ path: screenshotPath('04-sqrt-dk-lesson.png') });
+  expect(errors).toEqual([]);
+});
+
+test('masking: mask before softmax sums to 1, zeroing after does not; padded row is zeros, not NaN', async ({ page }) => {
+  const errors = await openDemo(page);
+  for (const pad of [2, 3]) {
+    if (pad !== 2) await recompute(page, 'masking', () => page.getByTestId('mk-padding').selectOption(String(pad)));
+    const m = await page.evaluate(() => {
+      const x = window.__demo.masking;
+      return {
+        ...x, rightWeights: Array.from(x.rightWeights), rightOutput: Array.from(x.rightOutput),
+        wrongWeights: Array.from(x.wrongWeights), naiveOutput: Array.from(x.naiveOutput),
+      };
+    });
+    const L = 8, E = 16, valid = L - pad;
+    expect(m).toMatchObject({ L, E, pad, valid, seed: 3, padRow: 7 });
+
+    const { query, key, value } = randomQKV({ seqLen: L, dk: E, heads: 1, seed: 3 });
+    const mask = new Float32Array(L * L);
+    for (let i = 0; i < L; i++) for (let j = 0; j < L; j++) mask[i * L + j] = j <= i && j < valid && i < valid ? 0 : -Infinity;
+    const right = attn.sdpa(query, key, value, { attnMask: { data: mask, dims: [L, L] }, returnWeights: true });
+    expect(bitDifferences(m.rightWeights, Array.from(right.weights.data))).toEqual([]);
+    expect(bitDifferences(m.rightOutput, Array.from(right.output.data))).toEqual([]);
+
+    for (let i = 0; i < L; i++) {
+      if (i < valid) {
+        expect(Math.abs(m.rightRowSums[i] - 1)).toBeLessThan(1e-6);  // renormalised
+        expect(m.wrongRowSums[i]).toBeLessThan(0.999);                // mass lost
+      } else {
+        expect(m.rightRowSums[i]).toBe(0);                            // the padding rows
+      }
+    }
+    expect(m.maxOutputDifference).toBeGreaterThan(0.05);
+    // The padding query rows: exact zeros from sdpa-wasm, NaN from the textbook softmax.
+    for (let i = valid; i < L; i++) {
+      expect(m.rightOutput.slice(i * E, (i + 1) * E).every((x) => x === 0)).toBe(true);
+    }
+    expect(m.rightOutput.some(Number.isNaN)).toBe(false);
+    expect(m.naiveOutput.every(Number.isNaN)).toBe(true);
+    const zeros = `${Array(6).fill('0.0000').join('  ')}  …`;
+    await expect(page.getByTestId('mask-padded-sdpa')).toHaveText(zeros);
+    await expect(page.getByTestId('mask-padded-weights')).toHaveText(zeros);
+    await expect(page.getByTestId('mask-padded-naive')).toHaveText(`${Array(6).fill('NaN').join('  ')}  …`);
+    await expect(page.getByTestId('mask-right-rowsums')).toHaveText(m.rightRowSums.map((s) => s.toFixed(3)).join(' '));
+    await expect(page.getByTestId('mask-wrong-rowsums')).toHaveText(m.wrongRowSums.map((s) => s.toFixed(3)).join(' '));
+  }
+  await recompute(page, 'masking', () => page.getByTestId('mk-padding').selectOption('2'));
+  await page.getByTestId('panel-masking').screenshot({ path: screenshotPath('05-masking-right-vs-wrong.png') });
+  expect(errors).toEqual([]);
+});
+
+test('benchmark: progress bar, ms and GFLOP/s, threads and SIMD, plain-JS comparison', async ({ page }) => {
+  const errors = await openDemo(page);
+  await page.getByTestId('bn-h').fill('4');
+  await page.getByTestId('bn-l').selectOption('128');
+  await page.getByTestId('bn-e').selectOption('64');
+  await page.getByTestId('bn-reps').fill('5');
+  await recompute(page, 'bench', () => page.getByTestId('bn-run').click());
+  const b = await page.evaluate(() => window.__demo.bench);
+  expect(b.error).toBeUndefined();
+  expect(b.shape).toEqual({ B: 1, H: 4, L: 128, E: 64, isCausal: false });
+  expect(b.times).toHaveLength(5);
+  expect(b.ms).toBeGreaterThan(0);
+  const flop = 4 * 1 * 4 * 128 * 128 * 64;
+  expect(b.gflops).toBeCloseTo(flop / (b.ms * 1e6), 6);
+  expect(b.threads).toBe(await page.evaluate(() => window.__demo.threads));
+  expect(b.simd).toBe(true);
+  expect(b.jsMs).toBeGreaterThan(0);
+  expect(b.jsTimes).toHaveLength(3);
+  expect(b.maxDifference).toBeLessThan(1e-5);  // the plain-JS output agrees
+  expect(b.speedup).toBeCloseTo(b.jsMs / b.ms, 6);
+  // The progress bar went from 0 to 1 in one step per run (3 warm-up + 5 timed + 3 plain JS).
+  expect(b.progress).toHaveLength(3 + 5 + 3 + 1);
+  expect(b.progress[0]).toBe(0);
+  expect(b.progress.at(-1)).toBe(1);
+  for (let k = 1; k < b.progress.length; k++) expect(b.progress[k]).toBeGreaterThan(b.progress[k - 1]);
+  await expect(page.getByTestId('bn-progress')).toHaveJSProperty('value', 1);
+  await expect(page.getByTestId('bn-wasm-ms')).toHaveText(b.ms.toFixed(2));
+  await expect(page.getByTestId('bn-wasm-gflops')).toHaveText(b.gflops.toFixed(2));
+  await expect(page.getByTestId('bn-js-ms')).toHaveText(b.jsMs.toFixed(2));
+  await expect(page.getByTestId('bn-threads')).toHaveText(String(b.threads));
+  await expect(page.getByTestId('bn-simd')).toHaveText('128-bit');
+  await expect(page.getByTestId('bn-summary')).toContainText('faster than plain JavaScript');
+  await page.getByTestId('panel-bench').screenshot({ path: screenshotPath('06-benchmark.png') });
+  expect(errors).toEqual([]);
+});
+
+test('narrow window: no horizontal scrolling, every canvas fits', async ({ browser }) => {
+  const context = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 2 });
+  const page = await context.newPage();
+  const errors = await openDemo(page);
+  const layout = await page.evaluate(() => ({
+    scrollWidth: document.documentElement.scrollWidth,
+    clientWidth: document.documentElement.clientWidth,
+    canvases: [...document.querySelectorAll('canvas')]
+      .filter((c) => c.getBoundingClientRect().width > 0)
+      .map((c) => ({ id: c.id || c.closest('[data-dk]')?.dataset.dk, right: c.getBoundingClientRect().right })),
+  }));
+  expect(layout.scrollWidth).toBeLessThanOrEqual(layout.clientWidth);
+  for (const c of layout.canvases) expect(c.right, `canvas ${c.id}`).toBeLessThanOrEqual(390);
+  // Hovering still maps to the right cell when the canvas is scaled down.
+  await hoverCell(page, 3, 2);
+  await expect(page.getByTestId('hover-cell')).toContainText('query 3 → key 2');
+  await page.screenshot({ path: screenshotPath('08-narrow-window-heatmap.png'), scale: 'css' });
+  await page.getByTestId('panel-lesson').screenshot({ path: screenshotPath('08-narrow-window-lesson.png'), scale: 'css' });
+  await page.getByTestId('panel-masking').screenshot({ path: screenshotPath('08-narrow-window-masking.png'), scale: 'css' });
+  expect(errors).toEqual([]);
+  await context.close();
+});

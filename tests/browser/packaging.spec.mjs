@@ -1,0 +1,181 @@
+// The package as users get it: `npm pack`, then the examples install the tarball into
+// temporary copies outside the repository (so nothing resolves to the source tree):
+//   examples/node/        the quickstart script, run with Node;
+//   examples/vite/        a Vite app: `vite build`, then the built site in Chromium;
+//   examples/plain-html/  a static page with an import map, in Chromium.
+import { test, expect } from '@playwright/test';
+import { execFile } from 'node:child_process';
+import { cp, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { ROOT, nodePackage, screenshotPath, startServer } from './helpers.mjs';
+
+test.describe.configure({ mode: 'serial' });
+
+let work;       // the temporary directory
+let tarball;    // its .tgz
+let packInfo;   // npm pack --json's record
+let maxDefaultThreads;  // createAttention()'s default thread cap (the package's DEFAULT_MAX_THREADS)
+
+/** Runs a command; rejects with its output when it fails. */
+function run(command, args, { cwd, timeout = 120_000 } = {}) {
+  return new Promise((resolve, reject) => {
+    execFile(command, args, { cwd, timeout, maxBuffer: 16 << 20, env: { ...process.env, npm_config_update_notifier: 'false' } },
+      (error, stdout, stderr) => {
+        if (error) reject(new Error(`${command} ${args.join(' ')} (in ${cwd}) failed: ${error.message}\n${stdout}\n${stderr}`));
+        else resolve({ stdout, stderr });
+      });
+  });
+}
+
+const npmInstall = (cwd, ...extra) =>
+  run('npm', ['install', '--prefer-offline', '--no-audit', '--no-fund', '--loglevel=error', ...extra], { cwd });
+
+/** Copies an example to the temp directory (without any node_modules or build output). */
+async function copyExample(name) {
+  const dest = join(work, name);
+  await cp(join(ROOT, 'examples', name), dest, {
+    recursive: true,
+    filter: (src) => !/[\\/](node_modules|dist)([\\/]|$)/.test(src.slice(join(ROOT, 'examples', name).length)),
+  });
+  return dest;
+}
+
+/** Opens an example page, waits for its result, and returns it with the .wasm files fetched. */
+async function runExamplePage(page, url) {
+  const wasm = [];
+  const errors = [];
+  page.on('response', (r) => {
+    if (r.url().endsWith('.wasm')) wasm.push({ path: new URL(r.url()).pathname, type: r.headers()['content-type'], status: r.status() });
+  });
+  page.on('pageerror', (e) => errors.push(e.message));
+  await page.goto(url);
+  await page.waitForFunction(() => window.__example !== undefined);
+  const result = await page.evaluate(() => ({
+    ...window.__example, isolated: crossOriginIsolated, cores: navigator.hardwareConcurrency,
+  }));
+  return { result, wasm, errors };
+}
+
+test.beforeAll(async () => {
+  maxDefaultThreads = (await nodePackage()).DEFAULT_MAX_THREADS;
+  work = await mkdtemp(join(tmpdir(), 'sdpa-wasm-pack-'));
+  const { stdout } = await run('npm', ['pack', '--json', '--ignore-scripts', '--pack-destination', work], { cwd: ROOT });
+  [packInfo] = JSON.parse(stdout.slice(stdout.indexOf('[')));
+  tarball = join(work, packInfo.filename);
+});
+
+test.afterAll(async () => {
+  if (work) await rm(work, { recursive: true, force: true });
+});
+
+test('npm pack: the tarball holds the built JS, types, wasm, README and LICENSE only', async () => {
+  const files = packInfo.files.map((f) => f.path).sort();
+  const allowed = [
+    /^package\.json$/, /^README\.md$/, /^LICENSE$/,
+    /^dist\/[\w.-]+\.(js|d\.ts)$/,                       // the API and its types
+    /^dist\/wasm\/[\w.-]+\.(mjs|d\.mts|wasm)$/,           // Emscripten glue, its types, the modules
+    /^dist\/wasm\/[\w.-]+\.worker\.js$/,                  // the threaded build's worker script
+    /^dist\/wasm\/package\.json$/,                        // marks that worker CommonJS
+  ];
+  expect(files.filter((f) => !allowed.some((r) => r.test(f)))).toEqual([]);
+  for (const needed of ['dist/index.js', 'dist/index.d.ts', 'dist/loader.js', 'dist/wasm/sdpa.mjs', 'dist/wasm/sdpa.wasm', 'README.md', 'LICENSE']) {
+    expect(files).toContain(needed);
+  }
+  // Every run-time file of the built package is in it.
+  const dist = (await readdir(join(ROOT, 'dist'), { recursive: true })).map((f) => `dist/${f}`);
+  const runtime = dist.filter((f) => /\.(js|mjs|wasm)$/.test(f));
+  expect(runtime.filter((f) => !files.includes(f))).toEqual([]);
+  const summary = `npm pack: ${packInfo.filename}, ${files.length} files, ${packInfo.size} bytes packed, ` +
+    `${packInfo.unpackedSize} bytes unpacked`;
+  console.log(`${summary}\n  ${files.join('\n  ')}`);
+  test.info().annotations.push({ type: 'tarball', description: summary });
+  await writeFile(join(ROOT, 'test-results', 'npm-pack.json'), JSON.stringify(packInfo, null, 2));
+  expect(packInfo.size).toBeLessThan(1 << 20);
+});
+
+test('Node: examples/node/quickstart.mjs runs from the installed tarball', async () => {
+  const app = join(work, 'node-app');
+  await cp(join(ROOT, 'examples', 'node'), app, { recursive: true });
+  await writeFile(join(app, 'package.json'), JSON.stringify({ name: 'sdpa-wasm-example-node', private: true, type: 'module' }, null, 2));
+  await npmInstall(app, tarball);
+  const { stdout: resolved } = await run(process.execPath, ['--input-type=module', '-e', "console.log(import.meta.resolve('sdpa-wasm'))"], { cwd: app });
+  expect(resolved.trim()).toBe(pathToFileURL(join(app, 'node_modules', 'sdpa-wasm', 'dist', 'index.js')).href);
+
+  const fromTarball = await run(process.execPath, ['quickstart.mjs'], { cwd: app, timeout: 60_000 });
+  const fromRepo = await run(process.execPath, ['examples/node/quickstart.mjs'], { cwd: ROOT, timeout: 60_000 });
+  const lines = fromTarball.stdout.trim().split('\n');
+  expect(lines[0]).toBe('output dims [1, 8, 512, 64]');
+  expect(lines).toContain('sum of weights row 100 = 1.000000');
+  expect(fromTarball.stdout).toMatch(/GFLOP\/s/);
+  // The same numbers as the source tree's build (everything but the timing line).
+  const numbers = (s) => s.trim().split('\n').filter((l) => !/GFLOP\/s/.test(l));
+  expect(numbers(fromTarball.stdout)).toEqual(numbers(fromRepo.stdout));
+  console.log(`Node example from the tarball:\n  ${lines.join('\n  ')}`);
+});
+
+test('Vite: examples/vite builds with vite build, emits the .wasm as an asset, and runs in Chromium', async ({ page }) => {
+  const app = await copyExample('vite');
+  await npmInstall(app, tarball);
+  const installed = JSON.parse(await readFile(join(app, 'node_modules', 'sdpa-wasm', 'package.json'), 'utf8'));
+  expect(installed.version).toBe(packInfo.version);
+  const build = await run(join(app, 'node_modules', '.bin', 'vite'), ['build'], { cwd: app });
+  expect(build.stdout).toContain('built in');
+
+  const assets = await readdir(join(app, 'dist', 'assets'));
+  const wasmAssets = assets.filter((f) => f.endsWith('.wasm'));
+  expect(wasmAssets.some((f) => /^sdpa-[\w-]+\.wasm$/.test(f) && !f.startsWith('sdpa-mt'))).toBe(true);
+  // The bundle points at the emitted file with new URL(…, import.meta.url).
+  const js = (await Promise.all(assets.filter((f) => f.endsWith('.js')).map((f) => readFile(join(app, 'dist', 'assets', f), 'utf8')))).join('\n');
+  for (const f of wasmAssets) {
+    expect(js, `${f} referenced by the bundle`).toMatch(new RegExp(`new URL\\([^)]*${f.replace(/[.-]/g, '\\$&')}[^)]*import\\.meta\\.url`));
+  }
+
+  for (const isolation of [true, false]) {
+    const server = await startServer(join(app, 'dist'), { isolation });
+    try {
+      const { result, wasm, errors } = await runExamplePage(page, `${server.url}/`);
+      expect(errors).toEqual([]);
+      expect(result.error).toBeUndefined();
+      expect(result.ok).toBe(true);
+      expect(result.maxError).toBeLessThan(1e-5);
+      expect(result.isolated).toBe(isolation);
+      expect(result.threads).toBe(isolation && result.cores > 1 ? Math.min(result.cores, maxDefaultThreads) : 1);
+      expect(wasm.length).toBeGreaterThan(0);
+      for (const w of wasm) {
+        expect(w.path).toMatch(/^\/assets\/sdpa(-mt)?-[\w-]+\.wasm$/);
+        expect(w.type).toBe('application/wasm');
+        expect(w.status).toBe(200);
+      }
+      await expect(page.getByTestId('status')).toHaveText('Correct: sdpa-wasm matches the plain-JavaScript result.');
+      if (isolation) await page.screenshot({ path: screenshotPath('09-example-vite.png') });
+    } finally {
+      await server.stop();
+    }
+  }
+});
+
+test('plain HTML: examples/plain-html runs the installed package in Chromium with an import map', async ({ page }) => {
+  const app = await copyExample('plain-html');
+  await npmInstall(app, tarball);
+  for (const isolation of [true, false]) {
+    const server = await startServer(app, { isolation });
+    try {
+      const { result, wasm, errors } = await runExamplePage(page, `${server.url}/index.html`);
+      expect(errors).toEqual([]);
+      expect(result.error).toBeUndefined();
+      expect(result.ok).toBe(true);
+      expect(result.isolated).toBe(isolation);
+      expect(result.threads).toBe(isolation && result.cores > 1 ? Math.min(result.cores, maxDefaultThreads) : 1);
+      expect(wasm.map((w) => w.path)).toEqual([
+        isolation && result.cores > 1 ? '/node_modules/sdpa-wasm/dist/wasm/sdpa-mt.wasm' : '/node_modules/sdpa-wasm/dist/wasm/sdpa.wasm',
+      ]);
+      expect(wasm[0].type).toBe('application/wasm');
+      await expect(page.getByTestId('status')).toHaveText('Correct: sdpa-wasm matches the plain-JavaScript result.');
+      if (isolation) await page.screenshot({ path: screenshotPath('10-example-plain-html.png') });
+    } finally {
+      await server.stop();
+    }
+  }
+});

@@ -1,0 +1,196 @@
+// Plain float64 reference of sdpa-wasm's contract (src/sdpa.h, js/types.ts), written from the
+// specification, not from the kernel: one query row at a time, every score materialised.
+//
+//   s_ij = scale · (q_i · k_j)                      (scale defaults to 1/sqrt(E))
+//   s_ij = softcap · tanh(s_ij / softcap)           (softcap > 0)
+//   s_ij = s_ij + mask[b, h, i, j]                  (float mask, NEG_INF blocks)
+//   key j is blocked for row i when a bool mask is 0, when j >= keyLengths[b], or (isCausal)
+//   when j > i + causalOffset[b]
+//   out_i = Σ_j softmax_j(s_i) · v_j; a row with every key blocked is exact zeros.
+//
+// Blocked keys are never read from K or V (nor their scores computed), so NaN written
+// there cannot reach the result.
+
+// Globals are looked up once: under Jest's vm contexts every global access (Math, Infinity,
+// typed array constructors) is slow, which matters in these hot loops.
+const { abs, cos, exp, floor, imul, log, sin, sqrt, tanh, PI } = Math;
+const NEG_INF = -Infinity;
+const F32 = Float32Array, F64 = Float64Array, U8 = Uint8Array;
+const isNaNNumber = Number.isNaN;
+
+/** A tensor of rank 2..4 seen as [B, H, L, D] in the given layout: sizes and strides. */
+function view(t, layout) {
+  const d = t.dims;
+  const full = [...new Array(4 - d.length).fill(1), ...d];
+  const [B, second, third, D] = full;
+  const H = layout === 'bshd' ? third : second;
+  const L = layout === 'bshd' ? second : third;
+  const strides = layout === 'bshd'
+    ? { b: L * H * D, h: D, l: H * D }
+    : { b: H * L * D, h: L * D, l: D };
+  return { data: t.data, B, H, L, D, ...strides, at: (b, h, l) => b * strides.b + h * strides.h + l * strides.l };
+}
+
+/** Strides of a mask broadcast (right-aligned, NumPy rules) to [B, Hq, Lq, Lk]. */
+function maskStrides(dims, target) {
+  const strides = [0, 0, 0, 0];
+  let stride = 1;
+  for (let axis = 3; axis >= 0; axis--) {
+    const m = axis - (4 - dims.length);
+    const size = m >= 0 ? dims[m] : 1;
+    if (size !== 1 && size !== target[axis]) {
+      throw new Error(`reference: mask dims [${dims}] do not broadcast to [${target}]`);
+    }
+    strides[axis] = size === 1 ? 0 : stride;
+    stride *= size;
+  }
+  return strides;
+}
+
+/**
+ * Prepares a problem once; `row(b, h, i)` then computes one query row in float64.
+ * Returns the problem's sizes, the API's output/weights dims and the row function.
+ */
+export function referenceProblem(query, key, value, options = {}) {
+  const layout = options.layout ?? 'bhsd';
+  const q = view(query, layout), k = view(key, layout), v = view(value, layout);
+  const B = q.B, Hq = q.H, Hkv = k.H, Lq = q.L, Lk = k.L, E = q.D, Ev = v.D;
+  if (k.B !== B || v.B !== B || k.D !== E || v.H !== Hkv || v.L !== Lk || Hq % Hkv !== 0) {
+    throw new Error('reference: inconsistent shapes');
+  }
+  const group = Hq / Hkv;
+  const scale = options.scale ?? 1 / sqrt(E);
+  const softcap = options.softcap ?? 0;
+  const mask = options.attnMask;
+  const mStrides = mask ? maskStrides(mask.dims, [B, Hq, Lq, Lk]) : null;
+  const boolMask = mask ? Object.prototype.toString.call(mask.data) === '[object Uint8Array]' : false;
+  const causal = options.isCausal === true;
+  const offsetOf = (b) => {
+    const o = options.causalOffset;
+    if (o === undefined) return 0;
+    return typeof o === 'number' ? o : o[b];
+  };
+  const validKeys = (b) => (options.keyLengths ? options.keyLengths[b] : Lk);
+
+  /** One row: { out: Float64Array(Ev), weights: Float64Array(Lk) }. */
+  function row(b, h, i) {
+    const kh = floor(h / group);
+    const qi = q.at(b, h, i);
+    const limitValid = validKeys(b);
+    const offset = offsetOf(b);
+    const s = new F64(Lk).fill(NEG_INF);
+    const allowed = new U8(Lk);
+    for (let j = 0; j < Lk; j++) {
+      if (j >= limitValid) continue;
+      if (causal && j > i + offset) continue;
+      let bias = 0;
+      if (mask) {
+        const mv = mask.data[b * mStrides[0] + h * mStrides[1] + i * mStrides[2] + j * mStrides[3]];
+        if (boolMask) {
+          if (mv === 0) continue;
+        } else {
+          if (mv === NEG_INF) continue;
+          bias = mv;
+        }
+      }
+      const kj = k.at(b, kh, j);
+      let dot = 0;
+      for (let d = 0; d < E; d++) dot += q.data[qi + d] * k.data[kj + d];
+      let score = scale * dot;
+      if (softcap > 0) score = softcap * tanh(score / softcap);
+      s[j] = score + bias;
+      allowed[j] = 1;
+    }
+    let max = NEG_INF;
+    for (let j = 0; j < Lk; j++) if (allowed[j] && s[j] > max) max = s[j];
+    const out = new F64(Ev);
+    const weights = new F64(Lk);
+    if (max === NEG_INF) return { out, weights };  // every key blocked: exact zeros
+    let sum = 0;
+    for (let j = 0; j < Lk; j++) {
+      if (!allowed[j]) continue;
+      weights[j] = exp(s[j] - max);
+      sum += weights[j];
+    }
+    for (let j = 0; j < Lk; j++) {
+      if (!allowed[j]) continue;
+      weights[j] /= sum;
+      const vj = v.at(b, kh, j);
+      for (let c = 0; c < Ev; c++) out[c] += weights[j] * v.data[vj + c];
+    }
+    return { out, weights };
+  }
+
+  const outputDims = [...query.dims.slice(0, -1), Ev];
+  const leading = query.dims.length === 4 ? [B, Hq] : query.dims.length === 3 ? [Hq] : [];
+  const weightsDims = [...leading, Lq, Lk];
+  // Element offset of output row (b, h, i) in the API's output layout.
+  const outputOffset = (b, h, i) => (layout === 'bshd'
+    ? ((b * Lq + i) * Hq + h) * Ev
+    : ((b * Hq + h) * Lq + i) * Ev);
+  const weightsOffset = (b, h, i) => ((b * Hq + h) * Lq + i) * Lk;
+  return { B, Hq, Hkv, Lq, Lk, E, Ev, layout, outputDims, weightsDims, outputOffset, weightsOffset, row };
+}
+
+/**
+ * softmax(Q·Kᵀ·scale + mask)·V in float64 with the API's options. Returns
+ * { output, weights, outputDims, weightsDims }: output and weights are Float64Arrays laid out
+ * as the API returns them (output in the query's layout, weights [..., Hq, Lq, Lk]).
+ */
+export function referenceSdpa(query, key, value, options = {}) {
+  const p = referenceProblem(query, key, value, options);
+  const output = new F64(p.B * p.Hq * p.Lq * p.Ev);
+  const weights = new F64(p.B * p.Hq * p.Lq * p.Lk);
+  for (let b = 0; b < p.B; b++) {
+    for (let h = 0; h < p.Hq; h++) {
+      for (let i = 0; i < p.Lq; i++) {
+        const r = p.row(b, h, i);
+        output.set(r.out, p.outputOffset(b, h, i));
+        weights.set(r.weights, p.weightsOffset(b, h, i));
+      }
+    }
+  }
+  return { output, weights, outputDims: p.outputDims, weightsDims: p.weightsDims };
+}
+
+/** mulberry32: a small seeded 32-bit PRNG, uniform in [0, 1). */
+export function mulberry32(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = imul(t ^ (t >>> 15), t | 1);
+    t ^= t + imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** A Float32Array of n unit-normal values (Box-Muller over mulberry32), reproducible per seed. */
+export function randn(n, seed) {
+  const uniform = mulberry32(seed);
+  const out = new F32(n);
+  for (let i = 0; i < n; i += 2) {
+    const u1 = 1 - uniform();  // in (0, 1]: log(u1) is finite
+    const u2 = uniform();
+    const r = sqrt(-2 * log(u1));
+    out[i] = r * cos(2 * PI * u2);
+    if (i + 1 < n) out[i + 1] = r * sin(2 * PI * u2);
+  }
+  return out;
+}
+
+/** A random unit-normal tensor of the given dims. */
+export function randomTensor(dims, seed) {
+  return { data: randn(dims.reduce((a, b) => a * b, 1), seed), dims: [...dims] };
+}
+
+/** max_i |got_i - ref_i| / (1 + |ref_i|); Infinity if lengths differ or anything is NaN. */
+export function maxRelError(got, ref) {
+  if (got.length !== ref.length) return Infinity;
+  let worst = 0;
+  for (let i = 0; i < ref.length; i++) {
+    const e = abs(got[i] - ref[i]) / (1 + abs(ref[i]));
+    if (!(e <= worst)) worst = isNaNNumber(e) ? Infinity : e;
+  }
+  return worst;
+}

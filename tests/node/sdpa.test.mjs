@@ -1,0 +1,845 @@
+// Correctness of attn.sdpa() against the float64 reference (reference.mjs), which is written
+// from the contract alone. Error metric: max |got - ref| / (1 + |ref|) <= 2e-5, on the output
+// and, with returnWeights, on the weights.
+import { createAttention } from 'sdpa-wasm';
+import {
+  maxRelError, mulberry32, randn, randomTensor, referenceProblem, referenceSdpa,
+} from './reference.mjs';
+
+const TOL = 2e-5;
+
+let attn;
+beforeAll(async () => {
+  attn = await createAttention();
+});
+afterAll(() => attn.dispose());
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+const tag = (x) => Object.prototype.toString.call(x);
+const size = (dims) => dims.reduce((a, b) => a * b, 1);
+const bitsOf = (a) => new Uint32Array(a.buffer, a.byteOffset, a.length);
+
+/** Index of the first element whose bits differ, -1 if a and b are bitwise identical. */
+function firstBitDifference(a, b) {
+  if (a.length !== b.length) return -2;
+  const x = bitsOf(a), y = bitsOf(b);
+  for (let i = 0; i < x.length; i++) if (x[i] !== y[i]) return i;
+  return -1;
+}
+
+function expectBitwiseEqual(a, b) {
+  expect(firstBitDifference(a, b)).toBe(-1);
+}
+
+/**
+ * Two float32 results of the same mathematical problem posed differently (other layout,
+ * rank, head expansion, ...): the kernel may take other code paths, so they need not be
+ * bitwise equal, but both are within TOL of the exact result, so of each other.
+ */
+function expectSameResult(a, b) {
+  expect(a.length).toBe(b.length);
+  expect(maxRelError(a, Float64Array.from(b))).toBeLessThanOrEqual(TOL);
+}
+
+const rawBytes = (a) => new Uint8Array(a.buffer, a.byteOffset, a.byteLength).slice();
+
+/** Runs the API and the reference on the same problem and compares them. */
+function check(query, key, value, options = {}, tol = TOL) {
+  const got = attn.sdpa(query, key, value, options);
+  const ref = referenceSdpa(query, key, value, options);
+  expect(got.output.dims).toEqual(ref.outputDims);
+  expect(tag(got.output.data)).toBe('[object Float32Array]');
+  expect(got.output.data.length).toBe(ref.output.length);
+  expect(maxRelError(got.output.data, ref.output)).toBeLessThanOrEqual(tol);
+  if (options.returnWeights) {
+    expect(got.weights.dims).toEqual(ref.weightsDims);
+    expect(tag(got.weights.data)).toBe('[object Float32Array]');
+    expect(maxRelError(got.weights.data, ref.weights)).toBeLessThanOrEqual(tol);
+  } else {
+    expect(got.weights).toBeUndefined();
+  }
+  return { got, ref };
+}
+
+/** q [B,Hq,Lq,E], k [B,Hkv,Lk,E], v [B,Hkv,Lk,Ev] (bhsd), seeded from `seed`. */
+function problem({ B = 1, Hq = 1, Hkv = Hq, Lq, Lk, E, Ev = E }, seed) {
+  return {
+    q: randomTensor([B, Hq, Lq, E], seed * 3 + 1),
+    k: randomTensor([B, Hkv, Lk, E], seed * 3 + 2),
+    v: randomTensor([B, Hkv, Lk, Ev], seed * 3 + 3),
+  };
+}
+
+/** Float mask: normal values ×2, a fraction `pInf` of them -Infinity. */
+function floatMask(dims, seed, pInf = 0.2) {
+  const data = randn(size(dims), seed);
+  const u = mulberry32(seed ^ 0x5bd1e995);
+  for (let i = 0; i < data.length; i++) data[i] = u() < pInf ? -Infinity : 2 * data[i];
+  return { data, dims };
+}
+
+/** Bool mask: 1 (attend) with probability pOne. */
+function boolMask(dims, seed, pOne = 0.7) {
+  const data = new Uint8Array(size(dims));
+  const u = mulberry32(seed);
+  for (let i = 0; i < data.length; i++) data[i] = u() < pOne ? 1 : 0;
+  return { data, dims };
+}
+
+/** [B, X, Y, D] → [B, Y, X, D] (bhsd ↔ bshd) for a rank-4 tensor. */
+function swap12(t) {
+  const [B, X, Y, D] = t.dims;
+  const data = new Float32Array(t.data.length);
+  for (let b = 0; b < B; b++) {
+    for (let x = 0; x < X; x++) {
+      for (let y = 0; y < Y; y++) {
+        const src = ((b * X + x) * Y + y) * D, dst = ((b * Y + y) * X + x) * D;
+        data.set(t.data.subarray(src, src + D), dst);
+      }
+    }
+  }
+  return { data, dims: [B, Y, X, D] };
+}
+
+/** Rows (b, h, i) of a [B, Hq, Lq, W] bhsd array, as subarray views. */
+function rowOf(data, dims4, b, h, i) {
+  const [, H, L, W] = dims4;
+  const at = ((b * H + h) * L + i) * W;
+  return data.subarray(at, at + W);
+}
+
+const isExactZero = (x) => Object.is(x, 0);
+const allExactZeros = (a) => a.every(isExactZero);
+const allFinite = (a) => a.every(Number.isFinite);
+
+// ---------------------------------------------------------------------------------------------
+
+describe('tile edges (4 query rows × 32 keys, 8 value columns)', () => {
+  const LENS = [1, 3, 4, 5, 13, 31, 32, 33, 65, 97];
+  test.each(LENS)('Lq = %i against every Lk in {1,3,4,5,13,31,32,33,65,97}', (Lq) => {
+    for (const Lk of LENS) {
+      const { q, k, v } = problem({ Hq: 2, Hkv: 1, Lq, Lk, E: 5, Ev: 9 }, Lq * 1000 + Lk);
+      check(q, k, v);
+      check(q, k, v, { returnWeights: true });
+      check(q, k, v, { isCausal: true, causalOffset: Lk - Lq, returnWeights: true });
+    }
+  });
+});
+
+describe('head sizes', () => {
+  const DIMS = [1, 3, 4, 7, 8, 9, 64, 256];
+  test.each(DIMS)('E = %i against every Ev in {1,3,4,7,8,9,64,256}', (E) => {
+    for (const Ev of DIMS) {
+      const { q, k, v } = problem({ Hq: 2, Lq: 6, Lk: 37, E, Ev }, E * 1000 + Ev);
+      check(q, k, v, { returnWeights: true });
+    }
+  });
+
+  test('Lq != Lk, E != Ev, both directions', () => {
+    for (const [Lq, Lk, E, Ev] of [[7, 45, 16, 24], [45, 7, 24, 16], [1, 200, 9, 3], [200, 1, 3, 9]]) {
+      const { q, k, v } = problem({ B: 2, Hq: 2, Lq, Lk, E, Ev }, Lq + Lk);
+      check(q, k, v, { returnWeights: true });
+      check(q, k, v, { isCausal: true });
+    }
+  });
+});
+
+describe('grouped-query and multi-query attention', () => {
+  test.each([[8, 2], [6, 1], [6, 3], [4, 4]])('Hq = %i, Hkv = %i', (Hq, Hkv) => {
+    const B = 2, Lq = 7, Lk = 35, E = 12, Ev = 10;
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, Hq * 10 + Hkv);
+    const { got } = check(q, k, v, { returnWeights: true });
+    check(q, k, v, { isCausal: true, causalOffset: Lk - Lq });
+
+    // Independent check of the head mapping: the same problem with K and V repeated so that
+    // query head h has its own copy of KV head floor(h / (Hq / Hkv)).
+    const expand = (t, D) => {
+      const data = new Float32Array(B * Hq * Lk * D);
+      for (let b = 0; b < B; b++) {
+        for (let h = 0; h < Hq; h++) {
+          const src = ((b * Hkv + Math.floor(h / (Hq / Hkv))) * Lk) * D;
+          data.set(t.data.subarray(src, src + Lk * D), ((b * Hq + h) * Lk) * D);
+        }
+      }
+      return { data, dims: [B, Hq, Lk, D] };
+    };
+    const full = attn.sdpa(q, expand(k, E), expand(v, Ev), { returnWeights: true });
+    expectSameResult(got.output.data, full.output.data);
+    expectSameResult(got.weights.data, full.weights.data);
+  });
+});
+
+describe('batches', () => {
+  test('B = 3: every batch equals the same problem run alone', () => {
+    const B = 3, Hq = 4, Hkv = 2, Lq = 11, Lk = 29, E = 8, Ev = 5;
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 77);
+    const { got } = check(q, k, v, { returnWeights: true });
+    check(q, k, v, { isCausal: true, keyLengths: new Int32Array([29, 17, 3]) });
+    const slice = (t, b) => {
+      const n = t.data.length / B;
+      return { data: t.data.slice(b * n, (b + 1) * n), dims: [1, ...t.dims.slice(1)] };
+    };
+    for (let b = 0; b < B; b++) {
+      const one = attn.sdpa(slice(q, b), slice(k, b), slice(v, b), { returnWeights: true });
+      const n = one.output.data.length, w = one.weights.data.length;
+      expectSameResult(got.output.data.subarray(b * n, (b + 1) * n), one.output.data);
+      expectSameResult(got.weights.data.subarray(b * w, (b + 1) * w), one.weights.data);
+    }
+  });
+});
+
+describe('ranks 2 and 3 (the output keeps the query rank)', () => {
+  test('rank 2: [L, E]', () => {
+    const Lq = 9, Lk = 34, E = 7, Ev = 3;
+    const { q, k, v } = problem({ Lq, Lk, E, Ev }, 5);
+    const q2 = { data: q.data, dims: [Lq, E] }, k2 = { data: k.data, dims: [Lk, E] };
+    const v2 = { data: v.data, dims: [Lk, Ev] };
+    const { got } = check(q2, k2, v2, { returnWeights: true, isCausal: true, causalOffset: 3 });
+    expect(got.output.dims).toEqual([Lq, Ev]);
+    expect(got.weights.dims).toEqual([Lq, Lk]);
+    const four = attn.sdpa(q, k, v, { returnWeights: true, isCausal: true, causalOffset: 3 });
+    expectSameResult(got.output.data, four.output.data);
+    expectSameResult(got.weights.data, four.weights.data);
+  });
+
+  test('rank 3: [H, L, E], with GQA and a mask', () => {
+    const Hq = 4, Hkv = 2, Lq = 6, Lk = 40, E = 9, Ev = 12;
+    const { q, k, v } = problem({ Hq, Hkv, Lq, Lk, E, Ev }, 6);
+    const drop = (t) => ({ data: t.data, dims: t.dims.slice(1) });
+    const mask = floatMask([Lq, Lk], 61);
+    const { got } = check(drop(q), drop(k), drop(v), { returnWeights: true, attnMask: mask });
+    expect(got.output.dims).toEqual([Hq, Lq, Ev]);
+    expect(got.weights.dims).toEqual([Hq, Lq, Lk]);
+    const four = attn.sdpa(q, k, v, { returnWeights: true, attnMask: mask });
+    expectSameResult(got.output.data, four.output.data);
+    expectSameResult(got.weights.data, four.weights.data);
+  });
+
+  test('mixed ranks: query rank 3, key rank 4, value rank 3', () => {
+    const Hq = 4, Hkv = 2, Lq = 5, Lk = 33, E = 4, Ev = 6;
+    const { q, k, v } = problem({ Hq, Hkv, Lq, Lk, E, Ev }, 7);
+    const q3 = { data: q.data, dims: [Hq, Lq, E] }, v3 = { data: v.data, dims: [Hkv, Lk, Ev] };
+    const { got } = check(q3, k, v3, { returnWeights: true });
+    expect(got.output.dims).toEqual([Hq, Lq, Ev]);
+    expect(got.weights.dims).toEqual([Hq, Lq, Lk]);
+  });
+});
+
+describe("layout 'bshd'", () => {
+  const B = 2, Hq = 4, Hkv = 2, Lq = 9, Lk = 37, E = 6, Ev = 11;
+  const cases = [
+    ['no options', () => ({})],
+    ['causal bottom-right + weights', () => ({ isCausal: true, causalOffset: Lk - Lq, returnWeights: true })],
+    ['float mask [B,1,Lq,Lk] + weights', () => ({ attnMask: floatMask([B, 1, Lq, Lk], 81), returnWeights: true })],
+    ['bool mask [Hq,Lq,Lk] + softcap', () => ({ attnMask: boolMask([Hq, Lq, Lk], 82), softcap: 2 })],
+    ['keyLengths + per-batch causal', () => ({
+      keyLengths: new Int32Array([20, 37]), isCausal: true, causalOffset: new Int32Array([30, -2]), returnWeights: true,
+    })],
+  ];
+  test.each(cases)('rank 4, %s: matches the reference and bhsd on transposed inputs', (_, makeOptions) => {
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 8);  // bhsd
+    const qs = swap12(q), ks = swap12(k), vs = swap12(v);           // bshd
+    const options = makeOptions();
+    const { got } = check(qs, ks, vs, { ...options, layout: 'bshd' });
+    expect(got.output.dims).toEqual([B, Lq, Hq, Ev]);
+    const bhsd = attn.sdpa(q, k, v, options);
+    expect(bhsd.output.dims).toEqual([B, Hq, Lq, Ev]);
+    expectSameResult(swap12(got.output).data, bhsd.output.data);
+    if (options.returnWeights) {
+      expect(got.weights.dims).toEqual([B, Hq, Lq, Lk]);
+      expectSameResult(got.weights.data, bhsd.weights.data);
+    }
+  });
+
+  test('rank 3 [L, H, E]', () => {
+    const { q, k, v } = problem({ Hq, Hkv, Lq, Lk, E, Ev }, 9);
+    const toBshd3 = (t) => {
+      const s = swap12(t);
+      return { data: s.data, dims: s.dims.slice(1) };
+    };
+    const options = { returnWeights: true, isCausal: true };
+    const { got } = check(toBshd3(q), toBshd3(k), toBshd3(v), { ...options, layout: 'bshd' });
+    expect(got.output.dims).toEqual([Lq, Hq, Ev]);
+    expect(got.weights.dims).toEqual([Hq, Lq, Lk]);
+    const bhsd = attn.sdpa(q, k, v, options);
+    expectSameResult(swap12({ data: got.output.data, dims: [1, Lq, Hq, Ev] }).data, bhsd.output.data);
+    expectSameResult(got.weights.data, bhsd.weights.data);
+  });
+
+  test("explicit layout 'bhsd' is the default", () => {
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 10);
+    const a = attn.sdpa(q, k, v, { layout: 'bhsd' });
+    const b = attn.sdpa(q, k, v);
+    expectBitwiseEqual(a.output.data, b.output.data);
+  });
+});
+
+describe('masks of every broadcast shape', () => {
+  const B = 2, Hq = 4, Hkv = 2, Lq = 9, Lk = 37, E = 8, Ev = 8;
+  const SHAPES = [
+    [Lk], [Lq, Lk], [1, Lk], [Hq, Lq, Lk], [B, 1, 1, Lk], [1, Hq, Lq, Lk], [B, Hq, Lq, Lk], [1],
+    [Lq, 1], [B, 1, Lq, 1], [1, 1, 1, 1], [B, Hq, 1, Lk],
+  ];
+  const cases = [];
+  for (const dims of SHAPES) for (const kind of ['float', 'bool']) cases.push([kind, dims]);
+  test.each(cases)('%s mask [%j]', (kind, dims) => {
+    const seed = 100 + cases.findIndex((c) => c[0] === kind && c[1] === dims);
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, seed);
+    const mask = kind === 'float' ? floatMask(dims, seed) : boolMask(dims, seed);
+    check(q, k, v, { attnMask: mask, returnWeights: true });
+    check(q, k, v, { attnMask: mask, scale: 0.5 });
+  });
+
+  test('[1] masks: finite float value shifts nothing, -Infinity / 0 block everything', () => {
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 120);
+    const plain = attn.sdpa(q, k, v).output.data;
+    const shifted = check(q, k, v, { attnMask: { data: new Float32Array([5]), dims: [1] } }).got.output.data;
+    expect(maxRelError(shifted, Float64Array.from(plain))).toBeLessThanOrEqual(TOL);
+    const keep = check(q, k, v, { attnMask: { data: new Uint8Array([1]), dims: [1] } }).got.output.data;
+    expectSameResult(keep, plain);
+    for (const mask of [{ data: new Float32Array([-Infinity]), dims: [1] }, { data: new Uint8Array([0]), dims: [1] }]) {
+      const r = attn.sdpa(q, k, v, { attnMask: mask, returnWeights: true });
+      expect(allExactZeros(r.output.data)).toBe(true);
+      expect(allExactZeros(r.weights.data)).toBe(true);
+    }
+  });
+
+  test('bool mask values other than 0 and 1 mean "attend"', () => {
+    const { q, k, v } = problem({ Lq: 5, Lk: 40, E: 4 }, 121);
+    const mask = boolMask([5, 40], 122);
+    const other = { data: mask.data.map((x, i) => (x ? 1 + (i % 255) : 0)), dims: mask.dims };
+    const a = attn.sdpa(q, k, v, { attnMask: mask }).output.data;
+    const b = check(q, k, v, { attnMask: other }).got.output.data;
+    expectSameResult(a, b);
+  });
+});
+
+describe('mask combined with isCausal', () => {
+  const B = 3, Hq = 2, Hkv = 1, Lq = 10, Lk = 45, E = 7, Ev = 9;
+  const offsets = [0, Lk - Lq, -3, new Int32Array([0, -4, Lk - Lq])];
+  test.each(offsets.map((o) => [o]))('causalOffset %p with float and bool masks', (causalOffset) => {
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 130);
+    for (const attnMask of [floatMask([Lq, Lk], 131), boolMask([B, 1, Lq, Lk], 132), floatMask([B, Hq, 1, Lk], 133)]) {
+      check(q, k, v, { attnMask, isCausal: true, causalOffset, returnWeights: true });
+    }
+  });
+});
+
+describe('causal offsets', () => {
+  const SIZES = [[13, 40], [40, 13], [33, 33], [5, 100]];
+  const offsetsFor = (Lq, Lk) => [undefined, 0, Lk - Lq, -1, -6, Lq - 1, -Lq, -Lq - 5, 1e9, -1e9, 2 ** 31 - 1, -(2 ** 31), 2 ** 40];
+  test.each(SIZES)('Lq = %i, Lk = %i', (Lq, Lk) => {
+    const B = 2, Hq = 2, E = 6, Ev = 5;
+    const { q, k, v } = problem({ B, Hq, Lq, Lk, E, Ev }, Lq * 7 + Lk);
+    for (const offset of offsetsFor(Lq, Lk)) {
+      const options = { isCausal: true, returnWeights: true };
+      if (offset !== undefined) options.causalOffset = offset;
+      const { got } = check(q, k, v, options);
+      expect(allFinite(got.output.data)).toBe(true);
+      // Rows with i + offset < 0 see no key: exact zeros (+0, not NaN, not -0).
+      const off = offset ?? 0;
+      for (let b = 0; b < B; b++) {
+        for (let h = 0; h < Hq; h++) {
+          for (let i = 0; i < Lq; i++) {
+            const empty = i + off < 0;
+            const out = rowOf(got.output.data, [B, Hq, Lq, Ev], b, h, i);
+            const w = rowOf(got.weights.data, [B, Hq, Lq, Lk], b, h, i);
+            if (empty) {
+              expect(allExactZeros(out)).toBe(true);
+              expect(allExactZeros(w)).toBe(true);
+            } else {
+              // Keys after the causal frontier have exactly zero weight.
+              expect(allExactZeros(w.subarray(Math.min(Lk, i + off + 1)))).toBe(true);
+            }
+          }
+        }
+      }
+    }
+  });
+
+  test('without causalOffset, isCausal: false and isCausal omitted agree', () => {
+    const { q, k, v } = problem({ Lq: 9, Lk: 20, E: 4 }, 140);
+    expectBitwiseEqual(attn.sdpa(q, k, v, { isCausal: false }).output.data, attn.sdpa(q, k, v).output.data);
+  });
+
+  test('per-batch Int32Array offsets', () => {
+    const B = 5, Hq = 4, Hkv = 2, Lq = 9, Lk = 50, E = 8, Ev = 8;
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 141);
+    for (const offsets of [
+      [0, -3, Lk - Lq, 2147483647, -2147483648],
+      [-Lq, 7, -1, Lk, 33],
+    ]) {
+      const causalOffset = new Int32Array(offsets);
+      const { got } = check(q, k, v, { isCausal: true, causalOffset, returnWeights: true });
+      // Each batch equals the same problem with that batch's scalar offset.
+      for (let b = 0; b < B; b++) {
+        const scalar = attn.sdpa(q, k, v, { isCausal: true, causalOffset: offsets[b] }).output.data;
+        const n = Hq * Lq * Ev;
+        expectSameResult(got.output.data.subarray(b * n, (b + 1) * n), scalar.subarray(b * n, (b + 1) * n));
+      }
+    }
+  });
+});
+
+describe('keyLengths', () => {
+  test('lengths 0, 1, 32, 33, Lk with NaN written into the padded keys of K and V', () => {
+    const B = 5, Hq = 4, Hkv = 2, Lq = 7, Lk = 70, E = 10, Ev = 6;
+    const lengths = [0, 1, 32, 33, Lk];
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 150);
+    for (let b = 0; b < B; b++) {
+      for (let h = 0; h < Hkv; h++) {
+        for (let j = lengths[b]; j < Lk; j++) {
+          k.data.fill(NaN, ((b * Hkv + h) * Lk + j) * E, ((b * Hkv + h) * Lk + j + 1) * E);
+          v.data.fill(NaN, ((b * Hkv + h) * Lk + j) * Ev, ((b * Hkv + h) * Lk + j + 1) * Ev);
+        }
+      }
+    }
+    const keyLengths = new Int32Array(lengths);
+    for (const extra of [{}, { isCausal: true }, { isCausal: true, causalOffset: Lk - Lq }, { attnMask: floatMask([Lq, Lk], 151) }, { softcap: 3 }]) {
+      const { got } = check(q, k, v, { keyLengths, returnWeights: true, ...extra });
+      expect(allFinite(got.output.data)).toBe(true);
+      expect(allFinite(got.weights.data)).toBe(true);
+      for (let h = 0; h < Hq; h++) {
+        for (let i = 0; i < Lq; i++) {
+          // keyLengths 0: nothing to attend, exact zeros.
+          expect(allExactZeros(rowOf(got.output.data, [B, Hq, Lq, Ev], 0, h, i))).toBe(true);
+          for (let b = 0; b < B; b++) {
+            const w = rowOf(got.weights.data, [B, Hq, Lq, Lk], b, h, i);
+            expect(allExactZeros(w.subarray(lengths[b]))).toBe(true);
+          }
+        }
+      }
+    }
+  });
+
+  test("keyLengths with layout 'bshd' and NaN padding", () => {
+    const B = 3, Hq = 2, Hkv = 2, Lq = 5, Lk = 41, E = 5, Ev = 7;
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 152);
+    const ks = swap12(k), vs = swap12(v);  // [B, Lk, Hkv, D]
+    const lengths = [41, 0, 13];
+    for (let b = 0; b < B; b++) {
+      ks.data.fill(NaN, (b * Lk + lengths[b]) * Hkv * E, (b + 1) * Lk * Hkv * E);
+      vs.data.fill(NaN, (b * Lk + lengths[b]) * Hkv * Ev, (b + 1) * Lk * Hkv * Ev);
+    }
+    const { got } = check(swap12(q), ks, vs, { layout: 'bshd', keyLengths: new Int32Array(lengths), returnWeights: true });
+    expect(allFinite(got.output.data)).toBe(true);
+  });
+
+  test('keyLengths equal to Lk is the same as no keyLengths', () => {
+    const { q, k, v } = problem({ B: 2, Lq: 6, Lk: 33, E: 4 }, 153);
+    const a = attn.sdpa(q, k, v, { keyLengths: new Int32Array([33, 33]) }).output.data;
+    expectSameResult(a, attn.sdpa(q, k, v).output.data);
+  });
+});
+
+describe('NaN in keys no row may attend never reaches the output', () => {
+  test('keys past the causal frontier of the last row', () => {
+    const Lq = 6, Lk = 45, E = 8, Ev = 8;
+    const { q, k, v } = problem({ Hq: 2, Lq, Lk, E, Ev }, 160);
+    for (let h = 0; h < 2; h++) {
+      k.data.fill(NaN, (h * Lk + Lq) * E, (h + 1) * Lk * E);
+      v.data.fill(NaN, (h * Lk + Lq) * Ev, (h + 1) * Lk * Ev);
+    }
+    const { got } = check(q, k, v, { isCausal: true, returnWeights: true });
+    expect(allFinite(got.output.data)).toBe(true);
+  });
+
+  test('keys blocked for every row by a bool mask or a -Infinity float mask', () => {
+    const Lq = 9, Lk = 40, E = 4, Ev = 5;
+    const { q, k, v } = problem({ Lq, Lk, E, Ev }, 161);
+    const blocked = [0, 3, 31, 32, 39];
+    const bool = { data: new Uint8Array(Lk).fill(1), dims: [Lk] };
+    const float = { data: new Float32Array(Lk), dims: [1, 1, 1, Lk] };
+    for (const j of blocked) {
+      k.data.fill(NaN, j * E, (j + 1) * E);
+      v.data.fill(NaN, j * Ev, (j + 1) * Ev);
+      bool.data[j] = 0;
+      float.data[j] = -Infinity;
+    }
+    for (const attnMask of [bool, float]) {
+      const { got } = check(q, k, v, { attnMask, returnWeights: true });
+      expect(allFinite(got.output.data)).toBe(true);
+      expect(allFinite(got.weights.data)).toBe(true);
+    }
+  });
+});
+
+describe('softcap and scale', () => {
+  test.each([0.5, 5, 30, 1e6])('softcap %p', (softcap) => {
+    const { q, k, v } = problem({ B: 2, Hq: 2, Lq: 9, Lk: 37, E: 16, Ev: 8 }, 170);
+    check(q, k, v, { softcap, scale: 1, returnWeights: true });
+    check(q, k, v, { softcap, attnMask: floatMask([9, 37], 171), isCausal: true, causalOffset: 28 });
+  });
+
+  test('softcap applies after scale and before the mask', () => {
+    // With scale s and cap c, a score x becomes c·tanh(s·x/c) + mask: for a large score the
+    // capped value is at most c, so a bias of +c·4 on one key makes it dominate.
+    const Lq = 3, Lk = 8, E = 2;
+    const q = { data: new Float32Array([10, 0, 0, 10, 5, 5]), dims: [Lq, E] };
+    const k = randomTensor([Lk, E], 172);
+    const v = randomTensor([Lk, 4], 173);
+    const mask = { data: new Float32Array(Lk), dims: [Lk] };
+    mask.data[5] = 8;
+    check(q, k, v, { scale: 3, softcap: 2, attnMask: mask, returnWeights: true });
+  });
+
+  test.each([-0.7, 0, 3, 1e-3, -40])('scale %p', (scale) => {
+    const { q, k, v } = problem({ Hq: 3, Hkv: 1, Lq: 8, Lk: 35, E: 12, Ev: 4 }, 174);
+    const { got } = check(q, k, v, { scale, returnWeights: true });
+    if (scale === 0) {
+      // Every score is 0: uniform weights, output = mean of V rows.
+      for (const w of got.weights.data) expect(Math.abs(w - 1 / 35)).toBeLessThanOrEqual(1e-6);
+    }
+  });
+});
+
+describe('fully masked rows', () => {
+  const B = 2, Hq = 2, Lq = 9, Lk = 100, E = 8, Ev = 12;
+  const EMPTY = [0, 5, 8];  // row 5 shares its 4-row tile with rows 4, 6, 7
+  test.each(['bool', 'float'])('%s mask: exact zeros in output and weights, others normal', (kind) => {
+    const { q, k, v } = problem({ B, Hq, Lq, Lk, E, Ev }, 180);
+    const mask = kind === 'bool' ? boolMask([Lq, Lk], 181, 0.3) : floatMask([Lq, Lk], 181, 0.7);
+    for (const i of EMPTY) mask.data.fill(kind === 'bool' ? 0 : -Infinity, i * Lk, (i + 1) * Lk);
+    // Also one row that may only attend a single key, in the last tile.
+    mask.data.fill(kind === 'bool' ? 0 : -Infinity, 2 * Lk, 3 * Lk);
+    mask.data[2 * Lk + 99] = kind === 'bool' ? 1 : 0;
+    const { got } = check(q, k, v, { attnMask: mask, returnWeights: true });
+    for (let b = 0; b < B; b++) {
+      for (let h = 0; h < Hq; h++) {
+        for (let i = 0; i < Lq; i++) {
+          const out = rowOf(got.output.data, [B, Hq, Lq, Ev], b, h, i);
+          const w = rowOf(got.weights.data, [B, Hq, Lq, Lk], b, h, i);
+          if (EMPTY.includes(i)) {
+            expect(allExactZeros(out)).toBe(true);
+            expect(allExactZeros(w)).toBe(true);
+          } else {
+            expect(allFinite(out)).toBe(true);
+          }
+          if (i === 2) {
+            expect(w[99]).toBe(1);
+            expectBitwiseEqual(out, v.data.subarray(((b * Hq + h) * Lk + 99) * Ev, ((b * Hq + h) * Lk + 100) * Ev));
+          }
+        }
+      }
+    }
+  });
+});
+
+describe('returnWeights', () => {
+  test('rows sum to 1 (empty rows to 0), dims [..., Hq, Lq, Lk]', () => {
+    const B = 2, Hq = 6, Hkv = 3, Lq = 21, Lk = 77, E = 16, Ev = 3;
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 190);
+    const { got } = check(q, k, v, {
+      returnWeights: true, isCausal: true, causalOffset: -2, attnMask: boolMask([B, 1, Lq, Lk], 191, 0.8),
+    });
+    expect(got.weights.dims).toEqual([B, Hq, Lq, Lk]);
+    let outOfRange = 0, badSums = 0, rowsSummingTo1 = 0;
+    for (let r = 0; r < B * Hq * Lq; r++) {
+      const w = got.weights.data.subarray(r * Lk, (r + 1) * Lk);
+      let sum = 0;
+      for (const x of w) {
+        if (!(x >= 0 && x <= 1)) outOfRange++;
+        sum += x;
+      }
+      if (r % Lq < 2) {
+        if (sum !== 0) badSums++;  // causalOffset -2: rows 0 and 1 see nothing
+      } else if (sum !== 0) {
+        if (Math.abs(sum - 1) > 1e-5) badSums++;
+        else rowsSummingTo1++;
+      }
+    }
+    expect(outOfRange).toBe(0);
+    expect(badSums).toBe(0);
+    expect(rowsSummingTo1).toBeGreaterThan(B * Hq * (Lq - 2) * 0.9);
+  });
+
+  test('returnWeights: false returns no weights and the same output', () => {
+    const { q, k, v } = problem({ Lq: 5, Lk: 9, E: 4 }, 192);
+    const a = attn.sdpa(q, k, v, { returnWeights: false });
+    const b = attn.sdpa(q, k, v, { returnWeights: true });
+    expect(a.weights).toBeUndefined();
+    expectSameResult(a.output.data, b.output.data);
+  });
+});
+
+describe('out option', () => {
+  const dims = { B: 2, Hq: 2, Lq: 7, Lk: 19, E: 5, Ev: 6 };
+  const n = 2 * 2 * 7 * 6;
+
+  test('an exactly sized buffer is filled and returned', () => {
+    const { q, k, v } = problem(dims, 200);
+    const expected = attn.sdpa(q, k, v).output.data;
+    const out = new Float32Array(n).fill(NaN);
+    const r = attn.sdpa(q, k, v, { out, returnWeights: true });
+    expect(r.output.data).toBe(out);
+    expect(r.output.dims).toEqual([2, 2, 7, 6]);
+    expectBitwiseEqual(out, expected);
+    check(q, k, v, { out: new Float32Array(n), isCausal: true });
+  });
+
+  test('a larger buffer: the output is a view of its start, the rest is untouched', () => {
+    const { q, k, v } = problem(dims, 201);
+    const expected = attn.sdpa(q, k, v).output.data;
+    const out = new Float32Array(n + 13).fill(42);
+    const r = attn.sdpa(q, k, v, { out });
+    expect(r.output.data.buffer).toBe(out.buffer);
+    expect(r.output.data.byteOffset).toBe(0);
+    expect(r.output.data.length).toBe(n);
+    expectBitwiseEqual(out.subarray(0, n), expected);
+    expect(Array.from(out.subarray(n))).toEqual(new Array(13).fill(42));
+  });
+
+  test('a subarray of a larger buffer (non-zero byteOffset)', () => {
+    const { q, k, v } = problem(dims, 202);
+    const expected = attn.sdpa(q, k, v).output.data;
+    const backing = new Float32Array(n + 10).fill(7);
+    const out = backing.subarray(5, 5 + n);
+    const r = attn.sdpa(q, k, v, { out });
+    expect(r.output.data).toBe(out);
+    expectBitwiseEqual(out, expected);
+    expect(Array.from(backing.subarray(0, 5))).toEqual([7, 7, 7, 7, 7]);
+    expect(Array.from(backing.subarray(5 + n))).toEqual([7, 7, 7, 7, 7]);
+  });
+});
+
+describe('inputs and determinism', () => {
+  test('inputs and options are never modified', () => {
+    const B = 2, Hq = 4, Hkv = 2, Lq = 9, Lk = 40, E = 8, Ev = 8;
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 210);
+    k.data[3] = NaN;  // NaN in an attended key: the output may be NaN, K must stay as it was
+    const qs = swap12(q), ks = swap12(k), vs = swap12(v);  // the bshd copies
+    const floatM = floatMask([B, 1, Lq, Lk], 211);
+    const boolM = boolMask([Lq, Lk], 212);
+    const keyLengths = new Int32Array([40, 21]);
+    const causalOffset = new Int32Array([-5, 2 ** 31 - 1]);  // clamped internally, not in place
+    const arrays = () => [q, k, v, qs, ks, vs, floatM, boolM].map((t) => t.data).concat([keyLengths, causalOffset]);
+    const dimsOf = () => JSON.stringify([q, k, v, qs, ks, vs, floatM, boolM].map((t) => t.dims));
+    const snapshot = arrays().map(rawBytes);
+    const dimsBefore = dimsOf();
+    for (const attnMask of [floatM, boolM]) {
+      const options = { attnMask, keyLengths, isCausal: true, causalOffset, returnWeights: true, softcap: 4 };
+      const optionsBefore = { ...options };
+      attn.sdpa(q, k, v, options);
+      attn.sdpa(qs, ks, vs, { ...options, layout: 'bshd' });
+      expect(options).toEqual(optionsBefore);
+    }
+    arrays().map(rawBytes).forEach((bytes, i) => expect(bytes).toEqual(snapshot[i]));
+    expect(dimsOf()).toBe(dimsBefore);
+  });
+
+  test('repeated calls give bitwise-identical outputs and weights', () => {
+    const { q, k, v } = problem({ B: 2, Hq: 4, Hkv: 1, Lq: 33, Lk: 97, E: 24, Ev: 16 }, 220);
+    const options = { attnMask: floatMask([33, 97], 221), isCausal: true, causalOffset: 64, returnWeights: true, softcap: 7 };
+    const first = attn.sdpa(q, k, v, options);
+    const other = problem({ B: 1, Hq: 2, Lq: 100, Lk: 300, E: 24, Ev: 16 }, 222);
+    attn.sdpa(other.q, other.k, other.v, { returnWeights: true });  // different problem in between
+    for (let rep = 0; rep < 3; rep++) {
+      const again = attn.sdpa(q, k, v, options);
+      expectBitwiseEqual(again.output.data, first.output.data);
+      expectBitwiseEqual(again.weights.data, first.weights.data);
+    }
+    // A second instance (same module) agrees too.
+    return createAttention().then((second) => {
+      const r = second.sdpa(q, k, v, options);
+      expectBitwiseEqual(r.output.data, first.output.data);
+      second.dispose();
+    });
+  });
+});
+
+describe('decode shapes: few query rows per KV head, long keys', () => {
+  // Lq of 1-3 with up to 8 query heads per KV head, Lk around multiples of 512 keys: the
+  // shapes of a KV-cache decode step (in this package a separate code path that reads K/V in
+  // place and splits long key ranges into segments merged afterwards).
+  const SHAPES = [
+    // [Hq, Hkv, Lq]
+    [1, 1, 1], [4, 1, 1], [8, 1, 1], [8, 2, 1], [4, 1, 2], [2, 1, 3], [3, 3, 2], [8, 1, 2],
+  ];
+  const LKS = [1, 33, 511, 512, 513, 1100, 2049];
+  test.each(SHAPES)('Hq = %i, Hkv = %i, Lq = %i, Lk in {1,33,511,512,513,1100,2049}', (Hq, Hkv, Lq) => {
+    const B = 2, E = 12, Ev = 10;
+    for (const Lk of LKS) {
+      const seed = Hq * 100000 + Hkv * 10000 + Lq * 1000 + Lk;
+      const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, seed);
+      check(q, k, v);
+      check(q, k, v, { returnWeights: true });
+      check(q, k, v, { isCausal: true, causalOffset: Lk - Lq });
+      // Only the first keys visible: later key segments attend nothing.
+      check(q, k, v, { isCausal: true, causalOffset: Math.min(40, Lk) - Lq });
+      check(q, k, v, { keyLengths: new Int32Array([Lk, Math.floor(Lk / 3)]) });
+      check(q, k, v, { attnMask: floatMask([1, Hq, 1, Lk], seed + 1), softcap: 3 });
+      check(q, k, v, { attnMask: boolMask([B, Hq, Lq, Lk], seed + 2, 0.5), scale: 0.9 });
+    }
+  });
+
+  test('NaN past keyLengths, read in place with both layouts; lengths 0, 1, 512, 513, 1500', () => {
+    const B = 5, Hq = 8, Hkv = 2, Lq = 1, Lk = 1500, E = 16, Ev = 16;
+    const lengths = [0, 1, 512, 513, 1500];
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 280);
+    for (let b = 0; b < B; b++) {
+      for (let h = 0; h < Hkv; h++) {
+        k.data.fill(NaN, ((b * Hkv + h) * Lk + lengths[b]) * E, ((b * Hkv + h) + 1) * Lk * E);
+        v.data.fill(NaN, ((b * Hkv + h) * Lk + lengths[b]) * Ev, ((b * Hkv + h) + 1) * Lk * Ev);
+      }
+    }
+    const keyLengths = new Int32Array(lengths);
+    for (const extra of [{}, { returnWeights: true }, { isCausal: true, causalOffset: new Int32Array([0, 0, 600, 511, 1499]) }]) {
+      const { got } = check(q, k, v, { keyLengths, ...extra });
+      expect(allFinite(got.output.data)).toBe(true);
+      expect(allExactZeros(got.output.data.subarray(0, Hq * Lq * Ev))).toBe(true);  // keyLengths[0] = 0
+      const bshd = check(swap12(q), swap12(k), swap12(v), { keyLengths, layout: 'bshd', ...extra });
+      expect(allFinite(bshd.got.output.data)).toBe(true);
+    }
+  });
+
+  test('rows fully masked in some key segments only, and in all of them', () => {
+    const B = 1, Hq = 4, Hkv = 1, Lq = 1, Lk = 1600, E = 8, Ev = 8;
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 281);
+    const mask = { data: new Uint8Array(Hq * Lk), dims: [1, Hq, 1, Lk] };
+    mask.data[0 * Lk + 1599] = 1;                     // head 0: only the last key
+    mask.data.fill(1, 1 * Lk + 500, 1 * Lk + 530);   // head 1: keys 500..529, across a 512 boundary
+    // head 2: nothing at all
+    mask.data[3 * Lk + 0] = 1;                        // head 3: only the first key
+    const { got } = check(q, k, v, { attnMask: mask, returnWeights: true });
+    const noWeights = check(q, k, v, { attnMask: mask }).got;
+    expect(allExactZeros(rowOf(got.output.data, [1, Hq, 1, Ev], 0, 2, 0))).toBe(true);
+    expect(allExactZeros(rowOf(noWeights.output.data, [1, Hq, 1, Ev], 0, 2, 0))).toBe(true);
+    expect(allFinite(noWeights.output.data)).toBe(true);
+    expectBitwiseEqual(rowOf(noWeights.output.data, [1, Hq, 1, Ev], 0, 0, 0), v.data.subarray(1599 * Ev, 1600 * Ev));
+    expectBitwiseEqual(rowOf(noWeights.output.data, [1, Hq, 1, Ev], 0, 3, 0), v.data.subarray(0, Ev));
+  });
+});
+
+describe('thread counts', () => {
+  test('threads 1, 2 and 3 give bitwise-identical results, all matching the reference', async () => {
+    const instances = await Promise.all([1, 2, 3].map((threads) => createAttention({ threads })));
+    try {
+      const cases = [
+        [{ B: 1, Hq: 1, Lq: 300, Lk: 300, E: 16, Ev: 8 }, { isCausal: true, returnWeights: true }],
+        [{ B: 2, Hq: 6, Hkv: 2, Lq: 70, Lk: 45, E: 9, Ev: 5 }, { attnMask: floatMask([70, 45], 271), keyLengths: new Int32Array([45, 30]) }],
+        [{ B: 3, Hq: 2, Hkv: 1, Lq: 129, Lk: 257, E: 32, Ev: 32 }, { isCausal: true, causalOffset: new Int32Array([-5, 128, 0]), softcap: 6 }],
+        [{ B: 1, Hq: 1, Lq: 3, Lk: 64, E: 4, Ev: 4 }, {}],
+        [{ B: 2, Hq: 8, Hkv: 1, Lq: 1, Lk: 2100, E: 16, Ev: 16 }, { keyLengths: new Int32Array([2100, 700]) }],
+        [{ B: 1, Hq: 4, Hkv: 2, Lq: 2, Lk: 1500, E: 8, Ev: 8 }, { isCausal: true, causalOffset: 1000 }],
+      ];
+      for (const [dims, options] of cases) {
+        const { q, k, v } = problem(dims, 270 + dims.Lq);
+        const results = instances.map((instance) => instance.sdpa(q, k, v, options));
+        const ref = referenceSdpa(q, k, v, options);
+        expect(maxRelError(results[0].output.data, ref.output)).toBeLessThanOrEqual(TOL);
+        for (const r of results.slice(1)) {
+          expectBitwiseEqual(r.output.data, results[0].output.data);
+          if (options.returnWeights) expectBitwiseEqual(r.weights.data, results[0].weights.data);
+        }
+      }
+    } finally {
+      for (const instance of instances) instance.dispose();
+    }
+  });
+});
+
+describe('huge logits', () => {
+  // Tolerance for logits of magnitude |s| >> 1. The kernel forms each score in float32: q is
+  // rounded after scaling, every product q_d·k_d and every partial sum of the dot product is
+  // rounded, and so is s - max. Each rounding of a value of magnitude at most
+  // A = scale·Σ_d |q_d·k_d| (the largest any product, partial sum or score can be) errs by
+  // at most A·2⁻²⁴; these errors have random signs, so the exponent s_j - max of a key is off
+  // by a few such units: we take δ = A·2⁻²³ per exponent (what float32 can resolve at that
+  // magnitude). The float64 reference has no such error. Perturbing every exponent by at most
+  // δ changes each softmax weight p_j by a factor within e^{±2δ}, hence the output
+  // Σ_j p_j·v_j by at most about 2δ·max_j|v_j| (absolute, so also in our relative metric).
+  // The tolerance is that plus the usual 2e-5. Near-tied keys (below) make the softmax spread
+  // over several keys, so these errors are really exercised rather than hidden by a one-hot
+  // softmax.
+  function logitTolerance(problemRef, q, k, v, b, h, i) {
+    const { Hq, Hkv, Lq, Lk, E, Ev } = problemRef;
+    const scale = 1 / Math.sqrt(E);
+    const kh = Math.floor(h / (Hq / Hkv));
+    let A = 0, vmax = 0;
+    for (let j = 0; j < Lk; j++) {
+      let sum = 0;
+      for (let d = 0; d < E; d++) {
+        sum += Math.abs(q.data[((b * Hq + h) * Lq + i) * E + d] * k.data[((b * Hkv + kh) * Lk + j) * E + d]);
+      }
+      A = Math.max(A, scale * sum);
+      for (let c = 0; c < Ev; c++) vmax = Math.max(vmax, Math.abs(v.data[((b * Hkv + kh) * Lk + j) * Ev + c]));
+    }
+    return { tol: TOL + 2 * A * 2 ** -23 * vmax, A };
+  }
+
+  test.each([[1e4, 16], [1e4, 64], [1e6, 16], [1e5, 4]])('Q × %p, near-tied keys, E = %i', (factor, E) => {
+    const B = 1, Hq = 2, Hkv = 1, Lq = 9, Lk = 45;
+    const q = randomTensor([B, Hq, Lq, E], 230);
+    for (let i = 0; i < q.data.length; i++) q.data[i] *= factor;
+    // Keys = one shared direction + a perturbation of relative size ~3/factor: the scores
+    // are ~factor in magnitude but differ by O(1) between keys.
+    const common = randn(E, 231), noise = randn(B * Hkv * Lk * E, 232);
+    const k = { data: new Float32Array(B * Hkv * Lk * E), dims: [B, Hkv, Lk, E] };
+    for (let x = 0; x < k.data.length; x++) k.data[x] = common[x % E] + (3 * noise[x]) / factor;
+    const v = randomTensor([B, Hkv, Lk, E], 233);
+    for (const options of [{ returnWeights: true }, { isCausal: true, causalOffset: 20, attnMask: floatMask([Lq, Lk], 234, 0.1) }]) {
+      const got = attn.sdpa(q, k, v, options);
+      expect(allFinite(got.output.data)).toBe(true);
+      if (got.weights) expect(allFinite(got.weights.data)).toBe(true);
+      const p = referenceProblem(q, k, v, options);
+      let spread = 0;
+      for (let h = 0; h < Hq; h++) {
+        for (let i = 0; i < Lq; i++) {
+          const ref = p.row(0, h, i);
+          const { tol, A } = logitTolerance(p, q, k, v, 0, h, i);
+          expect(A).toBeGreaterThanOrEqual(factor / 10);  // the logits really are huge
+          expect(maxRelError(rowOf(got.output.data, [B, Hq, Lq, E], 0, h, i), ref.out)).toBeLessThanOrEqual(tol);
+          spread = Math.max(spread, 1 - Math.max(...ref.weights));
+        }
+      }
+      expect(spread).toBeGreaterThan(0.1);  // not a one-hot softmax
+    }
+  });
+
+  test.each([1e4, 1e30])('Q × %p, random keys (one-hot softmax): no NaN/Infinity, exact argmax', (factor) => {
+    const Lq = 8, Lk = 70, E = 16;
+    const { q, k, v } = problem({ Hq: 2, Lq, Lk, E }, 240);
+    for (let i = 0; i < q.data.length; i++) q.data[i] *= factor;
+    const options = { returnWeights: true, attnMask: boolMask([Lq, Lk], 241, 0.9) };
+    const got = attn.sdpa(q, k, v, options);
+    expect(allFinite(got.output.data)).toBe(true);
+    expect(allFinite(got.weights.data)).toBe(true);
+    const p = referenceProblem(q, k, v, options);
+    for (let h = 0; h < 2; h++) {
+      for (let i = 0; i < Lq; i++) {
+        const ref = p.row(0, h, i);
+        const { tol } = logitTolerance(p, q, k, v, 0, h, i);
+        expect(maxRelError(rowOf(got.output.data, [1, 2, Lq, E], 0, h, i), ref.out)).toBeLessThanOrEqual(tol);
+        // The gap between the two best scores is far above float32 resolution here, so the
+        // softmax is one-hot in float32 as well as in float64: 2e-5 must hold.
+        expect(maxRelError(rowOf(got.output.data, [1, 2, Lq, E], 0, h, i), ref.out)).toBeLessThanOrEqual(TOL);
+        expect(maxRelError(rowOf(got.weights.data, [1, 2, Lq, Lk], 0, h, i), ref.weights)).toBeLessThanOrEqual(TOL);
+      }
+    }
+  });
+});
+
+describe('long keys and sequences', () => {
+  test.each([[256, 5], [64, 8]])('E = %i, Lk = 4096, %i query rows: within 2e-5', (E, Lq) => {
+    const { q, k, v } = problem({ Lq, Lk: 4096, E }, 250 + E);
+    check(q, k, v, { returnWeights: true });
+    check(q, k, v, { isCausal: true, causalOffset: 4096 - Lq });
+  });
+
+  test('B = 1, H = 1, N = 32768, E = 16, causal: completes, sampled rows match', () => {
+    const N = 32768, E = 16;
+    const { q, k, v } = problem({ Lq: N, Lk: N, E }, 260);
+    const got = attn.sdpa(q, k, v, { isCausal: true });
+    expect(got.output.dims).toEqual([1, 1, N, E]);
+    expect(allFinite(got.output.data)).toBe(true);
+    const p = referenceProblem(q, k, v, { isCausal: true });
+    for (const i of [0, 1, 2, 3, 31, 32, 4097, 16383, 16384, 20001, 32764, 32766, 32767]) {
+      const ref = p.row(0, 0, i).out;
+      expect(maxRelError(got.output.data.subarray(i * E, (i + 1) * E), ref)).toBeLessThanOrEqual(TOL);
+    }
+    // Row 0 attends key 0 only: its output is exactly v_0.
+    expectBitwiseEqual(got.output.data.subarray(0, E), v.data.subarray(0, E));
+  });
+});

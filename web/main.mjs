@@ -1,0 +1,513 @@
+// The demo page: four panels, each computed live with sdpa-wasm.
+// Tests read what the page shows from elements with data-testid attributes and from
+// window.__demo (the raw Float32Arrays behind every number on screen).
+import { createAttention } from 'sdpa-wasm';
+import { formatValue, heatmapInputs, noiseTensor, randomQKV, TOY_HEAD_KINDS } from './seeded.mjs';
+import { drawChart, drawHeatmap, drawLegend } from './heatmap.mjs';
+import { naiveSoftmax, plainAttention, weightsTimesValues } from './plain-attention.mjs';
+
+const $ = (id) => document.getElementById(id);
+const byTestId = (id) => document.querySelector(`[data-testid="${id}"]`);
+
+/** What the tests read. `version` counts the computations of each panel. */
+const demo = {
+  ready: false,
+  error: null,
+  threads: null,
+  simd: null,
+  crossOriginIsolated: globalThis.crossOriginIsolated === true,
+  heatmap: null,
+  lesson: null,
+  masking: null,
+  bench: null,
+  version: { heatmap: 0, lesson: 0, masking: 0, bench: 0 },
+};
+window.__demo = demo;
+
+for (const form of document.querySelectorAll('form')) form.addEventListener('submit', (e) => e.preventDefault());
+
+const intValue = (el, lo, hi) => {
+  const v = Math.round(Number(el.value));
+  const clamped = Number.isFinite(v) ? Math.min(hi, Math.max(lo, v)) : lo;
+  return clamped;
+};
+const availableWidth = (el) => Math.max(220, Math.min(el.closest('.panel').clientWidth - 46, 900));
+
+let attn;
+try {
+  // The package's default: the threaded build on as many cores as it likes (up to its
+  // DEFAULT_MAX_THREADS) when the page is cross-origin isolated, one thread otherwise.
+  attn = await createAttention();
+  demo.threads = attn.threads;
+  demo.simd = attn.simd;
+  byTestId('env-threads').textContent = String(attn.threads);
+  byTestId('env-simd').textContent = attn.simd ? 'on' : 'off';
+  byTestId('env-isolated').textContent = demo.crossOriginIsolated ? 'yes' : 'no';
+} catch (error) {
+  demo.error = String(error?.message ?? error);
+  const status = byTestId('status');
+  status.textContent = `Could not start sdpa-wasm: ${demo.error}`;
+  status.className = 'status error';
+  throw error;
+}
+
+// ── 1. Attention weights ──────────────────────────────────────────────────────────────────
+const hm = {
+  source: $('hm-source'), text: $('hm-text'), seqLen: $('hm-seqlen'), dk: $('hm-dk'),
+  heads: $('hm-heads'), head: $('hm-head'), causal: $('hm-causal'), padding: $('hm-padding'),
+  softcap: $('hm-softcap'), seed: $('hm-seed'), vscale: $('hm-vscale'), canvas: $('hm-canvas'),
+  legend: $('hm-legend'),
+};
+let hmState = null;
+let hover = { i: 0, j: 0 };
+
+function readHeatmapParams() {
+  const source = hm.source.value === 'text' ? 'text' : 'random';
+  const heads = intValue(hm.heads, 1, 8);
+  const softcap = Number(hm.softcap.value);
+  return {
+    source,
+    text: hm.text.value,
+    seqLen: intValue(hm.seqLen, 1, 128),
+    dk: intValue(hm.dk, 1, 512),
+    heads,
+    head: Math.min(intValue(hm.head, 0, 7), heads - 1),
+    causal: hm.causal.checked,
+    padding: intValue(hm.padding, 0, 128),
+    softcap: Number.isFinite(softcap) && softcap > 0 ? softcap : 0,
+    seed: intValue(hm.seed, 0, 4294967295),
+    vscale: hm.vscale.value,
+  };
+}
+
+function syncHeadOptions(heads, head) {
+  if (hm.head.options.length !== heads) {
+    hm.head.replaceChildren(...Array.from({ length: heads }, (_, h) => new Option(String(h), String(h))));
+  }
+  hm.head.value = String(head);
+}
+
+function computeHeatmap() {
+  const p = readHeatmapParams();
+  document.querySelector('.text-only').hidden = p.source !== 'text';
+  hm.seqLen.disabled = p.source === 'text';
+  const inputs = heatmapInputs(p);
+  const L = inputs.query.dims[2];
+  if (p.source === 'text') hm.seqLen.value = String(L);
+  const padding = Math.min(p.padding, L);
+  hm.padding.max = String(L);
+  if (p.padding !== padding) hm.padding.value = String(padding);
+  syncHeadOptions(p.heads, p.head);
+
+  const options = { returnWeights: true };
+  if (p.causal) options.isCausal = true;
+  if (padding > 0) options.keyLengths = Int32Array.of(L - padding);
+  if (p.softcap > 0) options.softcap = p.softcap;
+
+  let result = null;
+  let ms = 0;
+  if (L > 0) {
+    // The very first call also wakes the thread pool and lets V8 compile: not what to time.
+    if (demo.version.heatmap === 0) attn.sdpa(inputs.query, inputs.key, inputs.value, options);
+    const t0 = performance.now();
+    result = attn.sdpa(inputs.query, inputs.key, inputs.value, options);
+    ms = performance.now() - t0;
+  }
+  hmState = { params: { ...p, padding }, L, inputs, result, ms, keyLength: L - padding };
+  hover = { i: Math.min(hover.i, Math.max(L - 1, 0)), j: Math.min(hover.j, Math.max(L - 1, 0)) };
+  demo.heatmap = {
+    params: hmState.params,
+    L,
+    tokens: inputs.tokens,
+    output: result?.output.data ?? null,
+    outputDims: result?.output.dims ?? null,
+    weights: result?.weights.data ?? null,
+    weightsDims: result?.weights.dims ?? null,
+    ms,
+    geometry: null,
+    hover: null,
+  };
+  renderHeatmap();
+  demo.version.heatmap++;
+}
+
+function renderHeatmap() {
+  const { params: p, L, inputs, result } = hmState;
+  const kind = p.source === 'text'
+    ? `Toy embedding, head ${p.head}: “${TOY_HEAD_KINDS[p.head % 3]}” pattern; ${L} tokens.`
+    : `Random unit-variance Q, K, V (seed ${p.seed}); [1, ${p.heads}, ${L}, ${p.dk}] each.`;
+  byTestId('head-kind').textContent = kind;
+  if (result === null) {
+    byTestId('heatmap-summary').textContent = 'The text has no tokens.';
+    return;
+  }
+  const w = result.weights.data.subarray(p.head * L * L, (p.head + 1) * L * L);
+  let wmax = 0;
+  for (const x of w) if (x > wmax) wmax = x;
+  const vmax = p.vscale === 'one' || wmax === 0 ? 1 : wmax;
+  const keyLength = hmState.keyLength;
+  const labels = inputs.tokens;
+  const geometry = drawHeatmap(hm.canvas, w, L, L, {
+    width: Math.min(availableWidth(hm.canvas), 640),
+    maxCell: labels ? 34 : 30,
+    blocked: (i, j) => j >= keyLength || (p.causal && j > i),
+    rowLabels: labels,
+    colLabels: labels,
+    highlightRow: hover.i,
+    highlightCell: hover.j,
+    vmax,
+  });
+  demo.heatmap.geometry = geometry;
+  drawLegend(hm.legend, { width: Math.min(availableWidth(hm.legend), 420), vmax, label: `attention weight (head ${p.head})` });
+
+  // Summary: how exactly rows sum to 1, and how many rows have nothing to attend.
+  let worst = 0, empty = 0;
+  for (let r = 0; r < p.heads * L; r++) {
+    let s = 0;
+    for (let j = 0; j < L; j++) s += result.weights.data[r * L + j];
+    if (s === 0) empty++;
+    else worst = Math.max(worst, Math.abs(s - 1));
+  }
+  demo.heatmap.maxRowSumError = worst;
+  demo.heatmap.emptyRows = empty;
+  const summary = byTestId('heatmap-summary');
+  summary.replaceChildren();
+  summary.append(
+    empty < p.heads * L ? `Rows sum to 1 within ${worst.toExponential(1)}; ` : 'Nothing to attend: ',
+    Object.assign(document.createElement('b'), { textContent: String(empty) }),
+    ` of ${p.heads * L} rows fully masked (exact zeros, not NaN); `,
+    `sdpa took ${hmState.ms.toFixed(2)} ms for ${p.heads} head${p.heads > 1 ? 's' : ''}.`,
+  );
+  summary.querySelector('b').dataset.testid = 'heatmap-empty-rows';
+  showHover();
+}
+
+function showHover() {
+  const { params: p, L, inputs, result } = hmState;
+  if (result === null) return;
+  const { i, j } = hover;
+  const Ev = result.output.dims[3];
+  const tok = (k) => (inputs.tokens ? ` “${inputs.tokens[k]}”` : '');
+  const weight = result.weights.data[(p.head * L + i) * L + j];
+  const row = result.output.data.subarray((p.head * L + i) * Ev, (p.head * L + i + 1) * Ev);
+  const shown = Math.min(Ev, 8);
+  const values = Array.from(row.subarray(0, shown), formatValue);
+  $('hm-cell').textContent = `query ${i}${tok(i)} → key ${j}${tok(j)}: weight ${formatValue(weight)}`;
+  $('hm-row-label').textContent = `output row ${i}, head ${p.head}` +
+    (shown < Ev ? ` (first ${shown} of ${Ev} values):` : ` (${Ev} values):`);
+  $('hm-output').textContent = values.join('  ') + (shown < Ev ? '  …' : '');
+  demo.heatmap.hover = { i, j, head: p.head, weight, shown, values };
+}
+
+function pointerToCell(event) {
+  const g = demo.heatmap?.geometry;
+  if (!g) return null;
+  const rect = hm.canvas.getBoundingClientRect();
+  const scale = rect.width / g.width;  // the canvas may be shrunk by max-width: 100%
+  const x = (event.clientX - rect.left) / scale - g.left;
+  const y = (event.clientY - rect.top) / scale - g.top;
+  const i = Math.floor(y / g.cell), j = Math.floor(x / g.cell);
+  if (i < 0 || j < 0 || i >= g.rows || j >= g.cols) return null;
+  return { i, j };
+}
+
+for (const type of ['pointermove', 'pointerdown']) {
+  hm.canvas.addEventListener(type, (event) => {
+    const cell = pointerToCell(event);
+    if (!cell || (cell.i === hover.i && cell.j === hover.j && demo.heatmap.hover)) return;
+    hover = cell;
+    renderHeatmap();
+  });
+}
+
+for (const el of [hm.source, hm.text, hm.seqLen, hm.dk, hm.heads, hm.head, hm.causal, hm.padding, hm.softcap, hm.seed, hm.vscale]) {
+  el.addEventListener(el.tagName === 'SELECT' || el.type === 'checkbox' ? 'change' : 'input', computeHeatmap);
+}
+
+// ── 2. Why √d_k ───────────────────────────────────────────────────────────────────────────
+const DKS = [16, 32, 64, 128, 256, 512];
+const ls = { seqLen: $('ls-seqlen'), seed: $('ls-seed') };
+
+/** Mean over rows of the entropy, the largest weight and Σ p(1 − p). */
+function rowStats(w, L) {
+  let entropy = 0, largest = 0, gradient = 0;
+  for (let i = 0; i < L; i++) {
+    let h = 0, m = 0, g = 0;
+    for (let j = 0; j < L; j++) {
+      const p = w[i * L + j];
+      if (p > 0) h -= p * Math.log(p);
+      if (p > m) m = p;
+      g += p * (1 - p);
+    }
+    entropy += h;
+    largest += m;
+    gradient += g;
+  }
+  return { entropy: entropy / L, largest: largest / L, gradient: gradient / L };
+}
+
+/** Standard deviation of all raw dot products q_i·k_j (float64). */
+function logitStd(q, k, L, E) {
+  let sum = 0, sum2 = 0;
+  for (let i = 0; i < L; i++) {
+    for (let j = 0; j < L; j++) {
+      let dot = 0;
+      for (let d = 0; d < E; d++) dot += q[i * E + d] * k[j * E + d];
+      sum += dot;
+      sum2 += dot * dot;
+    }
+  }
+  const n = L * L, mean = sum / n;
+  return Math.sqrt(Math.max(0, sum2 / n - mean * mean));
+}
+
+function computeLesson() {
+  const L = intValue(ls.seqLen, 2, 64), seed = intValue(ls.seed, 0, 4294967295);
+  const rows = DKS.map((dk) => {
+    const { query, key, value } = randomQKV({ seqLen: L, dk, heads: 1, seed });
+    const scaled = attn.sdpa(query, key, value, { returnWeights: true }).weights.data;
+    const unscaled = attn.sdpa(query, key, value, { returnWeights: true, scale: 1 }).weights.data;
+    const std = logitStd(query.data, key.data, L, dk);
+    return { dk, sqrtDk: Math.sqrt(dk), std, scaledStd: std / Math.sqrt(dk), scaled: rowStats(scaled, L), unscaled: rowStats(unscaled, L), weightsScaled: scaled, weightsUnscaled: unscaled };
+  });
+  demo.lesson = { L, seed, maxEntropy: Math.log(L), rows };
+  renderLesson();
+  demo.version.lesson++;
+}
+
+function renderLesson() {
+  const { L, rows, maxEntropy } = demo.lesson;
+  const maps = $('ls-maps');
+  const cell = Math.max(2, Math.min(4, Math.floor(112 / L)));
+  maps.replaceChildren(...rows.map((r) => {
+    const card = document.createElement('div');
+    card.className = 'minimap';
+    card.dataset.dk = String(r.dk);
+    const head = document.createElement('b');
+    head.textContent = `d_k = ${r.dk}`;
+    const a = document.createElement('canvas');
+    const b = document.createElement('canvas');
+    drawHeatmap(a, r.weightsScaled, L, L, { compact: true, maxCell: cell, minCell: cell, title: '÷ √d_k' });
+    drawHeatmap(b, r.weightsUnscaled, L, L, { compact: true, maxCell: cell, minCell: cell, title: 'unscaled' });
+    const lbl = document.createElement('span');
+    lbl.className = 'lbl';
+    lbl.textContent = `max p ${r.scaled.largest.toFixed(2)} → ${r.unscaled.largest.toFixed(2)}`;
+    card.append(head, a, b, lbl);
+    return card;
+  }));
+  drawLegend($('ls-legend'), { width: 300, vmax: 1, label: 'attention weight (both rows of maps, 0 … 1)', showBlocked: false });
+  drawChart($('ls-chart'), [
+    { label: 'unscaled', colour: '#b4232f', dots: true, points: rows.map((r) => [r.dk, r.std]) },
+    { label: '÷ √d_k', colour: '#1d7a46', dots: true, points: rows.map((r) => [r.dk, r.scaledStd]) },
+    { label: '√d_k', colour: '#1f2430', dashed: true, points: rows.map((r) => [r.dk, r.sqrtDk]) },
+  ], { width: Math.min(360, availableWidth($('ls-chart'))), height: 210, xLabel: 'd_k (log scale)', yLabel: 'std of logits', xTicks: DKS });
+  $('ls-hmax').textContent = `Means over the ${L} rows. Entropy in nats: a uniform row has ln ${L} = ${maxEntropy.toFixed(2)}, ` +
+    'a one-hot row 0. Σ p(1−p) is the trace of the softmax Jacobian: the size of the gradient that flows back through the softmax.';
+  const f = (x, digits = 3) => x.toFixed(digits);
+  $('ls-rows').replaceChildren(...rows.map((r) => {
+    const tr = document.createElement('tr');
+    tr.dataset.dk = String(r.dk);
+    const cells = [
+      ['dk', String(r.dk), false, 'th'],
+      ['sqrt', f(r.sqrtDk, 2)],
+      ['std', f(r.std, 2)],
+      ['entropy-scaled', f(r.scaled.entropy)],
+      ['entropy-unscaled', f(r.unscaled.entropy), r.unscaled.entropy < 0.15 * maxEntropy],
+      ['largest-scaled', f(r.scaled.largest)],
+      ['largest-unscaled', f(r.unscaled.largest), r.unscaled.largest > 0.85],
+      ['gradient-scaled', f(r.scaled.gradient)],
+      ['gradient-unscaled', f(r.unscaled.gradient), r.unscaled.gradient < 0.2],
+    ];
+    for (const [key, text, saturated, tag = 'td'] of cells) {
+      const td = document.createElement(tag);
+      td.textContent = text;
+      td.dataset.testid = `ls-${key}-${r.dk}`;
+      if (saturated) td.className = 'sat';
+      tr.append(td);
+    }
+    return tr;
+  }));
+}
+
+for (const el of [ls.seqLen, ls.seed]) el.addEventListener('input', computeLesson);
+
+// ── 3. Masking right and wrong ────────────────────────────────────────────────────────────
+const MASK_L = 8, MASK_E = 16;
+const mk = { padding: $('mk-padding'), seed: $('mk-seed') };
+
+function computeMasking() {
+  const pad = intValue(mk.padding, 1, 3), seed = intValue(mk.seed, 0, 4294967295);
+  const L = MASK_L, E = MASK_E, valid = L - pad;
+  const { query, key, value } = randomQKV({ seqLen: L, dk: E, heads: 1, seed });
+  // Causal, and padding tokens at the end: they are neither attended nor attend anything.
+  const allowed = (i, j) => j <= i && j < valid && i < valid;
+  const mask = new Float32Array(L * L);
+  for (let i = 0; i < L; i++) for (let j = 0; j < L; j++) mask[i * L + j] = allowed(i, j) ? 0 : -Infinity;
+
+  const right = attn.sdpa(query, key, value, { attnMask: { data: mask, dims: [L, L] }, returnWeights: true });
+  const unmasked = attn.sdpa(query, key, value, { returnWeights: true });
+  const wrongWeights = unmasked.weights.data.map((p, at) => (allowed(Math.floor(at / L), at % L) ? p : 0));
+  const wrongOutput = weightsTimesValues(wrongWeights, value.data, L, E);
+  const rowSums = (w) => Array.from({ length: L }, (_, i) => w.subarray(i * L, (i + 1) * L).reduce((a, b) => a + b, 0));
+
+  // The textbook softmax on the padding query row (every logit −∞).
+  const padRow = L - 1;
+  const scale = 1 / Math.sqrt(E);
+  const logits = Array.from({ length: L }, (_, j) => {
+    let dot = 0;
+    for (let d = 0; d < E; d++) dot += query.data[padRow * E + d] * key.data[j * E + d];
+    return dot * scale + mask[padRow * L + j];
+  });
+  const naiveWeights = naiveSoftmax(logits);
+  const naiveOutput = Array.from({ length: E }, (_, c) => naiveWeights.reduce((acc, p, j) => acc + p * value.data[j * E + c], 0));
+
+  let shrink = 0;
+  for (let i = 0; i < valid; i++) {
+    for (let c = 0; c < E; c++) shrink = Math.max(shrink, Math.abs(right.output.data[i * E + c] - wrongOutput[i * E + c]));
+  }
+  demo.masking = {
+    L, E, pad, seed, valid, padRow,
+    rightWeights: right.weights.data, rightOutput: right.output.data, rightRowSums: rowSums(right.weights.data),
+    wrongWeights, wrongOutput, wrongRowSums: rowSums(wrongWeights),
+    naiveWeights, naiveOutput, maxOutputDifference: shrink,
+  };
+  renderMasking();
+  demo.version.masking++;
+}
+
+function renderMasking() {
+  const m = demo.masking;
+  const { L, valid } = m;
+  const blocked = (i, j) => !(j <= i && j < valid && i < valid);
+  const width = Math.min(availableWidth($('mk-right')), 340);
+  // Rows with keys to attend should sum to 1; the padding rows have none and sum to 0.
+  const notes = (sums) => sums.map((s, i) => ({ text: s.toFixed(3), warn: i < valid && Math.abs(s - 1) > 1e-3 }));
+  drawHeatmap($('mk-right'), m.rightWeights, L, L, { width, maxCell: 30, blocked, vmax: 1, rowNotes: notes(m.rightRowSums), xTitle: 'key j', yTitle: 'query i' });
+  drawHeatmap($('mk-wrong'), m.wrongWeights, L, L, { width, maxCell: 30, blocked, vmax: 1, rowNotes: notes(m.wrongRowSums), xTitle: 'key j', yTitle: 'query i' });
+  $('mk-right-sums').textContent = m.rightRowSums.map((s) => s.toFixed(3)).join(' ');
+  $('mk-wrong-sums').textContent = m.wrongRowSums.map((s) => s.toFixed(3)).join(' ');
+  const show = (values, n = 6) => Array.from(values).slice(0, n).map(formatValue).join('  ') + '  …';
+  $('mk-caption').textContent = `Query row ${m.padRow} is padding: every key is blocked for it`;
+  $('mk-padded-sdpa').textContent = show(m.rightOutput.subarray(m.padRow * m.E, (m.padRow + 1) * m.E));
+  $('mk-padded-weights').textContent = show(m.rightWeights.subarray(m.padRow * L, (m.padRow + 1) * L));
+  $('mk-padded-naive').textContent = show(m.naiveOutput);
+  const kept = m.wrongRowSums.slice(0, valid);
+  $('mk-summary').textContent =
+    `Masked after the softmax, rows 0–${valid - 1} keep only ${Math.min(...kept).toFixed(3)}–${Math.max(...kept).toFixed(3)} ` +
+    `of their probability instead of 1, and their outputs move by up to ${m.maxOutputDifference.toFixed(3)}.`;
+}
+
+for (const el of [mk.padding, mk.seed]) el.addEventListener(el.tagName === 'SELECT' ? 'change' : 'input', computeMasking);
+
+// ── 4. Speed ──────────────────────────────────────────────────────────────────────────────
+const bn = {
+  b: $('bn-b'), h: $('bn-h'), l: $('bn-l'), e: $('bn-e'), causal: $('bn-causal'), reps: $('bn-reps'),
+  js: $('bn-js'), run: $('bn-run'), progress: $('bn-progress'), phase: $('bn-phase'),
+};
+
+const yieldToBrowser = () => new Promise((resolve) => {
+  if (document.visibilityState === 'visible') requestAnimationFrame(() => setTimeout(resolve, 0));
+  else setTimeout(resolve, 0);
+});
+const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};
+
+async function runBenchmark() {
+  const B = intValue(bn.b, 1, 8), H = intValue(bn.h, 1, 32), L = intValue(bn.l, 1, 4096), E = intValue(bn.e, 1, 512);
+  const isCausal = bn.causal.checked, reps = intValue(bn.reps, 1, 100), compareJs = bn.js.checked;
+  const warmup = 3, jsReps = Math.min(reps, 3);
+  const total = warmup + reps + (compareJs ? jsReps : 0);
+  let done = 0;
+  const trail = [];
+  const step = async (phase) => {
+    bn.progress.value = done / total;
+    trail.push(done / total);
+    bn.phase.textContent = `${phase} (${done}/${total})`;
+    await yieldToBrowser();
+  };
+  bn.run.disabled = true;
+  demo.bench = { running: true };
+  try {
+    const dims = [B, H, L, E];
+    const query = noiseTensor(dims, 2024, 1), key = noiseTensor(dims, 2024, 2), value = noiseTensor(dims, 2024, 3);
+    const out = new Float32Array(B * H * L * E);
+    const options = { isCausal, out };
+    const flop = 4 * B * H * L * L * E;
+    for (let r = 0; r < warmup; r++) {
+      await step('warming up sdpa-wasm');
+      attn.sdpa(query, key, value, options);
+      done++;
+    }
+    const times = [];
+    for (let r = 0; r < reps; r++) {
+      await step('timing sdpa-wasm');
+      const t0 = performance.now();
+      attn.sdpa(query, key, value, options);
+      times.push(performance.now() - t0);
+      done++;
+    }
+    const ms = median(times);
+    const result = { shape: { B, H, L, E, isCausal }, reps, ms, gflops: flop / (ms * 1e6), threads: attn.threads, simd: attn.simd, times };
+    if (compareJs) {
+      const jsTimes = [];
+      let jsOut;
+      for (let r = 0; r < jsReps; r++) {
+        await step('timing plain JavaScript');
+        const t0 = performance.now();
+        jsOut = plainAttention(query, key, value, { isCausal });
+        jsTimes.push(performance.now() - t0);
+        done++;
+      }
+      let diff = 0;
+      for (let x = 0; x < out.length; x++) diff = Math.max(diff, Math.abs(out[x] - jsOut[x]));
+      result.jsMs = median(jsTimes);
+      result.jsGflops = flop / (result.jsMs * 1e6);
+      result.jsTimes = jsTimes;
+      result.maxDifference = diff;
+      result.speedup = result.jsMs / ms;
+    }
+    bn.progress.value = 1;
+    trail.push(1);
+    result.progress = trail;
+    bn.phase.textContent = `done: ${reps} timed run${reps > 1 ? 's' : ''} after ${warmup} warm-up runs`;
+    byTestId('bn-wasm-ms').textContent = ms.toFixed(2);
+    byTestId('bn-wasm-gflops').textContent = result.gflops.toFixed(2);
+    byTestId('bn-threads').textContent = String(attn.threads);
+    byTestId('bn-simd').textContent = attn.simd ? '128-bit' : 'no';
+    byTestId('bn-js-ms').textContent = compareJs ? result.jsMs.toFixed(2) : 'not run';
+    byTestId('bn-js-gflops').textContent = compareJs ? result.jsGflops.toFixed(2) : '–';
+    byTestId('bn-summary').textContent =
+      `[B, H, L, E] = [${B}, ${H}, ${L}, ${E}]${isCausal ? ', causal' : ''}: ${(flop / 1e9).toFixed(3)} GFLOP per call. ` +
+      (compareJs
+        ? `sdpa-wasm is ${result.speedup.toFixed(1)}× faster than plain JavaScript; the two outputs differ by at most ${result.maxDifference.toExponential(1)}.`
+        : '');
+    demo.bench = { running: false, ...result };
+  } catch (error) {
+    bn.phase.textContent = `failed: ${error.message}`;
+    demo.bench = { running: false, error: String(error.message) };
+  } finally {
+    bn.run.disabled = false;
+    demo.version.bench++;
+  }
+}
+
+bn.run.addEventListener('click', runBenchmark);
+
+// ── start ─────────────────────────────────────────────────────────────────────────────────
+computeHeatmap();
+computeLesson();
+computeMasking();
+
+let resizeTimer = 0;
+window.addEventListener('resize', () => {
+  clearTimeout(resizeTimer);
+  resizeTimer = setTimeout(() => { renderHeatmap(); renderLesson(); renderMasking(); }, 100);
+});
+
+const status = byTestId('status');
+status.textContent = 'Ready.';
+status.className = 'status ok';
+demo.ready = true;
+document.documentElement.dataset.ready = 'true';
