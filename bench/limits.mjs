@@ -1,0 +1,168 @@
+// This machine's limits for one thread of wasm SIMD, measured by a tiny module whose binary is
+// assembled right here (no toolchain, no files):
+//   peak(n, a, b):  12 independent f32x4 chains acc_i = acc_i·a + b, n iterations → 96 flops
+//                   per iteration (12 chains × 4 lanes × (mul + add)). a, b come in as
+//                   parameters so V8 cannot treat them as constants; 12 accumulators + 2
+//                   operands fit V8's 16 xmm registers, so nothing spills.
+//   copy(dst, src, n, reps):      memory.copy of n bytes, reps times (bulk memory).
+//   copySimd(dst, src, n, reps):  a v128.load/v128.store loop, 64 bytes per iteration.
+// The binary layout follows the WebAssembly core spec (sections, LEB128 integers); the
+// same text as a .wat is in the comment above each function for reading.
+
+const u32 = (x) => { const out = []; do { let b = x & 0x7f; x >>>= 7; if (x) b |= 0x80; out.push(b); } while (x); return out; };
+const s32 = (x) => {
+  const out = [];
+  for (;;) {
+    const b = x & 0x7f; x >>= 7;
+    if ((x === 0 && !(b & 0x40)) || (x === -1 && (b & 0x40))) { out.push(b); return out; }
+    out.push(b | 0x80);
+  }
+};
+const vec = (items) => [...u32(items.length), ...items.flat()];
+const section = (id, bytes) => [id, ...u32(bytes.length), ...bytes];
+const str = (s) => vec([...Buffer.from(s, 'utf8')].map((b) => [b]));
+
+const I32 = 0x7f, F32 = 0x7d, V128 = 0x7b;
+const op = {
+  block: 0x02, loop: 0x03, end: 0x0b, br_if: 0x0d, void: 0x40,
+  get: 0x20, set: 0x21, tee: 0x22, i32const: 0x41, i32add: 0x6a, i32sub: 0x6b, i32ltu: 0x49,
+  f32add: 0x92,
+};
+const simd = (code, ...imm) => [0xfd, ...u32(code), ...imm];
+const v128load = (offset) => simd(0x00, 4, ...u32(offset));   // align 2^4
+const v128store = (offset) => simd(0x0b, 4, ...u32(offset));
+const f32x4splat = simd(0x13), f32x4extract0 = simd(0x1f, 0), f32x4add = simd(0xe4), f32x4mul = simd(0xe6);
+const memoryCopy = [0xfc, ...u32(10), 0, 0];
+
+const CHAINS = 12;
+
+// (func $peak (param $n i32) (param $a f32) (param $b f32) (result f32)
+//   (local $va v128) (local $vb v128) (local $acc0 v128) ... (local $acc11 v128)
+//   va = splat(a); vb = splat(b); acc_i = splat(b)
+//   (loop  acc_i = f32x4.add(f32x4.mul(acc_i, va), vb) for i in 0..11
+//          n = n - 1; br_if 0 (n))
+//   return sum_i lane0(acc_i))
+function peakBody() {
+  const [n, a, b, va, vb, acc0] = [0, 1, 2, 3, 4, 5];
+  const code = [
+    op.get, a, ...f32x4splat, op.set, va,
+    op.get, b, ...f32x4splat, op.set, vb,
+  ];
+  for (let i = 0; i < CHAINS; i++) code.push(op.get, b, ...f32x4splat, op.set, acc0 + i);
+  code.push(op.loop, op.void);
+  for (let i = 0; i < CHAINS; i++) {
+    code.push(op.get, acc0 + i, op.get, va, ...f32x4mul, op.get, vb, ...f32x4add, op.set, acc0 + i);
+  }
+  code.push(op.get, n, op.i32const, ...s32(1), op.i32sub, op.tee, n, op.br_if, 0, op.end);
+  code.push(op.get, acc0, ...f32x4extract0);
+  for (let i = 1; i < CHAINS; i++) code.push(op.get, acc0 + i, ...f32x4extract0, op.f32add);
+  code.push(op.end);
+  return [...vec([[...u32(2 + CHAINS), V128]]), ...code];
+}
+
+// (func $copy (param $dst i32) (param $src i32) (param $n i32) (param $reps i32)
+//   (loop (memory.copy dst src n) reps = reps - 1; br_if 0 (reps)))
+function copyBody() {
+  const [dst, src, n, reps] = [0, 1, 2, 3];
+  return [...vec([]),
+    op.loop, op.void,
+    op.get, dst, op.get, src, op.get, n, ...memoryCopy,
+    op.get, reps, op.i32const, ...s32(1), op.i32sub, op.tee, reps, op.br_if, 0,
+    op.end, op.end];
+}
+
+// (func $copySimd (param $dst i32) (param $src i32) (param $n i32) (param $reps i32) (local $i i32)
+//   (loop $rep  i = 0
+//     (loop $body  store(dst+i+{0,16,32,48}, load(src+i+{0,16,32,48})); i += 64; br_if $body (i < n))
+//     reps = reps - 1; br_if $rep (reps)))
+function copySimdBody() {
+  const [dst, src, n, reps, i] = [0, 1, 2, 3, 4];
+  const code = [op.loop, op.void, op.i32const, 0, op.set, i, op.loop, op.void];
+  for (let k = 0; k < 4; k++) {
+    code.push(op.get, dst, op.get, i, op.i32add, op.get, src, op.get, i, op.i32add,
+      ...v128load(16 * k), ...v128store(16 * k));
+  }
+  code.push(op.get, i, op.i32const, ...s32(64), op.i32add, op.tee, i, op.get, n, op.i32ltu, op.br_if, 0, op.end);
+  code.push(op.get, reps, op.i32const, ...s32(1), op.i32sub, op.tee, reps, op.br_if, 0, op.end, op.end);
+  return [...vec([[1, I32]]), ...code];
+}
+
+/** The module's bytes: memory of `pages` 64 KiB pages, exports peak, copy, copySimd, memory. */
+export function limitsModuleBytes(pages) {
+  const types = section(1, vec([
+    [0x60, ...vec([[I32], [F32], [F32]]), ...vec([[F32]])],            // peak
+    [0x60, ...vec([[I32], [I32], [I32], [I32]]), ...vec([])],          // copy, copySimd
+  ]));
+  const funcs = section(3, vec([[0], [1], [1]]));
+  const memory = section(5, vec([[0x00, ...u32(pages)]]));             // min pages, no max
+  const exports = section(7, vec([
+    [...str('peak'), 0x00, 0], [...str('copy'), 0x00, 1], [...str('copySimd'), 0x00, 2],
+    [...str('memory'), 0x02, 0],
+  ]));
+  const bodies = [peakBody(), copyBody(), copySimdBody()].map((b) => [...u32(b.length), ...b]);
+  const code = section(10, vec(bodies));
+  return new Uint8Array([0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
+    ...types, ...funcs, ...memory, ...exports, ...code]);
+}
+
+/**
+ * Instantiates the module once. measure() gives the wasm SIMD mul+add peak (GFLOP/s) and the
+ * copy bandwidth (GB/s) on one thread, each the best of several timings (noise from other
+ * processes only ever slows a loop down). peakProbe() is a ≈ 0.1 s peak measurement, to see
+ * how much of a core the benchmark had at some moment.
+ */
+export async function openLimits() {
+  const copyBytes = 128 << 20;                  // well beyond the last-level cache
+  const pages = (2 * copyBytes) / 65536 + 1;
+  const { instance } = await WebAssembly.instantiate(limitsModuleBytes(pages));
+  const { peak, copy, copySimd } = instance.exports;
+  const flopsPerIteration = CHAINS * 8;
+
+  peak(1e6, 0.9999, 1e-4);                      // let V8 tier the loop up
+  let iters = 2e6;                              // calibrate to ≈ 30 ms per call
+  for (;;) {
+    const t0 = performance.now(); peak(iters, 0.9999, 1e-4); const ms = performance.now() - t0;
+    if (ms > 10) { iters = Math.ceil(iters * 30 / ms); break; }
+    iters *= 4;
+  }
+  const peakOnce = (calls) => {
+    const t0 = performance.now();
+    let sum = 0;
+    for (let c = 0; c < calls; c++) sum += peak(iters, 0.9999, 1e-4);
+    const s = (performance.now() - t0) / 1e3;
+    if (!Number.isFinite(sum)) throw new Error('limits: the peak kernel produced a non-finite value');
+    return calls * iters * flopsPerIteration / s / 1e9;
+  };
+
+  const src = 65536, dst = src + copyBytes;     // touch every page before timing
+  new Uint8Array(instance.exports.memory.buffer, src, copyBytes).fill(1);
+  copy(dst, src, copyBytes, 1); copySimd(dst, src, copyBytes, 1);
+
+  return {
+    peakProbe: () => Math.max(peakOnce(1), peakOnce(1), peakOnce(1)),
+    measure: ({ quick = false } = {}) => {
+      const reps = quick ? 3 : 7;
+      const peakRuns = [], bulkRuns = [], simdRuns = [];
+      for (let r = 0; r < reps; r++) peakRuns.push(peakOnce(5));
+      for (let r = 0; r < reps; r++) {
+        let t0 = performance.now(); copy(dst, src, copyBytes, 2);
+        bulkRuns.push(2 * copyBytes / ((performance.now() - t0) / 1e3) / 1e9);
+        t0 = performance.now(); copySimd(dst, src, copyBytes, 2);
+        simdRuns.push(2 * copyBytes / ((performance.now() - t0) / 1e3) / 1e9);
+      }
+      const best = (xs) => Math.max(...xs);
+      const copyGBs = Math.max(best(bulkRuns), best(simdRuns));
+      return {
+        peakGflops: best(peakRuns),
+        peakRuns,
+        peakKernel: `${CHAINS} independent f32x4 chains acc = acc*a + b, ${flopsPerIteration} flops per loop iteration`,
+        copyBufferBytes: copyBytes,
+        copyGBs,                                 // bytes copied per second (each read once, written once)
+        copyTrafficGBs: 2 * copyGBs,             // read + write traffic
+        memoryCopyGBs: best(bulkRuns),
+        simdCopyGBs: best(simdRuns),
+        runs: reps,
+      };
+    },
+  };
+}
