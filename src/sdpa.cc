@@ -96,8 +96,8 @@ WorkPlan plan_work(const Problem& p, int32_t threads) {
   }
   w.block_rows = round_up((w.rows + w.blocks - 1) / w.blocks, kQueryTile);
   w.blocks = (w.rows + w.block_rows - 1) / w.block_rows;
-  w.per_thread = sdpa_f32_fwd_4x32__wasmsimd_scratch(p);
-  w.partial_floats = static_cast<uint64_t>(row_tiles) * sdpa_f32_fwd_4x32__wasmsimd_partial_floats(p);
+  w.per_thread = sdpa_f32_fwd_4x64__wasmsimd_scratch(p);
+  w.partial_floats = static_cast<uint64_t>(row_tiles) * sdpa_f32_fwd_4x64__wasmsimd_partial_floats(p);
   return w;
 }
 
@@ -136,7 +136,7 @@ void forward_item(void* context, int32_t item, int32_t thread) {
     kw.pack = !w.in_place;
   }
   kw.b = pair / p.kv_heads, kw.kv_head = pair % p.kv_heads;
-  sdpa_f32_fwd_ukernel_4x32__wasmsimd(p, kw, fw.scratch + static_cast<size_t>(thread) * w.per_thread);
+  sdpa_f32_fwd_ukernel_4x64__wasmsimd(p, kw, fw.scratch + static_cast<size_t>(thread) * w.per_thread);
 }
 
 void merge_item(void* context, int32_t pair, int32_t /*thread*/) {

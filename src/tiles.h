@@ -8,7 +8,7 @@ namespace sdpa {
 // v128 registers, under the 16 that V8 gives wasm on x86 (more spill: PERF-NOTES).
 constexpr int kQueryTile = 4;
 // Keys per tile of the online softmax (scores of one tile live in scratch, never Lq×Lk).
-constexpr int kKeyTile = 32;
+constexpr int kKeyTile = 64;
 // Keys per packed group: K is stored [Lk/4][E][4] so one load gives 4 keys at one dim.
 constexpr int kKeyGroup = 4;
 // Value/output columns per P·V block (two vectors); Ev is padded to a multiple of this.

@@ -24,14 +24,14 @@ struct KernelWork {
 };
 
 // Floats of scratch one call needs (the same for every call of the problem).
-uint64_t sdpa_f32_fwd_4x32__wasmsimd_scratch(const Problem& p);
+uint64_t sdpa_f32_fwd_4x64__wasmsimd_scratch(const Problem& p);
 // Floats of partial state one row tile writes in a split-K call.
-uint64_t sdpa_f32_fwd_4x32__wasmsimd_partial_floats(const Problem& p);
+uint64_t sdpa_f32_fwd_4x64__wasmsimd_partial_floats(const Problem& p);
 
 // Preconditions (asserted): validate(p) == kOk and the KernelWork ranges above; scratch
-// holds sdpa_f32_fwd_4x32__wasmsimd_scratch(p) floats (any 4-byte alignment) used by this
+// holds sdpa_f32_fwd_4x64__wasmsimd_scratch(p) floats (any 4-byte alignment) used by this
 // call alone.
-void sdpa_f32_fwd_ukernel_4x32__wasmsimd(const Problem& p, const KernelWork& work, float* scratch);
+void sdpa_f32_fwd_ukernel_4x64__wasmsimd(const Problem& p, const KernelWork& work, float* scratch);
 
 // Output rows [0, rows) of one (batch, KV head) from `segments` split-K calls' partials,
 // laid out [segments][row tiles][partial_floats / 4 per row].
