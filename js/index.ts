@@ -16,6 +16,12 @@ export type { AttentionOptions, MaskTensor, SdpaOptions, SdpaResult, Tensor } fr
 const MASK_KIND = { float: 1, bool: 2 } as const;
 /** The wasm memory limit (-sMAXIMUM_MEMORY=2GB in CMakeLists.txt). */
 const MAX_WASM_BYTES = 2 ** 31;
+/**
+ * Decode problems whose K and V together are at least this large are copied in and computed
+ * one (batch, KV head) at a time: the kernel then reads each head's K/V right after the copy,
+ * from cache, instead of from main memory after the whole copy has evicted it.
+ */
+const STREAM_MIN_BYTES = 4 * 2 ** 20;
 
 export class Attention {
   /** Threads the kernel runs on: > 1 means the threaded build (pthreads in Web Workers). */
@@ -121,11 +127,24 @@ function run(module: SdpaModule, threads: number, p: Plan, q: Float32Array, k: F
       maskStrideQ: p.mask?.strides[2] ?? 0, maskStrideK: p.mask?.strides[3] ?? 0,
       scale: p.scale, softcap: p.softcap, causal: p.causal, causalOffset: p.causalOffset,
     };
-    const scratchFloats = module.scratchFloats(desc, threads);
+    const pairs = p.batch * p.kvHeads;
+    const stream = p.layout === 'bhsd' && p.weightsDims === null && pairs > 1 &&
+      k.byteLength + v.byteLength >= STREAM_MIN_BYTES && module.readsKeysInPlace(desc);
+    // Streaming: the kernel sees one (batch, KV head) at a time, [1, Hq/Hkv, Lq, E] against
+    // [1, 1, Lk, E], with every pointer below moved to that pair's rows. It runs on this
+    // thread alone: the copy in between is serial, and the data is in this core's cache.
+    const group = p.qHeads / p.kvHeads;
+    const pairDesc: ProblemDesc = stream
+      ? { ...desc, batch: 1, qHeads: group, kvHeads: 1, kStrideB: 0, kStrideH: 0, vStrideB: 0, vStrideH: 0 }
+      : desc;
+    const kernelThreads = stream ? 1 : threads;
+    const scratchFloats = module.scratchFloats(pairDesc, kernelThreads);
     const scratch = alloc(scratchFloats * 4, 'scratch');
     desc.query = alloc(q.byteLength, 'query');
-    desc.key = alloc(k.byteLength, 'key');
-    desc.value = alloc(v.byteLength, 'value');
+    const keyFloats = stream ? p.kvLen * p.headDim : k.length;
+    const valueFloats = stream ? p.kvLen * p.valueDim : v.length;
+    desc.key = alloc(keyFloats * 4, 'key');
+    desc.value = alloc(valueFloats * 4, 'value');
     desc.output = alloc(p.outputSize * 4, 'the output');
     desc.weights = alloc(p.weightsSize * 4, 'the weights');
     if (p.mask !== null) desc.mask = alloc(p.mask.data.byteLength, 'options.attnMask');
@@ -135,8 +154,6 @@ function run(module: SdpaModule, threads: number, p: Plan, q: Float32Array, k: F
     // Heap views are read only after the last allocation: growing memory detaches them.
     const f32 = module.HEAPF32, i32 = module.HEAP32, u8 = module.HEAPU8;
     f32.set(q, desc.query >>> 2);
-    f32.set(k, desc.key >>> 2);
-    f32.set(v, desc.value >>> 2);
     if (p.mask !== null) {
       if (p.mask.kind === 'float') f32.set(p.mask.data, desc.mask >>> 2);
       else u8.set(p.mask.data, desc.mask);
@@ -144,10 +161,34 @@ function run(module: SdpaModule, threads: number, p: Plan, q: Float32Array, k: F
     if (p.causalOffsets !== null) i32.set(p.causalOffsets, desc.causalOffsets >>> 2);
     if (p.keyLengths !== null) i32.set(p.keyLengths, desc.keyLengths >>> 2);
 
-    const status = module.forward(desc, scratch, scratchFloats, threads);
-    if (status !== 0) {
-      // plan() checks everything the kernel checks; reaching this is a bug in sdpa-wasm.
-      throw new Error(`sdpa: internal error: the kernel rejected a validated problem (${module.statusName(status)})`);
+    const forward = (d: ProblemDesc) => {
+      const status = module.forward(d, scratch, scratchFloats, kernelThreads);
+      if (status !== 0) {
+        // plan() checks everything the kernel checks; reaching this is a bug in sdpa-wasm.
+        throw new Error(`sdpa: internal error: the kernel rejected a validated problem (${module.statusName(status)})`);
+      }
+    };
+    if (!stream) {
+      f32.set(k, desc.key >>> 2);
+      f32.set(v, desc.value >>> 2);
+      forward(desc);
+    } else {
+      const maskBytes = p.mask?.kind === 'float' ? 4 : 1;
+      pairDesc.key = desc.key;
+      pairDesc.value = desc.value;
+      for (let pair = 0; pair < pairs; pair++) {
+        const b = Math.floor(pair / p.kvHeads), firstHead = (pair % p.kvHeads) * group;
+        f32.set(k.subarray(pair * keyFloats, (pair + 1) * keyFloats), desc.key >>> 2);
+        f32.set(v.subarray(pair * valueFloats, (pair + 1) * valueFloats), desc.value >>> 2);
+        pairDesc.query = desc.query + 4 * (b * p.q.b + firstHead * p.q.h);
+        pairDesc.output = desc.output + 4 * (b * p.o.b + firstHead * p.o.h);
+        if (p.mask !== null) {
+          pairDesc.mask = desc.mask + maskBytes * (b * p.mask.strides[0] + firstHead * p.mask.strides[1]);
+        }
+        if (p.causalOffsets !== null) pairDesc.causalOffsets = desc.causalOffsets + 4 * b;
+        if (p.keyLengths !== null) pairDesc.keyLengths = desc.keyLengths + 4 * b;
+        forward(pairDesc);
+      }
     }
 
     const heap = module.HEAPF32;

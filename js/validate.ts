@@ -17,6 +17,7 @@ export interface Strides {
 }
 
 export interface Plan {
+  layout: 'bhsd' | 'bshd';
   batch: number;
   qHeads: number;
   kvHeads: number;
@@ -260,7 +261,7 @@ export function plan(query: unknown, key: unknown, value: unknown, options: unkn
   const weightsDims = returnWeights ? [...leading, Lq, Lk] : null;
 
   return {
-    batch: B, qHeads: Hq, kvHeads: Hkv, qLen: Lq, kvLen: Lk, headDim: E, valueDim: Ev,
+    layout, batch: B, qHeads: Hq, kvHeads: Hkv, qLen: Lq, kvLen: Lk, headDim: E, valueDim: Ev,
     q: q.strides, k: k.strides, v: v.strides, o: outStrides,
     outputDims, outputSize,
     weightsDims, weightsSize: returnWeights ? B * Hq * Lq * Lk : 0,

@@ -148,6 +148,8 @@ void merge_item(void* context, int32_t pair, int32_t /*thread*/) {
 
 }  // namespace
 
+bool reads_keys_in_place(const Problem& p) { return plan_work(p, 1).in_place; }
+
 uint64_t scratch_floats(const Problem& p, int32_t threads) {
   const WorkPlan w = plan_work(p, threads);
   return w.per_thread * static_cast<uint64_t>(threads) + partials_total(w);

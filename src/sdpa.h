@@ -86,6 +86,12 @@ Status validate(const Problem& p);
 
 class ThreadPool;
 
+// Whether forward() takes the decode path for this problem: at most two row tiles of query
+// rows per KV head (e.g. Lq = 1 with up to 8 query heads per KV head), so K and V are read
+// in place, once, instead of being packed. Callers that copy K/V in may then copy and run
+// one (batch, KV head) at a time, so that the kernel reads them while they are in cache.
+bool reads_keys_in_place(const Problem& p);
+
 // Number of floats of scratch that forward() needs on `threads` threads: per thread, the
 // packed K/V of one head (O(Lk·(E + Ev))) plus O(tile) for the rest; never O(Lq·Lk).
 // 64-bit even in wasm32, where a 32-bit size_t could wrap around for huge problems.

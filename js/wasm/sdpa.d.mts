@@ -25,6 +25,8 @@ export interface SdpaModule {
   scratchFloats(desc: ProblemDesc, threads: number): number;
   /** Status 0 = ok. threads > 1 only in the threaded build (sdpa-mt). */
   forward(desc: ProblemDesc, scratch: number, scratchFloats: number, threads: number): number;
+  /** Whether forward() reads K/V in place (the decode path: no packing). */
+  readsKeysInPlace(desc: ProblemDesc): boolean;
   statusName(status: number): string;
   /** Threaded build only: Emscripten's worker pool. */
   PThread?: { unusedWorkers: unknown[]; terminateAllThreads(): void };

@@ -80,6 +80,8 @@ int32_t forward(const ProblemDesc& d, uint32_t scratch, double scratch_floats, i
                                             static_cast<uint64_t>(scratch_floats), pool_for(threads)));
 }
 
+bool reads_keys_in_place(const ProblemDesc& d) { return sdpa::reads_keys_in_place(to_problem(d)); }
+
 std::string status_name(int32_t status) {
   return sdpa::status_name(static_cast<sdpa::Status>(status));
 }
@@ -126,5 +128,6 @@ EMSCRIPTEN_BINDINGS(sdpa_wasm) {
       .field("causalOffset", &ProblemDesc::causalOffset);
   emscripten::function("scratchFloats", &scratch_floats);
   emscripten::function("forward", &forward);
+  emscripten::function("readsKeysInPlace", &reads_keys_in_place);
   emscripten::function("statusName", &status_name);
 }

@@ -714,6 +714,42 @@ describe('decode shapes: few query rows per KV head, long keys', () => {
   });
 });
 
+describe('decode streamed one (batch, KV head) at a time', () => {
+  // K and V of at least 4 MiB in a decode shape are copied into wasm memory and computed one
+  // (batch, KV head) at a time (js/index.ts, STREAM_MIN_BYTES): every pointer (query, output,
+  // mask, per-batch offsets and key lengths) is moved to the pair's rows. 'bshd' inputs take
+  // the whole-copy path, so the two layouts must agree bit for bit.
+  const B = 2, Hq = 8, Hkv = 2, Lq = 1, Lk = 4200, E = 64, Ev = 48;
+  const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 290);
+  const lengths = [3000, 4200];
+  for (let b = 0; b < B; b++) {
+    for (let h = 0; h < Hkv; h++) {
+      k.data.fill(NaN, ((b * Hkv + h) * Lk + lengths[b]) * E, ((b * Hkv + h) + 1) * Lk * E);
+      v.data.fill(NaN, ((b * Hkv + h) * Lk + lengths[b]) * Ev, ((b * Hkv + h) + 1) * Lk * Ev);
+    }
+  }
+  expect((k.data.byteLength + v.data.byteLength) / 2 ** 20).toBeGreaterThanOrEqual(4);
+  const keyLengths = new Int32Array(lengths);
+  const cases = {
+    'key lengths (NaN past them)': { keyLengths },
+    'float mask [B, 1, 1, Lk] and softcap': { keyLengths, attnMask: floatMask([B, 1, 1, Lk], 291), softcap: 4 },
+    'bool mask [1, Hq, 1, Lk]': { keyLengths, attnMask: boolMask([1, Hq, 1, Lk], 292, 0.6) },
+    'bool mask [B, Hq, Lq, Lk]': { keyLengths, attnMask: boolMask([B, Hq, Lq, Lk], 293, 0.4) },
+    'per-batch causal offsets, one row empty': { keyLengths, isCausal: true, causalOffset: new Int32Array([-1, 2000]) },
+  };
+  test.each(Object.keys(cases))('%s: matches the reference and the unstreamed bshd layout bitwise', (name) => {
+    const options = cases[name];
+    const { got } = check(q, k, v, options);
+    expect(allFinite(got.output.data)).toBe(true);
+    const bshd = attn.sdpa(swap12(q), swap12(k), swap12(v), { ...options, layout: 'bshd' });
+    expectBitwiseEqual(swap12({ data: bshd.output.data, dims: bshd.output.dims }).data, got.output.data);
+  });
+  test('an empty row in the stream is exact zeros', () => {
+    const { got } = check(q, k, v, cases['per-batch causal offsets, one row empty']);
+    for (let h = 0; h < Hq; h++) expect(allExactZeros(rowOf(got.output.data, [B, Hq, Lq, Ev], 0, h, 0))).toBe(true);
+  });
+});
+
 describe('thread counts', () => {
   test('threads 1, 2 and 3 give bitwise-identical results, all matching the reference', async () => {
     const instances = await Promise.all([1, 2, 3].map((threads) => createAttention({ threads })));
