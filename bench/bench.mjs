@@ -7,12 +7,20 @@
 // peak and the copy bandwidth inside wasm memory. Results are medians of timed runs after
 // warm-up, also given as a fraction of those limits and as sdpa-wasm ÷ peer throughput.
 // Every peer's output is checked against a float64 reference before it is timed.
-// Output: a table on stdout and JSON (bench/results/latest.json, or --json PATH).
+// In the same run, on the shapes marked `twoThreads` in shapes.mjs, two more peers:
+//   sdpa-wasm-2t        createAttention({ threads: 2 }) in this process (attn.threads === 2),
+//   onnxruntime-web-2t  ort.env.wasm.numThreads = 2 in a child process (remote.mjs): ORT
+//                       fixes its thread count at its first session, once per process,
+// timed in the same rounds as the others, and reported as speed-ups over their one-thread
+// runs and as sdpa-wasm-2t ÷ onnxruntime-web-2t, with the CPU time ÷ wall time of their runs
+// (≈ 2 when both threads work) and the cores this shared machine left free around them.
+// Output: tables on stdout and JSON (bench/results/latest.json, or --json PATH).
 import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { openLimits } from './limits.mjs';
+import { openCoreProbe, openLimits } from './limits.mjs';
+import { createRemotePeer } from './peers/remote.mjs';
 import { compare, makeInputs, referenceRows } from './reference.mjs';
 import { SHAPES, bytes, describe, flops, isDecode, usefulFlops } from './shapes.mjs';
 
@@ -31,6 +39,10 @@ settings.maxWarmups = 100;
 settings.maxRuns = 200;
 settings.tolerance = 1e-3;                 // max abs error vs the float64 reference
 const WASM32_BYTES = 2 ** 32;              // a wasm32 memory cannot hold more
+settings.coreProbeMs = quick ? 100 : 150;  // a window of the two-worker peak probe (two per probe)
+// The project's two-thread targets (README): on shape (c), sdpa-wasm on two threads >= 1.7x
+// its own one-thread speed and >= 1.4x faster than onnxruntime-web on two threads.
+const TWO_THREAD_TARGETS = { shape: 'c', speedup: 1.7, vsOrt: 1.4 };
 
 const shapes = SHAPES.filter((s) => (shapeFilter ? shapeFilter.includes(s.id) || shapeFilter.includes(s.name) : !quick || s.quick));
 
@@ -43,10 +55,18 @@ const fmtDur = (ms) => (ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${fmtMs(ms
 const fmtSec = (ms) => `${(ms / 1000).toFixed(1)} s`;
 const errText = (e) => String(e?.message ?? e).replace(/\s+/g, ' ').slice(0, 300);
 const cpuModel = os.cpus()[0]?.model ?? 'unknown CPU';
+const fmtLoad = (l) => l.map((x) => x.toFixed(2)).join(' ');
+const fmtX = (x) => (x === null || x === undefined ? '-' : `${x.toFixed(2)}×`);
+const fmtCpu = (x) => (x === null || x === undefined ? '-' : x.toFixed(2));
+const ownCpuMs = () => { const c = process.cpuUsage(); return (c.user + c.system) / 1000; };
+/** Busy CPU time of the whole machine so far (all processes, all vCPUs, from /proc/stat), ms. */
+const machineBusyMs = () => os.cpus().reduce((a, c) => a + c.times.user + c.times.nice + c.times.sys + c.times.irq, 0);
 
 // ---------------------------------------------------------------------------------------------
-console.log(`attention forward, 1 thread: sdpa-wasm vs onnxruntime-web vs tfjs-wasm vs plain JS${quick ? ' (--quick)' : ''}`);
-console.log(`${cpuModel}, ${os.cpus().length} vCPUs, load average ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}, ` +
+const twoThreadShapes = shapes.filter((s) => s.twoThreads);
+console.log(`attention forward, 1 thread: sdpa-wasm vs onnxruntime-web vs tfjs-wasm vs plain JS${quick ? ' (--quick)' : ''}` +
+  (twoThreadShapes.length ? `; 2 threads: sdpa-wasm vs onnxruntime-web on ${twoThreadShapes.map((s) => `(${s.id})`).join(', ')}` : ''));
+console.log(`${cpuModel}, ${os.cpus().length} vCPUs (available parallelism ${os.availableParallelism()}), load average ${fmtLoad(os.loadavg())}, ` +
   `Node ${process.versions.node}, V8 ${process.versions.v8}`);
 const loadBefore = os.loadavg();
 
@@ -60,24 +80,62 @@ const printLimits = (label, limits) => console.log(`${label}: wasm SIMD mul+add 
   `(${limits.copyBufferBytes >> 20} MiB buffer; memory.copy ${limits.memoryCopyGBs.toFixed(1)}, v128 loop ${limits.simdCopyGBs.toFixed(1)} GB/s copied)`);
 printLimits('limits at the start', limitsStart);
 
-const PEER_MODULES = [
-  ['sdpa-wasm', './peers/sdpa-wasm.mjs'],
-  ['onnxruntime-web', './peers/ort.mjs'],
-  ['tfjs-wasm', './peers/tfjs.mjs'],
-  ['plain-js', './peers/plain-js.mjs'],
-];
-const peers = [];
-for (const [name, path] of PEER_MODULES) {
-  if (peerFilter && !peerFilter.includes(name)) continue;
+// How many cores the machine gives us right now: the peak kernel on two worker threads at once,
+// the better of two windows after a 20 ms pause (this process's own clean-up, e.g. V8 freeing
+// the last shape's arrays, is not what it is meant to see; other processes' load lasts).
+let coreProbe = null;
+const usableCores = async () => {
+  if (!coreProbe) return null;
+  await new Promise((resolve) => setTimeout(resolve, 20));
+  const windows = [];
+  for (let w = 0; w < 2; w++) windows.push(await coreProbe.probe(settings.coreProbeMs, limits.peakGflops));
+  const best = windows.reduce((a, b) => (b.cores > a.cores ? b : a));
+  return { cores: best.cores, gflops: best.gflops, windows: windows.map((r) => r.cores), loadavg: os.loadavg() };
+};
+const fmtCores = (c) => (c ? c.cores.toFixed(2) : '?');
+let coresStart = null;
+if (twoThreadShapes.length) {
   try {
-    const peer = await (await import(path)).createPeer({ quick });
-    peers.push(peer);
-    console.log(`peer ${peer.name}: ${peer.version} ${JSON.stringify(peer.config)}`);
+    coreProbe = await openCoreProbe(2);
+    coresStart = await usableCores();
+    console.log(`usable cores at the start: ${fmtCores(coresStart)} (the peak kernel on 2 worker threads at once: ` +
+      `${coresStart.gflops.map((g) => g.toFixed(1)).join(' + ')} GFLOP/s ÷ the one-thread peak)`);
   } catch (e) {
-    peers.push({ name, failed: errText(e) });
-    console.log(`peer ${name}: FAILED TO LOAD: ${errText(e)}`);
+    console.log(`usable-cores probe FAILED: ${errText(e)}`);
   }
 }
+
+// `twoThreads`: timed only on the shapes marked so. `remote`: runs in a child process.
+const PEER_MODULES = [
+  { name: 'sdpa-wasm', path: './peers/sdpa-wasm.mjs' },
+  { name: 'onnxruntime-web', path: './peers/ort.mjs' },
+  { name: 'tfjs-wasm', path: './peers/tfjs.mjs' },
+  { name: 'plain-js', path: './peers/plain-js.mjs' },
+  { name: 'sdpa-wasm-2t', path: './peers/sdpa-wasm.mjs', options: { threads: 2 }, twoThreads: true },
+  { name: 'onnxruntime-web-2t', path: './peers/ort.mjs', options: { threads: 2 }, twoThreads: true, remote: true },
+];
+const peers = [];
+for (const m of PEER_MODULES) {
+  if (peerFilter && !peerFilter.includes(m.name)) continue;
+  if (m.twoThreads && !twoThreadShapes.length) continue;
+  try {
+    const options = { quick, ...m.options };
+    const peer = m.remote ? await createRemotePeer(new URL(m.path, import.meta.url).href, options) : await (await import(m.path)).createPeer(options);
+    if (peer.name !== m.name) {
+      await peer.dispose?.();
+      throw new Error(`expected the peer ${m.name}, got ${peer.name}`);
+    }
+    peer.twoThreads = !!m.twoThreads;
+    peer.threads ??= 1;
+    peers.push(peer);
+    console.log(`peer ${peer.name}: ${peer.version} ${JSON.stringify(peer.config)}${peer.remote ? ` (child process ${peer.remote.pid})` : ''}` +
+      (peer.build ? `; build ${Object.entries(peer.build).map(([f, t]) => `${f} ${t}`).join(', ')}` : ''));
+  } catch (e) {
+    peers.push({ name: m.name, twoThreads: !!m.twoThreads, failed: errText(e) });
+    console.log(`peer ${m.name}: FAILED TO LOAD: ${errText(e)}`);
+  }
+}
+const remotePeers = peers.filter((p) => p.remote && !p.failed);
 console.log(`check: max abs error vs a float64 reference <= ${settings.tolerance} before timing; ` +
   `warm-up: the check run, then runs until >= ${settings.warmSeconds} s (at least ${settings.minWarmups} in all; just the check run when it took > 1 s); ` +
   `timing: rounds of one run per (peer, graph), median of >= ${settings.minRuns} runs and >= ${settings.minSeconds} s; ` +
@@ -85,6 +143,11 @@ console.log(`check: max abs error vs a float64 reference <= ${settings.tolerance
   peers.filter((p) => p.maxRunSeconds || p.budgetSeconds).map((p) => `; ${p.name}: > ${p.maxRunSeconds ?? settings.maxRunSeconds} s a run` +
     (p.budgetSeconds ? ` or > ${p.budgetSeconds} s in all` : '') + (p.minRunsFloor ? ` (down to ${p.minRunsFloor} timed runs before skipping)` : '')).join(''));
 if (quick) console.log(`--quick: shapes ${shapes.map((s) => s.id).join(', ')} only (not the N2048 and N32768 ones), fewer runs, plain-js only where a run takes < 0.3 s`);
+if (twoThreadShapes.length) {
+  console.log(`two threads on ${twoThreadShapes.map((s) => `(${s.id})`).join(', ')}: sdpa-wasm-2t and onnxruntime-web-2t join the same rounds; ` +
+    `each run's CPU time ÷ wall time is recorded (process.cpuUsage(), all threads of the process), and the usable cores ` +
+    `(peak kernel on 2 workers, the better of two ${settings.coreProbeMs} ms windows) are probed right before and after the timed rounds`);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Throughput history per (peer, variant), to estimate run times on larger shapes.
@@ -95,6 +158,19 @@ function estimateMs(peer, label, s) {
   const base = (similar.length ? similar : past.filter((h) => isDecode(h.shape) === isDecode(s))).at(-1) ?? past.at(-1);
   if (!base) return peer.priorGflops ? { ms: flops(s) / (peer.priorGflops * 1e6), from: 'no measurement yet, a prior', gflops: peer.priorGflops } : null;
   return { ms: flops(s) / base.flopsPerMs, from: base.shape.name, gflops: base.flopsPerMs / 1e6 };
+}
+
+// One run: wall time and CPU time (of the whole process: every thread of it). A remote runner
+// (remote.mjs) times itself in its child process; `wantOutput` false lets it skip sending the
+// output back.
+async function timedRun(runner, wantOutput) {
+  const c0 = process.cpuUsage();
+  const t0 = performance.now();
+  const output = await runner.run(wantOutput);
+  const ms = performance.now() - t0;
+  const c = process.cpuUsage(c0);
+  if (runner.selfTimed) return { output, ms: runner.lastMs, cpuMs: runner.lastCpuMs };
+  return { output, ms, cpuMs: (c.user + c.system) / 1000 };
 }
 
 // Phase 1 for one (peer, variant, shape): decide whether to run it, set it up, run it once and
@@ -128,9 +204,7 @@ async function prepareVariant(peer, variant, s, inputs, ref) {
   };
   const tRun = performance.now();
   try {
-    let t0 = performance.now();
-    let output = await runner.run();
-    const firstMs = performance.now() - t0;
+    let { output, ms: firstMs } = await timedRun(runner, true);
     if (runner.toBhsd) output = runner.toBhsd(output);
     r.check = compare(s, ref, output);
     r.firstRunMs = firstMs;
@@ -154,9 +228,9 @@ async function prepareVariant(peer, variant, s, inputs, ref) {
     // Warm-up: V8 compiles wasm with its baseline tier first and swaps in optimised code in
     // the background, so warm up by time as well as by count.
     let warmups = 1;
-    t0 = performance.now();
+    const t0 = performance.now();
     while (firstMs < 1000 && (warmups < settings.minWarmups || (warmups < settings.maxWarmups && performance.now() - t0 < settings.warmSeconds * 1000))) {
-      await runner.run();
+      await runner.run(false);
       warmups++;
     }
     r.warmups = warmups;
@@ -175,6 +249,7 @@ function recordRate(peer, label, s, ms) {
 // each runs once, so that load from other processes on this shared machine hits them alike.
 async function timeRounds(entries, s) {
   const times = entries.map(() => []);
+  const cpuTimes = entries.map(() => []);
   const start = performance.now();
   let rounds = 0;
   const target = (e) => e.result.runsTarget ?? settings.minRuns;
@@ -183,15 +258,17 @@ async function timeRounds(entries, s) {
     for (let i = 0; i < entries.length; i++) {
       if (!entries[i].runner) continue;
       if (entries[i].result.runsTarget && times[i].length >= entries[i].result.runsTarget) continue;
-      const t0 = performance.now();
+      let run;
       try {
-        await entries[i].runner.run();
+        run = await timedRun(entries[i].runner, false);
       } catch (e) {
         entries[i].result = { ...entries[i].result, status: 'failed', reason: `run failed while timing: ${errText(e)}` };
         entries[i].runner = null;
         continue;
       }
-      times[i].push(performance.now() - t0);
+      times[i].push(run.ms);
+      cpuTimes[i].push(run.cpuMs);
+      if (entries[i].peer.settleMs) await new Promise((resolve) => setTimeout(resolve, entries[i].peer.settleMs));
     }
     rounds++;
   }
@@ -204,7 +281,10 @@ async function timeRounds(entries, s) {
     entries[i].result = {
       ...r, status: 'ok', runs: times[i].length, medianMs: ms, minMs: Math.min(...times[i]), maxMs: Math.max(...times[i]),
       gflops: flops(s) / ms / 1e6, usefulGflops: usefulFlops(s) / ms / 1e6, gbs: bytes(s) / ms / 1e6,
+      // CPU time ÷ wall time over the timed runs: ≈ the number of threads that worked.
+      totalMs: times[i].reduce((a, b) => a + b, 0), totalCpuMs: cpuTimes[i].reduce((a, b) => a + b, 0),
     };
+    entries[i].result.cpuPerWall = entries[i].result.totalCpuMs / entries[i].result.totalMs;
   }
 }
 
@@ -224,34 +304,99 @@ for (const s of shapes) {
   };
   console.log('');
   console.log(`(${s.id}) ${s.name}: ${describe(s)}: checking and warming up`);
+  const shapePeers = peers.filter((p) => !p.twoThreads || s.twoThreads);
   const prepared = [];
-  for (const peer of peers) {
-    if (peer.failed) { entry.peers[peer.name] = { status: 'failed', reason: `peer failed to load: ${peer.failed}` }; continue; }
-    for (const variant of peer.variants(s)) {
+  const failed = new Map();   // peer → result, for a peer that failed to load or to list its variants
+  for (const peer of shapePeers) {
+    if (peer.failed) { failed.set(peer, { status: 'failed', threads: peer.twoThreads ? 2 : 1, reason: `peer failed to load: ${peer.failed}` }); continue; }
+    let variants;
+    try {
+      variants = await peer.variants(s);
+    } catch (e) {
+      failed.set(peer, { status: 'failed', threads: peer.threads, reason: `no variants: ${errText(e)}` });
+      console.log(`  [${s.id}] ${peer.name}: failed: ${failed.get(peer).reason}`);
+      continue;
+    }
+    for (const variant of variants) {
       const p = { peer, ...(await prepareVariant(peer, variant, s, inputs, ref)) };
       if (!p.runner) console.log(`  [${s.id}] ${peer.name} / ${variant.label}: ${p.result.reason.startsWith(p.result.status) ? '' : `${p.result.status}: `}${p.result.reason}`);
       prepared.push(p);
     }
   }
+  // The machine around the timed rounds: load average, usable cores (two-thread shapes), and
+  // the CPU other processes used meanwhile = the machine's busy time (/proc/stat) - this
+  // process's - the child processes'.
+  const twoThreaded = prepared.some((p) => p.runner && p.peer.twoThreads);
+  const machine = { loadavgBefore: os.loadavg() };
+  if (twoThreaded) machine.coresBefore = await usableCores();
+  const childCpu = async () => (await Promise.all(remotePeers.map((p) => p.cpuMs().catch(() => 0)))).reduce((a, b) => a + b, 0);
+  const busy0 = machineBusyMs(), own0 = ownCpuMs(), child0 = await childCpu(), wall0 = performance.now();
   await timeRounds(prepared, s);
-  for (const peer of peers) {
-    if (peer.failed) continue;
+  const wallMs = performance.now() - wall0;
+  const childMs = (await childCpu()) - child0;
+  const othersMs = (machineBusyMs() - busy0) - (ownCpuMs() - own0) - childMs;
+  machine.timedSeconds = wallMs / 1000;
+  machine.otherProcessesCores = othersMs / wallMs;   // /proc/stat counts in 10 ms ticks: ± a little
+  // CPU the child processes used outside their timed runs (e.g. ORT's pool threads spinning
+  // after a run, which would take a core from the next peer), in cores over the rounds.
+  const childRunMs = prepared.filter((p) => p.peer.remote && p.result.status === 'ok').reduce((a, p) => a + p.result.totalCpuMs, 0);
+  if (remotePeers.length) machine.childIdleCores = (childMs - childRunMs) / wallMs;
+  if (twoThreaded) machine.coresAfter = await usableCores();
+  machine.loadavgAfter = os.loadavg();
+  entry.machine = machine;
+  for (const peer of shapePeers) {
+    if (failed.has(peer)) { entry.peers[peer.name] = failed.get(peer); continue; }
     const variants = prepared.filter((p) => p.peer === peer).map((p) => p.result);
     const ok = variants.filter((v) => v.status === 'ok').sort((a, b) => a.medianMs - b.medianMs);
     const best = ok[0] ?? variants.find((v) => v.status === 'skipped' && v.singleRunMs) ?? variants[0];
-    entry.peers[peer.name] = { ...best, variants: variants.length > 1 ? variants : undefined };
+    entry.peers[peer.name] = { ...best, threads: peer.threads, variants: variants.length > 1 ? variants : undefined };
   }
+  // One thread: every peer against sdpa-wasm.
   const mine = entry.peers['sdpa-wasm'];
   if (mine?.status === 'ok') {
     entry.ratios = {};
     for (const [name, p] of Object.entries(entry.peers)) {
-      if (name !== 'sdpa-wasm' && p.status === 'ok') entry.ratios[name] = p.medianMs / mine.medianMs;
+      if (name !== 'sdpa-wasm' && p.threads === 1 && p.status === 'ok') entry.ratios[name] = p.medianMs / mine.medianMs;
     }
   }
+  if (s.twoThreads) entry.twoThreads = twoThreadSummary(entry);
   entry.elapsedSeconds = (performance.now() - tShape) / 1000;
   results.push(entry);
 }
 const totalSeconds = (performance.now() - t0All) / 1000;
+const coresEnd = await usableCores();
+await coreProbe?.close();
+
+// Two threads against one, for a shape: each peer's 2-thread median against its own
+// 1-thread median (for onnxruntime-web: fastest correct graph against fastest correct graph,
+// and graph by graph), and sdpa-wasm-2t against onnxruntime-web-2t.
+function twoThreadSummary(e) {
+  const ok = (p) => (p?.status === 'ok' ? p : null);
+  const [s1, s2, o1, o2] = ['sdpa-wasm', 'sdpa-wasm-2t', 'onnxruntime-web', 'onnxruntime-web-2t'].map((n) => ok(e.peers[n]));
+  const t = {
+    sdpa1tMs: s1?.medianMs ?? null, sdpa2tMs: s2?.medianMs ?? null,
+    sdpaSpeedup: s1 && s2 ? s1.medianMs / s2.medianMs : null,
+    ort1tMs: o1?.medianMs ?? null, ort2tMs: o2?.medianMs ?? null,
+    ort1tGraph: o1?.variant ?? null, ort2tGraph: o2?.variant ?? null,
+    ortSpeedup: o1 && o2 ? o1.medianMs / o2.medianMs : null,
+    ortGraphSpeedups: {},
+    sdpa2tVsOrt2t: s2 && o2 ? o2.medianMs / s2.medianMs : null,   // > 1: sdpa-wasm-2t faster
+    cpuPerWall: { sdpa1t: s1?.cpuPerWall ?? null, sdpa2t: s2?.cpuPerWall ?? null, ort1t: o1?.cpuPerWall ?? null, ort2t: o2?.cpuPerWall ?? null },
+    status: { sdpa2t: e.peers['sdpa-wasm-2t']?.status ?? 'not run', ort2t: e.peers['onnxruntime-web-2t']?.status ?? 'not run' },
+  };
+  const graphs = (p) => (p?.variants ?? (p ? [p] : [])).filter((v) => v.status === 'ok');
+  for (const v2 of graphs(o2)) {
+    const v1 = graphs(o1).find((v) => v.variant === v2.variant);
+    if (v1) t.ortGraphSpeedups[v2.variant] = v1.medianMs / v2.medianMs;
+  }
+  if (e.id === TWO_THREAD_TARGETS.shape) {
+    t.targets = {
+      speedup: { target: TWO_THREAD_TARGETS.speedup, value: t.sdpaSpeedup, met: t.sdpaSpeedup !== null && t.sdpaSpeedup >= TWO_THREAD_TARGETS.speedup },
+      vsOrt2t: { target: TWO_THREAD_TARGETS.vsOrt, value: t.sdpa2tVsOrt2t, met: t.sdpa2tVsOrt2t !== null && t.sdpa2tVsOrt2t >= TWO_THREAD_TARGETS.vsOrt },
+    };
+  }
+  return t;
+}
 
 const limitsEnd = limitsProbe.measure({ quick });
 printLimits('limits at the end', limitsEnd);
@@ -267,7 +412,9 @@ for (const e of results) {
   for (const p of Object.values(e.peers)) {
     for (const r of [p, ...(p.variants ?? [])]) {
       if (r.status !== 'ok') continue;
-      r.fractionOfPeak = r.usefulGflops / limits.peakGflops;
+      // Two-thread rows against two cores' worth of the one-thread peak; the copy limit is the
+      // one-thread copy for all rows (two threads may exceed it).
+      r.fractionOfPeak = r.usefulGflops / (limits.peakGflops * (p.threads ?? 1));
       r.fractionOfCopy = r.gbs / limits.copyTrafficGBs;
     }
   }
@@ -278,12 +425,14 @@ for (const e of results) {
   }
 }
 console.log('');
-console.log(`%peak = unmasked FLOP/s ÷ the ${limits.peakGflops.toFixed(1)} GFLOP/s wasm SIMD mul+add peak (GFLOP/s counts 4·B·Hq·Lq·Lk·E even when causal); ` +
-  `GB/s = (Q + K + V + output bytes) ÷ time, %copy = GB/s ÷ the ${limits.copyTrafficGBs.toFixed(1)} GB/s read+write traffic of a wasm memory copy; ` +
-  `sdpa÷peer = peer median ÷ sdpa-wasm median (> 1: sdpa-wasm faster)`);
+console.log(`%peak = unmasked FLOP/s ÷ the ${limits.peakGflops.toFixed(1)} GFLOP/s wasm SIMD mul+add peak (GFLOP/s counts 4·B·Hq·Lq·Lk·E even when causal; ` +
+  `-2t rows: ÷ twice that peak); GB/s = (Q + K + V + output bytes) ÷ time, %copy = GB/s ÷ the ${limits.copyTrafficGBs.toFixed(1)} GB/s ` +
+  `read+write traffic of a one-thread wasm memory copy; sdpa÷peer = peer median ÷ sdpa-wasm median (> 1: sdpa-wasm faster; ` +
+  `-2t rows: onnxruntime-web-2t median ÷ sdpa-wasm-2t median)`);
 for (const e of results) printShape(e);
 
 // ---------------------------------------------------------------------------------------------
+
 function printShape(e) {
   const decode = isDecode(e);
   console.log('');
@@ -291,35 +440,50 @@ function printShape(e) {
     (e.causal ? ` (${(e.usefulFlops / 1e9).toFixed(3)} unmasked)` : '') + `, ${(e.bytes / 2 ** 20).toFixed(1)} MiB moved; ` +
     `checked ${e.reference.rowsChecked === e.reference.rowsTotal ? 'all' : `${e.reference.rowsChecked} of ${e.reference.rowsTotal}`} output rows; ` +
     `SIMD peak probe before it: ${e.peakProbeGflops.toFixed(1)} GFLOP/s`);
-  console.log(`  ${'peer'.padEnd(16)}${'graph / variant'.padEnd(36)}${'max abs err'.padStart(12)}${'runs'.padStart(6)}` +
-    `${'median ms'.padStart(11)}${'GFLOP/s'.padStart(9)}${'%peak'.padStart(7)}${'GB/s'.padStart(7)}${'%copy'.padStart(7)}${'sdpa÷peer'.padStart(11)}`);
+  console.log(`  ${'peer'.padEnd(20)}${'graph / variant'.padEnd(36)}${'max abs err'.padStart(12)}${'runs'.padStart(6)}` +
+    `${'median ms'.padStart(11)}${'GFLOP/s'.padStart(9)}${'%peak'.padStart(7)}${'GB/s'.padStart(7)}${'%copy'.padStart(7)}${'sdpa÷peer'.padStart(11)}${'CPU/wall'.padStart(10)}`);
   for (const [name, p] of Object.entries(e.peers)) {
     const err = p.check ? p.check.maxAbsErr.toExponential(1) : '';
     const label = (p.variant ?? '').slice(0, 35);
     if (p.status === 'ok') {
-      const ratio = name === 'sdpa-wasm' ? '1.00' : e.ratios?.[name] ? `${e.ratios[name].toFixed(2)}×` : '';
-      console.log(`  ${name.padEnd(16)}${label.padEnd(36)}${err.padStart(12)}${String(p.runs).padStart(6)}` +
+      let ratio = name === 'sdpa-wasm' || name === 'sdpa-wasm-2t' ? '1.00' : e.ratios?.[name] ? `${e.ratios[name].toFixed(2)}×` : '';
+      if (name === 'onnxruntime-web-2t') ratio = fmtX(e.twoThreads?.sdpa2tVsOrt2t);
+      console.log(`  ${name.padEnd(20)}${label.padEnd(36)}${err.padStart(12)}${String(p.runs).padStart(6)}` +
         `${fmtMs(p.medianMs).padStart(11)}${p.gflops.toFixed(2).padStart(9)}${(100 * p.fractionOfPeak).toFixed(0).concat('%').padStart(7)}` +
-        `${(decode ? p.gbs.toFixed(1) : '-').padStart(7)}${(decode ? `${(100 * p.fractionOfCopy).toFixed(0)}%` : '-').padStart(7)}${ratio.padStart(11)}`);
+        `${(decode ? p.gbs.toFixed(1) : '-').padStart(7)}${(decode ? `${(100 * p.fractionOfCopy).toFixed(0)}%` : '-').padStart(7)}${ratio.padStart(11)}` +
+        `${fmtCpu(p.cpuPerWall).padStart(10)}`);
     } else {
-      console.log(`  ${name.padEnd(16)}${label.padEnd(36)}${err.padStart(12)}  ${p.status}: ${(p.reason ?? p.note ?? '').replace(/^(skipped|failed): /, '')}`);
+      console.log(`  ${name.padEnd(20)}${label.padEnd(36)}${err.padStart(12)}  ${p.status}: ${(p.reason ?? p.note ?? '').replace(/^(skipped|failed): /, '')}`);
     }
     for (const v of p.variants ?? []) {
       if (v === p || v.variant === p.variant) continue;
       const what = v.status === 'ok' ? `${fmtMs(v.medianMs)} ms (${v.runs} runs, max abs err ${v.check.maxAbsErr.toExponential(1)})` : `${v.status}: ${v.reason ?? v.note ?? ''}`;
-      console.log(`  ${''.padEnd(16)}  also ${v.variant}: ${what}`);
+      console.log(`  ${''.padEnd(20)}  also ${v.variant}: ${what}`);
     }
-    if (p.note) console.log(`  ${''.padEnd(16)}  note: ${p.note}`);
-    if (p.memoryNote) console.log(`  ${''.padEnd(16)}  note: ${p.memoryNote}`);
-    if (p.fewerRuns) console.log(`  ${''.padEnd(16)}  note: ${p.fewerRuns}`);
+    if (p.note) console.log(`  ${''.padEnd(20)}  note: ${p.note}`);
+    if (p.memoryNote) console.log(`  ${''.padEnd(20)}  note: ${p.memoryNote}`);
+    if (p.fewerRuns) console.log(`  ${''.padEnd(20)}  note: ${p.fewerRuns}`);
+  }
+  const t = e.twoThreads;
+  if (t) {
+    const graphs = Object.entries(t.ortGraphSpeedups).map(([g, x]) => `${g} ${fmtX(x)}`).join(', ');
+    console.log(`  two threads: sdpa-wasm-2t ${fmtX(t.sdpaSpeedup)} sdpa-wasm's speed; onnxruntime-web-2t ${fmtX(t.ortSpeedup)} onnxruntime-web's ` +
+      `(fastest graph vs fastest graph${graphs ? `; graph by graph: ${graphs}` : ''}); sdpa-wasm-2t ÷ onnxruntime-web-2t ${fmtX(t.sdpa2tVsOrt2t)}`);
+  }
+  const m = e.machine;
+  if (m) {
+    console.log(`  machine during the ${m.timedSeconds.toFixed(1)} s of timed rounds: other processes used ${Math.max(0, m.otherProcessesCores).toFixed(2)} cores` +
+      (m.childIdleCores !== undefined ? ` (the child process, between its runs, ${Math.max(0, m.childIdleCores).toFixed(2)})` : '') + '; ' +
+      (m.coresBefore || m.coresAfter ? `usable cores (2-worker peak probe) ${fmtCores(m.coresBefore)} before, ${fmtCores(m.coresAfter)} after; ` : '') +
+      `load average ${fmtLoad(m.loadavgBefore)} → ${fmtLoad(m.loadavgAfter)}`);
   }
 }
 
 const loadAfter = os.loadavg();
 console.log('');
-console.log(`summary: median ms (sdpa-wasm throughput ÷ peer throughput); sdpa-wasm as a fraction of the limit ` +
+console.log(`summary, one thread: median ms (sdpa-wasm throughput ÷ peer throughput); sdpa-wasm as a fraction of the limit ` +
   `(prefill: unmasked FLOP/s ÷ ${limits.peakGflops.toFixed(1)} GFLOP/s peak; decode: GB/s ÷ ${limits.copyTrafficGBs.toFixed(1)} GB/s copy traffic)`);
-const names = peers.map((p) => p.name);
+const names = peers.filter((p) => !p.twoThreads).map((p) => p.name);
 console.log(`  ${'shape'.padEnd(20)}${names.map((n) => n.padStart(n === 'sdpa-wasm' ? 11 : 22)).join('')}${'of limit'.padStart(10)}`);
 for (const e of results) {
   const cells = names.map((n) => {
@@ -332,10 +496,37 @@ for (const e of results) {
   const limit = mine?.status === 'ok' ? `${(100 * (isDecode(e) ? mine.fractionOfCopy : mine.fractionOfPeak)).toFixed(0)}% ${isDecode(e) ? 'copy' : 'peak'}` : '';
   console.log(`  ${`(${e.id}) ${e.name}`.padEnd(20)}${cells.join('')}${limit.padStart(10)}`);
 }
-console.log(`load average before ${loadBefore.map((x) => x.toFixed(2)).join(' ')}, after ${loadAfter.map((x) => x.toFixed(2)).join(' ')}; ` +
+
+const twoThreadResults = results.filter((e) => e.twoThreads);
+if (twoThreadResults.length) {
+  console.log('');
+  console.log(`summary, two threads: median ms; ×1t = the peer's one-thread median ÷ its two-thread median; ` +
+    `sdpa÷ort 2t = onnxruntime-web-2t median ÷ sdpa-wasm-2t median (> 1: sdpa-wasm faster); CPU/wall of the 2t runs (sdpa / ort); ` +
+    `usable cores before / after the timed rounds; cores other processes used during them`);
+  console.log(`  ${'shape'.padEnd(20)}${'sdpa 1t'.padStart(9)}${'sdpa 2t'.padStart(9)}${'×1t'.padStart(7)}` +
+    `${'ort 1t'.padStart(9)}${'ort 2t'.padStart(9)}${'×1t'.padStart(7)}${'sdpa÷ort 2t'.padStart(13)}${'CPU/wall'.padStart(11)}${'cores'.padStart(11)}${'others'.padStart(8)}`);
+  for (const e of twoThreadResults) {
+    const t = e.twoThreads, m = e.machine ?? {};
+    const ms = (x, status) => (x === null ? (status ?? '-') : fmtMs(x));
+    console.log(`  ${`(${e.id}) ${e.name}`.padEnd(20)}${ms(t.sdpa1tMs).padStart(9)}${ms(t.sdpa2tMs, t.status.sdpa2t).padStart(9)}${fmtX(t.sdpaSpeedup).padStart(7)}` +
+      `${ms(t.ort1tMs).padStart(9)}${ms(t.ort2tMs, t.status.ort2t).padStart(9)}${fmtX(t.ortSpeedup).padStart(7)}${fmtX(t.sdpa2tVsOrt2t).padStart(13)}` +
+      `${`${fmtCpu(t.cpuPerWall.sdpa2t)}/${fmtCpu(t.cpuPerWall.ort2t)}`.padStart(11)}${`${fmtCores(m.coresBefore)}/${fmtCores(m.coresAfter)}`.padStart(11)}` +
+      `${Math.max(0, m.otherProcessesCores ?? NaN).toFixed(2).padStart(8)}`);
+  }
+  const target = twoThreadResults.find((e) => e.twoThreads.targets);
+  if (target) {
+    const { speedup, vsOrt2t } = target.twoThreads.targets;
+    console.log(`  targets on (${target.id}) ${target.name}: sdpa-wasm-2t >= ${speedup.target}× its one-thread speed: ${fmtX(speedup.value)} ` +
+      `${speedup.met ? 'met' : 'NOT met'}; >= ${vsOrt2t.target}× onnxruntime-web-2t: ${fmtX(vsOrt2t.value)} ${vsOrt2t.met ? 'met' : 'NOT met'}`);
+  } else {
+    console.log(`  targets on (${TWO_THREAD_TARGETS.shape}): not measured in this run`);
+  }
+}
+console.log(`load average before ${fmtLoad(loadBefore)}, after ${fmtLoad(loadAfter)}; ` +
+  (coresStart || coresEnd ? `usable cores at the start ${fmtCores(coresStart)}, at the end ${fmtCores(coresEnd)}; ` : '') +
   `shapes took ${totalSeconds.toFixed(0)} s`);
 
-for (const peer of peers) { try { peer.dispose?.(); } catch { /* ignore */ } }
+for (const peer of peers) { try { await peer.dispose?.(); } catch { /* ignore */ } }
 
 // `rows` keeps the earlier format (sdpa-wasm only) for anything that reads it.
 const rows = results.filter((e) => e.peers['sdpa-wasm']?.status === 'ok').map((e) => {
@@ -345,9 +536,13 @@ const rows = results.filter((e) => e.peers['sdpa-wasm']?.status === 'ok').map((e
 mkdirSync(dirname(jsonPath), { recursive: true });
 writeFileSync(jsonPath, JSON.stringify({
   date: new Date().toISOString(), node: process.versions.node, v8: process.versions.v8,
-  cpu: cpuModel, vcpus: os.cpus().length, loadavgBefore: loadBefore, loadavgAfter: loadAfter,
-  threads: 1, quick, settings, totalSeconds, limits,
-  peers: peers.map((p) => ({ name: p.name, version: p.version, config: p.config, failed: p.failed })),
+  cpu: cpuModel, vcpus: os.cpus().length, availableParallelism: os.availableParallelism(),
+  loadavgBefore: loadBefore, loadavgAfter: loadAfter, usableCoresStart: coresStart, usableCoresEnd: coresEnd,
+  // `threads` is that of the main comparison (and of `rows`); the two-thread peers are listed
+  // with their threads in `peers`, and each two-thread shape has a `twoThreads` summary.
+  threads: 1, twoThreadShapes: twoThreadResults.map((e) => e.id), twoThreadTargets: TWO_THREAD_TARGETS,
+  quick, settings, totalSeconds, limits,
+  peers: peers.map((p) => ({ name: p.name, version: p.version, threads: p.threads, config: p.config, build: p.build, remote: p.remote, failed: p.failed })),
   shapes: results, rows,
 }, (k, v) => (typeof v === 'number' && !Number.isFinite(v) ? String(v) : v), 2));
 console.log(`results: ${jsonPath}`);

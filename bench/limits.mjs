@@ -8,6 +8,11 @@
 //   copySimd(dst, src, n, reps):  a v128.load/v128.store loop, 64 bytes per iteration.
 // The binary layout follows the WebAssembly core spec (sections, LEB128 integers); the
 // same text as a .wat is in the comment above each function for reading.
+//
+// openCoreProbe(threads) runs the same peak kernel on `threads` worker_threads at once, to
+// see how many cores this (shared) machine gives the benchmark at that moment: the summed
+// GFLOP/s ÷ the one-thread peak ≈ usable cores (2.0 on an idle 2-vCPU machine).
+import { Worker, isMainThread, parentPort, workerData } from 'node:worker_threads';
 
 const u32 = (x) => { const out = []; do { let b = x & 0x7f; x >>>= 7; if (x) b |= 0x80; out.push(b); } while (x); return out; };
 const s32 = (x) => {
@@ -111,20 +116,26 @@ export function limitsModuleBytes(pages) {
  * processes only ever slows a loop down). peakProbe() is a ≈ 0.1 s peak measurement, to see
  * how much of a core the benchmark had at some moment.
  */
+const FLOPS_PER_ITERATION = CHAINS * 8;
+
+/** Iterations of peak() that take ≈ `targetMs`, after letting V8 tier the loop up. */
+function calibratePeak(peak, targetMs) {
+  peak(1e6, 0.9999, 1e-4);
+  let iters = 2e6;
+  for (;;) {
+    const t0 = performance.now(); peak(iters, 0.9999, 1e-4); const ms = performance.now() - t0;
+    if (ms > 10) return Math.ceil(iters * targetMs / ms);
+    iters *= 4;
+  }
+}
+
 export async function openLimits() {
   const copyBytes = 128 << 20;                  // well beyond the last-level cache
   const pages = (2 * copyBytes) / 65536 + 1;
   const { instance } = await WebAssembly.instantiate(limitsModuleBytes(pages));
   const { peak, copy, copySimd } = instance.exports;
-  const flopsPerIteration = CHAINS * 8;
-
-  peak(1e6, 0.9999, 1e-4);                      // let V8 tier the loop up
-  let iters = 2e6;                              // calibrate to ≈ 30 ms per call
-  for (;;) {
-    const t0 = performance.now(); peak(iters, 0.9999, 1e-4); const ms = performance.now() - t0;
-    if (ms > 10) { iters = Math.ceil(iters * 30 / ms); break; }
-    iters *= 4;
-  }
+  const flopsPerIteration = FLOPS_PER_ITERATION;
+  const iters = calibratePeak(peak, 30);        // ≈ 30 ms per call
   const peakOnce = (calls) => {
     const t0 = performance.now();
     let sum = 0;
@@ -165,4 +176,55 @@ export async function openLimits() {
       };
     },
   };
+}
+
+/**
+ * `threads` worker_threads, each with its own instance of the peak kernel, calibrated once.
+ * probe(ms) starts them together; each runs peak() for ≈ ms and reports its GFLOP/s.
+ * Returns { gflops: [per worker], total, cores: total ÷ onePeak } where onePeak is the
+ * one-thread peak to compare with (the main thread's measurement). close() ends the workers.
+ */
+export async function openCoreProbe(threads = 2) {
+  const workers = [];
+  try {
+    for (let t = 0; t < threads; t++) {
+      const w = new Worker(new URL(import.meta.url), { workerData: { role: 'sdpa-bench-core-probe' } });
+      w.unref();
+      workers.push(w);
+    }
+    await Promise.all(workers.map((w) => new Promise((resolve, reject) => {
+      w.once('message', resolve);
+      w.once('error', reject);
+    })));
+  } catch (e) {
+    for (const w of workers) w.terminate();
+    throw e;
+  }
+  return {
+    threads,
+    probe: async (ms, onePeak) => {
+      const gflops = await Promise.all(workers.map((w) => new Promise((resolve) => {
+        w.once('message', resolve);
+        w.postMessage(ms);
+      })));
+      const total = gflops.reduce((a, b) => a + b, 0);
+      return { gflops, total, cores: total / onePeak };
+    },
+    close: () => Promise.all(workers.map((w) => w.terminate())),
+  };
+}
+
+// The worker side of openCoreProbe().
+if (!isMainThread && workerData?.role === 'sdpa-bench-core-probe') {
+  const { instance } = await WebAssembly.instantiate(limitsModuleBytes(1));
+  const { peak } = instance.exports;
+  const iters = calibratePeak(peak, 10);        // ≈ 10 ms per call
+  parentPort.on('message', (ms) => {
+    let calls = 0, sum = 0;
+    const t0 = performance.now();
+    do { sum += peak(iters, 0.9999, 1e-4); calls++; } while (performance.now() - t0 < ms);
+    const s = (performance.now() - t0) / 1e3;
+    parentPort.postMessage(Number.isFinite(sum) ? calls * iters * FLOPS_PER_ITERATION / s / 1e9 : NaN);
+  });
+  parentPort.postMessage('ready');
 }

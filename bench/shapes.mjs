@@ -1,6 +1,8 @@
 // The benchmark shapes: one place for them, shared by bench.mjs, the peers and anything that
 // reports. Tensors are [B, H, L, E] (query: Hq heads, key/value: Hkv heads, Hq % Hkv == 0).
 // `H` is the query head count (Hq). `quick: true` marks the shapes `--quick` runs.
+// `twoThreads: true` marks the shapes on which sdpa-wasm and onnxruntime-web are also timed on
+// two threads (bench.mjs; with --quick, those that are also `quick`).
 //
 // GFLOP/s counts 4·B·Hq·Lq·Lk·E (two matmuls, E = Ev), whether or not causal skips work
 // (`flops`). `usefulFlops` counts only the query/key pairs a causal mask leaves (top-left
@@ -9,12 +11,12 @@
 // it is what decode (Lq = 1) is limited by.
 export const SHAPES = [
   { id: 'a', name: 'N128', B: 1, H: 12, Hkv: 12, Lq: 128, Lk: 128, E: 64, causal: false, quick: true },
-  { id: 'b', name: 'N512', B: 1, H: 12, Hkv: 12, Lq: 512, Lk: 512, E: 64, causal: false, quick: true },
-  { id: 'c', name: 'N2048', B: 1, H: 12, Hkv: 12, Lq: 2048, Lk: 2048, E: 64, causal: false, quick: false },
-  { id: 'd', name: 'decode Lk4096', B: 1, H: 32, Hkv: 32, Lq: 1, Lk: 4096, E: 128, causal: false, quick: true },
+  { id: 'b', name: 'N512', B: 1, H: 12, Hkv: 12, Lq: 512, Lk: 512, E: 64, causal: false, quick: true, twoThreads: true },
+  { id: 'c', name: 'N2048', B: 1, H: 12, Hkv: 12, Lq: 2048, Lk: 2048, E: 64, causal: false, quick: false, twoThreads: true },
+  { id: 'd', name: 'decode Lk4096', B: 1, H: 32, Hkv: 32, Lq: 1, Lk: 4096, E: 128, causal: false, quick: true, twoThreads: true },
   { id: 'e', name: 'N512 causal', B: 1, H: 12, Hkv: 12, Lq: 512, Lk: 512, E: 64, causal: true, quick: true },
-  { id: 'f', name: 'N2048 causal', B: 1, H: 12, Hkv: 12, Lq: 2048, Lk: 2048, E: 64, causal: true, quick: false },
-  { id: 'g', name: 'GQA decode Lk8192', B: 1, H: 32, Hkv: 8, Lq: 1, Lk: 8192, E: 128, causal: false, quick: true },
+  { id: 'f', name: 'N2048 causal', B: 1, H: 12, Hkv: 12, Lq: 2048, Lk: 2048, E: 64, causal: true, quick: false, twoThreads: true },
+  { id: 'g', name: 'GQA decode Lk8192', B: 1, H: 32, Hkv: 8, Lq: 1, Lk: 8192, E: 128, causal: false, quick: true, twoThreads: true },
   { id: 'h', name: 'N32768 causal', B: 1, H: 1, Hkv: 1, Lq: 32768, Lk: 32768, E: 64, causal: true, quick: false },
 ];
 

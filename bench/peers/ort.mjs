@@ -1,4 +1,5 @@
-// onnxruntime-web, wasm execution provider, one thread. Each shape gets three in-memory ONNX
+// onnxruntime-web, wasm execution provider, one thread (or `threads`, see createPeer). Each
+// shape gets three in-memory ONNX
 // graphs (built by onnx-model.mjs) and bench.mjs reports the fastest that is correct:
 //   'MultiHeadAttention' com.microsoft contrib op: query [B, Lq, Hq·E] (its required layout,
 //       transposed before timing), key/value [B, H, Lk, E] (accepted as is); `unidirectional`
@@ -89,8 +90,20 @@ function repeatHeads(x, B, Hkv, G, L, E) {
   return out;
 }
 
-export async function createPeer() {
-  ort.env.wasm.numThreads = 1;
+// ort.env.wasm.numThreads is read once per process, when the first session initialises the
+// wasm module (its global intra-op thread pool is created then); setting it afterwards is
+// silently ignored (checked: 1 then 2 in one process stays at one thread's speed and
+// CPU time). So one process gets one thread count: bench.mjs runs the two-thread peer in a
+// child process (remote.mjs).
+let processThreads = null;
+
+export async function createPeer({ threads = 1 } = {}) {
+  if (processThreads !== null && processThreads !== threads) {
+    throw new Error(`onnxruntime-web: this process already uses numThreads = ${processThreads}; ` +
+      `numThreads = ${threads} needs another process`);
+  }
+  processThreads = threads;
+  ort.env.wasm.numThreads = threads;
   ort.env.wasm.proxy = false;
   ort.env.logLevel = 'error';
   const sessionOptions = { executionProviders: ['wasm'], graphOptimizationLevel: 'all' };
@@ -111,8 +124,9 @@ export async function createPeer() {
   const t = (data, dims) => new ort.Tensor('float32', data, dims);
 
   return {
-    name: 'onnxruntime-web',
+    name: threads === 1 ? 'onnxruntime-web' : `onnxruntime-web-${threads}t`,
     version: ort.env.versions.web,
+    threads,
     config: { executionProvider: 'wasm', numThreads: ort.env.wasm.numThreads, graphOptimizationLevel: 'all' },
     variants: (s) => {
       const G = s.H / s.Hkv;

@@ -1,15 +1,25 @@
 // sdpa-wasm itself, through its public API (the built package in dist/).
-import { readFileSync } from 'node:fs';
+// createPeer({ threads: 1 }) is the single-threaded build ('sdpa-wasm'); threads: 2 is the
+// threaded build with a pool of one worker besides the calling thread ('sdpa-wasm-2t').
+import { readFileSync, statSync } from 'node:fs';
 import { createAttention } from 'sdpa-wasm';
 
-export async function createPeer() {
-  const attn = await createAttention({ threads: 1 });   // the single-threaded build
-  if (attn.threads !== 1) throw new Error(`sdpa-wasm: asked for 1 thread, got ${attn.threads}`);
+export async function createPeer({ threads = 1 } = {}) {
+  const attn = await createAttention({ threads });
+  if (attn.threads !== threads) {
+    attn.dispose();
+    throw new Error(`sdpa-wasm: asked for ${threads} threads, got attn.threads = ${attn.threads}`);
+  }
   const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8'));
+  // When the build in dist/ was made (the working tree may change between runs).
+  const wasm = threads === 1 ? 'sdpa.wasm' : 'sdpa-mt.wasm';
+  const mtime = (f) => { try { return statSync(new URL(`../../dist/${f}`, import.meta.url)).mtime.toISOString(); } catch { return null; } };
   return {
-    name: 'sdpa-wasm',
+    name: threads === 1 ? 'sdpa-wasm' : `sdpa-wasm-${threads}t`,
     version: pkg.version,
+    threads: attn.threads,
     config: { threads: attn.threads, simd: attn.simd },
+    build: { 'dist/index.js': mtime('index.js'), [`dist/wasm/${wasm}`]: mtime(`wasm/${wasm}`) },
     // The package under test is always measured, also where a run takes several seconds.
     maxRunSeconds: 30,
     budgetSeconds: 150,
