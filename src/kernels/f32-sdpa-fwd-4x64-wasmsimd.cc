@@ -149,10 +149,10 @@ float hsum(v128_t v) {
 }
 
 // Per-row maxima of the first `cols` columns (a multiple of 8) of one score tile, as one
-// 4-lane vector (lane r = row r).
-v128_t tile_row_max(const float* scores, int32_t cols) {
-  float row_max[kQueryTile];
-  for (int r = 0; r < kQueryTile; r++) {
+// 4-lane vector (lane r = row r); -inf for the padding rows r >= rows, which attend nothing.
+v128_t tile_row_max(const float* scores, int32_t rows, int32_t cols) {
+  float row_max[kQueryTile] = {kNegInf, kNegInf, kNegInf, kNegInf};
+  for (int r = 0; r < rows; r++) {
     const float* s = scores + r * kKeyTile;
     v128_t m = wasm_v128_load(s);
     for (int c = 4; c < cols; c += 4) m = wasm_f32x4_pmax(m, wasm_v128_load(s + c));
@@ -161,13 +161,15 @@ v128_t tile_row_max(const float* scores, int32_t cols) {
   return wasm_v128_load(row_max);
 }
 
-// scores := exp(scores - max[r]) in place for the first `cols` columns (a multiple of 8),
-// returning the per-row sums as one vector. `shift` lane r is the row's running maximum, or
-// 0 when that maximum is still -inf (no key attended yet): then every score of the row is
-// -inf too and exp(-inf - 0) = 0, where -inf - (-inf) would be NaN.
-v128_t exponentiate_tile(float* scores, int32_t cols, v128_t shift, const ExpConstants& ec) {
-  float row_sum[kQueryTile];
-  for (int r = 0; r < kQueryTile; r++) {
+// scores := exp(scores - max[r]) in place for rows r < rows and the first `cols` columns
+// (a multiple of 8), returning the per-row sums as one vector (0 for padding rows, whose
+// scores are left as they are and never read). `shift` lane r is the row's running maximum,
+// or 0 when that maximum is still -inf (no key attended yet): then every score of the row
+// is -inf too and exp(-inf - 0) = 0, where -inf - (-inf) would be NaN.
+v128_t exponentiate_tile(float* scores, int32_t rows, int32_t cols, v128_t shift,
+                         const ExpConstants& ec) {
+  float row_sum[kQueryTile] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int r = 0; r < rows; r++) {
     float* s = scores + r * kKeyTile;
     const v128_t m = wasm_f32x4_splat(wasm_f32x4_extract_lane(shift, 0));
     v128_t sum = wasm_f32x4_splat(0.0f);
@@ -463,7 +465,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
     finish_scores(p, tile.kind, s.bias, s.scores);
 
     const int32_t cols = round_up(key_count, 2 * kKeyGroup);  // columns holding scores
-    const v128_t new_max = wasm_f32x4_pmax(running_max, tile_row_max(s.scores, cols));
+    const v128_t new_max = wasm_f32x4_pmax(running_max, tile_row_max(s.scores, rt.rows, cols));
     // A row still at -inf has attended nothing: shift by 0 (its scores are all -inf,
     // so its probabilities are exp(-inf) = 0) and keep α = 1 (its o and l are 0).
     const v128_t still_empty = wasm_f32x4_eq(new_max, neg_inf);
@@ -471,7 +473,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
     // α = exp(m_old - m_new) <= 1: 1 when the maximum did not grow, 0 when m_old = -inf.
     const v128_t alpha = wasm_v128_bitselect(
         ec.one, exp_nonpositive(wasm_f32x4_sub(running_max, new_max), ec), still_empty);
-    const v128_t tile_sum = exponentiate_tile(s.scores, cols, shift, ec);
+    const v128_t tile_sum = exponentiate_tile(s.scores, rt.rows, cols, shift, ec);
     running_sum = wasm_f32x4_add(wasm_f32x4_mul(running_sum, alpha), tile_sum);
     running_max = new_max;
 
@@ -517,7 +519,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
     } else {
       score_tile_from(kv, s.q_tile, rt.rows, j0, std::min(kKeyTile, rt.keys_end - j0), E, s.scores);
       finish_scores(p, tile.kind, s.bias, s.scores);
-      exponentiate_tile(s.scores, kKeyTile, final_shift, ec);
+      exponentiate_tile(s.scores, rt.rows, kKeyTile, final_shift, ec);
     }
     for (int r = 0; r < rt.rows; r++) {
       float* dst = p.weights +
