@@ -96,7 +96,7 @@ WorkPlan plan_work(const Problem& p, int32_t threads) {
   }
   w.block_rows = round_up((w.rows + w.blocks - 1) / w.blocks, kQueryTile);
   w.blocks = (w.rows + w.block_rows - 1) / w.block_rows;
-  w.per_thread = sdpa_f32_fwd_4x64__wasmsimd_scratch(p);
+  w.per_thread = sdpa_f32_fwd_4x64__wasmsimd_scratch(p, !w.in_place);
   w.partial_floats = static_cast<uint64_t>(row_tiles) * sdpa_f32_fwd_4x64__wasmsimd_partial_floats(p);
   return w;
 }

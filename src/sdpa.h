@@ -93,7 +93,8 @@ class ThreadPool;
 bool reads_keys_in_place(const Problem& p);
 
 // Number of floats of scratch that forward() needs on `threads` threads: per thread, the
-// packed K/V of one head (O(Lk·(E + Ev))) plus O(tile) for the rest; never O(Lq·Lk).
+// packed K/V of one head (O(Lk·(E + Ev)); none on the decode path, which reads K/V in place)
+// plus O(tile) for the rest, and the split-K partial states; never O(Lq·Lk).
 // 64-bit even in wasm32, where a 32-bit size_t could wrap around for huge problems.
 uint64_t scratch_floats(const Problem& p, int32_t threads = 1);
 

@@ -63,11 +63,13 @@ struct Scratch {
 // checked against the scratch the caller provides before any pointer is formed).
 uint64_t align4(uint64_t n) { return (n + 3) / 4 * 4; }
 
-uint64_t layout(const Problem& p, float* base, Scratch* s) {
-  const uint64_t key_rows = static_cast<uint64_t>(round_up(p.kv_len, kKeyTile));
+// Without packing (K/V read in place) the two packed parts are empty.
+uint64_t layout(const Problem& p, bool packs, float* base, Scratch* s) {
+  const uint64_t key_rows = packs ? static_cast<uint64_t>(round_up(p.kv_len, kKeyTile)) : 0;
+  const uint64_t value_rows = packs ? static_cast<uint64_t>(p.kv_len) : 0;
   const uint64_t ev8 = static_cast<uint64_t>(value_cols_padded(p));
   const uint64_t sizes[6] = {
-      key_rows * static_cast<uint64_t>(p.head_dim), static_cast<uint64_t>(p.kv_len) * ev8,
+      key_rows * static_cast<uint64_t>(p.head_dim), value_rows * ev8,
       align4(kQueryTile * static_cast<uint64_t>(p.head_dim)), kQueryTile * kKeyTile,
       kQueryTile * kKeyTile,          kQueryTile * ev8};
   float** parts[6] = {&s->packed_key, &s->packed_value, &s->q_tile,
@@ -549,9 +551,9 @@ RowLimits row_limits(const Problem& p, int32_t b) {
 
 }  // namespace
 
-uint64_t sdpa_f32_fwd_4x64__wasmsimd_scratch(const Problem& p) {
+uint64_t sdpa_f32_fwd_4x64__wasmsimd_scratch(const Problem& p, bool packs) {
   Scratch unused;
-  return layout(p, nullptr, &unused) + 4;  // + 4: room to align the base to 16 bytes
+  return layout(p, packs, nullptr, &unused) + 4;  // + 4: room to align the base to 16 bytes
 }
 
 uint64_t sdpa_f32_fwd_4x64__wasmsimd_partial_floats(const Problem& p) {
@@ -570,7 +572,7 @@ void sdpa_f32_fwd_ukernel_4x64__wasmsimd(const Problem& p, const KernelWork& w, 
   assert(scratch_base != nullptr);
 
   Scratch s;
-  layout(p, reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch_base) + 15) & ~uintptr_t{15}), &s);
+  layout(p, w.pack, reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch_base) + 15) & ~uintptr_t{15}), &s);
   const ExpConstants ec = make_exp_constants();
   const RowLimits limit_of = row_limits(p, w.b);
   const int32_t first_head = w.kv_head * group;

@@ -427,8 +427,13 @@ TEST(SdpaForward, LongSequencesUseTileSizedScratch) {
   c.Lq = 32768, c.Lk = 32768, c.E = 16, c.Ev = 16, c.weights = false;
   Harness h(c);
   // Packed K and V of one head plus tiles: O(Lk·(E + Ev)), nowhere near Lq·Lk.
-  const size_t floats = scratch_floats(h.p);
-  EXPECT_LT(floats, size_t(32768) * (16 + 16) + 4096);
+  const uint64_t floats = scratch_floats(h.p);
+  EXPECT_LT(floats, uint64_t(32768) * (16 + 16) + 4096);
+  // Decode reads K/V in place: tiles plus one (m, l, o) state per 512-key segment and row.
+  Case d = c;
+  d.Lq = 1;
+  Harness hd(d);
+  EXPECT_LT(scratch_floats(hd.p), uint64_t(4096) + (32768 / 512) * 4 * (2 + 16));
 }
 
 TEST(SdpaForward, ValidateRejectsWhatTheKernelCannotDo) {
