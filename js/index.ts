@@ -98,6 +98,23 @@ export async function createAttention(options: AttentionOptions = {}): Promise<A
   return new Attention(handle);
 }
 
+// The kernel's view of a validated problem; the addresses are filled in once allocated.
+function describeProblem(p: Plan): ProblemDesc {
+  return {
+    batch: p.batch, qHeads: p.qHeads, kvHeads: p.kvHeads, qLen: p.qLen, kvLen: p.kvLen,
+    headDim: p.headDim, valueDim: p.valueDim,
+    query: 0, key: 0, value: 0, output: 0, weights: 0, mask: 0, causalOffsets: 0, keyLengths: 0,
+    qStrideB: p.q.b, qStrideH: p.q.h, qStrideL: p.q.l,
+    kStrideB: p.k.b, kStrideH: p.k.h, kStrideL: p.k.l,
+    vStrideB: p.v.b, vStrideH: p.v.h, vStrideL: p.v.l,
+    oStrideB: p.o.b, oStrideH: p.o.h, oStrideL: p.o.l,
+    maskKind: p.mask === null ? 0 : MASK_KIND[p.mask.kind],
+    maskStrideB: p.mask?.strides[0] ?? 0, maskStrideH: p.mask?.strides[1] ?? 0,
+    maskStrideQ: p.mask?.strides[2] ?? 0, maskStrideK: p.mask?.strides[3] ?? 0,
+    scale: p.scale, softcap: p.softcap, causal: p.causal, causalOffset: p.causalOffset,
+  };
+}
+
 // Copies the inputs into wasm memory, runs the kernel, copies the results out, and frees
 // every allocation whatever happens.
 function run(module: SdpaModule, threads: number, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): SdpaResult {
@@ -114,19 +131,7 @@ function run(module: SdpaModule, threads: number, p: Plan, q: Float32Array, k: F
     return address;
   };
   try {
-    const desc: ProblemDesc = {
-      batch: p.batch, qHeads: p.qHeads, kvHeads: p.kvHeads, qLen: p.qLen, kvLen: p.kvLen,
-      headDim: p.headDim, valueDim: p.valueDim,
-      query: 0, key: 0, value: 0, output: 0, weights: 0, mask: 0, causalOffsets: 0, keyLengths: 0,
-      qStrideB: p.q.b, qStrideH: p.q.h, qStrideL: p.q.l,
-      kStrideB: p.k.b, kStrideH: p.k.h, kStrideL: p.k.l,
-      vStrideB: p.v.b, vStrideH: p.v.h, vStrideL: p.v.l,
-      oStrideB: p.o.b, oStrideH: p.o.h, oStrideL: p.o.l,
-      maskKind: p.mask === null ? 0 : MASK_KIND[p.mask.kind],
-      maskStrideB: p.mask?.strides[0] ?? 0, maskStrideH: p.mask?.strides[1] ?? 0,
-      maskStrideQ: p.mask?.strides[2] ?? 0, maskStrideK: p.mask?.strides[3] ?? 0,
-      scale: p.scale, softcap: p.softcap, causal: p.causal, causalOffset: p.causalOffset,
-    };
+    const desc = describeProblem(p);
     const pairs = p.batch * p.kvHeads;
     const stream = p.layout === 'bhsd' && p.weightsDims === null && pairs > 1 &&
       k.byteLength + v.byteLength >= STREAM_MIN_BYTES && module.readsKeysInPlace(desc);

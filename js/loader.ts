@@ -17,7 +17,7 @@ const SIMD_PROBE = new Uint8Array([
   0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 11,
 ]);
 
-export const isNode = typeof process !== 'undefined' && typeof process.versions?.node === 'string';
+const isNode = typeof process !== 'undefined' && typeof process.versions?.node === 'string';
 
 /** Whether this environment can run the threaded build (shared memory between workers). */
 export function threadsAvailable(): boolean {

@@ -59,7 +59,7 @@ function describe(x: unknown): string {
 }
 
 // Tag-based checks work across realms (iframes, Jest's vm contexts), unlike instanceof.
-export const isFloat32Array = (x: unknown): x is Float32Array => tag(x) === 'Float32Array';
+const isFloat32Array = (x: unknown): x is Float32Array => tag(x) === 'Float32Array';
 const isUint8Array = (x: unknown): x is Uint8Array => tag(x) === 'Uint8Array';
 const isInt32Array = (x: unknown): x is Int32Array => tag(x) === 'Int32Array';
 
