@@ -32,7 +32,7 @@
 #include <cstring>
 #include <limits>
 
-#include "math/f32-vexp-nonpositive-rr2-p6-wasmsimd.h"
+#include "math/f32-vexp-nonpositive-rr1-p5-wasmsimd.h"
 #include "simd/f32x4.h"
 #include "tiles.h"
 
@@ -139,51 +139,67 @@ TileBias build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias
   return {any_allowed ? TileKind::kPartial : TileKind::kAllBlocked, open_cols};
 }
 
-float hmax(v128_t v) {
-  const float a = std::max(wasm_f32x4_extract_lane(v, 0), wasm_f32x4_extract_lane(v, 1));
-  const float b = std::max(wasm_f32x4_extract_lane(v, 2), wasm_f32x4_extract_lane(v, 3));
-  return std::max(a, b);
-}
-
 float hsum(v128_t v) {
   return (wasm_f32x4_extract_lane(v, 0) + wasm_f32x4_extract_lane(v, 1)) +
          (wasm_f32x4_extract_lane(v, 2) + wasm_f32x4_extract_lane(v, 3));
 }
 
+// Lane r = the maximum (kMax) or sum of the 4 lanes of row[r]: a 4×4 transpose-reduce,
+// with no scalar extraction.
+template <bool kMax>
+v128_t reduce_rows(const v128_t row[kQueryTile]) {
+  auto op = [](v128_t a, v128_t b) { return kMax ? wasm_f32x4_pmax(a, b) : wasm_f32x4_add(a, b); };
+  // (r0: lanes 0+2, r1: 0+2, r0: 1+3, r1: 1+3), and the same for rows 2 and 3.
+  const v128_t r01 = op(wasm_i32x4_shuffle(row[0], row[1], 0, 4, 1, 5), wasm_i32x4_shuffle(row[0], row[1], 2, 6, 3, 7));
+  const v128_t r23 = op(wasm_i32x4_shuffle(row[2], row[3], 0, 4, 1, 5), wasm_i32x4_shuffle(row[2], row[3], 2, 6, 3, 7));
+  return op(wasm_i32x4_shuffle(r01, r23, 0, 1, 4, 5), wasm_i32x4_shuffle(r01, r23, 2, 3, 6, 7));
+}
+
 // Per-row maxima of the first `cols` columns (a multiple of 8) of one score tile, as one
 // 4-lane vector (lane r = row r); -inf for the padding rows r >= rows, which attend nothing.
 v128_t tile_row_max(const float* scores, int32_t rows, int32_t cols) {
-  float row_max[kQueryTile] = {kNegInf, kNegInf, kNegInf, kNegInf};
-  for (int r = 0; r < rows; r++) {
+  v128_t row_max[kQueryTile];
+  for (int r = 0; r < kQueryTile; r++) {
+    if (r >= rows) {
+      row_max[r] = wasm_f32x4_splat(kNegInf);
+      continue;
+    }
     const float* s = scores + r * kKeyTile;
-    v128_t m = wasm_v128_load(s);
-    for (int c = 4; c < cols; c += 4) m = wasm_f32x4_pmax(m, wasm_v128_load(s + c));
-    row_max[r] = hmax(m);
+    v128_t m0 = wasm_v128_load(s), m1 = wasm_v128_load(s + 4);  // two chains: half the latency
+    for (int c = 8; c < cols; c += 8) {
+      m0 = wasm_f32x4_pmax(m0, wasm_v128_load(s + c));
+      m1 = wasm_f32x4_pmax(m1, wasm_v128_load(s + c + 4));
+    }
+    row_max[r] = wasm_f32x4_pmax(m0, m1);
   }
-  return wasm_v128_load(row_max);
+  return reduce_rows<true>(row_max);
 }
 
-// scores := exp(scores - max[r]) in place for rows r < rows and the first `cols` columns
+// scores := exp(scores - shift[r]) in place for rows r < rows and the first `cols` columns
 // (a multiple of 8), returning the per-row sums as one vector (0 for padding rows, whose
 // scores are left as they are and never read). `shift` lane r is the row's running maximum,
 // or 0 when that maximum is still -inf (no key attended yet): then every score of the row
 // is -inf too and exp(-inf - 0) = 0, where -inf - (-inf) would be NaN.
 v128_t exponentiate_tile(float* scores, int32_t rows, int32_t cols, v128_t shift,
                          const ExpConstants& ec) {
-  float row_sum[kQueryTile] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int r = 0; r < rows; r++) {
+  float row_shift[kQueryTile];
+  wasm_v128_store(row_shift, shift);
+  v128_t row_sum[kQueryTile];
+  for (int r = 0; r < kQueryTile; r++) {
+    row_sum[r] = wasm_f32x4_splat(0.0f);
+    if (r >= rows) continue;
+    const v128_t m = wasm_v128_load32_splat(&row_shift[r]);
     float* s = scores + r * kKeyTile;
-    const v128_t m = wasm_f32x4_splat(wasm_f32x4_extract_lane(shift, 0));
-    v128_t sum = wasm_f32x4_splat(0.0f);
-    for (int c = 0; c < cols; c += 4) {
-      const v128_t e = exp_nonpositive(wasm_f32x4_sub(wasm_v128_load(s + c), m), ec);
-      wasm_v128_store(s + c, e);
+    float* const s_end = s + cols;
+    v128_t sum = row_sum[r];
+    for (; s != s_end; s += 4) {
+      const v128_t e = exp_nonpositive(wasm_f32x4_sub(wasm_v128_load(s), m), ec);
+      wasm_v128_store(s, e);
       sum = wasm_f32x4_add(sum, e);
     }
-    row_sum[r] = hsum(sum);
-    shift = wasm_i32x4_shuffle(shift, shift, 1, 2, 3, 0);  // next row's shift to lane 0
+    row_sum[r] = sum;
   }
-  return wasm_v128_load(row_sum);
+  return reduce_rows<false>(row_sum);
 }
 
 // scores[4][0 .. cols) = q_tile[4][E] · K[j0 .. j0+cols)ᵀ, K packed [groups][E][4], cols a
@@ -314,12 +330,18 @@ void pv_block(const float* probs, const float* value, int64_t v_stride, int32_t 
     const v128_t a = wasm_f32x4_splat(alpha[r]);
     for (int k = 0; k < kVecs; k++) o[r][k] = wasm_f32x4_mul(wasm_v128_load(acc + r * acc_stride + 4 * k), a);
   }
+  // Pointers stepped by hand and constant offsets from them: the loads' addresses fold into
+  // the wasm instructions' offset fields, leaving no address arithmetic in the loop
+  // (Emscripten builds with LLVM's loop strength reduction off).
+  const float* v_row = value;
+  const float* p_col = probs;
+  const float* const p_open_end = probs + open_count;
 #pragma clang loop unroll(disable)
-  for (int32_t j = 0; j < open_count; j++) {
+  for (; p_col != p_open_end; p_col++, v_row += v_stride) {
     v128_t v[kVecs];
-    for (int k = 0; k < kVecs; k++) v[k] = wasm_v128_load(value + j * v_stride + 4 * k);
+    for (int k = 0; k < kVecs; k++) v[k] = wasm_v128_load(v_row + 4 * k);
     for (int r = 0; r < kRows; r++) {
-      const v128_t p = wasm_v128_load32_splat(probs + r * kKeyTile + j);
+      const v128_t p = wasm_v128_load32_splat(p_col + r * kKeyTile);
       for (int k = 0; k < kVecs; k++) o[r][k] = wasm_f32x4_add(o[r][k], wasm_f32x4_mul(p, v[k]));
     }
   }
@@ -458,6 +480,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
   v128_t running_sum = wasm_f32x4_splat(0.0f);     // l
   const v128_t neg_inf = running_max;
   const v128_t zero = running_sum;
+  const v128_t one = wasm_f32x4_splat(1.0f);
 
   for (int32_t j0 = key_begin; j0 < rt.keys_end; j0 += kKeyTile) {
     const TileBias tile = build_bias(p, rt, j0, s.bias);
@@ -474,7 +497,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
     const v128_t shift = wasm_v128_bitselect(zero, new_max, still_empty);
     // α = exp(m_old - m_new) <= 1: 1 when the maximum did not grow, 0 when m_old = -inf.
     const v128_t alpha = wasm_v128_bitselect(
-        ec.one, exp_nonpositive(wasm_f32x4_sub(running_max, new_max), ec), still_empty);
+        one, exp_nonpositive(wasm_f32x4_sub(running_max, new_max), ec), still_empty);
     const v128_t tile_sum = exponentiate_tile(s.scores, rt.rows, cols, shift, ec);
     running_sum = wasm_f32x4_add(wasm_f32x4_mul(running_sum, alpha), tile_sum);
     running_max = new_max;
