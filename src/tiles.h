@@ -9,12 +9,13 @@ namespace sdpa {
 constexpr int kQueryTile = 4;
 // Keys per tile of the online softmax (scores of one tile live in scratch, never Lq×Lk).
 constexpr int kKeyTile = 64;
-// Keys per packed group: K is stored [Lk/4][E][4] so one load gives 4 keys at one dim.
-constexpr int kKeyGroup = 4;
+// Keys per packed group: K is stored [Lk/8][E][8] so two loads at consecutive addresses
+// give 8 keys at one dim: one pass of the 4×8 Q·Kᵀ micro-kernel.
+constexpr int kKeyGroup = 8;
 // Value/output columns per P·V block (two vectors); Ev is padded to a multiple of this.
 constexpr int kValueBlock = 8;
 
-static_assert(kKeyTile % (2 * kKeyGroup) == 0, "a key tile is whole pairs of key groups");
+static_assert(kKeyTile % kKeyGroup == 0, "a key tile is whole key groups");
 static_assert(kQueryTile == 4, "the row statistics use one 4-lane vector");
 
 constexpr int round_up(int n, int m) { return (n + m - 1) / m * m; }

@@ -44,9 +44,10 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 int32_t value_cols_padded(const Problem& p) { return round_up(p.value_dim, kValueBlock); }
 
 // Scratch layout, in floats, for one call; every part starts 16-byte aligned.
-//   packed_key   [round_up(Lk, kKeyTile) / 4][E][4]  key j, dim d at ((j/4)·E + d)·4 + j%4
+//   packed_key   [round_up(Lk, kKeyTile) / 8][E][8]  key j, dim d at ((j/8)·E + d)·8 + j%8
 //   packed_value [Lk][Ev8]                           Ev8 = round_up(Ev, kValueBlock)
 //   q_tile       [4][E]                              scale·q of the tile's rows, 0 past its rows
+//   q_cols       [E][4]                              q_tile interleaved (for packed K)
 //   scores       [4][kKeyTile]                       scores, then probabilities, of one tile
 //   bias         [4][kKeyTile]                       0, mask value, or -inf (blocked)
 //   acc          [4][Ev8]                            unnormalised output rows o
@@ -54,6 +55,7 @@ struct Scratch {
   float* packed_key;
   float* packed_value;
   float* q_tile;
+  float* q_cols;
   float* scores;
   float* bias;
   float* acc;
@@ -68,14 +70,18 @@ uint64_t layout(const Problem& p, bool packs, float* base, Scratch* s) {
   const uint64_t key_rows = packs ? static_cast<uint64_t>(round_up(p.kv_len, kKeyTile)) : 0;
   const uint64_t value_rows = packs ? static_cast<uint64_t>(p.kv_len) : 0;
   const uint64_t ev8 = static_cast<uint64_t>(value_cols_padded(p));
-  const uint64_t sizes[6] = {
-      key_rows * static_cast<uint64_t>(p.head_dim), value_rows * ev8,
-      align4(kQueryTile * static_cast<uint64_t>(p.head_dim)), kQueryTile * kKeyTile,
-      kQueryTile * kKeyTile,          kQueryTile * ev8};
-  float** parts[6] = {&s->packed_key, &s->packed_value, &s->q_tile,
+  const uint64_t q_floats = kQueryTile * static_cast<uint64_t>(p.head_dim);
+  const uint64_t sizes[7] = {key_rows * static_cast<uint64_t>(p.head_dim),
+                             value_rows * ev8,
+                             q_floats,
+                             packs ? q_floats : 0,
+                             kQueryTile * kKeyTile,
+                             kQueryTile * kKeyTile,
+                             kQueryTile * ev8};
+  float** parts[7] = {&s->packed_key, &s->packed_value, &s->q_tile, &s->q_cols,
                       &s->scores,     &s->bias,         &s->acc};
   uint64_t offset = 0;
-  for (int i = 0; i < 6; i++) {
+  for (int i = 0; i < 7; i++) {
     if (base != nullptr) *parts[i] = base + offset;
     offset += align4(sizes[i]);
   }
@@ -202,36 +208,34 @@ v128_t exponentiate_tile(float* scores, int32_t rows, int32_t cols, v128_t shift
   return reduce_rows<false>(row_sum);
 }
 
-// scores[4][0 .. cols) = q_tile[4][E] · K[j0 .. j0+cols)ᵀ, K packed [groups][E][4], cols a
-// multiple of 8 (a causal diagonal tile needs only its first columns).
-// 4 rows × 8 keys per pass: 8 accumulators, 2 key loads and 4 broadcasts per dim.
-void score_tile(const float* q_tile, const float* packed_key_tile, int32_t head_dim,
+// scores[4][0 .. cols) = Q[4][E] · K[j0 .. j0+cols)ᵀ, with Q interleaved [E][4] (q_cols)
+// and K packed [groups][E][8], cols a multiple of 8 (a causal diagonal tile needs only its
+// first columns). 4 rows × 8 keys per pass: 8 accumulators; per dim 2 key loads and 4
+// broadcasts, all at constant offsets from two pointers stepped by hand (no address
+// arithmetic in the loop: see pv_block).
+void score_tile(const float* q_cols, const float* packed_key_tile, int32_t head_dim,
                 int32_t cols, float* scores) {
-  for (int g = 0; g < cols; g += 2 * kKeyGroup) {
-    const float* k0 = packed_key_tile + static_cast<size_t>(g) * head_dim;
-    const float* k1 = k0 + static_cast<size_t>(kKeyGroup) * head_dim;
+  const float* const q_end = q_cols + kQueryTile * head_dim;
+  for (int g = 0; g < cols; g += kKeyGroup) {
+    const float* k = packed_key_tile + static_cast<size_t>(g) * head_dim;
     v128_t acc0x0123 = wasm_f32x4_splat(0.0f), acc0x4567 = acc0x0123;
     v128_t acc1x0123 = acc0x0123, acc1x4567 = acc0x0123;
     v128_t acc2x0123 = acc0x0123, acc2x4567 = acc0x0123;
     v128_t acc3x0123 = acc0x0123, acc3x4567 = acc0x0123;
-    const float* q0 = q_tile;
-    const float* q1 = q0 + head_dim;
-    const float* q2 = q1 + head_dim;
-    const float* q3 = q2 + head_dim;
 #pragma clang loop unroll(disable)
-    for (int32_t d = 0; d < head_dim; d++) {
-      const v128_t k0123 = wasm_v128_load(k0 + 4 * d);
-      const v128_t k4567 = wasm_v128_load(k1 + 4 * d);
-      const v128_t vq0 = wasm_v128_load32_splat(q0 + d);
+    for (const float* q = q_cols; q != q_end; q += kQueryTile, k += kKeyGroup) {
+      const v128_t k0123 = wasm_v128_load(k);
+      const v128_t k4567 = wasm_v128_load(k + 4);
+      const v128_t vq0 = wasm_v128_load32_splat(q);
       acc0x0123 = wasm_f32x4_add(acc0x0123, wasm_f32x4_mul(vq0, k0123));
       acc0x4567 = wasm_f32x4_add(acc0x4567, wasm_f32x4_mul(vq0, k4567));
-      const v128_t vq1 = wasm_v128_load32_splat(q1 + d);
+      const v128_t vq1 = wasm_v128_load32_splat(q + 1);
       acc1x0123 = wasm_f32x4_add(acc1x0123, wasm_f32x4_mul(vq1, k0123));
       acc1x4567 = wasm_f32x4_add(acc1x4567, wasm_f32x4_mul(vq1, k4567));
-      const v128_t vq2 = wasm_v128_load32_splat(q2 + d);
+      const v128_t vq2 = wasm_v128_load32_splat(q + 2);
       acc2x0123 = wasm_f32x4_add(acc2x0123, wasm_f32x4_mul(vq2, k0123));
       acc2x4567 = wasm_f32x4_add(acc2x4567, wasm_f32x4_mul(vq2, k4567));
-      const v128_t vq3 = wasm_v128_load32_splat(q3 + d);
+      const v128_t vq3 = wasm_v128_load32_splat(q + 3);
       acc3x0123 = wasm_f32x4_add(acc3x0123, wasm_f32x4_mul(vq3, k0123));
       acc3x4567 = wasm_f32x4_add(acc3x4567, wasm_f32x4_mul(vq3, k4567));
     }
@@ -447,11 +451,11 @@ struct KeyValueSource {
 
 // Scores of the tile's keys [j0, j0 + key_count), valid in the first round_up(key_count, 8)
 // columns (the rest of those columns are blocked by the bias; later columns are not used).
-void score_tile_from(const KeyValueSource& kv, const float* q_tile, int32_t rows, int32_t j0,
+void score_tile_from(const KeyValueSource& kv, const float* q_tile, const float* q_cols, int32_t rows, int32_t j0,
                      int32_t key_count, int32_t head_dim, float* scores) {
   if (kv.packed) {
-    score_tile(q_tile, kv.key + static_cast<size_t>(j0) * head_dim, head_dim,
-               round_up(key_count, 2 * kKeyGroup), scores);
+    score_tile(q_cols, kv.key + static_cast<size_t>(j0) * head_dim, head_dim,
+               round_up(key_count, kKeyGroup), scores);
   } else {
     score_tile_in_place(q_tile, rows, kv.key + j0 * kv.key_stride, kv.key_stride, key_count,
                         head_dim, scores);
@@ -475,6 +479,11 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
       std::fill(dst, dst + E, 0.0f);
     }
   }
+  if (kv.packed) {
+    for (int32_t d = 0; d < E; d++) {
+      for (int r = 0; r < kQueryTile; r++) s.q_cols[d * kQueryTile + r] = s.q_tile[r * E + d];
+    }
+  }
   std::fill(s.acc, s.acc + kQueryTile * ev8, 0.0f);
   v128_t running_max = wasm_f32x4_splat(kNegInf);  // m, lane r = row r
   v128_t running_sum = wasm_f32x4_splat(0.0f);     // l
@@ -486,10 +495,10 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
     const TileBias tile = build_bias(p, rt, j0, s.bias);
     if (tile.kind == TileKind::kAllBlocked) continue;  // m, l, o unchanged
     const int32_t key_count = std::min(kKeyTile, rt.keys_end - j0);
-    score_tile_from(kv, s.q_tile, rt.rows, j0, key_count, E, s.scores);
+    score_tile_from(kv, s.q_tile, s.q_cols, rt.rows, j0, key_count, E, s.scores);
     finish_scores(p, tile.kind, s.bias, s.scores);
 
-    const int32_t cols = round_up(key_count, 2 * kKeyGroup);  // columns holding scores
+    const int32_t cols = round_up(key_count, kKeyGroup);  // columns holding scores
     const v128_t new_max = wasm_f32x4_pmax(running_max, tile_row_max(s.scores, rt.rows, cols));
     // A row still at -inf has attended nothing: shift by 0 (its scores are all -inf,
     // so its probabilities are exp(-inf) = 0) and keep α = 1 (its o and l are 0).
@@ -542,7 +551,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
     if (tile.kind == TileKind::kAllBlocked) {
       std::fill(s.scores, s.scores + kQueryTile * kKeyTile, 0.0f);
     } else {
-      score_tile_from(kv, s.q_tile, rt.rows, j0, std::min(kKeyTile, rt.keys_end - j0), E, s.scores);
+      score_tile_from(kv, s.q_tile, s.q_cols, rt.rows, j0, std::min(kKeyTile, rt.keys_end - j0), E, s.scores);
       finish_scores(p, tile.kind, s.bias, s.scores);
       exponentiate_tile(s.scores, rt.rows, kKeyTile, final_shift, ec);
     }
