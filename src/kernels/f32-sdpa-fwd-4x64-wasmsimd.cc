@@ -91,13 +91,16 @@ uint64_t layout(const Problem& p, bool packs, float* base, Scratch* s) {
 // The additive bias and the blocked keys of one tile, for the rows of the query tile.
 enum class TileKind {
   kAllBlocked,  // no row may attend any key of the tile: skip it
-  kPartial,     // some entries blocked or biased: bias[] holds the tile's bias
+  kPartial,     // a mask: bias[] holds the tile's bias, -inf where blocked
+  kLimited,     // no mask, but some row's key limit ends inside the tile (a causal diagonal,
+                // the key-length edge): scores past it are set to -inf; bias[] unused
   kClean,       // every row attends every key, no mask: bias[] unused
 };
 
 struct TileBias {
   TileKind kind;
-  // Columns [0, open_cols) are blocked for no row: P·V may multiply them unconditionally.
+  // Columns [0, open_cols) are blocked for no (real) row: P·V may multiply them
+  // unconditionally.
   // Blocked entries only occur from open_cols on (a causal diagonal or a key-length edge
   // leaves at most a few such columns; a mask with -inf can leave many).
   int32_t open_cols;
@@ -112,13 +115,22 @@ struct RowTile {
   int32_t keys_end;           // max over rows of limit[r]
 };
 
+// Padding rows (r >= rt.rows) are never read after the scores, so they do not make a
+// tile partial; their bias rows are -inf all the same (no uninitialised scratch is read).
 TileBias build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias) {
-  bool clean = p.mask_kind == MaskKind::kNone;
-  for (int r = 0; r < kQueryTile; r++) clean = clean && rt.limit[r] >= j0 + kKeyTile;
-  if (clean) return {TileKind::kClean, kKeyTile};
+  int32_t open_cols = kKeyTile;  // min over real rows of the allowed columns
+  int32_t allowed_max = 0;       // max over real rows
+  for (int r = 0; r < rt.rows; r++) {
+    const int32_t allowed_end = std::clamp(rt.limit[r] - j0, 0, kKeyTile);
+    open_cols = std::min(open_cols, allowed_end);
+    allowed_max = std::max(allowed_max, allowed_end);
+  }
+  if (allowed_max == 0) return {TileKind::kAllBlocked, 0};
+  if (p.mask_kind == MaskKind::kNone) {
+    return {open_cols == kKeyTile ? TileKind::kClean : TileKind::kLimited, open_cols};
+  }
 
   bool any_allowed = false;
-  int32_t open_cols = kKeyTile;
   for (int r = 0; r < kQueryTile; r++) {
     float* bias_row = bias + r * kKeyTile;
     const int32_t allowed_end = std::clamp(rt.limit[r] - j0, 0, kKeyTile);
@@ -134,13 +146,12 @@ TileBias build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias
       }
       bias_row[c] = value;
       if (value == kNegInf) {
-        open_cols = std::min(open_cols, c);
+        if (r < rt.rows) open_cols = std::min(open_cols, c);
       } else {
         any_allowed = true;
       }
     }
     for (int c = allowed_end; c < kKeyTile; c++) bias_row[c] = kNegInf;
-    open_cols = std::min(open_cols, allowed_end);
   }
   return {any_allowed ? TileKind::kPartial : TileKind::kAllBlocked, open_cols};
 }
@@ -186,7 +197,7 @@ v128_t tile_row_max(const float* scores, int32_t rows, int32_t cols) {
 // scores are left as they are and never read). `shift` lane r is the row's running maximum,
 // or 0 when that maximum is still -inf (no key attended yet): then every score of the row
 // is -inf too and exp(-inf - 0) = 0, where -inf - (-inf) would be NaN.
-v128_t exponentiate_tile(float* scores, int32_t rows, int32_t cols, v128_t shift,
+__attribute__((noinline)) v128_t exponentiate_tile(float* scores, int32_t rows, int32_t cols, v128_t shift,
                          const ExpConstants& ec) {
   float row_shift[kQueryTile];
   wasm_v128_store(row_shift, shift);
@@ -306,11 +317,20 @@ void score_tile_in_place(const float* q_tile, int32_t rows, const float* key, in
 
 // Softcap and bias in the order of the contract: s = softcap·tanh(s/softcap), then
 // s = s + bias, where a -inf bias replaces s by -inf (so a NaN score of a blocked key,
-// from NaN in padding, becomes -inf instead of staying NaN).
-void finish_scores(const Problem& p, TileKind kind, const float* bias, float* scores) {
+// from NaN in padding, becomes -inf instead of staying NaN). A limited tile's blocked
+// scores, past each row's limit, are replaced by -inf the same way.
+void finish_scores(const Problem& p, const RowTile& rt, int32_t j0, TileKind kind,
+                   const float* bias, float* scores) {
   if (p.softcap > 0.0f) {
     const float cap = p.softcap, inv_cap = 1.0f / p.softcap;
     for (int e = 0; e < kQueryTile * kKeyTile; e++) scores[e] = cap * std::tanh(scores[e] * inv_cap);
+  }
+  if (kind == TileKind::kLimited) {
+    for (int r = 0; r < rt.rows; r++) {
+      float* row = scores + r * kKeyTile;
+      std::fill(row + std::clamp(rt.limit[r] - j0, 0, kKeyTile), row + kKeyTile, kNegInf);
+    }
+    return;
   }
   if (kind != TileKind::kPartial) return;
   const v128_t neg_inf = wasm_f32x4_splat(kNegInf);
@@ -381,7 +401,7 @@ void pv_columns_scalar(const float* probs, const float* value, int64_t v_stride,
 }
 
 template <int kRows>
-void accumulate_pv_rows(const float* probs, const float* value, int64_t v_stride, int32_t cols,
+__attribute__((noinline)) void accumulate_pv_rows(const float* probs, const float* value, int64_t v_stride, int32_t cols,
                         int32_t open_count, int32_t key_count, const float* alpha, float* acc,
                         int32_t acc_stride) {
   int32_t col = 0;
@@ -496,7 +516,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
     if (tile.kind == TileKind::kAllBlocked) continue;  // m, l, o unchanged
     const int32_t key_count = std::min(kKeyTile, rt.keys_end - j0);
     score_tile_from(kv, s.q_tile, s.q_cols, rt.rows, j0, key_count, E, s.scores);
-    finish_scores(p, tile.kind, s.bias, s.scores);
+    finish_scores(p, rt, j0, tile.kind, s.bias, s.scores);
 
     const int32_t cols = round_up(key_count, kKeyGroup);  // columns holding scores
     const v128_t new_max = wasm_f32x4_pmax(running_max, tile_row_max(s.scores, rt.rows, cols));
@@ -552,7 +572,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
       std::fill(s.scores, s.scores + kQueryTile * kKeyTile, 0.0f);
     } else {
       score_tile_from(kv, s.q_tile, s.q_cols, rt.rows, j0, std::min(kKeyTile, rt.keys_end - j0), E, s.scores);
-      finish_scores(p, tile.kind, s.bias, s.scores);
+      finish_scores(p, rt, j0, tile.kind, s.bias, s.scores);
       exponentiate_tile(s.scores, rt.rows, kKeyTile, final_shift, ec);
     }
     for (int r = 0; r < rt.rows; r++) {
