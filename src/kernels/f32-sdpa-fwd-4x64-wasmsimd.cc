@@ -432,18 +432,57 @@ void accumulate_pv(const float* probs, const float* value, int64_t v_stride, int
   }
 }
 
-// K of one (batch, KV head), keys [0, key_count), into [groups][E][4]; zeros up to the
-// end of the last key tile, so score_tile may always read whole tiles.
+// (a[0][0], a[1][0], a[2][0], a[3][0]), …: rows of a become columns.
+void transpose4x4(v128_t& a0, v128_t& a1, v128_t& a2, v128_t& a3) {
+  const v128_t lo01 = wasm_i32x4_shuffle(a0, a1, 0, 4, 1, 5), hi01 = wasm_i32x4_shuffle(a0, a1, 2, 6, 3, 7);
+  const v128_t lo23 = wasm_i32x4_shuffle(a2, a3, 0, 4, 1, 5), hi23 = wasm_i32x4_shuffle(a2, a3, 2, 6, 3, 7);
+  a0 = wasm_i32x4_shuffle(lo01, lo23, 0, 1, 4, 5);
+  a1 = wasm_i32x4_shuffle(lo01, lo23, 2, 3, 6, 7);
+  a2 = wasm_i32x4_shuffle(hi01, hi23, 0, 1, 4, 5);
+  a3 = wasm_i32x4_shuffle(hi01, hi23, 2, 3, 6, 7);
+}
+
+// K of one (batch, KV head), keys [0, key_count), into [groups][E][8]; zeros up to the
+// end of the last key tile, so score_tile may always read whole tiles. A whole group is
+// 8 key rows × E read 4 dims at a time and written as two transposed 4×4 blocks per 4 dims
+// (sequential stores; the scalar form scatters every float).
 void pack_key(const float* key, int64_t stride_l, int32_t key_count, int32_t head_dim,
               float* packed) {
+  static_assert(kKeyGroup == 8, "two 4×4 blocks per group");
   const int32_t padded = round_up(key_count, kKeyTile);
-  for (int32_t j = 0; j < padded; j++) {
-    float* dst = packed + (static_cast<size_t>(j / kKeyGroup) * head_dim) * kKeyGroup + j % kKeyGroup;
-    if (j < key_count) {
-      const float* src = key + j * stride_l;
-      for (int32_t d = 0; d < head_dim; d++) dst[d * kKeyGroup] = src[d];
-    } else {
-      for (int32_t d = 0; d < head_dim; d++) dst[d * kKeyGroup] = 0.0f;
+  const int32_t e4 = head_dim & ~3;
+  for (int32_t j0 = 0; j0 < padded; j0 += kKeyGroup) {
+    float* group = packed + static_cast<size_t>(j0) * head_dim;  // [E][8]
+    const int32_t keys = std::clamp(key_count - j0, 0, kKeyGroup);
+    if (keys < kKeyGroup) {  // the last, partial group and the zero padding
+      for (int32_t d = 0; d < head_dim; d++) {
+        for (int i = 0; i < kKeyGroup; i++) group[d * kKeyGroup + i] = i < keys ? key[(j0 + i) * stride_l + d] : 0.0f;
+      }
+      continue;
+    }
+    const float* k0 = key + j0 * stride_l;
+    const float* k1 = k0 + stride_l;
+    const float* k2 = k1 + stride_l;
+    const float* k3 = k2 + stride_l;
+    const float* k4 = k3 + stride_l;
+    const float* k5 = k4 + stride_l;
+    const float* k6 = k5 + stride_l;
+    const float* k7 = k6 + stride_l;
+    for (int32_t d = 0; d < e4; d += 4) {
+      v128_t a0 = wasm_v128_load(k0 + d), a1 = wasm_v128_load(k1 + d);
+      v128_t a2 = wasm_v128_load(k2 + d), a3 = wasm_v128_load(k3 + d);
+      v128_t b0 = wasm_v128_load(k4 + d), b1 = wasm_v128_load(k5 + d);
+      v128_t b2 = wasm_v128_load(k6 + d), b3 = wasm_v128_load(k7 + d);
+      transpose4x4(a0, a1, a2, a3);  // a_t: dim d + t of keys 0..3
+      transpose4x4(b0, b1, b2, b3);  // b_t: dim d + t of keys 4..7
+      float* dst = group + d * kKeyGroup;
+      wasm_v128_store(dst, a0), wasm_v128_store(dst + 4, b0);
+      wasm_v128_store(dst + 8, a1), wasm_v128_store(dst + 12, b1);
+      wasm_v128_store(dst + 16, a2), wasm_v128_store(dst + 20, b2);
+      wasm_v128_store(dst + 24, a3), wasm_v128_store(dst + 28, b3);
+    }
+    for (int32_t d = e4; d < head_dim; d++) {
+      for (int i = 0; i < kKeyGroup; i++) group[d * kKeyGroup + i] = key[(j0 + i) * stride_l + d];
     }
   }
 }
