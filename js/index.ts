@@ -17,9 +17,10 @@ const MASK_KIND = { float: 1, bool: 2 } as const;
 /** The wasm memory limit (-sMAXIMUM_MEMORY=2GB in CMakeLists.txt). */
 const MAX_WASM_BYTES = 2 ** 31;
 /**
- * Decode problems whose K and V together are at least this large are copied in and computed
- * one (batch, KV head) at a time: the kernel then reads each head's K/V right after the copy,
- * from cache, instead of from main memory after the whole copy has evicted it.
+ * Decode problems whose K and V together are at least this large are streamed: copied in one
+ * segment of keys of one (batch, KV head) at a time (src/sdpa.h, forward_segment), each
+ * computed right after its copy, from the core's own cache, instead of from main memory
+ * after the whole copy has evicted it.
  */
 const STREAM_MIN_BYTES = 4 * 2 ** 20;
 
@@ -133,21 +134,22 @@ function run(module: SdpaModule, threads: number, p: Plan, q: Float32Array, k: F
   try {
     const desc = describeProblem(p);
     const pairs = p.batch * p.kvHeads;
-    const stream = p.layout === 'bhsd' && p.weightsDims === null && pairs > 1 &&
+    const stream = p.layout === 'bhsd' && p.weightsDims === null &&
       k.byteLength + v.byteLength >= STREAM_MIN_BYTES && module.readsKeysInPlace(desc);
     // Streaming: the kernel sees one (batch, KV head) at a time, [1, Hq/Hkv, Lq, E] against
-    // [1, 1, Lk, E], with every pointer below moved to that pair's rows. It runs on this
-    // thread alone: the copy in between is serial, and the data is in this core's cache.
+    // [1, 1, Lk, E], with every pointer below moved to that pair's rows, and its keys one
+    // segment at a time. It runs on this thread alone: the copies in between are serial.
     const group = p.qHeads / p.kvHeads;
     const pairDesc: ProblemDesc = stream
       ? { ...desc, batch: 1, qHeads: group, kvHeads: 1, kStrideB: 0, kStrideH: 0, vStrideB: 0, vStrideH: 0 }
       : desc;
-    const kernelThreads = stream ? 1 : threads;
-    const scratchFloats = module.scratchFloats(pairDesc, kernelThreads);
+    const segmentKeys = stream ? module.segmentKeys() : 0;
+    const scratchFloats = stream ? module.segmentScratchFloats(pairDesc) : module.scratchFloats(desc, threads);
     const scratch = alloc(scratchFloats * 4, 'scratch');
+    const partials = stream ? alloc(module.segmentPartialsFloats(pairDesc) * 4, 'scratch') : 0;
     desc.query = alloc(q.byteLength, 'query');
-    const keyFloats = stream ? p.kvLen * p.headDim : k.length;
-    const valueFloats = stream ? p.kvLen * p.valueDim : v.length;
+    const keyFloats = stream ? Math.min(segmentKeys, p.kvLen) * p.headDim : k.length;
+    const valueFloats = stream ? Math.min(segmentKeys, p.kvLen) * p.valueDim : v.length;
     desc.key = alloc(keyFloats * 4, 'key');
     desc.value = alloc(valueFloats * 4, 'value');
     desc.output = alloc(p.outputSize * 4, 'the output');
@@ -166,8 +168,7 @@ function run(module: SdpaModule, threads: number, p: Plan, q: Float32Array, k: F
     if (p.causalOffsets !== null) i32.set(p.causalOffsets, desc.causalOffsets >>> 2);
     if (p.keyLengths !== null) i32.set(p.keyLengths, desc.keyLengths >>> 2);
 
-    const forward = (d: ProblemDesc) => {
-      const status = module.forward(d, scratch, scratchFloats, kernelThreads);
+    const check = (status: number) => {
       if (status !== 0) {
         // plan() checks everything the kernel checks; reaching this is a bug in sdpa-wasm.
         throw new Error(`sdpa: internal error: the kernel rejected a validated problem (${module.statusName(status)})`);
@@ -176,15 +177,15 @@ function run(module: SdpaModule, threads: number, p: Plan, q: Float32Array, k: F
     if (!stream) {
       f32.set(k, desc.key >>> 2);
       f32.set(v, desc.value >>> 2);
-      forward(desc);
+      check(module.forward(desc, scratch, scratchFloats, threads));
     } else {
       const maskBytes = p.mask?.kind === 'float' ? 4 : 1;
+      const segments = module.segmentCount(pairDesc);
+      const pairKeyFloats = p.kvLen * p.headDim, pairValueFloats = p.kvLen * p.valueDim;
       pairDesc.key = desc.key;
       pairDesc.value = desc.value;
       for (let pair = 0; pair < pairs; pair++) {
         const b = Math.floor(pair / p.kvHeads), firstHead = (pair % p.kvHeads) * group;
-        f32.set(k.subarray(pair * keyFloats, (pair + 1) * keyFloats), desc.key >>> 2);
-        f32.set(v.subarray(pair * valueFloats, (pair + 1) * valueFloats), desc.value >>> 2);
         pairDesc.query = desc.query + 4 * (b * p.q.b + firstHead * p.q.h);
         pairDesc.output = desc.output + 4 * (b * p.o.b + firstHead * p.o.h);
         if (p.mask !== null) {
@@ -192,7 +193,15 @@ function run(module: SdpaModule, threads: number, p: Plan, q: Float32Array, k: F
         }
         if (p.causalOffsets !== null) pairDesc.causalOffsets = desc.causalOffsets + 4 * b;
         if (p.keyLengths !== null) pairDesc.keyLengths = desc.keyLengths + 4 * b;
-        forward(pairDesc);
+        for (let segment = 0; segment < segments; segment++) {
+          const begin = segment * segmentKeys, end = Math.min(p.kvLen, begin + segmentKeys);
+          const keys = k.subarray(pair * pairKeyFloats + begin * p.headDim, pair * pairKeyFloats + end * p.headDim);
+          const values = v.subarray(pair * pairValueFloats + begin * p.valueDim, pair * pairValueFloats + end * p.valueDim);
+          f32.set(keys, desc.key >>> 2);
+          f32.set(values, desc.value >>> 2);
+          check(module.forwardSegment(pairDesc, segment, partials, scratch, scratchFloats));
+        }
+        check(module.mergeSegments(pairDesc, partials));
       }
     }
 

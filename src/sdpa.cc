@@ -20,6 +20,7 @@ const char* status_name(Status status) {
     case Status::kBadKeyLength: return "key length outside [0, Lk]";
     case Status::kBadStride: return "negative stride";
     case Status::kBadScratch: return "scratch missing or too small";
+    case Status::kBadSegment: return "not a single (batch, KV head) decode, or no such segment";
   }
   return "unknown status";
 }
@@ -176,6 +177,55 @@ Status forward(const Problem& p, float* scratch, uint64_t scratch_size, ThreadPo
   };
   run(items, forward_item);
   if (fw.plan.segments > 1) run(fw.plan.pairs, merge_item);
+  return Status::kOk;
+}
+
+int32_t segment_keys() { return kSegmentKeys; }
+
+int32_t segment_count(const Problem& p) { return (p.kv_len + kSegmentKeys - 1) / kSegmentKeys; }
+
+uint64_t segment_scratch_floats(const Problem& p) { return sdpa_f32_fwd_4x64__wasmsimd_scratch(p, false); }
+
+uint64_t segment_partials_floats(const Problem& p) {
+  return static_cast<uint64_t>(segment_count(p)) * plan_work(p, 1).partial_floats;
+}
+
+namespace {
+
+Status check_segmentable(const Problem& p) {
+  const Status status = validate(p);
+  if (status != Status::kOk) return status;
+  if (p.batch != 1 || p.kv_heads != 1 || p.weights != nullptr || !plan_work(p, 1).in_place) {
+    return Status::kBadSegment;
+  }
+  return Status::kOk;
+}
+
+}  // namespace
+
+Status forward_segment(const Problem& p, int32_t segment, float* partials, float* scratch,
+                       uint64_t scratch_size) {
+  const Status status = check_segmentable(p);
+  if (status != Status::kOk) return status;
+  if (segment < 0 || segment >= segment_count(p) || partials == nullptr) return Status::kBadSegment;
+  if (scratch == nullptr || scratch_size < segment_scratch_floats(p)) return Status::kBadScratch;
+  // The same kernel call as forward_item's for this segment, with K/V starting at its keys.
+  const WorkPlan w = plan_work(p, 1);
+  KernelWork kw;
+  kw.row_begin = 0, kw.row_end = w.rows;
+  kw.key_begin = segment * kSegmentKeys;
+  kw.key_end = std::min(p.kv_len, kw.key_begin + kSegmentKeys);
+  kw.stored_from = kw.key_begin;
+  kw.partials = partials + static_cast<size_t>(segment) * w.partial_floats;
+  sdpa_f32_fwd_ukernel_4x64__wasmsimd(p, kw, scratch);
+  return Status::kOk;
+}
+
+Status merge_segments(const Problem& p, const float* partials) {
+  const Status status = check_segmentable(p);
+  if (status != Status::kOk) return status;
+  if (partials == nullptr) return Status::kBadSegment;
+  sdpa_f32_fwd_merge_partials(p, 0, 0, plan_work(p, 1).rows, segment_count(p), partials);
   return Status::kOk;
 }
 

@@ -76,6 +76,8 @@ enum class Status : int32_t {
   kBadKeyLength = 5,    // key_lengths[b] outside [0, Lk]
   kBadStride = 6,       // a negative stride
   kBadScratch = 7,      // scratch missing or smaller than scratch_floats()
+  kBadSegment = 8,      // forward_segment()/merge_segments() on a problem they do not take,
+                        // or a segment index outside [0, segment_count(p))
 };
 
 const char* status_name(Status status);
@@ -105,5 +107,28 @@ uint64_t scratch_floats(const Problem& p, int32_t threads = 1);
 // number of threads. Returns kOk or the first check that failed; on failure nothing is
 // written.
 Status forward(const Problem& p, float* scratch, uint64_t scratch_size, ThreadPool* pool = nullptr);
+
+// Streamed decoding, for a caller that copies K/V in (the TypeScript layer): instead of
+// copying a whole (batch, KV head) (megabytes, which land in the last-level cache) and then
+// reading it, the caller copies one segment of keys at a time into a buffer the size of a
+// segment, which stays in the core's own cache, and runs the kernel on it at once:
+//   for s in [0, segment_count(p)): copy keys [s·K, min(Lk, (s+1)·K)) of K and V, where
+//       K = segment_keys(); forward_segment(p, s, …)
+//   merge_segments(p, partials)
+// p is one (batch, KV head): batch == 1 and kv_heads == 1 (point query/output/mask at the
+// pair's first query head), on the decode path (reads_keys_in_place(p)), without weights.
+// For each call, p.key and p.value point at the segment's first key, with the problem's
+// strides (k_stride_b/h and v_stride_b/h are not used). The segments are forward()'s own
+// split-K segments, merged in the same order: the output is bitwise identical to forward().
+int32_t segment_keys();
+int32_t segment_count(const Problem& p);
+// Floats of scratch one forward_segment() call needs: O(tile).
+uint64_t segment_scratch_floats(const Problem& p);
+// Floats of partial state for all segments: forward_segment(p, s) writes the s-th part.
+uint64_t segment_partials_floats(const Problem& p);
+Status forward_segment(const Problem& p, int32_t segment, float* partials, float* scratch,
+                       uint64_t scratch_size);
+// Writes p.output from the partials of every segment.
+Status merge_segments(const Problem& p, const float* partials);
 
 }  // namespace sdpa

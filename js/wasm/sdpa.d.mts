@@ -27,6 +27,18 @@ export interface SdpaModule {
   forward(desc: ProblemDesc, scratch: number, scratchFloats: number, threads: number): number;
   /** Whether forward() reads K/V in place (the decode path: no packing). */
   readsKeysInPlace(desc: ProblemDesc): boolean;
+  /** Streamed decoding (src/sdpa.h): keys per segment, the same for every problem. */
+  segmentKeys(): number;
+  /** Segments of a single-(batch, KV head) decode problem: ceil(Lk / segmentKeys()). */
+  segmentCount(desc: ProblemDesc): number;
+  /** Floats of scratch one forwardSegment() call needs. */
+  segmentScratchFloats(desc: ProblemDesc): number;
+  /** Floats of partial state for all segments together. */
+  segmentPartialsFloats(desc: ProblemDesc): number;
+  /** Status 0 = ok. desc.key/value point at the segment's first key. */
+  forwardSegment(desc: ProblemDesc, segment: number, partials: number, scratch: number, scratchFloats: number): number;
+  /** Status 0 = ok. Writes desc.output from every segment's partials. */
+  mergeSegments(desc: ProblemDesc, partials: number): number;
   statusName(status: number): string;
   /** Threaded build only: Emscripten's worker pool. */
   PThread?: { unusedWorkers: unknown[]; terminateAllThreads(): void };

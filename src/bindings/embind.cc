@@ -82,6 +82,26 @@ int32_t forward(const ProblemDesc& d, uint32_t scratch, double scratch_floats, i
 
 bool reads_keys_in_place(const ProblemDesc& d) { return sdpa::reads_keys_in_place(to_problem(d)); }
 
+int32_t segment_count(const ProblemDesc& d) { return sdpa::segment_count(to_problem(d)); }
+
+double segment_scratch_floats(const ProblemDesc& d) {
+  return static_cast<double>(sdpa::segment_scratch_floats(to_problem(d)));
+}
+
+double segment_partials_floats(const ProblemDesc& d) {
+  return static_cast<double>(sdpa::segment_partials_floats(to_problem(d)));
+}
+
+int32_t forward_segment(const ProblemDesc& d, int32_t segment, uint32_t partials, uint32_t scratch,
+                        double scratch_floats) {
+  return static_cast<int32_t>(sdpa::forward_segment(to_problem(d), segment, at<float>(partials),
+                                                    at<float>(scratch), static_cast<uint64_t>(scratch_floats)));
+}
+
+int32_t merge_segments(const ProblemDesc& d, uint32_t partials) {
+  return static_cast<int32_t>(sdpa::merge_segments(to_problem(d), at<const float>(partials)));
+}
+
 std::string status_name(int32_t status) {
   return sdpa::status_name(static_cast<sdpa::Status>(status));
 }
@@ -129,5 +149,11 @@ EMSCRIPTEN_BINDINGS(sdpa_wasm) {
   emscripten::function("scratchFloats", &scratch_floats);
   emscripten::function("forward", &forward);
   emscripten::function("readsKeysInPlace", &reads_keys_in_place);
+  emscripten::function("segmentKeys", &sdpa::segment_keys);
+  emscripten::function("segmentCount", &segment_count);
+  emscripten::function("segmentScratchFloats", &segment_scratch_floats);
+  emscripten::function("segmentPartialsFloats", &segment_partials_floats);
+  emscripten::function("forwardSegment", &forward_segment);
+  emscripten::function("mergeSegments", &merge_segments);
   emscripten::function("statusName", &status_name);
 }

@@ -501,11 +501,14 @@ void pack_value(const float* value, int64_t stride_l, int32_t key_count, int32_t
 // Where one call reads K and V: packed into scratch, or in place in the caller's tensors.
 struct KeyValueSource {
   bool packed;
-  const float* key;    // packed: [groups][E][4] from key 0; in place: key 0 of the head
+  const float* key;    // packed: [groups][E][8] from key 0; in place: key first_key's row
   int64_t key_stride;  // in place only: floats between consecutive keys
-  const float* value;  // packed: [Lk][Ev8]; in place: key 0's row of the head
+  const float* value;  // packed: [Lk][Ev8]; in place: key first_key's row
   int64_t value_stride;
   int32_t value_cols;  // packed: Ev8; in place: Ev
+  int32_t first_key;   // the key the pointers start at: 0, or a streamed segment's first
+  const float* key_row(int32_t j) const { return key + (j - first_key) * key_stride; }
+  const float* value_row(int32_t j) const { return value + (j - first_key) * value_stride; }
 };
 
 // Scores of the tile's keys [j0, j0 + key_count), valid in the first round_up(key_count, 8)
@@ -516,7 +519,7 @@ void score_tile_from(const KeyValueSource& kv, const float* q_tile, const float*
     score_tile(q_cols, kv.key + static_cast<size_t>(j0) * head_dim, head_dim,
                round_up(key_count, kKeyGroup), scores);
   } else {
-    score_tile_in_place(q_tile, rows, kv.key + j0 * kv.key_stride, kv.key_stride, key_count,
+    score_tile_in_place(q_tile, rows, kv.key_row(j0), kv.key_stride, key_count,
                         head_dim, scores);
   }
 }
@@ -570,7 +573,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
     running_sum = wasm_f32x4_add(wasm_f32x4_mul(running_sum, alpha), tile_sum);
     running_max = new_max;
 
-    accumulate_pv(s.scores, kv.value + j0 * kv.value_stride, kv.value_stride, kv.value_cols,
+    accumulate_pv(s.scores, kv.value_row(j0), kv.value_stride, kv.value_cols,
                   rt.rows, std::min(tile.open_cols, key_count), key_count, alpha, s.acc, ev8);
   }
 
@@ -659,6 +662,7 @@ void sdpa_f32_fwd_ukernel_4x64__wasmsimd(const Problem& p, const KernelWork& w, 
   assert(0 <= w.row_begin && w.row_begin < w.row_end && w.row_end <= group * p.q_len);
   assert(0 <= w.key_begin && w.key_begin % kKeyTile == 0 && w.key_begin < w.key_end && w.key_end <= p.kv_len);
   assert(!w.pack || (w.key_begin == 0 && w.partials == nullptr));
+  assert(w.stored_from <= w.key_begin && (!w.pack || w.stored_from == 0));
   assert(w.partials == nullptr || p.weights == nullptr);
   assert(scratch_base != nullptr);
 
@@ -672,7 +676,7 @@ void sdpa_f32_fwd_ukernel_4x64__wasmsimd(const Problem& p, const KernelWork& w, 
 
   const float* key = p.key + w.b * p.k_stride_b + w.kv_head * p.k_stride_h;
   const float* value = p.value + w.b * p.v_stride_b + w.kv_head * p.v_stride_h;
-  KeyValueSource kv{false, key, p.k_stride_l, value, p.v_stride_l, p.value_dim};
+  KeyValueSource kv{false, key, p.k_stride_l, value, p.v_stride_l, p.value_dim, w.stored_from};
   if (w.pack) {
     // Pack only the keys some row of this call may attend.
     int32_t packed_keys = 0;
@@ -680,7 +684,7 @@ void sdpa_f32_fwd_ukernel_4x64__wasmsimd(const Problem& p, const KernelWork& w, 
     const int32_t ev8 = value_cols_padded(p);
     pack_key(key, p.k_stride_l, packed_keys, p.head_dim, s.packed_key);
     pack_value(value, p.v_stride_l, packed_keys, p.value_dim, ev8, s.packed_value);
-    kv = KeyValueSource{true, s.packed_key, 0, s.packed_value, ev8, ev8};
+    kv = KeyValueSource{true, s.packed_key, 0, s.packed_value, ev8, ev8, 0};
   }
 
   const size_t partial_floats = static_cast<size_t>(sdpa_f32_fwd_4x64__wasmsimd_partial_floats(p));

@@ -21,6 +21,9 @@ struct KernelWork {
   // segment: write each row's unnormalised (m, l, o) here, partial_floats(p) per row tile,
   // for sdpa_f32_fwd_merge_partials.
   float* partials = nullptr;
+  // Without pack: the key the K/V pointers of (b, kv_head) start at. 0 for the whole head;
+  // key_begin for a streamed segment, whose keys alone were copied in (sdpa.h).
+  int32_t stored_from = 0;
 };
 
 // Floats of scratch one call needs: with KernelWork::pack, room for the packed K/V of one

@@ -374,6 +374,86 @@ TEST(SdpaForward, DecodeReadsKeysInPlaceAndSplitsThemIntoSegments) {
   for (int e = 0; e < c.Ev; e++) EXPECT_EQ(h.output_at(0, 0, 0, e), 0.0f);
 }
 
+// Runs h.p as a streamed decode: each segment's keys alone copied into a buffer of their
+// own (exactly their size, so ASan catches a read outside them), then merged.
+std::vector<float> run_streamed(const Harness& h) {
+  Problem p = h.p;
+  std::vector<float> out(h.out.size(), kNaN);
+  p.output = out.data();
+  std::vector<float> partials(segment_partials_floats(p), kNaN);
+  std::vector<float> scratch(segment_scratch_floats(p));
+  for (int s = 0; s < segment_count(p); s++) {
+    const int begin = s * segment_keys(), end = std::min(p.kv_len, begin + segment_keys());
+    // The segment's rows with the problem's row strides (b = 0, kv head 0).
+    const std::vector<float> keys(h.k.begin() + begin * p.k_stride_l,
+                                  h.k.begin() + (end - 1) * p.k_stride_l + p.head_dim);
+    const std::vector<float> values(h.v.begin() + begin * p.v_stride_l,
+                                    h.v.begin() + (end - 1) * p.v_stride_l + p.value_dim);
+    p.key = keys.data(), p.value = values.data();
+    EXPECT_EQ(forward_segment(p, s, partials.data(), scratch.data(), scratch.size()), Status::kOk);
+  }
+  EXPECT_EQ(merge_segments(p, partials.data()), Status::kOk);
+  return out;
+}
+
+TEST(SdpaForward, StreamedSegmentsMatchForwardBitwise) {
+  // The streamed decode (sdpa.h: forward_segment, merge_segments) computes forward()'s own
+  // split-K segments from K/V copies of each segment alone: the same bits, for one and
+  // several segments, segment edges, GQA groups of 1..8 rows, and everything that blocks keys.
+  uint32_t seed = 700;
+  for (int lk : {1, 511, 512, 513, 1100, 2053})
+    for (int group : {1, 4, 8})
+      for (int lq : {1, 2}) {
+        if (group * lq > 2 * 4) continue;  // more than two row tiles: not the decode path
+        Case c;
+        c.Hq = group, c.Lq = lq, c.Lk = lk, c.E = 20, c.Ev = 13, c.weights = false, c.seed = seed++;
+        for (int variant = 0; variant < 3; variant++) {
+          if (variant == 1) c.causal = true, c.offsets = {lk - lq - 300}, c.key_lengths = {lk - lk / 3};
+          if (variant == 2) {
+            c.mask_kind = MaskKind::kBool, c.mask_dims = {1, group, lq, lk}, c.mask_block_fraction = 0.5;
+            c.bshd = true, c.softcap = 3.0f;
+          }
+          Harness h(c);
+          ASSERT_EQ(h.run(), Status::kOk);
+          h.expect_matches_reference();
+          const std::vector<float> streamed = run_streamed(h);
+          EXPECT_EQ(0, std::memcmp(streamed.data(), h.out.data(), h.out.size() * sizeof(float))) << c.describe();
+        }
+      }
+}
+
+TEST(SdpaForward, SegmentCallsRejectWhatTheyCannotDo) {
+  Case c;
+  c.Hq = 4, c.Lk = 1100, c.weights = false;
+  Harness h(c);
+  std::vector<float> partials(segment_partials_floats(h.p));
+  std::vector<float> scratch(segment_scratch_floats(h.p));
+  auto segment = [&](const Problem& p, int s) {
+    return forward_segment(p, s, partials.data(), scratch.data(), scratch.size());
+  };
+  EXPECT_EQ(segment_count(h.p), 3);
+  EXPECT_EQ(segment(h.p, 2), Status::kOk);
+  EXPECT_EQ(segment(h.p, -1), Status::kBadSegment);
+  EXPECT_EQ(segment(h.p, 3), Status::kBadSegment);
+  EXPECT_EQ(forward_segment(h.p, 0, nullptr, scratch.data(), scratch.size()), Status::kBadSegment);
+  EXPECT_EQ(forward_segment(h.p, 0, partials.data(), scratch.data(), scratch.size() - 1), Status::kBadScratch);
+  EXPECT_EQ(merge_segments(h.p, nullptr), Status::kBadSegment);
+  Problem p = h.p;
+  p.batch = 2;  // more than one (batch, KV head)
+  EXPECT_EQ(segment(p, 0), Status::kBadSegment);
+  EXPECT_EQ(merge_segments(p, partials.data()), Status::kBadSegment);
+  p = h.p;
+  std::vector<float> weights(size_t(c.Hq) * c.Lk);
+  p.weights = weights.data();  // weights need every key at once
+  EXPECT_EQ(segment(p, 0), Status::kBadSegment);
+  p = h.p;
+  p.q_len = 3;  // 12 rows: three row tiles, the prefill path
+  EXPECT_EQ(segment(p, 0), Status::kBadSegment);
+  p = h.p;
+  p.head_dim = 0;  // validate() runs first
+  EXPECT_EQ(segment(p, 0), Status::kBadShape);
+}
+
 TEST(SdpaForward, ThreadsGiveBitwiseIdenticalResults) {
   // Splits by (batch, KV head, block of query rows) only regroup whole rows, so any thread
   // count must reproduce the single-threaded bits exactly; and match the reference. Every

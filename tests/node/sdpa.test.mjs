@@ -714,11 +714,13 @@ describe('decode shapes: few query rows per KV head, long keys', () => {
   });
 });
 
-describe('decode streamed one (batch, KV head) at a time', () => {
+describe('decode streamed one segment of one (batch, KV head) at a time', () => {
   // K and V of at least 4 MiB in a decode shape are copied into wasm memory and computed one
-  // (batch, KV head) at a time (js/index.ts, STREAM_MIN_BYTES): every pointer (query, output,
-  // mask, per-batch offsets and key lengths) is moved to the pair's rows. 'bshd' inputs take
-  // the whole-copy path, so the two layouts must agree bit for bit.
+  // segment of keys of one (batch, KV head) at a time (js/index.ts, STREAM_MIN_BYTES;
+  // src/sdpa.h, forward_segment): every pointer (query, output, mask, per-batch offsets and
+  // key lengths) is moved to the pair's rows, K/V to the segment's keys. 'bshd' inputs take
+  // the whole-copy path, so the two layouts must agree bit for bit. Lk = 4200 ends in a
+  // partial segment; for b = 0 the last segments lie wholly past the key length.
   const B = 2, Hq = 8, Hkv = 2, Lq = 1, Lk = 4200, E = 64, Ev = 48;
   const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 290);
   const lengths = [3000, 4200];
@@ -747,6 +749,14 @@ describe('decode streamed one (batch, KV head) at a time', () => {
   test('an empty row in the stream is exact zeros', () => {
     const { got } = check(q, k, v, cases['per-batch causal offsets, one row empty']);
     for (let h = 0; h < Hq; h++) expect(allExactZeros(rowOf(got.output.data, [B, Hq, Lq, Ev], 0, h, 0))).toBe(true);
+  });
+  test('a single (batch, KV head) streams too, and matches the reference and the bshd layout bitwise', () => {
+    const one = problem({ B: 1, Hq: 4, Hkv: 1, Lq: 1, Lk: 9000, E: 64, Ev: 64 }, 294);
+    expect((one.k.data.byteLength + one.v.data.byteLength) / 2 ** 20).toBeGreaterThanOrEqual(4);
+    const options = { attnMask: floatMask([1, 4, 1, 9000], 295) };
+    const { got } = check(one.q, one.k, one.v, options);
+    const bshd = attn.sdpa(swap12(one.q), swap12(one.k), swap12(one.v), { ...options, layout: 'bshd' });
+    expectBitwiseEqual(swap12({ data: bshd.output.data, dims: bshd.output.dims }).data, got.output.data);
   });
 });
 
