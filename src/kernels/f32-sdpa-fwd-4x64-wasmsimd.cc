@@ -261,57 +261,78 @@ void score_tile(const float* q_cols, const float* packed_key_tile, int32_t head_
   }
 }
 
+// Lane n = the sum of the 4 lanes of a_n: a 4×4 transpose-add.
+v128_t sum_lanes_4x4(v128_t a0, v128_t a1, v128_t a2, v128_t a3) {
+  // (a0[0]+a0[2], a1[0]+a1[2], a0[1]+a0[3], a1[1]+a1[3]) and the same for a2, a3.
+  const v128_t t01 = wasm_f32x4_add(wasm_i32x4_shuffle(a0, a1, 0, 4, 1, 5), wasm_i32x4_shuffle(a0, a1, 2, 6, 3, 7));
+  const v128_t t23 = wasm_f32x4_add(wasm_i32x4_shuffle(a2, a3, 0, 4, 1, 5), wasm_i32x4_shuffle(a2, a3, 2, 6, 3, 7));
+  return wasm_f32x4_add(wasm_i32x4_shuffle(t01, t23, 0, 1, 4, 5), wasm_i32x4_shuffle(t01, t23, 2, 3, 6, 7));
+}
+
+// scores[r][c .. c+4) = q_r · k_{c+n} for kRows rows from q (row stride head_dim) and the
+// four K rows from k0 (row stride k_stride), both read in place. kRows·4 accumulators over
+// E in steps of 4 (each K load serves kRows rows), then one transpose-add per row.
+template <int kRows>
+void score_4_keys(const float* q, const float* k0, int64_t k_stride, int32_t head_dim, float* s) {
+  const int32_t e4 = head_dim & ~3;
+  const float* k1 = k0 + k_stride;
+  const float* k2 = k1 + k_stride;
+  const float* k3 = k2 + k_stride;
+  v128_t a[kRows][4];
+  for (int r = 0; r < kRows; r++) a[r][0] = a[r][1] = a[r][2] = a[r][3] = wasm_f32x4_splat(0.0f);
+#pragma clang loop unroll(disable)
+  for (int32_t d = 0; d < e4; d += 4) {
+    const v128_t vk0 = wasm_v128_load(k0 + d), vk1 = wasm_v128_load(k1 + d);
+    const v128_t vk2 = wasm_v128_load(k2 + d), vk3 = wasm_v128_load(k3 + d);
+    for (int r = 0; r < kRows; r++) {
+      const v128_t vq = wasm_v128_load(q + r * head_dim + d);
+      a[r][0] = wasm_f32x4_add(a[r][0], wasm_f32x4_mul(vq, vk0));
+      a[r][1] = wasm_f32x4_add(a[r][1], wasm_f32x4_mul(vq, vk1));
+      a[r][2] = wasm_f32x4_add(a[r][2], wasm_f32x4_mul(vq, vk2));
+      a[r][3] = wasm_f32x4_add(a[r][3], wasm_f32x4_mul(vq, vk3));
+    }
+  }
+  for (int r = 0; r < kRows; r++) {
+    float* sr = s + r * kKeyTile;
+    wasm_v128_store(sr, sum_lanes_4x4(a[r][0], a[r][1], a[r][2], a[r][3]));
+    const float* qr = q + r * head_dim;
+    for (int32_t d = e4; d < head_dim; d++) {
+      sr[0] += qr[d] * k0[d];
+      sr[1] += qr[d] * k1[d];
+      sr[2] += qr[d] * k2[d];
+      sr[3] += qr[d] * k3[d];
+    }
+  }
+}
+
 // scores[r][c] = q_tile[r] · k_{c} for r < rows and c < key_count, K rows read in place
-// (row stride k_stride floats, E contiguous). Columns from key_count on are set to 0; the
-// bias marks them blocked. Four keys at a time: four accumulators over E in steps of 4, then
-// a 4×4 transpose-add leaves the four dot products in one vector.
+// (row stride k_stride floats, E contiguous). Columns from key_count on are set to 0; they
+// are blocked (key_count is where the rows' key limits end). Four keys at a time, two rows
+// at a time (score_4_keys).
 void score_tile_in_place(const float* q_tile, int32_t rows, const float* key, int64_t k_stride,
                          int32_t key_count, int32_t head_dim, float* scores) {
   const int32_t e4 = head_dim & ~3;
+  int32_t c = 0;
+  for (; c + 4 <= key_count; c += 4) {
+    const float* k0 = key + c * k_stride;
+    int32_t r = 0;
+    for (; r + 2 <= rows; r += 2) score_4_keys<2>(q_tile + r * head_dim, k0, k_stride, head_dim, scores + r * kKeyTile + c);
+    if (r < rows) score_4_keys<1>(q_tile + r * head_dim, k0, k_stride, head_dim, scores + r * kKeyTile + c);
+  }
   for (int32_t r = 0; r < rows; r++) {
     const float* q = q_tile + r * head_dim;
     float* s = scores + r * kKeyTile;
-    int32_t c = 0;
-    for (; c + 4 <= key_count; c += 4) {
-      const float* k0 = key + c * k_stride;
-      const float* k1 = k0 + k_stride;
-      const float* k2 = k1 + k_stride;
-      const float* k3 = k2 + k_stride;
-      v128_t a0 = wasm_f32x4_splat(0.0f), a1 = a0, a2 = a0, a3 = a0;
-#pragma clang loop unroll(disable)
-      for (int32_t d = 0; d < e4; d += 4) {
-        const v128_t vq = wasm_v128_load(q + d);
-        a0 = wasm_f32x4_add(a0, wasm_f32x4_mul(vq, wasm_v128_load(k0 + d)));
-        a1 = wasm_f32x4_add(a1, wasm_f32x4_mul(vq, wasm_v128_load(k1 + d)));
-        a2 = wasm_f32x4_add(a2, wasm_f32x4_mul(vq, wasm_v128_load(k2 + d)));
-        a3 = wasm_f32x4_add(a3, wasm_f32x4_mul(vq, wasm_v128_load(k3 + d)));
-      }
-      // (a0[0]+a0[2], a1[0]+a1[2], a0[1]+a0[3], a1[1]+a1[3]) and the same for a2, a3.
-      const v128_t t01 = wasm_f32x4_add(wasm_i32x4_shuffle(a0, a1, 0, 4, 1, 5),
-                                        wasm_i32x4_shuffle(a0, a1, 2, 6, 3, 7));
-      const v128_t t23 = wasm_f32x4_add(wasm_i32x4_shuffle(a2, a3, 0, 4, 1, 5),
-                                        wasm_i32x4_shuffle(a2, a3, 2, 6, 3, 7));
-      // Lane n = the whole dot product of key c + n.
-      wasm_v128_store(s + c, wasm_f32x4_add(wasm_i32x4_shuffle(t01, t23, 0, 1, 4, 5),
-                                            wasm_i32x4_shuffle(t01, t23, 2, 3, 6, 7)));
-      for (int32_t d = e4; d < head_dim; d++) {
-        s[c] += q[d] * k0[d];
-        s[c + 1] += q[d] * k1[d];
-        s[c + 2] += q[d] * k2[d];
-        s[c + 3] += q[d] * k3[d];
-      }
-    }
-    for (; c < key_count; c++) {
-      const float* k = key + c * k_stride;
+    for (int32_t cc = c; cc < key_count; cc++) {
+      const float* k = key + cc * k_stride;
       v128_t a = wasm_f32x4_splat(0.0f);
       for (int32_t d = 0; d < e4; d += 4) {
         a = wasm_f32x4_add(a, wasm_f32x4_mul(wasm_v128_load(q + d), wasm_v128_load(k + d)));
       }
       float dot = hsum(a);
       for (int32_t d = e4; d < head_dim; d++) dot += q[d] * k[d];
-      s[c] = dot;
+      s[cc] = dot;
     }
-    for (; c < kKeyTile; c++) s[c] = 0.0f;
+    for (int32_t cc = key_count; cc < kKeyTile; cc++) s[cc] = 0.0f;
   }
 }
 
