@@ -182,26 +182,27 @@ function run(module: SdpaModule, threads: number, p: Plan, q: Float32Array, k: F
       const maskBytes = p.mask?.kind === 'float' ? 4 : 1;
       const segments = module.segmentCount(pairDesc);
       const pairKeyFloats = p.kvLen * p.headDim, pairValueFloats = p.kvLen * p.valueDim;
-      pairDesc.key = desc.key;
-      pairDesc.value = desc.value;
-      for (let pair = 0; pair < pairs; pair++) {
-        const b = Math.floor(pair / p.kvHeads), firstHead = (pair % p.kvHeads) * group;
-        pairDesc.query = desc.query + 4 * (b * p.q.b + firstHead * p.q.h);
-        pairDesc.output = desc.output + 4 * (b * p.o.b + firstHead * p.o.h);
-        if (p.mask !== null) {
-          pairDesc.mask = desc.mask + maskBytes * (b * p.mask.strides[0] + firstHead * p.mask.strides[1]);
+      const streamer = new module.SegmentStream(pairDesc);
+      try {
+        for (let pair = 0; pair < pairs; pair++) {
+          const b = Math.floor(pair / p.kvHeads), firstHead = (pair % p.kvHeads) * group;
+          streamer.setPair(
+            desc.query + 4 * (b * p.q.b + firstHead * p.q.h),
+            desc.output + 4 * (b * p.o.b + firstHead * p.o.h),
+            p.mask === null ? 0 : desc.mask + maskBytes * (b * p.mask.strides[0] + firstHead * p.mask.strides[1]),
+            p.causalOffsets === null ? 0 : desc.causalOffsets + 4 * b,
+            p.keyLengths === null ? 0 : desc.keyLengths + 4 * b);
+          for (let segment = 0; segment < segments; segment++) {
+            const begin = segment * segmentKeys, end = Math.min(p.kvLen, begin + segmentKeys);
+            const keyRows = pair * pairKeyFloats, valueRows = pair * pairValueFloats;
+            f32.set(k.subarray(keyRows + begin * p.headDim, keyRows + end * p.headDim), desc.key >>> 2);
+            f32.set(v.subarray(valueRows + begin * p.valueDim, valueRows + end * p.valueDim), desc.value >>> 2);
+            check(streamer.forward(segment, desc.key, desc.value, partials, scratch, scratchFloats));
+          }
+          check(streamer.merge(partials));
         }
-        if (p.causalOffsets !== null) pairDesc.causalOffsets = desc.causalOffsets + 4 * b;
-        if (p.keyLengths !== null) pairDesc.keyLengths = desc.keyLengths + 4 * b;
-        for (let segment = 0; segment < segments; segment++) {
-          const begin = segment * segmentKeys, end = Math.min(p.kvLen, begin + segmentKeys);
-          const keys = k.subarray(pair * pairKeyFloats + begin * p.headDim, pair * pairKeyFloats + end * p.headDim);
-          const values = v.subarray(pair * pairValueFloats + begin * p.valueDim, pair * pairValueFloats + end * p.valueDim);
-          f32.set(keys, desc.key >>> 2);
-          f32.set(values, desc.value >>> 2);
-          check(module.forwardSegment(pairDesc, segment, partials, scratch, scratchFloats));
-        }
-        check(module.mergeSegments(pairDesc, partials));
+      } finally {
+        streamer.delete();
       }
     }
 

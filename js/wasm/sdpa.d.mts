@@ -35,13 +35,22 @@ export interface SdpaModule {
   segmentScratchFloats(desc: ProblemDesc): number;
   /** Floats of partial state for all segments together. */
   segmentPartialsFloats(desc: ProblemDesc): number;
-  /** Status 0 = ok. desc.key/value point at the segment's first key. */
-  forwardSegment(desc: ProblemDesc, segment: number, partials: number, scratch: number, scratchFloats: number): number;
-  /** Status 0 = ok. Writes desc.output from every segment's partials. */
-  mergeSegments(desc: ProblemDesc, partials: number): number;
+  /** A streamed decode of `desc`, one (batch, KV head); owns C++ memory: call delete(). */
+  SegmentStream: new (desc: ProblemDesc) => SegmentStream;
   statusName(status: number): string;
   /** Threaded build only: Emscripten's worker pool. */
   PThread?: { unusedWorkers: unknown[]; terminateAllThreads(): void };
+}
+
+/** Mirrors SegmentStream in src/bindings/embind.cc. Statuses: 0 = ok. */
+export interface SegmentStream {
+  /** Moves to another (batch, KV head): its rows of Q, output, mask, offsets, key lengths. */
+  setPair(query: number, output: number, mask: number, causalOffsets: number, keyLengths: number): void;
+  /** One segment, its keys alone at `key` and `value`; writes its part of `partials`. */
+  forward(segment: number, key: number, value: number, partials: number, scratch: number, scratchFloats: number): number;
+  /** The output rows of the (batch, KV head) from every segment's partials. */
+  merge(partials: number): number;
+  delete(): void;
 }
 
 export interface ModuleOverrides {

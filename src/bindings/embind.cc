@@ -92,15 +92,37 @@ double segment_partials_floats(const ProblemDesc& d) {
   return static_cast<double>(sdpa::segment_partials_floats(to_problem(d)));
 }
 
-int32_t forward_segment(const ProblemDesc& d, int32_t segment, uint32_t partials, uint32_t scratch,
-                        double scratch_floats) {
-  return static_cast<int32_t>(sdpa::forward_segment(to_problem(d), segment, at<float>(partials),
-                                                    at<float>(scratch), static_cast<uint64_t>(scratch_floats)));
-}
+// A streamed decode (sdpa.h, forward_segment) of a problem that is one (batch, KV head):
+// the description is converted once, then only addresses move, per (batch, KV head) the
+// rows of Q, output, mask, offsets and key lengths, per segment K and V. Calls with plain
+// numbers only: a ProblemDesc costs microseconds to convert, and a decode makes hundreds.
+class SegmentStream {
+ public:
+  explicit SegmentStream(const ProblemDesc& d) : p_(to_problem(d)) {}
 
-int32_t merge_segments(const ProblemDesc& d, uint32_t partials) {
-  return static_cast<int32_t>(sdpa::merge_segments(to_problem(d), at<const float>(partials)));
-}
+  void set_pair(uint32_t query, uint32_t output, uint32_t mask, uint32_t causal_offsets, uint32_t key_lengths) {
+    p_.query = at<const float>(query);
+    p_.output = at<float>(output);
+    p_.mask = at<const void>(mask);
+    p_.causal_offsets = at<const int32_t>(causal_offsets);
+    p_.key_lengths = at<const int32_t>(key_lengths);
+  }
+
+  int32_t forward(int32_t segment, uint32_t key, uint32_t value, uint32_t partials, uint32_t scratch,
+                  double scratch_floats) {
+    p_.key = at<const float>(key);
+    p_.value = at<const float>(value);
+    return static_cast<int32_t>(sdpa::forward_segment(p_, segment, at<float>(partials), at<float>(scratch),
+                                                      static_cast<uint64_t>(scratch_floats)));
+  }
+
+  int32_t merge(uint32_t partials) {
+    return static_cast<int32_t>(sdpa::merge_segments(p_, at<const float>(partials)));
+  }
+
+ private:
+  sdpa::Problem p_;
+};
 
 std::string status_name(int32_t status) {
   return sdpa::status_name(static_cast<sdpa::Status>(status));
@@ -153,7 +175,10 @@ EMSCRIPTEN_BINDINGS(sdpa_wasm) {
   emscripten::function("segmentCount", &segment_count);
   emscripten::function("segmentScratchFloats", &segment_scratch_floats);
   emscripten::function("segmentPartialsFloats", &segment_partials_floats);
-  emscripten::function("forwardSegment", &forward_segment);
-  emscripten::function("mergeSegments", &merge_segments);
+  emscripten::class_<SegmentStream>("SegmentStream")
+      .constructor<const ProblemDesc&>()
+      .function("setPair", &SegmentStream::set_pair)
+      .function("forward", &SegmentStream::forward)
+      .function("merge", &SegmentStream::merge);
   emscripten::function("statusName", &status_name);
 }

@@ -350,13 +350,16 @@ TEST(SdpaForward, DeterministicAndInputsUntouched) {
 TEST(SdpaForward, DecodeReadsKeysInPlaceAndSplitsThemIntoSegments) {
   // At most two row tiles per KV head: K/V are read in place, and without weights the keys
   // are split into 512-key segments merged afterwards. Cover one and several segments, a
-  // segment edge (511..513), GQA groups filling 1..8 rows, and everything that blocks keys.
+  // segment edge (511..513), GQA groups filling 1..8 rows (scored in place two rows at a
+  // time, then the odd one), a head dim that is not whole vectors, and everything that
+  // blocks keys.
   uint32_t seed = 500;
   for (int lk : {1, 31, 511, 512, 513, 1100, 2053})
-    for (auto hh : {std::pair<int, int>{1, 1}, {4, 1}, {6, 2}, {8, 1}})
+    for (auto hh : {std::pair<int, int>{1, 1}, {4, 1}, {6, 2}, {8, 1}, {3, 1}})
       for (int lq : {1, 2}) {
         Case c;
-        c.B = 2, c.Hq = hh.first, c.Hkv = hh.second, c.Lq = lq, c.Lk = lk, c.E = 20, c.Ev = 13;
+        c.B = 2, c.Hq = hh.first, c.Hkv = hh.second, c.Lq = lq, c.Lk = lk, c.Ev = 13;
+        c.E = lq == 1 ? 20 : 7;
         c.weights = false, c.seed = seed++;
         check(c);
         c.causal = true, c.offsets = {lk - lq - 600, lk - lq};  // batch 0 sees fewer keys
