@@ -15,9 +15,10 @@
 // rows of all heads sharing one KV head (GQA), so that a decode step (Lq = 1) with 4 query
 // heads per KV head fills one tile and reads each key once for all of them.
 //
-// K and V are either packed into scratch once per call (prefill: many row tiles reuse them;
-// K as [Lk/4][E][4] so one load gives 4 keys at one dim) or read in place (decode: one or
-// two row tiles read each key once, and a packing pass would double the memory traffic).
+// K is either packed into scratch once per call (prefill: many row tiles reuse it; as
+// [Lk/8][E][8], so two loads give 8 keys at one dim) or read in place (decode: one or two
+// row tiles read each key once, and a packing pass would double the memory traffic). V is
+// read in place, except for a zero-padded copy in prefill when Ev is not a multiple of 8.
 //
 // Blocked keys never reach the arithmetic as values: causal and key-length limits are loop
 // bounds (per row: keys j < limit[r]); K/V are packed only up to the furthest key any row
@@ -43,9 +44,14 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 int32_t value_cols_padded(const Problem& p) { return round_up(p.value_dim, kValueBlock); }
 
+// V needs a padded copy only when its rows are not whole P·V blocks; otherwise P·V reads
+// it in place, as it is (rows of Ev floats at any stride).
+bool packs_value(const Problem& p, bool packs) { return packs && p.value_dim % kValueBlock != 0; }
+
 // Scratch layout, in floats, for one call; every part starts 16-byte aligned.
 //   packed_key   [round_up(Lk, kKeyTile) / 8][E][8]  key j, dim d at ((j/8)·E + d)·8 + j%8
-//   packed_value [Lk][Ev8]                           Ev8 = round_up(Ev, kValueBlock)
+//   packed_value [Lk][Ev8]                           Ev8 = round_up(Ev, kValueBlock); only
+//                                                    when Ev8 != Ev (packs_value)
 //   q_tile       [4][E]                              scale·q of the tile's rows, 0 past its rows
 //   q_cols       [E][4]                              q_tile interleaved (for packed K)
 //   scores       [4][kKeyTile]                       scores, then probabilities, of one tile
@@ -68,7 +74,7 @@ uint64_t align4(uint64_t n) { return (n + 3) / 4 * 4; }
 // Without packing (K/V read in place) the two packed parts are empty.
 uint64_t layout(const Problem& p, bool packs, float* base, Scratch* s) {
   const uint64_t key_rows = packs ? static_cast<uint64_t>(round_up(p.kv_len, kKeyTile)) : 0;
-  const uint64_t value_rows = packs ? static_cast<uint64_t>(p.kv_len) : 0;
+  const uint64_t value_rows = packs_value(p, packs) ? static_cast<uint64_t>(p.kv_len) : 0;
   const uint64_t ev8 = static_cast<uint64_t>(value_cols_padded(p));
   const uint64_t q_floats = kQueryTile * static_cast<uint64_t>(p.head_dim);
   const uint64_t sizes[7] = {key_rows * static_cast<uint64_t>(p.head_dim),
@@ -521,12 +527,12 @@ void pack_value(const float* value, int64_t stride_l, int32_t key_count, int32_t
 
 // Where one call reads K and V: packed into scratch, or in place in the caller's tensors.
 struct KeyValueSource {
-  bool packed;
+  bool packed;         // K packed (prefill); V is then copied too only if packs_value()
   const float* key;    // packed: [groups][E][8] from key 0; in place: key first_key's row
   int64_t key_stride;  // in place only: floats between consecutive keys
-  const float* value;  // packed: [Lk][Ev8]; in place: key first_key's row
+  const float* value;  // a padded copy [Lk][Ev8], or in place: key first_key's row
   int64_t value_stride;
-  int32_t value_cols;  // packed: Ev8; in place: Ev
+  int32_t value_cols;  // copy: Ev8; in place: Ev
   int32_t first_key;   // the key the pointers start at: 0, or a streamed segment's first
   const float* key_row(int32_t j) const { return key + (j - first_key) * key_stride; }
   const float* value_row(int32_t j) const { return value + (j - first_key) * value_stride; }
@@ -562,8 +568,17 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
       std::fill(dst, dst + E, 0.0f);
     }
   }
-  if (kv.packed) {
-    for (int32_t d = 0; d < E; d++) {
+  if (kv.packed) {  // q_cols[d][r] = q_tile[r][d], by 4×4 blocks
+    const int32_t e4 = E & ~3;
+    for (int32_t d = 0; d < e4; d += 4) {
+      v128_t r0 = wasm_v128_load(s.q_tile + d), r1 = wasm_v128_load(s.q_tile + E + d);
+      v128_t r2 = wasm_v128_load(s.q_tile + 2 * E + d), r3 = wasm_v128_load(s.q_tile + 3 * E + d);
+      transpose4x4(r0, r1, r2, r3);
+      float* dst = s.q_cols + d * kQueryTile;
+      wasm_v128_store(dst, r0), wasm_v128_store(dst + 4, r1);
+      wasm_v128_store(dst + 8, r2), wasm_v128_store(dst + 12, r3);
+    }
+    for (int32_t d = e4; d < E; d++) {
       for (int r = 0; r < kQueryTile; r++) s.q_cols[d * kQueryTile + r] = s.q_tile[r * E + d];
     }
   }
@@ -702,10 +717,14 @@ void sdpa_f32_fwd_ukernel_4x64__wasmsimd(const Problem& p, const KernelWork& w, 
     // Pack only the keys some row of this call may attend.
     int32_t packed_keys = 0;
     for (int32_t f = w.row_begin; f < w.row_end; f++) packed_keys = std::max(packed_keys, limit_of_flat(f));
-    const int32_t ev8 = value_cols_padded(p);
     pack_key(key, p.k_stride_l, packed_keys, p.head_dim, s.packed_key);
-    pack_value(value, p.v_stride_l, packed_keys, p.value_dim, ev8, s.packed_value);
-    kv = KeyValueSource{true, s.packed_key, 0, s.packed_value, ev8, ev8, 0};
+    kv.packed = true;
+    kv.key = s.packed_key;
+    if (packs_value(p, true)) {
+      const int32_t ev8 = value_cols_padded(p);
+      pack_value(value, p.v_stride_l, packed_keys, p.value_dim, ev8, s.packed_value);
+      kv.value = s.packed_value, kv.value_stride = ev8, kv.value_cols = ev8;
+    }
   }
 
   const size_t partial_floats = static_cast<size_t>(sdpa_f32_fwd_4x64__wasmsimd_partial_floats(p));

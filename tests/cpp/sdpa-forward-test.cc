@@ -282,25 +282,28 @@ TEST(SdpaForward, FullyMaskedRowsAreExactZeros) {
 
 TEST(SdpaForward, NanInBlockedKeysNeverReachesTheOutput) {
   // Padding past key_lengths, keys past the causal frontier, and keys blocked by a mask
-  // hold NaN in K and V; the reference (which never reads them) stays finite.
-  Case c;
-  c.B = 2, c.Hq = 2, c.Lq = 7, c.Lk = 45, c.E = 8, c.Ev = 9;
-  c.key_lengths = {30, 45}, c.causal = true, c.offsets = {20};
-  c.mask_kind = MaskKind::kFloat, c.mask_dims = {7, 45};
-  Harness h(c);
-  for (int j = 0; j < 45; j++) h.mask_f[size_t(3 * 45 + j)] = j % 3 == 0 ? -kInf : 0.5f;
-  for (int b = 0; b < 2; b++)
-    for (int kvh = 0; kvh < h.c.Hkv; kvh++)
-      for (int j = 0; j < 45; j++) {
-        const bool padding = j >= h.c.key_lengths[size_t(b)];
-        const bool after_frontier = j > 6 + 20;  // no row may see it
-        if (padding || after_frontier) {
-          for (int d = 0; d < 8; d++) h.key_at(b, kvh, j, d) = kNaN;
-          for (int e = 0; e < 9; e++) h.value_at(b, kvh, j, e) = kNaN;
+  // hold NaN in K and V; the reference (which never reads them) stays finite. Ev = 9 has V
+  // copied with padding, Ev = 16 read in place.
+  for (int ev : {9, 16}) {
+    Case c;
+    c.B = 2, c.Hq = 2, c.Lq = 7, c.Lk = 45, c.E = 8, c.Ev = ev;
+    c.key_lengths = {30, 45}, c.causal = true, c.offsets = {20};
+    c.mask_kind = MaskKind::kFloat, c.mask_dims = {7, 45};
+    Harness h(c);
+    for (int j = 0; j < 45; j++) h.mask_f[size_t(3 * 45 + j)] = j % 3 == 0 ? -kInf : 0.5f;
+    for (int b = 0; b < 2; b++)
+      for (int kvh = 0; kvh < h.c.Hkv; kvh++)
+        for (int j = 0; j < 45; j++) {
+          const bool padding = j >= h.c.key_lengths[size_t(b)];
+          const bool after_frontier = j > 6 + 20;  // no row may see it
+          if (padding || after_frontier) {
+            for (int d = 0; d < 8; d++) h.key_at(b, kvh, j, d) = kNaN;
+            for (int e = 0; e < ev; e++) h.value_at(b, kvh, j, e) = kNaN;
+          }
         }
-      }
-  ASSERT_EQ(h.run(), Status::kOk);
-  h.expect_matches_reference();
+    ASSERT_EQ(h.run(), Status::kOk);
+    h.expect_matches_reference();
+  }
 
   // V rows blocked for one query row only (mask) but attended by other rows: row 3 must
   // not see the NaN those rows legitimately produce.
