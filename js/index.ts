@@ -30,10 +30,15 @@ export class Attention {
   /** Whether the 128-bit SIMD kernel is in use (always: the package requires wasm SIMD). */
   readonly simd = true;
   #handle: ModuleHandle | null;
+  // With threads > 1, also the single-threaded build, for streamed decoding: that runs on
+  // one thread anyway, and copies into its plain (unshared) memory are about twice as fast
+  // as into the threaded build's SharedArrayBuffer.
+  #streamHandle: ModuleHandle | null;
 
   /** @internal Use createAttention(). */
-  constructor(handle: ModuleHandle) {
+  constructor(handle: ModuleHandle, streamHandle: ModuleHandle | null = null) {
     this.#handle = handle;
+    this.#streamHandle = streamHandle;
     this.threads = handle.threads;
   }
 
@@ -46,7 +51,7 @@ export class Attention {
     const handle = this.#handle;
     if (handle === null) throw new Error('sdpa: this Attention instance has been disposed');
     const p = plan(query, key, value, options);
-    return run(handle.module, handle.threads, p, query.data, key.data, value.data);
+    return run(handle.module, handle.threads, this.#streamHandle?.module ?? null, p, query.data, key.data, value.data);
   }
 
   /**
@@ -55,7 +60,9 @@ export class Attention {
    */
   dispose(): void {
     this.#handle?.release();
+    this.#streamHandle?.release();
     this.#handle = null;
+    this.#streamHandle = null;
   }
 
   [Symbol.dispose](): void {
@@ -96,7 +103,13 @@ export async function createAttention(options: AttentionOptions = {}): Promise<A
   }
   const wanted = threads ?? Math.min(await hardwareThreads(), DEFAULT_MAX_THREADS);
   const handle = await acquireModule(threadsAvailable() ? wanted : 1);
-  return new Attention(handle);
+  if (handle.threads === 1) return new Attention(handle);
+  try {
+    return new Attention(handle, await acquireModule(1));
+  } catch (error) {
+    handle.release();
+    throw error;
+  }
 }
 
 // The kernel's view of a validated problem; the addresses are filled in once allocated.
@@ -117,8 +130,13 @@ function describeProblem(p: Plan): ProblemDesc {
 }
 
 // Copies the inputs into wasm memory, runs the kernel, copies the results out, and frees
-// every allocation whatever happens.
-function run(module: SdpaModule, threads: number, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): SdpaResult {
+// every allocation whatever happens. A streamed decode runs on `streamModule` if given.
+function run(mainModule: SdpaModule, threads: number, streamModule: SdpaModule | null, p: Plan,
+  q: Float32Array, k: Float32Array, v: Float32Array): SdpaResult {
+  const desc = describeProblem(p);
+  const stream = p.layout === 'bhsd' && p.weightsDims === null &&
+    k.byteLength + v.byteLength >= STREAM_MIN_BYTES && mainModule.readsKeysInPlace(desc);
+  const module = stream && streamModule !== null ? streamModule : mainModule;
   const allocations: number[] = [];
   const alloc = (bytes: number, what: string): number => {
     // _malloc takes a 32-bit size: anything at or above the 2 GiB memory limit is refused
@@ -132,10 +150,7 @@ function run(module: SdpaModule, threads: number, p: Plan, q: Float32Array, k: F
     return address;
   };
   try {
-    const desc = describeProblem(p);
     const pairs = p.batch * p.kvHeads;
-    const stream = p.layout === 'bhsd' && p.weightsDims === null &&
-      k.byteLength + v.byteLength >= STREAM_MIN_BYTES && module.readsKeysInPlace(desc);
     // Streaming: the kernel sees one (batch, KV head) at a time, [1, Hq/Hkv, Lq, E] against
     // [1, 1, Lk, E], with every pointer below moved to that pair's rows, and its keys one
     // segment at a time. It runs on this thread alone: the copies in between are serial.

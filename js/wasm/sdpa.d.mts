@@ -38,6 +38,8 @@ export interface SdpaModule {
   /** A streamed decode of `desc`, one (batch, KV head); owns C++ memory: call delete(). */
   SegmentStream: new (desc: ProblemDesc) => SegmentStream;
   statusName(status: number): string;
+  /** Bytes of the heap in malloc'd blocks (for leak tests). */
+  heapBytesInUse(): number;
   /** Threaded build only: Emscripten's worker pool. */
   PThread?: { unusedWorkers: unknown[]; terminateAllThreads(): void };
 }

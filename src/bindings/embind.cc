@@ -3,6 +3,7 @@
 // fills a ProblemDesc with their addresses (byte offsets into the heap) and strides (in
 // elements), and turns a non-ok status into an exception.
 #include <emscripten/bind.h>
+#include <malloc.h>
 
 #include <cstdint>
 #include <memory>
@@ -124,6 +125,10 @@ class SegmentStream {
   sdpa::Problem p_;
 };
 
+// Bytes of the wasm heap in malloc'd blocks right now: the leak tests compare it before
+// and after (a leak of any size shows, where probing for a free block's address may not).
+double heap_bytes_in_use() { return static_cast<double>(mallinfo().uordblks); }
+
 std::string status_name(int32_t status) {
   return sdpa::status_name(static_cast<sdpa::Status>(status));
 }
@@ -181,4 +186,5 @@ EMSCRIPTEN_BINDINGS(sdpa_wasm) {
       .function("forward", &SegmentStream::forward)
       .function("merge", &SegmentStream::merge);
   emscripten::function("statusName", &status_name);
+  emscripten::function("heapBytesInUse", &heap_bytes_in_use);
 }

@@ -302,7 +302,7 @@ describe('no leaks of wasm memory', () => {
       for (let rep = 0; rep < 4; rep++) medium(rep);  // warm up
       expect(hugeWeightsCall).toThrow(RangeError);
 
-      const heapAfterWarmUp = module.HEAPU8.length;
+      const heapAfterWarmUp = module.HEAPU8.length, inUseAfterWarmUp = module.heapBytesInUse();
       const probe = module._malloc(16);
       expect(probe).not.toBe(0);
       module._free(probe);
@@ -314,6 +314,7 @@ describe('no leaks of wasm memory', () => {
       for (let rep = 0; rep < 20; rep++) expect(() => attn.sdpa(mq, mk, mv, { softcap: -1 })).toThrow(RangeError);
 
       expect(module.HEAPU8.length).toBe(heapAfterWarmUp);
+      expect(module.heapBytesInUse()).toBe(inUseAfterWarmUp);
       const probeAgain = module._malloc(16);
       expect(probeAgain).toBe(probe);
       module._free(probeAgain);
@@ -322,6 +323,34 @@ describe('no leaks of wasm memory', () => {
       expect(new Uint32Array(again.buffer, again.byteOffset, again.length)).toEqual(new Uint32Array(first.buffer));
       expectStillWorks();
     } finally {
+      release();
+    }
+  });
+});
+
+describe('no leaks in streamed decoding', () => {
+  test('streamed decodes, from a one-thread and a two-thread instance, leave the one-thread heap as it was', async () => {
+    // Decodes with K and V of 4 MiB or more are streamed segment by segment on the
+    // single-threaded build, also for an instance with threads > 1 (js/index.ts).
+    const { module, release } = await moduleFor(1);
+    const instances = await Promise.all([createAttention({ threads: 1 }), createAttention({ threads: 2 })]);
+    try {
+      const q = randomTensor([2, 8, 1, 64], 50), k = randomTensor([2, 2, 4200, 64], 51);
+      const v = randomTensor([2, 2, 4200, 64], 52);
+      const options = { keyLengths: new Int32Array([3000, 4200]) };
+      for (const instance of instances) instance.sdpa(q, k, v, options);  // warm up
+      const heapBefore = module.HEAPU8.length, inUseBefore = module.heapBytesInUse();
+      const first = instances[0].sdpa(q, k, v, options).output.data.slice();
+      for (let rep = 0; rep < 20; rep++) {
+        for (const instance of instances) {
+          const got = instance.sdpa(q, k, v, options).output.data;
+          expect(new Uint32Array(got.buffer, got.byteOffset, got.length)).toEqual(new Uint32Array(first.buffer));
+        }
+      }
+      expect(module.HEAPU8.length).toBe(heapBefore);
+      expect(module.heapBytesInUse()).toBe(inUseBefore);
+    } finally {
+      for (const instance of instances) instance.dispose();
       release();
     }
   });
