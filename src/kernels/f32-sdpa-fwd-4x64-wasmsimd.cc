@@ -167,14 +167,14 @@ float hsum(v128_t v) {
          (wasm_f32x4_extract_lane(v, 2) + wasm_f32x4_extract_lane(v, 3));
 }
 
-// Lane r = the maximum (kMax) or sum of the 4 lanes of row[r]: a 4×4 transpose-reduce,
+// Lane n = the maximum (kMax) or the sum of the 4 lanes of a_n: a 4×4 transpose-reduce,
 // with no scalar extraction.
 template <bool kMax>
-v128_t reduce_rows(const v128_t row[kQueryTile]) {
-  auto op = [](v128_t a, v128_t b) { return kMax ? wasm_f32x4_pmax(a, b) : wasm_f32x4_add(a, b); };
-  // (r0: lanes 0+2, r1: 0+2, r0: 1+3, r1: 1+3), and the same for rows 2 and 3.
-  const v128_t r01 = op(wasm_i32x4_shuffle(row[0], row[1], 0, 4, 1, 5), wasm_i32x4_shuffle(row[0], row[1], 2, 6, 3, 7));
-  const v128_t r23 = op(wasm_i32x4_shuffle(row[2], row[3], 0, 4, 1, 5), wasm_i32x4_shuffle(row[2], row[3], 2, 6, 3, 7));
+v128_t reduce_4x4(v128_t a0, v128_t a1, v128_t a2, v128_t a3) {
+  auto op = [](v128_t x, v128_t y) { return kMax ? wasm_f32x4_pmax(x, y) : wasm_f32x4_add(x, y); };
+  // (a0: lanes 0·2, a1: 0·2, a0: 1·3, a1: 1·3), and the same for a2, a3.
+  const v128_t r01 = op(wasm_i32x4_shuffle(a0, a1, 0, 4, 1, 5), wasm_i32x4_shuffle(a0, a1, 2, 6, 3, 7));
+  const v128_t r23 = op(wasm_i32x4_shuffle(a2, a3, 0, 4, 1, 5), wasm_i32x4_shuffle(a2, a3, 2, 6, 3, 7));
   return op(wasm_i32x4_shuffle(r01, r23, 0, 1, 4, 5), wasm_i32x4_shuffle(r01, r23, 2, 3, 6, 7));
 }
 
@@ -195,7 +195,7 @@ v128_t tile_row_max(const float* scores, int32_t rows, int32_t cols) {
     }
     row_max[r] = wasm_f32x4_pmax(m0, m1);
   }
-  return reduce_rows<true>(row_max);
+  return reduce_4x4<true>(row_max[0], row_max[1], row_max[2], row_max[3]);
 }
 
 // scores := exp(scores - shift[r]) in place for rows r < rows and the first `cols` columns
@@ -203,8 +203,10 @@ v128_t tile_row_max(const float* scores, int32_t rows, int32_t cols) {
 // scores are left as they are and never read). `shift` lane r is the row's running maximum,
 // or 0 when that maximum is still -inf (no key attended yet): then every score of the row
 // is -inf too and exp(-inf - 0) = 0, where -inf - (-inf) would be NaN.
-__attribute__((noinline)) v128_t exponentiate_tile(float* scores, int32_t rows, int32_t cols, v128_t shift,
-                         const ExpConstants& ec) {
+// Not inlined, like accumulate_pv_rows: inside the one big kernel function V8's register
+// allocator spilled the hot loops' accumulators (P·V ran 25% slower); on its own it does not.
+__attribute__((noinline)) v128_t exponentiate_tile(float* scores, int32_t rows, int32_t cols,
+                                                   v128_t shift, const ExpConstants& ec) {
   float row_shift[kQueryTile];
   wasm_v128_store(row_shift, shift);
   v128_t row_sum[kQueryTile];
@@ -222,7 +224,7 @@ __attribute__((noinline)) v128_t exponentiate_tile(float* scores, int32_t rows, 
     }
     row_sum[r] = sum;
   }
-  return reduce_rows<false>(row_sum);
+  return reduce_4x4<false>(row_sum[0], row_sum[1], row_sum[2], row_sum[3]);
 }
 
 // scores[4][0 .. cols) = Q[4][E] · K[j0 .. j0+cols)ᵀ, with Q interleaved [E][4] (q_cols)
@@ -267,14 +269,6 @@ void score_tile(const float* q_cols, const float* packed_key_tile, int32_t head_
   }
 }
 
-// Lane n = the sum of the 4 lanes of a_n: a 4×4 transpose-add.
-v128_t sum_lanes_4x4(v128_t a0, v128_t a1, v128_t a2, v128_t a3) {
-  // (a0[0]+a0[2], a1[0]+a1[2], a0[1]+a0[3], a1[1]+a1[3]) and the same for a2, a3.
-  const v128_t t01 = wasm_f32x4_add(wasm_i32x4_shuffle(a0, a1, 0, 4, 1, 5), wasm_i32x4_shuffle(a0, a1, 2, 6, 3, 7));
-  const v128_t t23 = wasm_f32x4_add(wasm_i32x4_shuffle(a2, a3, 0, 4, 1, 5), wasm_i32x4_shuffle(a2, a3, 2, 6, 3, 7));
-  return wasm_f32x4_add(wasm_i32x4_shuffle(t01, t23, 0, 1, 4, 5), wasm_i32x4_shuffle(t01, t23, 2, 3, 6, 7));
-}
-
 // scores[r][c .. c+4) = q_r · k_{c+n} for kRows rows from q (row stride head_dim) and the
 // four K rows from k0 (row stride k_stride), both read in place. kRows·4 accumulators over
 // E in steps of 4 (each K load serves kRows rows), then one transpose-add per row.
@@ -300,7 +294,7 @@ void score_4_keys(const float* q, const float* k0, int64_t k_stride, int32_t hea
   }
   for (int r = 0; r < kRows; r++) {
     float* sr = s + r * kKeyTile;
-    wasm_v128_store(sr, sum_lanes_4x4(a[r][0], a[r][1], a[r][2], a[r][3]));
+    wasm_v128_store(sr, reduce_4x4<false>(a[r][0], a[r][1], a[r][2], a[r][3]));
     const float* qr = q + r * head_dim;
     for (int32_t d = e4; d < head_dim; d++) {
       sr[0] += qr[d] * k0[d];
@@ -322,7 +316,9 @@ void score_tile_in_place(const float* q_tile, int32_t rows, const float* key, in
   for (; c + 4 <= key_count; c += 4) {
     const float* k0 = key + c * k_stride;
     int32_t r = 0;
-    for (; r + 2 <= rows; r += 2) score_4_keys<2>(q_tile + r * head_dim, k0, k_stride, head_dim, scores + r * kKeyTile + c);
+    for (; r + 2 <= rows; r += 2) {
+      score_4_keys<2>(q_tile + r * head_dim, k0, k_stride, head_dim, scores + r * kKeyTile + c);
+    }
     if (r < rows) score_4_keys<1>(q_tile + r * head_dim, k0, k_stride, head_dim, scores + r * kKeyTile + c);
   }
   for (int32_t r = 0; r < rows; r++) {
@@ -427,10 +423,12 @@ void pv_columns_scalar(const float* probs, const float* value, int64_t v_stride,
   }
 }
 
+// Not inlined: see exponentiate_tile.
 template <int kRows>
-__attribute__((noinline)) void accumulate_pv_rows(const float* probs, const float* value, int64_t v_stride, int32_t cols,
-                        int32_t open_count, int32_t key_count, const float* alpha, float* acc,
-                        int32_t acc_stride) {
+__attribute__((noinline)) void accumulate_pv_rows(const float* probs, const float* value,
+                                                  int64_t v_stride, int32_t cols, int32_t open_count,
+                                                  int32_t key_count, const float* alpha, float* acc,
+                                                  int32_t acc_stride) {
   int32_t col = 0;
   for (; col + 8 <= cols; col += 8) {
     pv_block<kRows, 2>(probs, value + col, v_stride, open_count, key_count, alpha, acc + col, acc_stride);
@@ -483,7 +481,9 @@ void pack_key(const float* key, int64_t stride_l, int32_t key_count, int32_t hea
     const int32_t keys = std::clamp(key_count - j0, 0, kKeyGroup);
     if (keys < kKeyGroup) {  // the last, partial group and the zero padding
       for (int32_t d = 0; d < head_dim; d++) {
-        for (int i = 0; i < kKeyGroup; i++) group[d * kKeyGroup + i] = i < keys ? key[(j0 + i) * stride_l + d] : 0.0f;
+        for (int i = 0; i < kKeyGroup; i++) {
+          group[d * kKeyGroup + i] = i < keys ? key[(j0 + i) * stride_l + d] : 0.0f;
+        }
       }
       continue;
     }
@@ -540,8 +540,8 @@ struct KeyValueSource {
 
 // Scores of the tile's keys [j0, j0 + key_count), valid in the first round_up(key_count, 8)
 // columns (the rest of those columns are blocked by the bias; later columns are not used).
-void score_tile_from(const KeyValueSource& kv, const float* q_tile, const float* q_cols, int32_t rows, int32_t j0,
-                     int32_t key_count, int32_t head_dim, float* scores) {
+void score_tile_from(const KeyValueSource& kv, const float* q_tile, const float* q_cols,
+                     int32_t rows, int32_t j0, int32_t key_count, int32_t head_dim, float* scores) {
   if (kv.packed) {
     score_tile(q_cols, kv.key + static_cast<size_t>(j0) * head_dim, head_dim,
                round_up(key_count, kKeyGroup), scores);
