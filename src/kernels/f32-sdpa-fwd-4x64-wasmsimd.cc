@@ -203,8 +203,9 @@ v128_t tile_row_max(const float* scores, int32_t rows, int32_t cols) {
 // scores are left as they are and never read). `shift` lane r is the row's running maximum,
 // or 0 when that maximum is still -inf (no key attended yet): then every score of the row
 // is -inf too and exp(-inf - 0) = 0, where -inf - (-inf) would be NaN.
-// Not inlined, like accumulate_pv_rows: inside the one big kernel function V8's register
-// allocator spilled the hot loops' accumulators (P·V ran 25% slower); on its own it does not.
+// Not inlined (and P·V is called through a table, see accumulate_pv): inside the one big
+// kernel function V8's register allocator spilled the hot loops' accumulators (P·V ran 25%
+// slower); in functions of their own it does not. Called from two places, Binaryen keeps it.
 __attribute__((noinline)) v128_t exponentiate_tile(float* scores, int32_t rows, int32_t cols,
                                                    v128_t shift, const ExpConstants& ec) {
   float row_shift[kQueryTile];
@@ -423,12 +424,10 @@ void pv_columns_scalar(const float* probs, const float* value, int64_t v_stride,
   }
 }
 
-// Not inlined: see exponentiate_tile.
 template <int kRows>
-__attribute__((noinline)) void accumulate_pv_rows(const float* probs, const float* value,
-                                                  int64_t v_stride, int32_t cols, int32_t open_count,
-                                                  int32_t key_count, const float* alpha, float* acc,
-                                                  int32_t acc_stride) {
+void accumulate_pv_rows(const float* probs, const float* value, int64_t v_stride, int32_t cols,
+                        int32_t open_count, int32_t key_count, const float* alpha, float* acc,
+                        int32_t acc_stride) {
   int32_t col = 0;
   for (; col + 8 <= cols; col += 8) {
     pv_block<kRows, 2>(probs, value + col, v_stride, open_count, key_count, alpha, acc + col, acc_stride);
@@ -449,12 +448,14 @@ void accumulate_pv(const float* probs, const float* value, int64_t v_stride, int
                    float* acc, int32_t acc_stride) {
   float alpha[kQueryTile];
   wasm_v128_store(alpha, alpha_v);
-  switch (rows) {
-    case 1: accumulate_pv_rows<1>(probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride); break;
-    case 2: accumulate_pv_rows<2>(probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride); break;
-    case 3: accumulate_pv_rows<3>(probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride); break;
-    default: accumulate_pv_rows<4>(probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride); break;
-  }
+  // Through a table: an indirect call is inlined neither by clang nor by Binaryen (which
+  // inlines any function that has a single caller, noinline or not). See exponentiate_tile.
+  using PvRows = void (*)(const float*, const float*, int64_t, int32_t, int32_t, int32_t,
+                          const float*, float*, int32_t);
+  static PvRows const kByRows[kQueryTile] = {accumulate_pv_rows<1>, accumulate_pv_rows<2>,
+                                             accumulate_pv_rows<3>, accumulate_pv_rows<4>};
+  assert(rows >= 1 && rows <= kQueryTile);
+  kByRows[rows - 1](probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride);
 }
 
 // (a[0][0], a[1][0], a[2][0], a[3][0]), …: rows of a become columns.
