@@ -32,5 +32,5 @@ times.sort((a, b) => a - b);
 const ms = (times[4] + times[5]) / 2;
 const gflop = (4 * B * H * L * L * E) / 1e9;
 console.log(`non-causal [${B}, ${H}, ${L}, ${E}]: ${ms.toFixed(2)} ms median, ${(gflop / (ms / 1000)).toFixed(1)} GFLOP/s ` +
-  `(${attn.threads} thread, SIMD ${attn.simd ? 'on' : 'off'})`);
+  `(${attn.threads} thread${attn.threads === 1 ? '' : 's'}, SIMD ${attn.simd ? 'on' : 'off'})`);
 attn.dispose();
