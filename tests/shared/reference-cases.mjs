@@ -70,6 +70,13 @@ export const REFERENCE_CASES = [
   { name: 'softcap 5 with scale 0.5', make: () => ({ ...qkv(17, [1, 2, 9, 32], [1, 2, 40, 32], [1, 2, 40, 32]), options: { softcap: 5, scale: 0.5, returnWeights: true } }) },
   { name: "layout 'bshd', GQA, causal", make: () => ({ ...qkv(18, [2, 9, 4, 24], [2, 11, 2, 24], [2, 11, 2, 24]), options: { layout: 'bshd', isCausal: true, causalOffset: 2, returnWeights: true } }) },
   { name: 'long rows: Lq 20, Lk 300, E 128, causal bottom-right', make: () => ({ ...qkv(19, [1, 2, 20, 128], [1, 2, 300, 128], [1, 2, 300, 128]), options: { isCausal: true, causalOffset: 280 } }) },
+  // K and V of 4.3 MB in a decode shape: copied in and computed one 512-key segment at a time,
+  // on the single-threaded build even for a threaded instance (js/index.ts).
+  { name: 'streamed decode: Hq 8, Hkv 2, Lk 4200, keyLengths with NaN in the padding', make: () => {
+    const lengths = Int32Array.of(3000, 4200);
+    const t = qkv(20, [2, 8, 1, 64], [2, 2, 4200, 64], [2, 2, 4200, 64]);
+    return { query: t.query, key: poisonPadding(t.key, lengths), value: poisonPadding(t.value, lengths), options: { keyLengths: lengths } };
+  } },
 ];
 
 /** FNV-1a over the bits of a Float32Array, as 8 hex digits: equal iff (almost surely) bit-identical. */
