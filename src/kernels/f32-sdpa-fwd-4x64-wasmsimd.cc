@@ -7,7 +7,9 @@
 //   l_t = α_t·l_{t-1} + Σ_j exp(s_j - m_t)       running sum of the softmax denominator
 //   o_t = α_t·o_{t-1} + Σ_j exp(s_j - m_t)·v_j   unnormalised output row
 // and finally out = o / l, or exact zeros when l == 0 (every key of the row was blocked).
-// Every exponent is s - m <= 0, so exp never overflows whatever the logits' magnitude.
+// Every exponent is s - m <= 0, so exp never overflows whatever the logits' magnitude; and
+// exp flushes weights under 2^-64 (of the row maximum's 1) to exact zeros, so no subnormal
+// number is ever made (src/math/f32-vexp-nonpositive-rr1-p5-wasmsimd.h).
 // Independent partial results (m, l, o) over disjoint key ranges merge exactly the same way
 // (split-K, for decoding: see merge_partials).
 //
@@ -368,7 +370,7 @@ void finish_scores(const Problem& p, const RowTile& rt, int32_t j0, TileKind kin
 // acc[r][col .. col+4·kVecs) = alpha[r]·acc[r][…] + Σ_{j < key_count} probs[r][j]·V[j][…]
 // for r < kRows. Keys j < open_count are open for every row and are multiplied
 // unconditionally; from open_count on, a key whose probability is exactly 0 for a row
-// (blocked, or exp underflow) is skipped for that row, not multiplied by 0, so NaN in a
+// (blocked, or flushed by exp) is skipped for that row, not multiplied by 0, so NaN in a
 // blocked V row cannot leak. 4 rows × 8 columns = 8 accumulators at most.
 template <int kRows, int kVecs>
 void pv_block(const float* probs, const float* value, int64_t v_stride, int32_t open_count,
