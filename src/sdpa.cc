@@ -106,6 +106,17 @@ uint64_t partials_total(const WorkPlan& w) {
   return w.segments > 1 ? static_cast<uint64_t>(w.pairs) * w.segments * w.partial_floats : 0;
 }
 
+// The kernel call for one split-K segment of a pair's keys, all of its rows; `partials` is
+// the pair's [segments][partial_floats]. (b, kv_head) are set by the caller.
+KernelWork segment_work(const Problem& p, const WorkPlan& w, int32_t segment, float* partials) {
+  KernelWork kw;
+  kw.row_begin = 0, kw.row_end = w.rows;
+  kw.key_begin = segment * kSegmentKeys;
+  kw.key_end = std::min(p.kv_len, kw.key_begin + kSegmentKeys);
+  kw.partials = partials + static_cast<size_t>(segment) * w.partial_floats;
+  return kw;
+}
+
 struct ForwardWork {
   const Problem* p;
   WorkPlan plan;
@@ -121,11 +132,8 @@ void forward_item(void* context, int32_t item, int32_t thread) {
   int32_t pair;
   if (w.segments > 1) {
     pair = item / w.segments;
-    const int32_t segment = item % w.segments;
-    kw.row_begin = 0, kw.row_end = w.rows;
-    kw.key_begin = segment * kSegmentKeys;
-    kw.key_end = std::min(p.kv_len, kw.key_begin + kSegmentKeys);
-    kw.partials = fw.partials + static_cast<size_t>(item) * w.partial_floats;
+    float* pair_partials = fw.partials + static_cast<size_t>(pair) * w.segments * w.partial_floats;
+    kw = segment_work(p, w, item % w.segments, pair_partials);
   } else {
     // Last blocks first: under a causal mask they attend the most keys, and handing out the
     // longest items first keeps the threads' finishing times close.
@@ -210,13 +218,8 @@ Status forward_segment(const Problem& p, int32_t segment, float* partials, float
   if (segment < 0 || segment >= segment_count(p) || partials == nullptr) return Status::kBadSegment;
   if (scratch == nullptr || scratch_size < segment_scratch_floats(p)) return Status::kBadScratch;
   // The same kernel call as forward_item's for this segment, with K/V starting at its keys.
-  const WorkPlan w = plan_work(p, 1);
-  KernelWork kw;
-  kw.row_begin = 0, kw.row_end = w.rows;
-  kw.key_begin = segment * kSegmentKeys;
-  kw.key_end = std::min(p.kv_len, kw.key_begin + kSegmentKeys);
+  KernelWork kw = segment_work(p, plan_work(p, 1), segment, partials);
   kw.stored_from = kw.key_begin;
-  kw.partials = partials + static_cast<size_t>(segment) * w.partial_floats;
   sdpa_f32_fwd_ukernel_4x64__wasmsimd(p, kw, scratch);
   return Status::kOk;
 }
