@@ -113,8 +113,9 @@ export function limitsModuleBytes(pages) {
 /**
  * Instantiates the module once. measure() gives the wasm SIMD mul+add peak (GFLOP/s) and the
  * copy bandwidth (GB/s) on one thread, each the best of several timings (noise from other
- * processes only ever slows a loop down). peakProbe() is a ≈ 0.1 s peak measurement, to see
- * how much of a core the benchmark had at some moment.
+ * processes only ever slows a loop down). peakSample() is one ≈ 30 ms peak measurement: the
+ * benchmark takes one in every timed round of a shape, so that the shape's runs are compared
+ * with the peak of the same minutes (this machine has slow phases that slow every loop).
  */
 const FLOPS_PER_ITERATION = CHAINS * 8;
 
@@ -150,7 +151,7 @@ export async function openLimits() {
   copy(dst, src, copyBytes, 1); copySimd(dst, src, copyBytes, 1);
 
   return {
-    peakProbe: () => Math.max(peakOnce(1), peakOnce(1), peakOnce(1)),
+    peakSample: () => peakOnce(1),
     measure: ({ quick = false } = {}) => {
       const reps = quick ? 3 : 7;
       const peakRuns = [], bulkRuns = [], simdRuns = [];

@@ -1,5 +1,5 @@
 // Blocked online-softmax attention forward (FlashAttention style), 128-bit wasm SIMD.
-// Tiles: 4 query rows × 64 keys (src/tiles.h). Never materialises the [Lq, Lk] scores.
+// Tiles: 4 query rows × 128 keys (src/tiles.h). Never materialises the [Lq, Lk] scores.
 //
 // Online softmax, for one query row over key tiles t = 1, 2, …:
 //   m_t = max(m_{t-1}, max_j s_j)                running maximum (m_0 = -inf)
@@ -684,16 +684,16 @@ RowLimits row_limits(const Problem& p, int32_t b) {
 
 }  // namespace
 
-uint64_t sdpa_f32_fwd_4x64__wasmsimd_scratch(const Problem& p, bool packs) {
+uint64_t sdpa_f32_fwd_4x128__wasmsimd_scratch(const Problem& p, bool packs) {
   Scratch unused;
   return layout(p, packs, nullptr, &unused) + 4;  // + 4: room to align the base to 16 bytes
 }
 
-uint64_t sdpa_f32_fwd_4x64__wasmsimd_partial_floats(const Problem& p) {
+uint64_t sdpa_f32_fwd_4x128__wasmsimd_partial_floats(const Problem& p) {
   return static_cast<uint64_t>(kQueryTile) * (2 + value_cols_padded(p));
 }
 
-void sdpa_f32_fwd_ukernel_4x64__wasmsimd(const Problem& p, const KernelWork& w, float* scratch_base) {
+void sdpa_f32_fwd_ukernel_4x128__wasmsimd(const Problem& p, const KernelWork& w, float* scratch_base) {
   assert(p.head_dim >= 1 && p.value_dim >= 1 && p.q_len >= 1 && p.kv_len >= 1);
   assert(p.q_heads % p.kv_heads == 0);
   assert(w.b >= 0 && w.b < p.batch && w.kv_head >= 0 && w.kv_head < p.kv_heads);
@@ -730,7 +730,7 @@ void sdpa_f32_fwd_ukernel_4x64__wasmsimd(const Problem& p, const KernelWork& w, 
     }
   }
 
-  const size_t partial_floats = static_cast<size_t>(sdpa_f32_fwd_4x64__wasmsimd_partial_floats(p));
+  const size_t partial_floats = static_cast<size_t>(sdpa_f32_fwd_4x128__wasmsimd_partial_floats(p));
   for (int32_t f0 = w.row_begin; f0 < w.row_end; f0 += kQueryTile) {
     RowTile rt{};
     rt.b = w.b;
@@ -757,7 +757,7 @@ void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, i
   // m is -inf too). Summed in segment order: the same bits for any number of threads.
   const int32_t group = p.q_heads / p.kv_heads;
   const int32_t Ev = p.value_dim;
-  const size_t tile_floats = static_cast<size_t>(sdpa_f32_fwd_4x64__wasmsimd_partial_floats(p));
+  const size_t tile_floats = static_cast<size_t>(sdpa_f32_fwd_4x128__wasmsimd_partial_floats(p));
   const size_t row_floats = tile_floats / kQueryTile;
   const size_t segment_floats = static_cast<size_t>((rows + kQueryTile - 1) / kQueryTile) * tile_floats;
   for (int32_t f = 0; f < rows; f++) {
