@@ -1,10 +1,13 @@
 // sdpa-wasm itself, through its public API (the built package in dist/).
 // createPeer({ threads: 1 }) is the single-threaded build ('sdpa-wasm'); threads: 2 is the
 // threaded build with a pool of one worker besides the calling thread ('sdpa-wasm-2t').
+// createPeer({ notCausal: true }) ('sdpa-wasm-not-causal') runs only on causal shapes, the same
+// call without the causal mask: timed in the same rounds, it gives the causal speed-up without
+// comparing runs from different minutes. Its output is checked against the non-causal reference.
 import { readFileSync, statSync } from 'node:fs';
 import { createAttention } from 'sdpa-wasm';
 
-export async function createPeer({ threads = 1 } = {}) {
+export async function createPeer({ threads = 1, notCausal = false } = {}) {
   const attn = await createAttention({ threads });
   if (attn.threads !== threads) {
     attn.dispose();
@@ -15,7 +18,7 @@ export async function createPeer({ threads = 1 } = {}) {
   const wasm = threads === 1 ? 'sdpa.wasm' : 'sdpa-mt.wasm';
   const mtime = (f) => { try { return statSync(new URL(`../../dist/${f}`, import.meta.url)).mtime.toISOString(); } catch { return null; } };
   return {
-    name: threads === 1 ? 'sdpa-wasm' : `sdpa-wasm-${threads}t`,
+    name: (threads === 1 ? 'sdpa-wasm' : `sdpa-wasm-${threads}t`) + (notCausal ? '-not-causal' : ''),
     version: pkg.version,
     threads: attn.threads,
     config: { threads: attn.threads, simd: attn.simd },
@@ -24,7 +27,16 @@ export async function createPeer({ threads = 1 } = {}) {
     maxRunSeconds: 30,
     budgetSeconds: 150,
     minRunsFloor: 3,
-    variants: (s) => [{
+    causalTwin: notCausal,
+    variants: (s) => (notCausal ? [{
+      label: 'sdpa(…, { out }), not causal',
+      note: 'the same call without the causal mask, timed in the same rounds: its sdpa÷peer is the causal speed-up',
+      checkShape: { ...s, causal: false },
+      prepare: async ({ q, k, v }) => {
+        const out = new Float32Array(q.data.length);
+        return { run: () => attn.sdpa(q, k, v, { isCausal: false, out }).output.data };
+      },
+    }] : [{
       label: 'sdpa()',
       // Inputs in their natural [B, H, L, E] layout; a fresh output array per call, like the peers.
       prepare: async ({ q, k, v }) => ({
@@ -39,7 +51,7 @@ export async function createPeer({ threads = 1 } = {}) {
         const out = new Float32Array(q.data.length);  // Ev = E in every benchmark shape
         return { run: () => attn.sdpa(q, k, v, { isCausal: s.causal, out }).output.data };
       },
-    }],
+    }]),
     dispose: () => attn.dispose(),
   };
 }

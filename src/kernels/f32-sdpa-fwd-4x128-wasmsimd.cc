@@ -344,26 +344,32 @@ void score_tile_in_place(const float* q_tile, int32_t rows, const float* key, in
 // Softcap and bias in the order of the contract: s = softcap·tanh(s/softcap), then
 // s = s + bias, where a -inf bias replaces s by -inf (so a NaN score of a blocked key,
 // from NaN in padding, becomes -inf instead of staying NaN). A limited tile's blocked
-// scores, past each row's limit, are replaced by -inf the same way.
-void finish_scores(const Problem& p, const RowTile& rt, int32_t j0, TileKind kind,
+// scores, past each row's limit, are replaced by -inf the same way. Only the first `cols`
+// columns (a multiple of 4) are finished: those read afterwards.
+void finish_scores(const Problem& p, const RowTile& rt, int32_t j0, TileKind kind, int32_t cols,
                    const float* bias, float* scores) {
   if (p.softcap > 0.0f) {
     const float cap = p.softcap, inv_cap = 1.0f / p.softcap;
-    for (int e = 0; e < kQueryTile * kKeyTile; e++) scores[e] = cap * std::tanh(scores[e] * inv_cap);
+    for (int r = 0; r < kQueryTile; r++) {
+      float* row = scores + r * kKeyTile;
+      for (int32_t c = 0; c < cols; c++) row[c] = cap * std::tanh(row[c] * inv_cap);
+    }
   }
   if (kind == TileKind::kLimited) {
     for (int r = 0; r < rt.rows; r++) {
       float* row = scores + r * kKeyTile;
-      std::fill(row + std::clamp(rt.limit[r] - j0, 0, kKeyTile), row + kKeyTile, kNegInf);
+      std::fill(row + std::clamp(rt.limit[r] - j0, 0, cols), row + cols, kNegInf);
     }
     return;
   }
   if (kind != TileKind::kPartial) return;
   const v128_t neg_inf = wasm_f32x4_splat(kNegInf);
-  for (int e = 0; e < kQueryTile * kKeyTile; e += 4) {
-    const v128_t b = wasm_v128_load(bias + e);
-    const v128_t s = wasm_f32x4_add(wasm_v128_load(scores + e), b);
-    wasm_v128_store(scores + e, wasm_v128_bitselect(neg_inf, s, wasm_f32x4_eq(b, neg_inf)));
+  for (int r = 0; r < kQueryTile; r++) {
+    for (int32_t c = r * kKeyTile; c < r * kKeyTile + cols; c += 4) {
+      const v128_t b = wasm_v128_load(bias + c);
+      const v128_t s = wasm_f32x4_add(wasm_v128_load(scores + c), b);
+      wasm_v128_store(scores + c, wasm_v128_bitselect(neg_inf, s, wasm_f32x4_eq(b, neg_inf)));
+    }
   }
 }
 
@@ -596,10 +602,10 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
     const TileBias tile = build_bias(p, rt, j0, s.bias);
     if (tile.kind == TileKind::kAllBlocked) continue;  // m, l, o unchanged
     const int32_t key_count = std::min(kKeyTile, rt.keys_end - j0);
-    score_tile_from(kv, s.q_tile, s.q_cols, rt.rows, j0, key_count, E, s.scores);
-    finish_scores(p, rt, j0, tile.kind, s.bias, s.scores);
-
     const int32_t cols = round_up(key_count, kKeyGroup);  // columns holding scores
+    score_tile_from(kv, s.q_tile, s.q_cols, rt.rows, j0, key_count, E, s.scores);
+    finish_scores(p, rt, j0, tile.kind, cols, s.bias, s.scores);
+
     const v128_t new_max = wasm_f32x4_pmax(running_max, tile_row_max(s.scores, rt.rows, cols));
     // A row still at -inf has attended nothing: shift by 0 (its scores are all -inf,
     // so its probabilities are exp(-inf) = 0) and keep α = 1 (its o and l are 0).
@@ -653,7 +659,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
       std::fill(s.scores, s.scores + kQueryTile * kKeyTile, 0.0f);
     } else {
       score_tile_from(kv, s.q_tile, s.q_cols, rt.rows, j0, std::min(kKeyTile, rt.keys_end - j0), E, s.scores);
-      finish_scores(p, rt, j0, tile.kind, s.bias, s.scores);
+      finish_scores(p, rt, j0, tile.kind, kKeyTile, s.bias, s.scores);
       exponentiate_tile(s.scores, rt.rows, kKeyTile, final_shift, ec);
     }
     for (int r = 0; r < rt.rows; r++) {
