@@ -350,7 +350,7 @@ for (const s of shapes) {
   const childCpu = async () => (await Promise.all(remotePeers.map((p) => p.cpuMs().catch(() => 0)))).reduce((a, b) => a + b, 0);
   const busy0 = machineBusyMs(), own0 = ownCpuMs(), child0 = await childCpu(), wall0 = performance.now();
   const peakSamples = await timeRounds(prepared, s);
-  entry.roundPeak = { gflops: median(peakSamples), samples: peakSamples };
+  entry.roundPeak = peakSamples.length ? { gflops: median(peakSamples), samples: peakSamples } : null;  // null: nothing ran
   const wallMs = performance.now() - wall0;
   const childMs = (await childCpu()) - child0;
   const othersMs = (machineBusyMs() - busy0) - (ownCpuMs() - own0) - childMs;
@@ -433,7 +433,7 @@ for (const e of results) {
       if (r.status !== 'ok') continue;
       // Two-thread rows against two cores' worth of the one-thread peak; the copy limit is the
       // one-thread copy for all rows (two threads may exceed it).
-      r.fractionOfPeak = r.usefulGflops / (e.roundPeak.gflops * (p.threads ?? 1));
+      r.fractionOfPeak = r.usefulGflops / (e.roundPeak.gflops * (p.threads ?? 1));  // some peer ran, so roundPeak is set
       r.fractionOfBestPeak = r.usefulGflops / (limits.peakGflops * (p.threads ?? 1));
       r.fractionOfCopy = r.gbs / limits.copyTrafficGBs;
     }
@@ -448,7 +448,7 @@ for (const e of results) {
 console.log('');
 console.log(`%peak = unmasked FLOP/s ÷ the wasm SIMD mul+add peak: the median of the peak probes taken in the shape's own timed rounds, one a round ` +
   `(%best: ÷ the best peak of the whole run, ${limits.peakGflops.toFixed(1)} GFLOP/s); GFLOP/s counts 4·B·Hq·Lq·Lk·E even when causal; ` +
-  `-2t rows: ÷ twice that peak); GB/s = (Q + K + V + output bytes) ÷ time, %copy = GB/s ÷ the ${limits.copyTrafficGBs.toFixed(1)} GB/s ` +
+  `-2t rows: ÷ twice the peak; GB/s = (Q + K + V + output bytes) ÷ time, %copy = GB/s ÷ the ${limits.copyTrafficGBs.toFixed(1)} GB/s ` +
   `read+write traffic of a one-thread wasm memory copy; sdpa÷peer = peer median ÷ sdpa-wasm median (> 1: sdpa-wasm faster; ` +
   `-2t rows: onnxruntime-web-2t median ÷ sdpa-wasm-2t median)`);
 for (const e of results) printShape(e);
@@ -461,8 +461,8 @@ function printShape(e) {
   console.log(`(${e.id}) ${e.name}: ${e.description}; ${(e.flops / 1e9).toFixed(3)} GFLOP` +
     (e.causal ? ` (${(e.usefulFlops / 1e9).toFixed(3)} unmasked)` : '') + `, ${(e.bytes / 2 ** 20).toFixed(1)} MiB moved; ` +
     `checked ${e.reference.rowsChecked === e.reference.rowsTotal ? 'all' : `${e.reference.rowsChecked} of ${e.reference.rowsTotal}`} output rows; ` +
-    `SIMD peak in its timed rounds: median ${e.roundPeak.gflops.toFixed(1)} GFLOP/s of ${e.roundPeak.samples.length} probes ` +
-    `(${Math.min(...e.roundPeak.samples).toFixed(1)}–${Math.max(...e.roundPeak.samples).toFixed(1)})`);
+    (e.roundPeak ? `SIMD peak in its timed rounds: median ${e.roundPeak.gflops.toFixed(1)} GFLOP/s of ${e.roundPeak.samples.length} probes ` +
+      `(${Math.min(...e.roundPeak.samples).toFixed(1)}–${Math.max(...e.roundPeak.samples).toFixed(1)})` : 'no timed rounds'));
   console.log(`  ${'peer'.padEnd(22)}${'graph / variant'.padEnd(36)}${'max abs err'.padStart(12)}${'runs'.padStart(6)}` +
     `${'median ms'.padStart(11)}${'GFLOP/s'.padStart(9)}${'%peak'.padStart(7)}${'%best'.padStart(7)}${'GB/s'.padStart(7)}${'%copy'.padStart(7)}${'sdpa÷peer'.padStart(11)}${'CPU/wall'.padStart(10)}`);
   for (const [name, p] of Object.entries(e.peers)) {

@@ -23,6 +23,17 @@ const MAX_WASM_BYTES = 2 ** 31;
  * after the whole copy has evicted it.
  */
 const STREAM_MIN_BYTES = 4 * 2 ** 20;
+/**
+ * Prefill on one thread whose Q, K and V together are at least PREFILL_STREAM_MIN_BYTES (beyond
+ * a core's L2 cache) while one (batch, KV head)'s Q rows, K, V and output fit in
+ * PREFILL_STREAM_MAX_PAIR_BYTES (within it) runs one (batch, KV head) at a time: copied in,
+ * computed, copied out, so the kernel reads what was just copied from the core's cache instead
+ * of from main memory after the whole copy. Each (batch, KV head) is independent, so the result
+ * is bitwise the same. Measured on shape (b) (B1 H12 N512 E64, 512 KB a pair): 1.1–1.4% faster,
+ * causal too; on (c) (N2048, 2 MB a pair) no gain.
+ */
+const PREFILL_STREAM_MIN_BYTES = 2 * 2 ** 20;
+const PREFILL_STREAM_MAX_PAIR_BYTES = 2 ** 20;
 
 export class Attention {
   /** Threads the kernel runs on: > 1 means the threaded build (pthreads in Web Workers). */
@@ -129,6 +140,10 @@ function describeProblem(p: Plan): ProblemDesc {
   };
 }
 
+function overlaps(a: Float32Array, b: Float32Array): boolean {
+  return a.buffer === b.buffer && a.byteOffset < b.byteOffset + b.byteLength && b.byteOffset < a.byteOffset + a.byteLength;
+}
+
 // Copies the inputs into wasm memory, runs the kernel, copies the results out, and frees
 // every allocation whatever happens. A streamed decode runs on `streamModule` if given.
 function run(mainModule: SdpaModule, threads: number, streamModule: SdpaModule | null, p: Plan,
@@ -137,6 +152,13 @@ function run(mainModule: SdpaModule, threads: number, streamModule: SdpaModule |
   const stream = p.layout === 'bhsd' && p.weightsDims === null &&
     k.byteLength + v.byteLength >= STREAM_MIN_BYTES && mainModule.readsKeysInPlace(desc);
   const module = stream && streamModule !== null ? streamModule : mainModule;
+  const pairs = p.batch * p.kvHeads;
+  // Not when `out` shares memory with an input: a pair's output would overwrite inputs of
+  // pairs not yet copied in (the whole copy-in comes first otherwise).
+  const pairBytes = 4 * ((p.qHeads / p.kvHeads) * (p.q.h + p.o.h) + p.k.h + p.v.h);
+  const streamPrefill = !stream && threads === 1 && p.layout === 'bhsd' && p.weightsDims === null && pairs > 1 &&
+    q.byteLength + k.byteLength + v.byteLength >= PREFILL_STREAM_MIN_BYTES && pairBytes <= PREFILL_STREAM_MAX_PAIR_BYTES &&
+    (p.out === null || ![q, k, v].some((input) => overlaps(input, p.out as Float32Array)));
   const allocations: number[] = [];
   const alloc = (bytes: number, what: string): number => {
     // _malloc takes a 32-bit size: anything at or above the 2 GiB memory limit is refused
@@ -150,24 +172,25 @@ function run(mainModule: SdpaModule, threads: number, streamModule: SdpaModule |
     return address;
   };
   try {
-    const pairs = p.batch * p.kvHeads;
     // Streaming: the kernel sees one (batch, KV head) at a time, [1, Hq/Hkv, Lq, E] against
-    // [1, 1, Lk, E], with every pointer below moved to that pair's rows, and its keys one
-    // segment at a time. It runs on this thread alone: the copies in between are serial.
+    // [1, 1, Lk, E], with every pointer below moved to that pair's rows (and for decode, its
+    // keys one segment at a time). It runs on this thread alone: the copies in between are
+    // serial. A streamed prefill holds one pair's Q, K, V and output in wasm memory at a time.
     const group = p.qHeads / p.kvHeads;
-    const pairDesc: ProblemDesc = stream
+    const pairDesc: ProblemDesc = stream || streamPrefill
       ? { ...desc, batch: 1, qHeads: group, kvHeads: 1, kStrideB: 0, kStrideH: 0, vStrideB: 0, vStrideH: 0 }
       : desc;
     const segmentKeys = stream ? module.segmentKeys() : 0;
-    const scratchFloats = stream ? module.segmentScratchFloats(pairDesc) : module.scratchFloats(desc, threads);
+    const scratchFloats = stream ? module.segmentScratchFloats(pairDesc) : module.scratchFloats(pairDesc, threads);
     const scratch = alloc(scratchFloats * 4, 'scratch');
     const partials = stream ? alloc(module.segmentPartialsFloats(pairDesc) * 4, 'scratch') : 0;
-    desc.query = alloc(q.byteLength, 'query');
-    const keyFloats = stream ? Math.min(segmentKeys, p.kvLen) * p.headDim : k.length;
-    const valueFloats = stream ? Math.min(segmentKeys, p.kvLen) * p.valueDim : v.length;
+    const pairQueryFloats = group * p.q.h, pairOutputFloats = group * p.o.h;
+    desc.query = alloc(streamPrefill ? pairQueryFloats * 4 : q.byteLength, 'query');
+    const keyFloats = stream ? Math.min(segmentKeys, p.kvLen) * p.headDim : streamPrefill ? p.k.h : k.length;
+    const valueFloats = stream ? Math.min(segmentKeys, p.kvLen) * p.valueDim : streamPrefill ? p.v.h : v.length;
     desc.key = alloc(keyFloats * 4, 'key');
     desc.value = alloc(valueFloats * 4, 'value');
-    desc.output = alloc(p.outputSize * 4, 'the output');
+    desc.output = alloc((streamPrefill ? pairOutputFloats : p.outputSize) * 4, 'the output');
     desc.weights = alloc(p.weightsSize * 4, 'the weights');
     if (p.mask !== null) desc.mask = alloc(p.mask.data.byteLength, 'options.attnMask');
     if (p.causalOffsets !== null) desc.causalOffsets = alloc(p.causalOffsets.byteLength, 'options.causalOffset');
@@ -175,7 +198,7 @@ function run(mainModule: SdpaModule, threads: number, streamModule: SdpaModule |
 
     // Heap views are read only after the last allocation: growing memory detaches them.
     const f32 = module.HEAPF32, i32 = module.HEAP32, u8 = module.HEAPU8;
-    f32.set(q, desc.query >>> 2);
+    if (!streamPrefill) f32.set(q, desc.query >>> 2);
     if (p.mask !== null) {
       if (p.mask.kind === 'float') f32.set(p.mask.data, desc.mask >>> 2);
       else u8.set(p.mask.data, desc.mask);
@@ -189,12 +212,35 @@ function run(mainModule: SdpaModule, threads: number, streamModule: SdpaModule |
         throw new Error(`sdpa: internal error: the kernel rejected a validated problem (${module.statusName(status)})`);
       }
     };
-    if (!stream) {
+    // The mask, causal offsets and key lengths stay whole in wasm memory; for one (batch, KV
+    // head) their addresses move to its batch and first query head (the strides stay).
+    const maskElementBytes = p.mask?.kind === 'float' ? 4 : 1;
+    const pairMask = (b: number, firstHead: number) =>
+      p.mask === null ? 0 : desc.mask + maskElementBytes * (b * p.mask.strides[0] + firstHead * p.mask.strides[1]);
+    const pairCausalOffsets = (b: number) => (p.causalOffsets === null ? 0 : desc.causalOffsets + 4 * b);
+    const pairKeyLengths = (b: number) => (p.keyLengths === null ? 0 : desc.keyLengths + 4 * b);
+    let streamedOutput: Float32Array | null = null;
+    if (streamPrefill) {
+      streamedOutput = p.out !== null ? p.out : new Float32Array(p.outputSize);
+      Object.assign(pairDesc, { query: desc.query, key: desc.key, value: desc.value, output: desc.output });
+      for (let pair = 0; pair < pairs; pair++) {
+        const b = Math.floor(pair / p.kvHeads), kvHead = pair % p.kvHeads, firstHead = kvHead * group;
+        const qAt = b * p.q.b + firstHead * p.q.h, kAt = b * p.k.b + kvHead * p.k.h, vAt = b * p.v.b + kvHead * p.v.h;
+        const heap = module.HEAPF32;
+        heap.set(q.subarray(qAt, qAt + pairQueryFloats), desc.query >>> 2);
+        heap.set(k.subarray(kAt, kAt + p.k.h), desc.key >>> 2);
+        heap.set(v.subarray(vAt, vAt + p.v.h), desc.value >>> 2);
+        pairDesc.mask = pairMask(b, firstHead);
+        pairDesc.causalOffsets = pairCausalOffsets(b);
+        pairDesc.keyLengths = pairKeyLengths(b);
+        check(module.forward(pairDesc, scratch, scratchFloats, threads));
+        streamedOutput.set(heap.subarray(desc.output >>> 2, (desc.output >>> 2) + pairOutputFloats), b * p.o.b + firstHead * p.o.h);
+      }
+    } else if (!stream) {
       f32.set(k, desc.key >>> 2);
       f32.set(v, desc.value >>> 2);
       check(module.forward(desc, scratch, scratchFloats, threads));
     } else {
-      const maskBytes = p.mask?.kind === 'float' ? 4 : 1;
       const segments = module.segmentCount(pairDesc);
       const pairKeyFloats = p.kvLen * p.headDim, pairValueFloats = p.kvLen * p.valueDim;
       const streamer = new module.SegmentStream(pairDesc);
@@ -204,9 +250,7 @@ function run(mainModule: SdpaModule, threads: number, streamModule: SdpaModule |
           streamer.setPair(
             desc.query + 4 * (b * p.q.b + firstHead * p.q.h),
             desc.output + 4 * (b * p.o.b + firstHead * p.o.h),
-            p.mask === null ? 0 : desc.mask + maskBytes * (b * p.mask.strides[0] + firstHead * p.mask.strides[1]),
-            p.causalOffsets === null ? 0 : desc.causalOffsets + 4 * b,
-            p.keyLengths === null ? 0 : desc.keyLengths + 4 * b);
+            pairMask(b, firstHead), pairCausalOffsets(b), pairKeyLengths(b));
           const keyRows = pair * pairKeyFloats, valueRows = pair * pairValueFloats;
           for (let segment = 0; segment < segments; segment++) {
             const begin = segment * segmentKeys, end = Math.min(p.kvLen, begin + segmentKeys);
@@ -222,13 +266,14 @@ function run(mainModule: SdpaModule, threads: number, streamModule: SdpaModule |
     }
 
     const heap = module.HEAPF32;
-    const outputView = heap.subarray(desc.output >>> 2, (desc.output >>> 2) + p.outputSize);
     let output: Float32Array;
-    if (p.out !== null) {
-      p.out.set(outputView);
+    if (streamedOutput !== null) {
+      output = streamedOutput.length === p.outputSize ? streamedOutput : streamedOutput.subarray(0, p.outputSize);
+    } else if (p.out !== null) {
+      p.out.set(heap.subarray(desc.output >>> 2, (desc.output >>> 2) + p.outputSize));
       output = p.out.length === p.outputSize ? p.out : p.out.subarray(0, p.outputSize);
     } else {
-      output = outputView.slice();
+      output = heap.slice(desc.output >>> 2, (desc.output >>> 2) + p.outputSize);
     }
     const result: SdpaResult = { output: { data: output, dims: p.outputDims } };
     if (p.weightsDims !== null) {

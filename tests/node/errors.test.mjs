@@ -356,6 +356,33 @@ describe('no leaks in streamed decoding', () => {
   });
 });
 
+describe('no leaks in streamed prefill', () => {
+  test('prefill streamed one (batch, KV head) at a time leaves the heap as it was, also after an error', async () => {
+    // One thread, bhsd, Q + K + V >= 2 MiB, 920 KB a (batch, KV head): streamed per pair (js/index.ts).
+    const { module, release } = await moduleFor(1);
+    const instance = await createAttention({ threads: 1 });
+    try {
+      const q = randomTensor([2, 4, 600, 64], 60), k = randomTensor([2, 2, 600, 64], 61);
+      const v = randomTensor([2, 2, 600, 64], 62);
+      const out = new Float32Array(2 * 4 * 600 * 64);
+      const options = { isCausal: true, keyLengths: new Int32Array([600, 450]) };
+      instance.sdpa(q, k, v, options);  // warm up
+      const heapBefore = module.HEAPU8.length, inUseBefore = module.heapBytesInUse();
+      const first = instance.sdpa(q, k, v, options).output.data.slice();
+      for (let rep = 0; rep < 10; rep++) {
+        const got = instance.sdpa(q, k, v, rep % 2 ? options : { ...options, out }).output.data;
+        expect(new Uint32Array(got.buffer, got.byteOffset, got.length)).toEqual(new Uint32Array(first.buffer));
+        expect(() => instance.sdpa(q, k, v, { ...options, scale: NaN })).toThrow(RangeError);
+      }
+      expect(module.HEAPU8.length).toBe(heapBefore);
+      expect(module.heapBytesInUse()).toBe(inUseBefore);
+    } finally {
+      instance.dispose();
+      release();
+    }
+  });
+});
+
 describe('allocation sizes of 4 GiB and more', () => {
   // B·Hq·Lq·Lk·4 bytes of weights >= 2^32: far over the 2 GiB limit, so this must be the same
   // RangeError as above (and the instance must keep working), not a smaller allocation from a

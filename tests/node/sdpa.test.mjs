@@ -760,6 +760,63 @@ describe('decode streamed one segment of one (batch, KV head) at a time', () => 
   });
 });
 
+describe('prefill streamed one (batch, KV head) at a time', () => {
+  // On one thread, bhsd prefill with Q, K and V of at least 2 MiB together and at most 1 MiB
+  // of Q, K, V and output per (batch, KV head) (as here: 940 KB) is copied in,
+  // computed and copied out one (batch, KV head) at a time (js/index.ts,
+  // PREFILL_STREAM_MIN_BYTES), every pointer moved to the pair's rows; 'bshd' inputs and
+  // instances with threads > 1 take the whole-copy path, so all must agree bit for bit.
+  const B = 2, Hq = 4, Hkv = 2, L = 700, E = 64, Ev = 48;
+  const { q, k, v } = problem({ B, Hq, Hkv, Lq: L, Lk: L, E, Ev }, 300);
+  const lengths = [520, 700];
+  for (let b = 0; b < B; b++) {
+    for (let h = 0; h < Hkv; h++) {
+      k.data.fill(NaN, ((b * Hkv + h) * L + lengths[b]) * E, ((b * Hkv + h) + 1) * L * E);
+      v.data.fill(NaN, ((b * Hkv + h) * L + lengths[b]) * Ev, ((b * Hkv + h) + 1) * L * Ev);
+    }
+  }
+  expect((q.data.byteLength + k.data.byteLength + v.data.byteLength) / 2 ** 20).toBeGreaterThanOrEqual(2);
+  const keyLengths = new Int32Array(lengths);
+  const cases = {
+    'key lengths (NaN past them)': { keyLengths },
+    'float mask [B, 1, 1, Lk] and softcap': { keyLengths, attnMask: floatMask([B, 1, 1, L], 301), softcap: 4 },
+    'bool mask [1, Hq, Lq, Lk]': { keyLengths, attnMask: boolMask([1, Hq, L, L], 302, 0.6) },
+    'per-batch causal offsets, some rows empty': { keyLengths, isCausal: true, causalOffset: new Int32Array([-3, 100]) },
+  };
+  let single, two;
+  beforeAll(async () => {
+    [single, two] = await Promise.all([createAttention({ threads: 1 }), createAttention({ threads: 2 })]);
+  });
+  afterAll(() => { single.dispose(); two.dispose(); });
+
+  test.each(Object.keys(cases))('%s: matches the reference, the bshd layout and two threads bitwise', (name) => {
+    const options = cases[name];
+    const got = single.sdpa(q, k, v, options).output.data;
+    expect(maxRelError(got, referenceSdpa(q, k, v, options).output)).toBeLessThanOrEqual(TOL);
+    const bshd = single.sdpa(swap12(q), swap12(k), swap12(v), { ...options, layout: 'bshd' });
+    expectBitwiseEqual(swap12({ data: bshd.output.data, dims: bshd.output.dims }).data, got);
+    expect(two.threads).toBe(2);
+    expectBitwiseEqual(two.sdpa(q, k, v, options).output.data, got);
+  });
+  test('rows with no key left are exact zeros', () => {
+    const got = single.sdpa(q, k, v, cases['per-batch causal offsets, some rows empty']).output.data;
+    for (let h = 0; h < Hq; h++) {
+      for (let i = 0; i < 3; i++) expect(allExactZeros(rowOf(got, [B, Hq, L, Ev], 0, h, i))).toBe(true);
+    }
+  });
+  test('an out array that is also an input (in place) gives the same result', () => {
+    const square = problem({ B, Hq: 4, Hkv: 4, Lq: L, Lk: L, E, Ev: E }, 303);
+    const expected = single.sdpa(square.q, square.k, square.v).output.data;
+    for (const input of ['q', 'k', 'v']) {
+      const t = { data: square[input].data.slice(), dims: square[input].dims };
+      const args = { ...square, [input]: t };
+      const got = single.sdpa(args.q, args.k, args.v, { out: t.data }).output.data;
+      expect(got).toBe(t.data);
+      expectBitwiseEqual(got, expected);
+    }
+  });
+});
+
 describe('thread counts', () => {
   test('threads 1, 2 and 3 give bitwise-identical results, all matching the reference', async () => {
     const instances = await Promise.all([1, 2, 3].map((threads) => createAttention({ threads })));
