@@ -153,8 +153,9 @@ function run(mainModule: SdpaModule, threads: number, streamModule: SdpaModule |
     k.byteLength + v.byteLength >= STREAM_MIN_BYTES && mainModule.readsKeysInPlace(desc);
   const module = stream && streamModule !== null ? streamModule : mainModule;
   const pairs = p.batch * p.kvHeads;
-  // Not when `out` shares memory with an input: a pair's output would overwrite inputs of
-  // pairs not yet copied in (the whole copy-in comes first otherwise).
+  // One (batch, KV head)'s Q rows, K, V and output. Not streamed when `out` shares memory
+  // with an input: a pair's output would overwrite inputs of pairs not yet copied in (the
+  // whole copy-in comes first otherwise).
   const pairBytes = 4 * ((p.qHeads / p.kvHeads) * (p.q.h + p.o.h) + p.k.h + p.v.h);
   const streamPrefill = !stream && threads === 1 && p.layout === 'bhsd' && p.weightsDims === null && pairs > 1 &&
     q.byteLength + k.byteLength + v.byteLength >= PREFILL_STREAM_MIN_BYTES && pairBytes <= PREFILL_STREAM_MAX_PAIR_BYTES &&
