@@ -56,3 +56,30 @@ export interface AttentionOptions {
    */
   threads?: number;
 }
+
+/**
+ * Keys or values to append to a KV cache: `[B, Hkv, Lnew, E]` (or `[B, Lnew, Hkv, E]` with
+ * `layout: 'bshd'`). A float16 cache also takes a `Uint16Array` of raw IEEE half bits.
+ */
+export interface KVTensor {
+  data: Float32Array | Uint16Array;
+  dims: readonly number[];
+}
+
+export interface KVCacheOptions {
+  /** B: sequences decoded together. */
+  batch: number;
+  /** Hkv: key/value heads. */
+  kvHeads: number;
+  /** E: the size of a key (and query) head. */
+  headDim: number;
+  /** Ev: the size of a value head; default headDim. */
+  valueDim?: number;
+  /** Positions the cache can hold; its storage is allocated once for all of them. */
+  maxLength: number;
+  /**
+   * `'float32'` (default) or `'float16'`: half the memory and half the bytes read per step;
+   * values are rounded to nearest even, and beyond ±65504 saturate to ±65504.
+   */
+  dtype?: 'float32' | 'float16';
+}

@@ -20,6 +20,7 @@ const char* status_name(Status status) {
     case Status::kBadKeyLength: return "key length outside [0, Lk]";
     case Status::kBadStride: return "negative stride";
     case Status::kBadScratch: return "scratch missing or too small";
+    case Status::kBadKvType: return "unknown key/value element type";
     case Status::kBadSegment: return "not a single (batch, KV head) decode, or no such segment";
   }
   return "unknown status";
@@ -41,6 +42,7 @@ Status validate(const Problem& p) {
   for (int64_t stride : strides) {
     if (stride < 0) return Status::kBadStride;
   }
+  if (p.kv_type != KvType::kFloat32 && p.kv_type != KvType::kFloat16) return Status::kBadKvType;
   if (!std::isfinite(p.scale)) return Status::kBadScale;
   if (!(p.softcap >= 0.0f) || !std::isfinite(p.softcap)) return Status::kBadSoftcap;
   if (p.key_lengths != nullptr) {

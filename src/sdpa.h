@@ -9,6 +9,10 @@
 //   mask (optional), broadcast to [B, Hq, Lq, Lk] through zero strides
 // Hq % Hkv == 0; query head h reads KV head h / (Hq / Hkv) (grouped-query attention).
 //
+// Key and value elements are float32, or IEEE float16 (binary16) for the float16 KV cache
+// (kv_type): the kernel widens halves to float32 as it reads them (src/math/f16-f32-cvt-wasmsimd.h),
+// so a float16 problem is the float32 problem on the halves' exact values.
+//
 // All strides are in ELEMENTS (not bytes). The innermost axis of query, key, value and
 // output (E or Ev) is contiguous; the others have explicit strides, so both the
 // [B, H, L, E] and the [B, L, H, E] layouts are described without copies.
@@ -29,6 +33,8 @@
 namespace sdpa {
 
 enum class MaskKind : int32_t { kNone = 0, kFloat = 1, kBool = 2 };
+// The element type of key and value (query, output, weights and float masks are float32).
+enum class KvType : int32_t { kFloat32 = 0, kFloat16 = 1 };
 
 // One attention problem. Pointers are not owned. Inputs are never written.
 struct Problem {
@@ -42,9 +48,10 @@ struct Problem {
 
   const float* query = nullptr;
   int64_t q_stride_b = 0, q_stride_h = 0, q_stride_l = 0;
-  const float* key = nullptr;
+  KvType kv_type = KvType::kFloat32;
+  const void* key = nullptr;  // float (kFloat32) or uint16_t halves (kFloat16)
   int64_t k_stride_b = 0, k_stride_h = 0, k_stride_l = 0;
-  const float* value = nullptr;
+  const void* value = nullptr;  // like key
   int64_t v_stride_b = 0, v_stride_h = 0, v_stride_l = 0;
   float* output = nullptr;
   int64_t o_stride_b = 0, o_stride_h = 0, o_stride_l = 0;
@@ -76,6 +83,7 @@ enum class Status : int32_t {
   kBadKeyLength = 5,    // key_lengths[b] outside [0, Lk]
   kBadStride = 6,       // a negative stride
   kBadScratch = 7,      // scratch missing or smaller than scratch_floats()
+  kBadKvType = 9,       // kv_type is not a KvType
   kBadSegment = 8,      // forward_segment()/merge_segments() on a problem they do not take,
                         // or a segment index outside [0, segment_count(p))
 };

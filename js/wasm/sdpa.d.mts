@@ -5,6 +5,8 @@
 export interface ProblemDesc {
   batch: number; qHeads: number; kvHeads: number; qLen: number; kvLen: number;
   headDim: number; valueDim: number;
+  /** sdpa::KvType: 0 float32, 1 float16 (key/value hold IEEE halves). */
+  kvType: number;
   query: number; key: number; value: number; output: number; weights: number;
   mask: number; causalOffsets: number; keyLengths: number;
   qStrideB: number; qStrideH: number; qStrideL: number;
@@ -37,6 +39,12 @@ export interface SdpaModule {
   segmentPartialsFloats(desc: ProblemDesc): number;
   /** A streamed decode of `desc`, one (batch, KV head); owns C++ memory: call delete(). */
   SegmentStream: new (desc: ProblemDesc) => SegmentStream;
+  /**
+   * Rows [B, H, L, D] from `src` to `dst` (byte addresses; strides in elements; types are
+   * sdpa::KvType values), converting float32 to float16 or back (src/kv-cache.h). Status 0 = ok.
+   */
+  copyRows(dst: number, dstType: number, dstB: number, dstH: number, dstL: number, src: number, srcType: number,
+    srcB: number, srcH: number, srcL: number, batch: number, heads: number, rows: number, dim: number): number;
   statusName(status: number): string;
   /** Bytes of the heap in malloc'd blocks (for leak tests). */
   heapBytesInUse(): number;

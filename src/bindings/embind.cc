@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "kv-cache.h"
 #include "parallel/thread-pool.h"
 #include "sdpa.h"
 
@@ -15,6 +16,7 @@ namespace {
 
 struct ProblemDesc {
   int32_t batch, qHeads, kvHeads, qLen, kvLen, headDim, valueDim;
+  int32_t kvType;  // sdpa::KvType: 0 float32, 1 float16 (key and value hold halves)
   uint32_t query, key, value, output, weights, mask, causalOffsets, keyLengths;
   int32_t qStrideB, qStrideH, qStrideL, kStrideB, kStrideH, kStrideL;
   int32_t vStrideB, vStrideH, vStrideL, oStrideB, oStrideH, oStrideL;
@@ -40,9 +42,10 @@ sdpa::Problem to_problem(const ProblemDesc& d) {
   p.value_dim = d.valueDim;
   p.query = at<const float>(d.query);
   p.q_stride_b = d.qStrideB, p.q_stride_h = d.qStrideH, p.q_stride_l = d.qStrideL;
-  p.key = at<const float>(d.key);
+  p.kv_type = static_cast<sdpa::KvType>(d.kvType);
+  p.key = at<const void>(d.key);
   p.k_stride_b = d.kStrideB, p.k_stride_h = d.kStrideH, p.k_stride_l = d.kStrideL;
-  p.value = at<const float>(d.value);
+  p.value = at<const void>(d.value);
   p.v_stride_b = d.vStrideB, p.v_stride_h = d.vStrideH, p.v_stride_l = d.vStrideL;
   p.output = at<float>(d.output);
   p.o_stride_b = d.oStrideB, p.o_stride_h = d.oStrideH, p.o_stride_l = d.oStrideL;
@@ -111,8 +114,8 @@ class SegmentStream {
 
   int32_t forward(int32_t segment, uint32_t key, uint32_t value, uint32_t partials, uint32_t scratch,
                   double scratch_floats) {
-    p_.key = at<const float>(key);
-    p_.value = at<const float>(value);
+    p_.key = at<const void>(key);
+    p_.value = at<const void>(value);
     return static_cast<int32_t>(sdpa::forward_segment(p_, segment, at<float>(partials), at<float>(scratch),
                                                       static_cast<uint64_t>(scratch_floats)));
   }
@@ -124,6 +127,18 @@ class SegmentStream {
  private:
   sdpa::Problem p_;
 };
+
+// KV cache writes (src/kv-cache.h): rows [B, H, L, D] from `src` into `dst`, both with
+// element strides; types are sdpa::KvType values (0 float32, 1 float16).
+int32_t copy_rows(uint32_t dst, int32_t dst_type, double dst_b, double dst_h, double dst_l, uint32_t src,
+                  int32_t src_type, double src_b, double src_h, double src_l, int32_t batch, int32_t heads,
+                  int32_t rows, int32_t dim) {
+  sdpa::RowBlock to{at<void>(dst), static_cast<sdpa::KvType>(dst_type), static_cast<int64_t>(dst_b),
+                    static_cast<int64_t>(dst_h), static_cast<int64_t>(dst_l)};
+  sdpa::RowBlock from{at<void>(src), static_cast<sdpa::KvType>(src_type), static_cast<int64_t>(src_b),
+                      static_cast<int64_t>(src_h), static_cast<int64_t>(src_l)};
+  return static_cast<int32_t>(sdpa::copy_rows(to, from, batch, heads, rows, dim));
+}
 
 // Bytes of the wasm heap in malloc'd blocks right now: the leak tests compare it before
 // and after (a leak of any size shows, where probing for a free block's address may not).
@@ -144,6 +159,7 @@ EMSCRIPTEN_BINDINGS(sdpa_wasm) {
       .field("kvLen", &ProblemDesc::kvLen)
       .field("headDim", &ProblemDesc::headDim)
       .field("valueDim", &ProblemDesc::valueDim)
+      .field("kvType", &ProblemDesc::kvType)
       .field("query", &ProblemDesc::query)
       .field("key", &ProblemDesc::key)
       .field("value", &ProblemDesc::value)
@@ -185,6 +201,7 @@ EMSCRIPTEN_BINDINGS(sdpa_wasm) {
       .function("setPair", &SegmentStream::set_pair)
       .function("forward", &SegmentStream::forward)
       .function("merge", &SegmentStream::merge);
+  emscripten::function("copyRows", &copy_rows);
   emscripten::function("statusName", &status_name);
   emscripten::function("heapBytesInUse", &heap_bytes_in_use);
 }

@@ -17,6 +17,10 @@
 // rows of all heads sharing one KV head (GQA), so that a decode step (Lq = 1) with 4 query
 // heads per KV head fills one tile and reads each key once for all of them.
 //
+// K and V are float32, or float16 (the KV cache's half storage, p.kv_type): halves are
+// widened to float32 as they are loaded (F16Elements), exactly, so all arithmetic is float32
+// and a float16 problem gives what the float32 kernel gives on the halves' values.
+//
 // K is either packed into scratch once per call (prefill: many row tiles reuse it; as
 // [Lk/8][E][8], so two loads give 8 keys at one dim) or read in place (decode: one or two
 // row tiles read each key once, and a packing pass would double the memory traffic). V is
@@ -35,6 +39,7 @@
 #include <cstring>
 #include <limits>
 
+#include "math/f16-f32-cvt-wasmsimd.h"
 #include "math/f32-vexp-nonpositive-rr1-p5-wasmsimd.h"
 #include "simd/f32x4.h"
 #include "tiles.h"
@@ -44,16 +49,34 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// How key and value elements are read where they are read in place (and when packed):
+// float32 as they are, or float16 widened to float32 in registers (exactly: every half is
+// a float). Everything after the load is float32 arithmetic, the same for both.
+struct F32Elements {
+  using Elem = float;
+  v128_t load4(const float* p) const { return wasm_v128_load(p); }
+  float scalar(float x) const { return x; }
+};
+struct F16Elements {
+  using Elem = uint16_t;
+  F16Constants c = make_f16_constants();
+  v128_t load4(const uint16_t* p) const { return f16x4_load_as_f32(p, c); }
+  float scalar(uint16_t h) const { return f16_to_f32(h); }
+};
+
 int32_t value_cols_padded(const Problem& p) { return round_up(p.value_dim, kValueBlock); }
 
-// V needs a padded copy only when its rows are not whole P·V blocks; otherwise P·V reads
-// it in place, as it is (rows of Ev floats at any stride).
-bool packs_value(const Problem& p, bool packs) { return packs && p.value_dim % kValueBlock != 0; }
+// V needs a padded float32 copy only when its rows are not whole P·V blocks, or are float16
+// (prefill reads each V row once per row tile: widening it once is cheaper); otherwise P·V
+// reads it in place, as it is (rows of Ev floats at any stride).
+bool packs_value(const Problem& p, bool packs) {
+  return packs && (p.value_dim % kValueBlock != 0 || p.kv_type == KvType::kFloat16);
+}
 
 // Scratch layout, in floats, for one call; every part starts 16-byte aligned.
 //   packed_key   [round_up(Lk, kKeyTile) / 8][E][8]  key j, dim d at ((j/8)·E + d)·8 + j%8
 //   packed_value [Lk][Ev8]                           Ev8 = round_up(Ev, kValueBlock); only
-//                                                    when Ev8 != Ev (packs_value)
+//                                                    when Ev8 != Ev or V is float16 (packs_value)
 //   q_tile       [4][E]                              scale·q of the tile's rows, 0 past its rows
 //   q_cols       [E][4]                              q_tile interleaved (for packed K)
 //   scores       [4][kKeyTile]                       scores, then probabilities, of one tile
@@ -275,18 +298,19 @@ void score_tile(const float* q_cols, const float* packed_key_tile, int32_t head_
 // scores[r][c .. c+4) = q_r · k_{c+n} for kRows rows from q (row stride head_dim) and the
 // four K rows from k0 (row stride k_stride), both read in place. kRows·4 accumulators over
 // E in steps of 4 (each K load serves kRows rows), then one transpose-add per row.
-template <int kRows>
-void score_4_keys(const float* q, const float* k0, int64_t k_stride, int32_t head_dim, float* s) {
+template <int kRows, typename Src>
+void score_4_keys(const Src& src, const float* q, const typename Src::Elem* k0, int64_t k_stride,
+                  int32_t head_dim, float* s) {
   const int32_t e4 = head_dim & ~3;
-  const float* k1 = k0 + k_stride;
-  const float* k2 = k1 + k_stride;
-  const float* k3 = k2 + k_stride;
+  const typename Src::Elem* k1 = k0 + k_stride;
+  const typename Src::Elem* k2 = k1 + k_stride;
+  const typename Src::Elem* k3 = k2 + k_stride;
   v128_t a[kRows][4];
   for (int r = 0; r < kRows; r++) a[r][0] = a[r][1] = a[r][2] = a[r][3] = wasm_f32x4_splat(0.0f);
 #pragma clang loop unroll(disable)
   for (int32_t d = 0; d < e4; d += 4) {
-    const v128_t vk0 = wasm_v128_load(k0 + d), vk1 = wasm_v128_load(k1 + d);
-    const v128_t vk2 = wasm_v128_load(k2 + d), vk3 = wasm_v128_load(k3 + d);
+    const v128_t vk0 = src.load4(k0 + d), vk1 = src.load4(k1 + d);
+    const v128_t vk2 = src.load4(k2 + d), vk3 = src.load4(k3 + d);
     for (int r = 0; r < kRows; r++) {
       const v128_t vq = wasm_v128_load(q + r * head_dim + d);
       a[r][0] = wasm_f32x4_add(a[r][0], wasm_f32x4_mul(vq, vk0));
@@ -300,10 +324,10 @@ void score_4_keys(const float* q, const float* k0, int64_t k_stride, int32_t hea
     wasm_v128_store(sr, reduce_4x4<false>(a[r][0], a[r][1], a[r][2], a[r][3]));
     const float* qr = q + r * head_dim;
     for (int32_t d = e4; d < head_dim; d++) {
-      sr[0] += qr[d] * k0[d];
-      sr[1] += qr[d] * k1[d];
-      sr[2] += qr[d] * k2[d];
-      sr[3] += qr[d] * k3[d];
+      sr[0] += qr[d] * src.scalar(k0[d]);
+      sr[1] += qr[d] * src.scalar(k1[d]);
+      sr[2] += qr[d] * src.scalar(k2[d]);
+      sr[3] += qr[d] * src.scalar(k3[d]);
     }
   }
 }
@@ -312,29 +336,30 @@ void score_4_keys(const float* q, const float* k0, int64_t k_stride, int32_t hea
 // (row stride k_stride floats, E contiguous). Columns from key_count on are set to 0; they
 // are blocked (key_count is where the rows' key limits end). Four keys at a time, two rows
 // at a time (score_4_keys).
-void score_tile_in_place(const float* q_tile, int32_t rows, const float* key, int64_t k_stride,
-                         int32_t key_count, int32_t head_dim, float* scores) {
+template <typename Src>
+void score_tile_in_place(const Src& src, const float* q_tile, int32_t rows, const typename Src::Elem* key,
+                         int64_t k_stride, int32_t key_count, int32_t head_dim, float* scores) {
   const int32_t e4 = head_dim & ~3;
   int32_t c = 0;
   for (; c + 4 <= key_count; c += 4) {
-    const float* k0 = key + c * k_stride;
+    const typename Src::Elem* k0 = key + c * k_stride;
     int32_t r = 0;
     for (; r + 2 <= rows; r += 2) {
-      score_4_keys<2>(q_tile + r * head_dim, k0, k_stride, head_dim, scores + r * kKeyTile + c);
+      score_4_keys<2>(src, q_tile + r * head_dim, k0, k_stride, head_dim, scores + r * kKeyTile + c);
     }
-    if (r < rows) score_4_keys<1>(q_tile + r * head_dim, k0, k_stride, head_dim, scores + r * kKeyTile + c);
+    if (r < rows) score_4_keys<1>(src, q_tile + r * head_dim, k0, k_stride, head_dim, scores + r * kKeyTile + c);
   }
   for (int32_t r = 0; r < rows; r++) {
     const float* q = q_tile + r * head_dim;
     float* s = scores + r * kKeyTile;
     for (int32_t cc = c; cc < key_count; cc++) {
-      const float* k = key + cc * k_stride;
+      const typename Src::Elem* k = key + cc * k_stride;
       v128_t a = wasm_f32x4_splat(0.0f);
       for (int32_t d = 0; d < e4; d += 4) {
-        a = wasm_f32x4_add(a, wasm_f32x4_mul(wasm_v128_load(q + d), wasm_v128_load(k + d)));
+        a = wasm_f32x4_add(a, wasm_f32x4_mul(wasm_v128_load(q + d), src.load4(k + d)));
       }
       float dot = hsum(a);
-      for (int32_t d = e4; d < head_dim; d++) dot += q[d] * k[d];
+      for (int32_t d = e4; d < head_dim; d++) dot += q[d] * src.scalar(k[d]);
       s[cc] = dot;
     }
     for (int32_t cc = key_count; cc < kKeyTile; cc++) s[cc] = 0.0f;
@@ -378,9 +403,9 @@ void finish_scores(const Problem& p, const RowTile& rt, int32_t j0, TileKind kin
 // unconditionally; from open_count on, a key whose probability is exactly 0 for a row
 // (blocked, or flushed by exp) is skipped for that row, not multiplied by 0, so NaN in a
 // blocked V row cannot leak. 4 rows × 8 columns = 8 accumulators at most.
-template <int kRows, int kVecs>
-void pv_block(const float* probs, const float* value, int64_t v_stride, int32_t open_count,
-              int32_t key_count, const float* alpha, float* acc, int32_t acc_stride) {
+template <int kRows, int kVecs, typename Src>
+void pv_block(const Src& src, const float* probs, const typename Src::Elem* value, int64_t v_stride,
+              int32_t open_count, int32_t key_count, const float* alpha, float* acc, int32_t acc_stride) {
   v128_t o[kRows][kVecs];
   for (int r = 0; r < kRows; r++) {
     const v128_t a = wasm_f32x4_splat(alpha[r]);
@@ -389,13 +414,13 @@ void pv_block(const float* probs, const float* value, int64_t v_stride, int32_t 
   // Pointers stepped by hand and constant offsets from them: the loads' addresses fold into
   // the wasm instructions' offset fields, leaving no address arithmetic in the loop
   // (Emscripten builds with LLVM's loop strength reduction off).
-  const float* v_row = value;
+  const typename Src::Elem* v_row = value;
   const float* p_col = probs;
   const float* const p_open_end = probs + open_count;
 #pragma clang loop unroll(disable)
   for (; p_col != p_open_end; p_col++, v_row += v_stride) {
     v128_t v[kVecs];
-    for (int k = 0; k < kVecs; k++) v[k] = wasm_v128_load(v_row + 4 * k);
+    for (int k = 0; k < kVecs; k++) v[k] = src.load4(v_row + 4 * k);
     for (int r = 0; r < kRows; r++) {
       const v128_t p = wasm_v128_load32_splat(p_col + r * kKeyTile);
       for (int k = 0; k < kVecs; k++) o[r][k] = wasm_f32x4_add(o[r][k], wasm_f32x4_mul(p, v[k]));
@@ -403,7 +428,7 @@ void pv_block(const float* probs, const float* value, int64_t v_stride, int32_t 
   }
   for (int32_t j = open_count; j < key_count; j++) {
     v128_t v[kVecs];
-    for (int k = 0; k < kVecs; k++) v[k] = wasm_v128_load(value + j * v_stride + 4 * k);
+    for (int k = 0; k < kVecs; k++) v[k] = src.load4(value + j * v_stride + 4 * k);
     for (int r = 0; r < kRows; r++) {
       const float pr = probs[r * kKeyTile + j];
       if (pr == 0.0f) continue;
@@ -417,53 +442,55 @@ void pv_block(const float* probs, const float* value, int64_t v_stride, int32_t 
 }
 
 // The same for the last 1..3 columns of an in-place V whose width is not a multiple of 4.
-template <int kRows>
-void pv_columns_scalar(const float* probs, const float* value, int64_t v_stride, int32_t cols,
-                       int32_t key_count, const float* alpha, float* acc, int32_t acc_stride) {
+template <int kRows, typename Src>
+void pv_columns_scalar(const Src& src, const float* probs, const typename Src::Elem* value, int64_t v_stride,
+                       int32_t cols, int32_t key_count, const float* alpha, float* acc, int32_t acc_stride) {
   for (int r = 0; r < kRows; r++) {
     for (int32_t c = 0; c < cols; c++) {
       float o = acc[r * acc_stride + c] * alpha[r];
       for (int32_t j = 0; j < key_count; j++) {
         const float pr = probs[r * kKeyTile + j];
-        if (pr != 0.0f) o += pr * value[j * v_stride + c];
+        if (pr != 0.0f) o += pr * src.scalar(value[j * v_stride + c]);
       }
       acc[r * acc_stride + c] = o;
     }
   }
 }
 
-template <int kRows>
-void accumulate_pv_rows(const float* probs, const float* value, int64_t v_stride, int32_t cols,
-                        int32_t open_count, int32_t key_count, const float* alpha, float* acc,
+template <int kRows, typename Src>
+void accumulate_pv_rows(const Src& src, const float* probs, const typename Src::Elem* value, int64_t v_stride,
+                        int32_t cols, int32_t open_count, int32_t key_count, const float* alpha, float* acc,
                         int32_t acc_stride) {
   int32_t col = 0;
   for (; col + 8 <= cols; col += 8) {
-    pv_block<kRows, 2>(probs, value + col, v_stride, open_count, key_count, alpha, acc + col, acc_stride);
+    pv_block<kRows, 2>(src, probs, value + col, v_stride, open_count, key_count, alpha, acc + col, acc_stride);
   }
   if (col + 4 <= cols) {
-    pv_block<kRows, 1>(probs, value + col, v_stride, open_count, key_count, alpha, acc + col, acc_stride);
+    pv_block<kRows, 1>(src, probs, value + col, v_stride, open_count, key_count, alpha, acc + col, acc_stride);
     col += 4;
   }
   if (col < cols) {
-    pv_columns_scalar<kRows>(probs, value + col, v_stride, cols - col, key_count, alpha, acc + col, acc_stride);
+    pv_columns_scalar<kRows>(src, probs, value + col, v_stride, cols - col, key_count, alpha, acc + col,
+                             acc_stride);
   }
 }
 
 // acc[r][0 .. cols) = alpha[r]·acc[r][…] + Σ_j probs[r][j]·V[j][0 .. cols) for r < rows.
 // Packed V has cols = Ev8 (zero padded); in-place V has cols = Ev.
-void accumulate_pv(const float* probs, const float* value, int64_t v_stride, int32_t cols,
-                   int32_t rows, int32_t open_count, int32_t key_count, v128_t alpha_v,
+template <typename Src>
+void accumulate_pv(const Src& src, const float* probs, const typename Src::Elem* value, int64_t v_stride,
+                   int32_t cols, int32_t rows, int32_t open_count, int32_t key_count, v128_t alpha_v,
                    float* acc, int32_t acc_stride) {
   float alpha[kQueryTile];
   wasm_v128_store(alpha, alpha_v);
   // Through a table: an indirect call is inlined neither by clang nor by Binaryen (which
   // inlines any function that has a single caller, noinline or not). See exponentiate_tile.
-  using PvRows = void (*)(const float*, const float*, int64_t, int32_t, int32_t, int32_t,
-                          const float*, float*, int32_t);
-  static PvRows const kByRows[kQueryTile] = {accumulate_pv_rows<1>, accumulate_pv_rows<2>,
-                                             accumulate_pv_rows<3>, accumulate_pv_rows<4>};
+  using PvRows = void (*)(const Src&, const float*, const typename Src::Elem*, int64_t, int32_t, int32_t,
+                          int32_t, const float*, float*, int32_t);
+  static PvRows const kByRows[kQueryTile] = {accumulate_pv_rows<1, Src>, accumulate_pv_rows<2, Src>,
+                                             accumulate_pv_rows<3, Src>, accumulate_pv_rows<4, Src>};
   assert(rows >= 1 && rows <= kQueryTile);
-  kByRows[rows - 1](probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride);
+  kByRows[rows - 1](src, probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride);
 }
 
 // (a[0][0], a[1][0], a[2][0], a[3][0]), …: rows of a become columns.
@@ -480,8 +507,10 @@ void transpose4x4(v128_t& a0, v128_t& a1, v128_t& a2, v128_t& a3) {
 // end of the last key tile, so score_tile may always read whole tiles. A whole group is
 // 8 key rows × E read 4 dims at a time and written as two transposed 4×4 blocks per 4 dims
 // (sequential stores; the scalar form scatters every float).
-void pack_key(const float* key, int64_t stride_l, int32_t key_count, int32_t head_dim,
-              float* packed) {
+// Float16 keys are widened as they are loaded.
+template <typename Src>
+void pack_key(const Src& src, const typename Src::Elem* key, int64_t stride_l, int32_t key_count,
+              int32_t head_dim, float* packed) {
   static_assert(kKeyGroup == 8, "two 4×4 blocks per group");
   const int32_t padded = round_up(key_count, kKeyTile);
   const int32_t e4 = head_dim & ~3;
@@ -491,24 +520,25 @@ void pack_key(const float* key, int64_t stride_l, int32_t key_count, int32_t hea
     if (keys < kKeyGroup) {  // the last, partial group and the zero padding
       for (int32_t d = 0; d < head_dim; d++) {
         for (int i = 0; i < kKeyGroup; i++) {
-          group[d * kKeyGroup + i] = i < keys ? key[(j0 + i) * stride_l + d] : 0.0f;
+          group[d * kKeyGroup + i] = i < keys ? src.scalar(key[(j0 + i) * stride_l + d]) : 0.0f;
         }
       }
       continue;
     }
-    const float* k0 = key + j0 * stride_l;
-    const float* k1 = k0 + stride_l;
-    const float* k2 = k1 + stride_l;
-    const float* k3 = k2 + stride_l;
-    const float* k4 = k3 + stride_l;
-    const float* k5 = k4 + stride_l;
-    const float* k6 = k5 + stride_l;
-    const float* k7 = k6 + stride_l;
+    using Elem = typename Src::Elem;
+    const Elem* k0 = key + j0 * stride_l;
+    const Elem* k1 = k0 + stride_l;
+    const Elem* k2 = k1 + stride_l;
+    const Elem* k3 = k2 + stride_l;
+    const Elem* k4 = k3 + stride_l;
+    const Elem* k5 = k4 + stride_l;
+    const Elem* k6 = k5 + stride_l;
+    const Elem* k7 = k6 + stride_l;
     for (int32_t d = 0; d < e4; d += 4) {
-      v128_t a0 = wasm_v128_load(k0 + d), a1 = wasm_v128_load(k1 + d);
-      v128_t a2 = wasm_v128_load(k2 + d), a3 = wasm_v128_load(k3 + d);
-      v128_t b0 = wasm_v128_load(k4 + d), b1 = wasm_v128_load(k5 + d);
-      v128_t b2 = wasm_v128_load(k6 + d), b3 = wasm_v128_load(k7 + d);
+      v128_t a0 = src.load4(k0 + d), a1 = src.load4(k1 + d);
+      v128_t a2 = src.load4(k2 + d), a3 = src.load4(k3 + d);
+      v128_t b0 = src.load4(k4 + d), b1 = src.load4(k5 + d);
+      v128_t b2 = src.load4(k6 + d), b3 = src.load4(k7 + d);
       transpose4x4(a0, a1, a2, a3);  // a_t: dim d + t of keys 0..3
       transpose4x4(b0, b1, b2, b3);  // b_t: dim d + t of keys 4..7
       float* dst = group + d * kKeyGroup;
@@ -518,52 +548,74 @@ void pack_key(const float* key, int64_t stride_l, int32_t key_count, int32_t hea
       wasm_v128_store(dst + 24, a3), wasm_v128_store(dst + 28, b3);
     }
     for (int32_t d = e4; d < head_dim; d++) {
-      for (int i = 0; i < kKeyGroup; i++) group[d * kKeyGroup + i] = key[(j0 + i) * stride_l + d];
+      for (int i = 0; i < kKeyGroup; i++) group[d * kKeyGroup + i] = src.scalar(key[(j0 + i) * stride_l + d]);
     }
   }
 }
 
-// V of one (batch, KV head), keys [0, key_count), into [key_count][Ev8], zero columns
-// past Ev.
-void pack_value(const float* value, int64_t stride_l, int32_t key_count, int32_t value_dim,
-                int32_t ev8, float* packed) {
+// V of one (batch, KV head), keys [0, key_count), into float32 [key_count][Ev8], zero
+// columns past Ev.
+template <typename Src>
+void pack_value(const Src& src, const typename Src::Elem* value, int64_t stride_l, int32_t key_count,
+                int32_t value_dim, int32_t ev8, float* packed) {
   for (int32_t j = 0; j < key_count; j++) {
     float* dst = packed + static_cast<size_t>(j) * ev8;
-    std::memcpy(dst, value + j * stride_l, sizeof(float) * value_dim);
+    const typename Src::Elem* row = value + j * stride_l;
+    for (int32_t c = 0; c < value_dim; c++) dst[c] = src.scalar(row[c]);
     std::fill(dst + value_dim, dst + ev8, 0.0f);
   }
 }
 
-// Where one call reads K and V: packed into scratch, or in place in the caller's tensors.
+// Where one call reads K and V: packed (float32) into scratch, or in place in the caller's
+// tensors (elements of Src, float32 or float16).
+template <typename Src>
 struct KeyValueSource {
-  bool packed;         // K packed (prefill); V is then copied too only if packs_value()
-  const float* key;    // packed: [groups][E][8] from key 0; in place: key first_key's row
-  int64_t key_stride;  // in place only: floats between consecutive keys
-  const float* value;  // a padded copy [Lk][Ev8], or in place: key first_key's row
-  int64_t value_stride;
-  int32_t value_cols;  // copy: Ev8; in place: Ev
-  int32_t first_key;   // the key the pointers start at: 0, or a streamed segment's first
-  const float* key_row(int32_t j) const { return key + (j - first_key) * key_stride; }
-  const float* value_row(int32_t j) const { return value + (j - first_key) * value_stride; }
+  using Elem = typename Src::Elem;
+  const Src& src;
+  const float* packed_key;    // non-null: K packed [groups][E][8] from key 0 (prefill)
+  const Elem* key;            // in place: key first_key's row
+  int64_t key_stride;         // in place: elements between consecutive keys
+  const float* packed_value;  // non-null: a padded float32 copy [Lk][Ev8] (packs_value)
+  const Elem* value;          // in place: key first_key's row
+  int64_t value_stride;       // in place: elements between consecutive keys
+  int32_t value_cols;         // copy: Ev8; in place: Ev
+  int32_t first_key;          // the key the in-place pointers start at: 0, or a streamed segment's first
+  const Elem* key_row(int32_t j) const { return key + (j - first_key) * key_stride; }
 };
 
 // Scores of the tile's keys [j0, j0 + key_count), valid in the first round_up(key_count, 8)
 // columns (the rest of those columns are blocked by the bias; later columns are not used).
-void score_tile_from(const KeyValueSource& kv, const float* q_tile, const float* q_cols,
+template <typename Src>
+void score_tile_from(const KeyValueSource<Src>& kv, const float* q_tile, const float* q_cols,
                      int32_t rows, int32_t j0, int32_t key_count, int32_t head_dim, float* scores) {
-  if (kv.packed) {
-    score_tile(q_cols, kv.key + static_cast<size_t>(j0) * head_dim, head_dim,
+  if (kv.packed_key != nullptr) {
+    score_tile(q_cols, kv.packed_key + static_cast<size_t>(j0) * head_dim, head_dim,
                round_up(key_count, kKeyGroup), scores);
   } else {
-    score_tile_in_place(q_tile, rows, kv.key_row(j0), kv.key_stride, key_count,
+    score_tile_in_place(kv.src, q_tile, rows, kv.key_row(j0), kv.key_stride, key_count,
                         head_dim, scores);
+  }
+}
+
+// P·V of one tile, from the packed float32 copy of V or from V in place.
+template <typename Src>
+void accumulate_pv_from(const KeyValueSource<Src>& kv, const float* probs, int32_t j0, int32_t rows,
+                        int32_t open_count, int32_t key_count, v128_t alpha, float* acc, int32_t acc_stride) {
+  if (kv.packed_value != nullptr) {
+    static const F32Elements f32;
+    accumulate_pv(f32, probs, kv.packed_value + static_cast<size_t>(j0) * kv.value_cols, kv.value_cols,
+                  kv.value_cols, rows, open_count, key_count, alpha, acc, acc_stride);
+  } else {
+    accumulate_pv(kv.src, probs, kv.value + (j0 - kv.first_key) * kv.value_stride, kv.value_stride,
+                  kv.value_cols, rows, open_count, key_count, alpha, acc, acc_stride);
   }
 }
 
 // The online softmax of one row tile over keys [key_begin, rt.keys_end), then its output:
 // the normalised rows (and weights) when `partial` is null, else the unnormalised state
 // (m, l, o) of each row for merge_partials.
-void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& kv,
+template <typename Src>
+void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<Src>& kv,
                      int32_t key_begin, float* partial, const Scratch& s, const ExpConstants& ec) {
   const int32_t E = p.head_dim, Ev = p.value_dim, ev8 = value_cols_padded(p);
   // q_tile = scale·q (the scale folded into Q once), zero rows past rt.rows.
@@ -577,7 +629,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
       std::fill(dst, dst + E, 0.0f);
     }
   }
-  if (kv.packed) {  // q_cols[d][r] = q_tile[r][d], by 4×4 blocks
+  if (kv.packed_key != nullptr) {  // q_cols[d][r] = q_tile[r][d], by 4×4 blocks
     const int32_t e4 = E & ~3;
     for (int32_t d = 0; d < e4; d += 4) {
       v128_t r0 = wasm_v128_load(s.q_tile + d), r1 = wasm_v128_load(s.q_tile + E + d);
@@ -618,8 +670,8 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource& 
     running_sum = wasm_f32x4_add(wasm_f32x4_mul(running_sum, alpha), tile_sum);
     running_max = new_max;
 
-    accumulate_pv(s.scores, kv.value_row(j0), kv.value_stride, kv.value_cols,
-                  rt.rows, std::min(tile.open_cols, key_count), key_count, alpha, s.acc, ev8);
+    accumulate_pv_from(kv, s.scores, j0, rt.rows, std::min(tile.open_cols, key_count), key_count, alpha,
+                       s.acc, ev8);
   }
 
   float maxima[kQueryTile], sums[kQueryTile];
@@ -699,7 +751,10 @@ uint64_t sdpa_f32_fwd_4x128__wasmsimd_partial_floats(const Problem& p) {
   return static_cast<uint64_t>(kQueryTile) * (2 + value_cols_padded(p));
 }
 
-void sdpa_f32_fwd_ukernel_4x128__wasmsimd(const Problem& p, const KernelWork& w, float* scratch_base) {
+namespace {
+
+template <typename Src>
+void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
   assert(p.head_dim >= 1 && p.value_dim >= 1 && p.q_len >= 1 && p.kv_len >= 1);
   assert(p.q_heads % p.kv_heads == 0);
   assert(w.b >= 0 && w.b < p.batch && w.kv_head >= 0 && w.kv_head < p.kv_heads);
@@ -719,20 +774,22 @@ void sdpa_f32_fwd_ukernel_4x128__wasmsimd(const Problem& p, const KernelWork& w,
   // Flat row f is query row f % Lq of head first_head + f / Lq. Its keys: [key_begin, end).
   auto limit_of_flat = [&](int32_t f) { return std::min(limit_of(f % p.q_len), w.key_end); };
 
-  const float* key = p.key + w.b * p.k_stride_b + w.kv_head * p.k_stride_h;
-  const float* value = p.value + w.b * p.v_stride_b + w.kv_head * p.v_stride_h;
-  KeyValueSource kv{false, key, p.k_stride_l, value, p.v_stride_l, p.value_dim, w.stored_from};
+  using Elem = typename Src::Elem;
+  const Src src;
+  const Elem* key = static_cast<const Elem*>(p.key) + w.b * p.k_stride_b + w.kv_head * p.k_stride_h;
+  const Elem* value = static_cast<const Elem*>(p.value) + w.b * p.v_stride_b + w.kv_head * p.v_stride_h;
+  KeyValueSource<Src> kv{src,   nullptr,      key, p.k_stride_l, nullptr,
+                         value, p.v_stride_l, p.value_dim,      w.stored_from};
   if (w.pack) {
     // Pack only the keys some row of this call may attend.
     int32_t packed_keys = 0;
     for (int32_t f = w.row_begin; f < w.row_end; f++) packed_keys = std::max(packed_keys, limit_of_flat(f));
-    pack_key(key, p.k_stride_l, packed_keys, p.head_dim, s.packed_key);
-    kv.packed = true;
-    kv.key = s.packed_key;
+    pack_key(src, key, p.k_stride_l, packed_keys, p.head_dim, s.packed_key);
+    kv.packed_key = s.packed_key;
     if (packs_value(p, true)) {
       const int32_t ev8 = value_cols_padded(p);
-      pack_value(value, p.v_stride_l, packed_keys, p.value_dim, ev8, s.packed_value);
-      kv.value = s.packed_value, kv.value_stride = ev8, kv.value_cols = ev8;
+      pack_value(src, value, p.v_stride_l, packed_keys, p.value_dim, ev8, s.packed_value);
+      kv.packed_value = s.packed_value, kv.value_cols = ev8;
     }
   }
 
@@ -752,6 +809,16 @@ void sdpa_f32_fwd_ukernel_4x128__wasmsimd(const Problem& p, const KernelWork& w,
                          ? nullptr
                          : w.partials + static_cast<size_t>((f0 - w.row_begin) / kQueryTile) * partial_floats;
     attend_row_tile(p, rt, kv, w.key_begin, partial, s, ec);
+  }
+}
+
+}  // namespace
+
+void sdpa_f32_fwd_ukernel_4x128__wasmsimd(const Problem& p, const KernelWork& w, float* scratch) {
+  if (p.kv_type == KvType::kFloat16) {
+    run_work<F16Elements>(p, w, scratch);
+  } else {
+    run_work<F32Elements>(p, w, scratch);
   }
 }
 

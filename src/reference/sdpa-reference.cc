@@ -6,6 +6,25 @@
 #include <limits>
 
 namespace sdpa {
+namespace {
+
+// An IEEE binary16 value from its definition (not from the kernel's conversion):
+// (-1)^s · m·2^-24 (e = 0), (-1)^s · (1 + m/1024)·2^(e-15) (e in 1..30), ±Inf or NaN (e = 31).
+double half_value(uint16_t h) {
+  const double sign = (h & 0x8000) != 0 ? -1.0 : 1.0;
+  const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  if (e == 0x1F) return m == 0 ? sign * std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+  if (e == 0) return sign * std::ldexp(m, -24);
+  return sign * std::ldexp(1.0 + m / 1024.0, e - 15);
+}
+
+// Element `at` of a key or value tensor of the problem's kv_type.
+double kv_element(const Problem& p, const void* base, int64_t at) {
+  if (p.kv_type == KvType::kFloat16) return half_value(static_cast<const uint16_t*>(base)[at]);
+  return static_cast<const float*>(base)[at];
+}
+
+}  // namespace
 
 std::vector<double> reference_forward(const Problem& p, std::vector<double>* weights) {
   const int64_t B = p.batch, Hq = p.q_heads, Hkv = p.kv_heads, Lq = p.q_len, Lk = p.kv_len,
@@ -40,9 +59,9 @@ std::vector<double> reference_forward(const Problem& p, std::vector<double>* wei
             logits[j] = neg_inf;
             continue;
           }
-          const float* k = p.key + b * p.k_stride_b + kvh * p.k_stride_h + j * p.k_stride_l;
+          const int64_t k = b * p.k_stride_b + kvh * p.k_stride_h + j * p.k_stride_l;
           double dot = 0.0;
-          for (int64_t d = 0; d < E; d++) dot += static_cast<double>(q[d]) * k[d];
+          for (int64_t d = 0; d < E; d++) dot += static_cast<double>(q[d]) * kv_element(p, p.key, k + d);
           double s = static_cast<double>(p.scale) * dot;
           if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
           if (p.mask_kind == MaskKind::kFloat) s += static_cast<const float*>(p.mask)[m];
@@ -63,8 +82,8 @@ std::vector<double> reference_forward(const Problem& p, std::vector<double>* wei
           if (blocked[j]) continue;
           const double prob = logits[j] / sum;
           if (weights != nullptr) (*weights)[static_cast<size_t>(((b * Hq + h) * Lq + i) * Lk + j)] = prob;
-          const float* v = p.value + b * p.v_stride_b + kvh * p.v_stride_h + j * p.v_stride_l;
-          for (int64_t c = 0; c < Ev; c++) o[c] += prob * v[c];
+          const int64_t v = b * p.v_stride_b + kvh * p.v_stride_h + j * p.v_stride_l;
+          for (int64_t c = 0; c < Ev; c++) o[c] += prob * kv_element(p, p.value, v + c);
         }
       }
     }

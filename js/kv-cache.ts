@@ -1,0 +1,265 @@
+// KVCache: keys and values kept in the instance's wasm memory between calls, for decoding one
+// token at a time. A step appends the new positions' K/V (a few rows) and attends to all the
+// stored ones in place: no copy of the history per step, so a step costs one read of the
+// cache. Storage (src/kv-cache.h), allocated once at its full size:
+//   keys   [B, Hkv, maxLength, E ]   float32, or IEEE float16 (dtype 'float16': half the bytes)
+//   values [B, Hkv, maxLength, Ev]
+// Positions [0, length) are stored; every batch has the same length (ragged batches pass
+// keyLengths to attend()).
+import { allocate, CallMemory, MAX_WASM_BYTES } from './memory.js';
+import { KV_TYPE, runResident } from './strategies.js';
+import type { SdpaModule } from './wasm/sdpa.mjs';
+import type { KVCacheOptions, KVTensor, SdpaOptions, SdpaResult } from './types.js';
+import {
+  checkLayout, checkOptionNames, checkTensor, describe, dimsMismatch, isUint16Array, planAttend,
+  type CacheOperands, type Operand,
+} from './validate.js';
+
+export type KVCacheDType = 'float32' | 'float16';
+
+const CACHE_OPTION_NAMES = ['batch', 'kvHeads', 'headDim', 'valueDim', 'maxLength', 'dtype'] as const;
+const APPEND_OPTION_NAMES = ['layout'] as const;
+const ELEMENT_BYTES: Record<KVCacheDType, number> = { float32: 4, float16: 2 };
+/** Appends are copied in through a staging buffer of at most this many bytes (rows at a time). */
+const STAGING_BYTES = 2 ** 20;
+
+/** The cache's sizes, checked: what createKVCache() was given, with defaults filled in. */
+export interface KVCacheShape {
+  batch: number;
+  kvHeads: number;
+  headDim: number;
+  valueDim: number;
+  maxLength: number;
+  dtype: KVCacheDType;
+}
+
+export function checkCacheOptions(options: unknown): KVCacheShape {
+  const fn = 'createKVCache';
+  if (options === undefined) throw new TypeError(`${fn}: options { batch, kvHeads, headDim, maxLength } are required`);
+  const o = checkOptionNames(fn, options, CACHE_OPTION_NAMES) as Partial<KVCacheOptions>;
+  const size = (name: keyof KVCacheOptions, fallback?: number): number => {
+    const x = o[name];
+    if (x === undefined && fallback !== undefined) return fallback;
+    if (typeof x !== 'number') throw new TypeError(`${fn}: options.${name} must be a positive integer, got ${describe(x)}`);
+    if (!Number.isInteger(x) || x < 1 || x > 0x7fffffff) {
+      throw new RangeError(`${fn}: options.${name} must be a positive integer, got ${x}`);
+    }
+    return x;
+  };
+  const batch = size('batch'), kvHeads = size('kvHeads'), headDim = size('headDim');
+  const valueDim = size('valueDim', headDim), maxLength = size('maxLength');
+  const dtype = o.dtype ?? 'float32';
+  if (dtype !== 'float32' && dtype !== 'float16') {
+    throw new RangeError(`${fn}: options.dtype must be 'float32' or 'float16', got ${describe(dtype)}`);
+  }
+  return { batch, kvHeads, headDim, valueDim, maxLength, dtype };
+}
+
+/** Bytes of storage: keys and values. */
+export function cacheBytes(s: KVCacheShape): { keys: number; values: number } {
+  const rows = s.batch * s.kvHeads * s.maxLength * ELEMENT_BYTES[s.dtype];
+  return { keys: rows * s.headDim, values: rows * s.valueDim };
+}
+
+export class KVCache {
+  readonly batch: number;
+  readonly kvHeads: number;
+  readonly headDim: number;
+  readonly valueDim: number;
+  readonly maxLength: number;
+  readonly dtype: KVCacheDType;
+  /** Bytes of wasm memory the storage takes (keys and values), allocated at creation. */
+  readonly byteLength: number;
+  #module: SdpaModule | null;
+  readonly #threads: number;
+  #keys = 0;
+  #values = 0;
+  #length = 0;
+  readonly #onDispose: (cache: KVCache) => void;
+
+  /** @internal Use attn.createKVCache(). */
+  constructor(module: SdpaModule, threads: number, shape: KVCacheShape, onDispose: (cache: KVCache) => void) {
+    this.batch = shape.batch;
+    this.kvHeads = shape.kvHeads;
+    this.headDim = shape.headDim;
+    this.valueDim = shape.valueDim;
+    this.maxLength = shape.maxLength;
+    this.dtype = shape.dtype;
+    const bytes = cacheBytes(shape);
+    this.byteLength = bytes.keys + bytes.values;
+    // Refused before allocating when it cannot fit beside what is in use.
+    const inUse = module.heapBytesInUse();
+    if (this.byteLength > MAX_WASM_BYTES - inUse) {
+      throw new RangeError(
+        `createKVCache: the cache needs ${this.byteLength} bytes of wasm memory (keys ${bytes.keys} + values ` +
+        `${bytes.values}), more than is left: the module's memory is limited to 2 GiB (${MAX_WASM_BYTES} bytes), ` +
+        `of which ${inUse} are in use`);
+    }
+    this.#keys = allocate(module, bytes.keys, 'createKVCache', 'the cache keys');
+    try {
+      this.#values = allocate(module, bytes.values, 'createKVCache', 'the cache values');
+    } catch (error) {
+      module._free(this.#keys);
+      throw error;
+    }
+    this.#module = module;
+    this.#threads = threads;
+    this.#onDispose = onDispose;
+  }
+
+  /** Positions stored, the same for every batch: [0, maxLength]. */
+  get length(): number {
+    return this.#length;
+  }
+
+  /** Whether dispose() has been called (by the cache or its Attention instance). */
+  get disposed(): boolean {
+    return this.#module === null;
+  }
+
+  #live(fn: string): SdpaModule {
+    if (this.#module === null) throw new Error(`${fn}: this KVCache has been disposed`);
+    return this.#module;
+  }
+
+  /**
+   * Stores the K/V of `Lnew` new positions after the `length` stored ones, for every batch:
+   * `key` [B, Hkv, Lnew, E], `value` [B, Hkv, Lnew, Ev] (or [B, Lnew, Hkv, ·] with
+   * `{ layout: 'bshd' }`), as Float32Array, or for a float16 cache also Uint16Array of raw
+   * IEEE halves (stored as they are). Float32 into a float16 cache rounds to nearest even;
+   * beyond ±65504 (and ±Infinity) saturates to ±65504. Past maxLength: RangeError, nothing
+   * appended. After any error the cache is unchanged.
+   */
+  append(key: KVTensor, value: KVTensor, options?: { layout?: 'bhsd' | 'bshd' }): void {
+    const fn = 'KVCache.append';
+    const module = this.#live(fn);
+    const o = checkOptionNames(fn, options, APPEND_OPTION_NAMES);
+    const layout = checkLayout(fn, o.layout);
+    const halves = this.dtype === 'float16';
+    const k = checkTensor(fn, 'key', key, layout, true);
+    const v = checkTensor(fn, 'value', value, layout, true);
+    for (const [name, t] of [['key', k], ['value', v]] as const) {
+      if (!halves && isUint16Array(t.data)) {
+        throw new TypeError(`${fn}: ${name}.data must be a Float32Array for a float32 cache (raw float16 halves in a ` +
+          `Uint16Array only for dtype 'float16'), got ${describe(t.data)}`);
+      }
+      if (t.B !== this.batch) throw dimsMismatch(fn, layout, name, t, "the cache's batch B", this.batch, t.B);
+      if (t.H !== this.kvHeads) throw dimsMismatch(fn, layout, name, t, "the cache's heads Hkv", this.kvHeads, t.H);
+    }
+    if (k.D !== this.headDim) throw dimsMismatch(fn, layout, 'key', k, "the cache's head size E", this.headDim, k.D);
+    if (v.D !== this.valueDim) throw dimsMismatch(fn, layout, 'value', v, "the cache's value size Ev", this.valueDim, v.D);
+    if (v.L !== k.L) throw dimsMismatch(fn, layout, 'value', v, "key's new positions Lnew", k.L, v.L);
+    if (this.#length + k.L > this.maxLength) {
+      throw new RangeError(`${fn}: appending ${k.L} positions to the ${this.#length} stored would pass maxLength = ` +
+        `${this.maxLength}; nothing was appended`);
+    }
+    const memory = new CallMemory(module, fn);
+    try {
+      this.#write(module, memory, k, layout, this.#keys, this.headDim);
+      this.#write(module, memory, v, layout, this.#values, this.valueDim);
+    } finally {
+      memory.free();
+    }
+    this.#length += k.L;
+  }
+
+  // Rows [B, H, L, D] of `t` into the storage at positions [length, length + L), through a
+  // staging buffer of at most STAGING_BYTES, a run of rows of one batch at a time; the
+  // conversion to float16 (if any) is done by the wasm side (copy_rows, src/kv-cache.h).
+  #write(module: SdpaModule, memory: CallMemory, t: Operand<Float32Array | Uint16Array>, layout: 'bhsd' | 'bshd',
+    storage: number, dim: number): void {
+    const srcType = isUint16Array(t.data) ? KV_TYPE.float16 : KV_TYPE.float32;
+    const srcBytes = t.data.BYTES_PER_ELEMENT;
+    const dstBytes = ELEMENT_BYTES[this.dtype];
+    const H = t.H, L = t.L, D = dim;
+    const rowsPerChunk = Math.max(1, Math.min(L, Math.floor(STAGING_BYTES / (H * D * srcBytes))));
+    const staging = memory.alloc(rowsPerChunk * H * D * srcBytes, 'staging the appended rows');
+    const heap = memory.heap;  // no allocation below
+    // Typed as the source (the data's own type was checked above).
+    const view = (srcType === KV_TYPE.float16 ? heap.u16 : heap.f32) as unknown as { set(a: ArrayLike<number>, at: number): void };
+    const stagingAt = staging / srcBytes;
+    for (let b = 0; b < this.batch; b++) {
+      for (let l0 = 0; l0 < L; l0 += rowsPerChunk) {
+        const n = Math.min(rowsPerChunk, L - l0);
+        let stagedH: number, stagedL: number;
+        if (layout === 'bshd') {  // [B, L, H, D]: a run of rows of one batch is contiguous
+          const from = b * t.strides.b + l0 * t.strides.l;
+          view.set(t.data.subarray(from, from + n * H * D), stagingAt);
+          stagedH = D, stagedL = H * D;
+        } else {
+          for (let h = 0; h < H; h++) {
+            const from = b * t.strides.b + h * t.strides.h + l0 * t.strides.l;
+            view.set(t.data.subarray(from, from + n * D), stagingAt + h * n * D);
+          }
+          stagedH = n * D, stagedL = D;
+        }
+        const dst = storage + ((b * this.kvHeads * this.maxLength) + this.#length + l0) * D * dstBytes;
+        const status = module.copyRows(dst, KV_TYPE[this.dtype], 0, this.maxLength * D, D,
+          staging, srcType, 0, stagedH, stagedL, 1, H, n, D);
+        if (status !== 0) throw new Error(`KVCache.append: internal error: copy_rows failed (${module.statusName(status)})`);
+      }
+    }
+  }
+
+  /**
+   * Attention of `query` [B, Hq, Lq, E] (Hq a multiple of Hkv; or [B, Lq, Hq, E] with layout
+   * 'bshd') to the `length` stored positions, reading them in place. Takes every sdpa()
+   * option, with K/V = the stored positions (Lk = length); `isCausal` defaults to true with
+   * `causalOffset` = length − Lq (the last Lq positions are the query's own), both
+   * overridable. With nothing stored every row is empty: exact zeros.
+   */
+  attend(query: { data: Float32Array; dims: readonly number[] }, options?: SdpaOptions): SdpaResult {
+    const module = this.#live('KVCache.attend');
+    const p = planAttend(query, this.#operands(), options);
+    if (p.kvLen === 0) {
+      const output = p.out !== null ? p.out.subarray(0, p.outputSize).fill(0) : new Float32Array(p.outputSize);
+      const result: SdpaResult = { output: { data: p.out !== null && p.out.length === p.outputSize ? p.out : output, dims: p.outputDims } };
+      if (p.weightsDims !== null) result.weights = { data: new Float32Array(0), dims: p.weightsDims };
+      return result;
+    }
+    return runResident(module, this.#threads, p, (query as { data: Float32Array }).data,
+      { key: this.#keys, value: this.#values, kvType: KV_TYPE[this.dtype] });
+  }
+
+  #operands(): CacheOperands {
+    const E = this.headDim, Ev = this.valueDim, rows = this.maxLength;
+    return {
+      batch: this.batch, kvHeads: this.kvHeads, length: this.#length, headDim: E, valueDim: Ev,
+      k: { b: this.kvHeads * rows * E, h: rows * E, l: E },
+      v: { b: this.kvHeads * rows * Ev, h: rows * Ev, l: Ev },
+    };
+  }
+
+  /** Keeps the first `n` positions (0 <= n <= length): e.g. rewinds a rejected draft. */
+  truncate(n: number): void {
+    const fn = 'KVCache.truncate';
+    this.#live(fn);
+    if (typeof n !== 'number') throw new TypeError(`${fn}: n must be an integer, got ${describe(n)}`);
+    if (!Number.isInteger(n) || n < 0 || n > this.#length) {
+      throw new RangeError(`${fn}: n must be an integer in [0, length = ${this.#length}], got ${n}`);
+    }
+    this.#length = n;
+  }
+
+  /** Forgets every position (length 0); the storage stays allocated. */
+  reset(): void {
+    this.#live('KVCache.reset');
+    this.#length = 0;
+  }
+
+  /** Frees the storage; the cache then throws on use. Calling it twice is harmless. */
+  dispose(): void {
+    const module = this.#module;
+    if (module === null) return;
+    this.#module = null;
+    module._free(this.#keys);
+    module._free(this.#values);
+    this.#keys = this.#values = 0;
+    this.#length = 0;
+    this.#onDispose(this);
+  }
+
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
