@@ -1,0 +1,446 @@
+// The KV cache (attn.createKVCache): token-by-token decoding against the float64 reference
+// (reference.mjs) on the concatenated history, float16 storage against the reference on
+// float16-rounded K/V (the storage rounding is the only error), every sdpa option through
+// attend(), thread counts bitwise, wasm memory growing mid-sequence, the ONNX cases with
+// past_key/past_value through the cache, bad input and misuse, and leaks.
+import { readFile } from 'node:fs/promises';
+import { createAttention } from 'sdpa-wasm';
+// The internal loader (not public API): gives the Emscripten module with HEAPU8 and heapBytesInUse.
+import * as loader from '../../dist/loader.js';
+import { adapt, halfToFloat, loadCase, loadIndex, mismatches, onnxOutputDims, TOL as ONNX_TOL } from '../shared/onnx-cases.mjs';
+import { maxRelError, mulberry32, randn, randomTensor, referenceSdpa } from './reference.mjs';
+
+const TOL = 2e-5;
+
+let attn, attn2;
+beforeAll(async () => {
+  attn = await createAttention({ threads: 1 });
+  attn2 = await createAttention({ threads: 2 });
+});
+afterAll(() => {
+  attn.dispose();
+  attn2.dispose();
+});
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+const size = (dims) => dims.reduce((a, b) => a * b, 1);
+const bits = (a) => new Uint32Array(a.buffer, a.byteOffset, a.length);
+
+/** Positions [a, b) of a bhsd tensor [B, H, L, D]. */
+function positions(t, a, b) {
+  const [B, H, L, D] = t.dims;
+  const data = new t.data.constructor(B * H * (b - a) * D);
+  for (let bh = 0; bh < B * H; bh++) data.set(t.data.subarray((bh * L + a) * D, (bh * L + b) * D), bh * (b - a) * D);
+  return { data, dims: [B, H, b - a, D] };
+}
+
+/** A bhsd tensor [B, H, L, D] as bshd [B, L, H, D] (the same values). */
+function toBshd(t) {
+  const [B, H, L, D] = t.dims;
+  const data = new t.data.constructor(t.data.length);
+  for (let b = 0; b < B; b++) {
+    for (let h = 0; h < H; h++) {
+      for (let l = 0; l < L; l++) {
+        data.set(t.data.subarray(((b * H + h) * L + l) * D, ((b * H + h) * L + l + 1) * D), ((b * L + l) * H + h) * D);
+      }
+    }
+  }
+  return { data, dims: [B, L, H, D] };
+}
+
+/**
+ * x rounded to the nearest IEEE float16 value, ties to even, written from the format's
+ * definition (not from the package's bit manipulation): the spacing of halves near |x| is
+ * 2^(e-10) with e = max(floor(log2|x|), -14); beyond ±65504 (from 65520 on, where rounding
+ * would give infinity) the package saturates to ±65504, as documented.
+ */
+function roundToHalf(x) {
+  if (Number.isNaN(x) || x === 0) return x;
+  const a = Math.abs(x);
+  if (a >= 65520) return Math.sign(x) * 65504;
+  let e = Math.max(Math.floor(Math.log2(a)), -14);
+  if (e > -14 && 2 ** e > a) e--;  // log2 rounded up across a power of two
+  if (2 ** (e + 1) <= a) e++;
+  const ulp = 2 ** (e - 10);
+  const m = a / ulp;  // exact: a power-of-two division
+  let r = Math.floor(m);
+  if (m - r > 0.5 || (m - r === 0.5 && r % 2 === 1)) r++;
+  return Math.sign(x) * r * ulp;
+}
+
+const roundedToHalves = (t) => ({ data: Float32Array.from(t.data, roundToHalf), dims: t.dims });
+
+/**
+ * Decodes step by step: the cache gets `steps[s]` new positions at a time (appended as given
+ * by `appendAs`), and after each append `attend` runs a query of that many rows (seeded).
+ * Returns, per step, the output and what the reference must see: the query and the whole
+ * history's K/V so far.
+ */
+function decode(instance, { B = 1, Hq, Hkv, E, Ev = E, steps, dtype = 'float32', seed = 1, options = () => ({}) }) {
+  const total = steps.reduce((a, b) => a + b, 0);
+  const k = randomTensor([B, Hkv, total, E], seed * 7 + 1), v = randomTensor([B, Hkv, total, Ev], seed * 7 + 2);
+  const cache = instance.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: total + 5, dtype });
+  const results = [];
+  try {
+    let length = 0;
+    steps.forEach((n, s) => {
+      cache.append(positions(k, length, length + n), positions(v, length, length + n));
+      length += n;
+      expect(cache.length).toBe(length);
+      const query = randomTensor([B, Hq, n, E], seed * 1000 + s);
+      const opts = options(length, n);
+      const got = cache.attend(query, opts);
+      results.push({ got, query, length, n, opts });
+    });
+  } finally {
+    cache.dispose();
+  }
+  return { k, v, results };
+}
+
+/** Each step against the reference on the history so far (bottom-right causal unless overridden). */
+function expectMatchesReference({ k, v, results }, { halves = false, tol = TOL } = {}) {
+  for (const { got, query, length, n, opts } of results) {
+    let key = positions(k, 0, length), value = positions(v, 0, length);
+    if (halves) key = roundedToHalves(key), value = roundedToHalves(value);
+    const refOptions = { isCausal: true, causalOffset: length - n, ...opts };
+    if (refOptions.isCausal === false) delete refOptions.causalOffset;
+    const ref = referenceSdpa(query, key, value, refOptions);
+    expect(got.output.dims).toEqual(ref.outputDims);
+    const error = maxRelError(got.output.data, ref.output);
+    if (!(error <= tol)) throw new Error(`step with ${n} new positions at length ${length}: error ${error} > ${tol}`);
+    if (opts.returnWeights) {
+      expect(got.weights.dims).toEqual(ref.weightsDims);
+      expect(maxRelError(got.weights.data, ref.weights)).toBeLessThanOrEqual(tol);
+    }
+  }
+}
+
+// A prompt of 37, single tokens, and chunks of 3 to 300 positions.
+const STEPS = [37, 1, 1, 3, 1, 17, 1, 300, 1, 1, 128, 1];
+
+// ---------------------------------------------------------------------------------------------
+
+describe('token-by-token decoding equals attention over the whole history', () => {
+  test.each([
+    ['MHA H8, E 64', { Hq: 8, Hkv: 8, E: 64 }],
+    ['GQA Hq32 Hkv8, E 128', { Hq: 32, Hkv: 8, E: 128 }],
+    ['GQA Hq32 Hkv8, E 64, Ev 96', { Hq: 32, Hkv: 8, E: 64, Ev: 96 }],
+    ['MQA Hq6 Hkv1, E 128, Ev 40, B 2', { B: 2, Hq: 6, Hkv: 1, E: 128, Ev: 40 }],
+  ])('%s: float32 cache within 2e-5 of the reference, and of sdpa() on the concatenated K/V', (_, shape) => {
+    const run = decode(attn, { ...shape, steps: STEPS, seed: 3 });
+    expectMatchesReference(run);
+    // The same steps through sdpa() with the history copied in: the same problem, so within
+    // the tolerance of each other (both are within it of the exact result).
+    for (const { got, query, length, n } of run.results.slice(0, 6)) {
+      const direct = attn.sdpa(query, positions(run.k, 0, length), positions(run.v, 0, length),
+        { isCausal: true, causalOffset: length - n });
+      expect(maxRelError(got.output.data, Float64Array.from(direct.output.data))).toBeLessThanOrEqual(TOL);
+    }
+  });
+
+  test('one and two threads give bitwise the same outputs, float32 and float16', () => {
+    for (const dtype of ['float32', 'float16']) {
+      // Past 512 keys (split-K segments) and 4e6 multiply-adds (the pool's threshold).
+      const shape = { Hq: 32, Hkv: 8, E: 128, steps: [37, 1, 3, 1000, 1, 1], dtype, seed: 5 };
+      const one = decode(attn, shape), two = decode(attn2, shape);
+      one.results.forEach((r, s) => expect(bits(two.results[s].got.output.data)).toEqual(bits(r.got.output.data)));
+    }
+  });
+
+  test('isCausal defaults to true with causalOffset = length − Lq; both can be overridden', () => {
+    const shape = { Hq: 4, Hkv: 2, E: 16, steps: [37, 5, 1] };
+    // Not causal: every new row sees all positions, its own future ones too.
+    expectMatchesReference(decode(attn, { ...shape, options: () => ({ isCausal: false }) }));
+    // Another offset (one position less visible), and per-batch offsets.
+    expectMatchesReference(decode(attn, { ...shape, options: (length, n) => ({ isCausal: true, causalOffset: length - n - 1 }) }));
+    expectMatchesReference(decode(attn, {
+      ...shape, B: 2, options: (length, n) => ({ causalOffset: Int32Array.from([length - n, 2 - n]) }),
+    }));
+  });
+
+  test('every sdpa option through attend: masks, softcap, scale, weights, out, layout bshd', () => {
+    const B = 2, Hq = 8, Hkv = 2, E = 32, Ev = 24;
+    const shape = { B, Hq, Hkv, E, Ev, steps: [37, 1, 4, 129] };
+    const masks = [
+      (length, n) => ({ data: randn(B * Hq * n * length, length), dims: [B, Hq, n, length] }),
+      (length) => ({ data: Uint8Array.from({ length }, (_, j) => (j % 3 === 1 ? 0 : 1)), dims: [length] }),
+      (length, n) => ({ data: Float32Array.from({ length: B * n * length }, (_, i) => (i % 5 === 0 ? -Infinity : 0.5)), dims: [B, 1, n, length] }),
+    ];
+    for (const mask of masks) {
+      expectMatchesReference(decode(attn, { ...shape, options: (length, n) => ({ attnMask: mask(length, n), returnWeights: true }) }));
+    }
+    expectMatchesReference(decode(attn, { ...shape, options: () => ({ softcap: 2.5, scale: 0.3 }) }));
+
+    // out: the output lands in the caller's buffer (a view of its start when larger).
+    const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: 64 });
+    try {
+      const k = randomTensor([B, Hkv, 40, E], 1), v = randomTensor([B, Hkv, 40, Ev], 2);
+      cache.append(k, v);
+      const query = randomTensor([B, Hq, 3, E], 3);
+      const out = new Float32Array(B * Hq * 3 * Ev + 10).fill(7);
+      const got = cache.attend(query, { out });
+      expect(got.output.data.buffer).toBe(out.buffer);
+      expect(Array.from(out.subarray(B * Hq * 3 * Ev))).toEqual(new Array(10).fill(7));
+      const ref = referenceSdpa(query, k, v, { isCausal: true, causalOffset: 37 });
+      expect(maxRelError(got.output.data, ref.output)).toBeLessThanOrEqual(TOL);
+
+      // bshd: append [B, Lnew, Hkv, E] and attend [B, Lq, Hq, E] → [B, Lq, Hq, Ev].
+      const bshd = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: 64 });
+      try {
+        bshd.append(toBshd(positions(k, 0, 25)), toBshd(positions(v, 0, 25)), { layout: 'bshd' });
+        bshd.append(positions(k, 25, 40), positions(v, 25, 40));  // layouts may alternate
+        const got2 = bshd.attend(toBshd(query), { layout: 'bshd' });
+        expect(got2.output.dims).toEqual([B, 3, Hq, Ev]);
+        expect(got2.output.data).toEqual(toBshd({ data: got.output.data, dims: [B, Hq, 3, Ev] }).data);
+      } finally {
+        bshd.dispose();
+      }
+    } finally {
+      cache.dispose();
+    }
+  });
+
+  test('ragged batches: keyLengths, NaN in the padded positions never reaches the output', () => {
+    const B = 3, Hq = 4, Hkv = 2, E = 64, L = 700;
+    const k = randomTensor([B, Hkv, L, E], 11), v = randomTensor([B, Hkv, L, E], 12);
+    const keyLengths = Int32Array.from([700, 513, 3]);
+    for (let b = 0; b < B; b++) {
+      for (let h = 0; h < Hkv; h++) {
+        const row = (b * Hkv + h) * L;
+        k.data.fill(NaN, (row + keyLengths[b]) * E, (row + L) * E);
+        v.data.fill(NaN, (row + keyLengths[b]) * E, (row + L) * E);
+      }
+    }
+    for (const dtype of ['float32', 'float16']) {
+      const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, maxLength: L, dtype });
+      try {
+        cache.append(positions(k, 0, 300), positions(v, 0, 300));
+        cache.append(positions(k, 300, L), positions(v, 300, L));
+        const query = randomTensor([B, Hq, 1, E], 13);
+        const options = { keyLengths, causalOffset: Int32Array.from(keyLengths, (n) => n - 1) };
+        const got = cache.attend(query, options);
+        const halves = dtype === 'float16';
+        const ref = referenceSdpa(query, halves ? roundedToHalves(k) : k, halves ? roundedToHalves(v) : v,
+          { isCausal: true, ...options });
+        expect(maxRelError(got.output.data, ref.output)).toBeLessThanOrEqual(TOL);
+      } finally {
+        cache.dispose();
+      }
+    }
+  });
+
+  test('truncate rewinds: a rejected draft, then other positions appended, equal the new history', () => {
+    const Hq = 8, Hkv = 2, E = 64;
+    const k = randomTensor([1, Hkv, 400, E], 21), v = randomTensor([1, Hkv, 400, E], 22);
+    const draftK = randomTensor([1, Hkv, 5, E], 23), draftV = randomTensor([1, Hkv, 5, E], 24);
+    for (const dtype of ['float32', 'float16']) {
+      const cache = attn.createKVCache({ batch: 1, kvHeads: Hkv, headDim: E, maxLength: 400, dtype });
+      try {
+        cache.append(positions(k, 0, 300), positions(v, 0, 300));
+        cache.append(draftK, draftV);  // a draft of 5, verified, then rejected after 2
+        cache.attend(randomTensor([1, Hq, 5, E], 25));
+        cache.truncate(302);
+        expect(cache.length).toBe(302);
+        cache.truncate(300);
+        cache.append(positions(k, 300, 400), positions(v, 300, 400));
+        expect(cache.length).toBe(400);
+        const query = randomTensor([1, Hq, 1, E], 26);
+        const got = cache.attend(query);
+        const halves = dtype === 'float16';
+        const ref = referenceSdpa(query, halves ? roundedToHalves(k) : k, halves ? roundedToHalves(v) : v,
+          { isCausal: true, causalOffset: 399 });
+        expect(maxRelError(got.output.data, ref.output)).toBeLessThanOrEqual(TOL);
+        cache.reset();
+        expect(cache.length).toBe(0);
+        // Nothing stored: every row is empty, exact zeros (weights: [.., Lq, 0]).
+        const empty = cache.attend(query, { returnWeights: true });
+        expect(Array.from(empty.output.data).every((x) => Object.is(x, 0))).toBe(true);
+        expect(empty.weights.dims).toEqual([1, Hq, 1, 0]);
+      } finally {
+        cache.dispose();
+      }
+    }
+  });
+
+  test('the wasm memory grows mid-sequence (another large cache): the stored positions are intact', async () => {
+    const handle = await loader.acquireModule(1);
+    try {
+      const Hq = 8, Hkv = 4, E = 64;
+      const k = randomTensor([1, Hkv, 600, E], 31), v = randomTensor([1, Hkv, 600, E], 32);
+      const cache = attn.createKVCache({ batch: 1, kvHeads: Hkv, headDim: E, maxLength: 600 });
+      try {
+        cache.append(positions(k, 0, 300), positions(v, 0, 300));
+        const heapBefore = handle.module.HEAPU8.length;
+        // More than the whole current heap: the memory must grow (and its buffer is replaced).
+        const big = attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 256, maxLength: Math.ceil(heapBefore / 2048) + 1 });
+        try {
+          expect(handle.module.HEAPU8.length).toBeGreaterThan(heapBefore);
+          big.append(randomTensor([1, 1, 100, 256], 33), randomTensor([1, 1, 100, 256], 34));
+          cache.append(positions(k, 300, 600), positions(v, 300, 600));
+          const query = randomTensor([1, Hq, 1, E], 35);
+          const ref = referenceSdpa(query, k, v, { isCausal: true, causalOffset: 599 });
+          expect(maxRelError(cache.attend(query).output.data, ref.output)).toBeLessThanOrEqual(TOL);
+        } finally {
+          big.dispose();
+        }
+      } finally {
+        cache.dispose();
+      }
+    } finally {
+      handle.release();
+    }
+  });
+});
+
+describe('float16 cache', () => {
+  test.each([
+    ['GQA Hq32 Hkv8, E 128', { Hq: 32, Hkv: 8, E: 128 }],
+    ['MHA H4, E 64, Ev 72', { Hq: 4, Hkv: 4, E: 64, Ev: 72 }],
+  ])('%s: within 2e-5 of the reference on float16-rounded K/V (the rounding is the only error)', (_, shape) => {
+    expectMatchesReference(decode(attn, { ...shape, steps: STEPS, dtype: 'float16', seed: 9 }), { halves: true });
+  });
+
+  test('the reference rounding itself: nearest even, subnormals, saturation', () => {
+    expect(roundToHalf(1 + 2 ** -11)).toBe(1);             // a tie: to even (1.0)
+    expect(roundToHalf(1 + 3 * 2 ** -11)).toBe(1 + 2 ** -9);  // a tie: to even (mantissa 2)
+    expect(roundToHalf(2 ** -24)).toBe(2 ** -24);          // the smallest subnormal
+    expect(roundToHalf(2 ** -25)).toBe(0);                 // half of it: a tie, to even (0)
+    expect(roundToHalf(3 * 2 ** -26)).toBe(2 ** -24);
+    expect(roundToHalf(65519)).toBe(65504);
+    expect(roundToHalf(-65520)).toBe(-65504);
+    expect(roundToHalf(0.1)).toBe(halfToFloat(0x2e66));
+  });
+
+  test('raw IEEE halves (Uint16Array) are stored as they are; float32 and halves mix', () => {
+    const Hkv = 2, E = 16, L = 40;
+    const u = mulberry32(41);
+    // Random finite halves of every exponent (not 31: Inf/NaN), subnormals and ±0 included.
+    const randomHalves = (n) => Uint16Array.from({ length: n }, () => {
+      const h = Math.floor(u() * 0x10000);
+      return (h & 0x7c00) === 0x7c00 ? h & 0x83ff : h;
+    });
+    const kh = { data: randomHalves(Hkv * L * E), dims: [1, Hkv, L, E] };
+    const vh = { data: randomHalves(Hkv * L * E), dims: [1, Hkv, L, E] };
+    const decoded = (t) => ({ data: Float32Array.from(t.data, halfToFloat), dims: t.dims });
+    const cache = attn.createKVCache({ batch: 1, kvHeads: Hkv, headDim: E, maxLength: 2 * L, dtype: 'float16' });
+    try {
+      cache.append(kh, vh);
+      const k2 = randomTensor([1, Hkv, L, E], 42), v2 = randomTensor([1, Hkv, L, E], 43);
+      cache.append(k2, v2);
+      // Small scale: the random halves reach ±65504, and the logits stay moderate.
+      const query = randomTensor([1, 4, 1, E], 44);
+      const options = { isCausal: false, scale: 1e-5, returnWeights: true };
+      const got = cache.attend(query, options);
+      const keys = { data: new Float32Array([...decoded(kh).data.subarray(0, L * E), ...roundedToHalves(k2).data.subarray(0, L * E),
+        ...decoded(kh).data.subarray(L * E), ...roundedToHalves(k2).data.subarray(L * E)]), dims: [1, Hkv, 2 * L, E] };
+      const values = { data: new Float32Array([...decoded(vh).data.subarray(0, L * E), ...roundedToHalves(v2).data.subarray(0, L * E),
+        ...decoded(vh).data.subarray(L * E), ...roundedToHalves(v2).data.subarray(L * E)]), dims: [1, Hkv, 2 * L, E] };
+      const ref = referenceSdpa(query, keys, values, options);
+      // The values reach 65504: the error is relative to the output's scale.
+      expect(maxRelError(got.output.data, ref.output)).toBeLessThanOrEqual(65504 * TOL);
+      expect(maxRelError(got.weights.data, ref.weights)).toBeLessThanOrEqual(TOL);
+    } finally {
+      cache.dispose();
+    }
+  });
+
+  test('beyond ±65504 and ±Infinity saturate to ±65504: no NaN in the scores', () => {
+    const E = 8;
+    const big = [1e6, -1e6, Infinity, -Infinity, 65519, 65520, -70000, 3e38];
+    const k = { data: Float32Array.from({ length: 2 * E }, (_, i) => big[i % big.length] * (i < E ? 1 : -1)), dims: [1, 1, 2, E] };
+    const v = { data: Float32Array.from({ length: 2 * E }, (_, i) => big[(i + 3) % big.length]), dims: [1, 1, 2, E] };
+    const cache = attn.createKVCache({ batch: 1, kvHeads: 1, headDim: E, maxLength: 2, dtype: 'float16' });
+    try {
+      cache.append(k, v);
+      const query = { data: Float32Array.from({ length: E }, (_, i) => (i % 2 ? 1e-6 : -2e-6)), dims: [1, 1, 1, E] };
+      const got = cache.attend(query, { isCausal: false, returnWeights: true });
+      expect(got.output.data.every(Number.isFinite)).toBe(true);
+      expect(got.weights.data.every(Number.isFinite)).toBe(true);
+      const ref = referenceSdpa(query, roundedToHalves(k), roundedToHalves(v), { isCausal: false, returnWeights: true });
+      expect(Array.from(roundedToHalves(k).data).every((x) => Math.abs(x) <= 65504)).toBe(true);
+      expect(maxRelError(got.output.data, ref.output)).toBeLessThanOrEqual(TOL);
+      expect(maxRelError(got.weights.data, ref.weights)).toBeLessThanOrEqual(TOL);
+    } finally {
+      cache.dispose();
+    }
+  });
+
+  test('NaN appended is stored as NaN: attended, it gives NaN like a float32 cache; padding keeps it out', () => {
+    const E = 4;
+    const k = { data: new Float32Array([1, 2, 3, 4, NaN, 0, 0, 0]), dims: [1, 1, 2, E] };
+    const v = { data: new Float32Array([1, 1, 1, 1, 5, 5, 5, 5]), dims: [1, 1, 2, E] };
+    const query = { data: new Float32Array([0.1, 0.2, 0.3, 0.4]), dims: [1, 1, 1, E] };
+    for (const dtype of ['float32', 'float16']) {
+      const cache = attn.createKVCache({ batch: 1, kvHeads: 1, headDim: E, maxLength: 2, dtype });
+      try {
+        cache.append(k, v);
+        expect(Array.from(cache.attend(query).output.data).every(Number.isNaN)).toBe(true);
+        const padded = cache.attend(query, { keyLengths: new Int32Array([1]) }).output.data;
+        expect(Array.from(padded)).toEqual([1, 1, 1, 1]);
+      } finally {
+        cache.dispose();
+      }
+    }
+  });
+
+  test('half the bytes of a float32 cache', () => {
+    const options = { batch: 2, kvHeads: 3, headDim: 64, valueDim: 40, maxLength: 100 };
+    const f32 = attn.createKVCache(options), f16 = attn.createKVCache({ ...options, dtype: 'float16' });
+    try {
+      expect(f32.byteLength).toBe(2 * 3 * 100 * (64 + 40) * 4);
+      expect(f16.byteLength).toBe(f32.byteLength / 2);
+      expect([f32.dtype, f16.dtype, f16.maxLength, f16.length]).toEqual(['float32', 'float16', 100, 0]);
+    } finally {
+      f32.dispose();
+      f16.dispose();
+    }
+  });
+});
+
+// ---------------------------------------------------------------------------------------------
+
+const ROOT = new URL('../conformance/onnx-attention/', import.meta.url);
+const io = {
+  readText: (path) => readFile(new URL(path, ROOT), 'utf8'),
+  readBytes: async (path) => new Uint8Array(await readFile(new URL(path, ROOT))),
+};
+const INDEX = await loadIndex(io);
+const PAST_CASES = INDEX.cases.filter((c) => c.name.includes('with_past'));
+
+describe('ONNX Attention cases with past_key/past_value, through the cache', () => {
+  test('there are such cases', () => {
+    expect(PAST_CASES.length).toBeGreaterThanOrEqual(10);
+  });
+
+  test.each(PAST_CASES.map((c) => [c.name, c]))('%s', async (_, entry) => {
+    const c = await loadCase(io, entry.dir);
+    const { query, options, packed } = adapt(c);
+    const { Q, K, V, past_key: pastKey, past_value: pastValue } = c.inputs;
+    const attrs = c.meta.attributes;
+    // The new K/V as the adapter reads them: 3D packed [B, L, H*D] is bshd [B, L, H, D].
+    const split = (t, H) => (packed ? { data: t.data, dims: [t.dims[0], t.dims[1], H, t.dims[2] / H] } : t);
+    const key = split(K, attrs.kv_num_heads), value = split(V, attrs.kv_num_heads);
+    const [B, Hkv, P, E] = pastKey.dims;
+    const Ev = pastValue.dims[3];
+    const Lnew = packed ? key.dims[1] : key.dims[2];
+    // A float16 case's values are halves: a float16 cache holds them exactly.
+    const dtype = Q.dtype === 'float16' ? 'float16' : 'float32';
+    const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: P + Lnew + 3, dtype });
+    try {
+      cache.append(pastKey, pastValue);
+      cache.append(key, value, { layout: options.layout });
+      expect(cache.length).toBe(P + Lnew);
+      // attend() is causal by default; the ONNX case says whether it is.
+      const result = cache.attend(query, { ...options, isCausal: options.isCausal ?? false });
+      const { Y, qk_matmul_output: qk } = c.outputs;
+      expect(onnxOutputDims(result.output, packed)).toEqual(Y.dims);
+      expect(mismatches(result.output.data, Y.data, ONNX_TOL[Q.dtype])).toEqual([]);
+      if (options.returnWeights) expect(mismatches(result.weights.data, qk.data, ONNX_TOL[Q.dtype])).toEqual([]);
+    } finally {
+      cache.dispose();
+    }
+  });
+});
