@@ -16,7 +16,7 @@
 // For e = 31 the product is finite, 2^16 (1 + m/1024), exponent field 31 + 112 = 143; setting
 // that field to all ones (OR 0x7F800000, only in those lanes) makes Inf (m = 0) or NaN
 // (m != 0, payload kept) with the sign kept. Every one of the 65536 patterns is checked
-// against the scalar form in tests/cpp/f16-test.cc.
+// against the scalar form in tests/cpp/f16-kv-test.cc.
 //
 // Narrowing (f32_to_f16, scalar; appends are small next to the reads): round to nearest,
 // ties to even. Finite values beyond the largest half (±65504, after rounding) and ±Inf

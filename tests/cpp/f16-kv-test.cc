@@ -1,0 +1,737 @@
+// The float16 KV cache, natively:
+//   1. the half <-> float conversions (src/math/f16-f32-cvt-wasmsimd.h) against definitions
+//      written here from the IEEE 754 binary16 format, independently of the header;
+//   2. the kernel reading float16 K/V (Problem::kv_type = kFloat16) in the cache's storage
+//      layout (src/kv-cache.h) against the double-precision reference, which decodes the
+//      halves itself, and against the float32 kernel on the widened halves (bitwise);
+//   3. copy_rows (src/kv-cache.h), the row copies and conversions of cache appends.
+// Shapes come from the tile sizes in src/tiles.h, as in sdpa-forward-test.cc.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kv-cache.h"
+#include "math/f16-f32-cvt-wasmsimd.h"
+#include "parallel/thread-pool.h"
+#include "reference/sdpa-reference.h"
+#include "sdpa.h"
+#include "tiles.h"
+
+namespace sdpa {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr uint16_t kHalfNaN = 0x7E00;      // the quiet NaN written into padding
+constexpr uint16_t kHalfMax = 0x7BFF;      // 65504, the largest finite half
+constexpr uint16_t kHalfNegInf = 0xFC00;
+constexpr int kFiniteHalves = 2 * 31744;   // 63488: e < 31, either sign (with ±0)
+
+uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+}
+
+float float_of(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
+
+// Bitwise equality of two float vectors (NaN included); memcmp is not called on empty ones
+// (their data() may be null, which UBSan reports).
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+bool is_nan_half(uint16_t h) { return (h & 0x7C00) == 0x7C00 && (h & 0x3FF) != 0; }
+
+// The value of a half straight from the format (sign s, exponent e, mantissa m), with
+// std::ldexp: nothing shared with the header's bit manipulations.
+//   e = 0: m·2^-24;  e in 1..30: (1024 + m)·2^(e-25);  e = 31: Inf (m = 0) or NaN.
+double half_value(uint16_t h) {
+  const double sign = (h & 0x8000) != 0 ? -1.0 : 1.0;
+  const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  if (e == 31) return m == 0 ? sign * std::numeric_limits<double>::infinity() : std::nan("");
+  if (e == 0) return sign * std::ldexp(static_cast<double>(m), -24);
+  return sign * std::ldexp(static_cast<double>(1024 + m), e - 25);
+}
+
+// The float32 bits a widening must produce for h: the value above, converted to float
+// (exact: 11 significant bits, exponents well inside float's range); for NaN, the sign,
+// an all-ones exponent and the payload m moved to the top of float's mantissa.
+uint32_t expected_widened_bits(uint16_t h) {
+  const int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  if (e == 31 && m != 0) return (static_cast<uint32_t>(h & 0x8000) << 16) | 0x7F800000u | (uint32_t(m) << 13);
+  return bits_of(static_cast<float>(half_value(h)));
+}
+
+// ---------------------------------------------------------------------------------------
+// 1a. Widening: all 65536 half patterns, scalar and SIMD, bitwise.
+// ---------------------------------------------------------------------------------------
+
+TEST(F16Widening, ScalarEqualsTheDefinitionForEveryPattern) {
+  for (uint32_t i = 0; i < 65536; i++) {
+    const uint16_t h = static_cast<uint16_t>(i);
+    const float f = f16_to_f32(h);
+    ASSERT_EQ(bits_of(f), expected_widened_bits(h)) << std::hex << "half 0x" << i;
+    if (is_nan_half(h)) {  // spelled out: NaN, same sign, payload kept
+      ASSERT_TRUE(std::isnan(f)) << std::hex << "half 0x" << i;
+      ASSERT_EQ(std::signbit(f), (h & 0x8000) != 0) << std::hex << "half 0x" << i;
+      ASSERT_EQ((bits_of(f) >> 13) & 0x3FF, h & 0x3FFu) << std::hex << "half 0x" << i;
+    }
+  }
+  // A few landmarks, by value.
+  EXPECT_EQ(f16_to_f32(0x3C00), 1.0f);
+  EXPECT_EQ(f16_to_f32(0xC000), -2.0f);
+  EXPECT_EQ(f16_to_f32(kHalfMax), 65504.0f);
+  EXPECT_EQ(f16_to_f32(0x0001), 0x1p-24f);   // smallest subnormal
+  EXPECT_EQ(f16_to_f32(0x03FF), 1023 * 0x1p-24f);
+  EXPECT_EQ(f16_to_f32(0x0400), 0x1p-14f);   // smallest normal
+  EXPECT_EQ(f16_to_f32(0x7C00), kInf);
+  EXPECT_EQ(f16_to_f32(0xFC00), -kInf);
+  EXPECT_EQ(bits_of(f16_to_f32(0x8000)), 0x80000000u);  // -0 stays -0
+}
+
+TEST(F16Widening, SimdEqualsScalarForEveryPatternInEveryLaneAndAtUnalignedAddresses) {
+  // f16x4_load_as_f32 reads 8 bytes at any 2-byte alignment. The patterns 0..65535 are laid
+  // out in order starting `misalign` halves past a 16-byte boundary (0, 2, 4, 6 bytes: only 0
+  // is 8-byte aligned), and read 4 at a time starting at pattern `phase`, so every pattern
+  // passes through every lane at every alignment.
+  struct alignas(16) Buffer { uint16_t h[65536 + 8]; };
+  const auto buffer = std::make_unique<Buffer>();
+  std::vector<uint32_t> expected(65536);
+  for (uint32_t i = 0; i < 65536; i++) expected[i] = expected_widened_bits(static_cast<uint16_t>(i));
+  const F16Constants c = make_f16_constants();
+  for (int misalign = 0; misalign < 4; misalign++) {
+    uint16_t* const patterns = buffer->h + misalign;
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(patterns) % 8, uintptr_t(2 * misalign));
+    for (uint32_t i = 0; i < 65536; i++) patterns[i] = static_cast<uint16_t>(i);
+    for (uint32_t phase = 0; phase < 4; phase++) {
+      for (uint32_t i = phase; i + 4 <= 65536; i += 4) {
+        alignas(16) float out[4];
+        wasm_v128_store(out, f16x4_load_as_f32(patterns + i, c));
+        for (uint32_t lane = 0; lane < 4; lane++) {
+          const uint32_t h = i + lane;
+          ASSERT_EQ(bits_of(out[lane]), expected[h])
+              << std::hex << "half 0x" << h << std::dec << " lane " << lane << " misalign " << misalign;
+          ASSERT_EQ(bits_of(out[lane]), bits_of(f16_to_f32(static_cast<uint16_t>(h))));
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 1b. Narrowing: f32_to_f16 against a nearest-half search.
+// ---------------------------------------------------------------------------------------
+
+// The rounding of the header's contract, by search instead of bit manipulation: every finite
+// half decoded to double and sorted; x goes to the nearest by value, a tie to the one whose
+// mantissa is even (bit 0 of the half clear; consecutive halves alternate). |x| > 65504
+// (so also from 65520 on, where IEEE rounding would give Inf, and ±Inf) saturates to
+// ±65504. A result of zero keeps x's sign. NaN is not handled here (see expect_narrows).
+class NearestHalf {
+ public:
+  NearestHalf() {
+    for (uint32_t i = 0; i < 65536; i++) {
+      const uint16_t h = static_cast<uint16_t>(i);
+      if (((h >> 10) & 0x1F) != 31) halves_.push_back({half_value(h), h});
+    }
+    std::sort(halves_.begin(), halves_.end());
+  }
+  size_t finite_count() const { return halves_.size(); }
+
+  uint16_t operator()(float x) const {
+    const double d = x;
+    const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+    if (std::abs(d) > 65504.0) return sign | kHalfMax;
+    const auto hi = std::lower_bound(halves_.begin(), halves_.end(), std::make_pair(d, uint16_t{0}),
+                                     [](const Entry& a, const Entry& b) { return a.first < b.first; });
+    const Entry* chosen = &*hi;
+    if (hi->first != d) {
+      const Entry& lo = *(hi - 1);  // exists: d > -65504, the smallest entry
+      const double below = d - lo.first, above = hi->first - d;
+      if (below < above || (below == above && (lo.second & 1) == 0)) chosen = &lo;
+    }
+    if (chosen->first == 0.0) return sign;
+    return chosen->second;
+  }
+
+ private:
+  using Entry = std::pair<double, uint16_t>;
+  std::vector<Entry> halves_;
+};
+
+const NearestHalf& nearest_half() {
+  static const NearestHalf oracle;
+  return oracle;
+}
+
+// f32_to_f16(x) is what the oracle says; for NaN, a quiet NaN half with x's sign.
+::testing::AssertionResult narrows_correctly(float x) {
+  const uint16_t got = f32_to_f16(x);
+  if (std::isnan(x)) {
+    const bool ok = is_nan_half(got) && (got & 0x0200) != 0 && ((got & 0x8000) != 0) == std::signbit(x);
+    if (ok) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << std::hex << "NaN 0x" << bits_of(x) << " -> 0x" << got
+                                         << ", want a quiet NaN half with the same sign";
+  }
+  const uint16_t want = nearest_half()(x);
+  if (got == want) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << std::hexfloat << x << std::hex << " (bits 0x" << bits_of(x)
+                                       << ") -> 0x" << got << ", want 0x" << want;
+}
+
+TEST(F16Narrowing, TheOracleCoversEveryFiniteHalf) {
+  EXPECT_EQ(nearest_half().finite_count(), size_t(kFiniteHalves));
+}
+
+TEST(F16Narrowing, EveryHalfRoundTripsAndSpecialValuesSaturate) {
+  for (uint32_t i = 0; i < 65536; i++) {
+    const uint16_t h = static_cast<uint16_t>(i);
+    const float f = f16_to_f32(h);
+    if (is_nan_half(h)) {
+      ASSERT_TRUE(narrows_correctly(f));
+    } else if ((h & 0x7FFF) == 0x7C00) {  // ±Inf saturates to ±65504
+      ASSERT_EQ(f32_to_f16(f), (h & 0x8000) | kHalfMax) << std::hex << "half 0x" << i;
+    } else {                              // every finite half, ±0 included, comes back
+      ASSERT_EQ(f32_to_f16(f), h) << std::hex << "half 0x" << i;
+      ASSERT_TRUE(narrows_correctly(f));
+    }
+  }
+  EXPECT_EQ(f32_to_f16(0.0f), 0x0000);
+  EXPECT_EQ(f32_to_f16(-0.0f), 0x8000);
+  EXPECT_EQ(f32_to_f16(kInf), kHalfMax);
+  EXPECT_EQ(f32_to_f16(-kInf), 0x8000 | kHalfMax);
+  EXPECT_EQ(f32_to_f16(1e30f), kHalfMax);
+  EXPECT_EQ(f32_to_f16(-std::numeric_limits<float>::max()), 0x8000 | kHalfMax);
+  EXPECT_TRUE(narrows_correctly(kNaN));
+  EXPECT_TRUE(narrows_correctly(-kNaN));
+  EXPECT_TRUE(narrows_correctly(float_of(0x7F800001u)));  // signalling NaN: made quiet
+  EXPECT_TRUE(narrows_correctly(float_of(0xFFBFFFFFu)));
+}
+
+TEST(F16Narrowing, MidpointsTieToEvenAndTheirNeighboursRoundToTheNearer) {
+  // Between consecutive non-negative halves a < b (patterns h, h + 1) the midpoint has 12
+  // significant bits, so it is a float exactly; it must go to the even pattern. The floats
+  // just below and above it go to a and b. Then the same with the signs flipped. The last
+  // gap, 65504 .. 65536 (the first non-finite pattern's value), has the midpoint 65520: it
+  // and everything above saturate, everything below it rounds down to 65504.
+  for (uint32_t h = 0; h < kHalfMax + 1u; h++) {
+    const double a = half_value(static_cast<uint16_t>(h));
+    const double b = h < kHalfMax ? half_value(static_cast<uint16_t>(h + 1)) : 65536.0;
+    const double mid = (a + b) / 2;
+    const float m = static_cast<float>(mid);
+    ASSERT_EQ(static_cast<double>(m), mid) << "midpoint above half " << h;
+    const uint16_t lower = static_cast<uint16_t>(h);
+    const uint16_t upper = h < kHalfMax ? static_cast<uint16_t>(h + 1) : kHalfMax;
+    const uint16_t even = h < kHalfMax ? ((h & 1) == 0 ? lower : upper) : kHalfMax;
+    const float below = std::nextafter(m, 0.0f), above = std::nextafter(m, kInf);
+    for (uint16_t sign : {uint16_t{0}, uint16_t{0x8000}}) {
+      const float s = sign != 0 ? -1.0f : 1.0f;
+      ASSERT_EQ(f32_to_f16(s * m), sign | even) << std::hexfloat << "midpoint " << s * m;
+      ASSERT_EQ(f32_to_f16(s * below), sign | lower) << std::hexfloat << "below midpoint " << s * below;
+      ASSERT_EQ(f32_to_f16(s * above), sign | upper) << std::hexfloat << "above midpoint " << s * above;
+      ASSERT_TRUE(narrows_correctly(s * m));
+      ASSERT_TRUE(narrows_correctly(s * below));
+      ASSERT_TRUE(narrows_correctly(s * above));
+    }
+  }
+  EXPECT_EQ(f32_to_f16(65519.99f), kHalfMax);
+  EXPECT_EQ(f32_to_f16(65520.0f), kHalfMax);
+  EXPECT_EQ(f32_to_f16(2049.0f), 0x6800);   // 2048 | 2050: tie to 2048 (even)
+  EXPECT_EQ(f32_to_f16(2051.0f), 0x6802);   // 2050 | 2052: tie to 2052 (even)
+  EXPECT_EQ(f32_to_f16(0x1p-25f), 0x0000);  // 0 | 2^-24: tie to 0
+  EXPECT_EQ(f32_to_f16(-0x1p-25f), 0x8000);
+  EXPECT_EQ(f32_to_f16(0x3p-25f), 0x0002);  // 2^-24 | 2^-23: tie to 2^-23
+}
+
+TEST(F16Narrowing, SubnormalRangeAndTinyValues) {
+  // Every multiple of 2^-30 up to just past the smallest normal half (2^-14): 64 points per
+  // subnormal step, including each quarter, half and three quarters of a step.
+  for (uint32_t n = 0; n <= (1u << 16) + 64; n++) {
+    const float x = std::ldexp(static_cast<float>(n), -30);
+    ASSERT_TRUE(narrows_correctly(x));
+    ASSERT_TRUE(narrows_correctly(-x));
+  }
+  // Random floats with magnitudes from 2^-40 to 2^-13, and float32 subnormals (to ±0).
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<uint32_t> mantissa(0, (1u << 23) - 1), exponent(127 - 40, 127 - 13);
+  for (int n = 0; n < 100000; n++) {
+    const uint32_t sign = (rng() & 1) << 31;
+    ASSERT_TRUE(narrows_correctly(float_of(sign | (exponent(rng) << 23) | mantissa(rng))));
+    ASSERT_TRUE(narrows_correctly(float_of(sign | mantissa(rng))));
+  }
+  EXPECT_EQ(f32_to_f16(std::numeric_limits<float>::denorm_min()), 0x0000);
+  EXPECT_EQ(f32_to_f16(-std::numeric_limits<float>::denorm_min()), 0x8000);
+  EXPECT_EQ(f32_to_f16(0x1p-24f), 0x0001);
+  EXPECT_EQ(f32_to_f16(std::nextafter(0x1p-25f, 1.0f)), 0x0001);
+  EXPECT_EQ(f32_to_f16(std::nextafter(0x1p-14f, 0.0f)), 0x0400);  // rounds up to the smallest normal
+  EXPECT_EQ(f32_to_f16(0x1p-14f), 0x0400);
+}
+
+TEST(F16Narrowing, MillionRandomFloatsOverWideExponentRanges) {
+  // Exponents from 2^-40 (to zero) to 2^24 (saturation), both signs, every mantissa bit;
+  // one draw in eight is a raw 32-bit pattern (NaN, Inf, anything).
+  std::mt19937 rng(2024);
+  std::uniform_int_distribution<uint32_t> mantissa(0, (1u << 23) - 1), exponent(127 - 40, 127 + 24);
+  for (int n = 0; n < 1000000; n++) {
+    const uint32_t raw = rng();
+    const uint32_t bits = (n & 7) == 0 ? raw : (raw & 0x80000000u) | (exponent(rng) << 23) | mantissa(rng);
+    ASSERT_TRUE(narrows_correctly(float_of(bits))) << "draw " << n;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. The kernel on float16 K/V in the cache's storage layout.
+// ---------------------------------------------------------------------------------------
+
+// One float16 problem. K/V live in cache storage (src/kv-cache.h): keys [B, Hkv, max_len, E],
+// values [B, Hkv, max_len, Ev] with max_len = Lk + extra_len, of which the problem uses the
+// first Lk positions (kv_len = Lk). Query and output are dense [B, H, L, D].
+struct F16Case {
+  int B = 1, Hq = 1, Hkv = 1, Lq = 1, Lk = 1, E = 4, Ev = 4;
+  int extra_len = 37;                // max_len - Lk: stored positions the problem must not read
+  bool causal = false;
+  std::vector<int32_t> offsets;      // one = for every batch; B = per batch
+  std::vector<int32_t> key_lengths;  // empty = none
+  bool float_mask = false;           // a float mask [B, 1, Lq, Lk] (broadcast over heads)
+  double mask_block_fraction = 0.2;  // share of its entries that are -inf
+  float softcap = 0.0f;
+  bool weights = true;
+  uint32_t seed = 1;
+
+  std::string describe() const {
+    std::ostringstream s;
+    s << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " E" << E << " Ev" << Ev
+      << " max_len" << Lk + extra_len << (causal ? " causal" : "") << (key_lengths.empty() ? "" : " key_lengths")
+      << (float_mask ? " mask" : "") << " softcap" << softcap << (weights ? " weights" : "") << " seed" << seed;
+    return s.str();
+  }
+};
+
+struct F16Harness {
+  F16Case c;
+  int max_len;
+  std::vector<float> q, mask, out, weights;
+  std::vector<uint16_t> k, v;  // halves, cache storage
+  std::vector<int32_t> offsets, key_lengths;
+  Problem p;
+
+  explicit F16Harness(const F16Case& cs) : c(cs), max_len(cs.Lk + cs.extra_len) {
+    std::mt19937 rng(c.seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    q.resize(size_t(c.B) * c.Hq * c.Lq * c.E);
+    for (float& x : q) x = normal(rng);
+    // K/V: normal values rounded to halves, with one element in 64 a random subnormal half
+    // (exercises the widening's e = 0 case inside the kernel).
+    auto half = [&] {
+      const uint16_t h = f32_to_f16(normal(rng));
+      if (rng() % 64 == 0) return static_cast<uint16_t>((h & 0x8000) | (1 + rng() % 1023));
+      return h;
+    };
+    k.resize(size_t(c.B) * c.Hkv * max_len * c.E);
+    v.resize(size_t(c.B) * c.Hkv * max_len * c.Ev);
+    for (uint16_t& x : k) x = half();
+    for (uint16_t& x : v) x = half();
+    if (!c.key_lengths.empty()) {
+      key_lengths = c.key_lengths;
+      p.key_lengths = key_lengths.data();
+    }
+    // Positions no row may attend: past the batch's key length, past the causal frontier of
+    // the last query row, and [Lk, max_len) of the storage, hold NaN (-Inf on every 4th key).
+    // Any read that reaches the arithmetic shows up as NaN in the output.
+    for (int b = 0; b < c.B; b++) {
+      int valid = key_lengths.empty() ? c.Lk : key_lengths[size_t(b)];
+      if (c.causal) {
+        const int64_t offset = c.offsets.size() > 1 ? c.offsets[size_t(b)] : c.offsets.at(0);
+        valid = int(std::clamp<int64_t>(c.Lq + offset, 0, valid));  // last row sees j <= Lq - 1 + offset
+      }
+      for (int h = 0; h < c.Hkv; h++)
+        for (int j = valid; j < max_len; j++) {
+          const uint16_t pad = j % 4 == 3 ? kHalfNegInf : kHalfNaN;
+          for (int d = 0; d < c.E; d++) key_at(b, h, j, d) = pad;
+          for (int d = 0; d < c.Ev; d++) value_at(b, h, j, d) = pad;
+        }
+    }
+    out.assign(size_t(c.B) * c.Hq * c.Lq * c.Ev, kNaN);  // NaN: every element must be written
+    if (c.weights) weights.assign(size_t(c.B) * c.Hq * c.Lq * c.Lk, kNaN);
+
+    p.batch = c.B, p.q_heads = c.Hq, p.kv_heads = c.Hkv, p.q_len = c.Lq, p.kv_len = c.Lk;
+    p.head_dim = c.E, p.value_dim = c.Ev;
+    p.query = q.data();
+    p.q_stride_b = int64_t(c.Hq) * c.Lq * c.E, p.q_stride_h = int64_t(c.Lq) * c.E, p.q_stride_l = c.E;
+    p.kv_type = KvType::kFloat16;
+    p.key = k.data();
+    p.k_stride_b = int64_t(c.Hkv) * max_len * c.E, p.k_stride_h = int64_t(max_len) * c.E, p.k_stride_l = c.E;
+    p.value = v.data();
+    p.v_stride_b = int64_t(c.Hkv) * max_len * c.Ev, p.v_stride_h = int64_t(max_len) * c.Ev, p.v_stride_l = c.Ev;
+    p.output = out.data();
+    p.o_stride_b = int64_t(c.Hq) * c.Lq * c.Ev, p.o_stride_h = int64_t(c.Lq) * c.Ev, p.o_stride_l = c.Ev;
+    p.weights = c.weights ? weights.data() : nullptr;
+    p.scale = 1.0f / std::sqrt(float(c.E));
+    p.softcap = c.softcap;
+    if (c.float_mask) {
+      mask.resize(size_t(c.B) * c.Lq * c.Lk);
+      for (float& m : mask) m = u(rng) < c.mask_block_fraction ? -kInf : normal(rng);
+      p.mask_kind = MaskKind::kFloat;
+      p.mask = mask.data();
+      p.mask_stride_b = int64_t(c.Lq) * c.Lk, p.mask_stride_h = 0, p.mask_stride_q = c.Lk, p.mask_stride_k = 1;
+    }
+    p.causal = c.causal;
+    if (c.offsets.size() == 1) p.causal_offset = c.offsets[0];
+    if (c.offsets.size() > 1) {
+      offsets = c.offsets;
+      p.causal_offsets = offsets.data();
+    }
+  }
+
+  uint16_t& key_at(int b, int h, int j, int d) {
+    return k[size_t(((int64_t(b) * c.Hkv + h) * max_len + j) * c.E + d)];
+  }
+  uint16_t& value_at(int b, int h, int j, int d) {
+    return v[size_t(((int64_t(b) * c.Hkv + h) * max_len + j) * c.Ev + d)];
+  }
+
+  Status run(ThreadPool* pool = nullptr) {
+    const int threads = pool != nullptr ? pool->threads() : 1;
+    std::vector<float> scratch(scratch_floats(p, threads));
+    return forward(p, scratch.data(), scratch.size(), pool);
+  }
+
+  // The metric of sdpa-forward-test.cc: |got - ref| <= tol·(1 + |ref|) for the output,
+  // |got - ref| <= tol for the weights. The reference decodes the halves itself.
+  void expect_matches_reference(double tol = 2e-5) const {
+    std::vector<double> ref_w;
+    const std::vector<double> ref = reference_forward(p, c.weights ? &ref_w : nullptr);
+    for (size_t n = 0; n < ref.size(); n++) {
+      const double err = std::abs(out[n] - ref[n]) / (1.0 + std::abs(ref[n]));
+      ASSERT_TRUE(std::isfinite(out[n]) && err <= tol)
+          << c.describe() << "\n output[" << n << "] got " << out[n] << " ref " << ref[n];
+    }
+    for (size_t n = 0; n < ref_w.size(); n++) {
+      const double err = std::abs(weights[n] - ref_w[n]);
+      ASSERT_TRUE(std::isfinite(weights[n]) && err <= tol)
+          << c.describe() << "\n weights[" << n << "] got " << weights[n] << " ref " << ref_w[n];
+    }
+  }
+};
+
+void check(const F16Case& c, bool expect_in_place) {
+  F16Harness h(c);
+  ASSERT_EQ(reads_keys_in_place(h.p), expect_in_place) << c.describe();
+  ASSERT_EQ(h.run(), Status::kOk) << c.describe();
+  h.expect_matches_reference();
+}
+
+const int kKeyLengths[] = {1, 7, kKeyTile - 1, kKeyTile, kKeyTile + 1, 4 * kKeyTile + 1, 1100};
+const int kHeadDims[] = {1, 3, 4, kValueBlock, 64, 67, 128};
+
+// Decode: Lq = 1 with GQA (8 query heads on 2 KV heads: one row tile per KV head) and MHA;
+// K/V are read in place (widened a tile at a time), and without weights Lk > 512 is split
+// into segments. Each key length with two (E, Ev) pairs and every option that blocks keys.
+TEST(F16Kernel, DecodeReadsHalvesInPlaceAroundTileEdges) {
+  uint32_t seed = 1;
+  int pair = 0;
+  for (int lk : kKeyLengths)
+    for (auto heads : {std::pair<int, int>{8, 2}, {3, 3}}) {
+      F16Case c;
+      c.B = 2, c.Hq = heads.first, c.Hkv = heads.second, c.Lq = 1, c.Lk = lk;
+      c.E = kHeadDims[pair % 7], c.Ev = kHeadDims[(pair * 3 + 2) % 7], pair++;
+      c.seed = seed++;
+      check(c, true);
+      c.weights = false;  // split-K segments from 513 keys on
+      check(c, true);
+      c.causal = true, c.offsets = {lk - 1 - lk / 3, lk - 1}, c.key_lengths = {lk, (lk + 1) / 2};
+      check(c, true);
+      c.weights = true, c.float_mask = true, c.softcap = 3.0f;
+      check(c, true);
+    }
+}
+
+// Prefill: 37 query rows per head, 2 query heads per KV head: many row tiles, K packed
+// (widened while packing) and V copied widened.
+TEST(F16Kernel, PrefillPacksWidenedHalvesAroundTileEdges) {
+  uint32_t seed = 100;
+  int pair = 3;
+  for (int lk : kKeyLengths) {
+    F16Case c;
+    c.B = 2, c.Hq = 2, c.Hkv = 1, c.Lq = 37, c.Lk = lk;
+    c.E = kHeadDims[pair % 7], c.Ev = kHeadDims[(pair * 5 + 1) % 7], pair++;
+    c.seed = seed++;
+    check(c, false);
+    c.causal = true, c.offsets = {lk - 37, 5}, c.key_lengths = {lk, lk / 3};
+    check(c, false);
+    c.float_mask = true, c.softcap = 2.5f, c.weights = false;
+    check(c, false);
+  }
+}
+
+// Every (E, Ev) pair of kHeadDims, Ev == E and Ev != E, on both paths.
+TEST(F16Kernel, EveryHeadDimPairOnBothPaths) {
+  uint32_t seed = 200;
+  for (int e : kHeadDims)
+    for (int ev : kHeadDims) {
+      F16Case d;  // decode
+      d.Hq = 8, d.Hkv = 2, d.Lq = 1, d.Lk = kKeyTile + 1, d.E = e, d.Ev = ev, d.seed = seed++;
+      check(d, true);
+      F16Case f;  // prefill
+      f.Hq = 2, f.Hkv = 1, f.Lq = 9, f.Lk = kKeyTile + 1, f.E = e, f.Ev = ev, f.seed = seed++;
+      f.causal = true, f.offsets = {kKeyTile - 8};
+      check(f, false);
+    }
+}
+
+// Key lengths from 0 to Lk with NaN/-Inf halves in the padded positions, the causal
+// frontier before and past them, a float mask with -inf entries, softcap and weights, all
+// together: no padded half may reach the output or the weights.
+TEST(F16Kernel, PaddingHalvesNeverLeakThroughKeyLengthsCausalMaskAndSoftcap) {
+  uint32_t seed = 300;
+  for (int lq : {1, 2, 37})
+    for (int lk : {kKeyTile + 1, 4 * kKeyTile + 1}) {
+      F16Case c;
+      c.B = 4, c.Hq = 4, c.Hkv = 2, c.Lq = lq, c.Lk = lk, c.E = 67, c.Ev = 8, c.seed = seed++;
+      c.key_lengths = {lk, 0, lk / 2, 1};
+      c.causal = true, c.offsets = {lk - lq, 3, lk, -2};
+      c.float_mask = true, c.mask_block_fraction = 0.3, c.softcap = 4.0f;
+      const bool in_place = 2 * lq <= 2 * kQueryTile;
+      check(c, in_place);
+      c.weights = false;
+      check(c, in_place);
+    }
+}
+
+// Splits over threads regroup whole rows (and decode's segments do not depend on the thread
+// count), so 2 and 3 threads must reproduce the single-threaded bits. The problems are above
+// the size under which forward() stays on the calling thread.
+TEST(F16Kernel, ThreadsGiveBitwiseIdenticalResults) {
+  const F16Case cases[] = {
+      [] { F16Case c; c.B = 2, c.Hq = 4, c.Hkv = 2, c.Lq = 100, c.Lk = 200, c.E = 32, c.Ev = 35;
+           c.causal = true, c.offsets = {100}, c.key_lengths = {200, 130}; return c; }(),
+      [] { F16Case c; c.B = 2, c.Hq = 8, c.Hkv = 2, c.Lq = 1, c.Lk = 4100, c.E = 64, c.Ev = 64;
+           c.weights = false, c.key_lengths = {4100, 2000}; return c; }(),
+      [] { F16Case c; c.Hq = 8, c.Hkv = 2, c.Lq = 1, c.Lk = 2100, c.E = 128, c.Ev = 128;
+           c.float_mask = true, c.softcap = 3.0f; return c; }(),  // weights: one pass, no segments
+  };
+  for (const F16Case& c : cases) {
+    F16Harness single(c);
+    ASSERT_EQ(single.run(), Status::kOk);
+    single.expect_matches_reference();
+    for (int threads : {2, 3}) {
+      ThreadPool pool(threads);
+      F16Harness h(c);
+      for (int repeat = 0; repeat < 2; repeat++) {  // the pool is reused across calls
+        ASSERT_EQ(h.run(&pool), Status::kOk);
+        EXPECT_TRUE(same_bits(single.out, h.out)) << c.describe() << " threads " << threads;
+        EXPECT_TRUE(same_bits(single.weights, h.weights)) << c.describe() << " threads " << threads;
+      }
+    }
+  }
+}
+
+// The kernel widens exactly and then does float32 arithmetic only, so a float16 problem is
+// the float32 problem on f16_to_f32 of its halves (same storage layout, NaN padding
+// included), bit for bit: prefill (V copied widened, where float32 with Ev % 8 == 0 reads it
+// in place) and decode (in place, with and without segments).
+TEST(F16Kernel, EqualsTheFloat32KernelOnTheWidenedHalvesBitwise) {
+  F16Case cases[4];
+  cases[0].B = 2, cases[0].Hq = 4, cases[0].Hkv = 2, cases[0].Lq = 37, cases[0].Lk = 300;
+  cases[0].E = 64, cases[0].Ev = 64, cases[0].causal = true, cases[0].offsets = {263};
+  cases[1] = cases[0], cases[1].E = 67, cases[1].Ev = 3, cases[1].float_mask = true, cases[1].softcap = 2.0f;
+  cases[2].B = 2, cases[2].Hq = 8, cases[2].Hkv = 2, cases[2].Lq = 1, cases[2].Lk = 1100;
+  cases[2].E = 67, cases[2].Ev = 64, cases[2].weights = false, cases[2].key_lengths = {1100, 700};
+  cases[3] = cases[2], cases[3].Ev = 13, cases[3].weights = true, cases[3].float_mask = true;
+  uint32_t seed = 400;
+  for (F16Case& c : cases) {
+    c.seed = seed++;
+    F16Harness h(c);
+    ASSERT_EQ(h.run(), Status::kOk);
+    std::vector<float> k32(h.k.size()), v32(h.v.size());
+    std::transform(h.k.begin(), h.k.end(), k32.begin(), f16_to_f32);
+    std::transform(h.v.begin(), h.v.end(), v32.begin(), f16_to_f32);
+    std::vector<float> out32(h.out.size(), kNaN), weights32(h.weights.size(), kNaN);
+    Problem p = h.p;
+    p.kv_type = KvType::kFloat32, p.key = k32.data(), p.value = v32.data();
+    p.output = out32.data(), p.weights = c.weights ? weights32.data() : nullptr;
+    std::vector<float> scratch(scratch_floats(p));
+    ASSERT_EQ(forward(p, scratch.data(), scratch.size()), Status::kOk);
+    EXPECT_TRUE(same_bits(out32, h.out)) << c.describe();
+    EXPECT_TRUE(same_bits(weights32, h.weights)) << c.describe();
+    h.expect_matches_reference();
+  }
+}
+
+TEST(F16Kernel, ValidateRejectsAnUnknownKvType) {
+  F16Case c;
+  F16Harness h(c);
+  h.p.kv_type = static_cast<KvType>(2);
+  EXPECT_EQ(h.run(), Status::kBadKvType);
+  EXPECT_TRUE(std::isnan(h.out[0]));  // nothing written
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. copy_rows: appends into cache storage.
+// ---------------------------------------------------------------------------------------
+
+// A cache append: a [B, L, H, D] block (the bshd layout of the caller's new keys) copied to
+// positions [pos, pos + L) of a [B, H, max_len, D] storage. Elements are bytes-typed
+// vectors so one helper serves float and half.
+struct Append {
+  int B = 2, H = 3, L = 5, D = 7, max_len = 16, pos = 4;
+
+  RowBlock source(void* data, KvType type) const {  // [B, L, H, D]
+    RowBlock r;
+    r.data = data, r.type = type;
+    r.stride_b = int64_t(L) * H * D, r.stride_h = D, r.stride_l = int64_t(H) * D;
+    return r;
+  }
+  RowBlock destination(void* storage, KvType type) const {  // [B, H, max_len, D] from pos
+    RowBlock r;
+    r.data = static_cast<char*>(storage) + size_t(pos) * D * (type == KvType::kFloat16 ? 2 : 4);
+    r.type = type;
+    r.stride_b = int64_t(H) * max_len * D, r.stride_h = int64_t(max_len) * D, r.stride_l = D;
+    return r;
+  }
+  size_t source_elements() const { return size_t(B) * L * H * D; }
+  size_t storage_elements() const { return size_t(B) * H * max_len * D; }
+  size_t source_index(int b, int h, int l, int d) const { return ((size_t(b) * L + l) * H + h) * D + d; }
+  size_t storage_index(int b, int h, int j, int d) const { return ((size_t(b) * H + h) * max_len + j) * D + d; }
+
+  // Calls expect(source element, storage element) for every written element, and checks
+  // that every other storage element still equals `untouched`.
+  template <typename Dst, typename Src, typename Expect>
+  void check(const std::vector<Dst>& storage, const std::vector<Src>& src, Dst untouched, Expect expect) const {
+    for (int b = 0; b < B; b++)
+      for (int h = 0; h < H; h++)
+        for (int j = 0; j < max_len; j++)
+          for (int d = 0; d < D; d++) {
+            const Dst& got = storage[storage_index(b, h, j, d)];
+            if (j >= pos && j < pos + L) {
+              expect(src[source_index(b, h, j - pos, d)], got);
+            } else {
+              ASSERT_EQ(0, std::memcmp(&got, &untouched, sizeof(Dst)))
+                  << "storage [" << b << "," << h << "," << j << "," << d << "] written";
+            }
+          }
+  }
+};
+
+// Floats for appends: random normals plus the values the conversion treats specially.
+std::vector<float> append_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (float& e : x) e = normal(rng) * 100.0f;
+  const float special[] = {0.0f, -0.0f, kInf, -kInf, kNaN, -kNaN, 65504.0f, 65519.0f, 65520.0f, -1e9f,
+                           1e-8f, -0x1p-25f, 0x3p-25f, 2049.0f, std::numeric_limits<float>::denorm_min()};
+  for (size_t i = 0; i < std::size(special) && i < n; i++) x[i * 7 % n] = special[i];
+  return x;
+}
+
+TEST(CopyRows, Float32ToFloat32CopiesBits) {
+  const Append a;
+  std::vector<float> src = append_floats(a.source_elements(), 1);
+  std::vector<float> storage(a.storage_elements(), -7.0f);
+  ASSERT_EQ(copy_rows(a.destination(storage.data(), KvType::kFloat32), a.source(src.data(), KvType::kFloat32),
+                      a.B, a.H, a.L, a.D),
+            Status::kOk);
+  a.check(storage, src, -7.0f, [](float s, float d) { ASSERT_EQ(bits_of(s), bits_of(d)); });
+}
+
+TEST(CopyRows, Float32ToFloat16RoundsLikeF32ToF16) {
+  const Append a;
+  std::vector<float> src = append_floats(a.source_elements(), 2);
+  std::vector<uint16_t> storage(a.storage_elements(), 0xABCD);
+  ASSERT_EQ(copy_rows(a.destination(storage.data(), KvType::kFloat16), a.source(src.data(), KvType::kFloat32),
+                      a.B, a.H, a.L, a.D),
+            Status::kOk);
+  a.check(storage, src, uint16_t{0xABCD}, [](float s, uint16_t d) {
+    ASSERT_EQ(d, f32_to_f16(s)) << s;
+    ASSERT_TRUE(narrows_correctly(s));
+  });
+}
+
+TEST(CopyRows, Float16ToFloat16CopiesBitsAndFloat16ToFloat32IsExact) {
+  const Append a;
+  std::mt19937 rng(3);
+  std::vector<uint16_t> src(a.source_elements());
+  for (uint16_t& h : src) h = static_cast<uint16_t>(rng());  // any pattern: NaN, Inf, subnormal
+  src[0] = kHalfNaN, src[1] = 0xFE01, src[2] = 0x8000, src[3] = 0x0001, src[4] = 0xFC00;
+
+  std::vector<uint16_t> storage16(a.storage_elements(), 0xABCD);
+  ASSERT_EQ(copy_rows(a.destination(storage16.data(), KvType::kFloat16), a.source(src.data(), KvType::kFloat16),
+                      a.B, a.H, a.L, a.D),
+            Status::kOk);
+  a.check(storage16, src, uint16_t{0xABCD}, [](uint16_t s, uint16_t d) { ASSERT_EQ(s, d); });
+
+  std::vector<float> storage32(a.storage_elements(), -7.0f);
+  ASSERT_EQ(copy_rows(a.destination(storage32.data(), KvType::kFloat32), a.source(src.data(), KvType::kFloat16),
+                      a.B, a.H, a.L, a.D),
+            Status::kOk);
+  a.check(storage32, src, -7.0f, [](uint16_t s, float d) {
+    ASSERT_EQ(bits_of(d), expected_widened_bits(s)) << std::hex << "half 0x" << s;
+  });
+}
+
+TEST(CopyRows, ZeroSizesWriteNothing) {
+  const Append a;
+  std::vector<float> src = append_floats(a.source_elements(), 4);
+  std::vector<uint16_t> storage(a.storage_elements(), 0xABCD);
+  const RowBlock dst = a.destination(storage.data(), KvType::kFloat16), from = a.source(src.data(), KvType::kFloat32);
+  EXPECT_EQ(copy_rows(dst, from, 0, a.H, a.L, a.D), Status::kOk);
+  EXPECT_EQ(copy_rows(dst, from, a.B, 0, a.L, a.D), Status::kOk);
+  EXPECT_EQ(copy_rows(dst, from, a.B, a.H, 0, a.D), Status::kOk);
+  EXPECT_EQ(storage, std::vector<uint16_t>(a.storage_elements(), 0xABCD));
+}
+
+TEST(CopyRows, ErrorsWriteNothing) {
+  const Append a;
+  std::vector<float> src = append_floats(a.source_elements(), 5);
+  std::vector<uint16_t> storage(a.storage_elements(), 0xABCD);
+  const RowBlock dst = a.destination(storage.data(), KvType::kFloat16), from = a.source(src.data(), KvType::kFloat32);
+  auto untouched = [&] { return storage == std::vector<uint16_t>(a.storage_elements(), 0xABCD); };
+
+  EXPECT_EQ(copy_rows(dst, from, -1, a.H, a.L, a.D), Status::kBadShape);
+  EXPECT_EQ(copy_rows(dst, from, a.B, -1, a.L, a.D), Status::kBadShape);
+  EXPECT_EQ(copy_rows(dst, from, a.B, a.H, -1, a.D), Status::kBadShape);
+  EXPECT_EQ(copy_rows(dst, from, a.B, a.H, a.L, 0), Status::kBadShape);
+  EXPECT_EQ(copy_rows(dst, from, a.B, a.H, a.L, -3), Status::kBadShape);
+  EXPECT_TRUE(untouched());
+
+  RowBlock null_dst = dst, null_src = from;
+  null_dst.data = nullptr, null_src.data = nullptr;
+  EXPECT_EQ(copy_rows(null_dst, from, a.B, a.H, a.L, a.D), Status::kNullPointer);
+  EXPECT_EQ(copy_rows(dst, null_src, a.B, a.H, a.L, a.D), Status::kNullPointer);
+  EXPECT_TRUE(untouched());
+
+  for (int which = 0; which < 6; which++) {  // each of the six strides negative in turn
+    RowBlock d = dst, s = from;
+    int64_t* strides[6] = {&d.stride_b, &d.stride_h, &d.stride_l, &s.stride_b, &s.stride_h, &s.stride_l};
+    *strides[which] = -1;
+    EXPECT_EQ(copy_rows(d, s, a.B, a.H, a.L, a.D), Status::kBadStride) << "stride " << which;
+  }
+  EXPECT_TRUE(untouched());
+
+  RowBlock bad_dst = dst, bad_src = from;
+  bad_dst.type = static_cast<KvType>(2), bad_src.type = static_cast<KvType>(-1);
+  EXPECT_EQ(copy_rows(bad_dst, from, a.B, a.H, a.L, a.D), Status::kBadKvType);
+  EXPECT_EQ(copy_rows(dst, bad_src, a.B, a.H, a.L, a.D), Status::kBadKvType);
+  EXPECT_TRUE(untouched());
+}
+
+}  // namespace
+}  // namespace sdpa
