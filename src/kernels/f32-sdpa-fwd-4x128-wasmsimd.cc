@@ -512,6 +512,25 @@ void accumulate_pv(const Src& src, const float* probs, const typename Src::Elem*
   kByRows[rows - 1](src, probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride);
 }
 
+// acc[r][0 .. c4) += p[r]·v[0 .. c4) for r < kRows (accumulator rows acc_stride apart).
+template <int kRows, typename Src>
+void add_key(const Src& src, const float* p, const typename Src::Elem* v, int32_t c4, float* acc,
+             int32_t acc_stride) {
+  v128_t vp[kRows];
+  for (int r = 0; r < kRows; r++) vp[r] = wasm_f32x4_splat(p[r]);
+  // Pointers stepped by hand (see pv_block).
+  float* o = acc;
+  float* const o_end = acc + c4;
+#pragma clang loop unroll(disable)
+  for (; o != o_end; o += 4, v += 4) {
+    const v128_t vv = src.load4(v);
+    for (int r = 0; r < kRows; r++) {
+      float* orow = o + r * acc_stride;
+      wasm_v128_store(orow, wasm_f32x4_add(wasm_v128_load(orow), wasm_f32x4_mul(vp[r], vv)));
+    }
+  }
+}
+
 // P·V with V read in place (decode), one key at a time in memory order (see score_keys):
 // acc[r][0 .. cols) = alpha[r]·acc[r][…] + Σ_{j < key_count} probs[r][j]·v_j for r < rows,
 // the accumulators in scratch (L1). Keys j < open_count are open for every row and are
@@ -531,21 +550,27 @@ void accumulate_pv_in_place(const Src& src, const float* probs, const typename S
     for (int32_t c = 0; c < c4; c += 4) wasm_v128_store(o + c, wasm_f32x4_mul(wasm_v128_load(o + c), a));
     for (int32_t c = c4; c < cols; c++) o[c] *= alpha[r];
   }
+  // Per key, every row using it at once: each V vector is loaded (and widened) once.
+  using AddKey = void (*)(const Src&, const float*, const typename Src::Elem*, int32_t, float*, int32_t);
+  static constexpr AddKey kAddKey[kQueryTile] = {add_key<1, Src>, add_key<2, Src>, add_key<3, Src>, add_key<4, Src>};
   const typename Src::Elem* v = value;
   for (int32_t j = 0; j < key_count; j++, v += v_stride) {
+    float p[kQueryTile];
+    int32_t used = 0;
     for (int32_t r = 0; r < rows; r++) {
-      const float p = probs[r * kKeyTile + j];
-      if (j >= open_count && p == 0.0f) continue;
-      const v128_t vp = wasm_f32x4_splat(p);
-      // Pointers stepped by hand (see pv_block).
-      float* o = acc + r * acc_stride;
-      float* const o_end = o + c4;
-      const typename Src::Elem* vc = v;
-#pragma clang loop unroll(disable)
-      for (; o != o_end; o += 4, vc += 4) {
-        wasm_v128_store(o, wasm_f32x4_add(wasm_v128_load(o), wasm_f32x4_mul(vp, src.load4(vc))));
+      p[r] = probs[r * kKeyTile + j];
+      if (j < open_count || p[r] != 0.0f) used++;
+    }
+    if (used == rows) {
+      kAddKey[rows - 1](src, p, v, c4, acc, acc_stride);
+    } else {
+      for (int32_t r = 0; r < rows; r++) {
+        if (j < open_count || p[r] != 0.0f) kAddKey[0](src, &p[r], v, c4, acc + r * acc_stride, acc_stride);
       }
-      for (int32_t c = c4; c < cols; c++) acc[r * acc_stride + c] += p * src.scalar(v[c]);
+    }
+    for (int32_t r = 0; r < rows; r++) {
+      if (j >= open_count && p[r] == 0.0f) continue;
+      for (int32_t c = c4; c < cols; c++) acc[r * acc_stride + c] += p[r] * src.scalar(v[c]);
     }
   }
 }
