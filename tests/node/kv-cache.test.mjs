@@ -7,6 +7,7 @@ import { readFile } from 'node:fs/promises';
 import { createAttention } from 'sdpa-wasm';
 // The internal loader (not public API): gives the Emscripten module with HEAPU8 and heapBytesInUse.
 import * as loader from '../../dist/loader.js';
+import { positions, roundToHalf } from '../shared/kv-cache-cases.mjs';
 import { adapt, halfToFloat, loadCase, loadIndex, mismatches, onnxOutputDims, TOL as ONNX_TOL } from '../shared/onnx-cases.mjs';
 import { maxRelError, mulberry32, randn, randomTensor, referenceSdpa } from './reference.mjs';
 
@@ -28,14 +29,6 @@ afterAll(() => {
 const size = (dims) => dims.reduce((a, b) => a * b, 1);
 const bits = (a) => new Uint32Array(a.buffer, a.byteOffset, a.length);
 
-/** Positions [a, b) of a bhsd tensor [B, H, L, D]. */
-function positions(t, a, b) {
-  const [B, H, L, D] = t.dims;
-  const data = new t.data.constructor(B * H * (b - a) * D);
-  for (let bh = 0; bh < B * H; bh++) data.set(t.data.subarray((bh * L + a) * D, (bh * L + b) * D), bh * (b - a) * D);
-  return { data, dims: [B, H, b - a, D] };
-}
-
 /** A bhsd tensor [B, H, L, D] as bshd [B, L, H, D] (the same values). */
 function toBshd(t) {
   const [B, H, L, D] = t.dims;
@@ -48,26 +41,6 @@ function toBshd(t) {
     }
   }
   return { data, dims: [B, L, H, D] };
-}
-
-/**
- * x rounded to the nearest IEEE float16 value, ties to even, written from the format's
- * definition (not from the package's bit manipulation): the spacing of halves near |x| is
- * 2^(e-10) with e = max(floor(log2|x|), -14); beyond ±65504 (from 65520 on, where rounding
- * would give infinity) the package saturates to ±65504, as documented.
- */
-function roundToHalf(x) {
-  if (Number.isNaN(x) || x === 0) return x;
-  const a = Math.abs(x);
-  if (a >= 65520) return Math.sign(x) * 65504;
-  let e = Math.max(Math.floor(Math.log2(a)), -14);
-  if (e > -14 && 2 ** e > a) e--;  // log2 rounded up across a power of two
-  if (2 ** (e + 1) <= a) e++;
-  const ulp = 2 ** (e - 10);
-  const m = a / ulp;  // exact: a power-of-two division
-  let r = Math.floor(m);
-  if (m - r > 0.5 || (m - r === 0.5 && r % 2 === 1)) r++;
-  return Math.sign(x) * r * ulp;
 }
 
 const roundedToHalves = (t) => ({ data: Float32Array.from(t.data, roundToHalf), dims: t.dims });

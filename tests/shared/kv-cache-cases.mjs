@@ -1,0 +1,86 @@
+// KV-cache decoding cases, runnable in Node and in a browser page: each case fills a cache
+// step by step with seeded K/V (web/seeded.mjs, bit-identical in every engine), attends after
+// every append, and compares each step with the float64 reference (tests/node/reference.mjs) on
+// the whole history so far: float32 as stored, float16 on the values rounded to halves (the
+// storage rounding is the only error). Every result carries a hash of the exact output bits of
+// all steps, so a browser run can be checked against a Node run bit for bit. Plain ES module.
+import { maxRelError, referenceSdpa } from '../node/reference.mjs';
+import { noiseTensor } from '../../web/seeded.mjs';
+import { bitsHash, REFERENCE_TOL } from './reference-cases.mjs';
+
+/**
+ * x rounded to the nearest IEEE float16 value, ties to even, from the format's definition:
+ * the spacing of halves near |x| is 2^(e-10) with e = max(floor(log2|x|), -14); from 65520 on
+ * (where rounding would reach infinity) the package saturates to ±65504, as documented.
+ */
+export function roundToHalf(x) {
+  if (Number.isNaN(x) || x === 0) return x;
+  const a = Math.abs(x);
+  if (a >= 65520) return Math.sign(x) * 65504;
+  let e = Math.max(Math.floor(Math.log2(a)), -14);
+  if (e > -14 && 2 ** e > a) e--;  // log2 rounded up across a power of two
+  if (2 ** (e + 1) <= a) e++;
+  const ulp = 2 ** (e - 10);
+  const m = a / ulp;  // exact: a power-of-two division
+  let r = Math.floor(m);
+  if (m - r > 0.5 || (m - r === 0.5 && r % 2 === 1)) r++;
+  return Math.sign(x) * r * ulp;
+}
+
+/** Positions [a, b) of a bhsd tensor [B, H, L, D]. */
+export function positions(t, a, b) {
+  const [B, H, L, D] = t.dims;
+  const data = new Float32Array(B * H * (b - a) * D);
+  for (let bh = 0; bh < B * H; bh++) data.set(t.data.subarray((bh * L + a) * D, (bh * L + b) * D), bh * (b - a) * D);
+  return { data, dims: [B, H, b - a, D] };
+}
+
+/**
+ * The cases: { name, shape: { B, Hq, Hkv, E, Ev }, steps (positions appended per step), dtype,
+ * grow (bytes of another cache allocated after the second step, so the memory grows
+ * mid-sequence) }.
+ */
+export const CACHE_CASES = [
+  { name: 'MHA H4 E64, float32', shape: { B: 1, Hq: 4, Hkv: 4, E: 64, Ev: 64 }, steps: [37, 1, 1, 3, 129, 1], dtype: 'float32' },
+  { name: 'GQA Hq8 Hkv2 E128 Ev96, float16', shape: { B: 1, Hq: 8, Hkv: 2, E: 128, Ev: 96 }, steps: [37, 1, 5, 600, 1], dtype: 'float16' },
+  { name: 'B2 GQA Hq6 Hkv3 E32, float32, memory grows mid-sequence', shape: { B: 2, Hq: 6, Hkv: 3, E: 32, Ev: 32 },
+    steps: [20, 1, 300, 1, 1], dtype: 'float32', grow: 64 * 2 ** 20 },
+  { name: 'B2 MQA Hq4 Hkv1 E16, float16, memory grows mid-sequence', shape: { B: 2, Hq: 4, Hkv: 1, E: 16, Ev: 8 },
+    steps: [9, 1, 1, 50, 1], dtype: 'float16', grow: 64 * 2 ** 20 },
+];
+
+/** Runs every case on `attn`. Returns [{ name, worstError, ok, hash, steps }]. */
+export function runCacheCases(attn, cases = CACHE_CASES) {
+  return cases.map(({ name, shape, steps, dtype, grow }, index) => {
+    const { B, Hq, Hkv, E, Ev } = shape;
+    const total = steps.reduce((a, b) => a + b, 0);
+    const seed = 700 + index;
+    const k = noiseTensor([B, Hkv, total, E], seed, 1), v = noiseTensor([B, Hkv, total, Ev], seed, 2);
+    const half = (t) => ({ data: Float32Array.from(t.data, roundToHalf), dims: t.dims });
+    const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: total, dtype });
+    let other = null;
+    const hashes = [];
+    let worstError = 0;
+    try {
+      let length = 0;
+      steps.forEach((n, s) => {
+        cache.append(positions(k, length, length + n), positions(v, length, length + n));
+        length += n;
+        if (grow && s === 1) {
+          other = attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 256, maxLength: grow / 2048 });
+        }
+        const query = noiseTensor([B, Hq, n, E], seed, 10 + s);
+        const got = cache.attend(query);
+        let key = positions(k, 0, length), value = positions(v, 0, length);
+        if (dtype === 'float16') key = half(key), value = half(value);
+        const ref = referenceSdpa(query, key, value, { isCausal: true, causalOffset: length - n });
+        worstError = Math.max(worstError, maxRelError(got.output.data, ref.output));
+        hashes.push(bitsHash(got.output.data));
+      });
+    } finally {
+      other?.dispose();
+      cache.dispose();
+    }
+    return { name, worstError, ok: worstError <= REFERENCE_TOL, hash: hashes.join(''), steps: steps.length };
+  });
+}
