@@ -24,7 +24,10 @@
 // K is either packed into scratch once per call (prefill: many row tiles reuse it; as
 // [Lk/8][E][8], so two loads give 8 keys at one dim) or read in place (decode: one or two
 // row tiles read each key once, and a packing pass would double the memory traffic). V is
-// read in place, except for a zero-padded copy in prefill when Ev is not a multiple of 8.
+// read in place, except for a zero-padded copy in prefill when Ev is not a multiple of 8 (or
+// V is float16). In place, decode reads K and V one key at a time in memory order
+// (score_keys, accumulate_pv_in_place): what it reads comes from main memory once, and only a
+// sequential stream keeps the hardware prefetcher ahead of it.
 //
 // Blocked keys never reach the arithmetic as values: causal and key-length limits are loop
 // bounds (per row: keys j < limit[r]); K/V are packed only up to the furthest key any row
@@ -299,7 +302,7 @@ void score_tile(const float* q_cols, const float* packed_key_tile, int32_t head_
 // Q·Kᵀ with K read in place (decode), one key at a time in memory order. A decode reads each
 // key once, from main memory; read in order, the hardware prefetcher streams it. (Four keys
 // side by side, four 512-byte rows read 16 bytes at a time, ran at a third of the plain read
-// bandwidth on decode B1 H32 Lk4096 E128 E128: 6.3 against 20 GB/s on an AMD EPYC Zen 4.)
+// bandwidth on decode B1 H32 Lk4096 E128: 6.3 against 18 GB/s, on an AMD EPYC Zen 4.)
 // scores[r][j] = q_r · k_j for the kRows rows of q (row stride head_dim) and keys
 // j < key_count at k (stride k_stride). Each row keeps kChains partial sums over dims (dims
 // [4c, 4c + 4) mod 4·kChains go to chain c), so that kRows·kChains >= 4 chains of adds are
