@@ -359,23 +359,6 @@ void score_keys(const Src& src, const float* q, const typename Src::Elem* k, int
 // scores[r][c] = q_tile[r] · k_{c} for r < rows and c < key_count, K rows read in place
 // (row stride k_stride elements, E contiguous). Columns from key_count on are set to 0; they
 // are blocked (key_count is where the rows' key limits end).
-// scores[r][c] = q_tile[r] · k_{c} for r < rows and c < key_count, K rows read in place
-// (row stride k_stride elements, E contiguous). Columns from key_count on are set to 0; they
-// are blocked (key_count is where the rows' key limits end).
-template <typename Src>
-void score_keys_rows(const Src& src, const float* q_tile, int32_t rows, const typename Src::Elem* key,
-                     int64_t k_stride, int32_t key_count, int32_t head_dim, float* scores) {
-  switch (rows) {
-    case 1: score_keys<1, 4>(src, q_tile, key, k_stride, key_count, head_dim, scores); break;
-    case 2: score_keys<2, 2>(src, q_tile, key, k_stride, key_count, head_dim, scores); break;
-    case 3: score_keys<3, 2>(src, q_tile, key, k_stride, key_count, head_dim, scores); break;
-    default: score_keys<4, 1>(src, q_tile, key, k_stride, key_count, head_dim, scores); break;
-  }
-}
-
-// scores[r][c] = q_tile[r] · k_{c} for r < rows and c < key_count, K rows read in place
-// (row stride k_stride elements, E contiguous). Columns from key_count on are set to 0; they
-// are blocked (key_count is where the rows' key limits end).
 template <typename Src>
 void score_tile_in_place(const Src& src, const float* q_tile, int32_t rows, const typename Src::Elem* key,
                          int64_t k_stride, int32_t key_count, int32_t head_dim, float* scores) {
