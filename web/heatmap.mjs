@@ -238,17 +238,24 @@ function tick(x) {
 }
 
 /**
- * A small line chart: series = [{ label, colour, points: [[x, y], ...], dashed }], log2 x axis.
- * Returns nothing; purely visual (the numbers are in the table next to it).
+ * A small line chart: series = [{ label, colour, points: [[x, y], ...], dashed }], log2 x axis
+ * (linear with logX: false; xMin/xMax widen the x range beyond the points; a `top` margin over 20
+ * puts the legend above the plot). Returns nothing; purely visual (the numbers are in the table next to it).
  */
-export function drawChart(canvas, series, { width = 360, height = 200, xLabel = '', yLabel = '', xTicks = [] } = {}) {
+export function drawChart(canvas, series, { width = 360, height = 200, xLabel = '', yLabel = '', xTicks = [], logX = true, xMin, xMax, top = 12 } = {}) {
   const ctx = prepare(canvas, width, height);
-  const left = 40, right = 10, top = 12, bottom = 34;
-  const xs = series.flatMap((s) => s.points.map((p) => Math.log2(p[0])));
+  const right = 10, bottom = 34;
+  const fx = logX ? Math.log2 : (x) => x;
+  const xs = series.flatMap((s) => s.points.map((p) => fx(p[0])));
+  if (xMin !== undefined) xs.push(fx(xMin));
+  if (xMax !== undefined) xs.push(fx(xMax));
   const ys = series.flatMap((s) => s.points.map((p) => p[1]));
   const xmin = Math.min(...xs), xmax = Math.max(...xs);
   const ymax = Math.max(...ys) * 1.08;
-  const px = (x) => left + ((Math.log2(x) - xmin) / (xmax - xmin || 1)) * (width - left - right);
+  // Room on the left for the y tick labels and the axis title beside them.
+  ctx.font = SMALL_FONT;
+  const left = Math.max(40, 26 + ctx.measureText(String(Math.round(ymax))).width);
+  const px = (x) => left + ((fx(x) - xmin) / (xmax - xmin || 1)) * (width - left - right);
   const py = (y) => top + (1 - y / (ymax || 1)) * (height - top - bottom);
   ctx.strokeStyle = '#d5d9e0';
   ctx.fillStyle = MUTED;
@@ -287,7 +294,8 @@ export function drawChart(canvas, series, { width = 360, height = 200, xLabel = 
     ctx.setLineDash([]);
     if (s.dots) for (const [x, y] of s.points) { ctx.beginPath(); ctx.arc(px(x), py(y), 3.5, 0, 2 * Math.PI); ctx.fill(); }
   }
-  // legend
+  // legend: inside the plot, or above it when `top` leaves room
+  const ly = top > 20 ? 8 : top + 6;
   let lx = left + 6;
   ctx.font = SMALL_FONT;
   ctx.textAlign = 'left';
@@ -297,17 +305,17 @@ export function drawChart(canvas, series, { width = 360, height = 200, xLabel = 
     ctx.fillStyle = s.colour;
     ctx.setLineDash(s.dashed ? [5, 4] : []);
     ctx.beginPath();
-    ctx.moveTo(lx, top + 6);
-    ctx.lineTo(lx + 18, top + 6);
+    ctx.moveTo(lx, ly);
+    ctx.lineTo(lx + 18, ly);
     ctx.stroke();
     ctx.setLineDash([]);
     ctx.fillStyle = INK;
-    ctx.fillText(s.label, lx + 22, top + 6);
+    ctx.fillText(s.label, lx + 22, ly);
     lx += 30 + ctx.measureText(s.label).width;
   }
 }
 
 function niceY(max) {
-  for (const step of [0.5, 1, 2, 5, 10, 20, 50]) if (max / step <= 6) return step;
-  return 100;
+  for (const step of [0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]) if (max / step <= 6) return step;
+  return 2000;
 }

@@ -1,10 +1,11 @@
-// The demo page: four panels, each computed live with sdpa-wasm.
+// The demo page: five panels, each computed live with sdpa-wasm.
 // Tests read what the page shows from elements with data-testid attributes and from
 // window.__demo (the raw Float32Arrays behind every number on screen).
 import { createAttention } from 'sdpa-wasm';
 import { formatValue, heatmapInputs, noiseTensor, randomQKV, TOY_HEAD_KINDS } from './seeded.mjs';
 import { drawChart, drawHeatmap, drawLegend } from './heatmap.mjs';
 import { naiveSoftmax, plainAttention, weightsTimesValues } from './plain-attention.mjs';
+import { generation, promptTokens, TOY, ToyDecoder, toyWeights } from './decoder.mjs';
 
 const $ = (id) => document.getElementById(id);
 const byTestId = (id) => document.querySelector(`[data-testid="${id}"]`);
@@ -20,7 +21,8 @@ const demo = {
   lesson: null,
   masking: null,
   bench: null,
-  version: { heatmap: 0, lesson: 0, masking: 0, bench: 0 },
+  generation: null,
+  version: { heatmap: 0, lesson: 0, masking: 0, bench: 0, generation: 0 },
 };
 window.__demo = demo;
 
@@ -495,6 +497,203 @@ async function runBenchmark() {
 
 bn.run.addEventListener('click', runBenchmark);
 
+// ── 5. Generating with a KV cache ─────────────────────────────────────────────────────────
+const gn = {
+  context: $('gn-context'), dtype: $('gn-dtype'), tokens: $('gn-tokens'), seed: $('gn-seed'), start: $('gn-start'),
+  progress: $('gn-progress'), phase: $('gn-phase'), chart: $('gn-chart'),
+};
+const GEN_DTYPES = ['float32', 'float16'];
+const GEN_COLOURS = { float32: '#8b2154', float16: '#1d7a46' };
+/** Decode steps run back to back before the page gets the thread back (or 40 ms, if sooner). */
+const GEN_CHUNK_STEPS = 8, GEN_CHUNK_MS = 40;
+let genWeights = null;  // the toy model's weights, made once per seed
+let genStop = false;
+
+byTestId('gn-model').textContent =
+  `Toy decoder: ${TOY.layers} layers, d_model ${TOY.dModel}, ${TOY.qHeads} query heads sharing ${TOY.kvHeads} KV heads ` +
+  `(GQA), head size ${TOY.headDim}, vocabulary ${TOY.vocab}, random weights; one KVCache per layer. The projections are ` +
+  `plain JavaScript, attention is sdpa-wasm ("attention alone" times the cache's append + attend). Tokens are sampled ` +
+  `at temperature ${TOY.temperature}.`;
+
+const bytesText = (n) => (n >= 2 ** 20 ? `${(n / 2 ** 20).toFixed(2)} MiB` : `${(n / 1024).toFixed(1)} KiB`);
+/** The cache's bytes as the table shows them: exact, and in KiB or MiB below. */
+function showCacheBytes(cell, n) {
+  const sub = Object.assign(document.createElement('span'), { className: 'sub', textContent: bytesText(n) });
+  cell.replaceChildren(`${n.toLocaleString('en-US')} bytes`, sub);
+}
+/** Token ids as the page shows them: the first 48, then "… (n in all)". */
+const tokenText = (ids) => (ids.length > 48 ? `${ids.slice(0, 48).join(' ')} … (${ids.length} in all)` : ids.join(' '));
+
+function renderGenerationRow(run) {
+  const cell = (what) => byTestId(`gn-${run.dtype}-${what}`);
+  showCacheBytes(cell('bytes'), run.byteLength);
+  cell('length').textContent = `${run.length} / ${run.maxLength}`;
+  const timed = run.stepMs.length > 0;
+  cell('tps').textContent = timed ? run.tokensPerSecond.toFixed(1) : '…';
+  cell('attn-tps').textContent = timed ? run.attentionTokensPerSecond.toFixed(1) : '…';
+  cell('ms').textContent = timed ? run.msPerToken.toFixed(2) : '…';
+  cell('share').textContent = timed ? `${Math.round(100 * run.attentionShare)}%` : '…';
+  cell('tokens').textContent = run.tokens.length ? tokenText(run.tokens) : '…';
+}
+
+function renderGenerationChart() {
+  const g = demo.generation;
+  const series = GEN_DTYPES.filter((d) => g.runs[d]?.chart.length)
+    .map((d) => ({ label: `${d}`, colour: GEN_COLOURS[d], points: g.runs[d].chart }));
+  gn.chart.hidden = $('gn-chart-caption').hidden = series.length === 0;
+  if (series.length === 0) return;
+  drawChart(gn.chart, series, {
+    width: Math.min(availableWidth(gn.chart), 620), height: 200, top: 28, logX: false, xMin: 0, xMax: g.params.tokens,
+    xLabel: 'tokens generated', yLabel: 'tokens/s', xTicks: [0, Math.round(g.params.tokens / 2), g.params.tokens],
+  });
+}
+
+/** Recomputes the run's rates from its step times. */
+function updateRates(run) {
+  const ms = run.stepMs.reduce((a, b) => a + b, 0), attnMs = run.attentionMs.reduce((a, b) => a + b, 0);
+  const n = run.stepMs.length;
+  Object.assign(run, {
+    tokensPerSecond: n / (ms / 1000), attentionTokensPerSecond: n / (attnMs / 1000), msPerToken: ms / n,
+    attentionShare: attnMs / ms,
+  });
+}
+
+/** One dtype: fill, prefill, decode, yielding to the page every few steps so the numbers update live. */
+async function runGeneration(dtype, params, progressBase, progressSpan) {
+  const { context, tokens, seed } = params;
+  const decoder = new ToyDecoder(attn, genWeights, { dtype, maxLength: context + tokens });
+  const run = {
+    dtype, context, maxLength: decoder.maxLength, byteLength: decoder.byteLength, length: 0,
+    prompt: promptTokens(seed), tokens: [], stepMs: [], attentionMs: [], prefillMs: null, chart: [],
+    lastAttention: null, done: false, stopped: false,
+  };
+  demo.generation.runs[dtype] = run;
+  const fillCount = Math.max(0, context - TOY.promptLength);
+  const setProgress = (fraction, text) => {
+    gn.progress.value = progressBase + progressSpan * fraction;
+    gn.phase.textContent = `${dtype}: ${text}`;
+  };
+  try {
+    let chunkStart = performance.now(), chunkSteps = 0, chunkMs = 0;
+    for (const event of generation(decoder, params)) {
+      run.length = decoder.length;
+      if (event.phase === 'fill') {
+        setProgress(0.1 * (event.length / fillCount), `filling the cache with random K/V (${event.length} / ${fillCount})`);
+      } else if (event.phase === 'prefill') {
+        run.prefillMs = event.ms;
+        setProgress(0.1, `prefill: the ${TOY.promptLength}-token prompt in one call (${event.ms.toFixed(1)} ms)`);
+      } else if (event.phase === 'decode') {
+        run.tokens.push(event.token);
+        run.stepMs.push(event.ms);
+        run.attentionMs.push(event.attentionMs);
+        chunkSteps++;
+        chunkMs += event.ms;
+      }
+      const now = performance.now();
+      if (event.phase === 'decode' ? chunkSteps >= GEN_CHUNK_STEPS || now - chunkStart >= GEN_CHUNK_MS || run.tokens.length === tokens
+        : now - chunkStart >= GEN_CHUNK_MS) {
+        if (chunkSteps > 0) {
+          updateRates(run);
+          run.chart.push([run.tokens.length, chunkSteps / (chunkMs / 1000)]);
+          setProgress(0.1 + 0.9 * (run.tokens.length / tokens), `decoding, token ${run.tokens.length} of ${tokens} ` +
+            `(attending to ${run.length} positions)`);
+        }
+        renderGenerationRow(run);
+        renderGenerationChart();
+        demo.generation.updates++;
+        await new Promise((resolve) => setTimeout(resolve));  // let the page paint and respond
+        chunkStart = performance.now();
+        chunkSteps = 0;
+        chunkMs = 0;
+        if (genStop) {
+          run.stopped = true;
+          break;
+        }
+      }
+    }
+    run.length = decoder.length;
+    run.lastAttention = decoder.lastAttention;
+    run.done = !run.stopped;
+    if (run.stepMs.length) updateRates(run);
+    renderGenerationRow(run);
+    renderGenerationChart();
+    return run;
+  } finally {
+    decoder.dispose();  // frees the wasm memory; the numbers stay on the page
+  }
+}
+
+async function startGeneration() {
+  if (demo.generation?.running) {
+    genStop = true;
+    gn.start.textContent = 'Stopping…';
+    return;
+  }
+  const params = {
+    context: intValue(gn.context, TOY.promptLength, 8192),
+    tokens: intValue(gn.tokens, 1, 2048),
+    seed: intValue(gn.seed, 0, 4294967295),
+    dtype: GEN_DTYPES.includes(gn.dtype.value) ? gn.dtype.value : 'both',
+  };
+  const dtypes = params.dtype === 'both' ? GEN_DTYPES : [params.dtype];
+  genStop = false;
+  demo.generation = { running: true, params, runs: {}, updates: 0, threads: attn.threads };
+  for (const el of [gn.context, gn.dtype, gn.tokens, gn.seed]) el.disabled = true;
+  gn.start.textContent = 'Stop';
+  for (const d of GEN_DTYPES) {
+    for (const what of ['bytes', 'length', 'tps', 'attn-tps', 'ms', 'share', 'tokens']) {
+      byTestId(`gn-${d}-${what}`).textContent = dtypes.includes(d) ? '…' : (what === 'tokens' ? 'not run' : '–');
+    }
+  }
+  byTestId('gn-summary').textContent = '';
+  gn.progress.value = 0;
+  renderGenerationChart();
+  try {
+    if (genWeights?.seed !== params.seed) {
+      gn.phase.textContent = 'making the random weights…';
+      await new Promise((resolve) => setTimeout(resolve));
+      genWeights = toyWeights(params.seed);
+    }
+    byTestId('gn-prompt').textContent = promptTokens(params.seed).join(' ');
+    for (const [k, d] of dtypes.entries()) {
+      const run = await runGeneration(d, params, k / dtypes.length, 1 / dtypes.length);
+      if (run.stopped) break;
+    }
+    const runs = demo.generation.runs;
+    const finished = dtypes.filter((d) => runs[d]?.stepMs.length);
+    gn.progress.value = genStop ? gn.progress.value : 1;
+    gn.phase.textContent = genStop
+      ? 'stopped'
+      : `done: ${params.tokens} token${params.tokens > 1 ? 's' : ''} after a context of ${params.context} (${attn.threads} thread${attn.threads > 1 ? 's' : ''})`;
+    byTestId('gn-summary').textContent = generationSummary(runs, finished);
+  } catch (error) {
+    gn.phase.textContent = `failed: ${error.message}`;
+    demo.generation.error = String(error.message);
+  } finally {
+    demo.generation.running = false;
+    for (const el of [gn.context, gn.dtype, gn.tokens, gn.seed]) el.disabled = false;
+    gn.start.textContent = 'Start';
+    demo.version.generation++;
+  }
+}
+
+function generationSummary(runs, finished) {
+  if (finished.length < 2) {
+    const r = runs[finished[0]];
+    return r ? `${r.dtype}: ${r.tokensPerSecond.toFixed(1)} tokens/s, ${bytesText(r.byteLength)} of cache.` : '';
+  }
+  const [a, b] = [runs.float32, runs.float16];
+  const n = Math.min(a.tokens.length, b.tokens.length);
+  let same = 0;
+  while (same < n && a.tokens[same] === b.tokens[same]) same++;
+  const speed = b.tokensPerSecond / a.tokensPerSecond, attnSpeed = b.attentionTokensPerSecond / a.attentionTokensPerSecond;
+  return `float16 takes ${(b.byteLength / a.byteLength).toFixed(2)}× the memory of float32 and runs at ` +
+    `${speed.toFixed(2)}× its tokens/s (attention alone: ${attnSpeed.toFixed(2)}×). ` +
+    (same === n ? `Both generated the same ${n} tokens.` : `Their tokens agree up to token ${same}, where float16's rounding tipped the sampling.`);
+}
+
+gn.start.addEventListener('click', startGeneration);
+
 // ── start ─────────────────────────────────────────────────────────────────────────────────
 computeHeatmap();
 computeLesson();
@@ -503,7 +702,7 @@ computeMasking();
 let resizeTimer = 0;
 window.addEventListener('resize', () => {
   clearTimeout(resizeTimer);
-  resizeTimer = setTimeout(() => { renderHeatmap(); renderLesson(); renderMasking(); }, 100);
+  resizeTimer = setTimeout(() => { renderHeatmap(); renderLesson(); renderMasking(); if (demo.generation) renderGenerationChart(); }, 100);
 });
 
 const status = byTestId('status');

@@ -1,9 +1,10 @@
 // The demo page (web/) in Chromium: drives the controls, checks that every number shown is
-// what Node computes with the same seed (web/seeded.mjs is imported here and by the page),
+// what Node computes with the same seed (web/seeded.mjs and web/decoder.mjs are imported here and by the page),
 // checks the lessons the panels teach, the threads/SIMD report with and without cross-origin
 // isolation, a narrow window, and saves a screenshot of each panel to test-results/screenshots/.
 import { test, expect } from '@playwright/test';
 import { formatValue, randomQKV, textQKV, tokenize } from '../../web/seeded.mjs';
+import { generation, promptTokens, TOY, ToyDecoder, toyWeights } from '../../web/decoder.mjs';
 import {
   ISOLATED, PLAIN, bitDifferences, nodePackage, openDemo, recompute, screenshotPath,
 } from './helpers.mjs';
@@ -345,6 +346,101 @@ test('benchmark: progress bar, ms and GFLOP/s, threads and SIMD, plain-JS compar
   await expect(page.getByTestId('bn-simd')).toHaveText('128-bit');
   await expect(page.getByTestId('bn-summary')).toContainText('faster than plain JavaScript');
   await page.getByTestId('panel-bench').screenshot({ path: screenshotPath('06-benchmark.png') });
+  expect(errors).toEqual([]);
+});
+
+/** The generation panel's state, with the Float32Arrays as plain arrays. */
+const readGeneration = (page) => page.evaluate(() => {
+  const g = window.__demo.generation;
+  const runs = Object.fromEntries(Object.entries(g.runs).map(([d, r]) => [d, { ...r, lastAttention: r.lastAttention && Array.from(r.lastAttention) }]));
+  return { ...g, runs };
+});
+
+test('generation: KV-cache decoding in float32 and float16, tokens/s and cache bytes shown, tokens equal Node', async ({ page }) => {
+  const errors = await openDemo(page);
+  const [context, tokens, seed] = [512, 20, 1];
+  await page.getByTestId('gn-context').selectOption(String(context));
+  await page.getByTestId('gn-dtype').selectOption('both');
+  await page.getByTestId('gn-tokens').fill(String(tokens));
+  await recompute(page, 'generation', () => page.getByTestId('gn-start').click());
+  const g = await readGeneration(page);
+  expect(g.error).toBeUndefined();
+  expect(g.running).toBe(false);
+  expect(g.params).toEqual({ context, tokens, seed, dtype: 'both' });
+  // The numbers were updated live, at least once per 8 decode steps of each run.
+  expect(g.updates).toBeGreaterThanOrEqual(2 * Math.ceil(tokens / 8));
+  await expect(page.getByTestId('gn-phase')).toHaveText(new RegExp(`^done: ${tokens} tokens after a context of ${context}`));
+  await expect(page.getByTestId('gn-progress')).toHaveJSProperty('value', 1);
+  await expect(page.getByTestId('gn-prompt')).toHaveText(promptTokens(seed).join(' '));
+
+  const weights = toyWeights(seed);
+  const maxLength = context + tokens;
+  for (const dtype of ['float32', 'float16']) {
+    const r = g.runs[dtype];
+    expect(r).toMatchObject({ dtype, context, maxLength, length: context + tokens, done: true, stopped: false });
+    // B · Hkv · maxLength · (E + Ev) · bytes per element, for each of the layers' caches.
+    const bytes = TOY.layers * 1 * TOY.kvHeads * maxLength * (TOY.headDim + TOY.headDim) * (dtype === 'float16' ? 2 : 4);
+    expect(r.byteLength).toBe(bytes);
+    expect(r.tokens).toHaveLength(tokens);
+    expect(r.stepMs).toHaveLength(tokens);
+    expect(Number.isFinite(r.tokensPerSecond) && r.tokensPerSecond > 0).toBe(true);
+    expect(r.attentionTokensPerSecond).toBeGreaterThan(r.tokensPerSecond);  // a part of each step
+    expect(r.tokensPerSecond).toBeCloseTo(tokens / (r.stepMs.reduce((a, b) => a + b, 0) / 1000), 6);
+    expect(r.chart.at(-1)[0]).toBe(tokens);
+
+    // What the table shows.
+    expect(await page.getByTestId(`gn-${dtype}-bytes`).evaluate((td) => td.firstChild.textContent))
+      .toBe(`${bytes.toLocaleString('en-US')} bytes`);
+    await expect(page.getByTestId(`gn-${dtype}-length`)).toHaveText(`${context + tokens} / ${maxLength}`);
+    await expect(page.getByTestId(`gn-${dtype}-tps`)).toHaveText(r.tokensPerSecond.toFixed(1));
+    await expect(page.getByTestId(`gn-${dtype}-attn-tps`)).toHaveText(r.attentionTokensPerSecond.toFixed(1));
+    await expect(page.getByTestId(`gn-${dtype}-ms`)).toHaveText(r.msPerToken.toFixed(2));
+
+    // The same run in Node (one thread; the page has more when isolated): the same tokens, and
+    // the last step's attention output bit for bit.
+    const decoder = new ToyDecoder(attn, weights, { dtype, maxLength });
+    const nodeTokens = [];
+    for (const event of generation(decoder, { context, tokens, seed })) if (event.phase === 'decode') nodeTokens.push(event.token);
+    expect(decoder.byteLength).toBe(bytes);
+    expect(decoder.length).toBe(context + tokens);
+    expect(r.tokens).toEqual(nodeTokens);
+    expect(bitDifferences(r.lastAttention, Array.from(decoder.lastAttention))).toEqual([]);
+    decoder.dispose();
+    await expect(page.getByTestId(`gn-${dtype}-tokens`)).toHaveText(nodeTokens.join(' '));
+  }
+  await expect(page.getByTestId('gn-summary')).toContainText('float16 takes 0.50× the memory of float32');
+  await expect(page.getByTestId('gn-chart')).toBeVisible();
+  await page.getByTestId('panel-generation').screenshot({ path: screenshotPath('09-generation-kv-cache.png') });
+  expect(errors).toEqual([]);
+});
+
+test('generation: a long run leaves the page responsive and can be stopped', async ({ page }) => {
+  const errors = await openDemo(page);
+  await page.getByTestId('gn-context').selectOption('4096');
+  await page.getByTestId('gn-dtype').selectOption('float16');
+  await page.getByTestId('gn-tokens').fill('2048');
+  const before = await page.evaluate(() => window.__demo.version.generation);
+  await page.getByTestId('gn-start').click();
+  await expect(page.getByTestId('gn-start')).toHaveText('Stop');
+  await expect(page.getByTestId('gn-context')).toBeDisabled();
+  // The page answers while decoding, and the shown numbers move.
+  await page.waitForFunction(() => window.__demo.generation.runs.float16?.tokens.length >= 8);
+  const first = await page.getByTestId('gn-float16-length').textContent();
+  await page.waitForFunction(() => window.__demo.generation.runs.float16.tokens.length >= 24);
+  expect(await page.getByTestId('gn-float16-length').textContent()).not.toBe(first);
+  await page.getByTestId('gn-start').click();
+  await page.waitForFunction((v) => window.__demo.version.generation > v, before);
+  const g = await readGeneration(page);
+  const r = g.runs.float16;
+  expect(r.stopped).toBe(true);
+  expect(r.tokens.length).toBeGreaterThanOrEqual(24);
+  expect(r.tokens.length).toBeLessThan(2048);
+  expect(r.length).toBe(4096 + r.tokens.length);
+  expect(g.runs.float32).toBeUndefined();
+  await expect(page.getByTestId('gn-phase')).toHaveText('stopped');
+  await expect(page.getByTestId('gn-start')).toHaveText('Start');
+  await expect(page.getByTestId('gn-context')).toBeEnabled();
+  await expect(page.getByTestId('gn-float32-tokens')).toHaveText('not run');
   expect(errors).toEqual([]);
 });
 

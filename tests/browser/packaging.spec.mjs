@@ -1,6 +1,6 @@
 // The package as users get it: `npm pack`, then the examples install the tarball into
 // temporary copies outside the repository (so nothing resolves to the source tree):
-//   examples/node/        the quickstart script, run with Node;
+//   examples/node/        the quickstart and generate scripts, run with Node;
 //   examples/vite/        a Vite app: `vite build`, then the built site in Chromium;
 //   examples/plain-html/  a static page with an import map, in Chromium.
 import { test, expect } from '@playwright/test';
@@ -95,7 +95,7 @@ test('npm pack: the tarball holds the built JS, types, wasm, README and LICENSE 
   expect(packInfo.size).toBeLessThan(1 << 20);
 });
 
-test('Node: examples/node/quickstart.mjs runs from the installed tarball', async () => {
+test('Node: examples/node/quickstart.mjs and generate.mjs run from the installed tarball', async () => {
   const app = join(work, 'node-app');
   await cp(join(ROOT, 'examples', 'node'), app, { recursive: true });
   await writeFile(join(app, 'package.json'), JSON.stringify({ name: 'sdpa-wasm-example-node', private: true, type: 'module' }, null, 2));
@@ -113,6 +113,17 @@ test('Node: examples/node/quickstart.mjs runs from the installed tarball', async
   const numbers = (s) => s.trim().split('\n').filter((l) => !/GFLOP\/s/.test(l));
   expect(numbers(fromTarball.stdout)).toEqual(numbers(fromRepo.stdout));
   console.log(`Node example from the tarball:\n  ${lines.join('\n  ')}`);
+
+  // generate.mjs: token-by-token decoding with the KV cache, the same tokens as from the source tree.
+  const args = ['--context', '300', '--tokens', '6', '--dtype', 'float16'];
+  const gen = await run(process.execPath, ['generate.mjs', ...args], { cwd: app, timeout: 60_000 });
+  const genRepo = await run(process.execPath, ['examples/node/generate.mjs', ...args], { cwd: ROOT, timeout: 60_000 });
+  const line = (out, start) => out.split('\n').find((l) => l.startsWith(start));
+  expect(line(gen.stdout, 'generated:').trim().split(/\s+/)).toHaveLength(1 + 6);
+  expect(line(gen.stdout, 'generated:')).toBe(line(genRepo.stdout, 'generated:'));
+  expect(line(gen.stdout, 'tokens/s:')).toMatch(/^tokens\/s: \d+\.\d for the whole step/);
+  // 2 layers, each [1, 2, 306, 64] keys + values in float16.
+  expect(line(gen.stdout, 'cache:')).toContain(`length 306 of maxLength 306, 2 × ${2 * 306 * 128 * 2} bytes`);
 });
 
 test('Vite: examples/vite builds with vite build, emits the .wasm as an asset, and runs in Chromium', async ({ page }) => {
