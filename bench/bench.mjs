@@ -1,4 +1,4 @@
-// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...]
+// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode]
 //
 // Single-threaded forward attention, in one process, side by side:
 //   sdpa-wasm (this package), onnxruntime-web (wasm EP, 1 thread, best of three ONNX graphs),
@@ -17,11 +17,16 @@
 // timed in the same rounds as the others, and reported as speed-ups over their one-thread
 // runs and as sdpa-wasm-2t ÷ onnxruntime-web-2t, with the CPU time ÷ wall time of their runs
 // (≈ 2 when both threads work) and the cores this shared machine left free around them.
+// Then the decode section (decode.mjs, also runnable alone; --no-decode skips it): the KV cache's
+// attend() per step against a plain wasm read of the same bytes, sdpa() with copies and
+// onnxruntime-web, float32/float16 caches, 1 and 2 threads; under `decode` in the JSON.
 // Output: tables on stdout and JSON (bench/results/latest.json, or --json PATH).
 import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { runDecode } from './decode.mjs';
+import { describeHostCpu, hostCpu } from './host.mjs';
 import { openCoreProbe, openLimits } from './limits.mjs';
 import { createRemotePeer } from './peers/remote.mjs';
 import { compare, makeInputs, referenceRows } from './reference.mjs';
@@ -33,6 +38,7 @@ const quick = argv.includes('--quick');
 const jsonPath = arg('--json') ? resolve(arg('--json')) : fileURLToPath(new URL('./results/latest.json', import.meta.url));
 const shapeFilter = arg('--shapes')?.split(',');
 const peerFilter = arg('--peers')?.split(',');
+const withDecode = !argv.includes('--no-decode');
 
 const settings = quick
   ? { warmSeconds: 0.2, minRuns: 5, minSeconds: 0.2, maxRunSeconds: 3, budgetSeconds: 8 }
@@ -79,6 +85,7 @@ console.log(`attention forward, 1 thread: sdpa-wasm vs onnxruntime-web vs tfjs-w
   (twoThreadShapes.length ? `; 2 threads: sdpa-wasm vs onnxruntime-web on ${twoThreadShapes.map((s) => `(${s.id})`).join(', ')}` : ''));
 console.log(`${cpuModel}, ${os.cpus().length} vCPUs (available parallelism ${os.availableParallelism()}), load average ${fmtLoad(os.loadavg())}, ` +
   `Node ${process.versions.node}, V8 ${process.versions.v8}`);
+console.log(`host: ${describeHostCpu()}`);
 const loadBefore = os.loadavg();
 
 const limitsProbe = await openLimits();
@@ -582,6 +589,17 @@ console.log(`load average before ${fmtLoad(loadBefore)}, after ${fmtLoad(loadAft
 
 for (const peer of peers) { try { await peer.dispose?.(); } catch { /* ignore */ } }
 
+// The decode section, after the shapes (its own instances, caches and onnxruntime-web sessions).
+let decode = null;
+if (withDecode) {
+  try {
+    decode = await runDecode({ quick });
+  } catch (e) {
+    decode = { failed: errText(e) };
+    console.log(`decode section FAILED: ${decode.failed}`);
+  }
+}
+
 // `rows` keeps the earlier format (sdpa-wasm only) for anything that reads it.
 const rows = results.filter((e) => e.peers['sdpa-wasm']?.status === 'ok').map((e) => {
   const p = e.peers['sdpa-wasm'];
@@ -590,13 +608,13 @@ const rows = results.filter((e) => e.peers['sdpa-wasm']?.status === 'ok').map((e
 mkdirSync(dirname(jsonPath), { recursive: true });
 writeFileSync(jsonPath, JSON.stringify({
   date: new Date().toISOString(), node: process.versions.node, v8: process.versions.v8,
-  cpu: cpuModel, vcpus: os.cpus().length, availableParallelism: os.availableParallelism(),
+  cpu: cpuModel, host: hostCpu(), vcpus: os.cpus().length, availableParallelism: os.availableParallelism(),
   loadavgBefore: loadBefore, loadavgAfter: loadAfter, usableCoresStart: coresStart, usableCoresEnd: coresEnd,
   // `threads` is that of the main comparison (and of `rows`); the two-thread peers are listed
   // with their threads in `peers`, and each two-thread shape has a `twoThreads` summary.
   threads: 1, oneThreadTargets, twoThreadShapes: twoThreadResults.map((e) => e.id), twoThreadTargets: TWO_THREAD_TARGETS,
   quick, settings, totalSeconds, limits,
   peers: peers.map((p) => ({ name: p.name, version: p.version, threads: p.threads, config: p.config, build: p.build, remote: p.remote, failed: p.failed })),
-  shapes: results, rows,
+  shapes: results, rows, decode,
 }, (k, v) => (typeof v === 'number' && !Number.isFinite(v) ? String(v) : v), 2));
 console.log(`results: ${jsonPath}`);

@@ -38,6 +38,8 @@ const v128load = (offset) => simd(0x00, 4, ...u32(offset));   // align 2^4
 const v128store = (offset) => simd(0x0b, 4, ...u32(offset));
 const f32x4splat = simd(0x13), f32x4extract0 = simd(0x1f, 0), f32x4add = simd(0xe4), f32x4mul = simd(0xe6);
 const memoryCopy = [0xfc, ...u32(10), 0, 0];
+/** The binary writer's pieces, for other hand-assembled modules (read-probe.mjs). */
+export const wasmAsm = { u32, s32, vec, section, str, I32, F32, V128, op, simd, v128load };
 
 const CHAINS = 12;
 

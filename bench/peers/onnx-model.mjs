@@ -52,9 +52,12 @@ export function node(opType, inputs, outputs, attrs = {}, domain = '') {
   return bytes;
 }
 
-/** ValueInfoProto (name 1, type 2) → TypeProto.tensor_type 1 → elem_type 1, shape 2 → dim 1 → dim_value 1. */
+/**
+ * ValueInfoProto (name 1, type 2) → TypeProto.tensor_type 1 → elem_type 1, shape 2 → dim 1 →
+ * dim_value 1 (a number) or dim_param 2 (a string: a symbolic dimension, left to the runtime).
+ */
 export function tensorInfo(name, dims, elemType = DataType.FLOAT) {
-  const shape = dims.flatMap((d) => fBytes(1, fInt(1, d)));
+  const shape = dims.flatMap((d) => fBytes(1, typeof d === 'string' ? fStr(2, d) : fInt(1, d)));
   const tensorType = [...fInt(1, elemType), ...fBytes(2, shape)];
   return [...fStr(1, name), ...fBytes(2, fBytes(1, tensorType))];
 }
