@@ -92,6 +92,7 @@ export function describeProblem(p: Plan): ProblemDesc {
     maskStrideB: p.mask?.strides[0] ?? 0, maskStrideH: p.mask?.strides[1] ?? 0,
     maskStrideQ: p.mask?.strides[2] ?? 0, maskStrideK: p.mask?.strides[3] ?? 0,
     scale: p.scale, softcap: p.softcap, causal: p.causal, causalOffset: p.causalOffset,
+    readKvInOrder: false,
   };
 }
 
@@ -193,6 +194,8 @@ export function runResident(module: SdpaModule, threads: number, p: Plan, q: Flo
     desc.key = kv.key;
     desc.value = kv.value;
     desc.kvType = kv.kvType;
+    // Read once per step from main memory, not from a copy still in the core's cache.
+    desc.readKvInOrder = true;
     return runWhole(module, threads, memory, p, desc, q, () => {});
   } finally {
     memory.free();

@@ -72,6 +72,14 @@ struct Problem {
   const int32_t* key_lengths = nullptr;
 
   float* weights = nullptr;  // optional [B, Hq, Lq, Lk] softmax probabilities
+
+  // A hint for the decode path (K/V read in place), which never changes the result's value
+  // beyond float rounding and never depends on the thread count: true when K/V come from main
+  // memory rather than the core's caches (a KV cache's storage, read once per step). Keys
+  // are then read one at a time in memory order, which the hardware prefetcher streams, and
+  // each V row is touched as its key is scored; false (K/V just copied in, still in cache):
+  // four keys at a time, fewer instructions per key.
+  bool read_kv_in_order = false;
 };
 
 enum class Status : int32_t {

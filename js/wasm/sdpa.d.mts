@@ -15,6 +15,8 @@ export interface ProblemDesc {
   oStrideB: number; oStrideH: number; oStrideL: number;
   maskKind: number; maskStrideB: number; maskStrideH: number; maskStrideQ: number; maskStrideK: number;
   scale: number; softcap: number; causal: boolean; causalOffset: number;
+  /** K/V come from main memory (a KV cache's storage): read them in memory order. */
+  readKvInOrder: boolean;
 }
 
 export interface SdpaModule {

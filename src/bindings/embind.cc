@@ -24,6 +24,7 @@ struct ProblemDesc {
   float scale, softcap;
   bool causal;
   int32_t causalOffset;
+  bool readKvInOrder;  // sdpa::Problem::read_kv_in_order: K/V resident in wasm memory (a KV cache)
 };
 
 template <typename T>
@@ -60,6 +61,7 @@ sdpa::Problem to_problem(const ProblemDesc& d) {
   p.causal_offset = d.causalOffset;
   p.causal_offsets = at<const int32_t>(d.causalOffsets);
   p.key_lengths = at<const int32_t>(d.keyLengths);
+  p.read_kv_in_order = d.readKvInOrder;
   return p;
 }
 
@@ -188,7 +190,8 @@ EMSCRIPTEN_BINDINGS(sdpa_wasm) {
       .field("scale", &ProblemDesc::scale)
       .field("softcap", &ProblemDesc::softcap)
       .field("causal", &ProblemDesc::causal)
-      .field("causalOffset", &ProblemDesc::causalOffset);
+      .field("causalOffset", &ProblemDesc::causalOffset)
+      .field("readKvInOrder", &ProblemDesc::readKvInOrder);
   emscripten::function("scratchFloats", &scratch_floats);
   emscripten::function("forward", &forward);
   emscripten::function("readsKeysInPlace", &reads_keys_in_place);

@@ -25,9 +25,11 @@
 // [Lk/8][E][8], so two loads give 8 keys at one dim) or read in place (decode: one or two
 // row tiles read each key once, and a packing pass would double the memory traffic). V is
 // read in place, except for a zero-padded copy in prefill when Ev is not a multiple of 8 (or
-// V is float16). In place, decode reads K and V one key at a time in memory order
-// (score_keys, accumulate_pv_in_place): what it reads comes from main memory once, and only a
-// sequential stream keeps the hardware prefetcher ahead of it.
+// V is float16). In place, a decode whose K/V come from main memory (a KV cache's storage,
+// p.read_kv_in_order) scores one key at a time in memory order and touches each V row as its
+// key is scored (score_tile_in_place): only a sequential stream keeps the hardware prefetcher
+// ahead, and P·V then finds the tile in cache. K/V just copied in are still in cache: there
+// four keys at a time take fewer instructions (score_tile_4_keys).
 //
 // Blocked keys never reach the arithmetic as values: causal and key-length limits are loop
 // bounds (per row: keys j < limit[r]); K/V are packed only up to the furthest key any row
@@ -307,9 +309,108 @@ void score_tile(const float* q_cols, const float* packed_key_tile, int32_t head_
 // j < key_count at k (stride k_stride). Each row keeps kChains partial sums over dims (dims
 // [4c, 4c + 4) mod 4·kChains go to chain c), so that kRows·kChains >= 4 chains of adds are
 // in flight (one chain would wait on every add's latency); they are summed in a fixed order.
+// scores[r][c .. c+4) = q_r · k_{c+n} for kRows rows from q (row stride head_dim) and the
+// four K rows from k0 (row stride k_stride), both read in place. kRows·4 accumulators over
+// E in steps of 4 (each K load serves kRows rows), then one transpose-add per row.
+template <int kRows, typename Src>
+void score_4_keys(const Src& src, const float* q, const typename Src::Elem* k0, int64_t k_stride,
+                  int32_t head_dim, float* s) {
+  const int32_t e4 = head_dim & ~3;
+  const typename Src::Elem* k1 = k0 + k_stride;
+  const typename Src::Elem* k2 = k1 + k_stride;
+  const typename Src::Elem* k3 = k2 + k_stride;
+  v128_t a[kRows][4];
+  for (int r = 0; r < kRows; r++) a[r][0] = a[r][1] = a[r][2] = a[r][3] = wasm_f32x4_splat(0.0f);
+#pragma clang loop unroll(disable)
+  for (int32_t d = 0; d < e4; d += 4) {
+    const v128_t vk0 = src.load4(k0 + d), vk1 = src.load4(k1 + d);
+    const v128_t vk2 = src.load4(k2 + d), vk3 = src.load4(k3 + d);
+    for (int r = 0; r < kRows; r++) {
+      const v128_t vq = wasm_v128_load(q + r * head_dim + d);
+      a[r][0] = wasm_f32x4_add(a[r][0], wasm_f32x4_mul(vq, vk0));
+      a[r][1] = wasm_f32x4_add(a[r][1], wasm_f32x4_mul(vq, vk1));
+      a[r][2] = wasm_f32x4_add(a[r][2], wasm_f32x4_mul(vq, vk2));
+      a[r][3] = wasm_f32x4_add(a[r][3], wasm_f32x4_mul(vq, vk3));
+    }
+  }
+  for (int r = 0; r < kRows; r++) {
+    float* sr = s + r * kKeyTile;
+    wasm_v128_store(sr, reduce_4x4<false>(a[r][0], a[r][1], a[r][2], a[r][3]));
+    const float* qr = q + r * head_dim;
+    for (int32_t d = e4; d < head_dim; d++) {
+      sr[0] += qr[d] * src.scalar(k0[d]);
+      sr[1] += qr[d] * src.scalar(k1[d]);
+      sr[2] += qr[d] * src.scalar(k2[d]);
+      sr[3] += qr[d] * src.scalar(k3[d]);
+    }
+  }
+}
+
+// scores[r][c] = q_tile[r] · k_{c} for r < rows and c < key_count, K rows read in place
+// (row stride k_stride elements, E contiguous), from the core's cache (a segment just copied
+// in): four keys at a time, two rows at a time (score_4_keys): fewer instructions per key than
+// score_keys, but four rows read side by side, which main memory does not stream well.
+// Columns from key_count on are set to 0; they are blocked (key_count is where the rows' key
+// limits end).
+template <typename Src>
+void score_tile_4_keys(const Src& src, const float* q_tile, int32_t rows, const typename Src::Elem* key,
+                       int64_t k_stride, int32_t key_count, int32_t head_dim, float* scores) {
+  const int32_t e4 = head_dim & ~3;
+  int32_t c = 0;
+  for (; c + 4 <= key_count; c += 4) {
+    const typename Src::Elem* k0 = key + c * k_stride;
+    int32_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+      score_4_keys<2>(src, q_tile + r * head_dim, k0, k_stride, head_dim, scores + r * kKeyTile + c);
+    }
+    if (r < rows) score_4_keys<1>(src, q_tile + r * head_dim, k0, k_stride, head_dim, scores + r * kKeyTile + c);
+  }
+  for (int32_t r = 0; r < rows; r++) {
+    const float* q = q_tile + r * head_dim;
+    float* s = scores + r * kKeyTile;
+    for (int32_t cc = c; cc < key_count; cc++) {
+      const typename Src::Elem* k = key + cc * k_stride;
+      v128_t a = wasm_f32x4_splat(0.0f);
+      for (int32_t d = 0; d < e4; d += 4) {
+        a = wasm_f32x4_add(a, wasm_f32x4_mul(wasm_v128_load(q + d), src.load4(k + d)));
+      }
+      float dot = hsum(a);
+      for (int32_t d = e4; d < head_dim; d++) dot += q[d] * src.scalar(k[d]);
+      s[cc] = dot;
+    }
+    for (int32_t cc = key_count; cc < kKeyTile; cc++) s[cc] = 0.0f;
+  }
+}
+
+// A row of V to bring into the cache while keys are scored (see score_keys).
+template <typename Elem>
+struct RowPrefetch {
+  const Elem* row;  // V row of the first key
+  int64_t stride;   // elements between V rows
+  int32_t elems;    // elements per V row
+};
+
+// Reads one element of every 64-byte line of V row j (no more than the row: never past the
+// end of the tensor) and folds the bits into *sink, which the caller stores: loads whose
+// value is used, so they are kept, but nothing waits for them.
+template <typename Elem>
+inline uint32_t touch_row(const RowPrefetch<Elem>& v, int32_t j) {
+  constexpr int32_t kLineElems = 64 / sizeof(Elem);
+  const Elem* row = v.row + j * v.stride;
+  uint32_t bits = 0;
+  for (int32_t c = 0; c < v.elems; c += kLineElems) {
+    uint32_t x = 0;
+    std::memcpy(&x, row + c, sizeof(Elem));
+    bits ^= x;
+  }
+  return bits;
+}
+
 template <int kRows, int kChains, typename Src>
 void score_keys(const Src& src, const float* q, const typename Src::Elem* k, int64_t k_stride,
-                int32_t key_count, int32_t head_dim, float* scores) {
+                int32_t key_count, int32_t head_dim, float* scores,
+                const RowPrefetch<typename Src::Elem>& v_prefetch, uint32_t* sink) {
+  uint32_t touched = 0;
   using Elem = typename Src::Elem;
   constexpr int32_t kStep = 4 * kChains;
   const int32_t e4 = head_dim & ~3;
@@ -353,7 +454,11 @@ void score_keys(const Src& src, const float* q, const typename Src::Elem* k, int
       for (int32_t d = e4; d < head_dim; d++) dot += qr[d] * src.scalar(k[d]);
       scores[r * kKeyTile + j] = dot;
     }
+    // V row j is read from main memory here, its loads overlapping the next keys' arithmetic,
+    // so that P·V (column blocks over all the tile's keys, pv_block) finds the tile in cache.
+    touched ^= touch_row(v_prefetch, j);
   }
+  *sink ^= touched;
 }
 
 // scores[r][c] = q_tile[r] · k_{c} for r < rows and c < key_count, K rows read in place
@@ -361,12 +466,13 @@ void score_keys(const Src& src, const float* q, const typename Src::Elem* k, int
 // are blocked (key_count is where the rows' key limits end).
 template <typename Src>
 void score_tile_in_place(const Src& src, const float* q_tile, int32_t rows, const typename Src::Elem* key,
-                         int64_t k_stride, int32_t key_count, int32_t head_dim, float* scores) {
+                         int64_t k_stride, int32_t key_count, int32_t head_dim, float* scores,
+                         const RowPrefetch<typename Src::Elem>& v, uint32_t* sink) {
   switch (rows) {
-    case 1: score_keys<1, 4>(src, q_tile, key, k_stride, key_count, head_dim, scores); break;
-    case 2: score_keys<2, 2>(src, q_tile, key, k_stride, key_count, head_dim, scores); break;
-    case 3: score_keys<3, 2>(src, q_tile, key, k_stride, key_count, head_dim, scores); break;
-    default: score_keys<4, 1>(src, q_tile, key, k_stride, key_count, head_dim, scores); break;
+    case 1: score_keys<1, 4>(src, q_tile, key, k_stride, key_count, head_dim, scores, v, sink); break;
+    case 2: score_keys<2, 2>(src, q_tile, key, k_stride, key_count, head_dim, scores, v, sink); break;
+    case 3: score_keys<3, 2>(src, q_tile, key, k_stride, key_count, head_dim, scores, v, sink); break;
+    default: score_keys<4, 1>(src, q_tile, key, k_stride, key_count, head_dim, scores, v, sink); break;
   }
   for (int32_t r = 0; r < rows; r++) std::fill(scores + r * kKeyTile + key_count, scores + (r + 1) * kKeyTile, 0.0f);
 }
@@ -498,69 +604,6 @@ void accumulate_pv(const Src& src, const float* probs, const typename Src::Elem*
   kByRows[rows - 1](src, probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride);
 }
 
-// acc[r][0 .. c4) += p[r]·v[0 .. c4) for r < kRows (accumulator rows acc_stride apart).
-template <int kRows, typename Src>
-void add_key(const Src& src, const float* p, const typename Src::Elem* v, int32_t c4, float* acc,
-             int32_t acc_stride) {
-  v128_t vp[kRows];
-  for (int r = 0; r < kRows; r++) vp[r] = wasm_f32x4_splat(p[r]);
-  // Pointers stepped by hand (see pv_block).
-  float* o = acc;
-  float* const o_end = acc + c4;
-#pragma clang loop unroll(disable)
-  for (; o != o_end; o += 4, v += 4) {
-    const v128_t vv = src.load4(v);
-    for (int r = 0; r < kRows; r++) {
-      float* orow = o + r * acc_stride;
-      wasm_v128_store(orow, wasm_f32x4_add(wasm_v128_load(orow), wasm_f32x4_mul(vp[r], vv)));
-    }
-  }
-}
-
-// P·V with V read in place (decode), one key at a time in memory order (see score_keys):
-// acc[r][0 .. cols) = alpha[r]·acc[r][…] + Σ_{j < key_count} probs[r][j]·v_j for r < rows,
-// the accumulators in scratch (L1). Keys j < open_count are open for every row and are
-// multiplied unconditionally; from open_count on, a key whose probability is exactly 0 for a
-// row (blocked, or flushed by exp) is skipped for that row, not multiplied by 0, so NaN in a
-// blocked V row cannot leak.
-template <typename Src>
-void accumulate_pv_in_place(const Src& src, const float* probs, const typename Src::Elem* value, int64_t v_stride,
-                            int32_t cols, int32_t rows, int32_t open_count, int32_t key_count, v128_t alpha_v,
-                            float* acc, int32_t acc_stride) {
-  float alpha[kQueryTile];
-  wasm_v128_store(alpha, alpha_v);
-  const int32_t c4 = cols & ~3;
-  for (int32_t r = 0; r < rows; r++) {
-    float* o = acc + r * acc_stride;
-    const v128_t a = wasm_f32x4_splat(alpha[r]);
-    for (int32_t c = 0; c < c4; c += 4) wasm_v128_store(o + c, wasm_f32x4_mul(wasm_v128_load(o + c), a));
-    for (int32_t c = c4; c < cols; c++) o[c] *= alpha[r];
-  }
-  // Per key, every row using it at once: each V vector is loaded (and widened) once.
-  using AddKey = void (*)(const Src&, const float*, const typename Src::Elem*, int32_t, float*, int32_t);
-  static constexpr AddKey kAddKey[kQueryTile] = {add_key<1, Src>, add_key<2, Src>, add_key<3, Src>, add_key<4, Src>};
-  const typename Src::Elem* v = value;
-  for (int32_t j = 0; j < key_count; j++, v += v_stride) {
-    float p[kQueryTile];
-    int32_t used = 0;
-    for (int32_t r = 0; r < rows; r++) {
-      p[r] = probs[r * kKeyTile + j];
-      if (j < open_count || p[r] != 0.0f) used++;
-    }
-    if (used == rows) {
-      kAddKey[rows - 1](src, p, v, c4, acc, acc_stride);
-    } else {
-      for (int32_t r = 0; r < rows; r++) {
-        if (j < open_count || p[r] != 0.0f) kAddKey[0](src, &p[r], v, c4, acc + r * acc_stride, acc_stride);
-      }
-    }
-    for (int32_t r = 0; r < rows; r++) {
-      if (j >= open_count && p[r] == 0.0f) continue;
-      for (int32_t c = c4; c < cols; c++) acc[r * acc_stride + c] += p[r] * src.scalar(v[c]);
-    }
-  }
-}
-
 // (a[0][0], a[1][0], a[2][0], a[3][0]), …: rows of a become columns.
 void transpose4x4(v128_t& a0, v128_t& a1, v128_t& a2, v128_t& a3) {
   const v128_t lo01 = wasm_i32x4_shuffle(a0, a1, 0, 4, 1, 5), hi01 = wasm_i32x4_shuffle(a0, a1, 2, 6, 3, 7);
@@ -648,6 +691,7 @@ struct KeyValueSource {
   int64_t value_stride;       // in place: elements between consecutive keys
   int32_t value_cols;         // copy: Ev8; in place: Ev
   int32_t first_key;          // the key the in-place pointers start at: 0, or a streamed segment's first
+  bool in_memory_order;       // in place: p.read_kv_in_order (score_tile_in_place, else score_tile_4_keys)
   const Elem* key_row(int32_t j) const { return key + (j - first_key) * key_stride; }
   const Elem* value_row(int32_t j) const { return value + (j - first_key) * value_stride; }
 };
@@ -661,9 +705,14 @@ void score_tile_from(const KeyValueSource<Src>& kv, const float* q_tile, const f
   if (kv.packed_key != nullptr) {
     score_tile(q_cols, kv.packed_key + static_cast<size_t>(j0) * head_dim, head_dim,
                round_up(key_count, kKeyGroup), scores);
+  } else if (kv.in_memory_order) {
+    uint32_t sink = 0;
+    score_tile_in_place(kv.src, q_tile, rows, kv.key_row(j0), kv.key_stride, key_count, head_dim, scores,
+                        RowPrefetch<typename Src::Elem>{kv.value_row(j0), kv.value_stride, kv.value_cols}, &sink);
+    volatile uint32_t keep = sink;  // the touched values are "used": their loads stay
+    (void)keep;
   } else {
-    score_tile_in_place(kv.src, q_tile, rows, kv.key_row(j0), kv.key_stride, key_count,
-                        head_dim, scores);
+    score_tile_4_keys(kv.src, q_tile, rows, kv.key_row(j0), kv.key_stride, key_count, head_dim, scores);
   }
 }
 
@@ -675,8 +724,8 @@ void accumulate_pv_from(const KeyValueSource<Src>& kv, const float* probs, int32
     accumulate_pv(kF32Elements, probs, kv.packed_value + static_cast<size_t>(j0) * kv.value_cols, kv.value_cols,
                   kv.value_cols, rows, open_count, key_count, alpha, acc, acc_stride);
   } else {
-    accumulate_pv_in_place(kv.src, probs, kv.value_row(j0), kv.value_stride, kv.value_cols, rows, open_count,
-                           key_count, alpha, acc, acc_stride);
+    accumulate_pv(kv.src, probs, kv.value_row(j0), kv.value_stride, kv.value_cols, rows, open_count, key_count,
+                  alpha, acc, acc_stride);
   }
 }
 
@@ -848,7 +897,7 @@ void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
   const Elem* key = static_cast<const Elem*>(p.key) + w.b * p.k_stride_b + w.kv_head * p.k_stride_h;
   const Elem* value = static_cast<const Elem*>(p.value) + w.b * p.v_stride_b + w.kv_head * p.v_stride_h;
   KeyValueSource<Src> kv{src,   nullptr,      key,         p.k_stride_l, nullptr,
-                         value, p.v_stride_l, p.value_dim, w.stored_from};
+                         value, p.v_stride_l, p.value_dim, w.stored_from, p.read_kv_in_order};
   if (w.pack) {
     // Pack only the keys some row of this call may attend.
     int32_t packed_keys = 0;
