@@ -61,6 +61,19 @@ export function cacheBytes(s: KVCacheShape): { keys: number; values: number } {
   return { keys: rows * s.headDim, values: rows * s.valueDim };
 }
 
+/**
+ * Whether appended data can become an Inf or NaN half: a NaN float (finite overflow and ±Inf
+ * saturate to ±65504), or a raw half with exponent 31.
+ */
+function mayBeInfNaN(data: Float32Array | Uint16Array): boolean {
+  if (isUint16Array(data)) {
+    for (let i = 0; i < data.length; i++) if ((data[i] & 0x7c00) === 0x7c00) return true;
+  } else {
+    for (let i = 0; i < data.length; i++) if (data[i] !== data[i]) return true;
+  }
+  return false;
+}
+
 export class KVCache {
   readonly batch: number;
   readonly kvHeads: number;
@@ -75,6 +88,9 @@ export class KVCache {
   #keys = 0;
   #values = 0;
   #length = 0;
+  // Whether a float16 cache may hold an Inf or NaN half (exponent 31) among its positions:
+  // until then the kernel widens with the cheaper conversion (KvType kFloat16Finite).
+  #maybeInfNaN = false;
   readonly #onDispose: (cache: KVCache) => void;
 
   /** @internal Use attn.createKVCache(). */
@@ -160,6 +176,7 @@ export class KVCache {
     } finally {
       memory.free();
     }
+    if (halves && !this.#maybeInfNaN) this.#maybeInfNaN = mayBeInfNaN(k.data) || mayBeInfNaN(v.data);
     this.#length += k.L;
   }
 
@@ -217,8 +234,9 @@ export class KVCache {
       if (p.weightsDims !== null) result.weights = { data: new Float32Array(0), dims: p.weightsDims };
       return result;
     }
+    const kvType = this.dtype === 'float32' ? KV_TYPE.float32 : this.#maybeInfNaN ? KV_TYPE.float16 : KV_TYPE.float16Finite;
     return runResident(module, this.#threads, p, (query as { data: Float32Array }).data,
-      { key: this.#keys, value: this.#values, kvType: KV_TYPE[this.dtype] });
+      { key: this.#keys, value: this.#values, kvType });
   }
 
   #operands(): CacheOperands {
@@ -239,12 +257,14 @@ export class KVCache {
       throw new RangeError(`${fn}: n must be an integer in [0, length = ${this.#length}], got ${n}`);
     }
     this.#length = n;
+    if (n === 0) this.#maybeInfNaN = false;
   }
 
   /** Forgets every position (length 0); the storage stays allocated. */
   reset(): void {
     this.#live('KVCache.reset');
     this.#length = 0;
+    this.#maybeInfNaN = false;
   }
 
   /** Frees the storage; the cache then throws on use. Calling it twice is harmless. */

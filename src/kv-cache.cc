@@ -8,13 +8,13 @@
 namespace sdpa {
 namespace {
 
-bool known(KvType type) { return type == KvType::kFloat32 || type == KvType::kFloat16; }
+bool known(KvType type) { return type == KvType::kFloat32 || is_half(type); }
 
 // One row of `dim` elements.
 void copy_row(void* dst, KvType dst_type, const void* src, KvType src_type, int32_t dim) {
-  if (dst_type == src_type) {
-    std::memcpy(dst, src, static_cast<size_t>(dim) * (dst_type == KvType::kFloat16 ? 2 : 4));
-  } else if (dst_type == KvType::kFloat16) {
+  if (is_half(dst_type) == is_half(src_type)) {
+    std::memcpy(dst, src, static_cast<size_t>(dim) * (is_half(dst_type) ? 2 : 4));
+  } else if (is_half(dst_type)) {
     const float* from = static_cast<const float*>(src);
     uint16_t* to = static_cast<uint16_t*>(dst);
     for (int32_t d = 0; d < dim; d++) to[d] = f32_to_f16(from[d]);
@@ -25,7 +25,7 @@ void copy_row(void* dst, KvType dst_type, const void* src, KvType src_type, int3
   }
 }
 
-int64_t element_bytes(KvType type) { return type == KvType::kFloat16 ? 2 : 4; }
+int64_t element_bytes(KvType type) { return is_half(type) ? 2 : 4; }
 
 }  // namespace
 

@@ -42,7 +42,7 @@ Status validate(const Problem& p) {
   for (int64_t stride : strides) {
     if (stride < 0) return Status::kBadStride;
   }
-  if (p.kv_type != KvType::kFloat32 && p.kv_type != KvType::kFloat16) return Status::kBadKvType;
+  if (p.kv_type != KvType::kFloat32 && !is_half(p.kv_type)) return Status::kBadKvType;
   if (!std::isfinite(p.scale)) return Status::kBadScale;
   if (!(p.softcap >= 0.0f) || !std::isfinite(p.softcap)) return Status::kBadSoftcap;
   if (p.key_lengths != nullptr) {

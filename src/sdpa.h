@@ -34,7 +34,12 @@ namespace sdpa {
 
 enum class MaskKind : int32_t { kNone = 0, kFloat = 1, kBool = 2 };
 // The element type of key and value (query, output, weights and float masks are float32).
-enum class KvType : int32_t { kFloat32 = 0, kFloat16 = 1 };
+// kFloat16Finite: IEEE halves known to hold no exponent-31 pattern (no Inf, no NaN), which the
+// kernel widens with half the instructions (a KV cache knows what it stored; the results are
+// the same bits as kFloat16 on such data).
+enum class KvType : int32_t { kFloat32 = 0, kFloat16 = 1, kFloat16Finite = 2 };
+
+inline bool is_half(KvType type) { return type == KvType::kFloat16 || type == KvType::kFloat16Finite; }
 
 // One attention problem. Pointers are not owned. Inputs are never written.
 struct Problem {
@@ -49,7 +54,7 @@ struct Problem {
   const float* query = nullptr;
   int64_t q_stride_b = 0, q_stride_h = 0, q_stride_l = 0;
   KvType kv_type = KvType::kFloat32;
-  const void* key = nullptr;  // float (kFloat32) or uint16_t halves (kFloat16)
+  const void* key = nullptr;  // float (kFloat32) or uint16_t halves (kFloat16, kFloat16Finite)
   int64_t k_stride_b = 0, k_stride_h = 0, k_stride_l = 0;
   const void* value = nullptr;  // like key
   int64_t v_stride_b = 0, v_stride_h = 0, v_stride_l = 0;

@@ -69,6 +69,13 @@ struct F16Elements {
   v128_t load4(const uint16_t* p) const { return f16x4_load_as_f32(p, c); }
   float scalar(uint16_t h) const { return f16_to_f32(h); }
 };
+// Halves without Inf/NaN patterns (KvType::kFloat16Finite): 4 instructions per 4 halves, not 8.
+struct F16FiniteElements {
+  using Elem = uint16_t;
+  F16Constants c = make_f16_constants();
+  v128_t load4(const uint16_t* p) const { return f16x4_load_finite_as_f32(p, c); }
+  float scalar(uint16_t h) const { return f16_to_f32(h); }
+};
 
 int32_t value_cols_padded(const Problem& p) { return round_up(p.value_dim, kValueBlock); }
 
@@ -76,7 +83,7 @@ int32_t value_cols_padded(const Problem& p) { return round_up(p.value_dim, kValu
 // (prefill reads each V row once per row tile: widening it once is cheaper); otherwise P·V
 // reads it in place, as it is (rows of Ev floats at any stride).
 bool packs_value(const Problem& p, bool packs) {
-  return packs && (p.value_dim % kValueBlock != 0 || p.kv_type == KvType::kFloat16);
+  return packs && (p.value_dim % kValueBlock != 0 || is_half(p.kv_type));
 }
 
 // Scratch layout, in floats, for one call; every part starts 16-byte aligned.
@@ -933,7 +940,9 @@ void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
 }  // namespace
 
 void sdpa_f32_fwd_ukernel_4x128__wasmsimd(const Problem& p, const KernelWork& w, float* scratch) {
-  if (p.kv_type == KvType::kFloat16) {
+  if (p.kv_type == KvType::kFloat16Finite) {
+    run_work<F16FiniteElements>(p, w, scratch);
+  } else if (p.kv_type == KvType::kFloat16) {
     run_work<F16Elements>(p, w, scratch);
   } else {
     run_work<F32Elements>(p, w, scratch);

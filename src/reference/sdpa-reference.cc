@@ -20,7 +20,7 @@ double half_value(uint16_t h) {
 
 // Element `at` of a key or value tensor of the problem's kv_type.
 double kv_element(const Problem& p, const void* base, int64_t at) {
-  if (p.kv_type == KvType::kFloat16) return half_value(static_cast<const uint16_t*>(base)[at]);
+  if (is_half(p.kv_type)) return half_value(static_cast<const uint16_t*>(base)[at]);
   return static_cast<const float*>(base)[at];
 }
 

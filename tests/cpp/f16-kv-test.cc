@@ -134,6 +134,26 @@ TEST(F16Widening, SimdEqualsScalarForEveryPatternInEveryLaneAndAtUnalignedAddres
   }
 }
 
+TEST(F16Widening, FiniteWideningEqualsScalarForEveryPatternButInfAndNaN) {
+  // f16x4_load_finite_as_f32 (the kernel's kFloat16Finite path) skips the e = 31 fix-up: it
+  // must equal the exact widening on every other pattern, in every lane.
+  std::vector<uint16_t> finite;
+  for (uint32_t i = 0; i < 65536; i++) {
+    if ((i & 0x7C00) != 0x7C00) finite.push_back(static_cast<uint16_t>(i));
+  }
+  ASSERT_EQ(finite.size(), 65536u - 2048u);
+  const F16Constants c = make_f16_constants();
+  for (uint32_t phase = 0; phase < 4; phase++) {
+    for (size_t i = phase; i + 4 <= finite.size(); i += 4) {
+      alignas(16) float out[4];
+      wasm_v128_store(out, f16x4_load_finite_as_f32(finite.data() + i, c));
+      for (uint32_t lane = 0; lane < 4; lane++) {
+        ASSERT_EQ(bits_of(out[lane]), expected_widened_bits(finite[i + lane])) << std::hex << "half 0x" << finite[i + lane];
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // 1b. Narrowing: f32_to_f16 against a nearest-half search.
 // ---------------------------------------------------------------------------------------
@@ -575,10 +595,33 @@ TEST(F16Kernel, EqualsTheFloat32KernelOnTheWidenedHalvesBitwise) {
   }
 }
 
+TEST(F16Kernel, FiniteHalvesGiveTheSameBitsAsTheExactWidening) {
+  // kFloat16Finite promises no Inf/NaN among the halves the problem reads (the harness's
+  // NaN/-Inf halves sit only in positions no row may attend, never read): decode and prefill,
+  // with padding, masks and weights, bitwise equal to kFloat16.
+  F16Case cases[3];
+  cases[0].B = 2, cases[0].Hq = 8, cases[0].Hkv = 2, cases[0].Lq = 1, cases[0].Lk = 1100;
+  cases[0].E = 128, cases[0].Ev = 67, cases[0].key_lengths = {1100, 513}, cases[0].weights = false;
+  cases[1] = cases[0], cases[1].weights = true, cases[1].float_mask = true, cases[1].causal = true, cases[1].offsets = {1099};
+  cases[2].B = 1, cases[2].Hq = 4, cases[2].Hkv = 2, cases[2].Lq = 37, cases[2].Lk = 300, cases[2].E = 64;
+  cases[2].Ev = 64, cases[2].causal = true, cases[2].offsets = {263}, cases[2].softcap = 3.0f;
+  uint32_t seed = 500;
+  for (F16Case& c : cases) {
+    c.seed = seed++;
+    F16Harness exact(c), finite(c);
+    finite.p.kv_type = KvType::kFloat16Finite;
+    ASSERT_EQ(exact.run(), Status::kOk);
+    ASSERT_EQ(finite.run(), Status::kOk);
+    EXPECT_TRUE(same_bits(finite.out, exact.out)) << c.describe();
+    EXPECT_TRUE(same_bits(finite.weights, exact.weights)) << c.describe();
+    finite.expect_matches_reference();
+  }
+}
+
 TEST(F16Kernel, ValidateRejectsAnUnknownKvType) {
   F16Case c;
   F16Harness h(c);
-  h.p.kv_type = static_cast<KvType>(2);
+  h.p.kv_type = static_cast<KvType>(3);
   EXPECT_EQ(h.run(), Status::kBadKvType);
   EXPECT_TRUE(std::isnan(h.out[0]));  // nothing written
 }
@@ -727,7 +770,7 @@ TEST(CopyRows, ErrorsWriteNothing) {
   EXPECT_TRUE(untouched());
 
   RowBlock bad_dst = dst, bad_src = from;
-  bad_dst.type = static_cast<KvType>(2), bad_src.type = static_cast<KvType>(-1);
+  bad_dst.type = static_cast<KvType>(3), bad_src.type = static_cast<KvType>(-1);
   EXPECT_EQ(copy_rows(bad_dst, from, a.B, a.H, a.L, a.D), Status::kBadKvType);
   EXPECT_EQ(copy_rows(dst, bad_src, a.B, a.H, a.L, a.D), Status::kBadKvType);
   EXPECT_TRUE(untouched());

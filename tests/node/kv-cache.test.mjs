@@ -359,6 +359,26 @@ describe('float16 cache', () => {
     }
   });
 
+  test('raw Inf halves are widened to Inf (the cache then takes the exact widening)', () => {
+    const E = 4;
+    const k = { data: new Uint16Array(2 * E).fill(0x3c00), dims: [1, 1, 2, E] };       // 1.0
+    const v = { data: Uint16Array.from([0x3c00, 0x3c00, 0x3c00, 0x3c00, 0x7c00, 0xfc00, 0x4000, 0x0000]), dims: [1, 1, 2, E] };
+    const query = { data: new Float32Array(E).fill(0.5), dims: [1, 1, 1, E] };
+    const cache = attn.createKVCache({ batch: 1, kvHeads: 1, headDim: E, maxLength: 4, dtype: 'float16' });
+    try {
+      cache.append({ data: k.data.subarray(0, E), dims: [1, 1, 1, E] }, { data: v.data.subarray(0, E), dims: [1, 1, 1, E] });
+      expect(Array.from(cache.attend(query).output.data)).toEqual([1, 1, 1, 1]);
+      cache.append({ data: k.data.subarray(E), dims: [1, 1, 1, E] }, { data: v.data.subarray(E), dims: [1, 1, 1, E] });
+      // Equal scores: weights 1/2 each; Inf and -Inf propagate, 1/2·1 + 1/2·2 and 1/2·1 + 0.
+      expect(Array.from(cache.attend(query).output.data)).toEqual([Infinity, -Infinity, 1.5, 0.5]);
+      cache.reset();
+      cache.append({ data: k.data.subarray(0, E), dims: [1, 1, 1, E] }, { data: v.data.subarray(0, E), dims: [1, 1, 1, E] });
+      expect(Array.from(cache.attend(query).output.data)).toEqual([1, 1, 1, 1]);
+    } finally {
+      cache.dispose();
+    }
+  });
+
   test('half the bytes of a float32 cache', () => {
     const options = { batch: 2, kvHeads: 3, headDim: 64, valueDim: 40, maxLength: 100 };
     const f32 = attn.createKVCache(options), f16 = attn.createKVCache({ ...options, dtype: 'float16' });
