@@ -580,6 +580,13 @@ void accumulate_pv_rows(const Src& src, const float* probs, const typename Src::
                         int32_t cols, int32_t open_count, int32_t key_count, const float* alpha, float* acc,
                         int32_t acc_stride) {
   int32_t col = 0;
+  // Fewer rows leave registers for wider blocks: 8 accumulators either way, and each key's
+  // loop overhead (the probability, the pointers) is shared by more columns. A column's sum
+  // over the keys is the same sequence of operations whatever the block width.
+  constexpr int kWideVecs = kRows == 1 ? 8 : kRows == 2 ? 4 : 2;
+  for (; col + 4 * kWideVecs <= cols; col += 4 * kWideVecs) {
+    pv_block<kRows, kWideVecs>(src, probs, value + col, v_stride, open_count, key_count, alpha, acc + col, acc_stride);
+  }
   for (; col + 8 <= cols; col += 8) {
     pv_block<kRows, 2>(src, probs, value + col, v_stride, open_count, key_count, alpha, acc + col, acc_stride);
   }
