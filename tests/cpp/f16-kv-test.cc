@@ -451,18 +451,34 @@ struct F16Harness {
   }
 };
 
+// Runs the case against the reference. A decode (K/V read in place) also runs with
+// read_kv_in_order (the KV cache's reading order: keys one at a time, V rows touched as their
+// keys are scored), against the reference too, and on float32 copies of the halves as well.
 void check(const F16Case& c, bool expect_in_place) {
   F16Harness h(c);
   ASSERT_EQ(reads_keys_in_place(h.p), expect_in_place) << c.describe();
   ASSERT_EQ(h.run(), Status::kOk) << c.describe();
   h.expect_matches_reference();
+  if (!expect_in_place) return;
+  F16Harness in_order(c);
+  in_order.p.read_kv_in_order = true;
+  ASSERT_EQ(in_order.run(), Status::kOk) << c.describe() << " in order";
+  in_order.expect_matches_reference();
+  // Float32 K/V in the same storage layout, in order: the float32 instantiation of that path.
+  std::vector<float> k32(in_order.k.size()), v32(in_order.v.size());
+  std::transform(in_order.k.begin(), in_order.k.end(), k32.begin(), f16_to_f32);
+  std::transform(in_order.v.begin(), in_order.v.end(), v32.begin(), f16_to_f32);
+  std::fill(in_order.out.begin(), in_order.out.end(), kNaN);
+  in_order.p.kv_type = KvType::kFloat32, in_order.p.key = k32.data(), in_order.p.value = v32.data();
+  ASSERT_EQ(in_order.run(), Status::kOk) << c.describe() << " in order, float32";
+  in_order.expect_matches_reference();
 }
 
 const int kKeyLengths[] = {1, 7, kKeyTile - 1, kKeyTile, kKeyTile + 1, 4 * kKeyTile + 1, 1100};
 const int kHeadDims[] = {1, 3, 4, kValueBlock, 64, 67, 128};
 
 // Decode: Lq = 1 with GQA (8 query heads on 2 KV heads: one row tile per KV head) and MHA;
-// K/V are read in place (widened a tile at a time), and without weights Lk > 512 is split
+// K/V are read in place (widened as loaded), and without weights Lk > 512 is split
 // into segments. Each key length with two (E, Ev) pairs and every option that blocks keys.
 TEST(F16Kernel, DecodeReadsHalvesInPlaceAroundTileEdges) {
   uint32_t seed = 1;
