@@ -311,7 +311,9 @@ void score_tile(const float* q_cols, const float* packed_key_tile, int32_t head_
 // Q·Kᵀ with K read in place (decode), one key at a time in memory order. A decode reads each
 // key once, from main memory; read in order, the hardware prefetcher streams it. (Four keys
 // side by side, four 512-byte rows read 16 bytes at a time, ran at a third of the plain read
-// bandwidth on decode B1 H32 Lk4096 E128: 6.3 against 18 GB/s, on an AMD EPYC Zen 4.)
+// bandwidth on decode B1 H32 Lk4096 E128: 6.3 against 18 GB/s, on an AMD EPYC Zen 4. Even two
+// adjacent keys per pass, sharing each q load, were slower: 13.5 against 8.7 ms there, and 8.9
+// against 6.7 ms for GQA Hq32/Hkv8 at 8192 keys.)
 // scores[r][j] = q_r · k_j for the kRows rows of q (row stride head_dim) and keys
 // j < key_count at k (stride k_stride). Each row keeps kChains partial sums over dims (dims
 // [4c, 4c + 4) mod 4·kChains go to chain c), so that kRows·kChains >= 4 chains of adds are
