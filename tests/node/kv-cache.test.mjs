@@ -7,7 +7,7 @@ import { readFile } from 'node:fs/promises';
 import { createAttention } from 'sdpa-wasm';
 // The internal loader (not public API): gives the Emscripten module with HEAPU8 and heapBytesInUse.
 import * as loader from '../../dist/loader.js';
-import { positions, roundToHalf } from '../shared/kv-cache-cases.mjs';
+import { positions, roundToHalf, runCacheCases } from '../shared/kv-cache-cases.mjs';
 import { adapt, halfToFloat, loadCase, loadIndex, mismatches, onnxOutputDims, TOL as ONNX_TOL } from '../shared/onnx-cases.mjs';
 import { maxRelError, mulberry32, randn, randomTensor, referenceSdpa } from './reference.mjs';
 
@@ -265,6 +265,15 @@ describe('token-by-token decoding equals attention over the whole history', () =
     } finally {
       handle.release();
     }
+  });
+});
+
+describe('the shared cache cases (also run in Chromium)', () => {
+  test('one and two threads: within 2e-5 of the reference, memory growing mid-sequence, the same bits', () => {
+    const one = runCacheCases(attn), two = runCacheCases(attn2);
+    expect(one.filter((c) => !c.ok).map((c) => `${c.name}: ${c.worstError}`)).toEqual([]);
+    expect(two.filter((c) => !c.ok).map((c) => `${c.name}: ${c.worstError}`)).toEqual([]);
+    expect(two.map((c) => c.hash)).toEqual(one.map((c) => c.hash));
   });
 });
 
