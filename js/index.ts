@@ -67,8 +67,9 @@ export class Attention {
   }
 
   /**
-   * Releases the instance and disposes its KV caches; sdpa() then throws. The last instance of a thread count to be
-   * disposed terminates that pool's workers (so Node can exit). Calling it twice is harmless.
+   * Releases the instance and disposes its KV caches; sdpa() then throws. The last instance of
+   * a thread count to be disposed terminates that pool's workers (so Node can exit). Calling it
+   * twice is harmless.
    */
   dispose(): void {
     for (const cache of [...this.#caches]) cache.dispose();
