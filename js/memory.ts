@@ -1,7 +1,8 @@
 // The one place that allocates in wasm memory and reads its views.
 //
 // With -sALLOW_MEMORY_GROWTH, any allocation may replace the heap's buffer and leave every
-// typed array made over the old one empty (length 0). So a view is never kept: `heap(module)`
+// typed array made over the old one empty (length 0); Embind calls that convert a value object
+// (a ProblemDesc) allocate too. So a view is never kept: `heap(module)`
 // makes fresh ones from the module's current buffer, to be taken after the last allocation of
 // a step and dropped before the next.
 //   CallMemory   the allocations of one call, all freed by free() (callers use try/finally)
@@ -20,13 +21,7 @@ export interface HeapViews {
 }
 
 export function heap(module: SdpaModule): HeapViews {
-  const buffer = module.HEAPU8.buffer;
-  return {
-    u8: module.HEAPU8,
-    u16: new Uint16Array(buffer),
-    i32: module.HEAP32,
-    f32: module.HEAPF32,
-  };
+  return { u8: module.HEAPU8, u16: module.HEAPU16, i32: module.HEAP32, f32: module.HEAPF32 };
 }
 
 /**

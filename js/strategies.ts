@@ -239,15 +239,15 @@ export function runStreamedDecode(module: SdpaModule, p: Plan, q: Float32Array, 
     desc.value = memory.alloc(Math.min(segmentKeys, p.kvLen) * p.valueDim * 4, 'value');
     desc.output = memory.alloc(p.outputSize * 4, 'the output');
     allocSmallInputs(memory, p, desc);
-    const { f32 } = memory.heap;
-    f32.set(q, desc.query >>> 2);
-    copySmallInputs(memory, p, desc);
-
     const group = p.qHeads / p.kvHeads;
     const segments = module.segmentCount(pairDesc);
     const pairKeyFloats = p.kvLen * p.headDim, pairValueFloats = p.kvLen * p.valueDim;
+    // Embind allocates the C++ object (and a ProblemDesc while converting it): views after it.
     const streamer = new module.SegmentStream(pairDesc);
     try {
+      const { f32 } = memory.heap;  // the loop below allocates nothing (plain-number calls)
+      f32.set(q, desc.query >>> 2);
+      copySmallInputs(memory, p, desc);
       for (let pair = 0; pair < p.batch * p.kvHeads; pair++) {
         const b = Math.floor(pair / p.kvHeads), firstHead = (pair % p.kvHeads) * group;
         const at = pairAddresses(p, desc, b, firstHead);
@@ -295,17 +295,19 @@ export function runStreamedPrefill(module: SdpaModule, p: Plan, q: Float32Array,
     copySmallInputs(memory, p, desc);
 
     const output = p.out !== null ? p.out : new Float32Array(p.outputSize);
-    const { f32 } = memory.heap;
     for (let pair = 0; pair < p.batch * p.kvHeads; pair++) {
       const b = Math.floor(pair / p.kvHeads), kvHead = pair % p.kvHeads, firstHead = kvHead * group;
       const qAt = b * p.q.b + firstHead * p.q.h, kAt = b * p.k.b + kvHead * p.k.h, vAt = b * p.v.b + kvHead * p.v.h;
-      f32.set(q.subarray(qAt, qAt + pairQueryFloats), pairDesc.query >>> 2);
-      f32.set(k.subarray(kAt, kAt + p.k.h), pairDesc.key >>> 2);
-      f32.set(v.subarray(vAt, vAt + p.v.h), pairDesc.value >>> 2);
+      // Fresh views every time: forward() converts a ProblemDesc through a C++ allocation,
+      // which may grow the memory.
+      const before = memory.heap.f32;
+      before.set(q.subarray(qAt, qAt + pairQueryFloats), pairDesc.query >>> 2);
+      before.set(k.subarray(kAt, kAt + p.k.h), pairDesc.key >>> 2);
+      before.set(v.subarray(vAt, vAt + p.v.h), pairDesc.value >>> 2);
       Object.assign(pairDesc, pairAddresses(p, desc, b, firstHead));
       check(module, p, module.forward(pairDesc, scratch, scratchFloats, 1));
       const from = pairDesc.output >>> 2;
-      output.set(f32.subarray(from, from + pairOutputFloats), b * p.o.b + firstHead * p.o.h);
+      output.set(memory.heap.f32.subarray(from, from + pairOutputFloats), b * p.o.b + firstHead * p.o.h);
     }
     return { output: { data: output.length === p.outputSize ? output : output.subarray(0, p.outputSize), dims: p.outputDims } };
   } finally {

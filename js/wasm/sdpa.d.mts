@@ -21,6 +21,7 @@ export interface ProblemDesc {
 
 export interface SdpaModule {
   HEAPU8: Uint8Array;
+  HEAPU16: Uint16Array;
   HEAP32: Int32Array;
   HEAPF32: Float32Array;
   _malloc(bytes: number): number;
