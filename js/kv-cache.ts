@@ -180,15 +180,30 @@ export class KVCache {
     this.#length += k.L;
   }
 
-  // Rows [B, H, L, D] of `t` into the storage at positions [length, length + L), through a
-  // staging buffer of at most STAGING_BYTES, a run of rows of one batch at a time; the
-  // conversion to float16 (if any) is done by the wasm side (copy_rows, src/kv-cache.h).
+  // Rows [B, H, L, D] of `t` into the storage at positions [length, length + L). Already in
+  // the storage's element type and [B, H, L, D] order: copied straight in, one run of rows per
+  // (batch, head). Otherwise through a staging buffer of at most STAGING_BYTES, a run of rows
+  // of one batch at a time, and the wasm side reorders and converts to float16 (copy_rows,
+  // src/kv-cache.h).
   #write(module: SdpaModule, memory: CallMemory, t: Operand<Float32Array | Uint16Array>, layout: 'bhsd' | 'bshd',
     storage: number, dim: number): void {
     const srcType = isUint16Array(t.data) ? KV_TYPE.float16 : KV_TYPE.float32;
     const srcBytes = t.data.BYTES_PER_ELEMENT;
     const dstBytes = ELEMENT_BYTES[this.dtype];
     const H = t.H, L = t.L, D = dim;
+    const storageType = this.dtype === 'float16' ? KV_TYPE.float16 : KV_TYPE.float32;
+    if (layout === 'bhsd' && srcType === storageType) {
+      const view = (srcType === KV_TYPE.float16 ? memory.heap.u16 : memory.heap.f32) as unknown as
+        { set(a: ArrayLike<number>, at: number): void };
+      for (let b = 0; b < this.batch; b++) {
+        for (let h = 0; h < H; h++) {
+          const from = b * t.strides.b + h * t.strides.h;
+          const to = storage / dstBytes + ((b * this.kvHeads + h) * this.maxLength + this.#length) * D;
+          view.set(t.data.subarray(from, from + L * D), to);
+        }
+      }
+      return;
+    }
     const rowsPerChunk = Math.max(1, Math.min(L, Math.floor(STAGING_BYTES / (H * D * srcBytes))));
     const staging = memory.alloc(rowsPerChunk * H * D * srcBytes, 'staging the appended rows');
     const heap = memory.heap;  // no allocation below
@@ -211,7 +226,7 @@ export class KVCache {
           stagedH = n * D, stagedL = D;
         }
         const dst = storage + ((b * this.kvHeads * this.maxLength) + this.#length + l0) * D * dstBytes;
-        const status = module.copyRows(dst, KV_TYPE[this.dtype], 0, this.maxLength * D, D,
+        const status = module.copyRows(dst, storageType, 0, this.maxLength * D, D,
           staging, srcType, 0, stagedH, stagedL, 1, H, n, D);
         if (status !== 0) throw new Error(`KVCache.append: internal error: copy_rows failed (${module.statusName(status)})`);
       }
