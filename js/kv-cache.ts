@@ -74,6 +74,56 @@ function mayBeInfNaN(data: Float32Array | Uint16Array): boolean {
   return false;
 }
 
+/**
+ * The checks of KVCache.append(key, value, options) against a cache of `shape` holding
+ * `length` positions: the tensors, their sizes, room for Lnew more. Pure (no wasm), so the
+ * worker API runs the same checks on the calling side.
+ */
+export function checkAppend(shape: KVCacheShape, length: number, key: unknown, value: unknown, options: unknown):
+  { k: Operand<Float32Array | Uint16Array>; v: Operand<Float32Array | Uint16Array>; layout: 'bhsd' | 'bshd' } {
+  const fn = 'KVCache.append';
+  const o = checkOptionNames(fn, options, APPEND_OPTION_NAMES);
+  const layout = checkLayout(fn, o.layout);
+  const halves = shape.dtype === 'float16';
+  const k = checkTensor(fn, 'key', key, layout, true);
+  const v = checkTensor(fn, 'value', value, layout, true);
+  for (const [name, t] of [['key', k], ['value', v]] as const) {
+    if (!halves && isUint16Array(t.data)) {
+      throw new TypeError(`${fn}: ${name}.data must be a Float32Array for a float32 cache (raw float16 halves in a ` +
+        `Uint16Array only for dtype 'float16'), got ${describe(t.data)}`);
+    }
+    if (t.B !== shape.batch) throw dimsMismatch(fn, layout, name, t, "the cache's batch B", shape.batch, t.B);
+    if (t.H !== shape.kvHeads) throw dimsMismatch(fn, layout, name, t, "the cache's heads Hkv", shape.kvHeads, t.H);
+  }
+  if (k.D !== shape.headDim) throw dimsMismatch(fn, layout, 'key', k, "the cache's head size E", shape.headDim, k.D);
+  if (v.D !== shape.valueDim) throw dimsMismatch(fn, layout, 'value', v, "the cache's value size Ev", shape.valueDim, v.D);
+  if (v.L !== k.L) throw dimsMismatch(fn, layout, 'value', v, "key's new positions Lnew", k.L, v.L);
+  if (length + k.L > shape.maxLength) {
+    throw new RangeError(`${fn}: appending ${k.L} positions to the ${length} stored would pass maxLength = ` +
+      `${shape.maxLength}; nothing was appended`);
+  }
+  return { k, v, layout };
+}
+
+/** The checks of KVCache.truncate(n) on a cache holding `length` positions. */
+export function checkTruncate(length: number, n: unknown): asserts n is number {
+  const fn = 'KVCache.truncate';
+  if (typeof n !== 'number') throw new TypeError(`${fn}: n must be an integer, got ${describe(n)}`);
+  if (!Number.isInteger(n) || n < 0 || n > length) {
+    throw new RangeError(`${fn}: n must be an integer in [0, length = ${length}], got ${n}`);
+  }
+}
+
+/** The `length` stored positions of a cache of `shape`, as attend()'s K/V (element strides). */
+export function cacheOperands(shape: KVCacheShape, length: number): CacheOperands {
+  const E = shape.headDim, Ev = shape.valueDim, rows = shape.maxLength;
+  return {
+    batch: shape.batch, kvHeads: shape.kvHeads, length, headDim: E, valueDim: Ev,
+    k: { b: shape.kvHeads * rows * E, h: rows * E, l: E },
+    v: { b: shape.kvHeads * rows * Ev, h: rows * Ev, l: Ev },
+  };
+}
+
 export class KVCache {
   readonly batch: number;
   readonly kvHeads: number;
@@ -149,26 +199,7 @@ export class KVCache {
   append(key: KVTensor, value: KVTensor, options?: { layout?: 'bhsd' | 'bshd' }): void {
     const fn = 'KVCache.append';
     const module = this.#live(fn);
-    const o = checkOptionNames(fn, options, APPEND_OPTION_NAMES);
-    const layout = checkLayout(fn, o.layout);
-    const halves = this.dtype === 'float16';
-    const k = checkTensor(fn, 'key', key, layout, true);
-    const v = checkTensor(fn, 'value', value, layout, true);
-    for (const [name, t] of [['key', k], ['value', v]] as const) {
-      if (!halves && isUint16Array(t.data)) {
-        throw new TypeError(`${fn}: ${name}.data must be a Float32Array for a float32 cache (raw float16 halves in a ` +
-          `Uint16Array only for dtype 'float16'), got ${describe(t.data)}`);
-      }
-      if (t.B !== this.batch) throw dimsMismatch(fn, layout, name, t, "the cache's batch B", this.batch, t.B);
-      if (t.H !== this.kvHeads) throw dimsMismatch(fn, layout, name, t, "the cache's heads Hkv", this.kvHeads, t.H);
-    }
-    if (k.D !== this.headDim) throw dimsMismatch(fn, layout, 'key', k, "the cache's head size E", this.headDim, k.D);
-    if (v.D !== this.valueDim) throw dimsMismatch(fn, layout, 'value', v, "the cache's value size Ev", this.valueDim, v.D);
-    if (v.L !== k.L) throw dimsMismatch(fn, layout, 'value', v, "key's new positions Lnew", k.L, v.L);
-    if (this.#length + k.L > this.maxLength) {
-      throw new RangeError(`${fn}: appending ${k.L} positions to the ${this.#length} stored would pass maxLength = ` +
-        `${this.maxLength}; nothing was appended`);
-    }
+    const { k, v, layout } = checkAppend(this, this.#length, key, value, options);
     const memory = new CallMemory(module, fn);
     try {
       this.#write(module, memory, k, layout, this.#keys, this.headDim);
@@ -176,7 +207,7 @@ export class KVCache {
     } finally {
       memory.free();
     }
-    if (halves && !this.#maybeInfNaN) this.#maybeInfNaN = mayBeInfNaN(k.data) || mayBeInfNaN(v.data);
+    if (this.dtype === 'float16' && !this.#maybeInfNaN) this.#maybeInfNaN = mayBeInfNaN(k.data) || mayBeInfNaN(v.data);
     this.#length += k.L;
   }
 
@@ -242,7 +273,7 @@ export class KVCache {
    */
   attend(query: { data: Float32Array; dims: readonly number[] }, options?: SdpaOptions): SdpaResult {
     const module = this.#live('KVCache.attend');
-    const p = planAttend(query, this.#operands(), options);
+    const p = planAttend(query, cacheOperands(this, this.#length), options);
     if (p.kvLen === 0) {
       const output = p.out !== null ? p.out.subarray(0, p.outputSize).fill(0) : new Float32Array(p.outputSize);
       const result: SdpaResult = { output: { data: p.out !== null && p.out.length === p.outputSize ? p.out : output, dims: p.outputDims } };
@@ -254,23 +285,10 @@ export class KVCache {
       { key: this.#keys, value: this.#values, kvType });
   }
 
-  #operands(): CacheOperands {
-    const E = this.headDim, Ev = this.valueDim, rows = this.maxLength;
-    return {
-      batch: this.batch, kvHeads: this.kvHeads, length: this.#length, headDim: E, valueDim: Ev,
-      k: { b: this.kvHeads * rows * E, h: rows * E, l: E },
-      v: { b: this.kvHeads * rows * Ev, h: rows * Ev, l: Ev },
-    };
-  }
-
   /** Keeps the first `n` positions (0 <= n <= length): e.g. rewinds a rejected draft. */
   truncate(n: number): void {
-    const fn = 'KVCache.truncate';
-    this.#live(fn);
-    if (typeof n !== 'number') throw new TypeError(`${fn}: n must be an integer, got ${describe(n)}`);
-    if (!Number.isInteger(n) || n < 0 || n > this.#length) {
-      throw new RangeError(`${fn}: n must be an integer in [0, length = ${this.#length}], got ${n}`);
-    }
+    this.#live('KVCache.truncate');
+    checkTruncate(this.#length, n);
     this.#length = n;
     if (n === 0) this.#maybeInfNaN = false;
   }

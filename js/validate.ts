@@ -6,7 +6,7 @@
 //   plan()        sdpa(query, key, value, options): every tensor from the caller
 //   planAttend()  KVCache.attend(query, options): K/V are the cache's stored positions
 // Both end in planOptions(), so an option means the same everywhere.
-import type { MaskTensor, SdpaOptions } from './types.js';
+import type { AttentionOptions, MaskTensor, SdpaOptions } from './types.js';
 
 const OPTION_NAMES = [
   'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'keyLengths',
@@ -349,4 +349,29 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
     weightsDims, weightsSize: returnWeights ? B * Hq * Lq * Lk : 0,
     scale, softcap, mask, causal, causalOffset, causalOffsets, keyLengths, out,
   };
+}
+
+/** The most threads createAttention() uses unless asked for more. */
+export const DEFAULT_MAX_THREADS = 4;
+/** The most threads createAttention() accepts. */
+export const MAX_THREADS = 64;
+
+/** The checks of createAttention(options) (and createAttentionWorker's), messages naming `fn`. */
+export function checkAttentionOptions(fn: string, options: unknown): AttentionOptions {
+  if (options === null || typeof options !== 'object' || Array.isArray(options)) {
+    throw new TypeError(`${fn}: options must be an object, got ${String(options)}`);
+  }
+  for (const name of Object.keys(options)) {
+    if (name !== 'threads') throw new TypeError(`${fn}: unknown option "${name}"; known options: threads`);
+  }
+  const { threads } = options as AttentionOptions;
+  if (threads !== undefined) {
+    if (typeof threads !== 'number') {
+      throw new TypeError(`${fn}: options.threads must be a number, got ${String(threads)}`);
+    }
+    if (!Number.isInteger(threads) || threads < 1 || threads > MAX_THREADS) {
+      throw new RangeError(`${fn}: options.threads must be an integer in [1, ${MAX_THREADS}], got ${threads}`);
+    }
+  }
+  return { threads };
 }

@@ -1,0 +1,99 @@
+// Attention (the direct API) and createAttention(). Re-exported by index.ts; imported alone by
+// the worker (worker-entry.ts), whose bundle must not contain createAttentionWorker.
+import { checkCacheOptions, KVCache } from './kv-cache.js';
+import { acquireModule, hardwareThreads, threadsAvailable, type ModuleHandle } from './loader.js';
+import { runSdpa } from './strategies.js';
+import type { AttentionOptions, KVCacheOptions, SdpaOptions, SdpaResult, Tensor } from './types.js';
+import { checkAttentionOptions, DEFAULT_MAX_THREADS, plan } from './validate.js';
+
+export class Attention {
+  /** Threads the kernel runs on: > 1 means the threaded build (pthreads in Web Workers). */
+  readonly threads: number;
+  /** Whether the 128-bit SIMD kernel is in use (always: the package requires wasm SIMD). */
+  readonly simd = true;
+  #handle: ModuleHandle | null;
+  // With threads > 1, also the single-threaded build, for streamed decoding: that runs on
+  // one thread anyway, and copies into its plain (unshared) memory are faster than into the
+  // threaded build's SharedArrayBuffer (measured 1.4–1.7× slower there).
+  #streamHandle: ModuleHandle | null;
+  readonly #caches = new Set<KVCache>();
+
+  /** @internal Use createAttention(). */
+  constructor(handle: ModuleHandle, streamHandle: ModuleHandle | null = null) {
+    this.#handle = handle;
+    this.#streamHandle = streamHandle;
+    this.threads = handle.threads;
+  }
+
+  /**
+   * softmax(query·keyᵀ·scale + mask)·value. Inputs are never modified; the same inputs give
+   * bitwise-identical outputs. Throws TypeError/RangeError on bad input (the instance stays
+   * usable).
+   */
+  sdpa(query: Tensor, key: Tensor, value: Tensor, options?: SdpaOptions): SdpaResult {
+    const handle = this.#handle;
+    if (handle === null) throw new Error('sdpa: this Attention instance has been disposed');
+    const p = plan(query, key, value, options);
+    const engines = { main: handle.module, threads: handle.threads, single: this.#streamHandle?.module ?? null };
+    return runSdpa(engines, p, query.data, key.data, value.data);
+  }
+
+  /**
+   * A KV cache in this instance's wasm memory, for decoding token by token: storage for
+   * `maxLength` positions of `[B, Hkv, ·, E]` keys and `[B, Hkv, ·, Ev]` values, float32 or
+   * float16, allocated now (a RangeError saying the bytes needed and the limit if it cannot
+   * fit). `cache.append(key, value)` stores new positions; `cache.attend(query, options)` is
+   * sdpa() against the stored ones, read in place (causal, bottom-right aligned, by default).
+   * Disposing the instance disposes its caches.
+   */
+  createKVCache(options: KVCacheOptions): KVCache {
+    const handle = this.#handle;
+    if (handle === null) throw new Error('createKVCache: this Attention instance has been disposed');
+    const shape = checkCacheOptions(options);
+    const cache = new KVCache(handle.module, handle.threads, shape, (c) => this.#caches.delete(c));
+    this.#caches.add(cache);
+    return cache;
+  }
+
+  /**
+   * Releases the instance and disposes its KV caches; sdpa() then throws. The last instance of
+   * a thread count to be disposed terminates that pool's workers (so Node can exit). Calling it
+   * twice is harmless.
+   */
+  dispose(): void {
+    for (const cache of [...this.#caches]) cache.dispose();
+    this.#handle?.release();
+    this.#streamHandle?.release();
+    this.#handle = null;
+    this.#streamHandle = null;
+  }
+
+  [Symbol.dispose](): void {
+    this.dispose();
+  }
+}
+
+export { DEFAULT_MAX_THREADS, MAX_THREADS } from './validate.js';
+
+/**
+ * Loads the wasm module (once per page or process, and per thread count for the threaded
+ * build) and returns an attention instance.
+ *
+ * `threads` defaults to the number of logical processors (os.availableParallelism() in Node,
+ * navigator.hardwareConcurrency in browsers), at most DEFAULT_MAX_THREADS. More than one
+ * thread needs SharedArrayBuffer: always there in Node; in browsers only on cross-origin
+ * isolated pages (served with COOP: same-origin and COEP: require-corp). Elsewhere the
+ * single-threaded build is used and `attn.threads` is 1.
+ */
+export async function createAttention(options: AttentionOptions = {}): Promise<Attention> {
+  const { threads } = checkAttentionOptions('createAttention', options);
+  const wanted = threads ?? Math.min(await hardwareThreads(), DEFAULT_MAX_THREADS);
+  const handle = await acquireModule(threadsAvailable() ? wanted : 1);
+  if (handle.threads === 1) return new Attention(handle);
+  try {
+    return new Attention(handle, await acquireModule(1));
+  } catch (error) {
+    handle.release();
+    throw error;
+  }
+}

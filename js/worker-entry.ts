@@ -1,0 +1,118 @@
+// The worker behind createAttentionWorker(): a module Web Worker in browsers, a worker_threads
+// Worker in Node. It owns one Attention instance and its KV caches and runs what the calling
+// side (js/worker.ts) sends, one request at a time (protocol: js/worker-protocol.ts). The
+// calling side has already checked every argument with the direct API's own checks; the
+// direct API checks again here, so a message that slipped through still gets its exact error.
+import { createAttention, type Attention } from './attention.js';
+import type { KVCache } from './kv-cache.js';
+import type { SdpaResult } from './types.js';
+import { errorToWire, READY, transferList, type Reply, type Request } from './worker-protocol.js';
+
+interface Port {
+  post(message: unknown, transfer?: ArrayBuffer[]): void;
+  listen(handler: (message: Request) => void): void;
+}
+
+const isNode = typeof process !== 'undefined' && typeof process.versions?.node === 'string';
+
+async function openPort(): Promise<Port> {
+  if (isNode) {
+    const name = 'node:worker_threads';
+    const { parentPort } = await import(/* @vite-ignore */ name);
+    if (parentPort === null) throw new Error('sdpa-wasm: worker-entry.js must run in a worker (createAttentionWorker starts it)');
+    return {
+      post: (message, transfer) => parentPort.postMessage(message, transfer),
+      listen: (handler) => parentPort.on('message', handler),
+    };
+  }
+  const scope = globalThis as unknown as {
+    postMessage(message: unknown, transfer?: Transferable[]): void;
+    addEventListener(type: 'message', listener: (event: MessageEvent<Request>) => void): void;
+  };
+  return {
+    post: (message, transfer) => scope.postMessage(message, transfer ?? []),
+    listen: (handler) => scope.addEventListener('message', (event) => handler(event.data)),
+  };
+}
+
+let attention: Attention | null = null;
+const caches = new Map<number, KVCache>();
+
+function live(): Attention {
+  if (attention === null) throw new Error('sdpa-wasm worker: no Attention instance (init failed or disposed)');
+  return attention;
+}
+
+function cache(id: unknown): KVCache {
+  const found = caches.get(id as number);
+  if (found === undefined) throw new Error(`sdpa-wasm worker: no KV cache #${String(id)}`);
+  return found;
+}
+
+/** A result and the buffers to transfer back with it (the output arrays are the worker's own). */
+const withBuffers = (result: SdpaResult) => ({ value: result, transfer: transferList([result.output.data, result.weights?.data]) });
+
+type Handled = { value: unknown; transfer?: ArrayBuffer[] };
+
+// Each op: its args → its value. Only init awaits.
+async function handle({ op, args: a }: Request): Promise<Handled> {
+  switch (op) {
+    case 'init': {  // { options } → { threads, simd }
+      attention ??= await createAttention(a.options as object);
+      return { value: { threads: attention.threads, simd: attention.simd } };
+    }
+    case 'sdpa':  // { query, key, value, options } → SdpaResult
+      return withBuffers(live().sdpa(a.query as never, a.key as never, a.value as never, a.options as never));
+    case 'createKVCache': {  // { cache: id, options } → { byteLength }
+      const created = live().createKVCache(a.options as never);
+      caches.set(a.cache as number, created);
+      return { value: { byteLength: created.byteLength } };
+    }
+    case 'append': {  // { cache, key, value, options } → { length }
+      const target = cache(a.cache);
+      target.append(a.key as never, a.value as never, a.options as never);
+      return { value: { length: target.length } };
+    }
+    case 'attend':  // { cache, query, options } → SdpaResult
+      return withBuffers(cache(a.cache).attend(a.query as never, a.options as never));
+    case 'truncate': {  // { cache, n } → { length }
+      const target = cache(a.cache);
+      target.truncate(a.n as number);
+      return { value: { length: target.length } };
+    }
+    case 'reset':  // { cache } → { length: 0 }
+      cache(a.cache).reset();
+      return { value: { length: 0 } };
+    case 'disposeCache':  // { cache } → null
+      caches.get(a.cache as number)?.dispose();
+      caches.delete(a.cache as number);
+      return { value: null };
+    case 'dispose':  // {} → null; the calling side then ends the worker
+      attention?.dispose();
+      attention = null;
+      caches.clear();
+      return { value: null };
+    default:
+      throw new Error(`sdpa-wasm worker: unknown op ${String(op)}`);
+  }
+}
+
+// No top-level await: bundlers build workers as classic scripts by default (Vite: iife).
+openPort().then((port) => {
+  let previous: Promise<void> = Promise.resolve();
+  port.listen((request) => {
+    // Requests come one at a time; chaining keeps their order even if one ever did not.
+    previous = previous.then(async () => {
+      let reply: Reply, transfer: ArrayBuffer[] | undefined;
+      try {
+        const handled = await handle(request);
+        reply = { id: request.id, ok: true, value: handled.value };
+        transfer = handled.transfer;
+      } catch (error) {
+        reply = { id: request.id, ok: false, error: errorToWire(error) };
+      }
+      port.post(reply, transfer);
+    });
+  });
+  port.post(READY);
+});

@@ -1,0 +1,59 @@
+// The messages between an AttentionWorker (the calling side, js/worker.ts) and its worker
+// (js/worker-entry.ts). The calling side sends one request at a time and the next only after
+// the worker has answered, so the worker never holds a queue and a call that has not been sent
+// can still be cancelled.
+//
+//   worker → caller   READY                                once it listens
+//   caller → worker   { id, op, args }                     a Request (typed arrays transferred)
+//   worker → caller   { id, ok: true, value }              the result (output buffers transferred)
+//                     { id, ok: false, error: { name, message } }
+//
+// Errors cross as name + message and are rebuilt as the same class on the calling side.
+
+/** What the worker can do; each op's args and value are documented where it is handled. */
+export type Op =
+  | 'init' | 'sdpa' | 'createKVCache' | 'append' | 'attend' | 'truncate' | 'reset' | 'disposeCache' | 'dispose';
+
+export interface Request {
+  id: number;
+  op: Op;
+  args: Record<string, unknown>;
+}
+
+export interface WireError {
+  name: string;
+  message: string;
+}
+
+export type Reply =
+  | { id: number; ok: true; value: unknown }
+  | { id: number; ok: false; error: WireError };
+
+/** The worker's first message: it is listening. */
+export const READY = 'sdpa-wasm:worker-ready';
+
+export function errorToWire(error: unknown): WireError {
+  if (error instanceof Error) return { name: error.name, message: error.message };
+  return { name: 'Error', message: String(error) };
+}
+
+/** The same class as in the worker for the classes the API throws; Error otherwise. */
+export function errorFromWire({ name, message }: WireError): Error {
+  const Class = name === 'TypeError' ? TypeError : name === 'RangeError' ? RangeError : Error;
+  const error = new Class(message);
+  if (Class === Error && name !== 'Error') error.name = name;
+  return error;
+}
+
+const tag = (x: unknown) => Object.prototype.toString.call(x).slice(8, -1);
+
+/** The distinct ArrayBuffers (not SharedArrayBuffers) under the typed arrays in `views`. */
+export function transferList(views: Iterable<unknown>): ArrayBuffer[] {
+  const buffers = new Set<ArrayBuffer>();
+  for (const view of views) {
+    if (ArrayBuffer.isView(view) && tag(view.buffer) === 'ArrayBuffer' && view.buffer.byteLength > 0) {
+      buffers.add(view.buffer as ArrayBuffer);
+    }
+  }
+  return [...buffers];
+}

@@ -1,0 +1,607 @@
+// createAttentionWorker(): an Attention instance in a dedicated worker, so a page (or a Node
+// event loop) never blocks while attention runs. The API mirrors Attention and KVCache with
+// promises; results are bitwise those of the direct API (the same code runs in the worker).
+//
+//   calling side (this file)                     worker (worker-entry.ts)
+//   ─────────────────────────                    ─────────────────────────
+//   call: snapshot the inputs (copy, or move     holds Attention + its KV caches
+//         with { transfer: true }), queue it
+//   turn: check it with the direct API's checks  runs it, replies with the result
+//         against the current state, send it     (output buffers transferred)
+//   reply: settle, send the next queued call
+//
+// Calls are queued here and sent one at a time, each after the previous one's reply:
+//   - they run in the order they were made, and a call's checks see the cache as the previous
+//     calls left it (cache.length is then exact), so its errors are the direct API's;
+//   - a call that has not been sent is still here: its AbortSignal removes it from the queue.
+// Inputs are taken when the call is made (copied or moved), so later changes to the caller's
+// arrays do not reach a queued call.
+import { cacheOperands, checkAppend, checkCacheOptions, checkTruncate, type KVCacheDType, type KVCacheShape } from './kv-cache.js';
+import type { AttentionOptions, KVCacheOptions, KVTensor, SdpaOptions, SdpaResult, Tensor } from './types.js';
+import { checkAttentionOptions, checkOptionNames, describe, plan, planAttend } from './validate.js';
+import { errorFromWire, READY, transferList, type Op, type Reply, type Request } from './worker-protocol.js';
+
+/** What every worker call takes besides the direct API's options. */
+export interface WorkerCallOptions {
+  /** Cancels the call if it has not started: it rejects with the signal's reason (an AbortError). */
+  signal?: AbortSignal;
+  /**
+   * Move the input tensors' buffers to the worker instead of copying them (no copy; the
+   * caller's arrays are detached, length 0, as soon as the call is made). The query, key and
+   * value data of sdpa(), the key and value of append(), the query of attend(); a mask,
+   * keyLengths and causalOffset are always copied. Default false.
+   */
+  transfer?: boolean;
+}
+
+export type WorkerSdpaOptions = SdpaOptions & WorkerCallOptions;
+
+const isNode = typeof process !== 'undefined' && typeof process.versions?.node === 'string';
+
+// ─── the worker itself, in Node or a browser ──────────────────────────────────────────────
+
+/** A started worker, whichever kind. `onDeath` fires once if it stops on its own. */
+interface WorkerLink {
+  post(message: Request, transfer: ArrayBuffer[]): void;
+  onMessage(handler: (message: unknown) => void): void;
+  onDeath(handler: (error: Error) => void): void;
+  /** Keep the process alive (Node) while calls are pending; not when idle. */
+  hold(busy: boolean): void;
+  terminate(): Promise<void>;
+  readonly raw: unknown;
+}
+
+// The worker script, as written in the Node branch: bundlers look for the literal
+// `new Worker(new URL('./worker-entry.js', import.meta.url), { type: 'module' })` of the
+// browser branch and bundle the worker from it; a second literal URL would make them copy
+// the unbundled file as an asset.
+const WORKER_SCRIPT = './worker-entry.js';
+
+async function startWorker(): Promise<WorkerLink> {
+  if (isNode) {
+    const name = 'node:worker_threads';
+    const { Worker } = await import(/* @vite-ignore */ name);
+    const worker = new Worker(new URL(WORKER_SCRIPT, import.meta.url));
+    return {
+      post: (message, transfer) => worker.postMessage(message, transfer),
+      onMessage: (handler) => worker.on('message', handler),
+      onDeath: (handler) => {
+        let reason: Error | null = null;
+        worker.on('error', (error: Error) => { reason = error; });
+        worker.on('messageerror', (error: Error) => handler(new Error(`sdpa-wasm: a message from the attention worker could not be read: ${error.message}`)));
+        worker.on('exit', (code: number) => handler(new Error(reason !== null
+          ? `sdpa-wasm: the attention worker failed: ${reason.message}`
+          : `sdpa-wasm: the attention worker stopped (exit code ${code})`)));
+      },
+      hold: (busy) => (busy ? worker.ref() : worker.unref()),
+      terminate: async () => { await worker.terminate(); },
+      raw: worker,
+    };
+  }
+  const worker = new Worker(new URL('./worker-entry.js', import.meta.url), { type: 'module' });
+  return {
+    post: (message, transfer) => worker.postMessage(message, transfer),
+    onMessage: (handler) => worker.addEventListener('message', (event) => handler(event.data)),
+    onDeath: (handler) => {
+      // A browser reports an uncaught error (or a script that failed to load) but not an end:
+      // the worker is terminated here so that it cannot answer after being declared dead.
+      worker.addEventListener('error', (event) => {
+        event.preventDefault();
+        worker.terminate();
+        handler(new Error(`sdpa-wasm: the attention worker failed: ${event.message || 'its script could not be loaded or threw'}`));
+      });
+      worker.addEventListener('messageerror', () => handler(new Error('sdpa-wasm: a message from the attention worker could not be read')));
+    },
+    hold: () => {},
+    terminate: async () => worker.terminate(),
+    raw: worker,
+  };
+}
+
+// ─── the queue of calls ───────────────────────────────────────────────────────────────────
+
+interface Call {
+  op: Op;
+  /** At its turn: the checks against the current state, then the args to send. Throws to reject. */
+  prepare(): Record<string, unknown>;
+  /** The worker's value → what the promise resolves to. */
+  finish(value: unknown): unknown;
+  resolve(value: unknown): void;
+  reject(error: unknown): void;
+  signal: AbortSignal | undefined;
+  onAbort: (() => void) | null;
+}
+
+/** Calls to one worker, sent one at a time in the order they were made. */
+class Channel {
+  readonly #link: WorkerLink;
+  readonly #queue: Call[] = [];
+  #inFlight: Call | null = null;
+  #nextId = 1;
+  #ready = false;
+  /** Set once the worker is gone: every pending and later call rejects with it. */
+  #dead: Error | null = null;
+
+  constructor(link: WorkerLink) {
+    this.#link = link;
+    link.onMessage((message) => this.#receive(message));
+    link.onDeath((error) => this.#die(error));
+  }
+
+  get dead(): Error | null {
+    return this.#dead;
+  }
+
+  call<T>(op: Op, prepare: () => Record<string, unknown>, finish: (value: unknown) => T, signal?: AbortSignal): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      if (this.#dead !== null) return reject(this.#dead);
+      if (signal?.aborted) return reject(abortReason(signal));
+      const call: Call = { op, prepare, finish, resolve: resolve as (value: unknown) => void, reject, signal, onAbort: null };
+      if (signal !== undefined) {
+        call.onAbort = () => {
+          const at = this.#queue.indexOf(call);
+          if (at < 0) return;  // started (or settled): it runs to the end
+          this.#queue.splice(at, 1);
+          this.#settled(call);
+          reject(abortReason(signal));
+          this.#link.hold(this.#busy());
+        };
+        signal.addEventListener('abort', call.onAbort, { once: true });
+      }
+      this.#queue.push(call);
+      this.#pump();
+    });
+  }
+
+  /** Ends the worker now: pending calls reject with `error`. */
+  async terminate(error: Error): Promise<void> {
+    this.#die(error);
+    await this.#link.terminate();
+  }
+
+  get raw(): unknown {
+    return this.#link.raw;
+  }
+
+  #busy(): boolean {
+    return this.#inFlight !== null || this.#queue.length > 0;
+  }
+
+  #pump(): void {
+    this.#link.hold(this.#busy());
+    while (this.#ready && this.#dead === null && this.#inFlight === null && this.#queue.length > 0) {
+      const call = this.#queue.shift() as Call;
+      let args: Record<string, unknown>;
+      try {
+        args = call.prepare();
+      } catch (error) {
+        this.#settled(call);
+        call.reject(error);
+        continue;
+      }
+      const id = this.#nextId++;
+      this.#inFlight = call;
+      try {
+        this.#link.post({ id, op: call.op, args }, transferList(typedArrays(args)));
+      } catch (error) {  // not cloneable: the checks let something odd through
+        this.#inFlight = null;
+        this.#settled(call);
+        call.reject(error);
+      }
+    }
+    this.#link.hold(this.#busy());
+  }
+
+  #receive(message: unknown): void {
+    if (message === READY) {
+      this.#ready = true;
+      this.#pump();
+      return;
+    }
+    const reply = message as Reply;
+    const call = this.#inFlight;
+    if (call === null) return;
+    this.#inFlight = null;
+    this.#settled(call);
+    if (reply.ok) {
+      try {
+        call.resolve(call.finish(reply.value));
+      } catch (error) {
+        call.reject(error);
+      }
+    } else {
+      call.reject(errorFromWire(reply.error));
+    }
+    this.#pump();
+  }
+
+  #settled(call: Call): void {
+    if (call.onAbort !== null) call.signal?.removeEventListener('abort', call.onAbort);
+  }
+
+  #die(error: Error): void {
+    if (this.#dead !== null) return;
+    this.#dead = error;
+    const pending = this.#inFlight !== null ? [this.#inFlight, ...this.#queue] : [...this.#queue];
+    this.#inFlight = null;
+    this.#queue.length = 0;
+    for (const call of pending) {
+      this.#settled(call);
+      call.reject(error);
+    }
+    this.#link.hold(false);
+  }
+}
+
+function abortReason(signal: AbortSignal): unknown {
+  return signal.reason ?? new DOMException('The operation was aborted', 'AbortError');
+}
+
+/** Every typed array in a message's args (one level of tensors and options). */
+function typedArrays(args: Record<string, unknown>): unknown[] {
+  const found: unknown[] = [];
+  const visit = (x: unknown, depth: number) => {
+    if (ArrayBuffer.isView(x)) found.push(x);
+    else if (depth > 0 && x !== null && typeof x === 'object' && !Array.isArray(x)) {
+      for (const value of Object.values(x)) visit(value, depth - 1);
+    }
+  };
+  visit(args, 3);
+  return found;
+}
+
+// ─── taking the inputs when a call is made ────────────────────────────────────────────────
+
+/**
+ * Takes the caller's typed arrays when a call is made: copies (only the view's elements), or
+ * with `transfer`, moves their buffers (zero copy; the caller's arrays are then detached).
+ * Two arrays over one buffer stay over one moved buffer. A SharedArrayBuffer cannot move: copied.
+ */
+class Taker {
+  readonly #moved = new Map<ArrayBufferLike, ArrayBuffer>();
+  constructor(readonly transfer: boolean) {}
+
+  copy(x: unknown): unknown {
+    return isTypedArray(x) ? x.slice() : x;
+  }
+
+  take(x: unknown): unknown {
+    if (!isTypedArray(x)) return x;
+    const buffer = x.buffer;
+    if (!this.transfer || tag(buffer) !== 'ArrayBuffer' || buffer.byteLength === 0) return x.slice();
+    let moved = this.#moved.get(buffer);
+    if (moved === undefined) {
+      moved = structuredClone(buffer, { transfer: [buffer as ArrayBuffer] }) as ArrayBuffer;
+      this.#moved.set(buffer, moved);
+    }
+    const View = x.constructor as new (buffer: ArrayBuffer, offset: number, length: number) => TypedArray;
+    return new View(moved, x.byteOffset, x.length);
+  }
+
+  /** A tensor-like object: its data taken, its dims copied; anything else as it is (for the checks' messages). */
+  tensor(t: unknown, move: boolean): unknown {
+    if (t === null || typeof t !== 'object') return t;
+    const { data, dims } = t as { data?: unknown; dims?: unknown };
+    return { data: move ? this.take(data) : this.copy(data), dims: Array.isArray(dims) ? [...dims] : dims };
+  }
+
+  /** Options: a copy of the plain object, its mask and per-batch arrays copied; `out` kept (results land in it). */
+  options(options: unknown): unknown {
+    if (options === null || typeof options !== 'object' || Array.isArray(options)) return options;
+    const copy: Record<string, unknown> = {};
+    for (const name of Object.keys(options)) {
+      const value = (options as Record<string, unknown>)[name];
+      copy[name] = name === 'attnMask' ? this.tensor(value, false) : name === 'out' ? value : this.copy(value);
+    }
+    return copy;
+  }
+}
+
+type TypedArray = Float32Array | Uint16Array | Uint8Array | Int32Array;
+const tag = (x: unknown) => Object.prototype.toString.call(x).slice(8, -1);
+const isTypedArray = (x: unknown): x is TypedArray => ArrayBuffer.isView(x) && tag(x) !== 'DataView';
+
+/**
+ * The worker-only options (signal, transfer) checked and split from the direct API's, which
+ * are checked later by the direct API's own checks.
+ */
+function splitCallOptions(fn: string, options: unknown): { rest: unknown; signal?: AbortSignal; transfer: boolean } {
+  if (options === null || typeof options !== 'object' || Array.isArray(options)) return { rest: options, transfer: false };
+  const { signal, transfer, ...rest } = options as WorkerCallOptions & Record<string, unknown>;
+  if (signal !== undefined && !isAbortSignal(signal)) {
+    throw new TypeError(`${fn}: options.signal must be an AbortSignal, got ${describe(signal)}`);
+  }
+  if (transfer !== undefined && typeof transfer !== 'boolean') {
+    throw new TypeError(`${fn}: options.transfer must be a boolean, got ${describe(transfer)}`);
+  }
+  const hadOwn = (name: string) => Object.prototype.hasOwnProperty.call(options, name);
+  // Nothing worker-only: the caller's object itself, so a non-plain object meets the same checks.
+  return { rest: hadOwn('signal') || hadOwn('transfer') ? rest : options, signal, transfer: transfer ?? false };
+}
+
+/** The options of a call that takes no direct-API options: only `signal`. */
+function signalOnly(fn: string, options: unknown): { signal?: AbortSignal } {
+  checkOptionNames(fn, options, ['signal']);
+  return splitCallOptions(fn, options);
+}
+
+function isAbortSignal(x: unknown): x is AbortSignal {
+  return x !== null && typeof x === 'object' && typeof (x as AbortSignal).aborted === 'boolean' &&
+    typeof (x as AbortSignal).addEventListener === 'function';
+}
+
+/** The result from the worker, with the output copied into `out` when one was given (as the direct API does). */
+function deliver(value: unknown, out: unknown): SdpaResult {
+  const result = value as SdpaResult;
+  if (out instanceof Float32Array || tag(out) === 'Float32Array') {
+    const target = out as Float32Array;
+    const size = result.output.data.length;
+    target.set(result.output.data);
+    result.output = { data: target.length === size ? target : target.subarray(0, size), dims: result.output.dims };
+  }
+  return result;
+}
+
+/** The options to send: what the checks accepted, without `out` (results come back in a new buffer). */
+function sendable(options: unknown): unknown {
+  if (options === null || typeof options !== 'object') return options;
+  const { out: _out, ...rest } = options as Record<string, unknown>;
+  return rest;
+}
+
+const rejectNow = (error: unknown) => Promise.reject(error);
+
+/** Runs `body`, turning a synchronous throw into a rejected promise (every method is async). */
+function settle<T>(body: () => Promise<T>): Promise<T> {
+  try {
+    return body();
+  } catch (error) {
+    return rejectNow(error);
+  }
+}
+
+// ─── the public classes ───────────────────────────────────────────────────────────────────
+
+export class AttentionWorker {
+  /** Threads the kernel runs on inside the worker (> 1: the threaded build, nested workers). */
+  readonly threads: number;
+  /** Whether the 128-bit SIMD kernel is in use (always). */
+  readonly simd: boolean;
+  readonly #channel: Channel;
+  readonly #caches = new Set<WorkerKVCache>();
+  #nextCache = 1;
+  #disposing: Promise<void> | null = null;
+
+  /** @internal Use createAttentionWorker(). */
+  constructor(channel: Channel, info: { threads: number; simd: boolean }) {
+    this.#channel = channel;
+    this.threads = info.threads;
+    this.simd = info.simd;
+  }
+
+  /** @internal For tests: the underlying Worker (a worker_threads Worker in Node). */
+  get [Symbol.for('sdpa-wasm.worker')](): unknown {
+    return this.#channel.raw;
+  }
+
+  #check(fn: string): void {
+    if (this.#disposing !== null) throw new Error(`${fn}: this AttentionWorker has been disposed`);
+    if (this.#channel.dead !== null) throw this.#channel.dead;
+  }
+
+  /**
+   * Attention.sdpa() in the worker: the same result (bitwise) and the same errors (as
+   * rejections). Inputs are copied when called, or moved with `{ transfer: true }`; `out`
+   * receives the output when the call completes; `{ signal }` cancels it while it waits.
+   */
+  sdpa(query: Tensor, key: Tensor, value: Tensor, options?: WorkerSdpaOptions): Promise<SdpaResult> {
+    return settle(() => {
+      this.#check('sdpa');
+      const { rest, signal, transfer } = splitCallOptions('sdpa', options);
+      const take = new Taker(transfer);
+      const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
+      const o = take.options(rest);
+      return this.#channel.call('sdpa', () => {
+        plan(q, k, v, o);
+        return { query: q, key: k, value: v, options: sendable(o) };
+      }, (result) => deliver(result, (o as SdpaOptions | undefined)?.out), signal);
+    });
+  }
+
+  /** Attention.createKVCache() in the worker: the storage is in the worker's wasm memory. */
+  createKVCache(options: KVCacheOptions, callOptions?: Pick<WorkerCallOptions, 'signal'>): Promise<WorkerKVCache> {
+    return settle(() => {
+      this.#check('createKVCache');
+      const shape = checkCacheOptions(options);
+      const { signal } = signalOnly('createKVCache', callOptions);
+      const id = this.#nextCache++;
+      return this.#channel.call('createKVCache', () => ({ cache: id, options: { ...shape } }), (value) => {
+        const cache = new WorkerKVCache(this.#channel, id, shape, (value as { byteLength: number }).byteLength,
+          (c) => this.#caches.delete(c));
+        this.#caches.add(cache);
+        return cache;
+      }, signal);
+    });
+  }
+
+  /**
+   * Ends the worker after the calls already made (and disposes its caches); later calls
+   * reject. Resolves once the worker has stopped (a Node process can then exit). Calling it
+   * again returns the same promise.
+   */
+  dispose(): Promise<void> {
+    if (this.#disposing !== null) return this.#disposing;
+    for (const cache of this.#caches) cache.markDisposed();
+    this.#caches.clear();
+    const ended = new Error('sdpa-wasm: this AttentionWorker has been disposed');
+    this.#disposing = this.#channel.call('dispose', () => ({}), () => undefined)
+      .catch(() => undefined)  // a dead worker has nothing left to dispose
+      .then(() => this.#channel.terminate(ended));
+    return this.#disposing;
+  }
+
+  /**
+   * Stops the worker now, even in the middle of a call: pending calls reject. For a job that
+   * must not finish; dispose() lets the calls already made complete.
+   */
+  terminate(): Promise<void> {
+    for (const cache of this.#caches) cache.markDisposed();
+    this.#caches.clear();
+    this.#disposing ??= this.#channel.terminate(new Error('sdpa-wasm: the attention worker was terminated'));
+    return this.#disposing;
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.dispose();
+  }
+}
+
+/** A KVCache living in an AttentionWorker: the same members, with promises. */
+export class WorkerKVCache {
+  readonly batch: number;
+  readonly kvHeads: number;
+  readonly headDim: number;
+  readonly valueDim: number;
+  readonly maxLength: number;
+  readonly dtype: KVCacheDType;
+  readonly byteLength: number;
+  readonly #shape: KVCacheShape;
+  readonly #channel: Channel;
+  readonly #id: number;
+  #length = 0;
+  #disposed = false;
+  readonly #onDispose: (cache: WorkerKVCache) => void;
+
+  /** @internal Use worker.createKVCache(). */
+  constructor(channel: Channel, id: number, shape: KVCacheShape, byteLength: number, onDispose: (cache: WorkerKVCache) => void) {
+    this.#shape = shape;
+    this.batch = shape.batch;
+    this.kvHeads = shape.kvHeads;
+    this.headDim = shape.headDim;
+    this.valueDim = shape.valueDim;
+    this.maxLength = shape.maxLength;
+    this.dtype = shape.dtype;
+    this.byteLength = byteLength;
+    this.#channel = channel;
+    this.#id = id;
+    this.#onDispose = onDispose;
+  }
+
+  /** Positions stored, as of the last completed call (exact once the calls made have settled). */
+  get length(): number {
+    return this.#length;
+  }
+
+  get disposed(): boolean {
+    return this.#disposed;
+  }
+
+  /** @internal The worker was disposed or terminated. */
+  markDisposed(): void {
+    this.#disposed = true;
+  }
+
+  #check(fn: string): void {
+    if (this.#disposed) throw new Error(`${fn}: this KVCache has been disposed`);
+    if (this.#channel.dead !== null) throw this.#channel.dead;
+  }
+
+  // A call whose checks see this cache as the calls before it left it (state at its turn).
+  #call<T>(fn: string, op: Op, prepare: () => Record<string, unknown>, finish: (value: unknown) => T, signal?: AbortSignal): Promise<T> {
+    return this.#channel.call(op, () => {
+      if (this.#disposed) throw new Error(`${fn}: this KVCache has been disposed`);
+      return { cache: this.#id, ...prepare() };
+    }, finish, signal);
+  }
+
+  #lengthFrom = (value: unknown) => {
+    this.#length = (value as { length: number }).length;
+  };
+
+  /** KVCache.append() in the worker. `{ transfer: true }` moves key's and value's buffers. */
+  append(key: KVTensor, value: KVTensor, options?: { layout?: 'bhsd' | 'bshd' } & WorkerCallOptions): Promise<void> {
+    return settle(() => {
+      const fn = 'KVCache.append';
+      this.#check(fn);
+      const { rest, signal, transfer } = splitCallOptions(fn, options);
+      const take = new Taker(transfer);
+      const k = take.tensor(key, true), v = take.tensor(value, true), o = take.options(rest);
+      return this.#call(fn, 'append', () => {
+        checkAppend(this.#shape, this.#length, k, v, o);
+        return { key: k, value: v, options: o };
+      }, this.#lengthFrom, signal);
+    });
+  }
+
+  /** KVCache.attend() in the worker: causal, bottom-right aligned, by default. */
+  attend(query: Tensor, options?: WorkerSdpaOptions): Promise<SdpaResult> {
+    return settle(() => {
+      const fn = 'KVCache.attend';
+      this.#check(fn);
+      const { rest, signal, transfer } = splitCallOptions(fn, options);
+      const take = new Taker(transfer);
+      const q = take.tensor(query, true), o = take.options(rest);
+      return this.#call(fn, 'attend', () => {
+        planAttend(q, cacheOperands(this.#shape, this.#length), o);
+        return { query: q, options: sendable(o) };
+      }, (result) => deliver(result, (o as SdpaOptions | undefined)?.out), signal);
+    });
+  }
+
+  /** KVCache.truncate(n) in the worker: keeps the first n positions. */
+  truncate(n: number, options?: Pick<WorkerCallOptions, 'signal'>): Promise<void> {
+    return settle(() => {
+      const fn = 'KVCache.truncate';
+      this.#check(fn);
+      const { signal } = signalOnly(fn, options);
+      return this.#call(fn, 'truncate', () => {
+        checkTruncate(this.#length, n);
+        return { n };
+      }, this.#lengthFrom, signal);
+    });
+  }
+
+  /** KVCache.reset() in the worker: length 0, the storage stays. */
+  reset(options?: Pick<WorkerCallOptions, 'signal'>): Promise<void> {
+    return settle(() => {
+      const fn = 'KVCache.reset';
+      this.#check(fn);
+      const { signal } = signalOnly(fn, options);
+      return this.#call(fn, 'reset', () => ({}), this.#lengthFrom, signal);
+    });
+  }
+
+  /** Frees the storage in the worker (after the calls already made); later calls reject. Harmless twice. */
+  dispose(): Promise<void> {
+    if (this.#disposed) return Promise.resolve();
+    this.#disposed = true;
+    this.#onDispose(this);
+    if (this.#channel.dead !== null) return Promise.resolve();
+    return this.#channel.call('disposeCache', () => ({ cache: this.#id }), () => {
+      this.#length = 0;
+    }).catch(() => undefined);  // a dead worker has freed everything
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.dispose();
+  }
+}
+
+/**
+ * An Attention instance in a dedicated worker (a module Web Worker in browsers, a
+ * worker_threads Worker in Node), so attention never blocks the calling thread. Takes
+ * createAttention()'s options; in a browser the worker uses the threaded build where the page
+ * is cross-origin isolated. Rejects (and stops the worker) if the worker cannot start.
+ */
+export async function createAttentionWorker(options: AttentionOptions = {}): Promise<AttentionWorker> {
+  const checked = checkAttentionOptions('createAttentionWorker', options);
+  const channel = new Channel(await startWorker());
+  try {
+    const info = await channel.call('init', () => ({ options: checked.threads === undefined ? {} : { threads: checked.threads } }),
+      (value) => value as { threads: number; simd: boolean });
+    return new AttentionWorker(channel, info);
+  } catch (error) {
+    await channel.terminate(error instanceof Error ? error : new Error(String(error)));
+    throw error;
+  }
+}
