@@ -61,7 +61,9 @@ async function startWorker(): Promise<WorkerLink> {
   if (isNode) {
     const name = 'node:worker_threads';
     const { Worker } = await import(/* @vite-ignore */ name);
-    const worker = new Worker(new URL(WORKER_SCRIPT, import.meta.url));
+    // The process's Node flags, but not --input-type (for `node -e` code; a worker is a file).
+    const execArgv = process.execArgv.filter((flag) => !flag.startsWith('--input-type'));
+    const worker = new Worker(new URL(WORKER_SCRIPT, import.meta.url), { execArgv });
     return {
       post: (message, transfer) => worker.postMessage(message, transfer),
       onMessage: (handler) => worker.on('message', handler),
@@ -256,33 +258,25 @@ function typedArrays(args: Record<string, unknown>): unknown[] {
  * Takes the caller's typed arrays when a call is made: copies (only the view's elements), or
  * with `transfer`, moves their buffers (zero copy; the caller's arrays are then detached).
  * Two arrays over one buffer stay over one moved buffer. A SharedArrayBuffer cannot move: copied.
+ * Moving detaches every view of a buffer at once, so views to move are only noted by take()
+ * (with their offset and length, unreadable once detached) and moved together by done().
  */
 class Taker {
-  readonly #moved = new Map<ArrayBufferLike, ArrayBuffer>();
+  readonly #toMove: { holder: Record<string, unknown>; view: TypedArray; offset: number; length: number }[] = [];
   constructor(readonly transfer: boolean) {}
 
   copy(x: unknown): unknown {
     return isTypedArray(x) ? x.slice() : x;
   }
 
-  take(x: unknown): unknown {
-    if (!isTypedArray(x)) return x;
-    const buffer = x.buffer;
-    if (!this.transfer || tag(buffer) !== 'ArrayBuffer' || buffer.byteLength === 0) return x.slice();
-    let moved = this.#moved.get(buffer);
-    if (moved === undefined) {
-      moved = structuredClone(buffer, { transfer: [buffer as ArrayBuffer] }) as ArrayBuffer;
-      this.#moved.set(buffer, moved);
-    }
-    const View = x.constructor as new (buffer: ArrayBuffer, offset: number, length: number) => TypedArray;
-    return new View(moved, x.byteOffset, x.length);
-  }
-
-  /** A tensor-like object: its data taken, its dims copied; anything else as it is (for the checks' messages). */
+  /** A tensor-like object: a new { data, dims } with its data taken, its dims copied; anything else as it is (for the checks' messages). */
   tensor(t: unknown, move: boolean): unknown {
     if (t === null || typeof t !== 'object') return t;
     const { data, dims } = t as { data?: unknown; dims?: unknown };
-    return { data: move ? this.take(data) : this.copy(data), dims: Array.isArray(dims) ? [...dims] : dims };
+    const movable = move && this.transfer && isTypedArray(data) && tag(data.buffer) === 'ArrayBuffer' && data.buffer.byteLength > 0;
+    const taken: Record<string, unknown> = { data: movable ? data : this.copy(data), dims: Array.isArray(dims) ? [...dims] : dims };
+    if (movable) this.#toMove.push({ holder: taken, view: data, offset: data.byteOffset, length: data.length });  // data replaced by done()
+    return taken;
   }
 
   /** Options: a copy of the plain object, its mask and per-batch arrays copied; `out` kept (results land in it). */
@@ -294,6 +288,21 @@ class Taker {
       copy[name] = name === 'attnMask' ? this.tensor(value, false) : name === 'out' ? value : this.copy(value);
     }
     return copy;
+  }
+
+  /** Moves the noted buffers (each once) and points the taken tensors at the moved ones. */
+  done(): void {
+    const moved = new Map<ArrayBufferLike, ArrayBuffer>();
+    for (const { view } of this.#toMove) {
+      if (!moved.has(view.buffer)) moved.set(view.buffer, view.buffer as ArrayBuffer);
+    }
+    const buffers = [...moved.keys()] as ArrayBuffer[];
+    const clones = structuredClone(buffers, { transfer: buffers }) as ArrayBuffer[];
+    buffers.forEach((buffer, i) => moved.set(buffer, clones[i]));
+    for (const { holder, view, offset, length } of this.#toMove) {
+      const View = view.constructor as new (buffer: ArrayBuffer, offset: number, length: number) => TypedArray;
+      holder.data = new View(moved.get(view.buffer) as ArrayBuffer, offset, length);
+    }
   }
 }
 
@@ -401,6 +410,7 @@ export class AttentionWorker {
       const take = new Taker(transfer);
       const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
       const o = take.options(rest);
+      take.done();
       return this.#channel.call('sdpa', () => {
         plan(q, k, v, o);
         return { query: q, key: k, value: v, options: sendable(o) };
@@ -526,6 +536,7 @@ export class WorkerKVCache {
       const { rest, signal, transfer } = splitCallOptions(fn, options);
       const take = new Taker(transfer);
       const k = take.tensor(key, true), v = take.tensor(value, true), o = take.options(rest);
+      take.done();
       return this.#call(fn, 'append', () => {
         checkAppend(this.#shape, this.#length, k, v, o);
         return { key: k, value: v, options: o };
@@ -541,6 +552,7 @@ export class WorkerKVCache {
       const { rest, signal, transfer } = splitCallOptions(fn, options);
       const take = new Taker(transfer);
       const q = take.tensor(query, true), o = take.options(rest);
+      take.done();
       return this.#call(fn, 'attend', () => {
         planAttend(q, cacheOperands(this.#shape, this.#length), o);
         return { query: q, options: sendable(o) };

@@ -29,7 +29,7 @@ test.beforeAll(async () => {
     const { failures, output } = checkCase(attn, await loadCase(io, entry.dir));
     nodeOnnx.push({ name: entry.name, failures, hash: bitsHash(output) });
   }
-  nodeReference = runReferenceCases(attn);
+  nodeReference = await runReferenceCases(attn);
 });
 
 test.afterAll(() => attn?.dispose());
@@ -90,7 +90,7 @@ for (const [label, base, isolated] of [['cross-origin isolated', ISOLATED, true]
         const { createAttention } = await import('/dist/index.js');
         const { runReferenceCases } = await import('/tests/shared/reference-cases.mjs');
         const attn = await createAttention();
-        const cases = runReferenceCases(attn);
+        const cases = await runReferenceCases(attn);
         const threads = attn.threads;
         attn.dispose();
         return { cases, threads };

@@ -12,7 +12,7 @@ test.beforeAll(async () => {
   const { createAttention } = await nodePackage();
   const attn = await createAttention({ threads: 1 });
   try {
-    nodeCases = runCacheCases(attn);
+    nodeCases = await runCacheCases(attn);
   } finally {
     attn.dispose();
   }
@@ -27,7 +27,7 @@ for (const [label, base, isolated] of [['cross-origin isolated', ISOLATED, true]
       const { runCacheCases } = await import('/tests/shared/kv-cache-cases.mjs');
       const attn = await createAttention();
       try {
-        return { cases: runCacheCases(attn), threads: attn.threads };
+        return { cases: await runCacheCases(attn), threads: attn.threads };
       } finally {
         attn.dispose();
       }

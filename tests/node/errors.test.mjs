@@ -8,6 +8,7 @@ import { createAttention } from 'sdpa-wasm';
 // The internal loader (not public API): gives the Emscripten module with HEAPU8, _malloc, _free.
 import * as loader from '../../dist/loader.js';
 import { maxRelError, randomTensor, referenceSdpa } from './reference.mjs';
+import { B, E, Ev, has, Hkv, Hq, k, Lk, Lq, q, sdpaErrorCases, v } from '../shared/sdpa-error-cases.mjs';
 
 let attn;
 beforeAll(async () => {
@@ -24,12 +25,7 @@ async function moduleFor(threads) {
   return { module: await loader.loadModule(), release: () => {} };
 }
 
-// A valid problem the error cases start from: B = 2, Hq = 4, Hkv = 2, Lq = 5, Lk = 7,
-// E = 3, Ev = 6.
-const B = 2, Hq = 4, Hkv = 2, Lq = 5, Lk = 7, E = 3, Ev = 6;
-const q = () => randomTensor([B, Hq, Lq, E], 1);
-const k = () => randomTensor([B, Hkv, Lk, E], 2);
-const v = () => randomTensor([B, Hkv, Lk, Ev], 3);
+// A valid problem the error cases start from (tests/shared/sdpa-error-cases.mjs).
 const t = (data, dims) => ({ data, dims });
 
 /** The instance still computes a correct small result (checked against the reference). */
@@ -58,147 +54,8 @@ function expectError(fn, Cls, patterns) {
   expectStillWorks();
 }
 
-const esc = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
-const has = (s) => new RegExp(esc(s));
 
-// [description, call, error class, patterns the message must match]
-const CASES = [
-  // Missing tensors and wrong kinds of data.
-  ['query missing', () => attn.sdpa(undefined, k(), v()), TypeError, [/query/, /got undefined/]],
-  ['key null', () => attn.sdpa(q(), null, v()), TypeError, [/key must be a tensor/, /got null/]],
-  ['value missing (two arguments)', () => attn.sdpa(q(), k()), TypeError, [/value must be a tensor/, /got undefined/]],
-  ['query a number', () => attn.sdpa(5, k(), v()), TypeError, [/query must be a tensor/, /got 5/]],
-  ['query.data a plain array', () => attn.sdpa(t(Array.from(q().data), [B, Hq, Lq, E]), k(), v()), TypeError,
-    [/query\.data/, /Float32Array/, has(`Array(${B * Hq * Lq * E})`)]],
-  ['key.data a Float64Array', () => attn.sdpa(q(), t(Float64Array.from(k().data), [B, Hkv, Lk, E]), v()), TypeError,
-    [/key\.data/, /must be a Float32Array/, has(`Float64Array(${B * Hkv * Lk * E})`)]],
-  ['value.data missing', () => attn.sdpa(q(), k(), { dims: [B, Hkv, Lk, Ev] }), TypeError, [/value\.data/, /got undefined/]],
-
-  // dims.
-  ['query.dims a string', () => attn.sdpa(t(q().data, '2,4,5,3'), k(), v()), TypeError, [/query\.dims/, /array/, /"2,4,5,3"/]],
-  ['key.dims missing', () => attn.sdpa(q(), t(k().data, undefined), v()), TypeError, [/key\.dims/, /got undefined/]],
-  ['key.dims a typed array', () => attn.sdpa(q(), t(k().data, new Int32Array([B, Hkv, Lk, E])), v()), TypeError,
-    [/key\.dims/, /Int32Array/]],
-  ['key.dims with a 0', () => attn.sdpa(q(), t(new Float32Array(0), [B, 0, Lk, E]), v()), RangeError,
-    [/key\.dims\[1\]/, /positive integer/, /got 0/, has(`[${B}, 0, ${Lk}, ${E}]`)]],
-  ['value.dims negative', () => attn.sdpa(q(), k(), t(v().data, [B, Hkv, -Lk, -Ev])), RangeError,
-    [/value\.dims\[2\]/, /positive integer/, has(`got ${-Lk}`)]],
-  ['query.dims non-integer', () => attn.sdpa(t(q().data, [B, Hq, Lq, 2.5]), k(), v()), RangeError,
-    [/query\.dims\[3\]/, /got 2\.5/]],
-  ['query.dims NaN', () => attn.sdpa(t(q().data, [NaN, Hq, Lq, E]), k(), v()), RangeError, [/query\.dims\[0\]/, /got NaN/]],
-  ['query.data length != product of dims', () => attn.sdpa(t(q().data.subarray(1), [B, Hq, Lq, E]), k(), v()), RangeError,
-    [/query\.data\.length/, has(`= ${B * Hq * Lq * E}`), has(`got ${B * Hq * Lq * E - 1}`)]],
-  ['value.data longer than dims', () => attn.sdpa(q(), k(), t(new Float32Array(B * Hkv * Lk * Ev + 6), [B, Hkv, Lk, Ev])), RangeError,
-    [/value\.data\.length/, has(`${B * Hkv * Lk * Ev}`), has(`got ${B * Hkv * Lk * Ev + 6}`)]],
-  ['query rank 1', () => attn.sdpa(t(new Float32Array(3), [3]), k(), v()), RangeError, [/query\.dims/, /rank 2\.\.4/, /rank 1/]],
-  ['key rank 5', () => attn.sdpa(q(), t(k().data, [1, B, Hkv, Lk, E]), v()), RangeError, [/key\.dims/, /rank 2\.\.4/, /rank 5/]],
-  ['value rank 0', () => attn.sdpa(q(), k(), t(new Float32Array(1), [])), RangeError, [/value\.dims/, /rank 0/]],
-
-  // Shapes that do not fit together.
-  ['E of key != E of query', () => attn.sdpa(q(), randomTensor([B, Hkv, Lk, E + 1], 4), v()), RangeError,
-    [/key\.dims/, /head size E/, has(`= ${E}`), has(`got ${E + 1}`)]],
-  ['Lk of value != Lk of key', () => attn.sdpa(q(), k(), randomTensor([B, Hkv, Lk + 2, Ev], 5)), RangeError,
-    [/value\.dims/, /Lk/, has(`= ${Lk}`), has(`got ${Lk + 2}`)]],
-  ['B of key != B of query', () => attn.sdpa(q(), randomTensor([B + 1, Hkv, Lk, E], 6), randomTensor([B + 1, Hkv, Lk, Ev], 7)), RangeError,
-    [/key\.dims/, /batch B/, has(`= ${B}`), has(`got ${B + 1}`)]],
-  ['B of value != B of query', () => attn.sdpa(q(), k(), randomTensor([1, Hkv, Lk, Ev], 7)), RangeError,
-    [/value\.dims/, /batch B/, has(`= ${B}`), /got 1/]],
-  ['Hkv of value != Hkv of key', () => attn.sdpa(q(), k(), randomTensor([B, 1, Lk, Ev], 8)), RangeError,
-    [/value\.dims/, /Hkv/, has(`= ${Hkv}`), /got 1/]],
-  ['Hq % Hkv != 0', () => attn.sdpa(q(), randomTensor([B, 3, Lk, E], 9), randomTensor([B, 3, Lk, Ev], 10)), RangeError,
-    [/Hq = 4/, /Hkv = 3/, /multiple/]],
-  ["bshd: a bhsd key read as [B, L, H, E]", () => attn.sdpa(randomTensor([B, Lq, Hq, E], 11), randomTensor([B, Hkv, Lk, E], 12),
-    randomTensor([B, Lk, Hkv, Ev], 13), { layout: 'bshd' }), RangeError, [/value\.dims/, /\[B, L, H, E\]/]],
-
-  // attnMask.
-  ['mask not broadcastable (Lk)', () => attn.sdpa(q(), k(), v(), { attnMask: t(new Float32Array(Lk + 1), [Lk + 1]) }), RangeError,
-    [/options\.attnMask\.dims/, has(`[${Lk + 1}]`), has(`[${B}, ${Hq}, ${Lq}, ${Lk}]`), /axis Lk/, has(`got ${Lk + 1}`)]],
-  ['mask not broadcastable (Hkv heads instead of Hq)', () => attn.sdpa(q(), k(), v(), { attnMask: t(new Uint8Array(Hkv * Lq * Lk), [Hkv, Lq, Lk]) }), RangeError,
-    [/options\.attnMask\.dims/, /axis Hq/, has(`must be 1 or ${Hq}`), has(`got ${Hkv}`)]],
-  ['mask not broadcastable (B)', () => attn.sdpa(q(), k(), v(), { attnMask: t(new Float32Array(3 * Lk), [3, 1, 1, Lk]) }), RangeError,
-    [/options\.attnMask\.dims/, /axis B/, /got 3/]],
-  ['mask rank 5', () => attn.sdpa(q(), k(), v(), { attnMask: t(new Float32Array(Lk), [1, 1, 1, 1, Lk]) }), RangeError,
-    [/options\.attnMask\.dims/, /rank 5/]],
-  ['mask data length != dims', () => attn.sdpa(q(), k(), v(), { attnMask: t(new Float32Array(Lk - 1), [Lk]) }), RangeError,
-    [/options\.attnMask\.data\.length/, has(`= ${Lk}`), has(`got ${Lk - 1}`)]],
-  ['mask Int8Array', () => attn.sdpa(q(), k(), v(), { attnMask: t(new Int8Array(Lk), [Lk]) }), TypeError,
-    [/options\.attnMask\.data/, /Float32Array/, /Uint8Array/, has(`Int8Array(${Lk})`)]],
-  ['mask plain array', () => attn.sdpa(q(), k(), v(), { attnMask: t(new Array(Lk).fill(0), [Lk]) }), TypeError,
-    [/options\.attnMask\.data/, has(`Array(${Lk})`)]],
-  ['mask Float64Array', () => attn.sdpa(q(), k(), v(), { attnMask: t(new Float64Array(Lk), [Lk]) }), TypeError,
-    [/options\.attnMask\.data/, has(`Float64Array(${Lk})`)]],
-  ['mask Uint8ClampedArray', () => attn.sdpa(q(), k(), v(), { attnMask: t(new Uint8ClampedArray(Lk), [Lk]) }), TypeError,
-    [/options\.attnMask\.data/, has(`Uint8ClampedArray(${Lk})`)]],
-  ['mask null', () => attn.sdpa(q(), k(), v(), { attnMask: null }), TypeError, [/options\.attnMask/, /got null/]],
-  ['mask a bare typed array', () => attn.sdpa(q(), k(), v(), { attnMask: new Float32Array(Lk) }), TypeError,
-    [/options\.attnMask\.data/, /got undefined/]],
-
-  // keyLengths.
-  ['keyLengths of wrong length', () => attn.sdpa(q(), k(), v(), { keyLengths: new Int32Array([Lk, Lk, Lk]) }), RangeError,
-    [/options\.keyLengths/, has(`length B = ${B}`), /got 3/]],
-  ['keyLengths a plain array', () => attn.sdpa(q(), k(), v(), { keyLengths: [Lk, Lk] }), TypeError,
-    [/options\.keyLengths/, /Int32Array/, /Array\(2\)/]],
-  ['keyLengths a Uint32Array', () => attn.sdpa(q(), k(), v(), { keyLengths: new Uint32Array([Lk, Lk]) }), TypeError,
-    [/options\.keyLengths/, /Uint32Array\(2\)/]],
-  ['keyLengths value -1', () => attn.sdpa(q(), k(), v(), { keyLengths: new Int32Array([Lk, -1]) }), RangeError,
-    [/options\.keyLengths\[1\]/, has(`[0, Lk = ${Lk}]`), /got -1/]],
-  ['keyLengths value Lk + 1', () => attn.sdpa(q(), k(), v(), { keyLengths: new Int32Array([Lk + 1, 0]) }), RangeError,
-    [/options\.keyLengths\[0\]/, has(`Lk = ${Lk}`), has(`got ${Lk + 1}`)]],
-
-  // causalOffset / isCausal.
-  ['causalOffset Int32Array of wrong length', () => attn.sdpa(q(), k(), v(), { isCausal: true, causalOffset: new Int32Array(B + 1) }), RangeError,
-    [/options\.causalOffset/, has(`length B = ${B}`), has(`got length ${B + 1}`)]],
-  ['causalOffset 1.5', () => attn.sdpa(q(), k(), v(), { isCausal: true, causalOffset: 1.5 }), RangeError,
-    [/options\.causalOffset/, /integer/, /got 1\.5/]],
-  ['causalOffset NaN', () => attn.sdpa(q(), k(), v(), { isCausal: true, causalOffset: NaN }), RangeError,
-    [/options\.causalOffset/, /got NaN/]],
-  ['causalOffset Infinity', () => attn.sdpa(q(), k(), v(), { isCausal: true, causalOffset: Infinity }), RangeError,
-    [/options\.causalOffset/, /got Infinity/]],
-  ['causalOffset a string', () => attn.sdpa(q(), k(), v(), { isCausal: true, causalOffset: '1' }), TypeError,
-    [/options\.causalOffset/, /"1"/]],
-  ['causalOffset a plain array', () => attn.sdpa(q(), k(), v(), { isCausal: true, causalOffset: [0, 0] }), TypeError,
-    [/options\.causalOffset/, /Int32Array/, /Array\(2\)/]],
-  ['causalOffset without isCausal', () => attn.sdpa(q(), k(), v(), { causalOffset: 2 }), TypeError,
-    [/options\.causalOffset/, /isCausal/]],
-  ['causalOffset with isCausal: false', () => attn.sdpa(q(), k(), v(), { isCausal: false, causalOffset: 0 }), TypeError,
-    [/options\.causalOffset/, /isCausal/]],
-  ['isCausal a number', () => attn.sdpa(q(), k(), v(), { isCausal: 1 }), TypeError, [/options\.isCausal/, /boolean/, /got 1/]],
-  ['returnWeights a string', () => attn.sdpa(q(), k(), v(), { returnWeights: 'yes' }), TypeError,
-    [/options\.returnWeights/, /boolean/, /"yes"/]],
-
-  // scale and softcap.
-  ['scale NaN', () => attn.sdpa(q(), k(), v(), { scale: NaN }), RangeError, [/options\.scale/, /finite/, /got NaN/]],
-  ['scale Infinity', () => attn.sdpa(q(), k(), v(), { scale: Infinity }), RangeError, [/options\.scale/, /got Infinity/]],
-  ['scale -Infinity', () => attn.sdpa(q(), k(), v(), { scale: -Infinity }), RangeError, [/options\.scale/, /got -Infinity/]],
-  ['scale a string', () => attn.sdpa(q(), k(), v(), { scale: '0.5' }), TypeError, [/options\.scale/, /number/, /"0\.5"/]],
-  ['scale null', () => attn.sdpa(q(), k(), v(), { scale: null }), TypeError, [/options\.scale/, /got null/]],
-  ['softcap 0', () => attn.sdpa(q(), k(), v(), { softcap: 0 }), RangeError, [/options\.softcap/, /> 0/, /got 0/]],
-  ['softcap negative', () => attn.sdpa(q(), k(), v(), { softcap: -2 }), RangeError, [/options\.softcap/, /got -2/]],
-  ['softcap NaN', () => attn.sdpa(q(), k(), v(), { softcap: NaN }), RangeError, [/options\.softcap/, /got NaN/]],
-  ['softcap Infinity', () => attn.sdpa(q(), k(), v(), { softcap: Infinity }), RangeError, [/options\.softcap/, /got Infinity/]],
-  ['softcap a string', () => attn.sdpa(q(), k(), v(), { softcap: '5' }), TypeError, [/options\.softcap/, /"5"/]],
-
-  // out.
-  ['out too small', () => attn.sdpa(q(), k(), v(), { out: new Float32Array(B * Hq * Lq * Ev - 1) }), RangeError,
-    [/options\.out/, /too small/, has(`[${B}, ${Hq}, ${Lq}, ${Ev}]`), has(`${B * Hq * Lq * Ev} floats`), has(`got ${B * Hq * Lq * Ev - 1}`)]],
-  ['out a Float64Array', () => attn.sdpa(q(), k(), v(), { out: new Float64Array(B * Hq * Lq * Ev) }), TypeError,
-    [/options\.out/, /Float32Array/, has(`Float64Array(${B * Hq * Lq * Ev})`)]],
-  ['out a plain array', () => attn.sdpa(q(), k(), v(), { out: [] }), TypeError, [/options\.out/, /Array\(0\)/]],
-  ['out an ArrayBuffer', () => attn.sdpa(q(), k(), v(), { out: new ArrayBuffer(1024) }), TypeError, [/options\.out/, /ArrayBuffer/]],
-
-  // Options themselves.
-  ['unknown option iscausal (typo)', () => attn.sdpa(q(), k(), v(), { iscausal: true }), TypeError,
-    [/unknown option "iscausal"/, /isCausal/]],
-  ['unknown option mask', () => attn.sdpa(q(), k(), v(), { mask: t(new Float32Array(Lk), [Lk]) }), TypeError,
-    [/unknown option "mask"/, /attnMask/]],
-  ['options null', () => attn.sdpa(q(), k(), v(), null), TypeError, [/options must be an object/, /got null/]],
-  ['options a number', () => attn.sdpa(q(), k(), v(), 3), TypeError, [/options must be an object/, /got 3/]],
-  ['options a string', () => attn.sdpa(q(), k(), v(), 'causal'), TypeError, [/options must be an object/, /"causal"/]],
-  ['options an array', () => attn.sdpa(q(), k(), v(), [true]), TypeError, [/options must be an object/, /Array\(1\)/]],
-  ['layout invalid', () => attn.sdpa(q(), k(), v(), { layout: 'nchw' }), RangeError,
-    [/options\.layout/, /'bhsd' or 'bshd'/, /"nchw"/]],
-  ['layout upper case', () => attn.sdpa(q(), k(), v(), { layout: 'BSHD' }), RangeError, [/options\.layout/, /"BSHD"/]],
-];
+const CASES = sdpaErrorCases({ sdpa: (...args) => attn.sdpa(...args) });
 
 describe('sdpa() rejects bad input with a typed, descriptive error and stays usable', () => {
   test('the starting problem is valid', () => {

@@ -269,8 +269,8 @@ describe('token-by-token decoding equals attention over the whole history', () =
 });
 
 describe('the shared cache cases (also run in Chromium)', () => {
-  test('one and two threads: within 2e-5 of the reference, memory growing mid-sequence, the same bits', () => {
-    const one = runCacheCases(attn), two = runCacheCases(attn2);
+  test('one and two threads: within 2e-5 of the reference, memory growing mid-sequence, the same bits', async () => {
+    const one = await runCacheCases(attn), two = await runCacheCases(attn2);
     expect(one.filter((c) => !c.ok).map((c) => `${c.name}: ${c.worstError}`)).toEqual([]);
     expect(two.filter((c) => !c.ok).map((c) => `${c.name}: ${c.worstError}`)).toEqual([]);
     expect(two.map((c) => c.hash)).toEqual(one.map((c) => c.hash));

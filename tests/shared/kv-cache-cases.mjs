@@ -49,38 +49,43 @@ export const CACHE_CASES = [
     steps: [9, 1, 1, 50, 1], dtype: 'float16', grow: 64 * 2 ** 20 },
 ];
 
-/** Runs every case on `attn`. Returns [{ name, worstError, ok, hash, steps }]. */
-export function runCacheCases(attn, cases = CACHE_CASES) {
-  return cases.map(({ name, shape, steps, dtype, grow }, index) => {
+/**
+ * Runs every case on `attn`: an Attention, or an AttentionWorker (its methods return promises;
+ * every call is awaited). Returns [{ name, worstError, ok, hash, steps }].
+ */
+export async function runCacheCases(attn, cases = CACHE_CASES) {
+  const results = [];
+  for (const [index, { name, shape, steps, dtype, grow }] of cases.entries()) {
     const { B, Hq, Hkv, E, Ev } = shape;
     const total = steps.reduce((a, b) => a + b, 0);
     const seed = 700 + index;
     const k = noiseTensor([B, Hkv, total, E], seed, 1), v = noiseTensor([B, Hkv, total, Ev], seed, 2);
     const half = (t) => ({ data: Float32Array.from(t.data, roundToHalf), dims: t.dims });
-    const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: total, dtype });
+    const cache = await attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: total, dtype });
     let other = null;
     const hashes = [];
     let worstError = 0;
     try {
       let length = 0;
-      steps.forEach((n, s) => {
-        cache.append(positions(k, length, length + n), positions(v, length, length + n));
+      for (const [s, n] of steps.entries()) {
+        await cache.append(positions(k, length, length + n), positions(v, length, length + n));
         length += n;
         if (grow && s === 1) {
-          other = attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 256, maxLength: grow / 2048 });
+          other = await attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 256, maxLength: grow / 2048 });
         }
         const query = noiseTensor([B, Hq, n, E], seed, 10 + s);
-        const got = cache.attend(query);
+        const got = await cache.attend(query);
         let key = positions(k, 0, length), value = positions(v, 0, length);
         if (dtype === 'float16') key = half(key), value = half(value);
         const ref = referenceSdpa(query, key, value, { isCausal: true, causalOffset: length - n });
         worstError = Math.max(worstError, maxRelError(got.output.data, ref.output));
         hashes.push(bitsHash(got.output.data));
-      });
+      }
     } finally {
-      other?.dispose();
-      cache.dispose();
+      await other?.dispose();
+      await cache.dispose();
     }
-    return { name, worstError, ok: worstError <= REFERENCE_TOL, hash: hashes.join(''), steps: steps.length };
-  });
+    results.push({ name, worstError, ok: worstError <= REFERENCE_TOL, hash: hashes.join(''), steps: steps.length });
+  }
+  return results;
 }

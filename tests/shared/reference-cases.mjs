@@ -94,15 +94,17 @@ export function bitsHash(f32) {
 }
 
 /**
- * Runs every case. Returns [{ name, outputError, weightsError, zerosExact, ok, hash }] where the errors are
+ * Runs every case on `attn`: an Attention, or an AttentionWorker (whose sdpa returns a promise;
+ * each call is awaited). Returns [{ name, outputError, weightsError, zerosExact, ok, hash }] where the errors are
  * maxRelError against the float64 reference (weightsError null when weights were not asked for),
  * zerosExact that every output the reference makes exactly 0 is exactly 0, ok that all of this
  * holds (errors within REFERENCE_TOL, NaN counts as Infinity), and hash covers output and weights.
  */
-export function runReferenceCases(attn, cases = REFERENCE_CASES) {
-  return cases.map(({ name, make }) => {
+export async function runReferenceCases(attn, cases = REFERENCE_CASES) {
+  const results = [];
+  for (const { name, make } of cases) {
     const { query, key, value, options } = make();
-    const got = attn.sdpa(query, key, value, options);
+    const got = await attn.sdpa(query, key, value, options);
     const ref = referenceSdpa(query, key, value, options);
     const outputError = maxRelError(got.output.data, ref.output);
     const weightsError = options.returnWeights ? maxRelError(got.weights.data, ref.weights) : null;
@@ -119,6 +121,7 @@ export function runReferenceCases(attn, cases = REFERENCE_CASES) {
     const ok = dimsOk && zerosExact && outputError <= REFERENCE_TOL &&
       (weightsError === null || weightsError <= REFERENCE_TOL);
     const hash = bitsHash(got.output.data) + (got.weights ? bitsHash(got.weights.data) : '');
-    return { name, outputError, weightsError, dimsOk, zerosExact, zeroOutputs: zeroRows, ok, hash };
-  });
+    results.push({ name, outputError, weightsError, dimsOk, zerosExact, zeroOutputs: zeroRows, ok, hash });
+  }
+  return results;
 }

@@ -1,0 +1,405 @@
+// createAttentionWorker() in Node (a worker_threads Worker): the same results as the direct API
+// bit for bit (sdpa over the shared reference cases, copied and transferred; the KV cache step
+// by step), the same errors (class and message) for every bad input of the direct API's tests,
+// calls resolving in the order they were made, abort of a queued call, a worker that dies or is
+// terminated rejecting every pending and later call, and a Node process that exits by itself.
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { createAttention, createAttentionWorker } from 'sdpa-wasm';
+import { CACHE_CASES, runCacheCases } from '../shared/kv-cache-cases.mjs';
+import { CACHE_ERROR_CASES, CACHE_OPTIONS, createCacheErrorCases, STORED, k as cacheK, q as cacheQ, v as cacheV } from '../shared/kv-cache-error-cases.mjs';
+import { bitsHash, REFERENCE_CASES, runReferenceCases } from '../shared/reference-cases.mjs';
+import { sdpaErrorCases } from '../shared/sdpa-error-cases.mjs';
+import { noiseTensor } from '../../web/seeded.mjs';
+
+const DIST_INDEX = fileURLToPath(new URL('../../dist/index.js', import.meta.url));
+const RAW_WORKER = Symbol.for('sdpa-wasm.worker');
+
+let attn;    // the direct API, one thread
+let worker;  // one thread in its worker
+beforeAll(async () => {
+  attn = await createAttention({ threads: 1 });
+  worker = await createAttentionWorker({ threads: 1 });
+});
+afterAll(async () => {
+  attn.dispose();
+  await worker.dispose();
+});
+
+const hashOf = (result) => bitsHash(result.output.data) + (result.weights ? bitsHash(result.weights.data) : '');
+/** The error a call throws or rejects with (undefined if none). */
+async function errorOf(call) {
+  try {
+    await call();
+  } catch (error) {
+    return error;
+  }
+  return undefined;
+}
+/** A deep copy of a case's inputs (a transferred call detaches them). */
+const cloneCase = ({ query, key, value, options }) => structuredClone({ query, key, value, options });
+/** A problem that takes tens of milliseconds: [1, 8, 1024, 64] self-attention. */
+const longProblem = () => {
+  const t = noiseTensor([1, 8, 1024, 64], 5, 1);
+  return { query: t, key: noiseTensor([1, 8, 1024, 64], 5, 2), value: noiseTensor([1, 8, 1024, 64], 5, 3) };
+};
+
+describe('results: bitwise the direct API', () => {
+  test('threads and simd are reported as on Attention', () => {
+    expect(worker.threads).toBe(1);
+    expect(worker.simd).toBe(true);
+  });
+
+  test('every shared reference case (masks, causal offsets, keyLengths, GQA, weights, both layouts, streamed decode)', async () => {
+    const direct = await runReferenceCases(attn);
+    const through = await runReferenceCases(worker);
+    expect(through.filter((c) => !c.ok).map((c) => c.name)).toEqual([]);
+    expect(through.map((c) => `${c.name} ${c.hash}`)).toEqual(direct.map((c) => `${c.name} ${c.hash}`));
+  });
+
+  test('with { transfer: true }: the same bits, and the caller\'s arrays are detached', async () => {
+    for (const { name, make } of REFERENCE_CASES) {
+      const problem = make();
+      const expected = hashOf(attn.sdpa(problem.query, problem.key, problem.value, problem.options));
+      const moved = cloneCase(problem);
+      const got = await worker.sdpa(moved.query, moved.key, moved.value, { ...moved.options, transfer: true });
+      expect(`${name} ${hashOf(got)}`).toBe(`${name} ${expected}`);
+      expect(moved.query.data.length).toBe(0);
+      expect(moved.key.data.length).toBe(0);
+      expect(moved.value.data.length).toBe(0);
+      // A mask and the per-batch arrays are copied, not moved.
+      if (moved.options.attnMask) expect(moved.options.attnMask.data.length).toBe(problem.options.attnMask.data.length);
+      if (moved.options.keyLengths) expect(moved.options.keyLengths.length).toBe(problem.options.keyLengths.length);
+    }
+  });
+
+  test('transfer: key and value viewing one buffer move together; a SharedArrayBuffer is copied', async () => {
+    const [B, H, L, E] = [1, 2, 9, 8];
+    const n = B * H * L * E;
+    const q = noiseTensor([B, H, L, E], 9, 1);
+    const both = new Float32Array(2 * n);
+    both.set(noiseTensor([B, H, L, E], 9, 2).data);
+    both.set(noiseTensor([B, H, L, E], 9, 3).data, n);
+    const key = { data: both.subarray(0, n), dims: [B, H, L, E] }, value = { data: both.subarray(n), dims: [B, H, L, E] };
+    const expected = hashOf(attn.sdpa(q, key, value));
+    const got = await worker.sdpa({ data: q.data.slice(), dims: q.dims }, key, value, { transfer: true });
+    expect(hashOf(got)).toBe(expected);
+    expect(both.length).toBe(0);
+
+    const shared = new Float32Array(new SharedArrayBuffer(n * 4));
+    shared.set(q.data);
+    const sharedQuery = { data: shared, dims: q.dims };
+    const key2 = noiseTensor([B, H, L, E], 9, 2), value2 = noiseTensor([B, H, L, E], 9, 3);
+    const fromShared = await worker.sdpa(sharedQuery, key2, value2, { transfer: true });
+    expect(hashOf(fromShared)).toBe(hashOf(attn.sdpa(q, noiseTensor([B, H, L, E], 9, 2), noiseTensor([B, H, L, E], 9, 3))));
+    expect(shared.length).toBe(n);
+  });
+
+  test('inputs are taken when the call is made: changing them afterwards does not reach a queued call', async () => {
+    const { query, key, value } = longProblem();
+    const small = REFERENCE_CASES[2].make();
+    const expected = hashOf(attn.sdpa(small.query, small.key, small.value, small.options));
+    const first = worker.sdpa(query, key, value);
+    const second = worker.sdpa(small.query, small.key, small.value, small.options);
+    small.query.data.fill(NaN);
+    small.key.dims[2] = 1;
+    expect(hashOf(await second)).toBe(expected);
+    await first;
+  });
+
+  test('out: the output lands in the caller\'s buffer (the buffer itself, or a prefix of a longer one)', async () => {
+    const { query, key, value, options } = REFERENCE_CASES[5].make();
+    const expected = attn.sdpa(query, key, value, options);
+    const size = expected.output.data.length;
+    const exact = new Float32Array(size);
+    const got = await worker.sdpa(query, key, value, { ...options, out: exact });
+    expect(got.output.data).toBe(exact);
+    expect(bitsHash(exact)).toBe(bitsHash(expected.output.data));
+    const longer = new Float32Array(size + 7).fill(-1);
+    const prefix = await worker.sdpa(query, key, value, { ...options, out: longer, transfer: true });
+    expect(prefix.output.data.buffer).toBe(longer.buffer);
+    expect(prefix.output.data.length).toBe(size);
+    expect(bitsHash(longer.subarray(0, size))).toBe(bitsHash(expected.output.data));
+    expect(Array.from(longer.subarray(size))).toEqual(Array(7).fill(-1));
+  });
+
+  test('a worker on two threads gives the same bits', async () => {
+    const two = await createAttentionWorker({ threads: 2 });
+    try {
+      expect(two.threads).toBe(2);
+      const direct = await runReferenceCases(attn);
+      const through = await runReferenceCases(two);
+      expect(through.map((c) => c.hash)).toEqual(direct.map((c) => c.hash));
+    } finally {
+      await two.dispose();
+    }
+  });
+});
+
+describe('the KV cache through the worker', () => {
+  test('the shared cache cases step by step: within 2e-5 of the reference and bitwise the direct cache', async () => {
+    const direct = await runCacheCases(attn);
+    const through = await runCacheCases(worker);
+    expect(through).toHaveLength(CACHE_CASES.length);
+    expect(through.filter((c) => !c.ok).map((c) => `${c.name}: ${c.worstError}`)).toEqual([]);
+    expect(through.map((c) => c.hash)).toEqual(direct.map((c) => c.hash));
+  });
+
+  test('every member: append (float32, raw halves, bshd, transfer), attend options, length, truncate, reset, dispose', async () => {
+    const shape = { batch: 2, kvHeads: 2, headDim: 16, valueDim: 8, maxLength: 40, dtype: 'float16' };
+    const direct = attn.createKVCache(shape);
+    const remote = await worker.createKVCache(shape);
+    try {
+      expect([remote.batch, remote.kvHeads, remote.headDim, remote.valueDim, remote.maxLength, remote.dtype, remote.byteLength])
+        .toEqual([direct.batch, direct.kvHeads, direct.headDim, direct.valueDim, direct.maxLength, direct.dtype, direct.byteLength]);
+      const key = noiseTensor([2, 2, 12, 16], 31, 1), value = noiseTensor([2, 2, 12, 8], 31, 2);
+      direct.append(key, value);
+      await remote.append(structuredClone(key), structuredClone(value), { transfer: true });
+      expect(remote.length).toBe(12);
+      // Raw halves, and the [B, L, H, E] layout.
+      const halves = { data: Uint16Array.from({ length: 2 * 2 * 3 * 16 }, (_, i) => 0x3c00 + (i % 97)), dims: [2, 2, 3, 16] };
+      const bshdValue = noiseTensor([2, 3, 2, 8], 31, 3);
+      direct.append(halves, { data: Uint16Array.from(bshdValue.data, () => 0x3800), dims: [2, 2, 3, 8] });
+      await remote.append(halves, { data: Uint16Array.from(bshdValue.data, () => 0x3800), dims: [2, 2, 3, 8] });
+      direct.append(noiseTensor([2, 3, 2, 16], 31, 4), bshdValue, { layout: 'bshd' });
+      await remote.append(noiseTensor([2, 3, 2, 16], 31, 4), bshdValue, { layout: 'bshd' });
+      expect(remote.length).toBe(18);
+      const query = noiseTensor([2, 6, 3, 16], 31, 5);
+      const variants = [
+        {},
+        { returnWeights: true },
+        { isCausal: false, attnMask: { data: Uint8Array.from({ length: 18 }, (_, j) => (j % 3 ? 1 : 0)), dims: [18] } },
+        { keyLengths: Int32Array.of(18, 7), returnWeights: true },
+        { causalOffset: Int32Array.of(4, -1), softcap: 3, scale: 0.7 },
+      ];
+      for (const options of variants) {
+        expect(hashOf(await remote.attend(query, options))).toBe(hashOf(direct.attend(query, options)));
+      }
+      const bshdQuery = noiseTensor([2, 3, 6, 16], 31, 6);
+      expect(hashOf(await remote.attend(bshdQuery, { layout: 'bshd' }))).toBe(hashOf(direct.attend(bshdQuery, { layout: 'bshd' })));
+      await remote.truncate(9);
+      direct.truncate(9);
+      expect(remote.length).toBe(9);
+      expect(hashOf(await remote.attend(query))).toBe(hashOf(direct.attend(query)));
+      await remote.reset();
+      direct.reset();
+      expect(remote.length).toBe(0);
+      const empty = await remote.attend(query);
+      expect(empty.output.data.every((x) => Object.is(x, 0))).toBe(true);
+      expect(hashOf(empty)).toBe(hashOf(direct.attend(query)));
+    } finally {
+      direct.dispose();
+      await remote.dispose();
+    }
+    expect(remote.disposed).toBe(true);
+    const error = await errorOf(() => remote.attend(cacheQ()));
+    expect(error?.constructor).toBe(Error);
+    expect(error.message).toBe('KVCache.attend: this KVCache has been disposed');
+    await remote.dispose();  // twice is harmless
+  });
+});
+
+describe('errors: the same class and message as the direct API', () => {
+  const viaWorker = sdpaErrorCases({ sdpa: (...args) => worker.sdpa(...args) });
+  const viaDirect = sdpaErrorCases({ sdpa: (...args) => attn.sdpa(...args) });
+  test.each(viaWorker.map((c, i) => [c[0], i]))('sdpa: %s', async (_, i) => {
+    const [, throughWorker, Cls, patterns] = viaWorker[i];
+    const expected = await errorOf(viaDirect[i][1]);
+    const error = await errorOf(throughWorker);
+    expect(error?.constructor).toBe(Cls);
+    expect(error.constructor).toBe(expected.constructor);
+    // A message that counts memory in use differs between instances; the rest are identical.
+    if (/in use/.test(expected.message)) for (const pattern of patterns) expect(error.message).toMatch(pattern);
+    else expect(error.message).toBe(expected.message);
+  });
+
+  const createViaWorker = createCacheErrorCases({ createKVCache: (...args) => worker.createKVCache(...args) });
+  const createViaDirect = createCacheErrorCases({ createKVCache: (...args) => attn.createKVCache(...args) });
+  test.each(createViaWorker.map((c, i) => [c[0], i]))('createKVCache: %s', async (_, i) => {
+    const [, throughWorker, Cls, patterns] = createViaWorker[i];
+    const expected = await errorOf(createViaDirect[i][1]);
+    const error = await errorOf(throughWorker);
+    expect(error?.constructor).toBe(Cls);
+    expect(error.constructor).toBe(expected.constructor);
+    if (/in use/.test(expected.message)) for (const pattern of patterns) expect(error.message).toMatch(pattern);
+    else expect(error.message).toBe(expected.message);
+  });
+
+  test.each(CACHE_ERROR_CASES.map((c) => [c[0], c]))('cache %s (both dtypes); the cache is unchanged', async (name, [, call, Cls]) => {
+    for (const dtype of ['float32', 'float16']) {
+      if (dtype === 'float16' && /halves into a float32/.test(name)) continue;
+      const direct = attn.createKVCache({ ...CACHE_OPTIONS, dtype });
+      const remote = await worker.createKVCache({ ...CACHE_OPTIONS, dtype });
+      try {
+        direct.append(cacheK(STORED, 4), cacheV(STORED, 5));
+        await remote.append(cacheK(STORED, 4), cacheV(STORED, 5));
+        const before = hashOf(await remote.attend(cacheQ()));
+        const expected = await errorOf(() => call(direct));
+        const error = await errorOf(() => call(remote));
+        expect(error?.constructor).toBe(Cls);
+        expect(error.constructor).toBe(expected.constructor);
+        expect(error.message).toBe(expected.message);
+        expect(remote.length).toBe(STORED);
+        expect(hashOf(await remote.attend(cacheQ()))).toBe(before);
+      } finally {
+        direct.dispose();
+        await remote.dispose();
+      }
+    }
+  });
+
+  test('createAttentionWorker rejects the options createAttention rejects, naming itself', async () => {
+    for (const options of [{ threads: 0 }, { threads: 1.5 }, { threads: '2' }, { thread: 2 }, null, 4]) {
+      const expected = await errorOf(() => createAttention(options));
+      const error = await errorOf(() => createAttentionWorker(options));
+      expect(error?.constructor).toBe(expected.constructor);
+      expect(error.message).toBe(expected.message.replace('createAttention:', 'createAttentionWorker:'));
+    }
+  });
+
+  test('the worker-only options are checked: signal, transfer', async () => {
+    const { query, key, value } = REFERENCE_CASES[1].make();
+    let error = await errorOf(() => worker.sdpa(query, key, value, { signal: {} }));
+    expect(error?.constructor).toBe(TypeError);
+    expect(error.message).toBe('sdpa: options.signal must be an AbortSignal, got an object');
+    error = await errorOf(() => worker.sdpa(query, key, value, { transfer: 'yes' }));
+    expect(error?.constructor).toBe(TypeError);
+    expect(error.message).toBe('sdpa: options.transfer must be a boolean, got "yes"');
+    const cache = await worker.createKVCache({ ...CACHE_OPTIONS });
+    error = await errorOf(() => cache.truncate(0, { layout: 'bshd' }));
+    expect(error?.constructor).toBe(TypeError);
+    expect(error.message).toMatch(/KVCache\.truncate: unknown option "layout"; known options: signal/);
+    await cache.dispose();
+    // And the worker still works.
+    expect(hashOf(await worker.sdpa(query, key, value))).toBe(hashOf(attn.sdpa(query, key, value)));
+  });
+});
+
+describe('order and abort', () => {
+  test('30 calls made at once resolve in the order they were made, each with its own result', async () => {
+    const problems = Array.from({ length: 30 }, (_, i) => REFERENCE_CASES[i % REFERENCE_CASES.length].make());
+    const expected = problems.map((p) => hashOf(attn.sdpa(p.query, p.key, p.value, p.options)));
+    const settledOrder = [];
+    const results = await Promise.all(problems.map((p, i) =>
+      worker.sdpa(p.query, p.key, p.value, p.options).then((r) => {
+        settledOrder.push(i);
+        return hashOf(r);
+      })));
+    expect(settledOrder).toEqual(problems.map((_, i) => i));
+    expect(results).toEqual(expected);
+  });
+
+  test('cache calls made at once run in order: append, attend, truncate, attend', async () => {
+    const cache = await worker.createKVCache({ ...CACHE_OPTIONS });
+    const direct = attn.createKVCache({ ...CACHE_OPTIONS });
+    try {
+      const q1 = cacheQ(), q2 = cacheQ(1);
+      const calls = [cache.append(cacheK(6, 7), cacheV(6, 8)), cache.attend(q1), cache.truncate(2), cache.attend(q2)];
+      const [, first, , second] = await Promise.all(calls);
+      direct.append(cacheK(6, 7), cacheV(6, 8));
+      expect(hashOf(first)).toBe(hashOf(direct.attend(q1)));
+      direct.truncate(2);
+      expect(hashOf(second)).toBe(hashOf(direct.attend(q2)));
+      expect(cache.length).toBe(2);
+    } finally {
+      direct.dispose();
+      await cache.dispose();
+    }
+  });
+
+  test('an AbortSignal cancels a queued call (AbortError); a call already running completes; later calls work', async () => {
+    const { query, key, value } = longProblem();
+    const small = REFERENCE_CASES[1].make();
+    const expected = hashOf(attn.sdpa(small.query, small.key, small.value));
+    const running = new AbortController(), queued = new AbortController();
+    const first = worker.sdpa(query, key, value, { signal: running.signal });
+    const second = worker.sdpa(small.query, small.key, small.value, { signal: queued.signal });
+    const third = worker.sdpa(small.query, small.key, small.value);
+    const secondError = errorOf(() => second);
+    running.abort();  // first has been sent: it runs to the end
+    queued.abort();
+    const error = await secondError;
+    expect(error?.name).toBe('AbortError');
+    expect(error).toBeInstanceOf(DOMException);
+    expect((await first).output.dims).toEqual([1, 8, 1024, 64]);
+    expect(hashOf(await third)).toBe(expected);
+
+    // Already aborted: rejects at once with the signal's reason.
+    const reason = new Error('not wanted');
+    const error2 = await errorOf(() => worker.sdpa(small.query, small.key, small.value, { signal: AbortSignal.abort(reason) }));
+    expect(error2).toBe(reason);
+    // Cache calls take a signal too.
+    const cache = await worker.createKVCache({ ...CACHE_OPTIONS });
+    const aborted = AbortSignal.abort();
+    expect((await errorOf(() => cache.append(cacheK(1), cacheV(1), { signal: aborted })))?.name).toBe('AbortError');
+    expect((await errorOf(() => cache.truncate(0, { signal: aborted })))?.name).toBe('AbortError');
+    expect(cache.length).toBe(0);
+    await cache.dispose();
+  });
+});
+
+describe('the worker\'s end', () => {
+  test('a worker terminated from outside rejects the running, the queued and every later call', async () => {
+    const doomed = await createAttentionWorker({ threads: 1 });
+    const cache = await doomed.createKVCache({ ...CACHE_OPTIONS });
+    const { query, key, value } = longProblem();
+    const pending = [doomed.sdpa(query, key, value), doomed.sdpa(query, key, value), cache.append(cacheK(1), cacheV(1))];
+    const errors = Promise.all(pending.map((p) => errorOf(() => p)));
+    await doomed[RAW_WORKER].terminate();  // as a crash or an out-of-memory kill would
+    for (const error of await errors) {
+      expect(error?.constructor).toBe(Error);
+      expect(error.message).toMatch(/the attention worker stopped \(exit code 1\)/);
+    }
+    const later = await errorOf(() => doomed.sdpa(query, key, value));
+    expect(later?.message).toMatch(/the attention worker stopped/);
+    expect((await errorOf(() => cache.attend(cacheQ())))?.message).toMatch(/the attention worker stopped/);
+    await doomed.dispose();  // harmless after death
+  });
+
+  test('terminate() stops a running call at once; dispose() lets the calls made finish, then rejects later ones', async () => {
+    const a = await createAttentionWorker({ threads: 1 });
+    const { query, key, value } = longProblem();
+    const running = errorOf(() => a.sdpa(query, key, value));
+    await a.terminate();
+    expect((await running)?.message).toBe('sdpa-wasm: the attention worker was terminated');
+
+    const b = await createAttentionWorker({ threads: 1 });
+    const cache = await b.createKVCache({ ...CACHE_OPTIONS });
+    const made = b.sdpa(query, key, value);
+    const disposing = b.dispose();
+    expect(b.dispose()).toBe(disposing);
+    expect(cache.disposed).toBe(true);
+    expect((await made).output.dims).toEqual([1, 8, 1024, 64]);
+    await disposing;
+    const error = await errorOf(() => b.sdpa(query, key, value));
+    expect(error?.message).toBe('sdpa: this AttentionWorker has been disposed');
+    expect((await errorOf(() => cache.attend(cacheQ())))?.message).toBe('KVCache.attend: this KVCache has been disposed');
+    expect(typeof b[Symbol.asyncDispose]).toBe('function');
+  });
+
+  test.each([
+    ['after dispose()', 'await worker.dispose();'],
+    ['idle and never disposed (an idle worker does not hold the process)', ''],
+  ])('Node exits by itself %s', async (_, ending) => {
+    const script = `
+      import { createAttentionWorker } from ${JSON.stringify(DIST_INDEX)};
+      const worker = await createAttentionWorker({ threads: 2 });
+      const t = { data: new Float32Array(2 * 16 * 8).fill(0.5), dims: [2, 16, 8] };
+      const cache = await worker.createKVCache({ batch: 1, kvHeads: 2, headDim: 8, maxLength: 32 });
+      await cache.append(t, t);
+      const { output } = await cache.attend(t);
+      console.log('done', output.dims.join('x'), worker.threads);
+      ${ending}
+    `;
+    const child = spawn(process.execPath, ['--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '', stderr = '';
+    child.stdout.on('data', (d) => { stdout += d; });
+    child.stderr.on('data', (d) => { stderr += d; });
+    const code = await new Promise((resolve) => {
+      const timer = setTimeout(() => { child.kill('SIGKILL'); resolve('hung'); }, 20_000);
+      child.on('exit', (c) => { clearTimeout(timer); resolve(c); });
+    });
+    expect({ code, stderr }).toEqual({ code: 0, stderr: '' });
+    expect(stdout.trim()).toBe('done 2x16x8 2');
+  });
+});
