@@ -95,7 +95,7 @@ test('npm pack: the tarball holds the built JS, types, wasm, README and LICENSE 
   expect(packInfo.size).toBeLessThan(1 << 20);
 });
 
-test('Node: examples/node/quickstart.mjs and generate.mjs run from the installed tarball', async () => {
+test('Node: examples/node/quickstart.mjs, generate.mjs and worker.mjs run from the installed tarball', async () => {
   const app = join(work, 'node-app');
   await cp(join(ROOT, 'examples', 'node'), app, { recursive: true });
   await writeFile(join(app, 'package.json'), JSON.stringify({ name: 'sdpa-wasm-example-node', private: true, type: 'module' }, null, 2));
@@ -124,6 +124,13 @@ test('Node: examples/node/quickstart.mjs and generate.mjs run from the installed
   expect(line(gen.stdout, 'tokens/s:')).toMatch(/^tokens\/s: \d+\.\d for the whole step/);
   // 2 layers, each [1, 2, 306, 64] keys + values in float16.
   expect(line(gen.stdout, 'cache:')).toContain(`length 306 of maxLength 306, 2 × ${2 * 306 * 128 * 2} bytes`);
+
+  // worker.mjs: the package's worker script found through new URL(..., import.meta.url) in the
+  // installed package, a transferred call, the same bits as the direct call, then Node exits.
+  const viaWorker = await run(process.execPath, ['worker.mjs'], { cwd: app, timeout: 60_000 });
+  expect(viaWorker.stdout).toMatch(/^worker: output dims \[1, 16, 2048, 64\], \d+ ms, threads 1; our query\.data\.length is now 0 \(transferred\)$/m);
+  expect(viaWorker.stdout).toMatch(/timer fired \d+ times meanwhile \(not blocked\)/);
+  expect(viaWorker.stdout).toContain('direct call on the main thread: bitwise equal');
 });
 
 test('Vite: examples/vite builds with vite build, emits the .wasm as an asset, and runs in Chromium', async ({ page }) => {
@@ -135,6 +142,8 @@ test('Vite: examples/vite builds with vite build, emits the .wasm as an asset, a
   expect(build.stdout).toContain('built in');
 
   const assets = await readdir(join(app, 'dist', 'assets'));
+  // The worker behind createAttentionWorker is bundled as a worker script of its own.
+  expect(assets.some((f) => /^worker-entry-[\w-]+\.js$/.test(f))).toBe(true);
   const wasmAssets = assets.filter((f) => f.endsWith('.wasm'));
   expect(wasmAssets.some((f) => /^sdpa-[\w-]+\.wasm$/.test(f) && !f.startsWith('sdpa-mt'))).toBe(true);
   // The bundle points at the emitted file with new URL(…, import.meta.url).
@@ -151,6 +160,7 @@ test('Vite: examples/vite builds with vite build, emits the .wasm as an asset, a
       expect(result.error).toBeUndefined();
       expect(result.ok).toBe(true);
       expect(result.maxError).toBeLessThan(1e-5);
+      expect(result.worker).toEqual(expect.objectContaining({ ok: true, sameBits: true, detached: true }));
       expect(result.isolated).toBe(isolation);
       expect(result.threads).toBe(isolation && result.cores > 1 ? Math.min(result.cores, maxDefaultThreads) : 1);
       expect(wasm.length).toBeGreaterThan(0);
@@ -177,12 +187,15 @@ test('plain HTML: examples/plain-html runs the installed package in Chromium wit
       expect(errors).toEqual([]);
       expect(result.error).toBeUndefined();
       expect(result.ok).toBe(true);
+      expect(result.worker).toEqual(expect.objectContaining({ ok: true, sameBits: true, detached: true }));
       expect(result.isolated).toBe(isolation);
       expect(result.threads).toBe(isolation && result.cores > 1 ? Math.min(result.cores, maxDefaultThreads) : 1);
+      expect(result.worker.threads).toBe(result.threads);
       // A threaded instance also loads the single-threaded build, which it streams decodes on
-      // (js/index.ts); without isolation only that one is loaded.
+      // (js/attention.ts); without isolation only that one is loaded. The page and the worker
+      // each load what they use.
       const dir = '/node_modules/sdpa-wasm/dist/wasm/';
-      expect(wasm.map((w) => w.path).sort()).toEqual(
+      expect([...new Set(wasm.map((w) => w.path))].sort()).toEqual(
         isolation && result.cores > 1 ? [`${dir}sdpa-mt.wasm`, `${dir}sdpa.wasm`] : [`${dir}sdpa.wasm`]);
       for (const w of wasm) expect(w.type).toBe('application/wasm');
       await expect(page.getByTestId('status')).toHaveText('Correct: sdpa-wasm matches the plain-JavaScript result.');

@@ -46,3 +46,18 @@ export function check(attn) {
   ].join('\n');
   return { ok, maxError, output: Array.from(output.data.subarray(0, 8)), text };
 }
+
+/**
+ * The same attention through createAttentionWorker(): in the package's worker (found by the
+ * bundler or the browser through `new URL(..., import.meta.url)`), the page stays free while it
+ * runs, and the output is bitwise the direct call's.
+ */
+export async function checkWorker(worker, attn) {
+  const direct = attn.sdpa(...Object.values(inputs()), { isCausal: true }).output.data;
+  const x = inputs();
+  const { output } = await worker.sdpa(x.query, x.key, x.value, { isCausal: true, transfer: true });
+  const sameBits = output.data.length === direct.length && output.data.every((v, i) => Object.is(v, direct[i]));
+  const detached = x.query.data.length === 0;  // transferred, not copied
+  const text = `worker             ${worker.threads} thread${worker.threads > 1 ? 's' : ''}, output ${sameBits ? 'bitwise equal to' : 'DIFFERENT from'} the direct call`;
+  return { ok: sameBits && detached, sameBits, detached, threads: worker.threads, text };
+}

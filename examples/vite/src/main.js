@@ -1,14 +1,18 @@
-import { createAttention } from 'sdpa-wasm';
-import { check } from './check.js';
+import { createAttention, createAttentionWorker } from 'sdpa-wasm';
+import { check, checkWorker } from './check.js';
 
 const status = document.getElementById('status');
 try {
   const attn = await createAttention();
   const report = check(attn);
-  document.getElementById('result').textContent = report.text;
-  status.textContent = report.ok ? 'Correct: sdpa-wasm matches the plain-JavaScript result.' : 'Mismatch!';
-  status.className = report.ok ? 'ok' : 'bad';
-  window.__example = { ...report, threads: attn.threads, simd: attn.simd };
+  const worker = await createAttentionWorker();
+  const fromWorker = await checkWorker(worker, attn);
+  await worker.dispose();
+  document.getElementById('result').textContent = `${report.text}\n${fromWorker.text}`;
+  const ok = report.ok && fromWorker.ok;
+  status.textContent = ok ? 'Correct: sdpa-wasm matches the plain-JavaScript result.' : 'Mismatch!';
+  status.className = ok ? 'ok' : 'bad';
+  window.__example = { ...report, ok, threads: attn.threads, simd: attn.simd, worker: fromWorker };
   attn.dispose();
 } catch (error) {
   status.textContent = `sdpa-wasm failed: ${error.message}`;
