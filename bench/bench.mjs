@@ -1,4 +1,4 @@
-// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode]
+// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode] [-- --no-worker]
 //
 // Single-threaded forward attention, in one process, side by side:
 //   sdpa-wasm (this package), onnxruntime-web (wasm EP, 1 thread, best of three ONNX graphs),
@@ -20,6 +20,9 @@
 // Then the decode section (decode.mjs, also runnable alone; --no-decode skips it): the KV cache's
 // attend() per step against a plain wasm read of the same bytes, sdpa() with copies and
 // onnxruntime-web, float32/float16 caches, 1 and 2 threads; under `decode` in the JSON.
+// Last, the worker section (worker.mjs, also runnable alone; --no-worker skips it): what
+// createAttentionWorker() adds per call, inputs copied or transferred, against the direct call,
+// on shape (a) and on one decode step from a float32 cache, 1 and 2 threads; under `worker`.
 // Output: tables on stdout and JSON (bench/results/latest.json, or --json PATH).
 import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -31,6 +34,7 @@ import { openCoreProbe, openLimits } from './limits.mjs';
 import { createRemotePeer } from './peers/remote.mjs';
 import { compare, makeInputs, referenceRows } from './reference.mjs';
 import { SHAPES, bytes, describe, flops, isDecode, usefulFlops } from './shapes.mjs';
+import { runWorkerBench } from './worker.mjs';
 
 const argv = process.argv.slice(2);
 const arg = (name) => { const i = argv.indexOf(name); return i >= 0 ? argv[i + 1] : undefined; };
@@ -39,6 +43,7 @@ const jsonPath = arg('--json') ? resolve(arg('--json')) : fileURLToPath(new URL(
 const shapeFilter = arg('--shapes')?.split(',');
 const peerFilter = arg('--peers')?.split(',');
 const withDecode = !argv.includes('--no-decode');
+const withWorker = !argv.includes('--no-worker');
 
 const settings = quick
   ? { warmSeconds: 0.2, minRuns: 5, minSeconds: 0.2, maxRunSeconds: 3, budgetSeconds: 8 }
@@ -600,6 +605,17 @@ if (withDecode) {
   }
 }
 
+// The worker section, last (its own instances and workers).
+let worker = null;
+if (withWorker) {
+  try {
+    worker = await runWorkerBench({ quick });
+  } catch (e) {
+    worker = { failed: errText(e) };
+    console.log(`worker section FAILED: ${worker.failed}`);
+  }
+}
+
 // `rows` keeps the earlier format (sdpa-wasm only) for anything that reads it.
 const rows = results.filter((e) => e.peers['sdpa-wasm']?.status === 'ok').map((e) => {
   const p = e.peers['sdpa-wasm'];
@@ -615,6 +631,6 @@ writeFileSync(jsonPath, JSON.stringify({
   threads: 1, oneThreadTargets, twoThreadShapes: twoThreadResults.map((e) => e.id), twoThreadTargets: TWO_THREAD_TARGETS,
   quick, settings, totalSeconds, limits,
   peers: peers.map((p) => ({ name: p.name, version: p.version, threads: p.threads, config: p.config, build: p.build, remote: p.remote, failed: p.failed })),
-  shapes: results, rows, decode,
+  shapes: results, rows, decode, worker,
 }, (k, v) => (typeof v === 'number' && !Number.isFinite(v) ? String(v) : v), 2));
 console.log(`results: ${jsonPath}`);
