@@ -29,7 +29,7 @@ export function threadsAvailable(): boolean {
 export async function hardwareThreads(): Promise<number> {
   if (isNode) {
     const osName = 'node:os';
-    const os = await import(/* @vite-ignore */ osName);
+    const os = await import(/* @vite-ignore */ /* webpackIgnore: true */ osName);
     return typeof os.availableParallelism === 'function' ? os.availableParallelism() : os.cpus().length;
   }
   return (globalThis as { navigator?: { hardwareConcurrency?: number } }).navigator?.hardwareConcurrency ?? 1;
@@ -37,7 +37,7 @@ export async function hardwareThreads(): Promise<number> {
 
 async function readNodeFile(url: URL): Promise<Uint8Array> {
   const fsName = 'node:fs/promises';
-  const { readFile } = await import(/* @vite-ignore */ fsName);
+  const { readFile } = await import(/* @vite-ignore */ /* webpackIgnore: true */ fsName);
   return readFile(url);
 }
 
@@ -49,9 +49,9 @@ async function provideNodeGlobals(): Promise<void> {
   const registry = globalThis as unknown as Record<symbol, unknown>;
   if (registry[key] !== undefined) return;
   const [moduleName, urlName, pathName] = ['node:module', 'node:url', 'node:path'];
-  const { createRequire } = await import(/* @vite-ignore */ moduleName);
-  const { fileURLToPath } = await import(/* @vite-ignore */ urlName);
-  const { dirname } = await import(/* @vite-ignore */ pathName);
+  const { createRequire } = await import(/* @vite-ignore */ /* webpackIgnore: true */ moduleName);
+  const { fileURLToPath } = await import(/* @vite-ignore */ /* webpackIgnore: true */ urlName);
+  const { dirname } = await import(/* @vite-ignore */ /* webpackIgnore: true */ pathName);
   const glue = new URL('./wasm/sdpa-mt.mjs', import.meta.url);
   const filename = fileURLToPath(glue);
   registry[key] = { require: createRequire(glue), filename, dirname: dirname(filename) };

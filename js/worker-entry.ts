@@ -18,7 +18,7 @@ const isNode = typeof process !== 'undefined' && typeof process.versions?.node =
 async function openPort(): Promise<Port> {
   if (isNode) {
     const name = 'node:worker_threads';
-    const { parentPort } = await import(/* @vite-ignore */ name);
+    const { parentPort } = await import(/* @vite-ignore */ /* webpackIgnore: true */ name);
     if (parentPort === null) throw new Error('sdpa-wasm: worker-entry.js must run in a worker (createAttentionWorker starts it)');
     return {
       post: (message, transfer) => parentPort.postMessage(message, transfer),

@@ -60,10 +60,10 @@ const WORKER_SCRIPT = './worker-entry.js';
 async function startWorker(): Promise<WorkerLink> {
   if (isNode) {
     const name = 'node:worker_threads';
-    const { Worker } = await import(/* @vite-ignore */ name);
+    const { Worker } = await import(/* @vite-ignore */ /* webpackIgnore: true */ name);
     // The process's Node flags, but not --input-type (for `node -e` code; a worker is a file).
     const execArgv = process.execArgv.filter((flag) => !flag.startsWith('--input-type'));
-    const worker = new Worker(new URL(WORKER_SCRIPT, import.meta.url), { execArgv });
+    const worker = new Worker(new URL(/* webpackIgnore: true */ WORKER_SCRIPT, import.meta.url), { execArgv });
     return {
       post: (message, transfer) => worker.postMessage(message, transfer),
       onMessage: (handler) => worker.on('message', handler),

@@ -12,6 +12,7 @@ fi
 cmake --build build/wasm -j2
 npx tsc -p tsconfig.json
 cp js/wasm/sdpa.d.mts js/wasm/sdpa-mt.d.mts dist/wasm/
-# sdpa-mt.worker.js is CommonJS; the package is "type": "module".
-printf '{ "type": "commonjs" }\n' > dist/wasm/package.json
+# sdpa-mt.worker.js is CommonJS; the package is "type": "module". Its Node branch requires
+# fs and worker_threads: the "browser" map tells bundlers (webpack) there is nothing to bundle.
+printf '{ "type": "commonjs", "browser": { "fs": false, "worker_threads": false } }\n' > dist/wasm/package.json
 echo "build: dist/ ready ($(stat -c %s dist/wasm/sdpa.wasm) bytes of wasm)" >&2

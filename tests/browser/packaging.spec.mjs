@@ -177,6 +177,40 @@ test('Vite: examples/vite builds with vite build, emits the .wasm as an asset, a
   }
 });
 
+test('webpack: examples/webpack builds with no webpack configuration and runs in Chromium (direct and worker)', async ({ page }) => {
+  const app = await copyExample('webpack');
+  await npmInstall(app, tarball);
+  const build = await run(join(app, 'node_modules', '.bin', 'webpack'), ['--mode', 'production', '--no-color'], { cwd: app });
+  const log = build.stdout + build.stderr;
+  expect(log).toMatch(/compiled (successfully|with \d+ warnings?)/);
+  expect(log).not.toMatch(/ERROR/);
+  const emitted = await readdir(join(app, 'dist'));
+  expect(emitted.filter((f) => f.endsWith('.wasm')).length).toBeGreaterThanOrEqual(2);  // sdpa.wasm and sdpa-mt.wasm
+  for (const isolation of [true, false]) {
+    const server = await startServer(app, { isolation });
+    try {
+      const { result, wasm, errors } = await runExamplePage(page, `${server.url}/index.html`);
+      expect(errors).toEqual([]);
+      expect(result.error).toBeUndefined();
+      expect(result.ok).toBe(true);
+      expect(result.maxError).toBeLessThan(1e-5);
+      expect(result.worker).toEqual(expect.objectContaining({ ok: true, sameBits: true, detached: true }));
+      expect(result.isolated).toBe(isolation);
+      expect(result.threads).toBe(isolation && result.cores > 1 ? Math.min(result.cores, maxDefaultThreads) : 1);
+      expect(result.worker.threads).toBe(result.threads);
+      for (const w of wasm) {
+        expect(w.path).toMatch(/^\/dist\/[\w-]+\.wasm$/);
+        expect(w.type).toBe('application/wasm');
+        expect(w.status).toBe(200);
+      }
+      await expect(page.getByTestId('status')).toHaveText('Correct: sdpa-wasm matches the plain-JavaScript result.');
+      if (isolation) await page.screenshot({ path: screenshotPath('12-example-webpack.png') });
+    } finally {
+      await server.stop();
+    }
+  }
+});
+
 test('plain HTML: examples/plain-html runs the installed package in Chromium with an import map', async ({ page }) => {
   const app = await copyExample('plain-html');
   await npmInstall(app, tarball);
