@@ -1,8 +1,15 @@
 // The generation panel's toy decoder: a small transformer with random (seeded) weights whose
 // attention runs in sdpa-wasm's KVCache, one cache per layer. Shared with the browser tests,
-// which import it in Node to recompute the tokens the page generates. The projections are
-// plain JavaScript (float64 sums of float32 products: the same bits in every engine, like
-// seeded.mjs); the next token is sampled with Math.exp (V8's fdlibm port in Node and Chromium).
+// which import it in Node to recompute the tokens the page generates.
+//
+// The caches come from an Attention (the tests: every cache call answers at once) or from an
+// AttentionWorker (the page: the caches live in the worker, every call answers with a promise).
+// Every cache call is awaited, so one code path drives both, with the same calls in the same
+// order and the same bits.
+//
+// The projections are plain JavaScript (float64 sums of float32 products: the same bits in
+// every engine, like seeded.mjs), on the calling thread; the next token is sampled with Math.exp
+// (V8's fdlibm port in Node and Chromium).
 //
 // One step, per layer:  h = rmsnorm(x);  q, k, v = Wq·h, Wk·h, Wv·h;  cache.append(k, v);
 //                       x = x + Wo·cache.attend(q)
@@ -96,24 +103,33 @@ export function sampleToken(logits, temperature, u) {
 }
 
 export class ToyDecoder {
-  /** One KVCache per layer, maxLength positions each, created in `attn`'s wasm memory. */
-  constructor(attn, weights, { dtype, maxLength }) {
-    this.weights = weights;
-    this.caches = [];
+  /**
+   * One KV cache per layer, maxLength positions each, made by `attention`: an Attention (the
+   * caches are in its wasm memory) or an AttentionWorker (they are in the worker's).
+   */
+  static async create(attention, weights, { dtype, maxLength }) {
+    const caches = [];
     try {
       for (let l = 0; l < TOY.layers; l++) {
-        this.caches.push(attn.createKVCache({
+        caches.push(await attention.createKVCache({
           batch: 1, kvHeads: TOY.kvHeads, headDim: TOY.headDim, valueDim: TOY.headDim, maxLength, dtype,
         }));
       }
     } catch (error) {
-      this.dispose();
+      await Promise.all(caches.map((cache) => cache.dispose()));
       throw error;
     }
+    return new ToyDecoder(weights, caches);
+  }
+
+  /** Use ToyDecoder.create(), which makes the caches. */
+  constructor(weights, caches) {
+    this.weights = weights;
+    this.caches = caches;
     this.lastAttention = null;  // the last layer's attend() output of the last forward()
   }
 
-  /** Positions stored (the same in every layer). */
+  /** Positions stored (the same in every layer; exact once the cache calls made have settled). */
   get length() { return this.caches[0].length; }
   get maxLength() { return this.caches[0].maxLength; }
   get dtype() { return this.caches[0].dtype; }
@@ -124,34 +140,35 @@ export class ToyDecoder {
    * Appends `count` positions of random unit-variance K/V to every layer: stands in for a long
    * earlier context. Position p's values depend only on the seed and p, however it is split.
    */
-  fill(count, seed) {
+  async fill(count, seed) {
     const { kvHeads, headDim } = TOY;
     const row = kvHeads * headDim;
     for (let left = count; left > 0;) {
       const at = this.length, block = Math.floor(at / FILL_BLOCK), offset = at % FILL_BLOCK;
       const n = Math.min(left, FILL_BLOCK - offset);
-      this.caches.forEach((cache, l) => {
+      for (const [l, cache] of this.caches.entries()) {
         const part = (what) => ({
           data: unitNoise((offset + n) * row, seedOf(seed, 'fill', what, l, block)).subarray(offset * row),
           dims: [1, n, kvHeads, headDim],
         });
-        cache.append(part('k'), part('v'), { layout: 'bshd' });
-      });
+        await cache.append(part('k'), part('v'), { layout: 'bshd' });
+      }
       left -= n;
     }
   }
 
   /**
    * Runs `tokens` (the prompt at once, or one token) through the model, appending their K/V.
-   * Returns the last position's logits and the milliseconds spent in the caches (append + attend).
+   * Returns the last position's logits and the milliseconds spent in the caches (append + attend;
+   * with an AttentionWorker, that includes the round trips to the worker).
    */
-  forward(tokens) {
+  async forward(tokens) {
     const { dModel, qHeads, kvHeads, headDim, vocab } = TOY;
     const L = tokens.length;
     const x = new Float32Array(L * dModel);
     tokens.forEach((t, i) => x.set(this.weights.embedding.subarray(t * dModel, (t + 1) * dModel), i * dModel));
     let attentionMs = 0;
-    this.caches.forEach((cache, l) => {
+    for (const [l, cache] of this.caches.entries()) {
       const { wq, wk, wv, wo } = this.weights.layers[l];
       const h = rmsnorm(x, L, dModel);
       // Rows of [L, heads · headDim] are [B = 1, L, H, E] in the 'bshd' layout: no transposes.
@@ -159,48 +176,48 @@ export class ToyDecoder {
       const k = linear(h, L, dModel, wk, kvHeads * headDim);
       const v = linear(h, L, dModel, wv, kvHeads * headDim);
       const t0 = performance.now();
-      cache.append({ data: k, dims: [1, L, kvHeads, headDim] }, { data: v, dims: [1, L, kvHeads, headDim] }, { layout: 'bshd' });
+      await cache.append({ data: k, dims: [1, L, kvHeads, headDim] }, { data: v, dims: [1, L, kvHeads, headDim] }, { layout: 'bshd' });
       // Causal by default, aligned bottom-right: query row i sees the stored positions up to its own.
-      const a = cache.attend({ data: q, dims: [1, L, qHeads, headDim] }, { layout: 'bshd' }).output.data;
+      const a = (await cache.attend({ data: q, dims: [1, L, qHeads, headDim] }, { layout: 'bshd' })).output.data;
       attentionMs += performance.now() - t0;
       const o = linear(a, L, qHeads * headDim, wo, dModel);
       for (let i = 0; i < x.length; i++) x[i] += o[i];
       if (l === this.caches.length - 1) this.lastAttention = a.slice((L - 1) * qHeads * headDim);
-    });
+    }
     const last = rmsnorm(x.subarray((L - 1) * dModel), 1, dModel);
     return { logits: linear(last, 1, dModel, this.weights.output, vocab), attentionMs };
   }
 
-  truncate(n) { for (const cache of this.caches) cache.truncate(n); }
+  async truncate(n) { for (const cache of this.caches) await cache.truncate(n); }
 
-  dispose() { for (const cache of this.caches) cache.dispose(); }
+  async dispose() { for (const cache of this.caches) await cache.dispose(); }
 }
 
 /**
- * One run, as a sequence of events (a generator, so the page can pause between them and Node
- * can run them straight through, with the same results):
+ * One run, as a sequence of events (an async generator, so the page can update between them
+ * and Node can run them straight through, with the same results):
  *   { phase: 'fill', length }                 after each FILL_BLOCK of random K/V
  *   { phase: 'prefill', ms, attentionMs }     the prompt in one forward() (Lq = promptLength)
  *   { phase: 'warmup' }                       WARMUP_STEPS steps, then truncated away
  *   { phase: 'decode', step, token, ms, attentionMs }   every generated token
  * `context` is the cache's length when decoding starts: random positions, then the prompt.
  */
-export function* generation(decoder, { context, tokens, seed }) {
+export async function* generation(decoder, { context, tokens, seed }) {
   const prompt = promptTokens(seed);
   const fillCount = Math.max(0, context - prompt.length);
   while (decoder.length < fillCount) {
-    decoder.fill(Math.min(FILL_BLOCK, fillCount - decoder.length), seed);
+    await decoder.fill(Math.min(FILL_BLOCK, fillCount - decoder.length), seed);
     yield { phase: 'fill', length: decoder.length };
   }
   let t0 = performance.now();
-  let { logits, attentionMs } = decoder.forward(prompt);
+  let { logits, attentionMs } = await decoder.forward(prompt);
   yield { phase: 'prefill', ms: performance.now() - t0, attentionMs };
 
   // Let V8 compile the decode path to optimised code, then rewind: the cache is as it was.
   const saved = decoder.length;
   const warmup = Math.min(WARMUP_STEPS, decoder.maxLength - saved);
-  for (let s = 0; s < warmup; s++) decoder.forward([prompt[prompt.length - 1]]);
-  decoder.truncate(saved);
+  for (let s = 0; s < warmup; s++) await decoder.forward([prompt[prompt.length - 1]]);
+  await decoder.truncate(saved);
   yield { phase: 'warmup', steps: warmup };
 
   const uniform = uniformStream(seedOf(seed, 'sample'));
@@ -209,7 +226,7 @@ export function* generation(decoder, { context, tokens, seed }) {
     // The token just chosen goes in; the next one comes out.
     const input = token;
     t0 = performance.now();
-    ({ logits, attentionMs } = decoder.forward([input]));
+    ({ logits, attentionMs } = await decoder.forward([input]));
     token = sampleToken(logits, TOY.temperature, uniform());
     yield { phase: 'decode', step, token: input, ms: performance.now() - t0, attentionMs };
   }

@@ -1,11 +1,18 @@
 // The demo page: five panels, each computed live with sdpa-wasm.
 // Tests read what the page shows from elements with data-testid attributes and from
 // window.__demo (the raw Float32Arrays behind every number on screen).
-import { createAttention } from 'sdpa-wasm';
+//
+// Where things run: the three quick panels call an Attention on the page's thread (a call takes
+// well under a frame). The two long jobs, the benchmark and the generation, would freeze the
+// page there, so their sdpa-wasm calls go to an AttentionWorker (and the benchmark's plain-JS
+// side to a worker of its own); while they run, a FrameMeter below their progress bars shows
+// that the page keeps drawing.
+import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import { formatValue, heatmapInputs, noiseTensor, randomQKV, TOY_HEAD_KINDS } from './seeded.mjs';
 import { drawChart, drawHeatmap, drawLegend } from './heatmap.mjs';
-import { naiveSoftmax, plainAttention, weightsTimesValues } from './plain-attention.mjs';
+import { naiveSoftmax, weightsTimesValues } from './plain-attention.mjs';
 import { generation, promptTokens, TOY, ToyDecoder, toyWeights } from './decoder.mjs';
+import { FrameMeter } from './frame-meter.mjs';
 
 const $ = (id) => document.getElementById(id);
 const byTestId = (id) => document.querySelector(`[data-testid="${id}"]`);
@@ -16,6 +23,7 @@ const demo = {
   error: null,
   threads: null,
   simd: null,
+  worker: null,  // { threads, simd } of the AttentionWorker the long jobs use
   crossOriginIsolated: globalThis.crossOriginIsolated === true,
   heatmap: null,
   lesson: null,
@@ -35,7 +43,17 @@ const intValue = (el, lo, hi) => {
 };
 const availableWidth = (el) => Math.max(220, Math.min(el.closest('.panel').clientWidth - 46, 900));
 
+/** Reports on the page (and to the tests) that `what` could not start, and stops the script. */
+function failedToStart(what, error) {
+  demo.error = String(error?.message ?? error);
+  const status = byTestId('status');
+  status.textContent = `Could not start ${what}: ${demo.error}`;
+  status.className = 'status error';
+  throw error;
+}
+
 let attn;
+let workerStarting;
 try {
   // The package's default: the threaded build on as many cores as it likes (up to its
   // DEFAULT_MAX_THREADS) when the page is cross-origin isolated, one thread otherwise.
@@ -45,13 +63,14 @@ try {
   byTestId('env-threads').textContent = String(attn.threads);
   byTestId('env-simd').textContent = attn.simd ? 'on' : 'off';
   byTestId('env-isolated').textContent = demo.crossOriginIsolated ? 'yes' : 'no';
+  // The long jobs' worker, on the same number of threads. It loads while the quick panels are
+  // computed below, and is awaited before the page reports ready.
+  workerStarting = createAttentionWorker({ threads: attn.threads });
 } catch (error) {
-  demo.error = String(error?.message ?? error);
-  const status = byTestId('status');
-  status.textContent = `Could not start sdpa-wasm: ${demo.error}`;
-  status.className = 'status error';
-  throw error;
+  failedToStart('sdpa-wasm', error);
 }
+/** The AttentionWorker of the benchmark and generation panels (set once it has started). */
+let attnWorker = null;
 
 // ── 1. Attention weights ──────────────────────────────────────────────────────────────────
 const hm = {
@@ -405,6 +424,7 @@ for (const el of [mk.padding, mk.seed]) el.addEventListener(el.tagName === 'SELE
 const bn = {
   b: $('bn-b'), h: $('bn-h'), l: $('bn-l'), e: $('bn-e'), causal: $('bn-causal'), reps: $('bn-reps'),
   js: $('bn-js'), run: $('bn-run'), progress: $('bn-progress'), phase: $('bn-phase'),
+  meter: new FrameMeter(byTestId('bn-frame-meter')),
 };
 
 const yieldToBrowser = () => new Promise((resolve) => {
@@ -415,6 +435,55 @@ const median = (xs) => {
   const s = [...xs].sort((a, b) => a - b);
   return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 };
+
+/** The plain-JS worker (web/plain-attention-worker.mjs): a promise of it, made by the first comparison, then kept. */
+let plainWorker = null;
+
+/** The plain-JS worker once it has loaded (started if need be). */
+function plainWorkerReady() {
+  plainWorker ??= new Promise((resolve, reject) => {
+    const worker = new Worker(new URL('./plain-attention-worker.mjs', import.meta.url), { type: 'module' });
+    const onReady = () => {
+      worker.removeEventListener('error', onFailure);
+      resolve(worker);
+    };
+    const onFailure = (event) => {
+      event.preventDefault();
+      worker.terminate();
+      plainWorker = null;  // the next benchmark tries again
+      reject(new Error(`the plain-JavaScript worker failed to start: ${event.message || 'its script could not be loaded'}`));
+    };
+    worker.addEventListener('message', onReady, { once: true });  // its 'ready'
+    worker.addEventListener('error', onFailure, { once: true });
+  });
+  return plainWorker;
+}
+
+/**
+ * plainAttention() in the plain-JS worker: resolves with the output. The tensors' buffers are
+ * moved to the worker (the caller's arrays are detached), like sdpa-wasm's `{ transfer: true }`.
+ * The benchmark makes one call at a time, so a reply always answers the call made last.
+ */
+async function plainAttentionInWorker(query, key, value, options) {
+  const worker = await plainWorkerReady();
+  return new Promise((resolve, reject) => {
+    const onMessage = ({ data }) => {
+      worker.removeEventListener('error', onError);
+      if (data.error !== undefined) reject(new Error(`plain JavaScript: ${data.error}`));
+      else resolve(data.output);
+    };
+    const onError = (event) => {
+      event.preventDefault();
+      worker.removeEventListener('message', onMessage);
+      worker.terminate();
+      plainWorker = null;
+      reject(new Error(`the plain-JavaScript worker failed: ${event.message || 'unknown error'}`));
+    };
+    worker.addEventListener('message', onMessage, { once: true });
+    worker.addEventListener('error', onError, { once: true });
+    worker.postMessage({ query, key, value, options }, [query.data.buffer, key.data.buffer, value.data.buffer]);
+  });
+}
 
 async function runBenchmark() {
   const B = intValue(bn.b, 1, 8), H = intValue(bn.h, 1, 32), L = intValue(bn.l, 1, 4096), E = intValue(bn.e, 1, 512);
@@ -430,40 +499,54 @@ async function runBenchmark() {
     await yieldToBrowser();
   };
   bn.run.disabled = true;
-  demo.bench = { running: true };
+  // Both sides run in workers, and are measured alike: each time is that of one call from the
+  // page to its worker and back. The inputs of a call are fresh copies made before the clock
+  // starts and moved to the worker (transferred, not copied again), and the output comes back
+  // moved too, so the time is the computation plus two message hops.
+  const frames = bn.meter.start();
+  demo.bench = { running: true, frames };
   try {
     const dims = [B, H, L, E];
     const query = noiseTensor(dims, 2024, 1), key = noiseTensor(dims, 2024, 2), value = noiseTensor(dims, 2024, 3);
-    const out = new Float32Array(B * H * L * E);
-    const options = { isCausal, out };
+    const freshInputs = () => [query, key, value].map((t) => ({ data: t.data.slice(), dims: t.dims }));
+    const options = { isCausal, transfer: true };
+    let wasmOut;
     const flop = 4 * B * H * L * L * E;
+    // Loads while sdpa-wasm runs; a failure to load is reported when it is awaited.
+    if (compareJs) plainWorkerReady().catch(() => {});
     for (let r = 0; r < warmup; r++) {
-      await step('warming up sdpa-wasm');
-      attn.sdpa(query, key, value, options);
+      await step('warming up sdpa-wasm (in the worker)');
+      await attnWorker.sdpa(...freshInputs(), options);
       done++;
     }
     const times = [];
     for (let r = 0; r < reps; r++) {
-      await step('timing sdpa-wasm');
+      await step('timing sdpa-wasm (in the worker)');
+      const inputs = freshInputs();
       const t0 = performance.now();
-      attn.sdpa(query, key, value, options);
+      wasmOut = (await attnWorker.sdpa(...inputs, options)).output.data;
       times.push(performance.now() - t0);
       done++;
     }
     const ms = median(times);
-    const result = { shape: { B, H, L, E, isCausal }, reps, ms, gflops: flop / (ms * 1e6), threads: attn.threads, simd: attn.simd, times };
+    const result = {
+      shape: { B, H, L, E, isCausal }, reps, ms, gflops: flop / (ms * 1e6), threads: attnWorker.threads, simd: attnWorker.simd,
+      times, sdpaRanIn: 'AttentionWorker', plainJsRanIn: compareJs ? 'plain-JS worker' : null,
+    };
     if (compareJs) {
       const jsTimes = [];
       let jsOut;
       for (let r = 0; r < jsReps; r++) {
-        await step('timing plain JavaScript');
+        await step('timing plain JavaScript (in its worker)');
+        await plainWorkerReady();  // loading the worker is not timed
+        const inputs = freshInputs();
         const t0 = performance.now();
-        jsOut = plainAttention(query, key, value, { isCausal });
+        jsOut = await plainAttentionInWorker(...inputs, { isCausal });
         jsTimes.push(performance.now() - t0);
         done++;
       }
       let diff = 0;
-      for (let x = 0; x < out.length; x++) diff = Math.max(diff, Math.abs(out[x] - jsOut[x]));
+      for (let x = 0; x < wasmOut.length; x++) diff = Math.max(diff, Math.abs(wasmOut[x] - jsOut[x]));
       result.jsMs = median(jsTimes);
       result.jsGflops = flop / (result.jsMs * 1e6);
       result.jsTimes = jsTimes;
@@ -476,8 +559,8 @@ async function runBenchmark() {
     bn.phase.textContent = `done: ${reps} timed run${reps > 1 ? 's' : ''} after ${warmup} warm-up runs`;
     byTestId('bn-wasm-ms').textContent = ms.toFixed(2);
     byTestId('bn-wasm-gflops').textContent = result.gflops.toFixed(2);
-    byTestId('bn-threads').textContent = String(attn.threads);
-    byTestId('bn-simd').textContent = attn.simd ? '128-bit' : 'no';
+    byTestId('bn-threads').textContent = String(attnWorker.threads);
+    byTestId('bn-simd').textContent = attnWorker.simd ? '128-bit' : 'no';
     byTestId('bn-js-ms').textContent = compareJs ? result.jsMs.toFixed(2) : 'not run';
     byTestId('bn-js-gflops').textContent = compareJs ? result.jsGflops.toFixed(2) : '–';
     byTestId('bn-summary').textContent =
@@ -485,11 +568,12 @@ async function runBenchmark() {
       (compareJs
         ? `sdpa-wasm is ${result.speedup.toFixed(1)}× faster than plain JavaScript; the two outputs differ by at most ${result.maxDifference.toExponential(1)}.`
         : '');
-    demo.bench = { running: false, ...result };
+    demo.bench = { running: false, ...result, frames };
   } catch (error) {
     bn.phase.textContent = `failed: ${error.message}`;
-    demo.bench = { running: false, error: String(error.message) };
+    demo.bench = { running: false, error: String(error.message), frames };
   } finally {
+    bn.meter.stop();  // final figures into `frames`, before the tests see the new version
     bn.run.disabled = false;
     demo.version.bench++;
   }
@@ -501,19 +585,26 @@ bn.run.addEventListener('click', runBenchmark);
 const gn = {
   context: $('gn-context'), dtype: $('gn-dtype'), tokens: $('gn-tokens'), seed: $('gn-seed'), start: $('gn-start'),
   progress: $('gn-progress'), phase: $('gn-phase'), chart: $('gn-chart'),
+  meter: new FrameMeter(byTestId('gn-frame-meter')),
 };
 const GEN_DTYPES = ['float32', 'float16'];
 const GEN_COLOURS = { float32: '#8b2154', float16: '#1d7a46' };
-/** Decode steps run back to back before the page gets the thread back (or 40 ms, if sooner). */
+/**
+ * Decode steps between two redraws of the table and chart (or 40 ms, if sooner). The page's
+ * thread is free during every cache call anyway (they run in the worker); the redraws are
+ * spaced so that they do not cost the steps much of their time.
+ */
 const GEN_CHUNK_STEPS = 8, GEN_CHUNK_MS = 40;
 let genWeights = null;  // the toy model's weights, made once per seed
 let genStop = false;
 
 byTestId('gn-model').textContent =
   `Toy decoder: ${TOY.layers} layers, d_model ${TOY.dModel}, ${TOY.qHeads} query heads sharing ${TOY.kvHeads} KV heads ` +
-  `(GQA), head size ${TOY.headDim}, vocabulary ${TOY.vocab}, random weights; one KVCache per layer. The projections are ` +
-  `plain JavaScript, attention is sdpa-wasm ("attention alone" times the cache's append + attend). Tokens are sampled ` +
-  `at temperature ${TOY.temperature}.`;
+  `(GQA), head size ${TOY.headDim}, vocabulary ${TOY.vocab}, random weights; one KVCache per layer. The caches live in ` +
+  `an AttentionWorker (createAttentionWorker), so attention runs off the page's thread; the projections and the ` +
+  `sampling are plain JavaScript on the page's thread, between the calls to the worker. "Attention alone" times the ` +
+  `caches' append + attend as the page sees them, the round trips to the worker included (${2 * TOY.layers} per token). ` +
+  `Tokens are sampled at temperature ${TOY.temperature}.`;
 
 const bytesText = (n) => (n >= 2 ** 20 ? `${(n / 2 ** 20).toFixed(2)} MiB` : `${(n / 1024).toFixed(1)} KiB`);
 /** The cache's bytes as the table shows them: exact, and in KiB or MiB below. */
@@ -558,10 +649,10 @@ function updateRates(run) {
   });
 }
 
-/** One dtype: fill, prefill, decode, yielding to the page every few steps so the numbers update live. */
+/** One dtype: fill, prefill, decode in the worker's caches, redrawing every few steps so the numbers update live. */
 async function runGeneration(dtype, params, progressBase, progressSpan) {
   const { context, tokens, seed } = params;
-  const decoder = new ToyDecoder(attn, genWeights, { dtype, maxLength: context + tokens });
+  const decoder = await ToyDecoder.create(attnWorker, genWeights, { dtype, maxLength: context + tokens });
   const run = {
     dtype, context, maxLength: decoder.maxLength, byteLength: decoder.byteLength, length: 0,
     prompt: promptTokens(seed), tokens: [], stepMs: [], attentionMs: [], prefillMs: null, chart: [],
@@ -575,7 +666,7 @@ async function runGeneration(dtype, params, progressBase, progressSpan) {
   };
   try {
     let chunkStart = performance.now(), chunkSteps = 0, chunkMs = 0;
-    for (const event of generation(decoder, params)) {
+    for await (const event of generation(decoder, params)) {
       run.length = decoder.length;
       if (event.phase === 'fill') {
         setProgress(0.1 * (event.length / fillCount), `filling the cache with random K/V (${event.length} / ${fillCount})`);
@@ -601,7 +692,6 @@ async function runGeneration(dtype, params, progressBase, progressSpan) {
         renderGenerationRow(run);
         renderGenerationChart();
         demo.generation.updates++;
-        await new Promise((resolve) => setTimeout(resolve));  // let the page paint and respond
         chunkStart = performance.now();
         chunkSteps = 0;
         chunkMs = 0;
@@ -619,7 +709,7 @@ async function runGeneration(dtype, params, progressBase, progressSpan) {
     renderGenerationChart();
     return run;
   } finally {
-    decoder.dispose();  // frees the wasm memory; the numbers stay on the page
+    await decoder.dispose();  // frees the worker's wasm memory; the numbers stay on the page
   }
 }
 
@@ -637,7 +727,8 @@ async function startGeneration() {
   };
   const dtypes = params.dtype === 'both' ? GEN_DTYPES : [params.dtype];
   genStop = false;
-  demo.generation = { running: true, params, runs: {}, updates: 0, threads: attn.threads };
+  const frames = gn.meter.start();
+  demo.generation = { running: true, params, runs: {}, updates: 0, threads: attnWorker.threads, cachesIn: 'AttentionWorker', frames };
   for (const el of [gn.context, gn.dtype, gn.tokens, gn.seed]) el.disabled = true;
   gn.start.textContent = 'Stop';
   for (const d of GEN_DTYPES) {
@@ -650,8 +741,9 @@ async function startGeneration() {
   renderGenerationChart();
   try {
     if (genWeights?.seed !== params.seed) {
+      // Made on the page's thread (a fraction of a second, once per seed): the text is drawn first.
       gn.phase.textContent = 'making the random weights…';
-      await new Promise((resolve) => setTimeout(resolve));
+      await yieldToBrowser();
       genWeights = toyWeights(params.seed);
     }
     byTestId('gn-prompt').textContent = promptTokens(params.seed).join(' ');
@@ -664,12 +756,14 @@ async function startGeneration() {
     gn.progress.value = genStop ? gn.progress.value : 1;
     gn.phase.textContent = genStop
       ? 'stopped'
-      : `done: ${params.tokens} token${params.tokens > 1 ? 's' : ''} after a context of ${params.context} (${attn.threads} thread${attn.threads > 1 ? 's' : ''})`;
+      : `done: ${params.tokens} token${params.tokens > 1 ? 's' : ''} after a context of ${params.context} ` +
+        `(${attnWorker.threads} thread${attnWorker.threads > 1 ? 's' : ''} in the worker)`;
     byTestId('gn-summary').textContent = generationSummary(runs, finished);
   } catch (error) {
     gn.phase.textContent = `failed: ${error.message}`;
     demo.generation.error = String(error.message);
   } finally {
+    gn.meter.stop();  // final figures into demo.generation.frames, before the tests see the new version
     demo.generation.running = false;
     for (const el of [gn.context, gn.dtype, gn.tokens, gn.seed]) el.disabled = false;
     gn.start.textContent = 'Start';
@@ -704,6 +798,17 @@ window.addEventListener('resize', () => {
   clearTimeout(resizeTimer);
   resizeTimer = setTimeout(() => { renderHeatmap(); renderLesson(); renderMasking(); if (demo.generation) renderGenerationChart(); }, 100);
 });
+
+try {
+  attnWorker = await workerStarting;
+  demo.worker = { threads: attnWorker.threads, simd: attnWorker.simd };
+  byTestId('env-worker-threads').textContent = String(attnWorker.threads);
+} catch (error) {
+  failedToStart('the sdpa-wasm worker', error);
+}
+// The long jobs' buttons start disabled in index.html: they need the worker.
+bn.run.disabled = false;
+gn.start.disabled = false;
 
 const status = byTestId('status');
 status.textContent = 'Ready.';

@@ -1,7 +1,8 @@
 // The demo page (web/) in Chromium: drives the controls, checks that every number shown is
 // what Node computes with the same seed (web/seeded.mjs and web/decoder.mjs are imported here and by the page),
 // checks the lessons the panels teach, the threads/SIMD report with and without cross-origin
-// isolation, a narrow window, and saves a screenshot of each panel to test-results/screenshots/.
+// isolation, that the two long jobs (benchmark, generation) run in workers while the page keeps
+// drawing frames, a narrow window, and saves a screenshot of each panel to test-results/screenshots/.
 import { test, expect } from '@playwright/test';
 import { formatValue, randomQKV, textQKV, tokenize } from '../../web/seeded.mjs';
 import { generation, promptTokens, TOY, ToyDecoder, toyWeights } from '../../web/decoder.mjs';
@@ -17,6 +18,40 @@ test.beforeAll(async () => {
   attn = await pkg.createAttention({ threads: 1 });
 });
 test.afterAll(() => attn?.dispose());
+
+/**
+ * Installs, before the page's scripts run, a count of the messages the page posts to each
+ * Worker it creates, by script path: the tests' own evidence (not the page's word) that a job
+ * went through the package's worker (dist/worker-entry.js) or the plain-JS one.
+ */
+async function countWorkerMessages(page) {
+  await page.addInitScript(() => {
+    const NativeWorker = window.Worker;
+    const byWorker = new WeakMap();
+    window.__workerLog = [];
+    window.Worker = new Proxy(NativeWorker, {
+      construct(target, args, newTarget) {
+        const worker = Reflect.construct(target, args, newTarget);
+        const entry = { path: new URL(String(args[0]), location.href).pathname, posted: 0 };
+        window.__workerLog.push(entry);
+        byWorker.set(worker, entry);
+        return worker;
+      },
+    });
+    const post = NativeWorker.prototype.postMessage;
+    NativeWorker.prototype.postMessage = function postMessage(...args) {
+      const entry = byWorker.get(this);
+      if (entry) entry.posted++;
+      return post.apply(this, args);
+    };
+  });
+}
+
+/** Messages posted so far to the page's workers whose script path ends with `suffix`. */
+const workerPosts = (page, suffix) => page.evaluate(
+  (end) => window.__workerLog.filter((w) => w.path.endsWith(end)).reduce((n, w) => n + w.posted, 0), suffix);
+const ATTENTION_WORKER = '/dist/worker-entry.js';
+const PLAIN_JS_WORKER = '/web/plain-attention-worker.mjs';
 
 /** The page's heatmap state as plain arrays. */
 const readHeatmap = (page) => page.evaluate(() => {
@@ -76,6 +111,9 @@ test('isolated page: cross-origin isolated, threaded build in use, numbers equal
   await expect(page.getByTestId('env-simd')).toHaveText('on');
   await expect(page.getByTestId('env-isolated')).toHaveText('yes');
   await expect(page.getByTestId('status')).toHaveText('Ready.');
+  // The long jobs' AttentionWorker: the same thread count (its pthreads are nested workers).
+  expect(await page.evaluate(() => window.__demo.worker)).toEqual({ threads, simd: true });
+  await expect(page.getByTestId('env-worker-threads')).toHaveText(String(threads));
 
   // The default heatmap (random, seed 1, L 16, d_k 32, 3 heads) equals Node's, bit for bit.
   const shown = await readHeatmap(page);
@@ -97,9 +135,12 @@ test('page without isolation headers: not isolated, one thread, same numbers', a
   expect(await page.evaluate(() => crossOriginIsolated)).toBe(false);
   expect(await page.evaluate(() => typeof SharedArrayBuffer)).toBe('undefined');
   expect(await page.evaluate(() => window.__demo.threads)).toBe(1);
-  expect(wasmFiles).toEqual(['/dist/wasm/sdpa.wasm']);
+  // Only the one-thread build, for the page's Attention and for the AttentionWorker (each fetches it).
+  expect([...new Set(wasmFiles)]).toEqual(['/dist/wasm/sdpa.wasm']);
   await expect(page.getByTestId('env-threads')).toHaveText('1');
   await expect(page.getByTestId('env-isolated')).toHaveText('no');
+  expect(await page.evaluate(() => window.__demo.worker)).toEqual({ threads: 1, simd: true });
+  await expect(page.getByTestId('env-worker-threads')).toHaveText('1');
 
   await setHeatmapControls(page, { seed: 99, causal: true });
   const shown = await readHeatmap(page);
@@ -313,15 +354,31 @@ test('masking: mask before softmax sums to 1, zeroing after does not; padded row
   expect(errors).toEqual([]);
 });
 
-test('benchmark: progress bar, ms and GFLOP/s, threads and SIMD, plain-JS comparison', async ({ page }) => {
+test('benchmark: progress bar, ms and GFLOP/s, threads and SIMD, plain-JS comparison, both in workers', async ({ page }) => {
+  await countWorkerMessages(page);
   const errors = await openDemo(page);
   await page.getByTestId('bn-h').fill('4');
   await page.getByTestId('bn-l').selectOption('128');
   await page.getByTestId('bn-e').selectOption('64');
   await page.getByTestId('bn-reps').fill('5');
+  const posted = { sdpa: await workerPosts(page, ATTENTION_WORKER), js: await workerPosts(page, PLAIN_JS_WORKER) };
   await recompute(page, 'bench', () => page.getByTestId('bn-run').click());
   const b = await page.evaluate(() => window.__demo.bench);
   expect(b.error).toBeUndefined();
+  // Both sides ran in workers: the page says so, and the page posted the runs to them
+  // (3 warm-up + 5 timed sdpa calls to the AttentionWorker, 3 runs to the plain-JS worker).
+  expect(b.sdpaRanIn).toBe('AttentionWorker');
+  expect(b.plainJsRanIn).toBe('plain-JS worker');
+  expect(await workerPosts(page, ATTENTION_WORKER) - posted.sdpa).toBe(3 + 5);
+  expect(await workerPosts(page, PLAIN_JS_WORKER) - posted.js).toBe(3);
+  // The frame meter ran through the job and the page drew frames meanwhile (each of the 11
+  // runs waits for a frame first, so this is no timing threshold).
+  expect(b.frames.running).toBe(false);
+  expect(b.frames.frames).toBeGreaterThanOrEqual(8);
+  expect(b.frames.fps).toBeGreaterThan(0);
+  await expect(page.getByTestId('bn-frame-meter')).toBeVisible();
+  await expect(page.getByTestId('bn-fps')).toHaveText(
+    `the page drew ${b.frames.fps.toFixed(0)} frames/s during the run (longest gap between frames ${b.frames.longestGapMs.toFixed(0)} ms)`);
   expect(b.shape).toEqual({ B: 1, H: 4, L: 128, E: 64, isCausal: false });
   expect(b.times).toHaveLength(5);
   expect(b.ms).toBeGreaterThan(0);
@@ -356,17 +413,27 @@ const readGeneration = (page) => page.evaluate(() => {
   return { ...g, runs };
 });
 
-test('generation: KV-cache decoding in float32 and float16, tokens/s and cache bytes shown, tokens equal Node', async ({ page }) => {
+test('generation: KV-cache decoding in float32 and float16 in the worker, tokens/s and cache bytes shown, tokens equal Node', async ({ page }) => {
+  await countWorkerMessages(page);
   const errors = await openDemo(page);
   const [context, tokens, seed] = [512, 20, 1];
   await page.getByTestId('gn-context').selectOption(String(context));
   await page.getByTestId('gn-dtype').selectOption('both');
   await page.getByTestId('gn-tokens').fill(String(tokens));
+  const posted = await workerPosts(page, ATTENTION_WORKER);
   await recompute(page, 'generation', () => page.getByTestId('gn-start').click());
   const g = await readGeneration(page);
   expect(g.error).toBeUndefined();
   expect(g.running).toBe(false);
   expect(g.params).toEqual({ context, tokens, seed, dtype: 'both' });
+  // The caches lived in the AttentionWorker: every decode step of both runs posted an append
+  // and an attend per layer to it (the fill, prefill, warm-up and cache set-up add more).
+  expect(g.cachesIn).toBe('AttentionWorker');
+  expect(await workerPosts(page, ATTENTION_WORKER) - posted).toBeGreaterThanOrEqual(2 * tokens * TOY.layers * 2);
+  // The frame meter counted the page's frames through the job (a loose bound: shared machines).
+  expect(g.frames.running).toBe(false);
+  expect(g.frames.frames).toBeGreaterThanOrEqual(5);
+  await expect(page.getByTestId('gn-fps')).toContainText('frames/s during the run');
   // The numbers were updated live, at least once per 8 decode steps of each run.
   expect(g.updates).toBeGreaterThanOrEqual(2 * Math.ceil(tokens / 8));
   await expect(page.getByTestId('gn-phase')).toHaveText(new RegExp(`^done: ${tokens} tokens after a context of ${context}`));
@@ -398,14 +465,14 @@ test('generation: KV-cache decoding in float32 and float16, tokens/s and cache b
 
     // The same run in Node (one thread; the page has more when isolated): the same tokens, and
     // the last step's attention output bit for bit.
-    const decoder = new ToyDecoder(attn, weights, { dtype, maxLength });
+    const decoder = await ToyDecoder.create(attn, weights, { dtype, maxLength });
     const nodeTokens = [];
-    for (const event of generation(decoder, { context, tokens, seed })) if (event.phase === 'decode') nodeTokens.push(event.token);
+    for await (const event of generation(decoder, { context, tokens, seed })) if (event.phase === 'decode') nodeTokens.push(event.token);
     expect(decoder.byteLength).toBe(bytes);
     expect(decoder.length).toBe(context + tokens);
     expect(r.tokens).toEqual(nodeTokens);
     expect(bitDifferences(r.lastAttention, Array.from(decoder.lastAttention))).toEqual([]);
-    decoder.dispose();
+    await decoder.dispose();
     await expect(page.getByTestId(`gn-${dtype}-tokens`)).toHaveText(nodeTokens.join(' '));
   }
   await expect(page.getByTestId('gn-summary')).toContainText('float16 takes 0.50× the memory of float32');
@@ -414,7 +481,7 @@ test('generation: KV-cache decoding in float32 and float16, tokens/s and cache b
   expect(errors).toEqual([]);
 });
 
-test('generation: a long run leaves the page responsive and can be stopped', async ({ page }) => {
+test('generation: a long run leaves the page drawing and responsive, and can be stopped', async ({ page }) => {
   const errors = await openDemo(page);
   await page.getByTestId('gn-context').selectOption('4096');
   await page.getByTestId('gn-dtype').selectOption('float16');
@@ -428,6 +495,16 @@ test('generation: a long run leaves the page responsive and can be stopped', asy
   const first = await page.getByTestId('gn-float16-length').textContent();
   await page.waitForFunction(() => window.__demo.generation.runs.float16.tokens.length >= 24);
   expect(await page.getByTestId('gn-float16-length').textContent()).not.toBe(first);
+  // While it decodes, the frame meter's spinner keeps turning: ten more frames come, with the
+  // job still running (no rate asserted: these machines are shared).
+  await expect(page.getByTestId('gn-frame-meter')).toBeVisible();
+  const spinner = page.getByTestId('gn-frame-meter').locator('.spinner');
+  const live = await page.evaluate(() => window.__demo.generation.frames.frames);
+  const angle = await spinner.evaluate((el) => el.style.transform);
+  await page.waitForFunction((n) => window.__demo.generation.frames.frames >= n + 10, live);
+  expect(await page.evaluate(() => window.__demo.generation.running)).toBe(true);
+  expect(await spinner.evaluate((el) => el.style.transform)).not.toBe(angle);
+  await page.getByTestId('panel-generation').screenshot({ path: screenshotPath('10-generation-running.png') });
   await page.getByTestId('gn-start').click();
   await page.waitForFunction((v) => window.__demo.version.generation > v, before);
   const g = await readGeneration(page);
