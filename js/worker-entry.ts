@@ -10,7 +10,7 @@ import { errorToWire, READY, transferList, type Reply, type Request } from './wo
 
 interface Port {
   post(message: unknown, transfer?: ArrayBuffer[]): void;
-  listen(handler: (message: Request) => void): void;
+  listen(handler: (batch: Request[]) => void): void;
 }
 
 const isNode = typeof process !== 'undefined' && typeof process.versions?.node === 'string';
@@ -27,7 +27,7 @@ async function openPort(): Promise<Port> {
   }
   const scope = globalThis as unknown as {
     postMessage(message: unknown, transfer?: Transferable[]): void;
-    addEventListener(type: 'message', listener: (event: MessageEvent<Request>) => void): void;
+    addEventListener(type: 'message', listener: (event: MessageEvent<Request[]>) => void): void;
   };
   return {
     post: (message, transfer) => scope.postMessage(message, transfer ?? []),
@@ -100,19 +100,22 @@ async function handle({ op, args: a }: Request): Promise<Handled> {
 // No top-level await: bundlers build workers as classic scripts by default (Vite: iife).
 openPort().then((port) => {
   let previous: Promise<void> = Promise.resolve();
-  port.listen((request) => {
-    // Requests come one at a time; chaining keeps their order even if one ever did not.
-    previous = previous.then(async () => {
-      let reply: Reply, transfer: ArrayBuffer[] | undefined;
-      try {
-        const handled = await handle(request);
-        reply = { id: request.id, ok: true, value: handled.value };
-        transfer = handled.transfer;
-      } catch (error) {
-        reply = { id: request.id, ok: false, error: errorToWire(error) };
-      }
-      port.post(reply, transfer);
-    });
+  port.listen((batch) => {
+    // A batch at a time, each request answered as soon as it is done; chaining keeps the order
+    // even if a batch ever came before the last was answered.
+    for (const request of batch) {
+      previous = previous.then(async () => {
+        let reply: Reply, transfer: ArrayBuffer[] | undefined;
+        try {
+          const handled = await handle(request);
+          reply = { id: request.id, ok: true, value: handled.value };
+          transfer = handled.transfer;
+        } catch (error) {
+          reply = { id: request.id, ok: false, error: errorToWire(error) };
+        }
+        port.post(reply, transfer);
+      });
+    }
   });
   port.post(READY);
 });

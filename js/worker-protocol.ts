@@ -1,12 +1,12 @@
 // The messages between an AttentionWorker (the calling side, js/worker.ts) and its worker
-// (js/worker-entry.ts). The calling side sends one request at a time and the next only after
-// the worker has answered, so the worker never holds a queue and a call that has not been sent
-// can still be cancelled.
+// (js/worker-entry.ts). The calling side sends the calls waiting in its queue as one batch, and
+// the next batch only after the worker has answered every request of this one, so the worker
+// never holds a queue and a call that has not been sent can still be cancelled.
 //
 //   worker → caller   READY                                once it listens
-//   caller → worker   { id, op, args }                     a Request (typed arrays transferred)
-//   worker → caller   { id, ok: true, value }              the result (output buffers transferred)
-//                     { id, ok: false, error: { name, message } }
+//   caller → worker   [{ id, op, args }, ...]              a batch of Requests (typed arrays transferred)
+//   worker → caller   { id, ok: true, value }              one reply per request, in order
+//                     { id, ok: false, error: { name, message } }      (output buffers transferred)
 //
 // Errors cross as name + message and are rebuilt as the same class on the calling side.
 

@@ -4,16 +4,18 @@
 //
 //   calling side (this file)                     worker (worker-entry.ts)
 //   ─────────────────────────                    ─────────────────────────
-//   call: snapshot the inputs (copy, or move     holds Attention + its KV caches
-//         with { transfer: true }), queue it
-//   turn: check it with the direct API's checks  runs it, replies with the result
-//         against the current state, send it     (output buffers transferred)
-//   reply: settle, send the next queued call
+//   call: take the inputs (copy, or move with    holds Attention + its KV caches
+//         { transfer: true }), queue the call
+//   send: check each waiting call with the       runs each request of the batch in order,
+//         direct API's checks, send them as      answers each as it is done (output
+//         one batch                              buffers transferred)
+//   reply: settle; after the batch's last, send the calls that have been waiting
 //
-// Calls are queued here and sent one at a time, each after the previous one's reply:
-//   - they run in the order they were made, and a call's checks see the cache as the previous
-//     calls left it (cache.length is then exact), so its errors are the direct API's;
-//   - a call that has not been sent is still here: its AbortSignal removes it from the queue.
+// So:
+//   - calls run in the order they were made, and a call's checks see the cache as the calls
+//     before it will leave it, so its errors are the direct API's;
+//   - a call not yet sent is still here: its AbortSignal removes it from the queue;
+//   - calls made in one synchronous stretch travel together (append + attend: one round trip).
 // Inputs are taken when the call is made (copied or moved), so later changes to the caller's
 // arrays do not reach a queued call.
 import { cacheOperands, checkAppend, checkCacheOptions, checkTruncate, type KVCacheDType, type KVCacheShape } from './kv-cache.js';
@@ -42,7 +44,7 @@ const isNode = typeof process !== 'undefined' && typeof process.versions?.node =
 
 /** A started worker, whichever kind. `onDeath` fires once if it stops on its own. */
 interface WorkerLink {
-  post(message: Request, transfer: ArrayBuffer[]): void;
+  post(message: Request[], transfer: ArrayBuffer[]): void;
   onMessage(handler: (message: unknown) => void): void;
   onDeath(handler: (error: Error) => void): void;
   /** Keep the process alive (Node) while calls are pending; not when idle. */
@@ -104,23 +106,32 @@ async function startWorker(): Promise<WorkerLink> {
 
 interface Call {
   op: Op;
-  /** At its turn: the checks against the current state, then the args to send. Throws to reject. */
+  /** At its turn: the checks against the state the calls before it leave, then the args to send. Throws to reject. */
   prepare(): Record<string, unknown>;
   /** The worker's value → what the promise resolves to. */
   finish(value: unknown): unknown;
+  /** After a sent call has settled, whichever way. */
+  settled?: () => void;
   resolve(value: unknown): void;
   reject(error: unknown): void;
   signal: AbortSignal | undefined;
   onAbort: (() => void) | null;
 }
 
-/** Calls to one worker, sent one at a time in the order they were made. */
+/**
+ * Calls to one worker, in the order they were made. The calls waiting when the worker is free
+ * are sent together, as one message (a batch): those made in one synchronous stretch of the
+ * caller's code, or while the previous batch ran. So `cache.append(k, v); await cache.attend(q)`
+ * costs one round trip, and a call can be cancelled until its batch is sent.
+ */
 class Channel {
   readonly #link: WorkerLink;
   readonly #queue: Call[] = [];
-  #inFlight: Call | null = null;
+  /** Sent, not yet answered, in the order the worker answers them. */
+  readonly #inFlight: Call[] = [];
   #nextId = 1;
   #ready = false;
+  #pumpScheduled = false;
   /** Set once the worker is gone: every pending and later call rejects with it. */
   #dead: Error | null = null;
 
@@ -134,24 +145,33 @@ class Channel {
     return this.#dead;
   }
 
-  call<T>(op: Op, prepare: () => Record<string, unknown>, finish: (value: unknown) => T, signal?: AbortSignal): Promise<T> {
+  call<T>(op: Op, prepare: () => Record<string, unknown>, finish: (value: unknown) => T,
+    signal?: AbortSignal, settled?: () => void): Promise<T> {
     return new Promise<T>((resolve, reject) => {
       if (this.#dead !== null) return reject(this.#dead);
       if (signal?.aborted) return reject(abortReason(signal));
-      const call: Call = { op, prepare, finish, resolve: resolve as (value: unknown) => void, reject, signal, onAbort: null };
+      const call: Call = { op, prepare, finish, settled, resolve: resolve as (value: unknown) => void, reject, signal, onAbort: null };
       if (signal !== undefined) {
         call.onAbort = () => {
           const at = this.#queue.indexOf(call);
-          if (at < 0) return;  // started (or settled): it runs to the end
+          if (at < 0) return;  // sent (or settled): it runs to the end
           this.#queue.splice(at, 1);
-          this.#settled(call);
+          this.#unlisten(call);
           reject(abortReason(signal));
           this.#link.hold(this.#busy());
         };
         signal.addEventListener('abort', call.onAbort, { once: true });
       }
       this.#queue.push(call);
-      this.#pump();
+      this.#link.hold(true);
+      // Sent from a microtask, so the calls made in this synchronous stretch go together.
+      if (!this.#pumpScheduled) {
+        this.#pumpScheduled = true;
+        queueMicrotask(() => {
+          this.#pumpScheduled = false;
+          this.#pump();
+        });
+      }
     });
   }
 
@@ -166,29 +186,34 @@ class Channel {
   }
 
   #busy(): boolean {
-    return this.#inFlight !== null || this.#queue.length > 0;
+    return this.#inFlight.length > 0 || this.#queue.length > 0;
   }
 
+  /** Sends the waiting calls as one batch, if the worker is ready and has answered the last one. */
   #pump(): void {
-    this.#link.hold(this.#busy());
-    while (this.#ready && this.#dead === null && this.#inFlight === null && this.#queue.length > 0) {
-      const call = this.#queue.shift() as Call;
-      let args: Record<string, unknown>;
-      try {
-        args = call.prepare();
-      } catch (error) {
-        this.#settled(call);
-        call.reject(error);
-        continue;
+    if (this.#ready && this.#dead === null && this.#inFlight.length === 0) {
+      const batch: Request[] = [];
+      const arrays: unknown[] = [];
+      for (const call of this.#queue.splice(0)) {
+        let args: Record<string, unknown>;
+        try {
+          args = call.prepare();
+        } catch (error) {
+          this.#unlisten(call);
+          call.reject(error);
+          continue;
+        }
+        this.#unlisten(call);  // sent: no longer cancellable
+        batch.push({ id: this.#nextId++, op: call.op, args });
+        arrays.push(...typedArrays(args));
+        this.#inFlight.push(call);
       }
-      const id = this.#nextId++;
-      this.#inFlight = call;
-      try {
-        this.#link.post({ id, op: call.op, args }, transferList(typedArrays(args)));
-      } catch (error) {  // not cloneable: the checks let something odd through
-        this.#inFlight = null;
-        this.#settled(call);
-        call.reject(error);
+      if (batch.length > 0) {
+        try {
+          this.#link.post(batch, transferList(arrays));
+        } catch (error) {  // not cloneable: the checks let something odd through
+          for (const call of this.#inFlight.splice(0)) this.#fail(call, error);
+        }
       }
     }
     this.#link.hold(this.#busy());
@@ -201,10 +226,8 @@ class Channel {
       return;
     }
     const reply = message as Reply;
-    const call = this.#inFlight;
-    if (call === null) return;
-    this.#inFlight = null;
-    this.#settled(call);
+    const call = this.#inFlight.shift();
+    if (call === undefined) return;
     if (reply.ok) {
       try {
         call.resolve(call.finish(reply.value));
@@ -214,21 +237,28 @@ class Channel {
     } else {
       call.reject(errorFromWire(reply.error));
     }
-    this.#pump();
+    call.settled?.();
+    if (this.#inFlight.length === 0) this.#pump();
   }
 
-  #settled(call: Call): void {
+  /** A sent call that will get no answer. */
+  #fail(call: Call, error: unknown): void {
+    this.#unlisten(call);
+    call.reject(error);
+    call.settled?.();
+  }
+
+  #unlisten(call: Call): void {
     if (call.onAbort !== null) call.signal?.removeEventListener('abort', call.onAbort);
+    call.onAbort = null;
   }
 
   #die(error: Error): void {
     if (this.#dead !== null) return;
     this.#dead = error;
-    const pending = this.#inFlight !== null ? [this.#inFlight, ...this.#queue] : [...this.#queue];
-    this.#inFlight = null;
-    this.#queue.length = 0;
-    for (const call of pending) {
-      this.#settled(call);
+    for (const call of this.#inFlight.splice(0)) this.#fail(call, error);
+    for (const call of this.#queue.splice(0)) {  // never sent
+      this.#unlisten(call);
       call.reject(error);
     }
     this.#link.hold(false);
@@ -478,7 +508,12 @@ export class WorkerKVCache {
   readonly #shape: KVCacheShape;
   readonly #channel: Channel;
   readonly #id: number;
+  /** As of the last answered call. */
   #length = 0;
+  /** As the calls sent or being prepared will leave it, if they succeed: what the next call's checks see. */
+  #expected = 0;
+  /** Calls sent and not yet answered. */
+  #unanswered = 0;
   #disposed = false;
   readonly #onDispose: (cache: WorkerKVCache) => void;
 
@@ -516,12 +551,19 @@ export class WorkerKVCache {
     if (this.#channel.dead !== null) throw this.#channel.dead;
   }
 
-  // A call whose checks see this cache as the calls before it left it (state at its turn).
-  #call<T>(fn: string, op: Op, prepare: () => Record<string, unknown>, finish: (value: unknown) => T, signal?: AbortSignal): Promise<T> {
+  // A call whose checks (in `prepare`) see the cache as the calls before it will leave it:
+  // #expected, which `prepare` advances. Calls sent together are checked before any has run;
+  // if the worker then refuses one that passed (it cannot allocate), the checks of the calls
+  // sent with it saw a length the cache does not have, and the worker's own checks (the same
+  // ones) decide: #expected follows #length again once every sent call is answered.
+  #call<T>(op: Op, prepare: () => Record<string, unknown>, finish: (value: unknown) => T, signal?: AbortSignal): Promise<T> {
     return this.#channel.call(op, () => {
-      if (this.#disposed) throw new Error(`${fn}: this KVCache has been disposed`);
-      return { cache: this.#id, ...prepare() };
-    }, finish, signal);
+      const args = { cache: this.#id, ...prepare() };
+      this.#unanswered++;
+      return args;
+    }, finish, signal, () => {
+      if (--this.#unanswered === 0) this.#expected = this.#length;
+    });
   }
 
   #lengthFrom = (value: unknown) => {
@@ -537,8 +579,8 @@ export class WorkerKVCache {
       const take = new Taker(transfer);
       const k = take.tensor(key, true), v = take.tensor(value, true), o = take.options(rest);
       take.done();
-      return this.#call(fn, 'append', () => {
-        checkAppend(this.#shape, this.#length, k, v, o);
+      return this.#call('append', () => {
+        this.#expected += checkAppend(this.#shape, this.#expected, k, v, o).k.L;
         return { key: k, value: v, options: o };
       }, this.#lengthFrom, signal);
     });
@@ -553,8 +595,8 @@ export class WorkerKVCache {
       const take = new Taker(transfer);
       const q = take.tensor(query, true), o = take.options(rest);
       take.done();
-      return this.#call(fn, 'attend', () => {
-        planAttend(q, cacheOperands(this.#shape, this.#length), o);
+      return this.#call('attend', () => {
+        planAttend(q, cacheOperands(this.#shape, this.#expected), o);
         return { query: q, options: sendable(o) };
       }, (result) => deliver(result, (o as SdpaOptions | undefined)?.out), signal);
     });
@@ -566,8 +608,9 @@ export class WorkerKVCache {
       const fn = 'KVCache.truncate';
       this.#check(fn);
       const { signal } = signalOnly(fn, options);
-      return this.#call(fn, 'truncate', () => {
-        checkTruncate(this.#length, n);
+      return this.#call('truncate', () => {
+        checkTruncate(this.#expected, n);
+        this.#expected = n;
         return { n };
       }, this.#lengthFrom, signal);
     });
@@ -579,7 +622,10 @@ export class WorkerKVCache {
       const fn = 'KVCache.reset';
       this.#check(fn);
       const { signal } = signalOnly(fn, options);
-      return this.#call(fn, 'reset', () => ({}), this.#lengthFrom, signal);
+      return this.#call('reset', () => {
+        this.#expected = 0;
+        return {};
+      }, this.#lengthFrom, signal);
     });
   }
 

@@ -176,9 +176,13 @@ export class ToyDecoder {
       const k = linear(h, L, dModel, wk, kvHeads * headDim);
       const v = linear(h, L, dModel, wv, kvHeads * headDim);
       const t0 = performance.now();
-      await cache.append({ data: k, dims: [1, L, kvHeads, headDim] }, { data: v, dims: [1, L, kvHeads, headDim] }, { layout: 'bshd' });
+      // Not awaited before attend(): through an AttentionWorker the two calls then travel as one
+      // message (one round trip per layer); they still run in order. On a direct cache both are
+      // synchronous anyway.
+      const appended = cache.append({ data: k, dims: [1, L, kvHeads, headDim] }, { data: v, dims: [1, L, kvHeads, headDim] }, { layout: 'bshd' });
       // Causal by default, aligned bottom-right: query row i sees the stored positions up to its own.
       const a = (await cache.attend({ data: q, dims: [1, L, qHeads, headDim] }, { layout: 'bshd' })).output.data;
+      await appended;
       attentionMs += performance.now() - t0;
       const o = linear(a, L, qHeads * headDim, wo, dModel);
       for (let i = 0; i < x.length; i++) x[i] += o[i];

@@ -426,10 +426,11 @@ test('generation: KV-cache decoding in float32 and float16 in the worker, tokens
   expect(g.error).toBeUndefined();
   expect(g.running).toBe(false);
   expect(g.params).toEqual({ context, tokens, seed, dtype: 'both' });
-  // The caches lived in the AttentionWorker: every decode step of both runs posted an append
-  // and an attend per layer to it (the fill, prefill, warm-up and cache set-up add more).
+  // The caches lived in the AttentionWorker: every decode step of both runs posted at least one
+  // message per layer to it (the append and the attend travel together; the fill, prefill,
+  // warm-up and cache set-up add more).
   expect(g.cachesIn).toBe('AttentionWorker');
-  expect(await workerPosts(page, ATTENTION_WORKER) - posted).toBeGreaterThanOrEqual(2 * tokens * TOY.layers * 2);
+  expect(await workerPosts(page, ATTENTION_WORKER) - posted).toBeGreaterThanOrEqual(2 * tokens * TOY.layers);
   // The frame meter counted the page's frames through the job (a loose bound: shared machines).
   expect(g.frames.running).toBe(false);
   expect(g.frames.frames).toBeGreaterThanOrEqual(5);

@@ -307,12 +307,57 @@ describe('order and abort', () => {
     }
   });
 
+  test('calls made together travel as one message; each call\'s checks see the calls before it', async () => {
+    const raw = worker[RAW_WORKER];
+    const post = raw.postMessage;
+    const batches = [];
+    raw.postMessage = function (message, transfer) {
+      batches.push(message.map((request) => request.op));
+      return post.call(this, message, transfer);
+    };
+    const cache = await worker.createKVCache({ ...CACHE_OPTIONS });
+    const direct = attn.createKVCache({ ...CACHE_OPTIONS });
+    try {
+      batches.length = 0;
+      // append 6, append 11 (past maxLength 16 once the first is in: refused, nothing sent),
+      // attend, truncate 2, append 11 (fits now), attend: the direct API's outcomes, one message.
+      const calls = [
+        cache.append(cacheK(6, 7), cacheV(6, 8)), cache.append(cacheK(11, 9), cacheV(11, 9)), cache.attend(cacheQ()),
+        cache.truncate(2), cache.append(cacheK(11, 9), cacheV(11, 9)), cache.attend(cacheQ(1)),
+      ];
+      const outcomes = await Promise.allSettled(calls);
+      expect(batches).toEqual([['append', 'attend', 'truncate', 'append', 'attend']]);
+      direct.append(cacheK(6, 7), cacheV(6, 8));
+      const refused = await errorOf(() => direct.append(cacheK(11, 9), cacheV(11, 9)));
+      expect(outcomes[1].status).toBe('rejected');
+      expect(outcomes[1].reason.constructor).toBe(RangeError);
+      expect(outcomes[1].reason.message).toBe(refused.message);
+      expect(hashOf(outcomes[2].value)).toBe(hashOf(direct.attend(cacheQ())));
+      direct.truncate(2);
+      direct.append(cacheK(11, 9), cacheV(11, 9));
+      expect(hashOf(outcomes[5].value)).toBe(hashOf(direct.attend(cacheQ(1))));
+      expect(cache.length).toBe(13);
+      // A decode step, append + attend, is one round trip.
+      batches.length = 0;
+      cache.truncate(12);
+      const appended = cache.append(cacheK(1, 10), cacheV(1, 10));
+      await cache.attend(cacheQ(1));
+      await appended;
+      expect(batches).toEqual([['truncate', 'append', 'attend']]);
+    } finally {
+      raw.postMessage = post;
+      direct.dispose();
+      await cache.dispose();
+    }
+  });
+
   test('an AbortSignal cancels a queued call (AbortError); a call already running completes; later calls work', async () => {
     const { query, key, value } = longProblem();
     const small = REFERENCE_CASES[1].make();
     const expected = hashOf(attn.sdpa(small.query, small.key, small.value));
     const running = new AbortController(), queued = new AbortController();
     const first = worker.sdpa(query, key, value, { signal: running.signal });
+    await null;  // first is sent (calls are sent from a microtask)
     const second = worker.sdpa(small.query, small.key, small.value, { signal: queued.signal });
     const third = worker.sdpa(small.query, small.key, small.value);
     const secondError = errorOf(() => second);
