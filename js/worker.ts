@@ -322,6 +322,7 @@ class Taker {
 
   /** Moves the noted buffers (each once) and points the taken tensors at the moved ones. */
   done(): void {
+    if (this.#toMove.length === 0) return;
     const moved = new Map<ArrayBufferLike, ArrayBuffer>();
     for (const { view } of this.#toMove) {
       if (!moved.has(view.buffer)) moved.set(view.buffer, view.buffer as ArrayBuffer);
