@@ -58,6 +58,32 @@ async function runExamplePage(page, url) {
   return { result, wasm, errors };
 }
 
+/**
+ * What every example page must report, in both server modes: no page error, the direct call
+ * matching plain JavaScript, the same call through createAttentionWorker bitwise equal with its
+ * inputs transferred, and the thread count the isolation allows, in the page and in the worker.
+ */
+function expectExampleResult({ result, errors }, isolation) {
+  expect(errors).toEqual([]);
+  expect(result.error).toBeUndefined();
+  expect(result.ok).toBe(true);
+  expect(result.maxError).toBeLessThan(1e-5);
+  expect(result.worker).toEqual(expect.objectContaining({ ok: true, sameBits: true, detached: true }));
+  expect(result.isolated).toBe(isolation);
+  expect(result.threads).toBe(isolation && result.cores > 1 ? Math.min(result.cores, maxDefaultThreads) : 1);
+  expect(result.worker.threads).toBe(result.threads);
+}
+
+/** Every .wasm the page fetched came from `path` as application/wasm. */
+function expectWasmServed(wasm, path) {
+  expect(wasm.length).toBeGreaterThan(0);
+  for (const w of wasm) {
+    expect(w.path).toMatch(path);
+    expect(w.type).toBe('application/wasm');
+    expect(w.status).toBe(200);
+  }
+}
+
 test.beforeAll(async () => {
   maxDefaultThreads = (await nodePackage()).DEFAULT_MAX_THREADS;
   work = await mkdtemp(join(tmpdir(), 'sdpa-wasm-pack-'));
@@ -155,20 +181,9 @@ test('Vite: examples/vite builds with vite build, emits the .wasm as an asset, a
   for (const isolation of [true, false]) {
     const server = await startServer(join(app, 'dist'), { isolation });
     try {
-      const { result, wasm, errors } = await runExamplePage(page, `${server.url}/`);
-      expect(errors).toEqual([]);
-      expect(result.error).toBeUndefined();
-      expect(result.ok).toBe(true);
-      expect(result.maxError).toBeLessThan(1e-5);
-      expect(result.worker).toEqual(expect.objectContaining({ ok: true, sameBits: true, detached: true }));
-      expect(result.isolated).toBe(isolation);
-      expect(result.threads).toBe(isolation && result.cores > 1 ? Math.min(result.cores, maxDefaultThreads) : 1);
-      expect(wasm.length).toBeGreaterThan(0);
-      for (const w of wasm) {
-        expect(w.path).toMatch(/^\/assets\/sdpa(-mt)?-[\w-]+\.wasm$/);
-        expect(w.type).toBe('application/wasm');
-        expect(w.status).toBe(200);
-      }
+      const shown = await runExamplePage(page, `${server.url}/`);
+      expectExampleResult(shown, isolation);
+      expectWasmServed(shown.wasm, /^\/assets\/sdpa(-mt)?-[\w-]+\.wasm$/);
       await expect(page.getByTestId('status')).toHaveText('Correct: sdpa-wasm matches the plain-JavaScript result.');
       if (isolation) await page.screenshot({ path: screenshotPath('09-example-vite.png') });
     } finally {
@@ -189,20 +204,9 @@ test('webpack: examples/webpack builds with no webpack configuration and runs in
   for (const isolation of [true, false]) {
     const server = await startServer(app, { isolation });
     try {
-      const { result, wasm, errors } = await runExamplePage(page, `${server.url}/index.html`);
-      expect(errors).toEqual([]);
-      expect(result.error).toBeUndefined();
-      expect(result.ok).toBe(true);
-      expect(result.maxError).toBeLessThan(1e-5);
-      expect(result.worker).toEqual(expect.objectContaining({ ok: true, sameBits: true, detached: true }));
-      expect(result.isolated).toBe(isolation);
-      expect(result.threads).toBe(isolation && result.cores > 1 ? Math.min(result.cores, maxDefaultThreads) : 1);
-      expect(result.worker.threads).toBe(result.threads);
-      for (const w of wasm) {
-        expect(w.path).toMatch(/^\/dist\/[\w-]+\.wasm$/);
-        expect(w.type).toBe('application/wasm');
-        expect(w.status).toBe(200);
-      }
+      const shown = await runExamplePage(page, `${server.url}/index.html`);
+      expectExampleResult(shown, isolation);
+      expectWasmServed(shown.wasm, /^\/dist\/[\w-]+\.wasm$/);
       await expect(page.getByTestId('status')).toHaveText('Correct: sdpa-wasm matches the plain-JavaScript result.');
       if (isolation) await page.screenshot({ path: screenshotPath('12-example-webpack.png') });
     } finally {
@@ -217,21 +221,16 @@ test('plain HTML: examples/plain-html runs the installed package in Chromium wit
   for (const isolation of [true, false]) {
     const server = await startServer(app, { isolation });
     try {
-      const { result, wasm, errors } = await runExamplePage(page, `${server.url}/index.html`);
-      expect(errors).toEqual([]);
-      expect(result.error).toBeUndefined();
-      expect(result.ok).toBe(true);
-      expect(result.worker).toEqual(expect.objectContaining({ ok: true, sameBits: true, detached: true }));
-      expect(result.isolated).toBe(isolation);
-      expect(result.threads).toBe(isolation && result.cores > 1 ? Math.min(result.cores, maxDefaultThreads) : 1);
-      expect(result.worker.threads).toBe(result.threads);
+      const shown = await runExamplePage(page, `${server.url}/index.html`);
+      const { result, wasm } = shown;
+      expectExampleResult(shown, isolation);
       // A threaded instance also loads the single-threaded build, which it streams decodes on
       // (js/attention.ts); without isolation only that one is loaded. The page and the worker
       // each load what they use.
       const dir = '/node_modules/sdpa-wasm/dist/wasm/';
       expect([...new Set(wasm.map((w) => w.path))].sort()).toEqual(
         isolation && result.cores > 1 ? [`${dir}sdpa-mt.wasm`, `${dir}sdpa.wasm`] : [`${dir}sdpa.wasm`]);
-      for (const w of wasm) expect(w.type).toBe('application/wasm');
+      expectWasmServed(wasm, /^\/node_modules\/sdpa-wasm\/dist\/wasm\/sdpa(-mt)?\.wasm$/);
       await expect(page.getByTestId('status')).toHaveText('Correct: sdpa-wasm matches the plain-JavaScript result.');
       if (isolation) await page.screenshot({ path: screenshotPath('10-example-plain-html.png') });
     } finally {

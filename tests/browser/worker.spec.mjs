@@ -118,3 +118,23 @@ for (const [label, base] of MODES) {
     expect(onMain.longestGap).toBeGreaterThan(0.9 * onMain.ms);
   });
 }
+
+test('a worker whose script cannot load rejects createAttentionWorker with a clear Error (nothing hangs)', async ({ page, context }) => {
+  await context.route('**/dist/worker-entry.js', (route) => route.abort());
+  await page.goto(`${PLAIN}/tests/browser/harness.html`);
+  const outcome = await page.evaluate(async () => {
+    const { createAttentionWorker, createAttention } = await import('/dist/index.js');
+    const timeout = new Promise((resolve) => setTimeout(() => resolve({ hung: true }), 10_000));
+    const started = createAttentionWorker().then(() => ({ started: true }), (error) => ({ name: error.constructor.name, message: error.message }));
+    const result = await Promise.race([started, timeout]);
+    // The page's own instance is unaffected.
+    const attn = await createAttention();
+    const x = { data: new Float32Array(16).fill(1), dims: [1, 1, 4, 4] };
+    result.directStillWorks = attn.sdpa(x, x, x).output.data.every((v) => v === 1);
+    attn.dispose();
+    return result;
+  });
+  expect(outcome).toEqual({
+    name: 'Error', message: expect.stringMatching(/^sdpa-wasm: the attention worker failed: /), directStillWorks: true,
+  });
+});

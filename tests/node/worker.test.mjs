@@ -200,30 +200,28 @@ describe('the KV cache through the worker', () => {
 });
 
 describe('errors: the same class and message as the direct API', () => {
-  const viaWorker = sdpaErrorCases({ sdpa: (...args) => worker.sdpa(...args) });
-  const viaDirect = sdpaErrorCases({ sdpa: (...args) => attn.sdpa(...args) });
-  test.each(viaWorker.map((c, i) => [c[0], i]))('sdpa: %s', async (_, i) => {
-    const [, throughWorker, Cls, patterns] = viaWorker[i];
-    const expected = await errorOf(viaDirect[i][1]);
+  /**
+   * A shared case through the worker and directly: the same class (the case's) and message. A
+   * message that counts memory in use differs between instances: it must match the case's
+   * patterns instead.
+   */
+  async function expectSameError([, throughWorker, Cls, patterns], [, direct]) {
+    const expected = await errorOf(direct);
     const error = await errorOf(throughWorker);
     expect(error?.constructor).toBe(Cls);
     expect(error.constructor).toBe(expected.constructor);
-    // A message that counts memory in use differs between instances; the rest are identical.
     if (/in use/.test(expected.message)) for (const pattern of patterns) expect(error.message).toMatch(pattern);
     else expect(error.message).toBe(expected.message);
-  });
+  }
+
+  const viaWorker = sdpaErrorCases({ sdpa: (...args) => worker.sdpa(...args) });
+  const viaDirect = sdpaErrorCases({ sdpa: (...args) => attn.sdpa(...args) });
+  test.each(viaWorker.map((c, i) => [c[0], i]))('sdpa: %s', (_, i) => expectSameError(viaWorker[i], viaDirect[i]));
 
   const createViaWorker = createCacheErrorCases({ createKVCache: (...args) => worker.createKVCache(...args) });
   const createViaDirect = createCacheErrorCases({ createKVCache: (...args) => attn.createKVCache(...args) });
-  test.each(createViaWorker.map((c, i) => [c[0], i]))('createKVCache: %s', async (_, i) => {
-    const [, throughWorker, Cls, patterns] = createViaWorker[i];
-    const expected = await errorOf(createViaDirect[i][1]);
-    const error = await errorOf(throughWorker);
-    expect(error?.constructor).toBe(Cls);
-    expect(error.constructor).toBe(expected.constructor);
-    if (/in use/.test(expected.message)) for (const pattern of patterns) expect(error.message).toMatch(pattern);
-    else expect(error.message).toBe(expected.message);
-  });
+  test.each(createViaWorker.map((c, i) => [c[0], i]))('createKVCache: %s',
+    (_, i) => expectSameError(createViaWorker[i], createViaDirect[i]));
 
   test.each(CACHE_ERROR_CASES.map((c) => [c[0], c]))('cache %s (both dtypes); the cache is unchanged', async (name, [, call, Cls]) => {
     for (const dtype of ['float32', 'float16']) {
