@@ -30,7 +30,7 @@ import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { runDecode } from './decode.mjs';
 import { describeHostCpu, hostCpu } from './host.mjs';
-import { openCoreProbe, openLimits } from './limits.mjs';
+import { openCoreProbe, openFmaPeak, openLimits } from './limits.mjs';
 import { createRemotePeer } from './peers/remote.mjs';
 import { compare, makeInputs, referenceRows } from './reference.mjs';
 import { SHAPES, bytes, describe, flops, isDecode, usefulFlops } from './shapes.mjs';
@@ -64,6 +64,9 @@ const ONE_THREAD_TARGETS = {
   vsOrt: { b: 1.55, c: 1.55, d: 2, g: 2 },
   peak: { b: 0.8, c: 0.8 },
   causalSpeedup: { e: ['b', 1.9], f: ['c', 1.9] },
+  // The relaxed-SIMD build (FMA), where this Node runs it: against onnxruntime-web and the FMA peak.
+  relaxedVsOrt: { b: 2.2, c: 2.2 },
+  relaxedPeak: { b: 0.75, c: 0.75 },
 };
 
 const shapes = SHAPES.filter((s) => (shapeFilter ? shapeFilter.includes(s.id) || shapeFilter.includes(s.name) : !quick || s.quick));
@@ -95,6 +98,13 @@ const loadBefore = os.loadavg();
 
 const limitsProbe = await openLimits();
 const limitsStart = limitsProbe.measure({ quick });
+// The FMA peak (relaxed_madd chains), where this Node runs relaxed SIMD: the relaxed build's
+// limit. Its rows' "% of peak" use the round's mul+add peak sample × (FMA peak ÷ mul+add peak).
+const fmaProbe = await openFmaPeak();
+const fmaBest = () => (fmaProbe ? Math.max(...Array.from({ length: quick ? 3 : 7 }, () => fmaProbe.sample())) : null);
+const fmaStart = fmaBest();
+console.log(fmaProbe ? `relaxed SIMD FMA peak ${fmaStart.toFixed(1)} GFLOP/s (${fmaProbe.kernel}), ` +
+  `${(fmaStart / limitsStart.peakGflops).toFixed(2)}× the mul+add peak` : 'relaxed SIMD: not run by this Node (no FMA peak, no sdpa-wasm-relaxed)');
 // The limits are measured again at the end; fractions use the better of the two.
 const limits = { ...limitsStart };
 const printLimits = (label, limits) => console.log(`${label}: wasm SIMD mul+add peak ${limits.peakGflops.toFixed(1)} GFLOP/s (${limits.peakKernel}); ` +
@@ -134,6 +144,7 @@ const PEER_MODULES = [
   { name: 'tfjs-wasm', path: './peers/tfjs.mjs' },
   { name: 'plain-js', path: './peers/plain-js.mjs' },
   { name: 'sdpa-wasm-not-causal', path: './peers/sdpa-wasm.mjs', options: { notCausal: true } },
+  { name: 'sdpa-wasm-relaxed', path: './peers/sdpa-wasm.mjs', options: { relaxed: true } },
   { name: 'sdpa-wasm-2t', path: './peers/sdpa-wasm.mjs', options: { threads: 2 }, twoThreads: true },
   { name: 'onnxruntime-web-2t', path: './peers/ort.mjs', options: { threads: 2 }, twoThreads: true, remote: true },
 ];
@@ -439,14 +450,22 @@ limits.simdCopyGBs = Math.max(limitsStart.simdCopyGBs, limitsEnd.simdCopyGBs);
 limits.peakRuns = [...limitsStart.peakRuns, ...limitsEnd.peakRuns];
 limits.start = limitsStart;
 limits.end = limitsEnd;
+const fmaEnd = fmaBest();
+limits.fmaPeakGflops = fmaProbe ? Math.max(fmaStart, fmaEnd) : null;
+limits.fmaKernel = fmaProbe?.kernel ?? null;
+// FMA peak ÷ mul+add peak: scales a round's mul+add sample to that round's FMA peak.
+const fmaRatio = fmaProbe ? limits.fmaPeakGflops / limits.peakGflops : null;
+if (fmaProbe) console.log(`relaxed SIMD FMA peak at the end ${fmaEnd.toFixed(1)} GFLOP/s; best ${limits.fmaPeakGflops.toFixed(1)}`);
 for (const e of results) {
-  for (const p of Object.values(e.peers)) {
+  for (const [name, p] of Object.entries(e.peers)) {
+    // The relaxed build against the FMA peak, the others against the mul+add peak.
+    const fma = name.includes('relaxed') && fmaRatio ? fmaRatio : 1;
     for (const r of [p, ...(p.variants ?? [])]) {
       if (r.status !== 'ok') continue;
       // Two-thread rows against two cores' worth of the one-thread peak; the copy limit is the
       // one-thread copy for all rows (two threads may exceed it).
-      r.fractionOfPeak = r.usefulGflops / (e.roundPeak.gflops * (p.threads ?? 1));  // some peer ran, so roundPeak is set
-      r.fractionOfBestPeak = r.usefulGflops / (limits.peakGflops * (p.threads ?? 1));
+      r.fractionOfPeak = r.usefulGflops / (e.roundPeak.gflops * fma * (p.threads ?? 1));  // some peer ran, so roundPeak is set
+      r.fractionOfBestPeak = r.usefulGflops / (limits.peakGflops * fma * (p.threads ?? 1));
       r.fractionOfCopy = r.gbs / limits.copyTrafficGBs;
     }
   }
@@ -545,6 +564,15 @@ const oneThreadTargets = [];
   }
   for (const [id, target] of Object.entries(ONE_THREAD_TARGETS.peak)) {
     if (byId[id]) check(`(${id}) of the peak`, ok(byId[id], 'sdpa-wasm')?.fractionOfPeak ?? null, target);
+  }
+  // The relaxed-SIMD build (issue: relaxed builds), where this Node runs it.
+  for (const [id, target] of Object.entries(ONE_THREAD_TARGETS.relaxedVsOrt)) {
+    const e = byId[id], r = ok(e, 'sdpa-wasm-relaxed'), o = ok(e, 'onnxruntime-web');
+    if (e && e.peers['sdpa-wasm-relaxed']) check(`(${id}) relaxed build ÷ onnxruntime-web`, r && o ? o.medianMs / r.medianMs : null, target);
+  }
+  for (const [id, target] of Object.entries(ONE_THREAD_TARGETS.relaxedPeak)) {
+    const e = byId[id];
+    if (e && e.peers['sdpa-wasm-relaxed']) check(`(${id}) relaxed build of the FMA peak`, ok(e, 'sdpa-wasm-relaxed')?.fractionOfPeak ?? null, target);
   }
   // The causal speed-up from the same rounds (sdpa-wasm-not-causal on the causal shape); the
   // ratio of the two shapes' medians, measured minutes apart, only when that is missing.

@@ -38,6 +38,7 @@ const v128load = (offset) => simd(0x00, 4, ...u32(offset));   // align 2^4
 const v128store = (offset) => simd(0x0b, 4, ...u32(offset));
 const f32x4splat = simd(0x13), f32x4extract0 = simd(0x1f, 0), f32x4add = simd(0xe4), f32x4mul = simd(0xe6);
 const memoryCopy = [0xfc, ...u32(10), 0, 0];
+const f32x4relaxedMadd = simd(0x105);  // relaxed SIMD: a·b + c, fused where the CPU has FMA
 /** The binary writer's pieces, for other hand-assembled modules (read-probe.mjs). */
 export const wasmAsm = { u32, s32, vec, section, str, I32, F32, V128, op, simd, v128load };
 
@@ -49,7 +50,7 @@ const CHAINS = 12;
 //   (loop  acc_i = f32x4.add(f32x4.mul(acc_i, va), vb) for i in 0..11
 //          n = n - 1; br_if 0 (n))
 //   return sum_i lane0(acc_i))
-function peakBody() {
+function peakBody(fused = false) {
   const [n, a, b, va, vb, acc0] = [0, 1, 2, 3, 4, 5];
   const code = [
     op.get, a, ...f32x4splat, op.set, va,
@@ -58,7 +59,8 @@ function peakBody() {
   for (let i = 0; i < CHAINS; i++) code.push(op.get, b, ...f32x4splat, op.set, acc0 + i);
   code.push(op.loop, op.void);
   for (let i = 0; i < CHAINS; i++) {
-    code.push(op.get, acc0 + i, op.get, va, ...f32x4mul, op.get, vb, ...f32x4add, op.set, acc0 + i);
+    if (fused) code.push(op.get, acc0 + i, op.get, va, op.get, vb, ...f32x4relaxedMadd, op.set, acc0 + i);
+    else code.push(op.get, acc0 + i, op.get, va, ...f32x4mul, op.get, vb, ...f32x4add, op.set, acc0 + i);
   }
   code.push(op.get, n, op.i32const, ...s32(1), op.i32sub, op.tee, n, op.br_if, 0, op.end);
   code.push(op.get, acc0, ...f32x4extract0);
@@ -110,6 +112,34 @@ export function limitsModuleBytes(pages) {
   const code = section(10, vec(bodies));
   return new Uint8Array([0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
     ...types, ...funcs, ...memory, ...exports, ...code]);
+}
+
+/**
+ * The FMA peak: the same 12 chains as peak, each step one f32x4.relaxed_madd (acc·a + b) instead
+ * of a mul and an add. Null where the engine does not run relaxed SIMD (Node 20 without
+ * --experimental-wasm-relaxed-simd). Returns { sample() } like peakSample: GFLOP/s of ≈ 30 ms.
+ */
+export async function openFmaPeak() {
+  const types = section(1, vec([[0x60, ...vec([[I32], [F32], [F32]]), ...vec([[F32]])]]));
+  const funcs = section(3, vec([[0]]));
+  const exports = section(7, vec([[...str('peak'), 0x00, 0]]));
+  const body = peakBody(true);
+  const code = section(10, vec([[...u32(body.length), ...body]]));
+  const bytes = new Uint8Array([0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, ...types, ...funcs, ...exports, ...code]);
+  if (!WebAssembly.validate(bytes)) return null;
+  const { instance } = await WebAssembly.instantiate(bytes);
+  const { peak } = instance.exports;
+  const iters = calibratePeak(peak, 30);
+  return {
+    kernel: `${CHAINS} independent f32x4 chains acc = relaxed_madd(acc, a, b), ${FLOPS_PER_ITERATION} flops per loop iteration`,
+    sample: () => {
+      const t0 = performance.now();
+      const sum = peak(iters, 0.9999, 1e-4);
+      const s = (performance.now() - t0) / 1e3;
+      if (!Number.isFinite(sum)) throw new Error('limits: the FMA peak kernel produced a non-finite value');
+      return iters * FLOPS_PER_ITERATION / s / 1e9;
+    },
+  };
 }
 
 /**

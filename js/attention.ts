@@ -1,7 +1,7 @@
 // Attention (the direct API) and createAttention(). Re-exported by index.ts; imported alone by
 // the worker (worker-entry.ts), whose bundle must not contain createAttentionWorker.
 import { checkCacheOptions, KVCache } from './kv-cache.js';
-import { acquireModule, hardwareThreads, threadsAvailable, type ModuleHandle } from './loader.js';
+import { acquireModule, defaultIsa, hardwareThreads, threadsAvailable, type Isa, type ModuleHandle } from './loader.js';
 import { runSdpa } from './strategies.js';
 import type { AttentionOptions, KVCacheOptions, SdpaOptions, SdpaResult, Tensor } from './types.js';
 import { checkAttentionOptions, DEFAULT_MAX_THREADS, plan } from './validate.js';
@@ -11,6 +11,11 @@ export class Attention {
   readonly threads: number;
   /** Whether the 128-bit SIMD kernel is in use (always: the package requires wasm SIMD). */
   readonly simd = true;
+  /**
+   * The build's instruction set: 'relaxed-simd' (fused multiply-adds, where the engine runs
+   * them) or 'simd128' (portable). See AttentionOptions.relaxedSimd.
+   */
+  readonly isa: Isa;
   #handle: ModuleHandle | null;
   // With threads > 1, also the single-threaded build, for streamed decoding: that runs on
   // one thread anyway, and copies into its plain (unshared) memory are faster than into the
@@ -23,6 +28,7 @@ export class Attention {
     this.#handle = handle;
     this.#streamHandle = streamHandle;
     this.threads = handle.threads;
+    this.isa = handle.isa;
   }
 
   /**
@@ -86,12 +92,14 @@ export { DEFAULT_MAX_THREADS, MAX_THREADS } from './validate.js';
  * single-threaded build is used and `attn.threads` is 1.
  */
 export async function createAttention(options: AttentionOptions = {}): Promise<Attention> {
-  const { threads } = checkAttentionOptions('createAttention', options);
+  const { threads, relaxedSimd } = checkAttentionOptions('createAttention', options);
+  const isa: Isa = relaxedSimd === false ? 'simd128' : defaultIsa();
   const wanted = threads ?? Math.min(await hardwareThreads(), DEFAULT_MAX_THREADS);
-  const handle = await acquireModule(threadsAvailable() ? wanted : 1);
+  const handle = await acquireModule(threadsAvailable() ? wanted : 1, isa);
   if (handle.threads === 1) return new Attention(handle);
   try {
-    return new Attention(handle, await acquireModule(1));
+    // The same instruction set: results stay bitwise the same for any thread count.
+    return new Attention(handle, await acquireModule(1, isa));
   } catch (error) {
     handle.release();
     throw error;

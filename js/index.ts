@@ -16,6 +16,7 @@ export { KVCache, type KVCacheDType } from './kv-cache.js';
 export {
   AttentionWorker, createAttentionWorker, WorkerKVCache, type WorkerCallOptions, type WorkerSdpaOptions,
 } from './worker.js';
+export type { Isa } from './loader.js';
 export type {
   AttentionOptions, KVCacheOptions, KVTensor, MaskTensor, SdpaOptions, SdpaResult, Tensor,
 } from './types.js';

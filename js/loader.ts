@@ -1,21 +1,54 @@
-// Loads the wasm modules, in Node and in browsers.
-//   - sdpa.wasm: single-threaded; loaded once per JS realm and shared by every instance.
-//   - sdpa-mt.wasm: pthreads over a shared memory, for threads > 1. Loaded once per thread
-//     count (its pool of Web Workers / worker_threads is sized at load time) and released
-//     when the last instance using it is disposed.
+// Loads the wasm modules, in Node and in browsers. Four builds of one source (CMakeLists.txt):
+//                        portable SIMD128          relaxed SIMD (FMA: f32x4.relaxed_madd)
+//   single-threaded      sdpa.wasm                 sdpa-relaxed.wasm
+//   threaded (pthreads)  sdpa-mt.wasm              sdpa-mt-relaxed.wasm
+// The instruction set (`Isa`) is chosen per instance: relaxed where the engine validates it
+// (Chrome/Edge 114+, Node 22+, Node 20 with --experimental-wasm-relaxed-simd) unless the caller
+// asks for the portable one. A single-threaded build is loaded once per JS realm and shared by
+// every instance; a threaded one once per thread count (its pool of Web Workers /
+// worker_threads is sized at load time), released when the last instance using it is disposed.
 // The files are located with `new URL(..., import.meta.url)` so that bundlers (Vite,
 // webpack, Rollup) see and copy them. Under Node, Emscripten's loader would try fetch() on
 // a file path, so the bytes are read from disk and handed over as wasmBinary.
-import createSdpaModule, { type ModuleOverrides, type SdpaModule } from './wasm/sdpa.mjs';
+import type { ModuleOverrides, SdpaModule } from './wasm/sdpa.mjs';
 
-const singleThreadWasm = new URL('./wasm/sdpa.wasm', import.meta.url);
-const multiThreadWasm = new URL('./wasm/sdpa-mt.wasm', import.meta.url);
+/** The SIMD instruction set of a build. */
+export type Isa = 'relaxed-simd' | 'simd128';
+
+type Factory = (overrides: ModuleOverrides) => Promise<SdpaModule>;
+
+/** Each build's .wasm and its Emscripten glue (imported only when that build is used). */
+const BUILDS: Record<Isa, Record<'single' | 'threaded', { wasm: URL; glue: () => Promise<{ default: Factory }> }>> = {
+  simd128: {
+    single: { wasm: new URL('./wasm/sdpa.wasm', import.meta.url), glue: () => import('./wasm/sdpa.mjs') },
+    threaded: { wasm: new URL('./wasm/sdpa-mt.wasm', import.meta.url), glue: () => import('./wasm/sdpa-mt.mjs') },
+  },
+  'relaxed-simd': {
+    single: { wasm: new URL('./wasm/sdpa-relaxed.wasm', import.meta.url), glue: () => import('./wasm/sdpa-relaxed.mjs') },
+    threaded: { wasm: new URL('./wasm/sdpa-mt-relaxed.wasm', import.meta.url), glue: () => import('./wasm/sdpa-mt-relaxed.mjs') },
+  },
+};
 
 // The smallest module that uses a v128 instruction: (func (result v128) v128.const 0).
 const SIMD_PROBE = new Uint8Array([
   0, 97, 115, 109, 1, 0, 0, 0, 1, 5, 1, 96, 0, 1, 123, 3, 2, 1, 0, 10, 22, 1, 20, 0, 253, 12,
   0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 11,
 ]);
+
+// The smallest module that uses relaxed SIMD: (func (result v128) (f32x4.relaxed_madd
+// (v128.const 0) (v128.const 0) (v128.const 0))); relaxed_madd is 0xfd 261 (LEB128 0x85 0x02).
+const RELAXED_SIMD_PROBE = new Uint8Array([
+  0, 97, 115, 109, 1, 0, 0, 0, 1, 5, 1, 96, 0, 1, 123, 3, 2, 1, 0, 10, 61, 1, 59, 0,
+  253, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+  253, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+  253, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+  253, 133, 2, 11,
+]);
+
+/** Whether this engine runs relaxed SIMD (f32x4.relaxed_madd). */
+export function relaxedSimdAvailable(): boolean {
+  return typeof WebAssembly === 'object' && WebAssembly.validate(RELAXED_SIMD_PROBE);
+}
 
 const isNode = typeof process !== 'undefined' && typeof process.versions?.node === 'string';
 
@@ -65,15 +98,16 @@ function checkSimd(): void {
   }
 }
 
-/** A loaded module and the number of threads its pool supports. */
+/** A loaded module, its instruction set and the number of threads its pool supports. */
 export interface ModuleHandle {
   module: SdpaModule;
   threads: number;
+  isa: Isa;
   release(): void;
 }
 
-let singleThread: Promise<SdpaModule> | null = null;
-const multiThread = new Map<number, { loading: Promise<SdpaModule>; users: number }>();
+const singleThread = new Map<Isa, Promise<SdpaModule>>();
+const multiThread = new Map<string, { loading: Promise<SdpaModule>; users: number }>();
 
 function retryable(load: () => Promise<SdpaModule>, forget: () => void): Promise<SdpaModule> {
   return load().catch((error: unknown) => {
@@ -82,35 +116,48 @@ function retryable(load: () => Promise<SdpaModule>, forget: () => void): Promise
   });
 }
 
-async function loadSingleThread(): Promise<SdpaModule> {
-  const overrides: ModuleOverrides = isNode && singleThreadWasm.protocol === 'file:'
-    ? { wasmBinary: await readNodeFile(singleThreadWasm) }
-    : { locateFile: () => singleThreadWasm.href };
-  return createSdpaModule(overrides);
+async function loadSingleThread(isa: Isa): Promise<SdpaModule> {
+  const { wasm, glue } = BUILDS[isa].single;
+  const overrides: ModuleOverrides = isNode && wasm.protocol === 'file:'
+    ? { wasmBinary: await readNodeFile(wasm) }
+    : { locateFile: () => wasm.href };
+  const { default: create } = await glue();
+  return create(overrides);
 }
 
-async function loadMultiThread(threads: number): Promise<SdpaModule> {
+async function loadMultiThread(isa: Isa, threads: number): Promise<SdpaModule> {
   if (isNode) await provideNodeGlobals();
-  // Imported lazily: the threaded glue is only fetched where it is used.
-  const { default: create } = await import('./wasm/sdpa-mt.mjs');
+  const { wasm, glue } = BUILDS[isa].threaded;
+  const { default: create } = await glue();
   const overrides: ModuleOverrides & { sdpaWorkers: number } = { sdpaWorkers: threads - 1 };
-  if (isNode && multiThreadWasm.protocol === 'file:') overrides.wasmBinary = await readNodeFile(multiThreadWasm);
+  if (isNode && wasm.protocol === 'file:') overrides.wasmBinary = await readNodeFile(wasm);
   const module = await create(overrides);
   // Idle workers must not keep a Node process alive (dispose() terminates them anyway).
   if (isNode) for (const worker of module.PThread?.unusedWorkers ?? []) (worker as { unref?(): void }).unref?.();
   return module;
 }
 
-export async function acquireModule(threads: number): Promise<ModuleHandle> {
+/** The instruction set createAttention() uses unless told otherwise: relaxed SIMD where it runs. */
+export function defaultIsa(): Isa {
+  return relaxedSimdAvailable() ? 'relaxed-simd' : 'simd128';
+}
+
+export async function acquireModule(threads: number, isa: Isa = defaultIsa()): Promise<ModuleHandle> {
   checkSimd();
+  if (isa === 'relaxed-simd' && !relaxedSimdAvailable()) throw new Error('sdpa-wasm: this engine does not run relaxed SIMD');
   if (threads <= 1) {
-    singleThread ??= retryable(loadSingleThread, () => { singleThread = null; });
-    return { module: await singleThread, threads: 1, release: () => {} };
+    let loading = singleThread.get(isa);
+    if (loading === undefined) {
+      loading = retryable(() => loadSingleThread(isa), () => singleThread.delete(isa));
+      singleThread.set(isa, loading);
+    }
+    return { module: await loading, threads: 1, isa, release: () => {} };
   }
-  let entry = multiThread.get(threads);
+  const key = `${isa} ${threads}`;
+  let entry = multiThread.get(key);
   if (entry === undefined) {
-    entry = { loading: retryable(() => loadMultiThread(threads), () => multiThread.delete(threads)), users: 0 };
-    multiThread.set(threads, entry);
+    entry = { loading: retryable(() => loadMultiThread(isa, threads), () => multiThread.delete(key)), users: 0 };
+    multiThread.set(key, entry);
   }
   entry.users++;
   const current = entry;
@@ -125,11 +172,12 @@ export async function acquireModule(threads: number): Promise<ModuleHandle> {
   return {
     module,
     threads,
+    isa,
     release: () => {
       if (released) return;
       released = true;
-      if (--current.users === 0 && multiThread.get(threads) === current) {
-        multiThread.delete(threads);
+      if (--current.users === 0 && multiThread.get(key) === current) {
+        multiThread.delete(key);
         module.PThread?.terminateAllThreads();  // lets Node exit; the module is not reused
       }
     },

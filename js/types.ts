@@ -55,6 +55,12 @@ export interface AttentionOptions {
    * single-threaded build is used. `attn.threads` reports what was chosen.
    */
   threads?: number;
+  /**
+   * Use the relaxed-SIMD build (fused multiply-add) where the engine runs it (Chrome/Edge 114+,
+   * Node 22+; not Safari): default true. `false` forces the portable SIMD128 build. Results of
+   * the two may differ in the last bits; `attn.isa` reports which one runs.
+   */
+  relaxedSimd?: boolean;
 }
 
 /**

@@ -362,9 +362,11 @@ export function checkAttentionOptions(fn: string, options: unknown): AttentionOp
     throw new TypeError(`${fn}: options must be an object, got ${String(options)}`);
   }
   for (const name of Object.keys(options)) {
-    if (name !== 'threads') throw new TypeError(`${fn}: unknown option "${name}"; known options: threads`);
+    if (name !== 'threads' && name !== 'relaxedSimd') {
+      throw new TypeError(`${fn}: unknown option "${name}"; known options: threads, relaxedSimd`);
+    }
   }
-  const { threads } = options as AttentionOptions;
+  const { threads, relaxedSimd } = options as AttentionOptions;
   if (threads !== undefined) {
     if (typeof threads !== 'number') {
       throw new TypeError(`${fn}: options.threads must be a number, got ${String(threads)}`);
@@ -373,5 +375,8 @@ export function checkAttentionOptions(fn: string, options: unknown): AttentionOp
       throw new RangeError(`${fn}: options.threads must be an integer in [1, ${MAX_THREADS}], got ${threads}`);
     }
   }
-  return { threads };
+  if (relaxedSimd !== undefined && typeof relaxedSimd !== 'boolean') {
+    throw new TypeError(`${fn}: options.relaxedSimd must be a boolean, got ${describe(relaxedSimd)}`);
+  }
+  return { threads, relaxedSimd };
 }

@@ -57,9 +57,9 @@ type Handled = { value: unknown; transfer?: ArrayBuffer[] };
 // Each op: its args → its value. Only init awaits.
 async function handle({ op, args: a }: Request): Promise<Handled> {
   switch (op) {
-    case 'init': {  // { options } → { threads, simd }
+    case 'init': {  // { options } → { threads, simd, isa }
       attention ??= await createAttention(a.options as object);
-      return { value: { threads: attention.threads, simd: attention.simd } };
+      return { value: { threads: attention.threads, simd: attention.simd, isa: attention.isa } };
     }
     case 'sdpa':  // { query, key, value, options } → SdpaResult
       return withBuffers(live().sdpa(a.query as never, a.key as never, a.value as never, a.options as never));

@@ -18,6 +18,7 @@
 //   - calls made in one synchronous stretch travel together (append + attend: one round trip).
 // Inputs are taken when the call is made (copied or moved), so later changes to the caller's
 // arrays do not reach a queued call.
+import type { Isa } from './loader.js';
 import { cacheOperands, checkAppend, checkCacheOptions, checkTruncate, type KVCacheDType, type KVCacheShape } from './kv-cache.js';
 import type { AttentionOptions, KVCacheOptions, KVTensor, SdpaOptions, SdpaResult, Tensor } from './types.js';
 import { checkAttentionOptions, checkOptionNames, describe, plan, planAttend } from './validate.js';
@@ -64,8 +65,16 @@ async function startWorker(): Promise<WorkerLink> {
     const name = 'node:worker_threads';
     const { Worker } = await import(/* @vite-ignore */ /* webpackIgnore: true */ name);
     // The process's Node flags, but not --input-type (for `node -e` code; a worker is a file).
-    const execArgv = process.execArgv.filter((flag) => !flag.startsWith('--input-type'));
-    const worker = new Worker(new URL(/* webpackIgnore: true */ WORKER_SCRIPT, import.meta.url), { execArgv });
+    // A worker refuses per-process flags (V8's, e.g. --experimental-wasm-relaxed-simd) given
+    // explicitly; those apply to the whole process anyway, so it then starts with none.
+    const url = new URL(/* webpackIgnore: true */ WORKER_SCRIPT, import.meta.url);
+    let worker;
+    try {
+      worker = new Worker(url, { execArgv: process.execArgv.filter((flag) => !flag.startsWith('--input-type')) });
+    } catch (error) {
+      if ((error as { code?: string }).code !== 'ERR_WORKER_INVALID_EXEC_ARGV') throw error;
+      worker = new Worker(url, { execArgv: [] });
+    }
     return {
       post: (message, transfer) => worker.postMessage(message, transfer),
       onMessage: (handler) => worker.on('message', handler),
@@ -400,6 +409,13 @@ function settle<T>(body: () => Promise<T>): Promise<T> {
   }
 }
 
+/** What the worker's Attention instance reports. */
+interface WorkerInfo {
+  threads: number;
+  simd: boolean;
+  isa: Isa;
+}
+
 // ─── the public classes ───────────────────────────────────────────────────────────────────
 
 export class AttentionWorker {
@@ -407,16 +423,19 @@ export class AttentionWorker {
   readonly threads: number;
   /** Whether the 128-bit SIMD kernel is in use (always). */
   readonly simd: boolean;
+  /** The worker's build: 'relaxed-simd' or 'simd128', as Attention.isa. */
+  readonly isa: Isa;
   readonly #channel: Channel;
   readonly #caches = new Set<WorkerKVCache>();
   #nextCache = 1;
   #disposing: Promise<void> | null = null;
 
   /** @internal Use createAttentionWorker(). */
-  constructor(channel: Channel, info: { threads: number; simd: boolean }) {
+  constructor(channel: Channel, info: WorkerInfo) {
     this.#channel = channel;
     this.threads = info.threads;
     this.simd = info.simd;
+    this.isa = info.isa;
   }
 
   /** @internal For tests: the underlying Worker (a worker_threads Worker in Node). */
@@ -656,8 +675,10 @@ export async function createAttentionWorker(options: AttentionOptions = {}): Pro
   const checked = checkAttentionOptions('createAttentionWorker', options);
   const channel = new Channel(await startWorker());
   try {
-    const info = await channel.call('init', () => ({ options: checked.threads === undefined ? {} : { threads: checked.threads } }),
-      (value) => value as { threads: number; simd: boolean });
+    // The options as the caller gave them, without undefined entries (the worker's check of
+    // them then sees what createAttention would).
+    const init = Object.fromEntries(Object.entries(checked).filter(([, value]) => value !== undefined));
+    const info = await channel.call('init', () => ({ options: init }), (value) => value as WorkerInfo);
     return new AttentionWorker(channel, info);
   } catch (error) {
     await channel.terminate(error instanceof Error ? error : new Error(String(error)));

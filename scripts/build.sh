@@ -11,7 +11,7 @@ if [ ! -f build/wasm/CMakeCache.txt ]; then
 fi
 cmake --build build/wasm -j2
 npx tsc -p tsconfig.json
-cp js/wasm/sdpa.d.mts js/wasm/sdpa-mt.d.mts dist/wasm/
+cp js/wasm/sdpa.d.mts js/wasm/sdpa-mt.d.mts js/wasm/sdpa-relaxed.d.mts js/wasm/sdpa-mt-relaxed.d.mts dist/wasm/
 # sdpa-mt.worker.js is CommonJS; the package is "type": "module". Its Node branch requires
 # fs and worker_threads: the "browser" map tells bundlers (webpack) there is nothing to bundle.
 printf '{ "type": "commonjs", "browser": { "fs": false, "worker_threads": false } }\n' > dist/wasm/package.json

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs what the build and tests need, only where it is missing, on Debian/Ubuntu:
-#   apt: emscripten (emcc 3.1.6 with clang/lld/binaryen), cmake, g++, GoogleTest, SIMDe, wabt
+#   apt: emscripten (emcc 3.1.6 with clang/lld/binaryen), clang-19 and lld-19 (the relaxed-SIMD
+#        builds: scripts/clang19-relaxed.sh), cmake, g++, GoogleTest, SIMDe, wabt
 #   npm: the locked devDependencies (npm ci), when node_modules is missing or stale.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 command -v emcc >/dev/null 2>&1 || need+=(emscripten)
+command -v clang++-19 >/dev/null 2>&1 || need+=(clang-19)
+command -v wasm-ld-19 >/dev/null 2>&1 || need+=(lld-19)
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
 command -v make >/dev/null 2>&1 || need+=(make)

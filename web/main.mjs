@@ -23,7 +23,8 @@ const demo = {
   error: null,
   threads: null,
   simd: null,
-  worker: null,  // { threads, simd } of the AttentionWorker the long jobs use
+  isa: null,     // 'relaxed-simd' (FMA) or 'simd128': the build in use
+  worker: null,  // { threads, simd, isa } of the AttentionWorker the long jobs use
   crossOriginIsolated: globalThis.crossOriginIsolated === true,
   heatmap: null,
   lesson: null,
@@ -60,8 +61,10 @@ try {
   attn = await createAttention();
   demo.threads = attn.threads;
   demo.simd = attn.simd;
+  demo.isa = attn.isa;
   byTestId('env-threads').textContent = String(attn.threads);
   byTestId('env-simd').textContent = attn.simd ? 'on' : 'off';
+  byTestId('env-isa').textContent = attn.isa === 'relaxed-simd' ? 'relaxed (FMA)' : '128-bit';
   byTestId('env-isolated').textContent = demo.crossOriginIsolated ? 'yes' : 'no';
   // The long jobs' worker, on the same number of threads. It loads while the quick panels are
   // computed below, and is awaited before the page reports ready.
@@ -801,7 +804,7 @@ window.addEventListener('resize', () => {
 
 try {
   attnWorker = await workerStarting;
-  demo.worker = { threads: attnWorker.threads, simd: attnWorker.simd };
+  demo.worker = { threads: attnWorker.threads, simd: attnWorker.simd, isa: attnWorker.isa };
   byTestId('env-worker-threads').textContent = String(attnWorker.threads);
 } catch (error) {
   failedToStart('the sdpa-wasm worker', error);

@@ -285,17 +285,17 @@ void score_tile(const float* q_cols, const float* packed_key_tile, int32_t head_
       const v128_t k0123 = wasm_v128_load(k);
       const v128_t k4567 = wasm_v128_load(k + 4);
       const v128_t vq0 = wasm_v128_load32_splat(q);
-      acc0x0123 = wasm_f32x4_add(acc0x0123, wasm_f32x4_mul(vq0, k0123));
-      acc0x4567 = wasm_f32x4_add(acc0x4567, wasm_f32x4_mul(vq0, k4567));
+      acc0x0123 = f32x4_madd(vq0, k0123, acc0x0123);
+      acc0x4567 = f32x4_madd(vq0, k4567, acc0x4567);
       const v128_t vq1 = wasm_v128_load32_splat(q + 1);
-      acc1x0123 = wasm_f32x4_add(acc1x0123, wasm_f32x4_mul(vq1, k0123));
-      acc1x4567 = wasm_f32x4_add(acc1x4567, wasm_f32x4_mul(vq1, k4567));
+      acc1x0123 = f32x4_madd(vq1, k0123, acc1x0123);
+      acc1x4567 = f32x4_madd(vq1, k4567, acc1x4567);
       const v128_t vq2 = wasm_v128_load32_splat(q + 2);
-      acc2x0123 = wasm_f32x4_add(acc2x0123, wasm_f32x4_mul(vq2, k0123));
-      acc2x4567 = wasm_f32x4_add(acc2x4567, wasm_f32x4_mul(vq2, k4567));
+      acc2x0123 = f32x4_madd(vq2, k0123, acc2x0123);
+      acc2x4567 = f32x4_madd(vq2, k4567, acc2x4567);
       const v128_t vq3 = wasm_v128_load32_splat(q + 3);
-      acc3x0123 = wasm_f32x4_add(acc3x0123, wasm_f32x4_mul(vq3, k0123));
-      acc3x4567 = wasm_f32x4_add(acc3x4567, wasm_f32x4_mul(vq3, k4567));
+      acc3x0123 = f32x4_madd(vq3, k0123, acc3x0123);
+      acc3x4567 = f32x4_madd(vq3, k4567, acc3x4567);
     }
     wasm_v128_store(scores + 0 * kKeyTile + g, acc0x0123);
     wasm_v128_store(scores + 0 * kKeyTile + g + 4, acc0x4567);
@@ -336,10 +336,10 @@ void score_4_keys(const Src& src, const float* q, const typename Src::Elem* k0, 
     const v128_t vk2 = src.load4(k2 + d), vk3 = src.load4(k3 + d);
     for (int r = 0; r < kRows; r++) {
       const v128_t vq = wasm_v128_load(q + r * head_dim + d);
-      a[r][0] = wasm_f32x4_add(a[r][0], wasm_f32x4_mul(vq, vk0));
-      a[r][1] = wasm_f32x4_add(a[r][1], wasm_f32x4_mul(vq, vk1));
-      a[r][2] = wasm_f32x4_add(a[r][2], wasm_f32x4_mul(vq, vk2));
-      a[r][3] = wasm_f32x4_add(a[r][3], wasm_f32x4_mul(vq, vk3));
+      a[r][0] = f32x4_madd(vq, vk0, a[r][0]);
+      a[r][1] = f32x4_madd(vq, vk1, a[r][1]);
+      a[r][2] = f32x4_madd(vq, vk2, a[r][2]);
+      a[r][3] = f32x4_madd(vq, vk3, a[r][3]);
     }
   }
   for (int r = 0; r < kRows; r++) {
@@ -381,7 +381,7 @@ void score_tile_4_keys(const Src& src, const float* q_tile, int32_t rows, const 
       const typename Src::Elem* k = key + cc * k_stride;
       v128_t a = wasm_f32x4_splat(0.0f);
       for (int32_t d = 0; d < e4; d += 4) {
-        a = wasm_f32x4_add(a, wasm_f32x4_mul(wasm_v128_load(q + d), src.load4(k + d)));
+        a = f32x4_madd(wasm_v128_load(q + d), src.load4(k + d), a);
       }
       float dot = hsum(a);
       for (int32_t d = e4; d < head_dim; d++) dot += q[d] * src.scalar(k[d]);
@@ -439,13 +439,13 @@ void score_keys(const Src& src, const float* q, const typename Src::Elem* k, int
     for (; kd != k_end; kd += kStep) {
       for (int c = 0; c < kChains; c++) {
         const v128_t vk = src.load4(kd + 4 * c);
-        for (int r = 0; r < kRows; r++) a[r][c] = wasm_f32x4_add(a[r][c], wasm_f32x4_mul(wasm_v128_load(qd[r] + 4 * c), vk));
+        for (int r = 0; r < kRows; r++) a[r][c] = f32x4_madd(wasm_v128_load(qd[r] + 4 * c), vk, a[r][c]);
       }
       for (int r = 0; r < kRows; r++) qd[r] += kStep;
     }
     for (int32_t d = e_chains; d < e4; d += 4) {
       const v128_t vk = src.load4(k + d);
-      for (int r = 0; r < kRows; r++) a[r][0] = wasm_f32x4_add(a[r][0], wasm_f32x4_mul(wasm_v128_load(q + r * head_dim + d), vk));
+      for (int r = 0; r < kRows; r++) a[r][0] = f32x4_madd(wasm_v128_load(q + r * head_dim + d), vk, a[r][0]);
     }
     for (int r = 0; r < kRows; r++) {
       for (int c = 1; c < kChains; c++) a[r][0] = wasm_f32x4_add(a[r][0], a[r][c]);
@@ -543,7 +543,7 @@ void pv_block(const Src& src, const float* probs, const typename Src::Elem* valu
     for (int k = 0; k < kVecs; k++) v[k] = src.load4(v_row + 4 * k);
     for (int r = 0; r < kRows; r++) {
       const v128_t p = wasm_v128_load32_splat(p_col + r * kKeyTile);
-      for (int k = 0; k < kVecs; k++) o[r][k] = wasm_f32x4_add(o[r][k], wasm_f32x4_mul(p, v[k]));
+      for (int k = 0; k < kVecs; k++) o[r][k] = f32x4_madd(p, v[k], o[r][k]);
     }
   }
   for (int32_t j = open_count; j < key_count; j++) {
@@ -553,7 +553,7 @@ void pv_block(const Src& src, const float* probs, const typename Src::Elem* valu
       const float pr = probs[r * kKeyTile + j];
       if (pr == 0.0f) continue;
       const v128_t p = wasm_f32x4_splat(pr);
-      for (int k = 0; k < kVecs; k++) o[r][k] = wasm_f32x4_add(o[r][k], wasm_f32x4_mul(p, v[k]));
+      for (int k = 0; k < kVecs; k++) o[r][k] = f32x4_madd(p, v[k], o[r][k]);
     }
   }
   for (int r = 0; r < kRows; r++) {

@@ -77,11 +77,11 @@ inline v128_t exp_nonpositive(v128_t x, const ExpConstants& c) {
   // 2^(n - 63): n + 64 moved into the exponent field; +0 when n = -64.
   const v128_t scale = wasm_i32x4_shl(n_biased, 23);
   // Horner: 2^63·2^t = c0' + t(c1' + t(c2' + t(c3' + t(c4' + t·c5')))), c' = c·2^63.
-  v128_t p = wasm_f32x4_add(wasm_f32x4_mul(c.c5, t), c.c4);
-  p = wasm_f32x4_add(wasm_f32x4_mul(p, t), c.c3);
-  p = wasm_f32x4_add(wasm_f32x4_mul(p, t), c.c2);
-  p = wasm_f32x4_add(wasm_f32x4_mul(p, t), c.c1);
-  p = wasm_f32x4_add(wasm_f32x4_mul(p, t), c.c0);
+  v128_t p = f32x4_madd(c.c5, t, c.c4);
+  p = f32x4_madd(p, t, c.c3);
+  p = f32x4_madd(p, t, c.c2);
+  p = f32x4_madd(p, t, c.c1);
+  p = f32x4_madd(p, t, c.c0);
   return wasm_f32x4_mul(scale, p);
 }
 

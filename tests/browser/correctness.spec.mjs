@@ -2,7 +2,9 @@
 // cases (same adapter and tolerances, tests/shared/onnx-cases.mjs) and the float64 reference
 // comparisons (tests/shared/reference-cases.mjs over tests/node/reference.mjs), on the cross-origin
 // isolated server (threaded build where available) and on the plain one (single thread).
-// Node runs the same cases in this process: the browser's output bits must equal Node's.
+// Both builds: relaxed SIMD (Chromium's default) and the portable one (relaxedSimd: false).
+// Node runs the same cases in this process on the same build (scripts/test-browser.sh runs
+// Playwright with relaxed SIMD on): the browser's output bits must equal Node's.
 import { test, expect } from '@playwright/test';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -12,37 +14,40 @@ import { ISOLATED, PLAIN, ROOT, nodePackage } from './helpers.mjs';
 
 const ONNX_DIR = join(ROOT, 'tests', 'conformance', 'onnx-attention');
 
-let attn;
-let nodeOnnx;       // [{ name, failures, hash }] computed in Node
-let nodeReference;  // [{ name, ok, hash, ... }]
+const ISAS = [['relaxed-simd', true], ['simd128', false]];
+const nodeOnnx = {};       // by isa: [{ name, failures, hash }] computed in Node
+const nodeReference = {};  // by isa: [{ name, ok, hash, ... }]
 
 test.beforeAll(async () => {
   const { createAttention } = await nodePackage();
-  attn = await createAttention({ threads: 1 });
+  for (const [isa, relaxedSimd] of ISAS) await nodeCases(await createAttention({ threads: 1, relaxedSimd }), isa);
+});
+
+async function nodeCases(attn, isa) {
+  expect(attn.isa).toBe(isa);
   const io = {
     readText: (path) => readFile(join(ONNX_DIR, path), 'utf8'),
     readBytes: async (path) => new Uint8Array(await readFile(join(ONNX_DIR, path))),
   };
   const index = await loadIndex(io);
-  nodeOnnx = [];
+  nodeOnnx[isa] = [];
   for (const entry of index.cases) {
     const { failures, output } = checkCase(attn, await loadCase(io, entry.dir));
-    nodeOnnx.push({ name: entry.name, failures, hash: bitsHash(output) });
+    nodeOnnx[isa].push({ name: entry.name, failures, hash: bitsHash(output) });
   }
-  nodeReference = await runReferenceCases(attn);
-});
+  nodeReference[isa] = await runReferenceCases(attn);
+  attn.dispose();
+}
 
-test.afterAll(() => attn?.dispose());
-
-for (const [label, base, isolated] of [['cross-origin isolated', ISOLATED, true], ['not isolated', PLAIN, false]]) {
-  test.describe(`in Chromium, ${label}`, () => {
+for (const [label, base, isolated] of [['cross-origin isolated', ISOLATED, true], ['not isolated', PLAIN, false]]) for (const [isa, relaxedSimd] of ISAS) {
+  test.describe(`in Chromium, ${label}, ${isa}`, () => {
     test.beforeEach(async ({ page }) => {
       await page.goto(`${base}/tests/browser/harness.html`);
       expect(await page.evaluate(() => crossOriginIsolated)).toBe(isolated);
     });
 
     test('the 76 ONNX Attention conformance cases pass, bit-identical to Node', async ({ page }) => {
-      const result = await page.evaluate(async () => {
+      const result = await page.evaluate(async (relaxedSimd) => {
         const { createAttention } = await import('/dist/index.js');
         const onnx = await import('/tests/shared/onnx-cases.mjs');
         const { bitsHash } = await import('/tests/shared/reference-cases.mjs');
@@ -57,7 +62,7 @@ for (const [label, base, isolated] of [['cross-origin isolated', ISOLATED, true]
           readBytes: async (path) => new Uint8Array(await (await get(path)).arrayBuffer()),
         };
         const index = await onnx.loadIndex(io);
-        const attn = await createAttention();
+        const attn = await createAttention({ relaxedSimd });
         // Fetch every case at once, then run them one by one.
         const loaded = await Promise.all(index.cases.map((entry) => onnx.loadCase(io, entry.dir).catch((error) => error)));
         const cases = [];
@@ -70,40 +75,42 @@ for (const [label, base, isolated] of [['cross-origin isolated', ISOLATED, true]
             cases.push({ name: entry.name, failures: [`threw ${error}`], hash: null });
           }
         }
-        const threads = attn.threads;
+        const { threads, isa } = attn;
         attn.dispose();
-        return { count: index.count, cases, threads };
-      });
+        return { count: index.count, cases, threads, isa };
+      }, relaxedSimd);
+      expect(result.isa).toBe(isa);  // Chromium runs relaxed SIMD; relaxedSimd: false forces the portable build
       expect(result.count).toBe(CASE_COUNT);
       expect(result.cases).toHaveLength(76);
       const failed = result.cases.filter((c) => c.failures.length > 0).map((c) => `${c.name}: ${c.failures.join('; ')}`);
       expect(failed).toEqual([]);
-      expect(nodeOnnx.filter((c) => c.failures.length > 0)).toEqual([]);
-      expect(result.cases.map((c) => `${c.name} ${c.hash}`)).toEqual(nodeOnnx.map((c) => `${c.name} ${c.hash}`));
+      expect(nodeOnnx[isa].filter((c) => c.failures.length > 0)).toEqual([]);
+      expect(result.cases.map((c) => `${c.name} ${c.hash}`)).toEqual(nodeOnnx[isa].map((c) => `${c.name} ${c.hash}`));
       if (!isolated) expect(result.threads).toBe(1);
-      console.log(`ONNX conformance in Chromium (${label}, ${result.threads} thread${result.threads > 1 ? 's' : ''}): ` +
+      console.log(`ONNX conformance in Chromium (${label}, ${isa}, ${result.threads} thread${result.threads > 1 ? 's' : ''}): ` +
         `${result.cases.length - failed.length}/${result.cases.length} passed, outputs bit-identical to Node`);
     });
 
     test('the float64 reference comparisons pass, bit-identical to Node', async ({ page }) => {
-      const result = await page.evaluate(async () => {
+      const result = await page.evaluate(async (relaxedSimd) => {
         const { createAttention } = await import('/dist/index.js');
         const { runReferenceCases } = await import('/tests/shared/reference-cases.mjs');
-        const attn = await createAttention();
+        const attn = await createAttention({ relaxedSimd });
         const cases = await runReferenceCases(attn);
-        const threads = attn.threads;
+        const { threads, isa } = attn;
         attn.dispose();
-        return { cases, threads };
-      });
+        return { cases, threads, isa };
+      }, relaxedSimd);
+      expect(result.isa).toBe(isa);
       expect(result.cases).toHaveLength(REFERENCE_CASES.length);
       expect(result.cases.length).toBeGreaterThanOrEqual(19);
       const failed = result.cases.filter((c) => !c.ok)
         .map((c) => `${c.name}: output error ${c.outputError}, weights error ${c.weightsError}, zeros exact ${c.zerosExact}`);
       expect(failed).toEqual([]);
-      expect(nodeReference.filter((c) => !c.ok)).toEqual([]);
+      expect(nodeReference[isa].filter((c) => !c.ok)).toEqual([]);
       // Cases with fully masked rows are in the set, and those rows are exact zeros.
       expect(result.cases.filter((c) => c.zeroOutputs > 0).length).toBeGreaterThanOrEqual(3);
-      expect(result.cases.map((c) => `${c.name} ${c.hash}`)).toEqual(nodeReference.map((c) => `${c.name} ${c.hash}`));
+      expect(result.cases.map((c) => `${c.name} ${c.hash}`)).toEqual(nodeReference[isa].map((c) => `${c.name} ${c.hash}`));
     });
   });
 }

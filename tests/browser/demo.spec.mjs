@@ -106,13 +106,18 @@ test('isolated page: cross-origin isolated, threaded build in use, numbers equal
   expect(threads).toBe(await page.evaluate(
     (maxDefault) => (crossOriginIsolated && navigator.hardwareConcurrency > 1 ? Math.min(navigator.hardwareConcurrency, maxDefault) : 1),
     pkg.DEFAULT_MAX_THREADS));
-  expect(wasmFiles).toContain(threads > 1 ? '/dist/wasm/sdpa-mt.wasm' : '/dist/wasm/sdpa.wasm');
+  // Chromium runs relaxed SIMD: the relaxed build (FMA), as Node in this process (run with it on).
+  const isa = await page.evaluate(() => window.__demo.isa);
+  expect(isa).toBe('relaxed-simd');
+  expect(attn.isa).toBe(isa);
+  expect(wasmFiles).toContain(threads > 1 ? '/dist/wasm/sdpa-mt-relaxed.wasm' : '/dist/wasm/sdpa-relaxed.wasm');
+  await expect(page.getByTestId('env-isa')).toHaveText('relaxed (FMA)');
   await expect(page.getByTestId('env-threads')).toHaveText(String(threads));
   await expect(page.getByTestId('env-simd')).toHaveText('on');
   await expect(page.getByTestId('env-isolated')).toHaveText('yes');
   await expect(page.getByTestId('status')).toHaveText('Ready.');
   // The long jobs' AttentionWorker: the same thread count (its pthreads are nested workers).
-  expect(await page.evaluate(() => window.__demo.worker)).toEqual({ threads, simd: true });
+  expect(await page.evaluate(() => window.__demo.worker)).toEqual({ threads, simd: true, isa });
   await expect(page.getByTestId('env-worker-threads')).toHaveText(String(threads));
 
   // The default heatmap (random, seed 1, L 16, d_k 32, 3 heads) equals Node's, bit for bit.
@@ -135,11 +140,12 @@ test('page without isolation headers: not isolated, one thread, same numbers', a
   expect(await page.evaluate(() => crossOriginIsolated)).toBe(false);
   expect(await page.evaluate(() => typeof SharedArrayBuffer)).toBe('undefined');
   expect(await page.evaluate(() => window.__demo.threads)).toBe(1);
-  // Only the one-thread build, for the page's Attention and for the AttentionWorker (each fetches it).
-  expect([...new Set(wasmFiles)]).toEqual(['/dist/wasm/sdpa.wasm']);
+  // Only the one-thread (relaxed) build, for the page's Attention and for the AttentionWorker
+  // (each fetches it).
+  expect([...new Set(wasmFiles)]).toEqual(['/dist/wasm/sdpa-relaxed.wasm']);
   await expect(page.getByTestId('env-threads')).toHaveText('1');
   await expect(page.getByTestId('env-isolated')).toHaveText('no');
-  expect(await page.evaluate(() => window.__demo.worker)).toEqual({ threads: 1, simd: true });
+  expect(await page.evaluate(() => window.__demo.worker)).toEqual({ threads: 1, simd: true, isa: 'relaxed-simd' });
   await expect(page.getByTestId('env-worker-threads')).toHaveText('1');
 
   await setHeatmapControls(page, { seed: 99, causal: true });

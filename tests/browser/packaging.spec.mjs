@@ -72,6 +72,7 @@ function expectExampleResult({ result, errors }, isolation) {
   expect(result.isolated).toBe(isolation);
   expect(result.threads).toBe(isolation && result.cores > 1 ? Math.min(result.cores, maxDefaultThreads) : 1);
   expect(result.worker.threads).toBe(result.threads);
+  expect(result.worker.isa).toBe(result.isa);
 }
 
 /** Every .wasm the page fetched came from `path` as application/wasm. */
@@ -106,7 +107,8 @@ test('npm pack: the tarball holds the built JS, types, wasm, README and LICENSE 
     /^dist\/wasm\/package\.json$/,                        // marks that worker CommonJS
   ];
   expect(files.filter((f) => !allowed.some((r) => r.test(f)))).toEqual([]);
-  for (const needed of ['dist/index.js', 'dist/index.d.ts', 'dist/loader.js', 'dist/wasm/sdpa.mjs', 'dist/wasm/sdpa.wasm', 'README.md', 'LICENSE']) {
+  const builds = ['sdpa', 'sdpa-mt', 'sdpa-relaxed', 'sdpa-mt-relaxed'].flatMap((b) => [`dist/wasm/${b}.mjs`, `dist/wasm/${b}.wasm`]);
+  for (const needed of ['dist/index.js', 'dist/index.d.ts', 'dist/loader.js', 'dist/worker-entry.js', ...builds, 'README.md', 'LICENSE']) {
     expect(files).toContain(needed);
   }
   // Every run-time file of the built package is in it.
@@ -227,10 +229,12 @@ test('plain HTML: examples/plain-html runs the installed package in Chromium wit
       // A threaded instance also loads the single-threaded build, which it streams decodes on
       // (js/attention.ts); without isolation only that one is loaded. The page and the worker
       // each load what they use.
+      // Chromium runs relaxed SIMD: the relaxed builds.
+      expect(result.isa).toBe('relaxed-simd');
       const dir = '/node_modules/sdpa-wasm/dist/wasm/';
       expect([...new Set(wasm.map((w) => w.path))].sort()).toEqual(
-        isolation && result.cores > 1 ? [`${dir}sdpa-mt.wasm`, `${dir}sdpa.wasm`] : [`${dir}sdpa.wasm`]);
-      expectWasmServed(wasm, /^\/node_modules\/sdpa-wasm\/dist\/wasm\/sdpa(-mt)?\.wasm$/);
+        isolation && result.cores > 1 ? [`${dir}sdpa-mt-relaxed.wasm`, `${dir}sdpa-relaxed.wasm`] : [`${dir}sdpa-relaxed.wasm`]);
+      expectWasmServed(wasm, /^\/node_modules\/sdpa-wasm\/dist\/wasm\/sdpa(-mt)?(-relaxed)?\.wasm$/);
       await expect(page.getByTestId('status')).toHaveText('Correct: sdpa-wasm matches the plain-JavaScript result.');
       if (isolation) await page.screenshot({ path: screenshotPath('10-example-plain-html.png') });
     } finally {

@@ -42,7 +42,7 @@ export function check(attn) {
     `output dims        [${output.dims.join(', ')}]`,
     `output[0,0,5,0:4]  ${Array.from(output.data.subarray(5 * E, 5 * E + 4), (v) => v.toFixed(5)).join('  ')}`,
     `max |difference|   ${maxError.toExponential(2)} against plain JavaScript`,
-    `threads            ${attn.threads}, SIMD ${attn.simd ? 'on' : 'off'}, ${ms.toFixed(2)} ms`,
+    `threads            ${attn.threads}, ${attn.isa === 'relaxed-simd' ? 'relaxed SIMD (FMA)' : 'SIMD128'}, ${ms.toFixed(2)} ms`,
   ].join('\n');
   return { ok, maxError, output: Array.from(output.data.subarray(0, 8)), text };
 }
@@ -59,5 +59,5 @@ export async function checkWorker(worker, attn) {
   const sameBits = output.data.length === direct.length && output.data.every((v, i) => Object.is(v, direct[i]));
   const detached = x.query.data.length === 0;  // transferred, not copied
   const text = `worker             ${worker.threads} thread${worker.threads > 1 ? 's' : ''}, output ${sameBits ? 'bitwise equal to' : 'DIFFERENT from'} the direct call`;
-  return { ok: sameBits && detached, sameBits, detached, threads: worker.threads, text };
+  return { ok: sameBits && detached, sameBits, detached, threads: worker.threads, isa: worker.isa, text };
 }

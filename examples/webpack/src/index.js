@@ -16,7 +16,7 @@ try {
   const ok = report.ok && fromWorker.ok;
   status.textContent = ok ? 'Correct: sdpa-wasm matches the plain-JavaScript result.' : 'Mismatch!';
   status.className = ok ? 'ok' : 'bad';
-  window.__example = { ...report, ok, threads: attn.threads, simd: attn.simd, worker: fromWorker };
+  window.__example = { ...report, ok, threads: attn.threads, simd: attn.simd, isa: attn.isa, worker: fromWorker };
   attn.dispose();
 } catch (error) {
   status.textContent = `sdpa-wasm failed: ${error.message}`;
