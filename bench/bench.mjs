@@ -1,4 +1,4 @@
-// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode] [-- --no-worker]
+// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode] [-- --no-worker] [-- --no-browser]
 //
 // Single-threaded forward attention, in one process, side by side:
 //   sdpa-wasm (this package), onnxruntime-web (wasm EP, 1 thread, best of three ONNX graphs),
@@ -34,6 +34,7 @@ import { openCoreProbe, openFmaPeak, openLimits } from './limits.mjs';
 import { createRemotePeer } from './peers/remote.mjs';
 import { compare, makeInputs, referenceRows } from './reference.mjs';
 import { SHAPES, bytes, describe, flops, isDecode, usefulFlops } from './shapes.mjs';
+import { runBrowserBench } from './browser.mjs';
 import { runWorkerBench } from './worker.mjs';
 
 const argv = process.argv.slice(2);
@@ -44,6 +45,7 @@ const shapeFilter = arg('--shapes')?.split(',');
 const peerFilter = arg('--peers')?.split(',');
 const withDecode = !argv.includes('--no-decode');
 const withWorker = !argv.includes('--no-worker');
+const withBrowser = !argv.includes('--no-browser');
 
 const settings = quick
   ? { warmSeconds: 0.2, minRuns: 5, minSeconds: 0.2, maxRunSeconds: 3, budgetSeconds: 8 }
@@ -644,6 +646,17 @@ if (withWorker) {
   }
 }
 
+// The browser section: the same calls in Chromium and in this Node, both builds.
+let browser = null;
+if (withBrowser) {
+  try {
+    browser = await runBrowserBench({ quick });
+  } catch (e) {
+    browser = { failed: errText(e) };
+    console.log(`browser section FAILED: ${browser.failed}`);
+  }
+}
+
 // `rows` keeps the earlier format (sdpa-wasm only) for anything that reads it.
 const rows = results.filter((e) => e.peers['sdpa-wasm']?.status === 'ok').map((e) => {
   const p = e.peers['sdpa-wasm'];
@@ -659,6 +672,6 @@ writeFileSync(jsonPath, JSON.stringify({
   threads: 1, oneThreadTargets, twoThreadShapes: twoThreadResults.map((e) => e.id), twoThreadTargets: TWO_THREAD_TARGETS,
   quick, settings, totalSeconds, limits,
   peers: peers.map((p) => ({ name: p.name, version: p.version, threads: p.threads, config: p.config, build: p.build, remote: p.remote, failed: p.failed })),
-  shapes: results, rows, decode, worker,
+  shapes: results, rows, decode, worker, browser,
 }, (k, v) => (typeof v === 'number' && !Number.isFinite(v) ? String(v) : v), 2));
 console.log(`results: ${jsonPath}`);

@@ -563,7 +563,7 @@ async function runBenchmark() {
     byTestId('bn-wasm-ms').textContent = ms.toFixed(2);
     byTestId('bn-wasm-gflops').textContent = result.gflops.toFixed(2);
     byTestId('bn-threads').textContent = String(attnWorker.threads);
-    byTestId('bn-simd').textContent = attnWorker.simd ? '128-bit' : 'no';
+    byTestId('bn-simd').textContent = attnWorker.isa === 'relaxed-simd' ? '128-bit, relaxed (FMA)' : '128-bit';
     byTestId('bn-js-ms').textContent = compareJs ? result.jsMs.toFixed(2) : 'not run';
     byTestId('bn-js-gflops').textContent = compareJs ? result.jsGflops.toFixed(2) : '–';
     byTestId('bn-summary').textContent =
