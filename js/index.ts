@@ -12,7 +12,7 @@
 //   const { output } = await worker.sdpa(query, key, value, { isCausal: true, transfer: true });
 //   await worker.dispose();
 export { Attention, createAttention, DEFAULT_MAX_THREADS, MAX_THREADS } from './attention.js';
-export { KVCache, type KVCacheDType } from './kv-cache.js';
+export { KVCache, KVCacheShapeInfo, type KVCacheDType } from './kv-cache.js';
 export {
   AttentionWorker, createAttentionWorker, WorkerKVCache, type WorkerCallOptions, type WorkerSdpaOptions,
 } from './worker.js';

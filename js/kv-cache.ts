@@ -124,7 +124,11 @@ export function cacheOperands(shape: KVCacheShape, length: number): CacheOperand
   };
 }
 
-export class KVCache {
+/**
+ * The shape every KV cache object reports: KVCache here, WorkerKVCache in an AttentionWorker
+ * (js/worker.ts). One place for these members and for the storage's size.
+ */
+export abstract class KVCacheShapeInfo {
   readonly batch: number;
   readonly kvHeads: number;
   readonly headDim: number;
@@ -133,6 +137,20 @@ export class KVCache {
   readonly dtype: KVCacheDType;
   /** Bytes of wasm memory the storage takes (keys and values), allocated at creation. */
   readonly byteLength: number;
+
+  constructor(shape: KVCacheShape) {
+    this.batch = shape.batch;
+    this.kvHeads = shape.kvHeads;
+    this.headDim = shape.headDim;
+    this.valueDim = shape.valueDim;
+    this.maxLength = shape.maxLength;
+    this.dtype = shape.dtype;
+    const bytes = cacheBytes(shape);
+    this.byteLength = bytes.keys + bytes.values;
+  }
+}
+
+export class KVCache extends KVCacheShapeInfo {
   #module: SdpaModule | null;
   readonly #threads: number;
   #keys = 0;
@@ -145,14 +163,8 @@ export class KVCache {
 
   /** @internal Use attn.createKVCache(). */
   constructor(module: SdpaModule, threads: number, shape: KVCacheShape, onDispose: (cache: KVCache) => void) {
-    this.batch = shape.batch;
-    this.kvHeads = shape.kvHeads;
-    this.headDim = shape.headDim;
-    this.valueDim = shape.valueDim;
-    this.maxLength = shape.maxLength;
-    this.dtype = shape.dtype;
+    super(shape);
     const bytes = cacheBytes(shape);
-    this.byteLength = bytes.keys + bytes.values;
     // Refused before allocating when it cannot fit beside what is in use.
     const inUse = module.heapBytesInUse();
     if (this.byteLength > MAX_WASM_BYTES - inUse) {

@@ -63,10 +63,9 @@ async function handle({ op, args: a }: Request): Promise<Handled> {
     }
     case 'sdpa':  // { query, key, value, options } → SdpaResult
       return withBuffers(live().sdpa(a.query as never, a.key as never, a.value as never, a.options as never));
-    case 'createKVCache': {  // { cache: id, options } → { byteLength }
-      const created = live().createKVCache(a.options as never);
-      caches.set(a.cache as number, created);
-      return { value: { byteLength: created.byteLength } };
+    case 'createKVCache': {  // { cache: id, options } → null
+      caches.set(a.cache as number, live().createKVCache(a.options as never));
+      return { value: null };
     }
     case 'append': {  // { cache, key, value, options } → { length }
       const target = cache(a.cache);

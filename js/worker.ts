@@ -19,7 +19,7 @@
 // Inputs are taken when the call is made (copied or moved), so later changes to the caller's
 // arrays do not reach a queued call.
 import type { Isa } from './loader.js';
-import { cacheOperands, checkAppend, checkCacheOptions, checkTruncate, type KVCacheDType, type KVCacheShape } from './kv-cache.js';
+import { cacheOperands, checkAppend, checkCacheOptions, checkTruncate, KVCacheShapeInfo, type KVCacheShape } from './kv-cache.js';
 import type { AttentionOptions, KVCacheOptions, KVTensor, SdpaOptions, SdpaResult, Tensor } from './types.js';
 import { checkAttentionOptions, checkOptionNames, describe, plan, planAttend } from './validate.js';
 import { errorFromWire, READY, transferList, type Op, type Reply, type Request } from './worker-protocol.js';
@@ -475,9 +475,8 @@ export class AttentionWorker {
       const shape = checkCacheOptions(options);
       const { signal } = signalOnly('createKVCache', callOptions);
       const id = this.#nextCache++;
-      return this.#channel.call('createKVCache', () => ({ cache: id, options: { ...shape } }), (value) => {
-        const cache = new WorkerKVCache(this.#channel, id, shape, (value as { byteLength: number }).byteLength,
-          (c) => this.#caches.delete(c));
+      return this.#channel.call('createKVCache', () => ({ cache: id, options: { ...shape } }), () => {
+        const cache = new WorkerKVCache(this.#channel, id, shape, (c) => this.#caches.delete(c));
         this.#caches.add(cache);
         return cache;
       }, signal);
@@ -517,14 +516,7 @@ export class AttentionWorker {
 }
 
 /** A KVCache living in an AttentionWorker: the same members, with promises. */
-export class WorkerKVCache {
-  readonly batch: number;
-  readonly kvHeads: number;
-  readonly headDim: number;
-  readonly valueDim: number;
-  readonly maxLength: number;
-  readonly dtype: KVCacheDType;
-  readonly byteLength: number;
+export class WorkerKVCache extends KVCacheShapeInfo {
   readonly #shape: KVCacheShape;
   readonly #channel: Channel;
   readonly #id: number;
@@ -538,15 +530,9 @@ export class WorkerKVCache {
   readonly #onDispose: (cache: WorkerKVCache) => void;
 
   /** @internal Use worker.createKVCache(). */
-  constructor(channel: Channel, id: number, shape: KVCacheShape, byteLength: number, onDispose: (cache: WorkerKVCache) => void) {
+  constructor(channel: Channel, id: number, shape: KVCacheShape, onDispose: (cache: WorkerKVCache) => void) {
+    super(shape);
     this.#shape = shape;
-    this.batch = shape.batch;
-    this.kvHeads = shape.kvHeads;
-    this.headDim = shape.headDim;
-    this.valueDim = shape.valueDim;
-    this.maxLength = shape.maxLength;
-    this.dtype = shape.dtype;
-    this.byteLength = byteLength;
     this.#channel = channel;
     this.#id = id;
     this.#onDispose = onDispose;
