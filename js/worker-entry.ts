@@ -1,8 +1,9 @@
 // The worker behind createAttentionWorker(): a module Web Worker in browsers, a worker_threads
 // Worker in Node. It owns one Attention instance and its KV caches and runs what the calling
-// side (js/worker.ts) sends, one request at a time (protocol: js/worker-protocol.ts). The
-// calling side has already checked every argument with the direct API's own checks; the
-// direct API checks again here, so a message that slipped through still gets its exact error.
+// side (js/worker.ts) sends, a batch at a time, its requests in order (protocol:
+// js/worker-protocol.ts). The calling side has already checked every argument with the direct
+// API's own checks; the direct API checks again here, so a message that slipped through still
+// gets its exact error.
 import { createAttention, type Attention } from './attention.js';
 import type { KVCache } from './kv-cache.js';
 import type { SdpaResult } from './types.js';
