@@ -1,0 +1,792 @@
+// Seeded property tests of the public JS API (issue #12, "Hardening"): hundreds of random
+// calls per run, generated from one seed (tests/shared/property-gen.mjs, mulberry32).
+//   valid calls     attn.sdpa(): random shapes at the kernel's tile edges, GQA, Lq ≠ Lk, Ev ≠ E,
+//                   ranks 2..4, both layouts, float/bool masks of every broadcast shape,
+//                   isCausal with number and per-batch offsets, keyLengths (0 included), fully
+//                   masked rows (exact zeros), softcap, returnWeights, `out`, NaN written into
+//                   keys no row may attend, huge logits (convex-combination bound), a few
+//                   streamed-decode shapes (K + V ≥ 4 MiB), on 1 and on min(cores, 4) threads
+//                   (some cases bitwise across the two) — against the float64 reference
+//                   (tests/node/reference.mjs), max |got − ref| / (1 + |ref|) ≤ 2e-5; inputs
+//                   unchanged. KVCache: random append (float32, raw halves, bshd, rank 3) /
+//                   truncate / reset / attend sequences, float32 and float16 (reference on the
+//                   half-rounded values), NaN in positions excluded by keyLengths.
+//                   createAttentionWorker(): bitwise the direct API's results (sdpa and cache).
+//   invalid calls   a valid call with one random mutation (tensor kinds, dims, sizes, every option)
+//                   must throw (or reject, for the worker) the documented TypeError/RangeError
+//                   with a message naming the function and the argument; the instance keeps
+//                   working, and a cache keeps its length and contents.
+// Every failure message carries the seed and the case. To reproduce:
+//   SDPA_PROPERTY_SEED=<seed> NODE_OPTIONS=--experimental-vm-modules npx jest tests/node/property.test.mjs
+// (add SDPA_PROPERTY_CASE=<group>:<index> to run that one case alone; for the relaxed-SIMD
+// build: SDPA_PROPERTY_SEED=<seed> bash scripts/test-js.sh tests/node/property.test.mjs).
+import { createAttention, createAttentionWorker } from 'sdpa-wasm';
+import { maxRelError, referenceSdpa } from './reference.mjs';
+import {
+  blockedPredicate, caseSeed, describeOptions, halfToFloat, layoutDims, makeRng, mutateOptions, mutateTensor,
+  normalTensor, pickRank, randomHalves, randomOptions, randomShape, referenceOptions, roundToHalf, size, toBshd,
+} from '../shared/property-gen.mjs';
+
+const TOL = 2e-5;
+
+function seedFromEnvironment() {
+  const text = process.env.SDPA_PROPERTY_SEED;
+  if (text === undefined || text === '') return (Date.now() ^ (process.pid << 20)) >>> 0;
+  const seed = Number(text);
+  if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) {
+    throw new Error(`SDPA_PROPERTY_SEED must be an integer in [0, 2^32), got ${JSON.stringify(text)}`);
+  }
+  return seed;
+}
+const SEED = seedFromEnvironment();
+/** "group:index": run only that case (to reproduce one failure). */
+const ONLY = process.env.SDPA_PROPERTY_CASE;
+
+/** Cases per run, by group. */
+const COUNTS = {
+  sdpa: 600, sdpaInvalid: 250, cache: 80, cacheInvalid: 80,
+  worker: 60, workerInvalid: 40, workerCache: 16, workerCacheInvalid: 20,
+};
+
+// The default instance (threads: min(cores, 4)), a single-threaded one, and a worker.
+let attn, attn1, worker;
+beforeAll(async () => {
+  [attn, attn1, worker] = await Promise.all([createAttention(), createAttention({ threads: 1 }), createAttentionWorker()]);
+});
+afterAll(async () => {
+  attn?.dispose();
+  attn1?.dispose();
+  await worker?.dispose();
+});
+
+// ─── running cases ────────────────────────────────────────────────────────────────────────
+
+/**
+ * Runs `count` cases of `group`; each gets its own seeded rng and reports its description with
+ * `note(text)` as soon as it is known. Failures (up to 5 shown) are thrown together, each with
+ * the seed, the case and the command that reproduces it.
+ */
+async function runCases(group, count, body) {
+  const failures = [];
+  let ran = 0;
+  for (let index = 0; index < count; index++) {
+    if (ONLY !== undefined && ONLY !== `${group}:${index}`) continue;
+    let description = '(before its description)';
+    const note = (text) => { description = text; };
+    ran++;
+    try {
+      await body(makeRng(caseSeed(SEED, group, index)), note);
+    } catch (error) {
+      failures.push(`[SDPA_PROPERTY_SEED=${SEED} SDPA_PROPERTY_CASE=${group}:${index}] ${description}\n    ${String(error?.stack ?? error).split('\n').slice(0, 12).join('\n    ')}`);
+    }
+  }
+  if (failures.length > 0) {
+    throw new Error(`${failures.length} of ${ran} ${group} cases failed (seed ${SEED}); reproduce with\n` +
+      `  SDPA_PROPERTY_SEED=${SEED} NODE_OPTIONS=--experimental-vm-modules npx jest tests/node/property.test.mjs\n\n` +
+      failures.slice(0, 5).join('\n\n'));
+  }
+  if (ONLY === undefined) expect(ran).toBe(count);
+}
+
+// ─── checks ───────────────────────────────────────────────────────────────────────────────
+
+const tag = (x) => Object.prototype.toString.call(x).slice(8, -1);
+const bits = (a) => new Uint32Array(a.buffer, a.byteOffset, a.length);
+
+/** The first index where a and b differ in bits; -1 when bitwise equal (-2: lengths differ). */
+function firstBitDifference(a, b) {
+  if (a.length !== b.length) return -2;
+  const x = bits(a), y = bits(b);
+  for (let i = 0; i < x.length; i++) if (x[i] !== y[i]) return i;
+  return -1;
+}
+
+function expectBitwiseEqual(got, expected, what) {
+  const at = firstBitDifference(got, expected);
+  if (at !== -1) throw new Error(`${what}: not bitwise equal (first difference at ${at}: ${got[at]} vs ${expected[at]})`);
+}
+
+function expectWithinTolerance(got, ref, what) {
+  const error = maxRelError(got, ref);
+  if (!(error <= TOL)) throw new Error(`${what}: max |got − ref| / (1 + |ref|) = ${error} > ${TOL}`);
+}
+
+/** The element offset of output row (b, h, i) of Ev floats in `layout`. */
+const outputRow = (layout, { Hq, Lq, Ev }, b, h, i) => (layout === 'bshd' ? ((b * Lq + i) * Hq + h) * Ev : ((b * Hq + h) * Lq + i) * Ev);
+
+/**
+ * The checks every result gets: dims and types, `out` used as documented, rows with nothing to
+ * attend exact zeros (weights too), blocked weights exact zeros; then against the reference
+ * (mode 'reference') or, for huge logits, the convex-combination bound: each output lies between
+ * the smallest and largest value of the keys the row may attend, weights sum to 1.
+ */
+function checkResult(got, c) {
+  const { B, Hq, Lq, Lk, Ev } = c.shape;
+  const { options, layout, blocked } = c;
+  const ref = referenceSdpa(c.query, c.refKey, c.refValue, c.refOptions);
+  expect(got.output.dims).toEqual(ref.outputDims);
+  expect(tag(got.output.data)).toBe('Float32Array');
+  expect(got.output.data.length).toBe(B * Hq * Lq * Ev);
+  if (options.out) {
+    expect(got.output.data.buffer).toBe(options.out.buffer);
+    expect(got.output.data.byteOffset).toBe(options.out.byteOffset);
+    // Past the output, the caller's buffer is untouched (it was filled with NaN).
+    expect(options.out.subarray(got.output.data.length).every((x) => Number.isNaN(x))).toBe(true);
+  }
+  if (options.returnWeights) {
+    expect(got.weights.dims).toEqual(ref.weightsDims);
+    expect(tag(got.weights.data)).toBe('Float32Array');
+    expect(got.weights.data.length).toBe(B * Hq * Lq * Lk);
+  } else {
+    expect(got.weights).toBeUndefined();
+  }
+  const out = got.output.data, w = got.weights?.data;
+  const group = Hq / c.shape.Hkv;
+  for (let b = 0; b < B; b++) {
+    for (let h = 0; h < Hq; h++) {
+      for (let i = 0; i < Lq; i++) {
+        const at = outputRow(layout, c.shape, b, h, i);
+        const row = out.subarray(at, at + Ev);
+        const wRow = w?.subarray(((b * Hq + h) * Lq + i) * Lk, ((b * Hq + h) * Lq + i + 1) * Lk);
+        let open = 0;
+        for (let j = 0; j < Lk; j++) {
+          if (blocked(b, h, i, j)) {
+            if (wRow && wRow[j] !== 0) throw new Error(`weights[${b}, ${h}, ${i}, ${j}] = ${wRow[j]}: a blocked key must weigh exactly 0`);
+          } else {
+            open++;
+          }
+        }
+        if (open === 0 && !row.every((x) => x === 0)) {
+          throw new Error(`row (b ${b}, h ${h}, i ${i}) has nothing to attend: expected exact zeros, got [${Array.from(row.subarray(0, 6))}]`);
+        }
+        if (c.mode === 'bound' && open > 0) {
+          const kh = Math.floor(h / group);
+          for (let e = 0; e < Ev; e++) {
+            let lo = Infinity, hi = -Infinity;
+            for (let j = 0; j < Lk; j++) {
+              if (blocked(b, h, i, j)) continue;
+              const x = c.logicalValue.data[((b * c.shape.Hkv + kh) * Lk + j) * Ev + e];
+              lo = Math.min(lo, x), hi = Math.max(hi, x);
+            }
+            const slack = 1e-5 * (1 + Math.max(Math.abs(lo), Math.abs(hi)));
+            if (!(row[e] >= lo - slack && row[e] <= hi + slack)) {
+              throw new Error(`huge logits: output (b ${b}, h ${h}, i ${i}, ${e}) = ${row[e]} outside the values attended [${lo}, ${hi}]`);
+            }
+          }
+          if (wRow) {
+            let sum = 0;
+            for (let j = 0; j < Lk; j++) sum += wRow[j];
+            if (!(Math.abs(sum - 1) <= 1e-4) || wRow.some((x) => !(x >= 0))) {
+              throw new Error(`huge logits: weights of row (b ${b}, h ${h}, i ${i}) sum to ${sum} or are negative/NaN`);
+            }
+          }
+        }
+      }
+    }
+  }
+  if (c.mode === 'reference') {
+    // Values scaled by s (cache appends × 1e3, × 1e5) scale the output's rounding errors by s:
+    // compared as |got − ref| / (s + |ref|), the same bound on the values' own scale.
+    const s = c.valueScale ?? 1;
+    if (s === 1) expectWithinTolerance(out, ref.output, 'output');
+    else expectWithinTolerance(Float64Array.from(out, (x) => x / s), ref.output.map((x) => x / s), `output (values × ${s}, compared / ${s})`);
+    if (options.returnWeights) expectWithinTolerance(w, ref.weights, 'weights');
+  }
+  return ref;
+}
+
+/** Copies of the inputs' bits, to check that a call left them as they were. */
+const snapshot = (...tensors) => tensors.map((t) => t.data.slice());
+function expectUnchanged(before, ...tensors) {
+  tensors.forEach((t, i) => expectBitwiseEqual(t.data, before[i], `input ${i} modified by the call`));
+}
+
+// ─── valid sdpa problems ──────────────────────────────────────────────────────────────────
+
+/** A tensor [B, H, L, D] (bhsd values) as the API takes it: in `layout`, with `rank` axes. */
+function asGiven(logical, layout, rank) {
+  const [B, H, L, D] = logical.dims;
+  const t = layout === 'bshd' ? toBshd(logical) : logical;
+  return { data: t.data, dims: layoutDims(layout, B, H, L, D, rank) };
+}
+
+/**
+ * A random valid sdpa() call: { shape, query, key, value, options, layout, blocked, mode, ... }.
+ * `refKey`/`refValue`/`refOptions` are what the reference gets (the same problem).
+ */
+function randomSdpaCase(r, { maxWork, decode = false } = {}) {
+  const shape = randomShape(r, maxWork, { decode });
+  const { B, Hq, Hkv, Lq, Lk, E, Ev } = shape;
+  const layout = !decode && r.chance(0.3) ? 'bshd' : 'bhsd';
+  const outputSize = B * Hq * Lq * Ev;
+  const { options, causal, offsetOf } = randomOptions(r, { B, Hq, Lq, Lk, outputSize });
+  if (decode && r.chance(0.7)) delete options.returnWeights;  // weights turn streaming off
+  if (layout === 'bshd' || r.chance(0.1)) options.layout = layout;
+  let mode = 'reference';
+  const q = normalTensor(r, [B, Hq, Lq, E]), k = normalTensor(r, [B, Hkv, Lk, E]), v = normalTensor(r, [B, Hkv, Lk, Ev]);
+  let huge = '';
+  if (r.chance(0.08)) {
+    // Logits of 1e3..1e5: too ill-conditioned for a 2e-5 comparison, so the bound is checked.
+    mode = 'bound';
+    if (r.chance(0.5)) {
+      options.scale = r.pick([1e3, 1e4, -1e4, 1e5]);
+      huge = `huge logits: scale ${options.scale}`;
+    } else {
+      const factor = r.pick([1e4, 1e5]);
+      for (let i = 0; i < q.data.length; i++) q.data[i] *= factor;
+      huge = `huge logits: query × ${factor}`;
+    }
+  }
+  const blocked = blockedPredicate(options, Lk, causal, offsetOf);
+  let poisoned = 0;
+  if (r.chance(0.35)) {
+    // NaN into keys that no query row of any head sharing their KV head may attend.
+    const group = Hq / Hkv;
+    for (let b = 0; b < B; b++) {
+      for (let kh = 0; kh < Hkv; kh++) {
+        for (let j = 0; j < Lk; j++) {
+          let all = true;
+          for (let h = kh * group; h < (kh + 1) * group && all; h++) for (let i = 0; i < Lq && all; i++) all = blocked(b, h, i, j);
+          if (!all || !r.chance(0.7)) continue;
+          const which = r.int(0, 2);
+          if (which !== 1) k.data.fill(NaN, ((b * Hkv + kh) * Lk + j) * E, ((b * Hkv + kh) * Lk + j + 1) * E);
+          if (which !== 0) v.data.fill(NaN, ((b * Hkv + kh) * Lk + j) * Ev, ((b * Hkv + kh) * Lk + j + 1) * Ev);
+          poisoned++;
+        }
+      }
+    }
+  }
+  const ranks = [pickRank(r, layout, B, Hq, Lq), pickRank(r, layout, B, Hkv, Lk), pickRank(r, layout, B, Hkv, Lk)];
+  const query = asGiven(q, layout, ranks[0]), key = asGiven(k, layout, ranks[1]), value = asGiven(v, layout, ranks[2]);
+  const description = `sdpa B ${B} Hq ${Hq} Hkv ${Hkv} Lq ${Lq} Lk ${Lk} E ${E} Ev ${Ev}, ${layout}, ranks ${ranks}, ` +
+    `${describeOptions(options)}${huge ? `, ${huge}` : ''}${poisoned ? `, NaN in ${poisoned} unattended keys` : ''}`;
+  return {
+    description, shape, layout, options, blocked, mode, query, key, value,
+    refKey: key, refValue: value, refOptions: referenceOptions(options, causal, offsetOf, B), logicalValue: v,
+  };
+}
+
+// ─── the KV cache model ───────────────────────────────────────────────────────────────────
+
+/**
+ * What a cache must hold, kept independently of the package: the stored values (float16:
+ * rounded to halves by the format's definition), the length, and per batch the first position
+ * holding a NaN (attends must exclude it with keyLengths).
+ */
+class CacheModel {
+  constructor({ batch, kvHeads, headDim, valueDim, maxLength, dtype }) {
+    Object.assign(this, { B: batch, Hkv: kvHeads, E: headDim, Ev: valueDim, max: maxLength, dtype });
+    this.keys = new Float32Array(batch * kvHeads * maxLength * headDim);
+    this.values = new Float32Array(batch * kvHeads * maxLength * valueDim);
+    this.length = 0;
+    this.firstNaN = new Array(batch).fill(Infinity);
+    /** The largest factor values were scaled by among the stored positions (1: unit normal). */
+    this.valueScale = 1;
+  }
+
+  /** Stores Lnew positions of bhsd values already as stored ([B, Hkv, Lnew, D] Float32Arrays). */
+  append(k, v, Lnew, valueScale = 1) {
+    const { B, Hkv, E, Ev, max } = this;
+    this.valueScale = Math.max(this.valueScale, valueScale);
+    for (let b = 0; b < B; b++) {
+      for (let h = 0; h < Hkv; h++) {
+        for (let l = 0; l < Lnew; l++) {
+          const src = (b * Hkv + h) * Lnew + l, dst = (b * Hkv + h) * max + this.length + l;
+          this.keys.set(k.subarray(src * E, (src + 1) * E), dst * E);
+          this.values.set(v.subarray(src * Ev, (src + 1) * Ev), dst * Ev);
+          if (k.subarray(src * E, (src + 1) * E).some(Number.isNaN) || v.subarray(src * Ev, (src + 1) * Ev).some(Number.isNaN)) {
+            this.firstNaN[b] = Math.min(this.firstNaN[b], this.length + l);
+          }
+        }
+      }
+    }
+    this.length += Lnew;
+  }
+
+  truncate(n) {
+    this.length = n;
+    this.firstNaN = this.firstNaN.map((p) => (p >= n ? Infinity : p));
+    if (n === 0) this.valueScale = 1;
+  }
+
+  /** The stored positions as K and V tensors [B, Hkv, length, D]. */
+  tensors() {
+    const { B, Hkv, E, Ev, max, length } = this;
+    const k = new Float32Array(B * Hkv * length * E), v = new Float32Array(B * Hkv * length * Ev);
+    for (let bh = 0; bh < B * Hkv; bh++) {
+      k.set(this.keys.subarray(bh * max * E, (bh * max + length) * E), bh * length * E);
+      v.set(this.values.subarray(bh * max * Ev, (bh * max + length) * Ev), bh * length * Ev);
+    }
+    return { key: { data: k, dims: [B, Hkv, length, E] }, value: { data: v, dims: [B, Hkv, length, Ev] } };
+  }
+}
+
+/** A random cache shape whose attends stay cheap for the reference. */
+function randomCacheShape(r) {
+  for (;;) {
+    const shape = {
+      batch: r.pick([1, 1, 2, 3]), kvHeads: r.pick([1, 1, 2, 3]), headDim: r.pick([1, 3, 4, 8, 9, 16, 17, 32, 64]),
+      maxLength: r.pick([1, 2, 5, 8, 16, 33, 64, 130, 300]), dtype: r.pick(['float32', 'float16']),
+    };
+    shape.valueDim = r.chance(0.6) ? shape.headDim : r.pick([1, 5, 8, 16, 24]);
+    if (shape.batch * shape.kvHeads * 4 * 9 * shape.maxLength * (shape.headDim + shape.valueDim) <= 250_000) return shape;
+  }
+}
+
+/**
+ * A random valid append for `model` (room for at least one position): { key, value, options,
+ * stored: { k, v } (bhsd values as the cache must store them), Lnew, description }.
+ */
+function randomAppend(r, model) {
+  const { B, Hkv, E, Ev } = model;
+  const Lnew = r.int(1, Math.min(model.max - model.length, r.pick([1, 1, 2, 3, 5, 8, 17, 40, 130])));
+  const notes = [];
+  let k, v, storedK, storedV, valueScale = 1;
+  if (model.dtype === 'float16' && r.chance(0.2)) {
+    // Raw IEEE halves, stored as they are.
+    k = { data: randomHalves(r, B * Hkv * Lnew * E), dims: [B, Hkv, Lnew, E] };
+    v = { data: randomHalves(r, B * Hkv * Lnew * Ev), dims: [B, Hkv, Lnew, Ev] };
+    if (r.chance(0.15)) {
+      const b = r.int(0, B - 1), l = r.int(0, Lnew - 1);
+      v.data[(b * Hkv * Lnew + l) * Ev] = 0x7e00;  // a NaN half in head 0
+      notes.push(`NaN half at batch ${b} position +${l}`);
+    }
+    storedK = Float32Array.from(k.data, halfToFloat);
+    storedV = Float32Array.from(v.data, halfToFloat);
+    notes.push('raw halves');
+  } else {
+    k = normalTensor(r, [B, Hkv, Lnew, E]);
+    v = normalTensor(r, [B, Hkv, Lnew, Ev]);
+    if (r.chance(0.1)) {
+      const factor = r.pick([1e3, 1e5]);  // float16: beyond 65504 saturates
+      for (let i = 0; i < v.data.length; i++) v.data[i] *= factor;
+      notes.push(`values × ${factor}`);
+      valueScale = factor;
+    }
+    if (r.chance(0.15)) {
+      const b = r.int(0, B - 1), h = r.int(0, Hkv - 1), l = r.int(0, Lnew - 1);
+      const t = r.chance(0.5) ? k : v;
+      const D = t === k ? E : Ev;
+      t.data.fill(NaN, ((b * Hkv + h) * Lnew + l) * D, ((b * Hkv + h) * Lnew + l + 1) * D);
+      notes.push(`NaN ${t === k ? 'key' : 'value'} at batch ${b} head ${h} position +${l}`);
+    }
+    const round = model.dtype === 'float16' ? (x) => roundToHalf(x) : (x) => x;
+    storedK = Float32Array.from(k.data, round);
+    storedV = Float32Array.from(v.data, round);
+  }
+  const options = {};
+  let key = k, value = v;
+  if (r.chance(0.3)) {
+    options.layout = 'bshd';
+    const swap = (t) => {
+      const s = toBshd({ data: Float32Array.from(t.data), dims: t.dims });
+      return { data: t.data instanceof Uint16Array || tag(t.data) === 'Uint16Array' ? Uint16Array.from(s.data) : s.data, dims: s.dims };
+    };
+    key = swap(k), value = swap(v);
+  }
+  const rank = B === 1 ? r.pick([4, 4, 3]) : 4;
+  if (rank === 3) key = { data: key.data, dims: key.dims.slice(1) }, value = { data: value.data, dims: value.dims.slice(1) };
+  const description = `append Lnew ${Lnew}${options.layout ? ' bshd' : ''}${rank === 3 ? ' rank 3' : ''}${notes.length ? ` (${notes.join(', ')})` : ''}`;
+  return { key, value, options: Object.keys(options).length || r.chance(0.5) ? options : undefined, stored: { k: storedK, v: storedV }, Lnew, valueScale, description };
+}
+
+/** A random valid attend on `model`, with the reference problem it must equal. */
+function randomAttend(r, model) {
+  const { B, Hkv, E, length: Lk } = model;
+  const Hq = Hkv * r.pick([1, 1, 2, 4]);
+  const Lq = r.pick([1, 1, 1, 2, 3, 4, 5, 9]);
+  const { Ev } = model;
+  const layout = r.chance(0.3) ? 'bshd' : 'bhsd';
+  const outputSize = B * Hq * Lq * Ev;
+  const { options, causal, offsetOf } = randomOptions(r, { B, Hq, Lq, Lk, outputSize }, { forCache: true });
+  if (layout === 'bshd') options.layout = 'bshd';
+  // Positions holding a NaN must be excluded with keyLengths.
+  if (model.firstNaN.some((p) => p < Lk)) {
+    const lengths = options.keyLengths ?? new Int32Array(B).fill(Lk);
+    model.firstNaN.forEach((p, b) => { if (p < lengths[b]) lengths[b] = r.int(0, p); });
+    options.keyLengths = lengths;
+  }
+  const q = normalTensor(r, [B, Hq, Lq, E]);
+  const rank = pickRank(r, layout, B, Hq, Lq);
+  const query = asGiven(q, layout, rank);
+  const { key, value } = model.tensors();
+  const refKey = layout === 'bshd' ? toBshd(key) : key, refValue = layout === 'bshd' ? toBshd(value) : value;
+  return {
+    description: `attend Hq ${Hq} Lq ${Lq} (length ${Lk}), ${layout}, rank ${rank}, ${describeOptions(options)}`,
+    shape: { B, Hq, Hkv, Lq, Lk, E, Ev }, layout, options, mode: 'reference', valueScale: model.valueScale,
+    blocked: blockedPredicate(options, Lk, causal, offsetOf), query, refKey, refValue,
+    refOptions: referenceOptions(options, causal, offsetOf, B),
+  };
+}
+
+// ─── invalid calls ────────────────────────────────────────────────────────────────────────
+
+/** The error a call throws (or rejects with); undefined if it returns. */
+async function errorOf(call) {
+  try {
+    await call();
+  } catch (error) {
+    return error;
+  }
+  return undefined;
+}
+
+/** `error` is exactly a `Cls` (TypeError and RangeError are told apart) naming every string in `names`. */
+function expectNamedError(error, { Cls, names, desc }) {
+  if (error === undefined) throw new Error(`${desc}: no error was thrown`);
+  if (error.constructor !== Cls) {
+    throw new Error(`${desc}: expected a ${Cls.name}, got ${error?.constructor?.name}: ${error?.message}`);
+  }
+  for (const name of names) {
+    if (!error.message.includes(name)) throw new Error(`${desc}: the message does not name "${name}": ${error.message}`);
+  }
+}
+
+/**
+ * The worker's error has the direct API's message (README: "the same class and message").
+ * One known exception, reported and left to the js/ work in progress: a zero-length view of a
+ * non-empty buffer (`data.subarray(n)`) gets "<name>.data.length must equal ..." directly but
+ * "<name>.data has no elements: its ArrayBuffer is detached ..." through the worker, whose copy
+ * of it (`slice()`) has an empty buffer of its own. Both name the argument (checked before).
+ */
+function expectSameMessage(error, expected, tensors) {
+  const emptyView = tensors.some((t) => t !== null && typeof t === 'object' && ArrayBuffer.isView(t.data) &&
+    t.data.length === 0 && t.data.buffer.byteLength > 0);
+  if (emptyView && /has no elements/.test(error.message) && /\.data\.length must equal/.test(expected.message)) return;
+  expect(error.message).toBe(expected.message);
+}
+
+/** A mutation of the tensors of a valid problem that makes their shapes disagree. */
+function mutateShapes(r, c) {
+  const { B, Hq, Hkv, Lq, Lk, E, Ev } = c.shape;
+  const make = (dims) => asGiven(normalTensor(r, dims), c.layout, 4);
+  const kinds = [
+    () => ({ desc: 'key E + 1', key: make([B, Hkv, Lk, E + 1]), Cls: RangeError, names: ['key.dims', 'head size E'] }),
+    () => ({ desc: 'query E + 1', query: make([B, Hq, Lq, E + 1]), Cls: RangeError, names: ['key.dims', "query's head size E"] }),
+    () => ({ desc: 'value Lk + 1', value: make([B, Hkv, Lk + 1, Ev]), Cls: RangeError, names: ['value.dims', 'Lk'] }),
+    () => ({ desc: 'key and value B + 1', key: make([B + 1, Hkv, Lk, E]), value: make([B + 1, Hkv, Lk, Ev]), Cls: RangeError, names: ['key.dims', 'batch B'] }),
+    () => ({ desc: 'value B + 1', value: make([B + 1, Hkv, Lk, Ev]), Cls: RangeError, names: ['value.dims', 'batch B'] }),
+    () => ({ desc: 'value Hkv + 1', value: make([B, Hkv + 1, Lk, Ev]), Cls: RangeError, names: ['value.dims', 'Hkv'] }),
+    () => ({ desc: `key and value heads ${Hq + 1} (Hq ${Hq})`, key: make([B, Hq + 1, Lk, E]), value: make([B, Hq + 1, Lk, Ev]),
+      Cls: RangeError, names: ['Hq', 'Hkv', 'multiple'] }),
+  ];
+  const m = r.pick(kinds)();
+  m.names = ['sdpa:', ...m.names];
+  return m;
+}
+
+/** A random invalid sdpa() call: a valid small problem and one mutation. */
+function randomInvalidSdpa(r) {
+  const c = randomSdpaCase(r, { maxWork: 20_000 });
+  const { B, Hq, Lq, Lk, Ev } = c.shape;
+  let args = [c.query, c.key, c.value, c.options];
+  let m;
+  const what = r.next();
+  if (what < 0.35) {
+    const i = r.int(0, 2);
+    m = mutateTensor(r, 'sdpa', ['query', 'key', 'value'][i], args[i]);
+    args[i] = m.tensor;
+  } else if (what < 0.5) {
+    // Shape mismatches are posed on rank-4 tensors.
+    m = mutateShapes(r, c);
+    args = [m.query ?? c.query, m.key ?? c.key, m.value ?? c.value, c.options];
+  } else {
+    m = mutateOptions(r, 'sdpa', { B, Hq, Lq, Lk, outputSize: B * Hq * Lq * Ev }, c.options);
+    args[3] = m.options;
+  }
+  return { valid: c, args, mutation: m, description: `${c.description}; mutation: ${m.desc}` };
+}
+
+// ─── the tests ────────────────────────────────────────────────────────────────────────────
+
+describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`, () => {
+  test(`sdpa(): ${COUNTS.sdpa} random valid calls against the float64 reference`, async () => {
+    await runCases('sdpa', COUNTS.sdpa, (r, note) => {
+      const c = randomSdpaCase(r, { decode: r.chance(0.03) });
+      const [instance, other] = r.chance(0.5) ? [attn, attn1] : [attn1, attn];
+      const crossCheck = r.chance(0.15);
+      note(`${c.description}, threads ${instance.threads}${crossCheck ? ', bitwise against the other thread count' : ''}`);
+      const before = snapshot(c.query, c.key, c.value);
+      const got = instance.sdpa(c.query, c.key, c.value, c.options);
+      expectUnchanged(before, c.query, c.key, c.value);
+      checkResult(got, c);
+      if (crossCheck) {
+        // README: "Results are bitwise identical for any thread count."
+        const output = got.output.data.slice(), weights = got.weights?.data.slice();
+        const again = other.sdpa(c.query, c.key, c.value, c.options);
+        expectBitwiseEqual(again.output.data, output, `threads ${other.threads} vs ${instance.threads}: output`);
+        if (weights) expectBitwiseEqual(again.weights.data, weights, `threads ${other.threads} vs ${instance.threads}: weights`);
+      }
+    });
+  }, 60_000);
+
+  test(`sdpa(): ${COUNTS.sdpaInvalid} random invalid calls throw a TypeError/RangeError naming the argument; the instance keeps working`, async () => {
+    await runCases('sdpaInvalid', COUNTS.sdpaInvalid, async (r, note) => {
+      const { valid, args, mutation, description } = randomInvalidSdpa(r);
+      note(description);
+      expectNamedError(await errorOf(() => attn.sdpa(...args)), mutation);
+      checkResult(attn.sdpa(valid.query, valid.key, valid.value, valid.options), valid);
+    });
+  }, 60_000);
+
+  test(`KVCache: ${COUNTS.cache} random sequences of append / truncate / reset / attend (float32, float16) against the reference`, async () => {
+    await runCases('cache', COUNTS.cache, (r, note) => {
+      const shape = randomCacheShape(r);
+      const steps = [`createKVCache ${JSON.stringify(shape)}`];
+      note(steps.join('; '));
+      const cache = attn.createKVCache(shape);
+      const model = new CacheModel(shape);
+      try {
+        const ops = r.int(4, 10);
+        for (let s = 0; s <= ops; s++) {
+          const op = s === ops ? 'attend' : r.pick(['append', 'append', 'append', 'attend', 'attend', 'attend', 'truncate', 'reset']);
+          if (op === 'append' && model.length < model.max) {
+            const a = randomAppend(r, model);
+            steps.push(a.description);
+            note(steps.join('; '));
+            cache.append(a.key, a.value, a.options);
+            model.append(a.stored.k, a.stored.v, a.Lnew, a.valueScale);
+          } else if (op === 'truncate') {
+            const n = r.int(0, model.length);
+            steps.push(`truncate(${n})`);
+            cache.truncate(n);
+            model.truncate(n);
+          } else if (op === 'reset') {
+            steps.push('reset()');
+            cache.reset();
+            model.truncate(0);
+          } else {
+            const c = randomAttend(r, model);
+            steps.push(c.description);
+            note(steps.join('; '));
+            checkResult(cache.attend(c.query, c.options), c);
+          }
+          expect(cache.length).toBe(model.length);
+        }
+      } finally {
+        cache.dispose();
+      }
+    });
+  }, 60_000);
+
+  test(`KVCache: ${COUNTS.cacheInvalid} random invalid append / attend / truncate calls; the cache keeps its length and contents`, async () => {
+    await runCases('cacheInvalid', COUNTS.cacheInvalid, async (r, note) => {
+      const shape = randomCacheShape(r);
+      const cache = attn.createKVCache(shape);
+      const model = new CacheModel(shape);
+      try {
+        const steps = [`createKVCache ${JSON.stringify(shape)}`];
+        for (let n = r.int(0, 3); n > 0 && model.length < model.max; n--) {
+          const a = randomAppend(r, model);
+          cache.append(a.key, a.value, a.options);
+          model.append(a.stored.k, a.stored.v, a.Lnew, a.valueScale);
+          steps.push(a.description);
+        }
+        const { call, mutation } = randomInvalidCacheCall(r, model);
+        steps.push(`invalid: ${mutation.desc}`);
+        note(steps.join('; '));
+        expectNamedError(await errorOf(() => call(cache)), mutation);
+        expect(cache.length).toBe(model.length);
+        const c = randomAttend(r, model);
+        note(`${steps.join('; ')}; then ${c.description}`);
+        checkResult(cache.attend(c.query, c.options), c);
+      } finally {
+        cache.dispose();
+      }
+    });
+  }, 60_000);
+
+  test(`createAttentionWorker(): ${COUNTS.worker} random sdpa calls, bitwise the direct API's results`, async () => {
+    await runCases('worker', COUNTS.worker, async (r, note) => {
+      const c = randomSdpaCase(r, { maxWork: 40_000 });
+      const transfer = r.chance(0.3);
+      note(`${c.description}${transfer ? ', transfer: true' : ''}`);
+      const direct = attn.sdpa(c.query, c.key, c.value, c.options);
+      checkResult(direct, c);
+      const expected = { output: direct.output.data.slice(), weights: direct.weights?.data.slice() };
+      if (c.options.out) c.options.out.fill(NaN);
+      const args = transfer ? structuredClone([c.query, c.key, c.value]) : [c.query, c.key, c.value];
+      const got = await worker.sdpa(...args, transfer ? { ...c.options, transfer: true } : c.options);
+      expect(got.output.dims).toEqual(direct.output.dims);
+      expectBitwiseEqual(got.output.data, expected.output, 'worker output vs direct');
+      if (c.options.returnWeights) {
+        expect(got.weights.dims).toEqual(direct.weights.dims);
+        expectBitwiseEqual(got.weights.data, expected.weights, 'worker weights vs direct');
+      }
+      if (c.options.out) expect(got.output.data.buffer).toBe(c.options.out.buffer);
+      if (transfer) expect(args.map((t) => t.data.length)).toEqual([0, 0, 0]);
+    });
+  }, 60_000);
+
+  test(`createAttentionWorker(): ${COUNTS.workerInvalid} random invalid sdpa calls reject with the direct API's error; the worker keeps working`, async () => {
+    await runCases('workerInvalid', COUNTS.workerInvalid, async (r, note) => {
+      const { valid, args, mutation, description } = randomInvalidSdpa(r);
+      note(description);
+      const expected = await errorOf(() => attn.sdpa(...args));
+      const promise = (() => { try { return worker.sdpa(...args); } catch (error) { return error; } })();
+      if (!(promise instanceof Promise)) throw new Error(`worker.sdpa threw synchronously instead of rejecting: ${promise?.message}`);
+      const error = await errorOf(() => promise);
+      expectNamedError(error, mutation);
+      expectSameMessage(error, expected, args);
+      const direct = attn.sdpa(valid.query, valid.key, valid.value, valid.options);
+      checkResult(direct, valid);
+      const expectedBits = direct.output.data.slice();
+      const got = await worker.sdpa(valid.query, valid.key, valid.value, valid.options);
+      expectBitwiseEqual(got.output.data, expectedBits, 'worker output after an error vs direct');
+    });
+  }, 60_000);
+
+  test(`createAttentionWorker(): ${COUNTS.workerCache} random cache sequences in lockstep with a direct cache, bitwise`, async () => {
+    await runCases('workerCache', COUNTS.workerCache, async (r, note) => {
+      const shape = randomCacheShape(r);
+      const steps = [`createKVCache ${JSON.stringify(shape)}`];
+      note(steps.join('; '));
+      const direct = attn.createKVCache(shape);
+      const remote = await worker.createKVCache(shape);
+      const model = new CacheModel(shape);
+      try {
+        const ops = r.int(4, 10);
+        for (let s = 0; s <= ops; s++) {
+          const op = s === ops ? 'attend' : r.pick(['append', 'append', 'append', 'attend', 'attend', 'truncate', 'reset']);
+          if (op === 'append' && model.length < model.max) {
+            const a = randomAppend(r, model);
+            const transfer = r.chance(0.3);
+            steps.push(`${a.description}${transfer ? ' transfer' : ''}`);
+            note(steps.join('; '));
+            direct.append(a.key, a.value, a.options);
+            const [k, v] = transfer ? structuredClone([a.key, a.value]) : [a.key, a.value];
+            await remote.append(k, v, transfer ? { ...a.options, transfer: true } : a.options);
+            model.append(a.stored.k, a.stored.v, a.Lnew, a.valueScale);
+          } else if (op === 'truncate') {
+            const n = r.int(0, model.length);
+            steps.push(`truncate(${n})`);
+            direct.truncate(n);
+            await remote.truncate(n);
+            model.truncate(n);
+          } else if (op === 'reset') {
+            steps.push('reset()');
+            direct.reset();
+            await remote.reset();
+            model.truncate(0);
+          } else {
+            const c = randomAttend(r, model);
+            steps.push(c.description);
+            note(steps.join('; '));
+            const d = direct.attend(c.query, c.options);
+            checkResult(d, c);
+            const expected = { output: d.output.data.slice(), weights: d.weights?.data.slice() };
+            const got = await remote.attend(c.query, c.options);
+            expectBitwiseEqual(got.output.data, expected.output, 'worker cache output vs direct');
+            if (c.options.returnWeights) expectBitwiseEqual(got.weights.data, expected.weights, 'worker cache weights vs direct');
+          }
+          expect([direct.length, remote.length]).toEqual([model.length, model.length]);
+        }
+      } finally {
+        direct.dispose();
+        await remote.dispose();
+      }
+    });
+  }, 60_000);
+
+  test(`createAttentionWorker(): ${COUNTS.workerCacheInvalid} random invalid cache calls reject with the direct API's error; the cache is unchanged`, async () => {
+    await runCases('workerCacheInvalid', COUNTS.workerCacheInvalid, async (r, note) => {
+      const shape = randomCacheShape(r);
+      const direct = attn.createKVCache(shape);
+      const remote = await worker.createKVCache(shape);
+      const model = new CacheModel(shape);
+      try {
+        const steps = [`createKVCache ${JSON.stringify(shape)}`];
+        for (let n = r.int(0, 3); n > 0 && model.length < model.max; n--) {
+          const a = randomAppend(r, model);
+          direct.append(a.key, a.value, a.options);
+          await remote.append(a.key, a.value, a.options);
+          model.append(a.stored.k, a.stored.v, a.Lnew, a.valueScale);
+          steps.push(a.description);
+        }
+        const { call, mutation } = randomInvalidCacheCall(r, model);
+        steps.push(`invalid: ${mutation.desc}`);
+        note(steps.join('; '));
+        const expected = await errorOf(() => call(direct));
+        const error = await errorOf(() => call(remote));
+        expectNamedError(error, mutation);
+        expectSameMessage(error, expected, [mutation.tensor]);
+        expect(remote.length).toBe(model.length);
+        const c = randomAttend(r, model);
+        note(`${steps.join('; ')}; then ${c.description}`);
+        const d = direct.attend(c.query, c.options);
+        checkResult(d, c);
+        const expectedBits = d.output.data.slice();
+        expectBitwiseEqual((await remote.attend(c.query, c.options)).output.data, expectedBits, 'worker cache after an error vs direct');
+      } finally {
+        direct.dispose();
+        await remote.dispose();
+      }
+    });
+  }, 60_000);
+});
+
+/**
+ * A random invalid call on a cache holding what `model` holds: { call(cache), mutation }.
+ * The call is made the same way on a KVCache and a WorkerKVCache.
+ */
+function randomInvalidCacheCall(r, model) {
+  const { B, Hkv, E, Ev, max, length } = model;
+  const what = r.pick(['append', 'append', 'appendShape', 'attend', 'attend', 'attendShape', 'truncate']);
+  const fnAppend = 'KVCache.append', fnAttend = 'KVCache.attend';
+  const named = (m, fn) => ({ ...m, names: m.names[0] === `${fn}:` ? m.names : [`${fn}:`, ...m.names] });
+  if (what === 'append' || what === 'appendShape') {
+    // A valid append to start from; if the cache is full, a 1-position append (then past maxLength).
+    const Lnew = length < max ? r.int(1, Math.min(max - length, 5)) : 1;
+    const k = normalTensor(r, [B, Hkv, Lnew, E]), v = normalTensor(r, [B, Hkv, Lnew, Ev]);
+    if (length + Lnew > max) {
+      return { call: (c) => c.append(k, v), mutation: { desc: `append ${Lnew} to a full cache (${length} of ${max})`, Cls: RangeError, names: [`${fnAppend}:`, 'maxLength'] } };
+    }
+    if (what === 'append') {
+      const pick = r.int(0, 3);
+      if (pick === 3) {
+        const [options, Cls, names, desc] = r.pick([
+          [{ layout: 'nhwc' }, RangeError, ['options.layout'], "options.layout 'nhwc'"],
+          [{ causal: true }, TypeError, ['unknown option "causal"'], 'unknown option "causal"'],
+          [{ isCausal: true }, TypeError, ['unknown option "isCausal"'], 'unknown option "isCausal" (an attend option)'],
+          [7, TypeError, ['options must be an object'], 'options = 7'],
+        ]);
+        return { call: (c) => c.append(k, v, options), mutation: { desc: `append: ${desc}`, Cls, names: [`${fnAppend}:`, ...names] } };
+      }
+      const name = pick === 0 ? 'value' : 'key';
+      const m = mutateTensor(r, fnAppend, name, name === 'key' ? k : v, { halves: model.dtype === 'float16' });
+      return { call: (c) => (name === 'key' ? c.append(m.tensor, v) : c.append(k, m.tensor)), mutation: { ...m, desc: `append: ${m.desc}` } };
+    }
+    const [desc, key, value, names] = r.pick([
+      ['key batch B + 1', normalTensor(r, [B + 1, Hkv, Lnew, E]), v, ['key.dims', 'batch B']],
+      ['value heads Hkv + 1', k, normalTensor(r, [B, Hkv + 1, Lnew, Ev]), ['value.dims', 'Hkv']],
+      ['key E + 1', normalTensor(r, [B, Hkv, Lnew, E + 1]), v, ['key.dims', 'head size E']],
+      ['value Ev + 1', k, normalTensor(r, [B, Hkv, Lnew, Ev + 1]), ['value.dims', 'value size Ev']],
+      ['value Lnew + 1', k, normalTensor(r, [B, Hkv, Lnew + 1, Ev]), ['value.dims', 'Lnew']],
+      ['past maxLength', normalTensor(r, [B, Hkv, max - length + 1, E]), normalTensor(r, [B, Hkv, max - length + 1, Ev]), ['maxLength']],
+    ]);
+    return { call: (c) => c.append(key, value), mutation: named({ desc: `append: ${desc}`, Cls: RangeError, names }, fnAppend) };
+  }
+  if (what === 'attend' || what === 'attendShape') {
+    const Hq = Hkv * r.pick([1, 2]), Lq = r.pick([1, 2, 5]);
+    const q = normalTensor(r, [B, Hq, Lq, E]);
+    if (what === 'attendShape') {
+      const choices = [
+        ['query E + 1', normalTensor(r, [B, Hq, Lq, E + 1]), ['query.dims', 'head size E']],
+        ['query batch B + 1', normalTensor(r, [B + 1, Hq, Lq, E]), ['query.dims', 'batch B']],
+      ];
+      if (Hkv > 1) choices.push([`query heads ${Hkv + 1} (Hkv ${Hkv})`, normalTensor(r, [B, Hkv + 1, Lq, E]), ['Hq', 'Hkv']]);
+      const [desc, query, names] = r.pick(choices);
+      return { call: (c) => c.attend(query), mutation: named({ desc: `attend: ${desc}`, Cls: RangeError, names }, fnAttend) };
+    }
+    if (r.chance(0.3)) {
+      const m = mutateTensor(r, fnAttend, 'query', q);
+      return { call: (c) => c.attend(m.tensor), mutation: { ...m, desc: `attend: ${m.desc}` } };
+    }
+    const { options } = randomOptions(r, { B, Hq, Lq, Lk: length, outputSize: B * Hq * Lq * Ev }, { forCache: true });
+    const m = mutateOptions(r, fnAttend, { B, Hq, Lq, Lk: length, outputSize: B * Hq * Lq * Ev }, options, { forCache: true });
+    return { call: (c) => c.attend(q, m.options), mutation: { ...m, desc: `attend(${describeOptions(options)}): ${m.desc}` } };
+  }
+  const [n, Cls] = r.pick([[length + 1, RangeError], [length + r.int(2, 100), RangeError], [-1, RangeError], [0.5, RangeError],
+    [NaN, RangeError], [Infinity, RangeError], ['1', TypeError], [undefined, TypeError], [null, TypeError], [1n, TypeError]]);
+  return { call: (c) => c.truncate(n), mutation: { desc: `truncate(${typeof n === 'bigint' ? `${n}n` : String(n)}) at length ${length}`, Cls, names: ['KVCache.truncate:', 'n must be an integer'] } };
+}

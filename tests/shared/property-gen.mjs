@@ -1,0 +1,403 @@
+// Random problem generators for the seeded property tests (tests/node/property.test.mjs and
+// tests/node/concurrency.test.mjs). Everything here is derived from a mulberry32 stream, so a
+// (seed, group, index) triple names one case exactly. The expectations these generators build
+// (which keys are blocked, what a float16 cache stores, the error class and the argument an
+// error message must name) come from the documented contract (README, js/types.ts), never from
+// the kernel. Plain ES module: no Node built-ins.
+import { mulberry32, randn } from '../node/reference.mjs';
+import { roundToHalf } from './kv-cache-cases.mjs';
+
+export { roundToHalf };
+
+// ─── seeded randomness ────────────────────────────────────────────────────────────────────
+
+/** The seed of one case: FNV-1a over "seed/group/index", so cases do not depend on each other. */
+export function caseSeed(seed, group, index) {
+  const text = `${seed}/${group}/${index}`;
+  let h = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) h = Math.imul(h ^ text.charCodeAt(i), 0x01000193);
+  return h >>> 0;
+}
+
+/** A seeded random source with the draws the generators need. */
+export function makeRng(seed) {
+  const u = mulberry32(seed);
+  return {
+    next: u,
+    /** An integer in [lo, hi]. */
+    int: (lo, hi) => lo + Math.floor(u() * (hi - lo + 1)),
+    pick: (xs) => xs[Math.floor(u() * xs.length)],
+    chance: (p) => u() < p,
+    u32: () => Math.floor(u() * 4294967296) >>> 0,
+  };
+}
+
+export const size = (dims) => dims.reduce((a, b) => a * b, 1);
+
+/** A tensor of unit-normal float32 values, seeded from `r`. */
+export const normalTensor = (r, dims) => ({ data: randn(size(dims), r.u32()), dims: [...dims] });
+
+// ─── shapes ───────────────────────────────────────────────────────────────────────────────
+
+// The kernel's edges: query tiles of 4 rows, key tiles of 128, key groups of 8, decode segments
+// of 512. Most draws are small so hundreds of float64 references stay fast.
+const Q_LENGTHS = [1, 1, 2, 3, 4, 5, 7, 8, 9, 13];
+const K_LENGTHS_SMALL = [1, 2, 3, 4, 5, 7, 8, 9, 11, 13, 16, 17];
+const K_LENGTHS_LARGE = [31, 32, 33, 61, 127, 128, 129, 131, 255, 256, 257, 383, 509, 512, 513];
+const HEAD_SIZES = [1, 2, 3, 4, 5, 7, 8, 9, 11, 16, 17, 32];
+const HEAD_SIZES_LARGE = [61, 64, 67, 128];
+
+/** [B, H, L, D] laid out as `layout` says ('bshd': [B, L, H, D]), then `rank` trailing axes. */
+export function layoutDims(layout, B, H, L, D, rank) {
+  const full = layout === 'bshd' ? [B, L, H, D] : [B, H, L, D];
+  return full.slice(4 - rank);
+}
+
+/**
+ * A rank the API accepts for a tensor [B, H, L, D] in `layout`: leading axes of 1 may be left
+ * out (README: "rank 3 and rank 2 mean leading axes of 1"). In 'bshd' ([B, L, H, D]) rank 2 is
+ * [H, D], so it needs L = 1 there, H = 1 in 'bhsd'.
+ */
+export function pickRank(r, layout, B, H, L) {
+  const ranks = [4, 4, 4];
+  if (B === 1) ranks.push(3, 3);
+  if (B === 1 && (layout === 'bshd' ? L : H) === 1) ranks.push(2);
+  return r.pick(ranks);
+}
+
+/**
+ * A random problem size; `maxWork` bounds B·Hq·Lq·Lk·(E + Ev), the reference's work. With
+ * `decode`, a decode shape (Lq 1..2) whose K and V are 2 MiB or reach 4 MiB (from 4 MiB, and
+ * without weights in 'bhsd', the decode is streamed: js/strategies.ts).
+ */
+export function randomShape(r, maxWork = 200_000, { decode = false } = {}) {
+  if (decode) {
+    const Hkv = r.pick([1, 2]);
+    const E = r.pick([64, 128]);
+    return { B: 1, Hq: Hkv * r.pick([1, 2, 4]), Hkv, Lq: r.pick([1, 1, 2]), Lk: Math.floor(r.pick([4100, 8192, 8200, 9001]) / Hkv / (E / 64)), E, Ev: E };
+  }
+  for (;;) {
+    const B = r.pick([1, 1, 1, 2, 3]);
+    const Hkv = r.pick([1, 1, 2, 3]);
+    const Hq = Hkv * r.pick([1, 1, 2, 3, 4]);
+    const Lq = r.chance(0.1) ? r.pick([16, 17, 31]) : r.pick(Q_LENGTHS);
+    const Lk = r.chance(0.3) ? r.pick(K_LENGTHS_LARGE) : r.pick(K_LENGTHS_SMALL);
+    const E = r.chance(0.1) ? r.pick(HEAD_SIZES_LARGE) : r.pick(HEAD_SIZES);
+    const Ev = r.chance(0.6) ? E : r.chance(0.1) ? r.pick(HEAD_SIZES_LARGE) : r.pick(HEAD_SIZES);
+    if (B * Hq * Lq * Lk * (E + Ev) <= maxWork) return { B, Hq, Hkv, Lq, Lk, E, Ev };
+  }
+}
+
+/** [B, H, L, D] (bhsd) → [B, L, H, D] (bshd). */
+export function toBshd(t) {
+  const [B, H, L, D] = t.dims;
+  const data = new Float32Array(t.data.length);
+  for (let b = 0; b < B; b++) {
+    for (let h = 0; h < H; h++) {
+      for (let l = 0; l < L; l++) {
+        const from = ((b * H + h) * L + l) * D, to = ((b * L + l) * H + h) * D;
+        for (let d = 0; d < D; d++) data[to + d] = t.data[from + d];
+      }
+    }
+  }
+  return { data, dims: [B, L, H, D] };
+}
+
+// ─── masks and the blocked-key predicate ──────────────────────────────────────────────────
+
+/** Strides of mask dims broadcast (right-aligned) to [B, Hq, Lq, Lk]; 0 = broadcast axis. */
+export function broadcastStrides(dims) {
+  const strides = [0, 0, 0, 0];
+  let stride = 1;
+  for (let axis = 3; axis >= 0; axis--) {
+    const m = axis - (4 - dims.length);
+    const s = m >= 0 ? dims[m] : 1;
+    strides[axis] = s === 1 ? 0 : stride;
+    stride *= s;
+  }
+  return strides;
+}
+
+/**
+ * A random mask broadcastable to [B, Hq, Lq, Lk]: each axis full or 1, any rank from the
+ * smallest that keeps the full axes up to 4. Float masks mix −∞ (blocked) and finite biases;
+ * bool masks 0 (blocked) and 1.
+ */
+export function randomMask(r, [B, Hq, Lq, Lk]) {
+  const full = [B, Hq, Lq, Lk].map((n) => (n > 1 && r.chance(0.5) ? n : 1));
+  const first = full.findIndex((n) => n !== 1);
+  const rank = r.int(first === -1 ? 1 : 4 - first, 4);
+  const dims = full.slice(4 - rank);
+  const n = size(dims);
+  if (r.chance(0.5)) {
+    const blocked = r.pick([0, 0.1, 0.5, 0.9, 1]);
+    const spread = r.pick([0.5, 2, 5]);
+    const data = new Float32Array(n);
+    for (let i = 0; i < n; i++) data[i] = r.chance(blocked) ? -Infinity : (r.next() - 0.5) * 2 * spread;
+    return { data, dims };
+  }
+  const open = r.pick([0, 0.3, 0.7, 0.9, 1]);
+  return { data: Uint8Array.from({ length: n }, () => (r.chance(open) ? 1 : 0)), dims };
+}
+
+/**
+ * blocked(b, h, i, j): whether key j is blocked for query row i of head h in batch b under
+ * `options` (Lk keys), from the documented rules: keyLengths, isCausal/causalOffset (`causal`
+ * and `offsetOf` given explicitly, since KVCache.attend has other defaults), a bool mask's 0,
+ * a float mask's −∞.
+ */
+export function blockedPredicate(options, Lk, causal, offsetOf) {
+  const mask = options.attnMask;
+  const strides = mask ? broadcastStrides(mask.dims) : null;
+  const isBool = mask ? Object.prototype.toString.call(mask.data) === '[object Uint8Array]' : false;
+  return (b, h, i, j) => {
+    if (options.keyLengths && j >= options.keyLengths[b]) return true;
+    if (causal && j > i + offsetOf(b)) return true;
+    if (mask) {
+      const m = mask.data[b * strides[0] + h * strides[1] + i * strides[2] + j * strides[3]];
+      if (isBool ? m === 0 : m === -Infinity) return true;
+    }
+    return false;
+  };
+}
+
+// ─── sdpa options ─────────────────────────────────────────────────────────────────────────
+
+/** A causal offset drawn around the interesting range [−Lq, Lk], beyond it too. */
+const randomOffset = (r, Lq, Lk) => r.int(-Lq - 2, Lk + 2);
+
+/**
+ * Random valid options for a problem [B, Hq, Lq, Lk] with output size `outputSize`.
+ * `forCache`: KVCache.attend, where isCausal defaults to true (offset Lk − Lq) and may be left
+ * out while causalOffset is given. Returns { options, causal, offsetOf } where causal/offsetOf
+ * are what the options mean (for the blocked-key predicate and the reference).
+ */
+export function randomOptions(r, { B, Hq, Lq, Lk, outputSize }, { forCache = false } = {}) {
+  const options = {};
+  if (r.chance(0.4)) options.scale = r.pick([0, 0.05, 0.3, 1, 1.7, -0.5, -1]) * (r.chance(0.5) ? 1 : r.next() + 0.5);
+  if (r.chance(0.2)) options.softcap = r.pick([0.5, 1, 3, 30]);
+  if (r.chance(0.35)) options.attnMask = randomMask(r, [B, Hq, Lq, Lk]);
+  let causal = false, offset = forCache ? Lk - Lq : 0;
+  let offsets = null;
+  const causalDraw = r.next();
+  if (forCache) {
+    // Left out: causal, bottom-right. Or turned off, or on with another offset (with or
+    // without isCausal: true spelled out).
+    causal = true;
+    if (causalDraw < 0.25) options.isCausal = false, causal = false;
+    else if (causalDraw < 0.4) options.isCausal = true;
+  } else if (causalDraw < 0.4) {
+    options.isCausal = true;
+    causal = true;
+  }
+  if (causal && r.chance(forCache ? 0.35 : 0.6)) {
+    if (r.chance(0.5)) {
+      offset = randomOffset(r, Lq, Lk);
+      options.causalOffset = offset;
+    } else {
+      offsets = Int32Array.from({ length: B }, () => randomOffset(r, Lq, Lk));
+      options.causalOffset = Int32Array.from(offsets);
+    }
+  }
+  if (r.chance(0.3)) {
+    options.keyLengths = Int32Array.from({ length: B }, () => (r.chance(0.2) ? 0 : r.chance(0.3) ? Lk : r.int(0, Lk)));
+  }
+  if (r.chance(0.4)) options.returnWeights = true;
+  if (r.chance(0.2)) options.out = new Float32Array(outputSize + r.pick([0, 0, 3])).fill(NaN);
+  const offsetOf = (b) => (offsets ? offsets[b] : offset);
+  return { options, causal, offsetOf };
+}
+
+/** The options as the float64 reference takes them (causal spelled out). */
+export function referenceOptions(options, causal, offsetOf, B) {
+  const { out, ...rest } = options;
+  return {
+    ...rest,
+    isCausal: causal,
+    causalOffset: causal ? Int32Array.from({ length: B }, (_, b) => offsetOf(b)) : undefined,
+  };
+}
+
+/** A short text naming a case's options (typed arrays shown in full when short). */
+export function describeOptions(options) {
+  const parts = [];
+  for (const [name, value] of Object.entries(options)) {
+    if (value === undefined) continue;
+    if (name === 'attnMask') {
+      const kind = Object.prototype.toString.call(value.data).slice(8, -1);
+      parts.push(`attnMask ${kind}[${value.dims}]`);
+    } else if (name === 'out') {
+      parts.push(`out Float32Array(${value.length})`);
+    } else if (ArrayBuffer.isView(value)) {
+      parts.push(`${name} [${Array.from(value).slice(0, 8)}${value.length > 8 ? ',…' : ''}]`);
+    } else {
+      parts.push(`${name} ${typeof value === 'string' ? `'${value}'` : value}`);
+    }
+  }
+  return `{ ${parts.join(', ')} }`;
+}
+
+// ─── float16 ──────────────────────────────────────────────────────────────────────────────
+
+/** The value of IEEE float16 bits, from the format's definition. */
+export function halfToFloat(bits) {
+  const sign = bits & 0x8000 ? -1 : 1;
+  const exponent = (bits >> 10) & 0x1f, mantissa = bits & 0x3ff;
+  if (exponent === 0) return sign * mantissa * 2 ** -24;
+  if (exponent === 31) return mantissa ? NaN : sign * Infinity;
+  return sign * (1 + mantissa / 1024) * 2 ** (exponent - 15);
+}
+
+/** n random finite float16 bit patterns of magnitude below 8 (subnormals included). */
+export function randomHalves(r, n) {
+  return Uint16Array.from({ length: n }, () => {
+    const exponent = r.chance(0.05) ? 0 : r.int(8, 17);
+    return (r.chance(0.5) ? 0x8000 : 0) | (exponent << 10) | r.int(0, 1023);
+  });
+}
+
+// ─── invalid calls: one mutation of a valid call ──────────────────────────────────────────
+// A mutation is { desc, Cls, names }: the error class the README's rule gives (TypeError for a
+// wrong kind of value, RangeError for a wrong value) and strings the message must contain (the
+// function, then the argument). Tensor mutations also carry `tensor` (the replacement); option
+// mutations carry `options` (the replacement options argument).
+
+const escape = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+/** A RegExp matching the literal string s. */
+export const literal = (s) => new RegExp(escape(s));
+
+/**
+ * One random mutation of the tensor `t` ({ data, dims }) passed as argument `name` of `fn`.
+ * `halves`: a Uint16Array is a valid kind of data there (a float16 cache's append).
+ */
+export function mutateTensor(r, fn, name, t, { halves = false } = {}) {
+  const dims = [...t.dims];
+  const n = t.data.length;
+  const axis = r.int(0, dims.length - 1);
+  const at = (replacement) => dims.map((d, i) => (i === axis ? replacement : d));
+  const kinds = [
+    () => {
+      const bad = r.pick([[n], [...new Array(5 - dims.length).fill(1), ...dims], [1, ...new Array(5 - dims.length).fill(1), ...dims], []]);
+      return { desc: `${name}.dims of rank ${bad.length}: [${bad}]`, tensor: { data: t.data, dims: bad }, Cls: RangeError, names: [`${name}.dims`, 'rank'] };
+    },
+    () => {
+      const bad = r.pick([dims[axis] + 0.5, 0, -dims[axis], NaN, Infinity, -1]);
+      return { desc: `${name}.dims[${axis}] = ${bad}`, tensor: { data: t.data, dims: at(bad) }, Cls: RangeError, names: [`${name}.dims[${axis}]`] };
+    },
+    () => {
+      const bad = r.pick([String(dims[axis]), null, undefined, true]);
+      return { desc: `${name}.dims[${axis}] = ${JSON.stringify(bad)}`, tensor: { data: t.data, dims: at(bad) }, Cls: TypeError, names: [`${name}.dims[${axis}]`] };
+    },
+    () => {
+      const bad = r.pick([undefined, dims.join(','), Int32Array.from(dims), { length: dims.length }, null]);
+      return { desc: `${name}.dims not an array (${Object.prototype.toString.call(bad)})`, tensor: { data: t.data, dims: bad }, Cls: TypeError, names: [`${name}.dims`] };
+    },
+    () => {
+      const choices = [
+        ['Float64Array', () => Float64Array.from(t.data)], ['plain array', () => Array.from(t.data)],
+        ['Int32Array', () => new Int32Array(n)], ['ArrayBuffer', () => new ArrayBuffer(n * 4)],
+        ['undefined', () => undefined], ['Float32Array wrapped in a DataView', () => new DataView(new ArrayBuffer(n * 4))],
+      ];
+      if (!halves) choices.push(['Uint16Array', () => new Uint16Array(n)]);
+      const [kind, make] = r.pick(choices);
+      return { desc: `${name}.data a ${kind}`, tensor: { data: make(), dims }, Cls: TypeError, names: [`${name}.data`] };
+    },
+    () => {
+      const delta = r.pick([-1, 1, 5, -n]);
+      const data = delta < 0 ? t.data.subarray(-delta) : (() => { const d = new Float32Array(n + delta); d.set(t.data); return d; })();
+      // (An empty array gets its own message: "<name>.data has no elements".)
+      return { desc: `${name}.data.length ${n + delta} ≠ ${n}`, tensor: { data, dims }, Cls: RangeError, names: [`${name}.data`] };
+    },
+    () => {
+      const bad = r.pick([null, undefined, 5, 'tensor', true]);
+      return { desc: `${name} = ${JSON.stringify(bad)}`, tensor: bad, Cls: TypeError, names: [`${name}`] };
+    },
+  ];
+  const m = r.pick(kinds)();
+  m.names = [`${fn}:`, ...m.names];
+  return m;
+}
+
+/**
+ * One random mutation of the options of a call of `fn` on a problem [B, Hq, Lq, Lk] whose
+ * output has `outputSize` floats, starting from the valid `options`. `forCache`: KVCache.attend,
+ * where causalOffset is refused only with isCausal: false (isCausal defaults to true).
+ */
+export function mutateOptions(r, fn, { B, Hq, Lq, Lk, outputSize }, options, { forCache = false } = {}) {
+  const target = [B, Hq, Lq, Lk];
+  const axisNames = ['B', 'Hq', 'Lq', 'Lk'];
+  const withOption = (name, value) => ({ ...options, ...(name === 'causalOffset' ? { isCausal: true } : {}), [name]: value });
+  const show = (x) => (typeof x === 'bigint' ? `${x}n` : ArrayBuffer.isView(x) ? `${Object.prototype.toString.call(x).slice(8, -1)}(${x.length})` : typeof x === 'string' ? JSON.stringify(x) : String(x));
+  const option = (name, value, Cls, names = [`options.${name}`]) =>
+    ({ desc: `options.${name} = ${show(value)}`, options: withOption(name, value), Cls, names });
+  const kinds = [
+    () => option('scale', r.pick([NaN, Infinity, -Infinity]), RangeError),
+    () => option('scale', r.pick(['0.5', null, true, 1n, {}]), TypeError),
+    () => option('softcap', r.pick([0, -0, -1, -Infinity, NaN, Infinity]), RangeError),
+    () => option('softcap', r.pick(['3', null, false, 2n]), TypeError),
+    () => option('isCausal', r.pick([1, 0, 'true', null]), TypeError),
+    () => option('returnWeights', r.pick([1, 'yes', null]), TypeError),
+    () => option('layout', r.pick(['BSHD', 'nchw', '', 'bhsd ', 'bsdh']), RangeError),
+    () => {
+      // A mask axis that is neither 1 nor the target's size.
+      const axis = r.int(0, 3);
+      const bad = target[axis] + (target[axis] === 0 ? 2 : 1);
+      const dims = target.map((n, i) => (i === axis ? bad : r.chance(0.5) && n > 0 ? n : 1));
+      const data = r.chance(0.5) ? new Float32Array(size(dims)) : new Uint8Array(size(dims)).fill(1);
+      return { desc: `options.attnMask.dims [${dims}] (axis ${axisNames[axis]} ${bad}) for [${target}]`, options: withOption('attnMask', { data, dims }),
+        Cls: RangeError, names: ['options.attnMask.dims', `axis ${axisNames[axis]}`] };
+    },
+    () => {
+      const dims = r.pick([[1, 1, 1, 1, 1], [], [0], [1, -1]]);
+      return { desc: `options.attnMask.dims [${dims}]`, options: withOption('attnMask', { data: new Float32Array(Math.max(0, size(dims))), dims }),
+        Cls: RangeError, names: ['options.attnMask.dims'] };
+    },
+    () => {
+      const dims = [Math.max(1, Lk)];
+      const data = new Float32Array(dims[0] + r.pick([1, 2]));
+      return { desc: `options.attnMask.data.length ${data.length} for dims [${dims}]`, options: withOption('attnMask', { data, dims }),
+        Cls: RangeError, names: ['options.attnMask.data.length'] };
+    },
+    () => {
+      const n = Math.max(1, Lk);
+      const [kind, data] = r.pick([['Float64Array', new Float64Array(n)], ['Int8Array', new Int8Array(n)],
+        ['Uint8ClampedArray', new Uint8ClampedArray(n)], ['plain array', new Array(n).fill(0)], ['Int32Array', new Int32Array(n)],
+        ['Uint16Array', new Uint16Array(n)]]);
+      return { desc: `options.attnMask.data a ${kind}`, options: withOption('attnMask', { data, dims: [n] }), Cls: TypeError, names: ['options.attnMask.data'] };
+    },
+    () => option('attnMask', r.pick([null, 5, 'mask', true]), TypeError),
+    () => option('causalOffset', r.pick([0.5, -1.5, NaN, Infinity, -Infinity]), RangeError),
+    () => option('causalOffset', new Int32Array(r.pick([B + 1, B - 1, 0].filter((n) => n >= 0 && n !== B))), RangeError),
+    () => option('causalOffset', r.pick([new Array(B).fill(0), new Float32Array(B), new Uint32Array(B), '0', null, 1n]), TypeError),
+    () => {
+      // causalOffset where causal attention is off.
+      const off = forCache ? { ...options, isCausal: false, causalOffset: r.int(-2, 2) }
+        : { ...options, isCausal: r.pick([false, undefined]), causalOffset: r.int(-2, 2) };
+      if (off.isCausal === undefined) delete off.isCausal;
+      return { desc: `options.causalOffset without causal attention (isCausal ${off.isCausal})`, options: off, Cls: TypeError,
+        names: ['options.causalOffset', 'isCausal'] };
+    },
+    () => {
+      const b = r.int(0, B - 1);
+      const lengths = new Int32Array(B).fill(Lk);
+      lengths[b] = r.pick([-1, Lk + 1, 2 ** 31 - 1, -(2 ** 31)]);
+      return { desc: `options.keyLengths [${lengths}] (Lk ${Lk})`, options: withOption('keyLengths', lengths), Cls: RangeError, names: [`options.keyLengths[${b}]`] };
+    },
+    () => option('keyLengths', new Int32Array(r.pick([B + 1, B - 1, 0].filter((n) => n >= 0 && n !== B))), RangeError),
+    () => option('keyLengths', r.pick([new Array(B).fill(0), new Float32Array(B), new Uint32Array(B), new BigInt64Array(B), 3, null]), TypeError),
+    () => option('out', new Float32Array(r.pick([outputSize - 1, 0, outputSize >> 1].filter((n) => n >= 0 && n < outputSize))), RangeError),
+    () => option('out', r.pick([new Float64Array(outputSize), new Array(outputSize).fill(0), new ArrayBuffer(outputSize * 4),
+      new Uint8Array(outputSize * 4), new Int32Array(outputSize), null]), TypeError),
+    () => {
+      const name = r.pick(['mask', 'causal', 'iscausal', 'scaling', 'softCap', 'key_lengths', 'weights', 'outBuffer', 'dropout', 'enableGqa']);
+      return { desc: `unknown option "${name}"`, options: { ...options, [name]: r.pick([true, 1, {}]) }, Cls: TypeError, names: [`unknown option "${name}"`] };
+    },
+    () => {
+      const bad = r.pick([null, 7, 'causal', [], true]);
+      return { desc: `options = ${JSON.stringify(bad)}`, options: bad, Cls: TypeError, names: ['options must be an object'] };
+    },
+  ];
+  const m = r.pick(kinds)();
+  m.names = [`${fn}:`, ...m.names];
+  return m;
+}
