@@ -2,8 +2,9 @@
 // the worker (worker-entry.ts), whose bundle must not contain createAttentionWorker.
 import { checkCacheOptions, KVCache } from './kv-cache.js';
 import { acquireModule, defaultIsa, hardwareThreads, threadsAvailable, type Isa, type ModuleHandle } from './loader.js';
+import { MemoryAccount } from './memory.js';
 import { runSdpa } from './strategies.js';
-import type { AttentionOptions, KVCacheOptions, SdpaOptions, SdpaResult, Tensor } from './types.js';
+import type { AttentionOptions, KVCacheOptions, MemoryInfo, SdpaOptions, SdpaResult, Tensor } from './types.js';
 import { checkAttentionOptions, DEFAULT_MAX_THREADS, plan } from './validate.js';
 
 export class Attention {
@@ -22,11 +23,13 @@ export class Attention {
   // threaded build's SharedArrayBuffer (measured 1.4–1.7× slower there).
   #streamHandle: ModuleHandle | null;
   readonly #caches = new Set<KVCache>();
+  readonly #account: MemoryAccount;
 
   /** @internal Use createAttention(). */
-  constructor(handle: ModuleHandle, streamHandle: ModuleHandle | null = null) {
+  constructor(handle: ModuleHandle, streamHandle: ModuleHandle | null, maxMemoryBytes?: number) {
     this.#handle = handle;
     this.#streamHandle = streamHandle;
+    this.#account = new MemoryAccount(maxMemoryBytes);
     this.threads = handle.threads;
     this.isa = handle.isa;
   }
@@ -40,7 +43,9 @@ export class Attention {
     const handle = this.#handle;
     if (handle === null) throw new Error('sdpa: this Attention instance has been disposed');
     const p = plan(query, key, value, options);
-    const engines = { main: handle.module, threads: handle.threads, single: this.#streamHandle?.module ?? null };
+    const engines = {
+      main: handle.module, threads: handle.threads, single: this.#streamHandle?.module ?? null, account: this.#account,
+    };
     return runSdpa(engines, p, query.data, key.data, value.data);
   }
 
@@ -56,9 +61,27 @@ export class Attention {
     const handle = this.#handle;
     if (handle === null) throw new Error('createKVCache: this Attention instance has been disposed');
     const shape = checkCacheOptions(options);
-    const cache = new KVCache(handle.module, handle.threads, shape, (c) => this.#caches.delete(c));
+    const cache = new KVCache(handle.module, this.#account, handle.threads, shape, (c) => this.#caches.delete(c));
     this.#caches.add(cache);
     return cache;
+  }
+
+  /**
+   * What the instance holds in wasm memory now, its peak, the memory's size and the limit
+   * (AttentionOptions.maxMemoryBytes). After every call returns, bytesInUse is the storage of
+   * its live KV caches: a call's blocks are freed whether it succeeds or throws.
+   */
+  memory(): MemoryInfo {
+    const handle = this.#handle;
+    if (handle === null) throw new Error('memory: this Attention instance has been disposed');
+    const modules = [handle.module, ...(this.#streamHandle === null ? [] : [this.#streamHandle.module])];
+    return {
+      bytesInUse: this.#account.bytesInUse,
+      peakBytes: this.#account.peakBytes,
+      capacityBytes: modules.reduce((sum, m) => sum + m.HEAPU8.buffer.byteLength, 0),
+      limitBytes: this.#account.limitBytes,
+      moduleBytesInUse: modules.reduce((sum, m) => sum + m.heapBytesInUse(), 0),
+    };
   }
 
   /**
@@ -92,14 +115,14 @@ export { DEFAULT_MAX_THREADS, MAX_THREADS } from './validate.js';
  * single-threaded build is used and `attn.threads` is 1.
  */
 export async function createAttention(options: AttentionOptions = {}): Promise<Attention> {
-  const { threads, relaxedSimd } = checkAttentionOptions('createAttention', options);
+  const { threads, relaxedSimd, maxMemoryBytes } = checkAttentionOptions('createAttention', options);
   const isa: Isa = relaxedSimd === false ? 'simd128' : defaultIsa();
   const wanted = threads ?? Math.min(await hardwareThreads(), DEFAULT_MAX_THREADS);
   const handle = await acquireModule(threadsAvailable() ? wanted : 1, isa);
-  if (handle.threads === 1) return new Attention(handle);
+  if (handle.threads === 1) return new Attention(handle, null, maxMemoryBytes);
   try {
     // The same instruction set: results stay bitwise the same for any thread count.
-    return new Attention(handle, await acquireModule(1, isa));
+    return new Attention(handle, await acquireModule(1, isa), maxMemoryBytes);
   } catch (error) {
     handle.release();
     throw error;

@@ -6,7 +6,7 @@
 //   values [B, Hkv, maxLength, Ev]
 // Positions [0, length) are stored; every batch has the same length (ragged batches pass
 // keyLengths to attend()).
-import { allocate, CallMemory, MAX_WASM_BYTES } from './memory.js';
+import { allocateLongLived, CallMemory, freeLongLived, type MemoryAccount } from './memory.js';
 import { KV_TYPE, runResident } from './strategies.js';
 import type { SdpaModule } from './wasm/sdpa.mjs';
 import type { KVCacheOptions, KVTensor, SdpaOptions, SdpaResult } from './types.js';
@@ -152,6 +152,7 @@ export abstract class KVCacheShapeInfo {
 
 export class KVCache extends KVCacheShapeInfo {
   #module: SdpaModule | null;
+  readonly #account: MemoryAccount;
   readonly #threads: number;
   #keys = 0;
   #values = 0;
@@ -162,25 +163,17 @@ export class KVCache extends KVCacheShapeInfo {
   readonly #onDispose: (cache: KVCache) => void;
 
   /** @internal Use attn.createKVCache(). */
-  constructor(module: SdpaModule, threads: number, shape: KVCacheShape, onDispose: (cache: KVCache) => void) {
+  constructor(module: SdpaModule, account: MemoryAccount, threads: number, shape: KVCacheShape,
+    onDispose: (cache: KVCache) => void) {
     super(shape);
     const bytes = cacheBytes(shape);
-    // Refused before allocating when it cannot fit beside what is in use.
-    const inUse = module.heapBytesInUse();
-    if (this.byteLength > MAX_WASM_BYTES - inUse) {
-      throw new RangeError(
-        `createKVCache: the cache needs ${this.byteLength} bytes of wasm memory (keys ${bytes.keys} + values ` +
-        `${bytes.values}), more than is left: the module's memory is limited to 2 GiB (${MAX_WASM_BYTES} bytes), ` +
-        `of which ${inUse} are in use`);
-    }
-    this.#keys = allocate(module, bytes.keys, 'createKVCache', 'the cache keys');
-    try {
-      this.#values = allocate(module, bytes.values, 'createKVCache', 'the cache values');
-    } catch (error) {
-      module._free(this.#keys);
-      throw error;
-    }
+    // Refused before allocating when it would pass the instance's limit or not fit beside
+    // what is in use.
+    const storage = allocateLongLived(module, account, 'createKVCache', { keys: bytes.keys, values: bytes.values });
+    this.#keys = storage.keys;
+    this.#values = storage.values;
     this.#module = module;
+    this.#account = account;
     this.#threads = threads;
     this.#onDispose = onDispose;
   }
@@ -212,10 +205,13 @@ export class KVCache extends KVCacheShapeInfo {
     const fn = 'KVCache.append';
     const module = this.#live(fn);
     const { k, v, layout } = checkAppend(this, this.#length, key, value, options);
-    const memory = new CallMemory(module, fn);
+    const memory = new CallMemory(module, this.#account, fn);
     try {
-      this.#write(module, memory, k, layout, this.#keys, this.headDim);
-      this.#write(module, memory, v, layout, this.#values, this.valueDim);
+      // One staging buffer serves both writes (requested before either, so a refusal leaves
+      // the cache unchanged).
+      const { staging } = memory.allocate({ staging: Math.max(this.#stagingBytes(k, layout), this.#stagingBytes(v, layout)) });
+      this.#write(module, memory, staging, k, layout, this.#keys, this.headDim);
+      this.#write(module, memory, staging, v, layout, this.#values, this.valueDim);
     } finally {
       memory.free();
     }
@@ -228,14 +224,28 @@ export class KVCache extends KVCacheShapeInfo {
   // (batch, head). Otherwise through a staging buffer of at most STAGING_BYTES, a run of rows
   // of one batch at a time, and the wasm side reorders and converts to float16 (copy_rows,
   // src/kv-cache.h).
-  #write(module: SdpaModule, memory: CallMemory, t: Operand<Float32Array | Uint16Array>, layout: 'bhsd' | 'bshd',
-    storage: number, dim: number): void {
+  #copiesStraight(t: Operand<Float32Array | Uint16Array>, layout: 'bhsd' | 'bshd'): boolean {
+    const srcType = isUint16Array(t.data) ? KV_TYPE.float16 : KV_TYPE.float32;
+    return layout === 'bhsd' && srcType === (this.dtype === 'float16' ? KV_TYPE.float16 : KV_TYPE.float32);
+  }
+
+  /** Rows of one batch staged at a time, and the staging bytes #write needs (0: none). */
+  #stagingRows(t: Operand<Float32Array | Uint16Array>): number {
+    return Math.max(1, Math.min(t.L, Math.floor(STAGING_BYTES / (t.H * t.D * t.data.BYTES_PER_ELEMENT))));
+  }
+
+  #stagingBytes(t: Operand<Float32Array | Uint16Array>, layout: 'bhsd' | 'bshd'): number {
+    return this.#copiesStraight(t, layout) ? 0 : this.#stagingRows(t) * t.H * t.D * t.data.BYTES_PER_ELEMENT;
+  }
+
+  #write(module: SdpaModule, memory: CallMemory, staging: number, t: Operand<Float32Array | Uint16Array>,
+    layout: 'bhsd' | 'bshd', storage: number, dim: number): void {
     const srcType = isUint16Array(t.data) ? KV_TYPE.float16 : KV_TYPE.float32;
     const srcBytes = t.data.BYTES_PER_ELEMENT;
     const dstBytes = ELEMENT_BYTES[this.dtype];
     const H = t.H, L = t.L, D = dim;
     const storageType = this.dtype === 'float16' ? KV_TYPE.float16 : KV_TYPE.float32;
-    if (layout === 'bhsd' && srcType === storageType) {
+    if (this.#copiesStraight(t, layout)) {
       const view = (srcType === KV_TYPE.float16 ? memory.heap.u16 : memory.heap.f32) as unknown as
         { set(a: ArrayLike<number>, at: number): void };
       for (let b = 0; b < this.batch; b++) {
@@ -247,8 +257,7 @@ export class KVCache extends KVCacheShapeInfo {
       }
       return;
     }
-    const rowsPerChunk = Math.max(1, Math.min(L, Math.floor(STAGING_BYTES / (H * D * srcBytes))));
-    const staging = memory.alloc(rowsPerChunk * H * D * srcBytes, 'staging the appended rows');
+    const rowsPerChunk = this.#stagingRows(t);
     const heap = memory.heap;  // no allocation below
     // Typed as the source (the data's own type was checked above).
     const view = (srcType === KV_TYPE.float16 ? heap.u16 : heap.f32) as unknown as { set(a: ArrayLike<number>, at: number): void };
@@ -293,7 +302,7 @@ export class KVCache extends KVCacheShapeInfo {
       return result;
     }
     const kvType = this.dtype === 'float32' ? KV_TYPE.float32 : this.#maybeInfNaN ? KV_TYPE.float16 : KV_TYPE.float16Finite;
-    return runResident(module, this.#threads, p, (query as { data: Float32Array }).data,
+    return runResident(new CallMemory(module, this.#account, 'KVCache.attend'), this.#threads, p, (query as { data: Float32Array }).data,
       { key: this.#keys, value: this.#values, kvType });
   }
 
@@ -317,8 +326,7 @@ export class KVCache extends KVCacheShapeInfo {
     const module = this.#module;
     if (module === null) return;
     this.#module = null;
-    module._free(this.#keys);
-    module._free(this.#values);
+    freeLongLived(module, this.#account, [this.#keys, this.#values], this.byteLength);
     this.#keys = this.#values = 0;
     this.#length = 0;
     this.#onDispose(this);

@@ -7,8 +7,10 @@
 //   runResident        KVCache.attend(): K/V already in wasm memory (the cache), read in place
 // chooseSdpaStrategy() picks among the first three; every one returns the same bits.
 // All of them copy the small inputs (mask, causal offsets, key lengths) the same way
-// (placeSmallInputs) and free every allocation on every path (CallMemory in try/finally).
-import { CallMemory } from './memory.js';
+// (smallInputBytes, copySmallInputs), request every block of wasm memory at once (refused
+// before any is allocated if the instance's limit would be passed) and free them on every path
+// (CallMemory in try/finally).
+import { CallMemory, type MemoryAccount } from './memory.js';
 import type { ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 import type { SdpaResult } from './types.js';
 import type { Plan } from './validate.js';
@@ -43,6 +45,8 @@ export interface Engines {
   threads: number;
   /** With threads > 1, the single-threaded build too: streamed decodes run on it (its plain memory takes copies faster). */
   single: SdpaModule | null;
+  /** The instance's bytes in wasm memory (of either module) and its limit. */
+  account: MemoryAccount;
 }
 
 type Strategy = 'copied' | 'streamed-decode' | 'streamed-prefill';
@@ -72,9 +76,9 @@ export function chooseSdpaStrategy(engines: Engines, p: Plan, q: Float32Array, k
 /** sdpa(): runs the plan the way chooseSdpaStrategy() picks. */
 export function runSdpa(engines: Engines, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): SdpaResult {
   switch (chooseSdpaStrategy(engines, p, q, k, v)) {
-    case 'streamed-decode': return runStreamedDecode(engines.single ?? engines.main, p, q, k, v);
-    case 'streamed-prefill': return runStreamedPrefill(engines.main, p, q, k, v);
-    case 'copied': return runCopied(engines.main, engines.threads, p, q, k, v);
+    case 'streamed-decode': return runStreamedDecode(new CallMemory(engines.single ?? engines.main, engines.account, p.fn), p, q, k, v);
+    case 'streamed-prefill': return runStreamedPrefill(new CallMemory(engines.main, engines.account, p.fn), p, q, k, v);
+    case 'copied': return runCopied(new CallMemory(engines.main, engines.account, p.fn), engines.threads, p, q, k, v);
   }
 }
 
@@ -103,15 +107,21 @@ function check(module: SdpaModule, p: Plan, status: number): void {
   }
 }
 
-/** Allocates the mask, causal offsets and key lengths and sets their addresses in `desc`. */
-function allocSmallInputs(memory: CallMemory, p: Plan, desc: ProblemDesc): void {
-  if (p.mask !== null) desc.mask = memory.alloc(p.mask.data.byteLength, 'options.attnMask');
-  if (p.causalOffsets !== null) desc.causalOffsets = memory.alloc(p.causalOffsets.byteLength, 'options.causalOffset');
-  if (p.keyLengths !== null) desc.keyLengths = memory.alloc(p.keyLengths.byteLength, 'options.keyLengths');
+/** Bytes of the mask, causal offsets and key lengths (0 for those not given): part of a request. */
+function smallInputBytes(p: Plan) {
+  return {
+    attnMask: p.mask?.data.byteLength ?? 0,
+    causalOffset: p.causalOffsets?.byteLength ?? 0,
+    keyLengths: p.keyLengths?.byteLength ?? 0,
+  };
 }
 
-/** Copies them in: after the last allocation (heap views). */
-function copySmallInputs(memory: CallMemory, p: Plan, desc: ProblemDesc): void {
+/** Sets their addresses in `desc` and copies them in: after the last allocation (heap views). */
+function copySmallInputs(memory: CallMemory, p: Plan, desc: ProblemDesc,
+  at: { attnMask: number; causalOffset: number; keyLengths: number }): void {
+  desc.mask = at.attnMask;
+  desc.causalOffsets = at.causalOffset;
+  desc.keyLengths = at.keyLengths;
   const { f32, i32, u8 } = memory.heap;
   if (p.mask !== null) {
     if (p.mask.kind === 'float') f32.set(p.mask.data, desc.mask >>> 2);
@@ -141,34 +151,38 @@ function collectResult(memory: CallMemory, p: Plan, desc: ProblemDesc): SdpaResu
 }
 
 /**
- * forward() on a problem whose K/V are already placed (desc.key/value set): copies Q and the
- * small inputs in, runs, copies the results out. Shared by runCopied and runResident.
+ * forward() on a problem whose K/V are placed by `placeKeyValue` (given the addresses of the
+ * `keyValueBytes` blocks, zero-sized when K/V are resident): allocates everything at once,
+ * copies Q and the small inputs in, runs, copies the results out. Shared by runCopied and
+ * runResident.
  */
-function runWhole(module: SdpaModule, threads: number, memory: CallMemory, p: Plan, desc: ProblemDesc,
-  q: Float32Array, copyKeyValue: () => void): SdpaResult {
+function runWhole(memory: CallMemory, threads: number, p: Plan, desc: ProblemDesc, q: Float32Array,
+  keyValueBytes: { key: number; value: number }, placeKeyValue: (at: { key: number; value: number }) => void): SdpaResult {
+  const module = memory.module;
   const scratchFloats = module.scratchFloats(desc, threads);
-  const scratch = memory.alloc(scratchFloats * 4, 'scratch');
-  desc.query = memory.alloc(q.byteLength, 'query');
-  desc.output = memory.alloc(p.outputSize * 4, 'the output');
-  desc.weights = memory.alloc(p.weightsSize * 4, 'the weights');
-  allocSmallInputs(memory, p, desc);
+  const at = memory.allocate({
+    query: q.byteLength, ...keyValueBytes, output: p.outputSize * 4, weights: p.weightsSize * 4,
+    scratch: scratchFloats * 4, ...smallInputBytes(p),
+  });
+  desc.query = at.query;
+  desc.output = at.output;
+  desc.weights = at.weights;
   // Heap views are read only after the last allocation: growing memory detaches them.
   memory.heap.f32.set(q, desc.query >>> 2);
-  copySmallInputs(memory, p, desc);
-  copyKeyValue();
-  check(module, p, module.forward(desc, scratch, scratchFloats, threads));
+  copySmallInputs(memory, p, desc, at);
+  placeKeyValue(at);
+  check(module, p, module.forward(desc, at.scratch, scratchFloats, threads));
   return collectResult(memory, p, desc);
 }
 
 /** Q, K, V copied in whole; one forward() call (split over the threads). */
-export function runCopied(module: SdpaModule, threads: number, p: Plan, q: Float32Array, k: Float32Array,
+export function runCopied(memory: CallMemory, threads: number, p: Plan, q: Float32Array, k: Float32Array,
   v: Float32Array): SdpaResult {
-  const memory = new CallMemory(module, p.fn);
   try {
     const desc = describeProblem(p);
-    desc.key = memory.alloc(k.byteLength, 'key');
-    desc.value = memory.alloc(v.byteLength, 'value');
-    return runWhole(module, threads, memory, p, desc, q, () => {
+    return runWhole(memory, threads, p, desc, q, { key: k.byteLength, value: v.byteLength }, (at) => {
+      desc.key = at.key;
+      desc.value = at.value;
       const { f32 } = memory.heap;
       f32.set(k, desc.key >>> 2);
       f32.set(v, desc.value >>> 2);
@@ -186,9 +200,8 @@ export interface ResidentKeyValue {
 }
 
 /** K/V read in place from wasm memory (plan.k / plan.v give their strides); Q copied in. */
-export function runResident(module: SdpaModule, threads: number, p: Plan, q: Float32Array,
+export function runResident(memory: CallMemory, threads: number, p: Plan, q: Float32Array,
   kv: ResidentKeyValue): SdpaResult {
-  const memory = new CallMemory(module, p.fn);
   try {
     const desc = describeProblem(p);
     desc.key = kv.key;
@@ -196,7 +209,7 @@ export function runResident(module: SdpaModule, threads: number, p: Plan, q: Flo
     desc.kvType = kv.kvType;
     // Read once per step from main memory, not from a copy still in the core's cache.
     desc.readKvInOrder = true;
-    return runWhole(module, threads, memory, p, desc, q, () => {});
+    return runWhole(memory, threads, p, desc, q, { key: 0, value: 0 }, () => {});
   } finally {
     memory.free();
   }
@@ -224,21 +237,28 @@ function pairProblem(p: Plan, desc: ProblemDesc): ProblemDesc {
  * in the core's cache; the segments' partial softmax states are merged per (batch, KV head).
  * Runs on one thread (the copies in between are serial).
  */
-export function runStreamedDecode(module: SdpaModule, p: Plan, q: Float32Array, k: Float32Array,
+export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, k: Float32Array,
   v: Float32Array): SdpaResult {
-  const memory = new CallMemory(module, p.fn);
   try {
+    const module = memory.module;
     const desc = describeProblem(p);
     const pairDesc = pairProblem(p, desc);
     const segmentKeys = module.segmentKeys();
     const scratchFloats = module.segmentScratchFloats(pairDesc);
-    const scratch = memory.alloc(scratchFloats * 4, 'scratch');
-    const partials = memory.alloc(module.segmentPartialsFloats(pairDesc) * 4, 'scratch');
-    desc.query = memory.alloc(q.byteLength, 'query');
-    desc.key = memory.alloc(Math.min(segmentKeys, p.kvLen) * p.headDim * 4, 'key');
-    desc.value = memory.alloc(Math.min(segmentKeys, p.kvLen) * p.valueDim * 4, 'value');
-    desc.output = memory.alloc(p.outputSize * 4, 'the output');
-    allocSmallInputs(memory, p, desc);
+    const at = memory.allocate({
+      query: q.byteLength,
+      key: Math.min(segmentKeys, p.kvLen) * p.headDim * 4,
+      value: Math.min(segmentKeys, p.kvLen) * p.valueDim * 4,
+      output: p.outputSize * 4,
+      scratch: scratchFloats * 4,
+      partials: module.segmentPartialsFloats(pairDesc) * 4,
+      ...smallInputBytes(p),
+    });
+    const { scratch, partials } = at;
+    desc.query = at.query;
+    desc.key = at.key;
+    desc.value = at.value;
+    desc.output = at.output;
     const group = p.qHeads / p.kvHeads;
     const segments = module.segmentCount(pairDesc);
     const pairKeyFloats = p.kvLen * p.headDim, pairValueFloats = p.kvLen * p.valueDim;
@@ -247,7 +267,7 @@ export function runStreamedDecode(module: SdpaModule, p: Plan, q: Float32Array, 
     try {
       const { f32 } = memory.heap;  // the loop below allocates nothing (plain-number calls)
       f32.set(q, desc.query >>> 2);
-      copySmallInputs(memory, p, desc);
+      copySmallInputs(memory, p, desc, at);
       for (let pair = 0; pair < p.batch * p.kvHeads; pair++) {
         const b = Math.floor(pair / p.kvHeads), firstHead = (pair % p.kvHeads) * group;
         const at = pairAddresses(p, desc, b, firstHead);
@@ -277,22 +297,25 @@ export function runStreamedDecode(module: SdpaModule, p: Plan, q: Float32Array, 
  * One-thread prefill, one (batch, KV head) at a time: its Q rows, K and V copied in,
  * computed, its output copied out; wasm memory holds one pair's tensors at a time.
  */
-export function runStreamedPrefill(module: SdpaModule, p: Plan, q: Float32Array, k: Float32Array,
+export function runStreamedPrefill(memory: CallMemory, p: Plan, q: Float32Array, k: Float32Array,
   v: Float32Array): SdpaResult {
-  const memory = new CallMemory(module, p.fn);
   try {
+    const module = memory.module;
     const desc = describeProblem(p);
     const pairDesc = pairProblem(p, desc);
     const group = p.qHeads / p.kvHeads;
     const pairQueryFloats = group * p.q.h, pairOutputFloats = group * p.o.h;
     const scratchFloats = module.scratchFloats(pairDesc, 1);
-    const scratch = memory.alloc(scratchFloats * 4, 'scratch');
-    pairDesc.query = memory.alloc(pairQueryFloats * 4, 'query');
-    pairDesc.key = memory.alloc(p.k.h * 4, 'key');
-    pairDesc.value = memory.alloc(p.v.h * 4, 'value');
-    pairDesc.output = memory.alloc(pairOutputFloats * 4, 'the output');
-    allocSmallInputs(memory, p, desc);
-    copySmallInputs(memory, p, desc);
+    const at = memory.allocate({
+      query: pairQueryFloats * 4, key: p.k.h * 4, value: p.v.h * 4, output: pairOutputFloats * 4,
+      scratch: scratchFloats * 4, ...smallInputBytes(p),
+    });
+    const { scratch } = at;
+    pairDesc.query = at.query;
+    pairDesc.key = at.key;
+    pairDesc.value = at.value;
+    pairDesc.output = at.output;
+    copySmallInputs(memory, p, desc, at);
 
     const output = p.out !== null ? p.out : new Float32Array(p.outputSize);
     for (let pair = 0; pair < p.batch * p.kvHeads; pair++) {

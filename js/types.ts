@@ -61,6 +61,33 @@ export interface AttentionOptions {
    * the two may differ in the last bits; `attn.isa` reports which one runs.
    */
   relaxedSimd?: boolean;
+  /**
+   * The most bytes of wasm memory this instance may hold at once: its KV caches' storage plus
+   * what the call running now needs (inputs, outputs, scratch). A call or cache that would pass
+   * it is refused with a RangeError (bytes needed, the limit) before anything is allocated.
+   * An integer in [1, 2^31]; default 2^31 (2 GiB), the wasm memory limit of every build.
+   */
+  maxMemoryBytes?: number;
+}
+
+/** attn.memory(): what an Attention instance holds in wasm memory, in bytes. */
+export interface MemoryInfo {
+  /** Held now by this instance: its KV caches' storage (and a call's blocks while it runs). */
+  bytesInUse: number;
+  /** The most bytesInUse has been since the instance was created. */
+  peakBytes: number;
+  /**
+   * The size of the wasm memory the instance runs on (grown on demand, never shrunk; shared
+   * with other instances of the same build in this page or process).
+   */
+  capacityBytes: number;
+  /** maxMemoryBytes: bytesInUse never passes it. */
+  limitBytes: number;
+  /**
+   * Bytes allocated in that wasm memory by every user of it (all instances on the same build,
+   * and the runtime's own): what a leak would show in.
+   */
+  moduleBytesInUse: number;
 }
 
 /**

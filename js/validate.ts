@@ -6,6 +6,7 @@
 //   plan()        sdpa(query, key, value, options): every tensor from the caller
 //   planAttend()  KVCache.attend(query, options): K/V are the cache's stored positions
 // Both end in planOptions(), so an option means the same everywhere.
+import { MAX_WASM_BYTES } from './memory.js';
 import type { AttentionOptions, MaskTensor, SdpaOptions } from './types.js';
 
 const OPTION_NAMES = [
@@ -104,8 +105,28 @@ function checkDims(fn: string, name: string, dims: unknown, minRank: number, max
   return dims as number[];
 }
 
-function checkSize(fn: string, name: string, dims: number[], length: number): void {
+/**
+ * Whether a view's buffer is detached (transferred, e.g. by a worker call with
+ * `{ transfer: true }`): it then reads as length 0. Engines without ArrayBuffer.prototype.detached
+ * cannot tell that from an empty buffer, so both count.
+ */
+function detachedOrEmpty(view: ArrayBufferView): boolean {
+  const buffer = view.buffer as ArrayBuffer & { detached?: boolean };
+  return buffer.detached === true || buffer.byteLength === 0;
+}
+
+/** The message for a typed array read where its buffer has been detached. */
+function detachedMessage(fn: string, name: string, needs: string): string {
+  return `${fn}: ${name} has no elements: its ArrayBuffer is detached (transferred, e.g. to a worker with ` +
+    `{ transfer: true }) or empty; ${needs}`;
+}
+
+function checkSize(fn: string, name: string, dims: number[], data: ArrayBufferView & { length: number }): void {
   const size = dims.reduce((a, b) => a * b, 1);
+  const length = data.length;
+  if (length === 0 && size > 0 && detachedOrEmpty(data)) {
+    throw new RangeError(detachedMessage(fn, `${name}.data`, `dims [${dims.join(', ')}] need ${size} elements`));
+  }
   if (size !== length) {
     throw new RangeError(
       `${fn}: ${name}.data.length must equal the product of ${name}.dims [${dims.join(', ')}] = ${size}, got ${length}`);
@@ -144,7 +165,7 @@ export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd'
     throw new TypeError(`${fn}: ${name}.data must be a ${halves ? 'Float32Array or a Uint16Array (raw float16)' : 'Float32Array'}, got ${describe(data)}`);
   }
   const d = checkDims(fn, name, dims, 2, 4);
-  checkSize(fn, name, d, data.length);
+  checkSize(fn, name, d, data);
   // Missing leading axes are 1: rank 3 is [H, L, E] ([L, H, E] for bshd), rank 2 is [L, E].
   const full = [...Array(4 - d.length).fill(1), ...d];
   const [B, second, third, D] = full;
@@ -180,7 +201,7 @@ function checkMask(fn: string, mask: unknown, target: [number, number, number, n
       `${fn}: options.attnMask.data must be a Float32Array (additive) or Uint8Array (boolean), got ${describe(data)}`);
   }
   const d = checkDims(fn, 'options.attnMask', dims, 1, 4);
-  checkSize(fn, 'options.attnMask', d, data.length);
+  checkSize(fn, 'options.attnMask', d, data);
   const names = ['B', 'Hq', 'Lq', 'Lk'];
   const strides: [number, number, number, number] = [0, 0, 0, 0];
   let stride = 1;
@@ -334,6 +355,9 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
   if (o.out !== undefined) {
     if (!isFloat32Array(o.out)) throw new TypeError(`${fn}: options.out must be a Float32Array, got ${describe(o.out)}`);
     if (o.out.length < outputSize) {
+      if (o.out.length === 0 && detachedOrEmpty(o.out)) {
+        throw new RangeError(detachedMessage(fn, 'options.out', `the output [${outputDims.join(', ')}] needs ${outputSize} floats`));
+      }
       throw new RangeError(`${fn}: options.out is too small: the output [${outputDims.join(', ')}] needs ${outputSize} floats, got ${o.out.length}`);
     }
     out = o.out;
@@ -362,11 +386,11 @@ export function checkAttentionOptions(fn: string, options: unknown): AttentionOp
     throw new TypeError(`${fn}: options must be an object, got ${String(options)}`);
   }
   for (const name of Object.keys(options)) {
-    if (name !== 'threads' && name !== 'relaxedSimd') {
-      throw new TypeError(`${fn}: unknown option "${name}"; known options: threads, relaxedSimd`);
+    if (name !== 'threads' && name !== 'relaxedSimd' && name !== 'maxMemoryBytes') {
+      throw new TypeError(`${fn}: unknown option "${name}"; known options: threads, relaxedSimd, maxMemoryBytes`);
     }
   }
-  const { threads, relaxedSimd } = options as AttentionOptions;
+  const { threads, relaxedSimd, maxMemoryBytes } = options as AttentionOptions;
   if (threads !== undefined) {
     if (typeof threads !== 'number') {
       throw new TypeError(`${fn}: options.threads must be a number, got ${String(threads)}`);
@@ -378,5 +402,15 @@ export function checkAttentionOptions(fn: string, options: unknown): AttentionOp
   if (relaxedSimd !== undefined && typeof relaxedSimd !== 'boolean') {
     throw new TypeError(`${fn}: options.relaxedSimd must be a boolean, got ${describe(relaxedSimd)}`);
   }
-  return { threads, relaxedSimd };
+  if (maxMemoryBytes !== undefined) {
+    if (typeof maxMemoryBytes !== 'number') {
+      throw new TypeError(`${fn}: options.maxMemoryBytes must be a number, got ${describe(maxMemoryBytes)}`);
+    }
+    if (!Number.isInteger(maxMemoryBytes) || maxMemoryBytes < 1 || maxMemoryBytes > MAX_WASM_BYTES) {
+      throw new RangeError(
+        `${fn}: options.maxMemoryBytes must be an integer in [1, ${MAX_WASM_BYTES}] (the wasm memory limit, 2 GiB), ` +
+        `got ${maxMemoryBytes}`);
+    }
+  }
+  return { threads, relaxedSimd, maxMemoryBytes };
 }

@@ -87,6 +87,8 @@ async function handle({ op, args: a }: Request): Promise<Handled> {
       caches.get(a.cache as number)?.dispose();
       caches.delete(a.cache as number);
       return { value: null };
+    case 'memory':  // {} → MemoryInfo
+      return { value: live().memory() };
     case 'dispose':  // {} → null; the calling side then ends the worker
       attention?.dispose();
       attention = null;

@@ -12,7 +12,8 @@
 
 /** What the worker can do; each op's args and value are documented where it is handled. */
 export type Op =
-  | 'init' | 'sdpa' | 'createKVCache' | 'append' | 'attend' | 'truncate' | 'reset' | 'disposeCache' | 'dispose';
+  | 'init' | 'sdpa' | 'createKVCache' | 'append' | 'attend' | 'truncate' | 'reset' | 'disposeCache' | 'memory'
+  | 'dispose';
 
 export interface Request {
   id: number;

@@ -20,7 +20,7 @@
 // arrays do not reach a queued call.
 import type { Isa } from './loader.js';
 import { cacheOperands, checkAppend, checkCacheOptions, checkTruncate, KVCacheShapeInfo, type KVCacheShape } from './kv-cache.js';
-import type { AttentionOptions, KVCacheOptions, KVTensor, SdpaOptions, SdpaResult, Tensor } from './types.js';
+import type { AttentionOptions, KVCacheOptions, KVTensor, MemoryInfo, SdpaOptions, SdpaResult, Tensor } from './types.js';
 import { checkAttentionOptions, checkOptionNames, describe, plan, planAttend } from './validate.js';
 import { errorFromWire, READY, transferList, type Op, type Reply, type Request } from './worker-protocol.js';
 
@@ -480,6 +480,15 @@ export class AttentionWorker {
         this.#caches.add(cache);
         return cache;
       }, signal);
+    });
+  }
+
+  /** Attention.memory() of the worker's instance, after the calls already made. */
+  memory(callOptions?: Pick<WorkerCallOptions, 'signal'>): Promise<MemoryInfo> {
+    return settle(() => {
+      this.#check('memory');
+      const { signal } = signalOnly('memory', callOptions);
+      return this.#channel.call('memory', () => ({}), (value) => value as MemoryInfo, signal);
     });
   }
 

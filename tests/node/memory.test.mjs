@@ -1,0 +1,409 @@
+// Memory you can see and bound (issue #12): attn.memory(), createAttention({ maxMemoryBytes }),
+// refusals before anything is allocated (RangeError: bytes needed, the limit) that leave the
+// instance and its caches working, no leaks over 10,000 mixed calls (direct, cache and worker;
+// valid and failing), and inputs that are unusual in memory: SharedArrayBuffer-backed, detached
+// (transferred) buffers, and `out` aliasing an input.
+import { createAttention, createAttentionWorker } from 'sdpa-wasm';
+import { maxRelError, mulberry32, randomTensor, referenceSdpa } from './reference.mjs';
+
+const TOL = 2e-5;
+const GIB2 = 2 ** 31;
+const t = (data, dims) => ({ data, dims });
+const bitsOf = (a) => new Uint32Array(a.buffer, a.byteOffset, a.length);
+const expectBitwiseEqual = (a, b) => expect(Array.from(bitsOf(a))).toEqual(Array.from(bitsOf(b)));
+
+/** The error fn throws (undefined if none); async calls are awaited. */
+async function errorOf(fn) {
+  try {
+    await fn();
+  } catch (error) {
+    return error;
+  }
+  return undefined;
+}
+
+function expectError(error, Cls, patterns) {
+  expect(error).toBeInstanceOf(Cls);
+  expect(error.constructor).toBe(Cls);
+  for (const pattern of patterns) expect(error.message).toMatch(pattern);
+}
+
+/** A small problem [B, H, L, E] (GQA, Ev ≠ E) and its float64 reference output. */
+function smallProblem(seed, { B = 2, Hq = 4, Hkv = 2, Lq = 5, Lk = 9, E = 8, Ev = 6 } = {}) {
+  return {
+    query: randomTensor([B, Hq, Lq, E], seed),
+    key: randomTensor([B, Hkv, Lk, E], seed + 1),
+    value: randomTensor([B, Hkv, Lk, Ev], seed + 2),
+  };
+}
+
+function expectMatchesReference(attn, { query, key, value }, options = {}) {
+  const got = attn.sdpa(query, key, value, options).output.data;
+  expect(maxRelError(got, referenceSdpa(query, key, value, options).output)).toBeLessThanOrEqual(TOL);
+}
+
+describe('attn.memory()', () => {
+  test.each([1, 2])('threads %p: reports bytes in use, peak, capacity and the default limit', async (threads) => {
+    const attn = await createAttention({ threads });
+    try {
+      const created = attn.memory();
+      expect(Object.keys(created).sort()).toEqual(['bytesInUse', 'capacityBytes', 'limitBytes', 'moduleBytesInUse', 'peakBytes']);
+      expect(created.bytesInUse).toBe(0);
+      expect(created.peakBytes).toBe(0);
+      expect(created.limitBytes).toBe(GIB2);
+      expect(created.capacityBytes).toBeGreaterThanOrEqual(created.moduleBytesInUse);
+      // The module's heap figure after a first call (the runtime may set up state once).
+      expectMatchesReference(attn, smallProblem(2));
+      const fresh = attn.memory();
+
+      // A call's blocks count while it runs (the peak), and are freed when it returns.
+      const p = smallProblem(1, { Lq: 64, Lk: 300 });
+      attn.sdpa(p.query, p.key, p.value, { returnWeights: true });
+      const afterCall = attn.memory();
+      expect(afterCall.bytesInUse).toBe(0);
+      const inputsAndOutputs = 4 * (p.query.data.length + p.key.data.length + p.value.data.length +
+        2 * 4 * 64 * 6 + 2 * 4 * 64 * 300);
+      expect(afterCall.peakBytes).toBeGreaterThanOrEqual(inputsAndOutputs);
+      expect(afterCall.moduleBytesInUse).toBe(fresh.moduleBytesInUse);
+
+      // A cache's storage counts until it is disposed.
+      const cache = attn.createKVCache({ batch: 2, kvHeads: 2, headDim: 8, valueDim: 6, maxLength: 1000, dtype: 'float16' });
+      expect(cache.byteLength).toBe(2 * 2 * 1000 * (8 + 6) * 2);
+      expect(attn.memory().bytesInUse).toBe(cache.byteLength);
+      expect(attn.memory().moduleBytesInUse).toBeGreaterThanOrEqual(fresh.moduleBytesInUse + cache.byteLength);
+      cache.dispose();
+      expect(attn.memory().bytesInUse).toBe(0);
+      expect(attn.memory().moduleBytesInUse).toBe(fresh.moduleBytesInUse);
+    } finally {
+      attn.dispose();
+    }
+    expect(() => attn.memory()).toThrow(/memory: this Attention instance has been disposed/);
+  });
+
+  test('instances count their own bytes; the module figures are shared', async () => {
+    const a = await createAttention({ threads: 1 });
+    const b = await createAttention({ threads: 1 });
+    try {
+      const cache = a.createKVCache({ batch: 1, kvHeads: 1, headDim: 4, maxLength: 256 });
+      expect(a.memory().bytesInUse).toBe(cache.byteLength);
+      expect(b.memory().bytesInUse).toBe(0);
+      expect(b.memory().moduleBytesInUse).toBe(a.memory().moduleBytesInUse);
+    } finally {
+      a.dispose();
+      b.dispose();
+    }
+  });
+});
+
+describe('createAttention({ maxMemoryBytes })', () => {
+  test.each([
+    ['a string', '1MB', TypeError, [/createAttention: options\.maxMemoryBytes must be a number, got "1MB"/]],
+    ['0', 0, RangeError, [/options\.maxMemoryBytes must be an integer in \[1, 2147483648\]/, /got 0$/]],
+    ['negative', -5, RangeError, [/options\.maxMemoryBytes/, /got -5$/]],
+    ['fractional', 1.5, RangeError, [/options\.maxMemoryBytes/, /got 1\.5$/]],
+    ['NaN', NaN, RangeError, [/options\.maxMemoryBytes/, /got NaN$/]],
+    ['past the wasm limit', GIB2 + 1, RangeError, [/options\.maxMemoryBytes/, /2 GiB/, /got 2147483649$/]],
+  ])('rejects %s', async (_, maxMemoryBytes, Cls, patterns) => {
+    expectError(await errorOf(() => createAttention({ maxMemoryBytes })), Cls, patterns);
+    expectError(await errorOf(() => createAttentionWorker({ maxMemoryBytes })), Cls,
+      patterns.map((re) => new RegExp(re.source.replace('createAttention', 'createAttentionWorker'))));
+  });
+
+  const LIMIT = 64 * 1024;
+
+  test.each([1, 2])('threads %p: calls and caches past the limit are refused before allocating; the instance keeps working', async (threads) => {
+    const attn = await createAttention({ threads, maxMemoryBytes: LIMIT });
+    try {
+      expect(attn.memory().limitBytes).toBe(LIMIT);
+      const small = smallProblem(3);
+      // Warm up (a call big enough to use every thread: a pool thread's first job may set up
+      // state once), then take the module's figure.
+      expectMatchesReference(attn, smallProblem(4, { Lq: 64, Lk: 64 }));
+      expectMatchesReference(attn, small);
+      const { moduleBytesInUse } = attn.memory();
+
+      // 3 × 128 × 64 floats of Q, K, V alone are 96 KiB.
+      const big = smallProblem(5, { B: 1, Hq: 1, Hkv: 1, Lq: 128, Lk: 128, E: 64, Ev: 64 });
+      const error = await errorOf(() => attn.sdpa(big.query, big.key, big.value));
+      expectError(error, RangeError, [
+        /^sdpa: needs \d+ bytes of wasm memory/, /query 32768 bytes \+ key 32768 bytes \+ value 32768 bytes/,
+        new RegExp(`limit of ${LIMIT} bytes \\(maxMemoryBytes\\), of which 0 are in use`)]);
+      expect(attn.memory().bytesInUse).toBe(0);
+      expect(attn.memory().moduleBytesInUse).toBe(moduleBytesInUse);
+      expectMatchesReference(attn, small);
+
+      // A cache that fits, then one that does not fit beside it.
+      const cache = attn.createKVCache({ batch: 1, kvHeads: 2, headDim: 8, maxLength: 512, dtype: 'float16' });
+      expect(cache.byteLength).toBe(32768);
+      expect(attn.memory().bytesInUse).toBe(32768);
+      expectError(await errorOf(() => attn.createKVCache({ batch: 1, kvHeads: 2, headDim: 8, maxLength: 600, dtype: 'float16' })),
+        RangeError, [/^createKVCache: needs 38400 bytes of wasm memory \(keys 19200 bytes \+ values 19200 bytes\)/,
+          /of which 32768 are in use/]);
+      expect(attn.memory().bytesInUse).toBe(32768);
+      const other = attn.createKVCache({ batch: 1, kvHeads: 2, headDim: 8, maxLength: 64 });  // 8 KiB
+      expect(attn.memory().bytesInUse).toBe(40960);
+
+      // With the caches holding 40 KiB, calls needing more than the rest fail; the cache is unchanged.
+      cache.append(randomTensor([1, 2, 10, 8], 7), randomTensor([1, 2, 10, 8], 8));
+      const q = randomTensor([1, 4, 2, 8], 9);
+      const before = cache.attend(q).output.data;
+      expectError(await errorOf(() => cache.attend(randomTensor([1, 4, 600, 8], 10))), RangeError,
+        [/^KVCache\.attend: needs \d+ bytes/, /query 76800 bytes/, /of which 40960 are in use/]);
+      // Float32 rows into a float16 cache are staged (converted in wasm memory): 400 rows × 2
+      // heads × 8 dims × 4 bytes = 25,600 bytes, past the limit beside 40 KiB. Nothing is appended.
+      expectError(await errorOf(() => cache.append(randomTensor([1, 400, 2, 8], 11), randomTensor([1, 400, 2, 8], 12), { layout: 'bshd' })),
+        RangeError, [/^KVCache\.append: needs 25600 bytes of wasm memory/, /of which 40960 are in use/]);
+      expect(cache.length).toBe(10);
+      expectBitwiseEqual(cache.attend(q).output.data, before);
+      other.dispose();
+      cache.dispose();
+      expect(attn.memory().bytesInUse).toBe(0);
+      expect(attn.memory().peakBytes).toBeLessThanOrEqual(LIMIT);
+      expect(attn.memory().moduleBytesInUse).toBe(moduleBytesInUse);
+      expectMatchesReference(attn, small);
+    } finally {
+      attn.dispose();
+    }
+  });
+
+  test('the default limit refuses what cannot fit in 2 GiB with the same kind of message', async () => {
+    const attn = await createAttention({ threads: 1 });
+    try {
+      const n = 24000;  // 2.3 GB of weights
+      const one = (seed) => randomTensor([1, 1, n, 1], seed);
+      expectError(await errorOf(() => attn.sdpa(one(1), one(2), one(3), { returnWeights: true })), RangeError,
+        [/^sdpa: needs \d+ bytes/, new RegExp(`weights ${n * n * 4} bytes`), /limit of 2147483648 bytes \(2 GiB/]);
+      expect(attn.memory().bytesInUse).toBe(0);
+      expectMatchesReference(attn, smallProblem(4));
+    } finally {
+      attn.dispose();
+    }
+  });
+
+  test('through a worker: the limit holds there, refusals are the same RangeError, worker.memory() reports it', async () => {
+    const worker = await createAttentionWorker({ threads: 1, maxMemoryBytes: LIMIT });
+    const attn = await createAttention({ threads: 1, maxMemoryBytes: LIMIT });
+    try {
+      const fresh = await worker.memory();
+      expect(fresh.limitBytes).toBe(LIMIT);
+      expect(fresh.bytesInUse).toBe(0);
+      const big = smallProblem(5, { B: 1, Hq: 1, Hkv: 1, Lq: 128, Lk: 128, E: 64, Ev: 64 });
+      const direct = await errorOf(() => attn.sdpa(big.query, big.key, big.value));
+      const viaWorker = await errorOf(() => worker.sdpa(big.query, big.key, big.value));
+      expectError(viaWorker, RangeError, [/^sdpa: needs \d+ bytes/]);
+      expect(viaWorker.message).toBe(direct.message);
+      const cache = await worker.createKVCache({ batch: 1, kvHeads: 1, headDim: 8, maxLength: 256 });
+      expect((await worker.memory()).bytesInUse).toBe(cache.byteLength);
+      await cache.dispose();
+      const small = smallProblem(6);
+      const result = await worker.sdpa(small.query, small.key, small.value);
+      expectBitwiseEqual(result.output.data, attn.sdpa(small.query, small.key, small.value).output.data);
+      expect((await worker.memory()).bytesInUse).toBe(0);
+    } finally {
+      attn.dispose();
+      await worker.dispose();
+    }
+  });
+});
+
+describe('no leaks: 10,000 mixed calls return bytesInUse and the module heap to where they were', () => {
+  test('direct, cache and worker calls, valid and failing, weights on and off', async () => {
+    const attn = await createAttention({ threads: 1, maxMemoryBytes: 1 << 20 });
+    const worker = await createAttentionWorker({ threads: 1 });
+    const random = mulberry32(20261130);
+    const int = (lo, hi) => lo + Math.floor(random() * (hi - lo + 1));
+    const counts = { valid: 0, failed: 0 };
+    const note = async (call) => {
+      try {
+        await call();
+        counts.valid++;
+      } catch (error) {
+        if (!(error instanceof TypeError || error instanceof RangeError)) throw error;
+        counts.failed++;
+      }
+    };
+    const q = (Lq, seed) => randomTensor([1, 4, Lq, 8], seed);
+    const big = randomTensor([1, 1, 300, 512], 1);  // Q, K, V of 600 KiB each
+    const caches = [];
+
+    // Each round: a few direct sdpa calls, cache operations on a random live cache, and (every
+    // 10th round) a batch of worker calls. About 10 calls a round.
+    const round = async (i) => {
+      const p = smallProblem(i, { Lq: int(1, 6), Lk: int(1, 20) });
+      await note(() => attn.sdpa(p.query, p.key, p.value, { returnWeights: i % 2 === 0, isCausal: i % 3 === 0 }));
+      await note(() => attn.sdpa(p.query, p.key, p.value, { scale: 'x' }));  // TypeError
+      await note(() => attn.sdpa(p.query, p.key, p.value, { attnMask: t(new Float32Array(5), [5]) }));  // RangeError
+      // Past the 1 MiB limit: refused before allocating.
+      await note(() => attn.sdpa(big, big, big));
+      if (caches.length < 3 || int(0, 9) === 0) {
+        await note(() => caches.push(attn.createKVCache({ batch: 1, kvHeads: 2, headDim: 8, maxLength: 32, dtype: i % 2 ? 'float16' : 'float32' })));
+      }
+      const cache = caches[int(0, caches.length - 1)];
+      const n = int(1, 6);
+      await note(() => cache.append(randomTensor([1, 2, n, 8], i), randomTensor([1, 2, n, 8], i + 1), i % 4 === 0 ? { layout: 'bshd' } : undefined));
+      await note(() => cache.attend(q(int(1, 3), i), { returnWeights: i % 5 === 0 }));
+      await note(() => cache.truncate(int(0, cache.length + 1)));  // may fail: past the length
+      if (int(0, 4) === 0) {
+        const gone = caches.splice(int(0, caches.length - 1), 1)[0];
+        gone.dispose();
+        expect(() => gone.attend(q(1, i))).toThrow(/disposed/);
+      }
+      if (i % 10 === 0) {
+        await note(() => worker.sdpa(p.query, p.key, p.value, { returnWeights: true }));
+        await note(() => worker.sdpa(p.query, p.key, p.value, { layout: 'nope' }));
+        const wc = await worker.createKVCache({ batch: 1, kvHeads: 2, headDim: 8, maxLength: 8 });
+        await note(() => wc.append(randomTensor([1, 2, 9, 8], i), randomTensor([1, 2, 9, 8], i)));  // past maxLength
+        await note(() => wc.append(randomTensor([1, 2, 3, 8], i), randomTensor([1, 2, 3, 8], i)));
+        await note(() => wc.attend(q(1, i)));
+        await note(() => wc.dispose());
+      }
+    };
+
+    try {
+      // Warm up (first calls may grow the heap or set up the runtime's own state).
+      for (let i = 0; i < 5; i++) await round(i);
+      for (const cache of caches.splice(0)) cache.dispose();
+      const start = attn.memory();
+      const workerStart = await worker.memory();
+      expect(start.bytesInUse).toBe(0);
+
+      const CALLS = 10000;
+      let i = 5;
+      while (counts.valid + counts.failed < CALLS) await round(i++);
+      for (const cache of caches.splice(0)) cache.dispose();
+
+      const end = attn.memory();
+      expect(end.bytesInUse).toBe(start.bytesInUse);
+      expect(end.moduleBytesInUse).toBe(start.moduleBytesInUse);
+      expect(end.peakBytes).toBeLessThanOrEqual(end.limitBytes);
+      const workerEnd = await worker.memory();
+      expect(workerEnd.bytesInUse).toBe(workerStart.bytesInUse);
+      expect(workerEnd.moduleBytesInUse).toBe(workerStart.moduleBytesInUse);
+      // Both kinds were made in numbers, and the instance still computes right.
+      expect(counts.valid).toBeGreaterThan(3000);
+      expect(counts.failed).toBeGreaterThan(3000);
+      expectMatchesReference(attn, smallProblem(99));
+    } finally {
+      for (const cache of caches) cache.dispose();
+      attn.dispose();
+      await worker.dispose();
+    }
+  }, 120000);
+});
+
+describe('inputs in unusual memory', () => {
+  let attn;
+  beforeAll(async () => {
+    attn = await createAttention({ threads: 1 });
+  });
+  afterAll(() => attn.dispose());
+
+  /** The same tensor with its data in a SharedArrayBuffer. */
+  const shared = ({ data, dims }) => {
+    const copy = new data.constructor(new SharedArrayBuffer(data.byteLength));
+    copy.set(data);
+    return t(copy, dims);
+  };
+
+  test('SharedArrayBuffer-backed inputs, mask and out give the same bits as plain ones', () => {
+    const p = smallProblem(11);
+    const mask = t(new Uint8Array(5 * 9).map((_, i) => (i % 4 === 0 ? 0 : 1)), [5, 9]);
+    const plain = attn.sdpa(p.query, p.key, p.value, { attnMask: mask, returnWeights: true });
+    const out = new Float32Array(new SharedArrayBuffer(4 * plain.output.data.length));
+    const got = attn.sdpa(shared(p.query), shared(p.key), shared(p.value), { attnMask: shared(mask), returnWeights: true, out });
+    expect(got.output.data).toBe(out);
+    expectBitwiseEqual(out, plain.output.data);
+    expectBitwiseEqual(got.weights.data, plain.weights.data);
+
+    const cache = attn.createKVCache({ batch: 2, kvHeads: 2, headDim: 8, valueDim: 6, maxLength: 16 });
+    const twin = attn.createKVCache({ batch: 2, kvHeads: 2, headDim: 8, valueDim: 6, maxLength: 16 });
+    try {
+      cache.append(shared(p.key), shared(p.value));
+      twin.append(p.key, p.value);
+      expectBitwiseEqual(cache.attend(shared(p.query)).output.data, twin.attend(p.query).output.data);
+    } finally {
+      cache.dispose();
+      twin.dispose();
+    }
+  });
+
+  test('detached (transferred) buffers are a RangeError naming the argument; the instance keeps working', () => {
+    const detach = ({ data, dims }) => {
+      const copy = data.slice();
+      structuredClone(copy.buffer, { transfer: [copy.buffer] });
+      expect(copy.length).toBe(0);
+      return t(copy, dims);
+    };
+    const p = smallProblem(12);
+    const needs = (name) => new RegExp(`^sdpa: ${name} has no elements: its ArrayBuffer is detached \\(transferred`);
+    expectError(errorOfSync(() => attn.sdpa(detach(p.query), p.key, p.value)), RangeError,
+      [needs('query\\.data'), /dims \[2, 4, 5, 8\] need 320 elements/]);
+    expectError(errorOfSync(() => attn.sdpa(p.query, detach(p.key), p.value)), RangeError, [needs('key\\.data')]);
+    expectError(errorOfSync(() => attn.sdpa(p.query, p.key, detach(p.value))), RangeError, [needs('value\\.data')]);
+    const mask = t(new Float32Array(9), [9]);
+    expectError(errorOfSync(() => attn.sdpa(p.query, p.key, p.value, { attnMask: detach(mask) })), RangeError,
+      [needs('options\\.attnMask\\.data')]);
+    const out = detach(t(new Float32Array(2 * 4 * 5 * 6), [1])).data;
+    expectError(errorOfSync(() => attn.sdpa(p.query, p.key, p.value, { out })), RangeError,
+      [needs('options\\.out'), /needs 240 floats/]);
+    const cache = attn.createKVCache({ batch: 2, kvHeads: 2, headDim: 8, valueDim: 6, maxLength: 16 });
+    try {
+      expectError(errorOfSync(() => cache.append(detach(p.key), p.value)), RangeError,
+        [/^KVCache\.append: key\.data has no elements: its ArrayBuffer is detached/]);
+      expect(cache.length).toBe(0);
+    } finally {
+      cache.dispose();
+    }
+    expectMatchesReference(attn, p);
+  });
+
+  test('`out` aliasing an input: the result is computed from the inputs as they were (all strategies)', async () => {
+    // Ev = E and the output's dims equal the query's: out may be the query's own array.
+    const cases = [
+      ['copied', { B: 2, Hq: 4, Hkv: 2, Lq: 5, Lk: 9, E: 8, Ev: 8 }],
+      // K + V >= 4 MiB with Lq = 1: the streamed decode.
+      ['streamed decode', { B: 1, Hq: 4, Hkv: 2, Lq: 1, Lk: 4096, E: 64, Ev: 64 }],
+      // One-thread prefill of >= 2 MiB in pairs of <= 1 MiB: streamed unless out overlaps an input.
+      ['prefill that would stream', { B: 1, Hq: 4, Hkv: 4, Lq: 512, Lk: 512, E: 64, Ev: 64 }],
+    ];
+    for (const [, dims] of cases) {
+      const p = smallProblem(13, dims);
+      const expected = attn.sdpa(p.query, p.key, p.value).output.data;
+      const ref = referenceSdpa(p.query, p.key, p.value).output;
+      const query = t(p.query.data.slice(), p.query.dims);
+      const got = attn.sdpa(query, p.key, p.value, { out: query.data });
+      expect(got.output.data).toBe(query.data);
+      expectBitwiseEqual(query.data, expected);
+      expect(maxRelError(query.data, ref)).toBeLessThanOrEqual(TOL);
+      // out over the value's array (same size when Lq·Hq = Lk·Hkv... here: a view of its start).
+      const value = t(p.value.data.slice(), p.value.dims);
+      const viewOfValue = value.data.subarray(0, expected.length);
+      if (viewOfValue.length === expected.length) {
+        attn.sdpa(p.query, p.key, value, { out: viewOfValue });
+        expectBitwiseEqual(viewOfValue, expected);
+      }
+    }
+    // cache.attend with out = the query's array.
+    const cache = attn.createKVCache({ batch: 1, kvHeads: 2, headDim: 8, maxLength: 32 });
+    try {
+      cache.append(randomTensor([1, 2, 12, 8], 14), randomTensor([1, 2, 12, 8], 15));
+      const query = randomTensor([1, 4, 3, 8], 16);
+      const expected = cache.attend(query).output.data;
+      const got = cache.attend(query, { out: query.data });
+      expect(got.output.data).toBe(query.data);
+      expectBitwiseEqual(query.data, expected);
+    } finally {
+      cache.dispose();
+    }
+  });
+});
+
+/** The error a synchronous call throws (undefined if none). */
+function errorOfSync(fn) {
+  try {
+    fn();
+  } catch (error) {
+    return error;
+  }
+  return undefined;
+}
