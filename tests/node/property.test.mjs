@@ -4,7 +4,8 @@
 //                   ranks 2..4, both layouts, float/bool masks of every broadcast shape,
 //                   isCausal with number and per-batch offsets, keyLengths (0 included), fully
 //                   masked rows (exact zeros), softcap, returnWeights, `out`, NaN written into
-//                   keys no row may attend, huge logits (convex-combination bound), a few
+//                   keys no row may attend, and into keys some rows attend (the rows that block
+//                   them must still match the reference), huge logits (convex-combination bound), a few
 //                   streamed-decode shapes (K + V ≥ 4 MiB), on 1 and on min(cores, 4) threads
 //                   (some cases bitwise across the two) — against the float64 reference
 //                   (tests/node/reference.mjs), max |got − ref| / (1 + |ref|) ≤ 2e-5; inputs
@@ -24,7 +25,7 @@ import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import { maxRelError, referenceSdpa } from './reference.mjs';
 import {
   blockedPredicate, caseSeed, describeOptions, halfToFloat, layoutDims, makeRng, mutateOptions, mutateTensor,
-  normalTensor, pickRank, randomHalves, randomOptions, randomShape, referenceOptions, roundToHalf, size, toBshd,
+  normalTensor, pickRank, randomHalves, randomOptions, randomShape, referenceOptions, roundToHalf, toBshd,
 } from '../shared/property-gen.mjs';
 
 const TOL = 2e-5;
@@ -145,6 +146,7 @@ function checkResult(got, c) {
   for (let b = 0; b < B; b++) {
     for (let h = 0; h < Hq; h++) {
       for (let i = 0; i < Lq; i++) {
+        if (c.partlyPoisoned && c.attendsNaN(b, h, i)) continue;
         const at = outputRow(layout, c.shape, b, h, i);
         const row = out.subarray(at, at + Ev);
         const wRow = w?.subarray(((b * Hq + h) * Lq + i) * Lk, ((b * Hq + h) * Lq + i + 1) * Lk);
@@ -188,11 +190,41 @@ function checkResult(got, c) {
     // Values scaled by s (cache appends × 1e3, × 1e5) scale the output's rounding errors by s:
     // compared as |got − ref| / (s + |ref|), the same bound on the values' own scale.
     const s = c.valueScale ?? 1;
-    if (s === 1) expectWithinTolerance(out, ref.output, 'output');
-    else expectWithinTolerance(Float64Array.from(out, (x) => x / s), ref.output.map((x) => x / s), `output (values × ${s}, compared / ${s})`);
-    if (options.returnWeights) expectWithinTolerance(w, ref.weights, 'weights');
+    let [gotOut, refOut, gotW, refW] = [out, ref.output, w, ref.weights];
+    if (c.partlyPoisoned) [gotOut, refOut, gotW, refW] = rowsAttendingNoNaN(c, out, ref.output, w, ref.weights);
+    if (s === 1) expectWithinTolerance(gotOut, refOut, 'output');
+    else expectWithinTolerance(Float64Array.from(gotOut, (x) => x / s), refOut.map((x) => x / s), `output (values × ${s}, compared / ${s})`);
+    if (options.returnWeights) expectWithinTolerance(gotW, refW, 'weights');
   }
   return ref;
+}
+
+/**
+ * The output and weights rows (b, h, i) that attend no key holding a NaN, as [got, ref,
+ * gotWeights, refWeights] (the other rows are NaN, or, in the reference, zeros when every key
+ * they attend scores NaN: its running maximum then stays −∞).
+ */
+function rowsAttendingNoNaN(c, out, refOut, w, refW) {
+  const { B, Hq, Lq, Lk, Ev } = c.shape;
+  const kept = [[], [], [], []];
+  for (let b = 0; b < B; b++) {
+    for (let h = 0; h < Hq; h++) {
+      for (let i = 0; i < Lq; i++) {
+        const at = outputRow(c.layout, c.shape, b, h, i), wAt = ((b * Hq + h) * Lq + i) * Lk;
+        const refRow = refOut.subarray(at, at + Ev), refWRow = refW.subarray(wAt, wAt + Lk);
+        if (c.attendsNaN(b, h, i)) continue;
+        const error = maxRelError(out.subarray(at, at + Ev), refRow);
+        if (!(error <= TOL)) {
+          throw new Error(`row (b ${b}, h ${h}, i ${i}), which attends no key holding a NaN: got [${Array.from(out.subarray(at, at + Ev).subarray(0, 6))}], ` +
+            `reference [${Array.from(refRow.subarray(0, 6))}]; keys it may attend: [${Array.from({ length: Lk }, (_, j) => j).filter((j) => !c.blocked(b, h, i, j)).slice(0, 20)}]`);
+        }
+        kept[0].push(...out.subarray(at, at + Ev));
+        kept[1].push(...refRow);
+        if (w) kept[2].push(...w.subarray(wAt, wAt + Lk)), kept[3].push(...refWRow);
+      }
+    }
+  }
+  return [Float32Array.from(kept[0]), Float64Array.from(kept[1]), Float32Array.from(kept[2]), Float64Array.from(kept[3])];
 }
 
 /** Copies of the inputs' bits, to check that a call left them as they were. */
@@ -256,12 +288,38 @@ function randomSdpaCase(r, { maxWork, decode = false } = {}) {
       }
     }
   }
+  let partlyPoisoned = 0;
+  const poisonedKeys = new Set();  // "b,kh,j" of the keys below
+  if (mode === 'reference' && r.chance(0.15)) {
+    // NaN into keys that some rows attend and others have blocked: the rows that attend one are
+    // NaN in the reference too (not compared); every other row must still match it.
+    const group = Hq / Hkv;
+    for (let b = 0; b < B; b++) {
+      for (let kh = 0; kh < Hkv; kh++) {
+        for (let j = 0; j < Lk; j++) {
+          let some = 0, total = 0;
+          for (let h = kh * group; h < (kh + 1) * group; h++) for (let i = 0; i < Lq; i++, total++) some += blocked(b, h, i, j) ? 1 : 0;
+          if (some === 0 || some === total || !r.chance(0.3)) continue;
+          const t = r.chance(0.5) ? k : v, D = t === k ? E : Ev;
+          t.data[((b * Hkv + kh) * Lk + j) * D + r.int(0, D - 1)] = NaN;
+          poisonedKeys.add(`${b},${kh},${j}`);
+          partlyPoisoned++;
+        }
+      }
+    }
+  }
   const ranks = [pickRank(r, layout, B, Hq, Lq), pickRank(r, layout, B, Hkv, Lk), pickRank(r, layout, B, Hkv, Lk)];
   const query = asGiven(q, layout, ranks[0]), key = asGiven(k, layout, ranks[1]), value = asGiven(v, layout, ranks[2]);
   const description = `sdpa B ${B} Hq ${Hq} Hkv ${Hkv} Lq ${Lq} Lk ${Lk} E ${E} Ev ${Ev}, ${layout}, ranks ${ranks}, ` +
-    `${describeOptions(options)}${huge ? `, ${huge}` : ''}${poisoned ? `, NaN in ${poisoned} unattended keys` : ''}`;
+    `${describeOptions(options)}${huge ? `, ${huge}` : ''}${poisoned ? `, NaN in ${poisoned} unattended keys` : ''}` +
+    `${partlyPoisoned ? `, NaN in ${partlyPoisoned} keys some rows attend` : ''}`;
   return {
-    description, shape, layout, options, blocked, mode, query, key, value,
+    description, shape, layout, options, blocked, mode, query, key, value, partlyPoisoned,
+    /** Whether row (b, h, i) may attend a key holding a NaN (its result is not compared). */
+    attendsNaN: (b, h, i) => {
+      for (let j = 0; j < Lk; j++) if (!blocked(b, h, i, j) && poisonedKeys.has(`${b},${Math.floor(h / (Hq / Hkv))},${j}`)) return true;
+      return false;
+    },
     refKey: key, refValue: value, refOptions: referenceOptions(options, causal, offsetOf, B), logicalValue: v,
   };
 }
