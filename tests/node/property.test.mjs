@@ -9,7 +9,7 @@
 //                   streamed-decode shapes (K + V ≥ 4 MiB), on 1 and on min(cores, 4) threads
 //                   (some cases bitwise across the two) — against the float64 reference
 //                   (tests/node/reference.mjs), max |got − ref| / (1 + |ref|) ≤ 2e-5; inputs
-//                   unchanged. KVCache: random append (float32, raw halves, bshd, rank 3) /
+//                   unchanged; inputs sometimes views into NaN-filled buffers. KVCache: random append (float32, raw halves, bshd, rank 3) /
 //                   truncate / reset / attend sequences, float32 and float16 (reference on the
 //                   half-rounded values), NaN in positions excluded by keyLengths.
 //                   createAttentionWorker(): bitwise the direct API's results (sdpa and cache).
@@ -24,7 +24,7 @@
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import { maxRelError, referenceSdpa } from './reference.mjs';
 import {
-  blockedPredicate, caseSeed, describeOptions, halfToFloat, layoutDims, makeRng, mutateOptions, mutateTensor,
+  blockedPredicate, caseSeed, describeOptions, halfToFloat, layoutDims, makeRng, maybeOffsetView, mutateOptions, mutateTensor,
   normalTensor, pickRank, randomHalves, randomOptions, randomShape, referenceOptions, roundToHalf, toBshd,
 } from '../shared/property-gen.mjs';
 
@@ -236,10 +236,10 @@ function expectUnchanged(before, ...tensors) {
 // ─── valid sdpa problems ──────────────────────────────────────────────────────────────────
 
 /** A tensor [B, H, L, D] (bhsd values) as the API takes it: in `layout`, with `rank` axes. */
-function asGiven(logical, layout, rank) {
+function asGiven(logical, layout, rank, r = null) {
   const [B, H, L, D] = logical.dims;
   const t = layout === 'bshd' ? toBshd(logical) : logical;
-  return { data: t.data, dims: layoutDims(layout, B, H, L, D, rank) };
+  return { data: r ? maybeOffsetView(r, t.data) : t.data, dims: layoutDims(layout, B, H, L, D, rank) };
 }
 
 /**
@@ -309,10 +309,11 @@ function randomSdpaCase(r, { maxWork, decode = false } = {}) {
     }
   }
   const ranks = [pickRank(r, layout, B, Hq, Lq), pickRank(r, layout, B, Hkv, Lk), pickRank(r, layout, B, Hkv, Lk)];
-  const query = asGiven(q, layout, ranks[0]), key = asGiven(k, layout, ranks[1]), value = asGiven(v, layout, ranks[2]);
+  const query = asGiven(q, layout, ranks[0], r), key = asGiven(k, layout, ranks[1], r), value = asGiven(v, layout, ranks[2], r);
+  const views = [query, key, value].filter((t) => t.data.byteOffset > 0).length;
   const description = `sdpa B ${B} Hq ${Hq} Hkv ${Hkv} Lq ${Lq} Lk ${Lk} E ${E} Ev ${Ev}, ${layout}, ranks ${ranks}, ` +
     `${describeOptions(options)}${huge ? `, ${huge}` : ''}${poisoned ? `, NaN in ${poisoned} unattended keys` : ''}` +
-    `${partlyPoisoned ? `, NaN in ${partlyPoisoned} keys some rows attend` : ''}`;
+    `${partlyPoisoned ? `, NaN in ${partlyPoisoned} keys some rows attend` : ''}${views ? `, ${views} inputs offset views in NaN-filled buffers` : ''}`;
   return {
     description, shape, layout, options, blocked, mode, query, key, value, partlyPoisoned,
     /** Whether row (b, h, i) may attend a key holding a NaN (its result is not compared). */
@@ -442,8 +443,11 @@ function randomAppend(r, model) {
     };
     key = swap(k), value = swap(v);
   }
+  key = { data: maybeOffsetView(r, key.data), dims: key.dims };
+  value = { data: maybeOffsetView(r, value.data), dims: value.dims };
   const rank = B === 1 ? r.pick([4, 4, 3]) : 4;
   if (rank === 3) key = { data: key.data, dims: key.dims.slice(1) }, value = { data: value.data, dims: value.dims.slice(1) };
+  if (key.data.byteOffset > 0 || value.data.byteOffset > 0) notes.push('offset views in NaN-filled buffers');
   const description = `append Lnew ${Lnew}${options.layout ? ' bshd' : ''}${rank === 3 ? ' rank 3' : ''}${notes.length ? ` (${notes.join(', ')})` : ''}`;
   return { key, value, options: Object.keys(options).length || r.chance(0.5) ? options : undefined, stored: { k: storedK, v: storedV }, Lnew, valueScale, description };
 }
@@ -466,11 +470,11 @@ function randomAttend(r, model) {
   }
   const q = normalTensor(r, [B, Hq, Lq, E]);
   const rank = pickRank(r, layout, B, Hq, Lq);
-  const query = asGiven(q, layout, rank);
+  const query = asGiven(q, layout, rank, r);
   const { key, value } = model.tensors();
   const refKey = layout === 'bshd' ? toBshd(key) : key, refValue = layout === 'bshd' ? toBshd(value) : value;
   return {
-    description: `attend Hq ${Hq} Lq ${Lq} (length ${Lk}), ${layout}, rank ${rank}, ${describeOptions(options)}`,
+    description: `attend Hq ${Hq} Lq ${Lq} (length ${Lk}), ${layout}, rank ${rank}${query.data.byteOffset > 0 ? ', query an offset view' : ''}, ${describeOptions(options)}`,
     shape: { B, Hq, Hkv, Lq, Lk, E, Ev }, layout, options, mode: 'reference', valueScale: model.valueScale,
     blocked: blockedPredicate(options, Lk, causal, offsetOf), query, refKey, refValue,
     refOptions: referenceOptions(options, causal, offsetOf, B),

@@ -88,6 +88,19 @@ export function randomShape(r, maxWork = 200_000, { decode = false } = {}) {
   }
 }
 
+/**
+ * Sometimes (20%) the same values as a view into the middle of a larger buffer whose other
+ * elements are NaN (or NaN halves): nothing outside a view may be read.
+ */
+export function maybeOffsetView(r, data) {
+  if (!r.chance(0.2)) return data;
+  const before = r.int(1, 9), after = r.int(0, 9);
+  const Type = data.constructor;
+  const whole = new Type(before + data.length + after).fill(Type === Uint16Array ? 0x7e00 : NaN);
+  whole.set(data, before);
+  return whole.subarray(before, before + data.length);
+}
+
 /** [B, H, L, D] (bhsd) → [B, L, H, D] (bshd). */
 export function toBshd(t) {
   const [B, H, L, D] = t.dims;
