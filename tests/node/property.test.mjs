@@ -9,8 +9,10 @@
 //                   streamed-decode shapes (K + V ≥ 4 MiB), on 1 and on min(cores, 4) threads
 //                   (some cases bitwise across the two) — against the float64 reference
 //                   (tests/node/reference.mjs), max |got − ref| / (1 + |ref|) ≤ 2e-5; inputs
-//                   unchanged; inputs sometimes views into NaN-filled buffers. KVCache: random append (float32, raw halves, bshd, rank 3) /
-//                   truncate / reset / attend sequences, float32 and float16 (reference on the
+//                   unchanged. Tensors, masks, keyLengths, causalOffset and `out` are sometimes
+//                   views into larger buffers full of garbage (NaN, out-of-range integers).
+//                   KVCache: random append (float32, raw halves, bshd, rank 3) / truncate /
+//                   reset / attend sequences, float32 and float16 (reference on the
 //                   half-rounded values), NaN in positions excluded by keyLengths.
 //                   createAttentionWorker(): bitwise the direct API's results (sdpa and cache).
 //   invalid calls   a valid call with one random mutation (tensor kinds, dims, sizes, every option)

@@ -88,15 +88,18 @@ export function randomShape(r, maxWork = 200_000, { decode = false } = {}) {
   }
 }
 
+/** What fills a buffer around a view: a value that would show if it were read. */
+const GARBAGE = new Map([[Float32Array, NaN], [Uint16Array, 0x7e00], [Uint8Array, 7], [Int32Array, 0x7fffffff]]);
+
 /**
  * Sometimes (20%) the same values as a view into the middle of a larger buffer whose other
- * elements are NaN (or NaN halves): nothing outside a view may be read.
+ * elements are garbage (NaN, NaN halves, out-of-range integers): nothing outside a view may be read.
  */
 export function maybeOffsetView(r, data) {
   if (!r.chance(0.2)) return data;
   const before = r.int(1, 9), after = r.int(0, 9);
   const Type = data.constructor;
-  const whole = new Type(before + data.length + after).fill(Type === Uint16Array ? 0x7e00 : NaN);
+  const whole = new Type(before + data.length + after).fill(GARBAGE.get(Type) ?? 0);
   whole.set(data, before);
   return whole.subarray(before, before + data.length);
 }
@@ -215,8 +218,11 @@ export function randomOptions(r, { B, Hq, Lq, Lk, outputSize }, { forCache = fal
   if (r.chance(0.3)) {
     options.keyLengths = Int32Array.from({ length: B }, () => (r.chance(0.2) ? 0 : r.chance(0.3) ? Lk : r.int(0, Lk)));
   }
+  if (options.attnMask) options.attnMask.data = maybeOffsetView(r, options.attnMask.data);
+  if (ArrayBuffer.isView(options.causalOffset)) options.causalOffset = maybeOffsetView(r, options.causalOffset);
+  if (options.keyLengths) options.keyLengths = maybeOffsetView(r, options.keyLengths);
   if (r.chance(0.4)) options.returnWeights = true;
-  if (r.chance(0.2)) options.out = new Float32Array(outputSize + r.pick([0, 0, 3])).fill(NaN);
+  if (r.chance(0.2)) options.out = maybeOffsetView(r, new Float32Array(outputSize + r.pick([0, 0, 3])).fill(NaN));
   const offsetOf = (b) => (offsets ? offsets[b] : offset);
   return { options, causal, offsetOf };
 }
@@ -238,11 +244,11 @@ export function describeOptions(options) {
     if (value === undefined) continue;
     if (name === 'attnMask') {
       const kind = Object.prototype.toString.call(value.data).slice(8, -1);
-      parts.push(`attnMask ${kind}[${value.dims}]`);
+      parts.push(`attnMask ${kind}[${value.dims}]${value.data?.byteOffset > 0 ? ' (offset view)' : ''}`);
     } else if (name === 'out') {
-      parts.push(`out Float32Array(${value.length})`);
+      parts.push(`out Float32Array(${value.length})${value.byteOffset > 0 ? ' (offset view)' : ''}`);
     } else if (ArrayBuffer.isView(value)) {
-      parts.push(`${name} [${Array.from(value).slice(0, 8)}${value.length > 8 ? ',…' : ''}]`);
+      parts.push(`${name} [${Array.from(value).slice(0, 8)}${value.length > 8 ? ',…' : ''}]${value.byteOffset > 0 ? ' (offset view)' : ''}`);
     } else {
       parts.push(`${name} ${typeof value === 'string' ? `'${value}'` : value}`);
     }
