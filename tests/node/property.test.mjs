@@ -26,7 +26,7 @@
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import { maxRelError, referenceSdpa } from './reference.mjs';
 import {
-  blockedPredicate, caseSeed, describeOptions, halfToFloat, layoutDims, makeRng, maybeOffsetView, mutateOptions, mutateTensor,
+  blockedPredicate, caseSeed, describeOptions, halfToFloat, layoutDims, makeRng, maybeOffsetView, mutateCacheOptions, mutateOptions, mutateTensor,
   normalTensor, pickRank, randomHalves, randomOptions, randomShape, referenceOptions, roundToHalf, toBshd,
 } from '../shared/property-gen.mjs';
 
@@ -48,7 +48,7 @@ const ONLY = process.env.SDPA_PROPERTY_CASE;
 /** Cases per run, by group. */
 const COUNTS = {
   sdpa: 600, sdpaInvalid: 250, cache: 80, cacheInvalid: 80,
-  worker: 60, workerInvalid: 40, workerCache: 16, workerCacheInvalid: 20,
+  worker: 60, workerInvalid: 40, workerCache: 16, workerCacheInvalid: 20, createCacheInvalid: 40,
 };
 
 // The default instance (threads: min(cores, 4)), a single-threaded one, and a worker.
@@ -748,6 +748,42 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
       } finally {
         direct.dispose();
         await remote.dispose();
+      }
+    });
+  }, 60_000);
+
+  test(`createKVCache(): ${COUNTS.createCacheInvalid} random invalid options throw (the worker rejects with the same error); both keep working`, async () => {
+    await runCases('createCacheInvalid', COUNTS.createCacheInvalid, async (r, note) => {
+      const shape = randomCacheShape(r);
+      const mutation = mutateCacheOptions(r, shape);
+      const throughWorker = r.chance(0.25);
+      note(`createKVCache ${JSON.stringify(shape)}; mutation: ${mutation.desc}${throughWorker ? '; also through the worker' : ''}`);
+      const error = await errorOf(() => attn.createKVCache(mutation.options));
+      expectNamedError(error, mutation);
+      if (throughWorker) {
+        const workerError = await errorOf(() => worker.createKVCache(mutation.options));
+        expectNamedError(workerError, mutation);
+        expect(workerError.message).toBe(error.message);
+      }
+      // Both still create caches that work.
+      const model = new CacheModel(shape);
+      const direct = attn.createKVCache(shape);
+      const remote = throughWorker ? await worker.createKVCache(shape) : null;
+      try {
+        const a = randomAppend(r, model);
+        direct.append(a.key, a.value, a.options);
+        await remote?.append(a.key, a.value, a.options);
+        model.append(a.stored.k, a.stored.v, a.Lnew, a.valueScale);
+        const c = randomAttend(r, model);
+        const d = direct.attend(c.query, c.options);
+        checkResult(d, c);
+        if (remote) {
+          const expectedBits = d.output.data.slice();
+          expectBitwiseEqual((await remote.attend(c.query, c.options)).output.data, expectedBits, 'worker cache vs direct');
+        }
+      } finally {
+        direct.dispose();
+        await remote?.dispose();
       }
     });
   }, 60_000);

@@ -420,3 +420,43 @@ export function mutateOptions(r, fn, { B, Hq, Lq, Lk, outputSize }, options, { f
   m.names = [`${fn}:`, ...m.names];
   return m;
 }
+
+/**
+ * One random mutation of valid createKVCache() options: { desc, options, Cls, names }. (A dtype
+ * that is not a string is left out: it is a RangeError, where the README's rule would make it a
+ * TypeError; reported.)
+ */
+export function mutateCacheOptions(r, options) {
+  const kinds = [
+    () => {
+      const name = r.pick(['batch', 'kvHeads', 'headDim', 'valueDim', 'maxLength']);
+      const bad = r.pick([0, -1, 1.5, NaN, Infinity, 2 ** 31]);
+      return { desc: `options.${name} = ${bad}`, options: { ...options, [name]: bad }, Cls: RangeError, names: [`options.${name}`] };
+    },
+    () => {
+      const name = r.pick(['batch', 'kvHeads', 'headDim', 'valueDim', 'maxLength']);
+      const bad = r.pick(['2', null, true, 2n, [2]]);
+      return { desc: `options.${name} = ${typeof bad === 'bigint' ? '2n' : JSON.stringify(bad)}`, options: { ...options, [name]: bad }, Cls: TypeError, names: [`options.${name}`] };
+    },
+    () => {
+      const name = r.pick(['batch', 'kvHeads', 'headDim', 'maxLength']);
+      const { [name]: _, ...rest } = options;
+      return { desc: `options.${name} missing`, options: rest, Cls: TypeError, names: [`options.${name}`] };
+    },
+    () => {
+      const bad = r.pick(['bfloat16', 'float64', 'FLOAT16', 'half', '']);
+      return { desc: `options.dtype = '${bad}'`, options: { ...options, dtype: bad }, Cls: RangeError, names: ['options.dtype'] };
+    },
+    () => {
+      const name = r.pick(['heads', 'length', 'type', 'layout', 'valueDims']);
+      return { desc: `unknown option "${name}"`, options: { ...options, [name]: 1 }, Cls: TypeError, names: [`unknown option "${name}"`] };
+    },
+    () => {
+      const bad = r.pick([null, 5, 'float16', [], undefined]);
+      return { desc: `options = ${JSON.stringify(bad)}`, options: bad, Cls: TypeError, names: ['options'] };
+    },
+  ];
+  const m = r.pick(kinds)();
+  m.names = ['createKVCache:', ...m.names];
+  return m;
+}
