@@ -47,8 +47,8 @@ const ONLY = process.env.SDPA_PROPERTY_CASE;
 
 /** Cases per run, by group. */
 const COUNTS = {
-  sdpa: 600, sdpaInvalid: 250, cache: 80, cacheInvalid: 80,
-  worker: 60, workerInvalid: 40, workerCache: 16, workerCacheInvalid: 20, createCacheInvalid: 40,
+  sdpa: 1000, sdpaInvalid: 400, cache: 120, cacheInvalid: 120, createCacheInvalid: 60,
+  worker: 100, workerInvalid: 60, workerCache: 24, workerCacheInvalid: 30,
 };
 
 // The default instance (threads: min(cores, 4)), a single-threaded one, and a worker.
