@@ -77,6 +77,11 @@ struct Problem {
   const int32_t* key_lengths = nullptr;
 
   float* weights = nullptr;  // optional [B, Hq, Lq, Lk] softmax probabilities
+  // Optional [B, Hq, Lq], dense: each row's log-sum-exp of its scores, log Σ_j exp(s_j)
+  // (computed as m + log l from the online softmax's maximum m and sum l), -inf for a row
+  // with nothing to attend. What the backward pass recomputes the probabilities from
+  // (src/sdpa-backward.h): p_j = exp(s_j - lse).
+  float* logsumexp = nullptr;
 
   // A hint for the decode path (K/V read in place), which never changes the result's value
   // beyond float rounding and never depends on the thread count: true when K/V come from main

@@ -18,7 +18,13 @@ constexpr int kKeyGroup = 8;
 // Value/output columns per P·V block (two vectors); Ev is padded to a multiple of this.
 constexpr int kValueBlock = 8;
 
+// Keys per tile of the backward pass (src/sdpa-backward.h): the dK/dV items' key blocks and
+// the dQ pass's key tiles. Per tile it keeps scores, dP and probabilities of 4 rows, and in
+// the dK/dV pass the block's K, V (packed) and its dK, dV accumulators: 4·64·(E + Ev) bytes.
+constexpr int kBackwardKeyTile = 64;
+
 static_assert(kKeyTile % kKeyGroup == 0, "a key tile is whole key groups");
+static_assert(kBackwardKeyTile % kKeyGroup == 0, "a backward key tile is whole key groups");
 static_assert(kQueryTile == 4, "the row statistics use one 4-lane vector");
 
 constexpr int round_up(int n, int m) { return (n + m - 1) / m * m; }

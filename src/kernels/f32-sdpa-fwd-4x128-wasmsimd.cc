@@ -44,6 +44,7 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/f32-tile-ops-wasmsimd.h"
 #include "math/f16-f32-cvt-wasmsimd.h"
 #include "math/f32-vexp-nonpositive-rr1-p5-wasmsimd.h"
 #include "simd/f32x4.h"
@@ -205,17 +206,6 @@ float hsum(v128_t v) {
          (wasm_f32x4_extract_lane(v, 2) + wasm_f32x4_extract_lane(v, 3));
 }
 
-// Lane n = the maximum (kMax) or the sum of the 4 lanes of a_n: a 4×4 transpose-reduce,
-// with no scalar extraction.
-template <bool kMax>
-v128_t reduce_4x4(v128_t a0, v128_t a1, v128_t a2, v128_t a3) {
-  auto op = [](v128_t x, v128_t y) { return kMax ? wasm_f32x4_pmax(x, y) : wasm_f32x4_add(x, y); };
-  // (a0: lanes 0·2, a1: 0·2, a0: 1·3, a1: 1·3), and the same for a2, a3.
-  const v128_t r01 = op(wasm_i32x4_shuffle(a0, a1, 0, 4, 1, 5), wasm_i32x4_shuffle(a0, a1, 2, 6, 3, 7));
-  const v128_t r23 = op(wasm_i32x4_shuffle(a2, a3, 0, 4, 1, 5), wasm_i32x4_shuffle(a2, a3, 2, 6, 3, 7));
-  return op(wasm_i32x4_shuffle(r01, r23, 0, 1, 4, 5), wasm_i32x4_shuffle(r01, r23, 2, 3, 6, 7));
-}
-
 // Per-row maxima of the first `cols` columns (a multiple of 8) of one score tile, as one
 // 4-lane vector (lane r = row r); -inf for the padding rows r >= rows, which attend nothing.
 v128_t tile_row_max(const float* scores, int32_t rows, int32_t cols) {
@@ -264,48 +254,6 @@ __attribute__((noinline)) v128_t exponentiate_tile(float* scores, int32_t rows, 
     row_sum[r] = sum;
   }
   return reduce_4x4<false>(row_sum[0], row_sum[1], row_sum[2], row_sum[3]);
-}
-
-// scores[4][0 .. cols) = Q[4][E] · K[j0 .. j0+cols)ᵀ, with Q interleaved [E][4] (q_cols)
-// and K packed [groups][E][8], cols a multiple of 8 (a causal diagonal tile needs only its
-// first columns). 4 rows × 8 keys per pass: 8 accumulators; per dim 2 key loads and 4
-// broadcasts, all at constant offsets from two pointers stepped by hand (no address
-// arithmetic in the loop: see pv_block).
-void score_tile(const float* q_cols, const float* packed_key_tile, int32_t head_dim,
-                int32_t cols, float* scores) {
-  const float* const q_end = q_cols + kQueryTile * head_dim;
-  for (int g = 0; g < cols; g += kKeyGroup) {
-    const float* k = packed_key_tile + static_cast<size_t>(g) * head_dim;
-    v128_t acc0x0123 = wasm_f32x4_splat(0.0f), acc0x4567 = acc0x0123;
-    v128_t acc1x0123 = acc0x0123, acc1x4567 = acc0x0123;
-    v128_t acc2x0123 = acc0x0123, acc2x4567 = acc0x0123;
-    v128_t acc3x0123 = acc0x0123, acc3x4567 = acc0x0123;
-#pragma clang loop unroll(disable)
-    for (const float* q = q_cols; q != q_end; q += kQueryTile, k += kKeyGroup) {
-      const v128_t k0123 = wasm_v128_load(k);
-      const v128_t k4567 = wasm_v128_load(k + 4);
-      const v128_t vq0 = wasm_v128_load32_splat(q);
-      acc0x0123 = f32x4_madd(vq0, k0123, acc0x0123);
-      acc0x4567 = f32x4_madd(vq0, k4567, acc0x4567);
-      const v128_t vq1 = wasm_v128_load32_splat(q + 1);
-      acc1x0123 = f32x4_madd(vq1, k0123, acc1x0123);
-      acc1x4567 = f32x4_madd(vq1, k4567, acc1x4567);
-      const v128_t vq2 = wasm_v128_load32_splat(q + 2);
-      acc2x0123 = f32x4_madd(vq2, k0123, acc2x0123);
-      acc2x4567 = f32x4_madd(vq2, k4567, acc2x4567);
-      const v128_t vq3 = wasm_v128_load32_splat(q + 3);
-      acc3x0123 = f32x4_madd(vq3, k0123, acc3x0123);
-      acc3x4567 = f32x4_madd(vq3, k4567, acc3x4567);
-    }
-    wasm_v128_store(scores + 0 * kKeyTile + g, acc0x0123);
-    wasm_v128_store(scores + 0 * kKeyTile + g + 4, acc0x4567);
-    wasm_v128_store(scores + 1 * kKeyTile + g, acc1x0123);
-    wasm_v128_store(scores + 1 * kKeyTile + g + 4, acc1x4567);
-    wasm_v128_store(scores + 2 * kKeyTile + g, acc2x0123);
-    wasm_v128_store(scores + 2 * kKeyTile + g + 4, acc2x4567);
-    wasm_v128_store(scores + 3 * kKeyTile + g, acc3x0123);
-    wasm_v128_store(scores + 3 * kKeyTile + g + 4, acc3x4567);
-  }
 }
 
 // Q·Kᵀ with K read in place (decode), one key at a time in memory order. A decode reads each
@@ -620,16 +568,6 @@ void accumulate_pv(const Src& src, const float* probs, const typename Src::Elem*
   kByRows[rows - 1](src, probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride);
 }
 
-// (a[0][0], a[1][0], a[2][0], a[3][0]), …: rows of a become columns.
-void transpose4x4(v128_t& a0, v128_t& a1, v128_t& a2, v128_t& a3) {
-  const v128_t lo01 = wasm_i32x4_shuffle(a0, a1, 0, 4, 1, 5), hi01 = wasm_i32x4_shuffle(a0, a1, 2, 6, 3, 7);
-  const v128_t lo23 = wasm_i32x4_shuffle(a2, a3, 0, 4, 1, 5), hi23 = wasm_i32x4_shuffle(a2, a3, 2, 6, 3, 7);
-  a0 = wasm_i32x4_shuffle(lo01, lo23, 0, 1, 4, 5);
-  a1 = wasm_i32x4_shuffle(lo01, lo23, 2, 3, 6, 7);
-  a2 = wasm_i32x4_shuffle(hi01, hi23, 0, 1, 4, 5);
-  a3 = wasm_i32x4_shuffle(hi01, hi23, 2, 3, 6, 7);
-}
-
 // K of one (batch, KV head), keys [0, key_count), into [groups][E][8]; zeros up to the
 // end of the last key tile, so score_tile may always read whole tiles. A whole group is
 // 8 key rows × E read 4 dims at a time and written as two transposed 4×4 blocks per 4 dims
@@ -719,8 +657,8 @@ template <typename Src>
 void score_tile_from(const KeyValueSource<Src>& kv, const float* q_tile, const float* q_cols,
                      int32_t rows, int32_t j0, int32_t key_count, int32_t head_dim, float* scores) {
   if (kv.packed_key != nullptr) {
-    score_tile(q_cols, kv.packed_key + static_cast<size_t>(j0) * head_dim, head_dim,
-               round_up(key_count, kKeyGroup), scores);
+    score_4x8_packed<kKeyTile>(q_cols, kv.packed_key + static_cast<size_t>(j0) * head_dim, head_dim,
+                               round_up(key_count, kKeyGroup), scores);
   } else if (kv.in_memory_order) {
     uint32_t sink = 0;
     score_tile_in_place(kv.src, q_tile, rows, kv.key_row(j0), kv.key_stride, key_count, head_dim, scores,
@@ -819,6 +757,13 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<S
       std::memcpy(dst + 2, s.acc + r * ev8, sizeof(float) * Ev);
     }
     return;
+  }
+
+  if (p.logsumexp != nullptr) {  // m + log l; -inf when the row attended nothing (l == 0)
+    for (int r = 0; r < rt.rows; r++) {
+      p.logsumexp[(static_cast<int64_t>(rt.b) * p.q_heads + rt.h[r]) * p.q_len + rt.i[r]] =
+          sums[r] == 0.0f ? kNegInf : maxima[r] + std::log(sums[r]);
+    }
   }
 
   // out = o / l; l == 0 means the row attended nothing: exact zeros, not 0/0 = NaN.
@@ -976,6 +921,11 @@ void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, i
     float* dst = p.output + b * p.o_stride_b + (kv_head * group + f / p.q_len) * p.o_stride_h +
                  static_cast<int64_t>(f % p.q_len) * p.o_stride_l;
     std::fill(dst, dst + Ev, 0.0f);
+    float* const lse = p.logsumexp == nullptr
+                           ? nullptr
+                           : p.logsumexp + (static_cast<int64_t>(b) * p.q_heads + kv_head * group + f / p.q_len) * p.q_len +
+                                 f % p.q_len;
+    if (lse != nullptr) *lse = kNegInf;
     if (m == kNegInf) continue;  // every key of the row blocked: exact zeros
     float l = 0.0f;
     for (int32_t seg = 0; seg < segments; seg++) {
@@ -987,6 +937,7 @@ void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, i
     }
     const float inv_l = l == 0.0f ? 0.0f : 1.0f / l;
     for (int32_t c = 0; c < Ev; c++) dst[c] *= inv_l;
+    if (lse != nullptr && l != 0.0f) *lse = m + std::log(l);
   }
 }
 

@@ -91,4 +91,87 @@ std::vector<double> reference_forward(const Problem& p, std::vector<double>* wei
   return out;
 }
 
+std::vector<double> reference_logsumexp(const Problem& p) {
+  // log Σ_j exp(s_j) = log(1 / w_j) + s_j for any attended key j with weight w_j; taken at
+  // the key of the largest weight (the best conditioned), from the reference's own scores.
+  const int64_t B = p.batch, Hq = p.q_heads, Lq = p.q_len, Lk = p.kv_len;
+  std::vector<double> weights;
+  reference_forward(p, &weights);
+  std::vector<double> lse(static_cast<size_t>(B * Hq * Lq), -std::numeric_limits<double>::infinity());
+  for (int64_t b = 0; b < B; b++) {
+    for (int64_t h = 0; h < Hq; h++) {
+      const int64_t kvh = h / (Hq / p.kv_heads);
+      for (int64_t i = 0; i < Lq; i++) {
+        const double* w = weights.data() + ((b * Hq + h) * Lq + i) * Lk;
+        const int64_t j = std::max_element(w, w + Lk) - w;
+        if (w[j] == 0.0) continue;  // nothing attended
+        const float* q = p.query + b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_l;
+        const int64_t k = b * p.k_stride_b + kvh * p.k_stride_h + j * p.k_stride_l;
+        double dot = 0.0;
+        for (int64_t d = 0; d < p.head_dim; d++) dot += static_cast<double>(q[d]) * kv_element(p, p.key, k + d);
+        double s = static_cast<double>(p.scale) * dot;
+        if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
+        if (p.mask_kind == MaskKind::kFloat) {
+          s += static_cast<const float*>(p.mask)[b * p.mask_stride_b + h * p.mask_stride_h + i * p.mask_stride_q +
+                                                 j * p.mask_stride_k];
+        }
+        lse[static_cast<size_t>((b * Hq + h) * Lq + i)] = s - std::log(w[j]);
+      }
+    }
+  }
+  return lse;
+}
+
+ReferenceGradients reference_backward(const BackwardProblem& bp) {
+  const Problem& p = bp.forward;
+  const int64_t B = p.batch, Hq = p.q_heads, Hkv = p.kv_heads, Lq = p.q_len, Lk = p.kv_len,
+                E = p.head_dim, Ev = p.value_dim;
+  std::vector<double> weights;
+  reference_forward(p, &weights);  // softmax probabilities, 0 for blocked keys and empty rows
+  ReferenceGradients g;
+  g.d_query.assign(static_cast<size_t>(B * Hq * Lq * E), 0.0);
+  g.d_key.assign(static_cast<size_t>(B * Hkv * Lk * E), 0.0);
+  g.d_value.assign(static_cast<size_t>(B * Hkv * Lk * Ev), 0.0);
+  std::vector<double> dp(static_cast<size_t>(Lk));
+  for (int64_t b = 0; b < B; b++) {
+    for (int64_t h = 0; h < Hq; h++) {
+      const int64_t kvh = h / (Hq / Hkv);
+      for (int64_t i = 0; i < Lq; i++) {
+        const double* prob = weights.data() + ((b * Hq + h) * Lq + i) * Lk;
+        const float* q = p.query + b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_l;
+        const float* go = bp.grad_output + b * bp.go_stride_b + h * bp.go_stride_h + i * bp.go_stride_l;
+        // dp_j = dO·v_j and D = Σ_j p_j·dp_j over the keys the row attends (p_j > 0).
+        double delta = 0.0;
+        for (int64_t j = 0; j < Lk; j++) {
+          dp[j] = 0.0;
+          if (prob[j] == 0.0) continue;
+          const float* v = static_cast<const float*>(p.value) + b * p.v_stride_b + kvh * p.v_stride_h + j * p.v_stride_l;
+          for (int64_t c = 0; c < Ev; c++) dp[j] += static_cast<double>(go[c]) * v[c];
+          delta += prob[j] * dp[j];
+        }
+        for (int64_t j = 0; j < Lk; j++) {
+          if (prob[j] == 0.0) continue;
+          const float* k = static_cast<const float*>(p.key) + b * p.k_stride_b + kvh * p.k_stride_h + j * p.k_stride_l;
+          double dr = prob[j] * (dp[j] - delta);  // ∂L/∂s_j
+          if (p.softcap > 0.0f) {  // s = c·tanh(r/c): ∂s/∂r = 1 - tanh²(r/c)
+            double dot = 0.0;
+            for (int64_t d = 0; d < E; d++) dot += static_cast<double>(q[d]) * k[d];
+            const double t = std::tanh(static_cast<double>(p.scale) * dot / p.softcap);
+            dr *= 1.0 - t * t;
+          }
+          double* dq = g.d_query.data() + ((b * Hq + h) * Lq + i) * E;
+          double* dk = g.d_key.data() + ((b * Hkv + kvh) * Lk + j) * E;
+          double* dv = g.d_value.data() + ((b * Hkv + kvh) * Lk + j) * Ev;
+          for (int64_t d = 0; d < E; d++) {
+            dq[d] += p.scale * dr * k[d];
+            dk[d] += p.scale * dr * q[d];
+          }
+          for (int64_t c = 0; c < Ev; c++) dv[c] += prob[j] * go[c];
+        }
+      }
+    }
+  }
+  return g;
+}
+
 }  // namespace sdpa

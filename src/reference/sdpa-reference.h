@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "sdpa-backward.h"
 #include "sdpa.h"
 
 namespace sdpa {
@@ -11,5 +12,16 @@ namespace sdpa {
 // Reads the problem's inputs (p.output and p.weights are ignored) and returns
 //   output  [B, Hq, Lq, Ev] dense, and, when `weights` is non-null, weights [B, Hq, Lq, Lk].
 std::vector<double> reference_forward(const Problem& p, std::vector<double>* weights);
+
+// Each row's log Σ_j exp(s_j) over the keys it attends, -inf for a row with none: [B, Hq, Lq].
+std::vector<double> reference_logsumexp(const Problem& p);
+
+// The gradients of the backward problem's forward (its inputs and dO; not the forward's saved
+// O and lse, which the kernel uses: the reference derives everything from the definition),
+// dense: d_query [B, Hq, Lq, E], d_key [B, Hkv, Lk, E], d_value [B, Hkv, Lk, Ev].
+struct ReferenceGradients {
+  std::vector<double> d_query, d_key, d_value;
+};
+ReferenceGradients reference_backward(const BackwardProblem& p);
 
 }  // namespace sdpa

@@ -1,0 +1,126 @@
+// Validation and dispatch of the backward pass (src/sdpa-backward.h).
+#include "sdpa-backward.h"
+
+#include <algorithm>
+
+#include "kernels/sdpa-bwd-kernels.h"
+#include "parallel/thread-pool.h"
+#include "tiles.h"
+
+namespace sdpa {
+
+Status validate_backward(const BackwardProblem& p) {
+  const Status status = validate(p.forward);
+  if (status != Status::kOk) return status;
+  if (p.forward.kv_type != KvType::kFloat32) return Status::kBadKvType;
+  if (p.logsumexp == nullptr || p.grad_output == nullptr || p.d_query == nullptr || p.d_key == nullptr ||
+      p.d_value == nullptr) {
+    return Status::kNullPointer;
+  }
+  const int64_t strides[] = {p.go_stride_b, p.go_stride_h, p.go_stride_l, p.dq_stride_b, p.dq_stride_h, p.dq_stride_l,
+                             p.dk_stride_b, p.dk_stride_h, p.dk_stride_l, p.dv_stride_b, p.dv_stride_h, p.dv_stride_l};
+  for (int64_t stride : strides) {
+    if (stride < 0) return Status::kBadStride;
+  }
+  return Status::kOk;
+}
+
+namespace {
+
+// The work, in three parallel loops (every item's result is the same whatever the thread):
+//   1. D_i = dO_i·O_i: items (batch, query head)
+//   2. dK, dV: items (batch, KV head, key block of kBackwardKeyTile keys)
+//   3. dQ: items (batch, KV head, block of flat query rows); the blocks only split the rows
+//      (each row's sum over keys is in one item), so their count may follow the threads.
+// Scratch: delta [B, Hq, Lq], then per thread the larger kernel's scratch.
+constexpr int32_t kMinRowBlock = 16;
+constexpr int32_t kItemsPerThread = 4;
+
+struct BackwardPlan {
+  int32_t pairs;        // B·Hkv
+  int32_t rows;         // flat rows per pair: (Hq / Hkv)·Lq
+  int32_t key_blocks;   // per pair
+  int32_t row_blocks;   // per pair
+  int32_t block_rows;   // a multiple of kQueryTile
+  uint64_t delta_floats;
+  uint64_t per_thread;
+};
+
+BackwardPlan plan_backward(const BackwardProblem& bp, int32_t threads) {
+  const Problem& p = bp.forward;
+  BackwardPlan w{};
+  w.pairs = p.batch * p.kv_heads;
+  w.rows = p.q_heads / p.kv_heads * p.q_len;
+  w.key_blocks = (p.kv_len + kBackwardKeyTile - 1) / kBackwardKeyTile;
+  w.row_blocks = 1;
+  if (threads > 1) {
+    const int32_t wanted = (kItemsPerThread * threads + w.pairs - 1) / w.pairs;
+    w.row_blocks = std::max(1, std::min(wanted, w.rows / kMinRowBlock));
+  }
+  w.block_rows = round_up((w.rows + w.row_blocks - 1) / w.row_blocks, kQueryTile);
+  w.row_blocks = (w.rows + w.block_rows - 1) / w.block_rows;
+  w.delta_floats = (static_cast<uint64_t>(p.batch) * p.q_heads * p.q_len + 3) / 4 * 4;
+  w.per_thread = std::max(sdpa_f32_bwd_dkdv_4x64__wasmsimd_scratch(bp), sdpa_f32_bwd_dq_4x64__wasmsimd_scratch(bp));
+  return w;
+}
+
+struct BackwardWork {
+  const BackwardProblem* p;
+  BackwardPlan plan;
+  float* delta;    // [B, Hq, Lq]
+  float* scratch;  // [threads][per_thread]
+};
+
+void delta_item(void* context, int32_t item, int32_t /*thread*/) {
+  const BackwardWork& w = *static_cast<const BackwardWork*>(context);
+  const Problem& p = w.p->forward;
+  const int32_t b = item / p.q_heads, h = item % p.q_heads;
+  sdpa_f32_bwd_delta(*w.p, b, h, w.delta + (static_cast<size_t>(b) * p.q_heads + h) * p.q_len);
+}
+
+void dkdv_item(void* context, int32_t item, int32_t thread) {
+  const BackwardWork& w = *static_cast<const BackwardWork*>(context);
+  const Problem& p = w.p->forward;
+  const int32_t pair = item / w.plan.key_blocks, block = item % w.plan.key_blocks;
+  sdpa_f32_bwd_dkdv_ukernel_4x64__wasmsimd(*w.p, pair / p.kv_heads, pair % p.kv_heads, block * kBackwardKeyTile,
+                                           w.delta, w.scratch + static_cast<size_t>(thread) * w.plan.per_thread);
+}
+
+void dq_item(void* context, int32_t item, int32_t thread) {
+  const BackwardWork& w = *static_cast<const BackwardWork*>(context);
+  const Problem& p = w.p->forward;
+  // Last blocks first: under a causal mask they attend the most keys.
+  const int32_t block = w.plan.row_blocks - 1 - item / w.plan.pairs, pair = item % w.plan.pairs;
+  const int32_t row_begin = block * w.plan.block_rows, row_end = std::min(w.plan.rows, row_begin + w.plan.block_rows);
+  sdpa_f32_bwd_dq_ukernel_4x64__wasmsimd(*w.p, pair / p.kv_heads, pair % p.kv_heads, row_begin, row_end, w.delta,
+                                         w.scratch + static_cast<size_t>(thread) * w.plan.per_thread);
+}
+
+}  // namespace
+
+uint64_t backward_scratch_floats(const BackwardProblem& p, int32_t threads) {
+  const BackwardPlan w = plan_backward(p, threads);
+  return w.delta_floats + w.per_thread * static_cast<uint64_t>(threads);
+}
+
+Status backward(const BackwardProblem& p, float* scratch, uint64_t scratch_size, ThreadPool* pool) {
+  const Status status = validate_backward(p);
+  if (status != Status::kOk) return status;
+  const int32_t threads = pool != nullptr ? pool->threads() : 1;
+  if (scratch == nullptr || scratch_size < backward_scratch_floats(p, threads)) return Status::kBadScratch;
+  BackwardWork w{&p, plan_backward(p, threads), scratch, nullptr};
+  w.scratch = scratch + w.plan.delta_floats;
+  auto run = [&](int32_t n, ThreadPool::Task task) {
+    if (pool != nullptr) {
+      pool->run(n, task, &w);
+    } else {
+      for (int32_t item = 0; item < n; item++) task(&w, item, 0);
+    }
+  };
+  run(p.forward.batch * p.forward.q_heads, delta_item);
+  run(w.plan.pairs * w.plan.key_blocks, dkdv_item);
+  run(w.plan.pairs * w.plan.row_blocks, dq_item);
+  return Status::kOk;
+}
+
+}  // namespace sdpa

@@ -1,0 +1,66 @@
+// The backward pass of scaled dot-product attention: the gradients of a loss L with respect
+// to Q, K and V, given dO = ∂L/∂output and what the forward pass saved (its output O and
+// each row's log-sum-exp, src/sdpa.h Problem::logsumexp).
+//
+// Shapes: Q, dQ [B, Hq, Lq, E]; K, dK [B, Hkv, Lk, E]; V, dV [B, Hkv, Lk, Ev];
+// O, dO [B, Hq, Lq, Ev]; lse [B, Hq, Lq]. K and V are float32 (not the cache's halves).
+//
+// For one query row i of head h (KV head h / (Hq / Hkv)), with the forward's score pipeline
+// (src/sdpa.h): r_j = scale·(q_i·k_j); s_j = softcap·tanh(r_j / softcap) (or r_j); s_j += mask;
+// s_j = -inf where key j is blocked; and p_j = exp(s_j - lse_i) = softmax_j(s):
+//   dv_j  += p_j · dO_i                              (summed over every row that attends j)
+//   dp_j   = dO_i · v_j
+//   D_i    = Σ_j p_j·dp_j = dO_i · O_i               (O_i = Σ_j p_j v_j)
+//   ds_j   = p_j · (dp_j - D_i)                      softmax's Jacobian: diag(p) - p·pᵀ
+//   dr_j   = ds_j · (1 - tanh²(r_j / softcap))       (softcap > 0), else ds_j
+//   dq_i  += scale · Σ_j dr_j · k_j
+//   dk_j  += scale · dr_j · q_i                      (summed over rows, and over the query
+//                                                     heads sharing the KV head)
+// The mask gets no gradient. A blocked key has p_j = 0 exactly and is skipped, not multiplied
+// by 0 (NaN in padding cannot leak); a row with nothing to attend (lse = -inf) contributes
+// nothing and gets dq_i = 0; a key no row attends gets dk_j = dv_j = 0.
+//
+// Work (FlashAttention-2's loop orders, without atomics): dK and dV by (batch, KV head,
+// block of kBackwardKeyTile keys), each item looping over every query row of the KV group;
+// dQ by (batch, KV head, block of query rows), each looping over the keys. Both recompute
+// the scores and probabilities tile by tile from Q, K and lse (O(N) memory, never Lq×Lk).
+// Every gradient element is summed in one item, in a fixed order: bitwise identical results
+// for any number of threads.
+#pragma once
+
+#include <cstdint>
+
+#include "sdpa.h"
+
+namespace sdpa {
+
+struct BackwardProblem {
+  // The forward problem: shapes, query/key/value and their strides, every option. Its
+  // `output` is the forward's output O (read only here); kv_type must be kFloat32; weights,
+  // logsumexp and read_kv_in_order are not used.
+  Problem forward;
+  const float* logsumexp = nullptr;  // [B, Hq, Lq] dense: the forward's Problem::logsumexp
+  const float* grad_output = nullptr;  // dO [B, Hq, Lq, Ev]
+  int64_t go_stride_b = 0, go_stride_h = 0, go_stride_l = 0;
+  float* d_query = nullptr;  // [B, Hq, Lq, E]
+  int64_t dq_stride_b = 0, dq_stride_h = 0, dq_stride_l = 0;
+  float* d_key = nullptr;  // [B, Hkv, Lk, E]
+  int64_t dk_stride_b = 0, dk_stride_h = 0, dk_stride_l = 0;
+  float* d_value = nullptr;  // [B, Hkv, Lk, Ev]
+  int64_t dv_stride_b = 0, dv_stride_h = 0, dv_stride_l = 0;
+};
+
+// validate(forward), then: float32 K/V (else kBadKvType), the backward's pointers
+// (kNullPointer) and strides (kBadStride).
+Status validate_backward(const BackwardProblem& p);
+
+// Floats of scratch that backward() needs on `threads` threads: the rows' D_i, and per
+// thread the larger of the two passes' needs (the dQ pass packs one head's K and V:
+// O(Lk·(E + Ev))).
+uint64_t backward_scratch_floats(const BackwardProblem& p, int32_t threads = 1);
+
+// Writes d_query, d_key and d_value (every element). `scratch` holds at least
+// backward_scratch_floats(p, threads) floats, threads = pool ? pool->threads() : 1.
+Status backward(const BackwardProblem& p, float* scratch, uint64_t scratch_size, ThreadPool* pool = nullptr);
+
+}  // namespace sdpa

@@ -1,0 +1,368 @@
+// The SIMD backward kernels (through sdpa::backward, fed by sdpa::forward's output and
+// log-sum-exp) against the double-precision reference gradients (reference_backward), and
+// that reference against central finite differences of the double reference forward.
+// Shapes come from the tile sizes in src/tiles.h: 1, tile-1, tile, tile+1, primes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "parallel/thread-pool.h"
+#include "reference/sdpa-reference.h"
+#include "sdpa-backward.h"
+#include "sdpa.h"
+#include "tiles.h"
+
+namespace sdpa {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr double kTolerance = 1e-4;  // max |got - ref| / (1 + |ref|)
+
+struct Case {
+  int B = 1, Hq = 1, Hkv = 1, Lq = 1, Lk = 1, E = 4, Ev = 4;
+  bool bshd = false;
+  MaskKind mask_kind = MaskKind::kNone;
+  std::vector<int> mask_dims;        // right-aligned against [B, Hq, Lq, Lk]
+  double mask_block_fraction = 0.0;
+  bool causal = false;
+  std::vector<int32_t> offsets;      // one = every batch; B = per batch
+  std::vector<int32_t> key_lengths;  // empty = none; keys past them hold NaN
+  float softcap = 0.0f;
+  float scale = NAN;                 // NAN = 1/sqrt(E)
+  float input_scale = 1.0f;
+  uint32_t seed = 1;
+
+  std::string describe() const {
+    std::ostringstream s;
+    s << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " E" << E << " Ev" << Ev
+      << (bshd ? " bshd" : "") << " mask" << static_cast<int>(mask_kind) << (causal ? " causal" : "")
+      << " softcap" << softcap << " seed" << seed;
+    return s.str();
+  }
+};
+
+struct Harness {
+  Case c;
+  std::vector<float> q, k, v, mask_f, out, lse, go, dq, dk, dv;
+  std::vector<uint8_t> mask_b;
+  std::vector<int32_t> offsets, key_lengths;
+  BackwardProblem bp;
+
+  explicit Harness(const Case& cs) : c(cs) {
+    std::mt19937 rng(c.seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    auto fill = [&](std::vector<float>& x, size_t n, float s) {
+      x.resize(n);
+      for (float& e : x) e = normal(rng) * s;
+    };
+    Problem& p = bp.forward;
+    fill(q, size_t(c.B) * c.Hq * c.Lq * c.E, c.input_scale);
+    fill(k, size_t(c.B) * c.Hkv * c.Lk * c.E, 1.0f);
+    fill(v, size_t(c.B) * c.Hkv * c.Lk * c.Ev, 1.0f);
+    fill(go, size_t(c.B) * c.Hq * c.Lq * c.Ev, 1.0f);
+    out.assign(size_t(c.B) * c.Hq * c.Lq * c.Ev, kNaN);
+    lse.assign(size_t(c.B) * c.Hq * c.Lq, kNaN);
+    dq.assign(q.size(), kNaN);  // NaN: every element must be written
+    dk.assign(k.size(), kNaN);
+    dv.assign(v.size(), kNaN);
+
+    p.batch = c.B, p.q_heads = c.Hq, p.kv_heads = c.Hkv, p.q_len = c.Lq, p.kv_len = c.Lk;
+    p.head_dim = c.E, p.value_dim = c.Ev;
+    strides(c.Hq, c.Lq, c.E, &p.q_stride_b, &p.q_stride_h, &p.q_stride_l);
+    strides(c.Hkv, c.Lk, c.E, &p.k_stride_b, &p.k_stride_h, &p.k_stride_l);
+    strides(c.Hkv, c.Lk, c.Ev, &p.v_stride_b, &p.v_stride_h, &p.v_stride_l);
+    strides(c.Hq, c.Lq, c.Ev, &p.o_stride_b, &p.o_stride_h, &p.o_stride_l);
+    strides(c.Hq, c.Lq, c.Ev, &bp.go_stride_b, &bp.go_stride_h, &bp.go_stride_l);
+    strides(c.Hq, c.Lq, c.E, &bp.dq_stride_b, &bp.dq_stride_h, &bp.dq_stride_l);
+    strides(c.Hkv, c.Lk, c.E, &bp.dk_stride_b, &bp.dk_stride_h, &bp.dk_stride_l);
+    strides(c.Hkv, c.Lk, c.Ev, &bp.dv_stride_b, &bp.dv_stride_h, &bp.dv_stride_l);
+    p.query = q.data(), p.key = k.data(), p.value = v.data(), p.output = out.data();
+    p.logsumexp = lse.data();
+    bp.logsumexp = lse.data(), bp.grad_output = go.data();
+    bp.d_query = dq.data(), bp.d_key = dk.data(), bp.d_value = dv.data();
+    p.scale = std::isnan(c.scale) ? 1.0f / std::sqrt(float(c.E)) : c.scale;
+    p.softcap = c.softcap;
+    p.mask_kind = c.mask_kind;
+    if (c.mask_kind != MaskKind::kNone) {
+      const int full[4] = {c.B, c.Hq, c.Lq, c.Lk};
+      int dims[4] = {1, 1, 1, 1};
+      const int rank = int(c.mask_dims.size());
+      for (int a = 0; a < rank; a++) dims[4 - rank + a] = c.mask_dims[a];
+      int64_t st[4], n = 1;
+      for (int a = 3; a >= 0; a--) {
+        st[a] = dims[a] == 1 && full[a] != 1 ? 0 : n;
+        n *= dims[a];
+      }
+      p.mask_stride_b = st[0], p.mask_stride_h = st[1], p.mask_stride_q = st[2], p.mask_stride_k = st[3];
+      std::uniform_real_distribution<double> u(0.0, 1.0);
+      if (c.mask_kind == MaskKind::kFloat) {
+        mask_f.resize(size_t(n));
+        for (float& m : mask_f) m = u(rng) < c.mask_block_fraction ? -kInf : normal(rng);
+        p.mask = mask_f.data();
+      } else {
+        mask_b.resize(size_t(n));
+        for (uint8_t& m : mask_b) m = u(rng) < c.mask_block_fraction ? 0 : 1;
+        p.mask = mask_b.data();
+      }
+    }
+    p.causal = c.causal;
+    if (c.offsets.size() == 1) p.causal_offset = c.offsets[0];
+    if (c.offsets.size() > 1) {
+      offsets = c.offsets;
+      p.causal_offsets = offsets.data();
+    }
+    if (!c.key_lengths.empty()) {
+      key_lengths = c.key_lengths;
+      p.key_lengths = key_lengths.data();
+      // Padding past each batch's key length holds NaN: it must not reach any gradient.
+      for (int b = 0; b < c.B; b++) {
+        for (int h = 0; h < c.Hkv; h++) {
+          for (int j = key_lengths[b]; j < c.Lk; j++) {
+            for (int d = 0; d < c.E; d++) k[size_t(b * p.k_stride_b + h * p.k_stride_h + j * p.k_stride_l + d)] = kNaN;
+            for (int d = 0; d < c.Ev; d++) v[size_t(b * p.v_stride_b + h * p.v_stride_h + j * p.v_stride_l + d)] = kNaN;
+          }
+        }
+      }
+    }
+  }
+
+  void strides(int H, int L, int D, int64_t* sb, int64_t* sh, int64_t* sl) const {
+    if (c.bshd) {
+      *sb = int64_t(L) * H * D, *sl = int64_t(H) * D, *sh = D;
+    } else {
+      *sb = int64_t(H) * L * D, *sh = int64_t(L) * D, *sl = D;
+    }
+  }
+
+  // forward (output and lse), then backward, on `threads` threads.
+  void run(int threads) {
+    std::unique_ptr<ThreadPool> pool = threads > 1 ? std::make_unique<ThreadPool>(threads) : nullptr;
+    std::vector<float> scratch(scratch_floats(bp.forward, threads));
+    ASSERT_EQ(forward(bp.forward, scratch.data(), scratch.size(), pool.get()), Status::kOk);
+    std::vector<float> bwd_scratch(backward_scratch_floats(bp, threads));
+    ASSERT_EQ(backward(bp, bwd_scratch.data(), bwd_scratch.size(), pool.get()), Status::kOk);
+  }
+
+  // Element (b, h, l, d) of a tensor of this case's layout with H heads, L rows, D columns.
+  size_t at(int H, int L, int D, int b, int h, int l, int d) const {
+    int64_t sb, sh, sl;
+    strides(H, L, D, &sb, &sh, &sl);
+    return size_t(b * sb + h * sh + l * sl + d);
+  }
+
+  // max |got - ref| / (1 + |ref|) of a gradient stored in the case's layout vs the dense reference.
+  double error(const std::vector<float>& got, const std::vector<double>& ref, int H, int L, int D) const {
+    double worst = 0.0;
+    for (int b = 0; b < c.B; b++) {
+      for (int h = 0; h < H; h++) {
+        for (int l = 0; l < L; l++) {
+          for (int d = 0; d < D; d++) {
+            const double r = ref[size_t(((int64_t(b) * H + h) * L + l) * D + d)];
+            const double g = got[at(H, L, D, b, h, l, d)];
+            const double e = std::isnan(g) ? std::numeric_limits<double>::infinity() : std::abs(g - r) / (1.0 + std::abs(r));
+            worst = std::max(worst, e);
+          }
+        }
+      }
+    }
+    return worst;
+  }
+
+  void expect_matches_reference() {
+    const ReferenceGradients ref = reference_backward(bp);
+    EXPECT_LE(error(dq, ref.d_query, c.Hq, c.Lq, c.E), kTolerance) << "dQ " << c.describe();
+    EXPECT_LE(error(dk, ref.d_key, c.Hkv, c.Lk, c.E), kTolerance) << "dK " << c.describe();
+    EXPECT_LE(error(dv, ref.d_value, c.Hkv, c.Lk, c.Ev), kTolerance) << "dV " << c.describe();
+  }
+};
+
+void check(const Case& c) {
+  Harness h(c);
+  h.run(1);
+  h.expect_matches_reference();
+}
+
+TEST(Backward, TileEdgesOfKeysAndRows) {
+  const int kt = kBackwardKeyTile;
+  for (int lk : {1, 7, kKeyGroup, kKeyGroup + 1, kt - 1, kt, kt + 1, 2 * kt + 3}) {
+    for (int lq : {1, kQueryTile - 1, kQueryTile, kQueryTile + 1, 13}) {
+      Case c;
+      c.Lq = lq, c.Lk = lk, c.E = 8, c.Ev = 8, c.seed = uint32_t(lk * 100 + lq);
+      check(c);
+    }
+  }
+}
+
+TEST(Backward, HeadDimsAndValueDims) {
+  for (int e : {1, 3, 4, 5, 8, 17, 64}) {
+    for (int ev : {1, 6, 8, 13}) {
+      Case c;
+      c.Lq = 5, c.Lk = 11, c.E = e, c.Ev = ev, c.seed = uint32_t(e * 31 + ev);
+      check(c);
+    }
+  }
+}
+
+TEST(Backward, GroupedQueryHeadsSumIntoTheirKvHead) {
+  for (auto [hq, hkv] : {std::pair{4, 2}, std::pair{6, 1}, std::pair{3, 3}}) {
+    Case c;
+    c.B = 2, c.Hq = hq, c.Hkv = hkv, c.Lq = 6, c.Lk = 70, c.E = 12, c.Ev = 7, c.seed = uint32_t(hq * 10 + hkv);
+    check(c);
+    c.bshd = true;
+    check(c);
+  }
+}
+
+TEST(Backward, MasksOfEveryBroadcastShape) {
+  const std::vector<std::vector<int>> shapes = {{70}, {5, 70}, {3, 1, 70}, {2, 3, 5, 70}, {2, 1, 1, 70}, {1, 3, 5, 1}};
+  for (MaskKind kind : {MaskKind::kFloat, MaskKind::kBool}) {
+    for (const auto& dims : shapes) {
+      Case c;
+      c.B = 2, c.Hq = 3, c.Hkv = 1, c.Lq = 5, c.Lk = 70, c.E = 8, c.Ev = 6;
+      c.mask_kind = kind, c.mask_dims = dims, c.mask_block_fraction = 0.3, c.seed = uint32_t(dims.size() * 7);
+      check(c);
+    }
+  }
+}
+
+TEST(Backward, CausalOffsetsAndKeyLengthsWithNaNPadding) {
+  for (std::vector<int32_t> offsets : {std::vector<int32_t>{0}, {-3}, {65}, {2, 70}, {-10, 0}}) {
+    Case c;
+    c.B = 2, c.Hq = 2, c.Hkv = 1, c.Lq = 9, c.Lk = 71, c.E = 8, c.Ev = 8;
+    c.causal = true, c.offsets = offsets, c.seed = 3;
+    check(c);
+    c.key_lengths = {64, 0};  // batch 1: nothing to attend
+    check(c);
+  }
+}
+
+TEST(Backward, SoftcapScaleAndLargeLogits) {
+  for (float softcap : {0.0f, 1.0f, 20.0f}) {
+    for (float input_scale : {1.0f, 8.0f}) {
+      Case c;
+      c.Lq = 7, c.Lk = 66, c.E = 16, c.Ev = 5, c.softcap = softcap, c.input_scale = input_scale;
+      c.scale = 0.3f, c.seed = uint32_t(softcap * 10 + input_scale);
+      check(c);
+    }
+  }
+}
+
+TEST(Backward, FullyMaskedRowsGetExactZeros) {
+  Case c;
+  c.B = 1, c.Hq = 2, c.Lq = 6, c.Lk = 20, c.E = 8, c.Ev = 8;
+  c.causal = true, c.offsets = {-3};  // rows 0..2 attend nothing
+  Harness h(c);
+  h.run(1);
+  h.expect_matches_reference();
+  for (int head = 0; head < 2; head++) {
+    for (int i = 0; i < 3; i++) {
+      for (int d = 0; d < c.E; d++) EXPECT_EQ(h.dq[h.at(2, 6, 8, 0, head, i, d)], 0.0f);
+    }
+  }
+  // Keys no row attends (j > 5 - 3 = 2 for the last row) have exact-zero dK and dV.
+  for (int j = 3; j < c.Lk; j++) {
+    for (int d = 0; d < c.E; d++) EXPECT_EQ(h.dk[h.at(1, 20, 8, 0, 0, j, d)], 0.0f);
+    for (int d = 0; d < c.Ev; d++) EXPECT_EQ(h.dv[h.at(1, 20, 8, 0, 0, j, d)], 0.0f);
+  }
+}
+
+TEST(Backward, BitwiseIdenticalForAnyThreadCount) {
+  Case c;
+  c.B = 2, c.Hq = 4, c.Hkv = 2, c.Lq = 37, c.Lk = 150, c.E = 16, c.Ev = 12, c.causal = true, c.offsets = {100};
+  c.mask_kind = MaskKind::kFloat, c.mask_dims = {37, 150}, c.mask_block_fraction = 0.1;
+  Harness one(c);
+  one.run(1);
+  one.expect_matches_reference();
+  for (int threads : {2, 3, 5}) {
+    Harness many(c);
+    many.run(threads);
+    EXPECT_EQ(std::memcmp(many.dq.data(), one.dq.data(), one.dq.size() * 4), 0) << threads;
+    EXPECT_EQ(std::memcmp(many.dk.data(), one.dk.data(), one.dk.size() * 4), 0) << threads;
+    EXPECT_EQ(std::memcmp(many.dv.data(), one.dv.data(), one.dv.size() * 4), 0) << threads;
+  }
+}
+
+// The oracle itself: reference_backward against central differences of reference_forward's
+// loss L = Σ dO ∘ O (double precision), for every input element of a small problem.
+TEST(Backward, ReferenceGradientsMatchFiniteDifferences) {
+  Case c;
+  c.B = 1, c.Hq = 2, c.Hkv = 1, c.Lq = 3, c.Lk = 5, c.E = 3, c.Ev = 2, c.softcap = 2.0f;
+  c.causal = true, c.offsets = {1}, c.mask_kind = MaskKind::kFloat, c.mask_dims = {3, 5}, c.seed = 9;
+  Harness h(c);
+  const ReferenceGradients ref = reference_backward(h.bp);
+  auto loss = [&]() {
+    const std::vector<double> out = reference_forward(h.bp.forward, nullptr);
+    double sum = 0.0;
+    for (size_t n = 0; n < out.size(); n++) sum += out[n] * h.go[n];  // bhsd: both dense
+    return sum;
+  };
+  auto expect_fd = [&](std::vector<float>& x, const std::vector<double>& grad, const char* name) {
+    for (size_t n = 0; n < x.size(); n++) {
+      const float saved = x[n];
+      const float step = 1e-2f;
+      x[n] = saved + step;
+      const double up = loss();
+      x[n] = saved - step;
+      const double down = loss();
+      x[n] = saved;
+      const double fd = (up - down) / (double(x[n] + step) - double(x[n] - step));
+      EXPECT_NEAR(grad[n], fd, 1e-3 * (1.0 + std::abs(fd))) << name << "[" << n << "]";
+    }
+  };
+  expect_fd(h.q, ref.d_query, "dQ");
+  expect_fd(h.k, ref.d_key, "dK");
+  expect_fd(h.v, ref.d_value, "dV");
+}
+
+// The forward's log-sum-exp (Problem::logsumexp), on the prefill path and the split-K decode
+// path (merged segments), with fully masked rows: against the reference, and bitwise the same
+// for any thread count.
+TEST(Backward, ForwardLogSumExpOnEveryPath) {
+  for (auto [lq, lk] : {std::pair{9, 70}, std::pair{1, 1500}, std::pair{2, 700}}) {
+    Case c;
+    c.B = 2, c.Hq = 4, c.Hkv = 2, c.Lq = lq, c.Lk = lk, c.E = 8, c.Ev = 8, c.causal = true;
+    c.offsets = {lk - lq, -lq};  // batch 1: every row attends nothing
+    c.mask_kind = MaskKind::kFloat, c.mask_dims = {lk}, c.mask_block_fraction = 0.2;
+    Harness one(c);
+    one.run(1);
+    const std::vector<double> ref = reference_logsumexp(one.bp.forward);
+    for (size_t n = 0; n < ref.size(); n++) {
+      if (std::isinf(ref[n])) {
+        EXPECT_EQ(one.lse[n], -kInf) << n;
+      } else {
+        EXPECT_NEAR(one.lse[n], ref[n], 1e-5 * (1.0 + std::abs(ref[n]))) << n << " " << c.describe();
+      }
+    }
+    Harness two(c);
+    two.run(2);
+    EXPECT_EQ(std::memcmp(two.lse.data(), one.lse.data(), one.lse.size() * 4), 0);
+  }
+}
+
+TEST(Backward, RejectsWhatItDoesNotTake) {
+  Case c;
+  c.Lq = 2, c.Lk = 3;
+  Harness h(c);
+  BackwardProblem bad = h.bp;
+  bad.grad_output = nullptr;
+  EXPECT_EQ(validate_backward(bad), Status::kNullPointer);
+  bad = h.bp;
+  bad.forward.kv_type = KvType::kFloat16;
+  EXPECT_EQ(validate_backward(bad), Status::kBadKvType);
+  bad = h.bp;
+  bad.dk_stride_l = -1;
+  EXPECT_EQ(validate_backward(bad), Status::kBadStride);
+  std::vector<float> scratch(1);
+  EXPECT_EQ(backward(h.bp, scratch.data(), scratch.size()), Status::kBadScratch);
+}
+
+}  // namespace
+}  // namespace sdpa
