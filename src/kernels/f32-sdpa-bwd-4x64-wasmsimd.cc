@@ -163,7 +163,7 @@ int32_t probabilities_and_ds(const BackwardProblem& bp, const RowTile& rt, const
   // compares (and a tanh with softcap) against the 2·(E + Ev) multiply-adds above.
   int32_t open_cols = cols;
   const bool capped = p.softcap > 0.0f;
-  const float cap = p.softcap, inv_cap = capped ? 1.0f / p.softcap : 0.0f;
+  const float cap = p.softcap;
   for (int r = 0; r < kQueryTile; r++) {
     float* row = s + r * kTile;
     if (r >= rt.rows) {
@@ -192,7 +192,7 @@ int32_t probabilities_and_ds(const BackwardProblem& bp, const RowTile& rt, const
       }
       float score = row[c];
       if (capped) {
-        const float t = std::tanh(score * inv_cap);
+        const float t = std::tanh(score / cap);  // as the forward: 1/cap may overflow
         tanh_r[r * kTile + c] = t;
         score = cap * t;
       }

@@ -442,10 +442,12 @@ void score_tile_in_place(const Src& src, const float* q_tile, int32_t rows, cons
 void finish_scores(const Problem& p, const RowTile& rt, int32_t j0, TileKind kind, int32_t cols,
                    const float* bias, float* scores) {
   if (p.softcap > 0.0f) {
-    const float cap = p.softcap, inv_cap = 1.0f / p.softcap;
+    // s / softcap as written, not s·(1/softcap): for softcap < 2^-128 the reciprocal is Inf,
+    // and a zero score times Inf is NaN (the contract's tanh(0 / softcap) is 0).
+    const float cap = p.softcap;
     for (int r = 0; r < kQueryTile; r++) {
       float* row = scores + r * kKeyTile;
-      for (int32_t c = 0; c < cols; c++) row[c] = cap * std::tanh(row[c] * inv_cap);
+      for (int32_t c = 0; c < cols; c++) row[c] = cap * std::tanh(row[c] / cap);
     }
   }
   if (kind == TileKind::kLimited) {
@@ -766,14 +768,20 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<S
     }
   }
 
-  // out = o / l; l == 0 means the row attended nothing: exact zeros, not 0/0 = NaN.
+  // out = o / l; l == 0 means the row attended nothing (every score -inf): exact zeros, not
+  // 0/0 = NaN, and not o·0 either: o is NaN when a key of probability 0 had Inf/NaN in its V
+  // row (P·V multiplies the open columns unconditionally).
   float inv_sum[kQueryTile];
   for (int r = 0; r < kQueryTile; r++) inv_sum[r] = sums[r] == 0.0f ? 0.0f : 1.0f / sums[r];
   for (int r = 0; r < rt.rows; r++) {
     float* dst = p.output + rt.b * p.o_stride_b + rt.h[r] * p.o_stride_h +
                  static_cast<int64_t>(rt.i[r]) * p.o_stride_l;
     const float* o = s.acc + r * ev8;
-    for (int32_t c = 0; c < Ev; c++) dst[c] = o[c] * inv_sum[r];
+    if (sums[r] == 0.0f) {
+      std::fill(dst, dst + Ev, 0.0f);
+    } else {
+      for (int32_t c = 0; c < Ev; c++) dst[c] = o[c] * inv_sum[r];
+    }
   }
 
   if (p.weights == nullptr) return;
@@ -907,8 +915,10 @@ void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, i
                                  int32_t segments, const float* partials) {
   // partials: [segments][ceil(rows / 4)][4][2 + Ev8], each row (m_s, l_s, o_s) over segment s.
   // With m = max_s m_s, the whole row is l = Σ_s exp(m_s - m)·l_s, o = Σ_s exp(m_s - m)·o_s;
-  // segments with m_s = -inf attended nothing and are skipped (their exp would be NaN when
-  // m is -inf too). Summed in segment order: the same bits for any number of threads.
+  // segments with m_s = -inf are skipped (their exp would be NaN when m is -inf too): they
+  // attended nothing (l_s = 0), or every score they saw was NaN (the running maximum never
+  // takes a NaN, pmax keeps -inf, but the sum does: l_s = NaN), which must make the row NaN,
+  // not look empty. Summed in segment order: the same bits for any number of threads.
   const int32_t group = p.q_heads / p.kv_heads;
   const int32_t Ev = p.value_dim;
   const size_t tile_floats = static_cast<size_t>(sdpa_f32_fwd_4x128__wasmsimd_partial_floats(p));
@@ -926,16 +936,19 @@ void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, i
                            : p.logsumexp + (static_cast<int64_t>(b) * p.q_heads + kv_head * group + f / p.q_len) * p.q_len +
                                  f % p.q_len;
     if (lse != nullptr) *lse = kNegInf;
-    if (m == kNegInf) continue;  // every key of the row blocked: exact zeros
     float l = 0.0f;
     for (int32_t seg = 0; seg < segments; seg++) {
       const float* part = row0 + seg * segment_floats;
-      if (part[0] == kNegInf) continue;
+      if (part[0] == kNegInf) {
+        l += part[1];  // 0, or NaN
+        continue;
+      }
       const float scale = std::exp(part[0] - m);
       l += scale * part[1];
       for (int32_t c = 0; c < Ev; c++) dst[c] += scale * part[2 + c];
     }
-    const float inv_l = l == 0.0f ? 0.0f : 1.0f / l;
+    if (l == 0.0f) continue;  // every key of the row blocked: exact zeros
+    const float inv_l = 1.0f / l;
     for (int32_t c = 0; c < Ev; c++) dst[c] *= inv_l;
     if (lse != nullptr && l != 0.0f) *lse = m + std::log(l);
   }

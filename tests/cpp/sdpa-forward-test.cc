@@ -460,6 +460,61 @@ TEST(SdpaForward, SegmentCallsRejectWhatTheyCannotDo) {
   EXPECT_EQ(segment(p, 0), Status::kBadShape);
 }
 
+// Found by the fuzzer (tests/fuzz/sdpa-fuzz.cc; the inputs are in tests/fuzz/corpus/sdpa/).
+
+TEST(SdpaForward, SoftcapTooSmallToInvertStillFollowsTheContract) {
+  // softcap = 2^-149: 1/softcap overflows float32, and a zero score (scale 0) times that
+  // Inf was NaN. The contract's softcap·tanh(s / softcap) is 0 for s = 0.
+  for (float scale : {0.0f, 1.0f}) {
+    Case c;
+    c.Lq = 5, c.Lk = 19, c.E = 9, c.Ev = 8, c.softcap = 0x1p-149f, c.scale = scale;
+    check(c);
+  }
+}
+
+TEST(SdpaForward, NanScoresPoisonTheRowOnEveryPath) {
+  // A NaN in a query row makes every score of the row NaN: the row's output is NaN, on the
+  // direct path and through split-K. The split-K merge used to read the segments' maxima
+  // only, which never take a NaN (pmax keeps -inf), so it took the row for one that attends
+  // nothing and wrote zeros.
+  for (int lk : {100, 1100}) {
+    Case c;
+    c.Hq = 2, c.Lq = 1, c.Lk = lk, c.E = 8, c.Ev = 8, c.weights = false;
+    Harness h(c);
+    h.q[3] = kNaN;  // head 0's only row
+    ASSERT_EQ(h.run(), Status::kOk);
+    const std::vector<float> streamed = run_streamed(h);
+    for (int e = 0; e < c.Ev; e++) {
+      EXPECT_TRUE(std::isnan(h.output_at(0, 0, 0, e))) << "Lk " << lk << " col " << e;
+      EXPECT_TRUE(std::isnan(streamed[size_t(e)])) << "streamed, Lk " << lk << " col " << e;
+      EXPECT_TRUE(std::isfinite(h.output_at(0, 1, 0, e))) << "head 1 has no NaN";
+    }
+  }
+}
+
+TEST(SdpaForward, RowsWhoseScoresAreAllMinusInfAreExactZeros) {
+  // Every score -inf through the data (q·k = -inf: an infinite key), not through blocking,
+  // and a NaN in V: the row has no softmax, so exact zeros (src/sdpa.h). The direct path
+  // wrote o·0 with o = 0·NaN = NaN from P·V's unconditional columns; split-K wrote zeros.
+  for (int lq : {1, 9})
+    for (int lk : {20, 1100}) {
+      Case c;
+      c.Lq = lq, c.Lk = lk, c.E = 4, c.Ev = 8, c.weights = lq == 9;
+      Harness h(c);
+      for (float& q : h.q) q = 1.0f;
+      for (int j = 0; j < lk; j++) h.key_at(0, 0, j, 0) = -kInf;
+      h.value_at(0, 0, 1, 3) = kNaN;
+      ASSERT_EQ(h.run(), Status::kOk);
+      for (int i = 0; i < lq; i++)
+        for (int e = 0; e < c.Ev; e++) EXPECT_EQ(h.output_at(0, 0, i, e), 0.0f) << c.describe() << " row " << i;
+      for (float w : h.weights) EXPECT_EQ(w, 0.0f) << c.describe();
+      if (lq == 1) {
+        const std::vector<float> streamed = run_streamed(h);
+        for (float o : streamed) EXPECT_EQ(o, 0.0f) << "streamed " << c.describe();
+      }
+    }
+}
+
 TEST(SdpaForward, ThreadsGiveBitwiseIdenticalResults) {
   // Splits by (batch, KV head, block of query rows) only regroup whole rows, so any thread
   // count must reproduce the single-threaded bits exactly; and match the reference. Every
