@@ -14,17 +14,21 @@
 //                   KVCache: random append (float32, raw halves, bshd, rank 3) / truncate /
 //                   reset / attend sequences, float32 and float16 (reference on the
 //                   half-rounded values), NaN in positions excluded by keyLengths.
-//                   createAttentionWorker(): bitwise the direct API's results (sdpa and cache).
-//   invalid calls   a valid call with one random mutation (tensor kinds, dims, sizes, every option)
-//                   must throw (or reject, for the worker) the documented TypeError/RangeError
-//                   with a message naming the function and the argument; the instance keeps
-//                   working, and a cache keeps its length and contents.
+//                   createAttentionWorker(): bitwise the direct API's results (sdpa and cache),
+//                   also for cache calls made without awaiting (valid and invalid mixed), which
+//                   must settle exactly as the same calls on a direct cache, in order.
+//   invalid calls   a valid call with one random mutation (tensor kinds, dims, sizes, every option,
+//                   createKVCache's options) must throw (or reject, for the worker, with the direct
+//                   API's message) the documented TypeError/RangeError with a message naming the
+//                   function and the argument; the instance keeps working, and a cache keeps its
+//                   length and contents.
 // Every failure message carries the seed and the case. To reproduce:
 //   SDPA_PROPERTY_SEED=<seed> NODE_OPTIONS=--experimental-vm-modules npx jest tests/node/property.test.mjs
 // (add SDPA_PROPERTY_CASE=<group>:<index> to run that one case alone; for the relaxed-SIMD
 // build: SDPA_PROPERTY_SEED=<seed> bash scripts/test-js.sh tests/node/property.test.mjs).
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import { maxRelError, referenceSdpa } from './reference.mjs';
+import { bitsHash } from '../shared/reference-cases.mjs';
 import {
   blockedPredicate, caseSeed, describeOptions, halfToFloat, layoutDims, makeRng, maybeOffsetView, mutateCacheOptions, mutateOptions, mutateTensor,
   normalTensor, pickRank, randomHalves, randomOptions, randomShape, referenceOptions, roundToHalf, toBshd,
@@ -48,7 +52,7 @@ const ONLY = process.env.SDPA_PROPERTY_CASE;
 /** Cases per run, by group. */
 const COUNTS = {
   sdpa: 1000, sdpaInvalid: 400, cache: 120, cacheInvalid: 120, createCacheInvalid: 60,
-  worker: 100, workerInvalid: 60, workerCache: 24, workerCacheInvalid: 30,
+  worker: 100, workerInvalid: 60, workerCache: 24, workerCacheInvalid: 30, workerCachePipelined: 30,
 };
 
 // The default instance (threads: min(cores, 4)), a single-threaded one, and a worker.
@@ -113,6 +117,9 @@ function expectWithinTolerance(got, ref, what) {
   const error = maxRelError(got, ref);
   if (!(error <= TOL)) throw new Error(`${what}: max |got − ref| / (1 + |ref|) = ${error} > ${TOL}`);
 }
+
+/** Output and weights bits of a result, as text (for bitwise comparisons of whole results). */
+const resultBits = (result) => `[${result.output.dims}] ${bitsHash(result.output.data)}${result.weights ? ` weights ${bitsHash(result.weights.data)}` : ''}`;
 
 /** The element offset of output row (b, h, i) of Ev floats in `layout`. */
 const outputRow = (layout, { Hq, Lq, Ev }, b, h, i) => (layout === 'bshd' ? ((b * Lq + i) * Hq + h) * Ev : ((b * Hq + h) * Lq + i) * Ev);
@@ -784,6 +791,85 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
       } finally {
         direct.dispose();
         await remote?.dispose();
+      }
+    });
+  }, 60_000);
+
+  test(`createAttentionWorker(): ${COUNTS.workerCachePipelined} cache sequences issued without awaiting, invalid calls among them, settle as the direct cache's calls did, in order`, async () => {
+    await runCases('workerCachePipelined', COUNTS.workerCachePipelined, async (r, note) => {
+      const shape = randomCacheShape(r);
+      const steps = [`createKVCache ${JSON.stringify(shape)}`];
+      note(steps.join('; '));
+      const direct = attn.createKVCache(shape);
+      const remote = await worker.createKVCache(shape);
+      const model = new CacheModel(shape);
+      // Each call is made on the direct cache (it runs now) and on the worker's (queued, not
+      // awaited): the worker's checks must see the length the calls before it will leave.
+      const expected = [], pending = [];
+      const outcome = (call) => {
+        try {
+          const value = call();
+          return { ok: true, bits: value?.output ? resultBits(value) : '' };
+        } catch (error) {
+          return { ok: false, error: `${error.constructor.name}: ${error.message}` };
+        }
+      };
+      try {
+        for (let n = r.int(4, 12); n > 0; n--) {
+          const pick = r.next();
+          let call, step;
+          if (pick < 0.3 && model.length < model.max) {
+            const a = randomAppend(r, model);
+            step = a.description;
+            call = (c) => c.append(a.key, a.value, a.options);
+            if (outcome(() => call(direct)).ok) model.append(a.stored.k, a.stored.v, a.Lnew, a.valueScale);
+            else throw new Error(`a valid ${step} failed on the direct cache`);
+            expected.push({ ok: true, bits: '' });
+          } else if (pick < 0.4) {
+            const Lnew = model.max - model.length + 1;  // one position too many
+            const k = normalTensor(r, [model.B, model.Hkv, Lnew, model.E]), v = normalTensor(r, [model.B, model.Hkv, Lnew, model.Ev]);
+            step = `append ${Lnew} past maxLength`;
+            call = (c) => c.append(k, v);
+            expected.push(outcome(() => call(direct)));
+          } else if (pick < 0.5) {
+            const to = r.chance(0.7) ? r.int(0, model.length) : model.length + r.int(1, 3);
+            step = `truncate(${to})`;
+            call = (c) => c.truncate(to);
+            const o = outcome(() => call(direct));
+            if (o.ok) model.truncate(to);
+            expected.push(o);
+          } else if (pick < 0.55) {
+            step = 'reset()';
+            call = (c) => c.reset();
+            expected.push(outcome(() => call(direct)));
+            model.truncate(0);
+          } else if (pick < 0.65) {
+            const lengths = new Int32Array(model.B).fill(model.length + 1);  // beyond the stored length
+            const q = normalTensor(r, [model.B, model.Hkv, 1, model.E]);
+            step = `attend with keyLengths ${model.length + 1} (length ${model.length})`;
+            call = (c) => c.attend(q, { keyLengths: lengths });
+            expected.push(outcome(() => call(direct)));
+          } else {
+            const c = randomAttend(r, model);
+            step = c.description;
+            const { out, ...rest } = c.options;
+            let got;
+            expected.push(outcome(() => { got = direct.attend(c.query, c.options); return got; }));
+            note([...steps, step].join('; '));
+            checkResult(got, c);
+            call = (cache) => cache.attend(c.query, out ? { ...rest, out: new Float32Array(out.length) } : rest);
+          }
+          steps.push(step);
+          pending.push(call(remote).then(
+            (value) => ({ ok: true, bits: value?.output ? resultBits(value) : '' }),
+            (error) => ({ ok: false, error: `${error.constructor.name}: ${error.message}` })));
+        }
+        note(steps.join('; '));
+        expect(await Promise.all(pending)).toEqual(expected);
+        expect([remote.length, direct.length]).toEqual([model.length, model.length]);
+      } finally {
+        direct.dispose();
+        await remote.dispose();
       }
     });
   }, 60_000);
