@@ -5,8 +5,9 @@
 // length) must be bitwise what the same script gives run alone, step by step, on a fresh
 // single-threaded instance (README: bitwise the same for any thread count, through a worker
 // too); the sequential sdpa results are also checked against the float64 reference. The
-// instances are created concurrently too. Everything is disposed; a child Node process running
-// a smaller concurrent mix must exit by itself.
+// instances are created concurrently too, and threaded instances are created and disposed
+// (their thread pools torn down) while others compute. Everything is disposed; a child Node
+// process running a smaller concurrent mix must exit by itself.
 // The scripts come from a seed: SDPA_PROPERTY_SEED=<seed> reproduces a run
 //   SDPA_PROPERTY_SEED=<seed> NODE_OPTIONS=--experimental-vm-modules npx jest tests/node/concurrency.test.mjs
 import { spawn } from 'node:child_process';
@@ -208,6 +209,33 @@ describe(`concurrency, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`, ()
       for (const a of created.slice(0, 3)) a.dispose();
       await Promise.all(created.slice(3).map((w) => w.dispose()));
     }
+  }, 60_000);
+
+  test('threaded instances (2 and 3 threads) created and disposed while others compute: every result bitwise a single-threaded instance\'s', async () => {
+    const r = makeRng(caseSeed(SEED, 'churn', 0));
+    const problems = Array.from({ length: 6 }, () => sdpaStep(r));
+    const single = await createAttention({ threads: 1 });
+    let expected;
+    try {
+      expected = problems.map((p) => resultBits(single.sdpa(p.query, p.key, p.value, p.options)));
+    } finally {
+      single.dispose();
+    }
+    const got = await Promise.all(Array.from({ length: 24 }, async (_, i) => {
+      await new Promise((resolve) => setTimeout(resolve, (i * 7) % 13));
+      const instance = await createAttention({ threads: 2 + (i % 2) });
+      try {
+        const bits = [];
+        for (const p of problems) {
+          bits.push(resultBits(instance.sdpa(p.query, p.key, p.value, p.options)));
+          await yieldSomehow(r);
+        }
+        return bits;
+      } finally {
+        instance.dispose();  // the last one of a thread count terminates that pool
+      }
+    }));
+    for (const bits of got) expect(bits).toEqual(expected);
   }, 60_000);
 
   test('a Node process running a concurrent mix (2 instances, 2 workers, caches) exits by itself once everything is disposed', async () => {
