@@ -1,0 +1,130 @@
+// The oracle of the fuzz targets: is one forward() result right, for any problem, however
+// adversarial its values?
+//
+// The values come from reference_forward (src/reference/sdpa-reference.h, double precision,
+// the full [Lq, Lk] score matrix). What "right" means depends on the row, i = query row of
+// (batch b, head h), and on A, the keys the row may attend (src/sdpa.h: not past
+// key_lengths[b], not past the causal limit, not masked out by a bool mask or a -inf float
+// mask). With s_j the row's scores computed in double as the contract orders them:
+//
+//   1. A is empty: output (and weights) are exact zeros. Whatever K/V hold there (NaN in
+//      padding, in blocked keys) must not leak.
+//   2. Some s_j (j in A) is NaN or +Inf: softmax has no value; the output row is all NaN
+//      (PyTorch's answer too), and so are the weights of the keys in A.
+//   3. Every s_j is -Inf (scores made -Inf by the data itself): exact zeros too, as the
+//      contract says of a row whose every key is -inf, whatever V holds.
+//   4. Otherwise the row is an ordinary softmax, and per output column c:
+//      - "range-limited" rows, where float32 itself cannot represent the computation
+//        (|scale·q_d| or Σ_d |scale·q_d·k_d| near FLT_MAX, a score plus its mask past
+//        FLT_MAX), and columns where |A|·max |v_jc| nears FLT_MAX (the sum of P·V may
+//        overflow): any non-finite result is allowed (the kernel is float32, like PyTorch's
+//        float32 attention), and 0 (every score overflowed to -Inf: nothing attended), but
+//        any other finite one must lie in [min, max] of the column's values over A, up to
+//        rounding: a softmax is a convex combination of them;
+//      - columns with a non-finite V value in A: no check (Inf·0 may be NaN, Inf·tiny Inf);
+//      - otherwise the result must be finite, and:
+//        * when the scores are well conditioned, i.e. err_s, a bound on the float32 error of
+//          the scores that matter (err_j = (E+4)·2^-24·|scale|·Σ_d|q_d·k_d| for the
+//          rounding of the dot product, E·max|k|·2^-149 for underflow of scale·q, and terms
+//          for softcap and the mask), is at most 1e-3:
+//            |got - ref| <= tol·(|ref| + Σ_j p_j|v_jc|) + 4·err_s·max_j |v_jc| + tiny,
+//          tol = 1e-4 (the rounding of sums over Lk keys and E dims, exp's few ulps); the
+//          second term is the change of a convex combination when its logits move by err_s.
+//        * when they are not (logits so large that float rounding of a score can change
+//          which key wins), only the convex-combination bound holds.
+//      Weights: exact zeros for keys outside A, and in [0, 1] for keys in A (any NaN allowed
+//      if the row is range-limited); within (tol + 4·err_s)·w_ref of the reference when well conditioned.
+//
+// And every output element is written (the buffers are filled with a sentinel NaN first),
+// and nothing outside the output's elements (padding between rows, heads, batches).
+#pragma once
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "fuzz-values.h"
+#include "math/f16-f32-cvt-wasmsimd.h"
+#include "reference/sdpa-reference.h"
+#include "sdpa.h"
+
+namespace sdpa_fuzz {
+
+using sdpa::MaskKind;
+using sdpa::Problem;
+
+inline std::string describe(const Problem& p) {
+  char text[1024];
+  std::snprintf(text, sizeof text,
+                "B%d Hq%d Hkv%d Lq%d Lk%d E%d Ev%d kv_type=%d scale=%a softcap=%a mask=%d "
+                "mask_strides=[%lld,%lld,%lld,%lld] causal=%d offset=%s%d key_lengths=%s weights=%d "
+                "in_order=%d q_strides=[%lld,%lld,%lld] k=[%lld,%lld,%lld] v=[%lld,%lld,%lld] o=[%lld,%lld,%lld]",
+                p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len, p.head_dim, p.value_dim,
+                static_cast<int>(p.kv_type), p.scale, p.softcap, static_cast<int>(p.mask_kind),
+                static_cast<long long>(p.mask_stride_b), static_cast<long long>(p.mask_stride_h),
+                static_cast<long long>(p.mask_stride_q), static_cast<long long>(p.mask_stride_k), p.causal,
+                p.causal_offsets != nullptr ? "per-batch, first " : "", p.causal_offsets != nullptr ? p.causal_offsets[0] : p.causal_offset,
+                p.key_lengths != nullptr ? "per-batch" : "none", p.weights != nullptr, p.read_kv_in_order,
+                static_cast<long long>(p.q_stride_b), static_cast<long long>(p.q_stride_h), static_cast<long long>(p.q_stride_l),
+                static_cast<long long>(p.k_stride_b), static_cast<long long>(p.k_stride_h), static_cast<long long>(p.k_stride_l),
+                static_cast<long long>(p.v_stride_b), static_cast<long long>(p.v_stride_h), static_cast<long long>(p.v_stride_l),
+                static_cast<long long>(p.o_stride_b), static_cast<long long>(p.o_stride_h), static_cast<long long>(p.o_stride_l));
+  return text;
+}
+
+// Reports a failed check and aborts: libFuzzer saves the input as a crash artifact.
+[[noreturn]] inline void fail(const Problem& p, const char* format, ...) {
+  std::fprintf(stderr, "\n==== fuzz check failed: ");
+  va_list args;
+  va_start(args, format);
+  std::vfprintf(stderr, format, args);
+  va_end(args);
+  std::fprintf(stderr, "\n     problem: %s\n", describe(p).c_str());
+  std::abort();
+}
+
+#define FUZZ_CHECK(p, condition, ...)    \
+  do {                                   \
+    if (!(condition)) fail(p, __VA_ARGS__); \
+  } while (0)
+
+// Key or value element `at` (an element index) as a double.
+FUZZ_NO_COVERAGE inline double kv_element(const Problem& p, const void* base, int64_t at) {
+  if (sdpa::is_half(p.kv_type)) return sdpa::f16_to_f32(static_cast<const uint16_t*>(base)[at]);
+  return static_cast<const float*>(base)[at];
+}
+
+FUZZ_NO_COVERAGE inline int64_t mask_at(const Problem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
+  return b * p.mask_stride_b + h * p.mask_stride_h + i * p.mask_stride_q + j * p.mask_stride_k;
+}
+
+// Whether row (b, h, i) may attend key j: the blocking rules of src/sdpa.h, written again.
+FUZZ_NO_COVERAGE inline bool attendable(const Problem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
+  const int64_t valid_keys = p.key_lengths != nullptr ? p.key_lengths[b] : p.kv_len;
+  if (j >= valid_keys) return false;
+  const int64_t offset = p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset;
+  if (p.causal && j > i + offset) return false;
+  if (p.mask_kind == MaskKind::kBool && static_cast<const uint8_t*>(p.mask)[mask_at(p, b, h, i, j)] == 0) return false;
+  if (p.mask_kind == MaskKind::kFloat && static_cast<const float*>(p.mask)[mask_at(p, b, h, i, j)] == -kInf) return false;
+  return true;
+}
+
+constexpr double kTolerance = 1e-4;
+constexpr double kWellConditioned = 1e-3;  // largest score error bound still compared to the reference
+constexpr double kEps = 0x1p-24;           // float32 unit roundoff
+constexpr double kFloatMax = FLT_MAX;
+
+// Checks p.output (inside `output`, the whole buffer p.output points into) and p.weights
+// (inside `weights`, or null) as described at the top. In attention-check.cc, which is
+// compiled without the fuzzer's coverage instrumentation: the oracle's branches are not what
+// the fuzzer should explore, and instrumented they took most of the time.
+void check_result(const Problem& p, const std::vector<float>& output, const std::vector<float>* weights);
+
+}  // namespace sdpa_fuzz

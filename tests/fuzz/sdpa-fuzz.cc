@@ -1,0 +1,524 @@
+// Fuzz target: sdpa::forward() (and the streamed split-K path, forward_segment() and
+// merge_segments()) on problems decoded from the fuzz input, checked against the
+// double-precision reference by tests/fuzz/attention-check.h.
+//
+// The input decides everything src/sdpa.h lets a caller decide:
+//   shapes   B, Hkv, Hq = Hkv·group (GQA), Lq, Lk, E, Ev, drawn around the tile edges of
+//            src/tiles.h (1, tile - 1, tile, tile + 1 for kQueryTile, kKeyGroup, kKeyTile,
+//            kValueBlock) and past segment_keys() (the split-K segments of decoding);
+//   layouts  query/key/value/output as [B, H, L, D] or [B, L, H, D], each stride padded by a
+//            few elements (the padding holds NaN), and zero strides on an input axis;
+//   options  scale, softcap (including subnormal and huge ones), a float or bool mask with
+//            any broadcast (zero strides) and any axis order, causal with one offset or one
+//            per batch (negative, past the end, INT32_MIN/MAX), key_lengths (including 0),
+//            weights, kv_type float32/float16/float16-finite, read_kv_in_order, a pool of 1 or
+//            2 threads;
+//   values   per tensor, ordinary numbers of a chosen magnitude mixed with NaN, ±Inf, ±1e30,
+//            ±FLT_MAX, subnormals, -0 (float16 K/V: the half edge patterns), plus single
+//            elements the input sets; and, deliberately, NaN/Inf in every K/V row no query row
+//            may attend (past key_lengths, past every causal limit, masked for every row).
+// Every buffer is allocated at its exact size (fuzz-values.h): AddressSanitizer sees any
+// access past a tensor, a scratch buffer or a segment's copy of K/V.
+//
+// Besides the reference comparison, results that the contract says are bitwise identical
+// are compared bitwise: any thread count, kFloat16Finite against kFloat16 on data without
+// Inf/NaN halves, and the split-K path against forward(). One input in eight is turned
+// into an invalid problem (one field broken: a size, a pointer, a stride, the scale, ...),
+// which must return the Status validate() documents and write nothing.
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "attention-check.h"
+#include "fuzz-values.h"
+#include "parallel/thread-pool.h"
+#include "sdpa.h"
+#include "tiles.h"
+
+namespace sdpa_fuzz {
+namespace {
+
+using sdpa::KvType;
+using sdpa::Status;
+using sdpa::kKeyGroup;
+using sdpa::kKeyTile;
+using sdpa::kQueryTile;
+using sdpa::kValueBlock;
+
+// Lengths around the edges of the row tile, the key group and the key tile.
+int32_t pick_length(FuzzedDataProvider& in) {
+  const int32_t lengths[] = {1, 2, 3,
+                             kQueryTile - 1, kQueryTile, kQueryTile + 1,
+                             2 * kQueryTile - 1, 2 * kQueryTile + 1,
+                             kKeyGroup - 1, kKeyGroup, kKeyGroup + 1, 2 * kKeyGroup + 1,
+                             kKeyTile - 1, kKeyTile, kKeyTile + 1, 2 * kKeyTile + 1};
+  const uint8_t choice = in.ConsumeIntegral<uint8_t>();
+  if (choice < 64) return 1 + choice % 20;  // small, any
+  return lengths[choice % (sizeof lengths / sizeof lengths[0])];
+}
+
+// Key counts: the lengths above, and the split-K segment edges of decoding.
+int32_t pick_key_length(FuzzedDataProvider& in) {
+  const uint8_t choice = in.ConsumeIntegral<uint8_t>();
+  const int32_t segment = sdpa::segment_keys();
+  if (choice >= 232) {
+    const int32_t lengths[] = {segment - 1, segment, segment + 1, 2 * segment + kKeyTile + 1};
+    return lengths[choice % 4];
+  }
+  return pick_length(in);
+}
+
+// Head dims around the P·V block widths (kValueBlock, 4-wide vectors, 8 vectors of one row).
+int32_t pick_dim(FuzzedDataProvider& in) {
+  const int32_t dims[] = {1, 2, 3, 4, 5, 7, kValueBlock - 1, kValueBlock, kValueBlock + 1, 2 * kValueBlock + 3,
+                          4 * kValueBlock - 1, 4 * kValueBlock, 4 * kValueBlock + 5, 64};
+  return dims[in.ConsumeIntegral<uint8_t>() % (sizeof dims / sizeof dims[0])];
+}
+
+// The thread pools, made once: creating threads per input would dominate the run time.
+sdpa::ThreadPool* pool(int threads) {
+  static sdpa::ThreadPool one(1), two(2);
+  return threads == 0 ? nullptr : threads == 1 ? &one : &two;
+}
+
+// Everything a problem points to, owned, each at its exact size.
+struct Buffers {
+  std::vector<float> query, output, weights, mask_f;
+  std::vector<float> key_f, value_f;
+  std::vector<uint16_t> key_h, value_h;
+  std::vector<uint8_t> mask_b;
+  std::vector<int32_t> offsets, key_lengths;
+};
+
+FUZZ_NO_COVERAGE void fill(std::vector<float>& x, const ValueStyle& s) {
+  Rng rng{s.seed};
+  for (float& f : x) f = draw_float(rng, s);
+}
+FUZZ_NO_COVERAGE void fill(std::vector<uint16_t>& x, const ValueStyle& s) {
+  Rng rng{s.seed};
+  for (uint16_t& h : x) h = draw_half(rng, s);
+}
+
+// Sets the padding of a [B, H, L, D] tensor (elements no index reaches) to `pad`.
+template <typename T>
+FUZZ_NO_COVERAGE void fill_padding(std::vector<T>& x, int64_t B, int64_t H, int64_t L, int64_t D, const Layout& t, T pad) {
+  std::vector<bool> used(x.size(), false);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t l = 0; l < L; l++)
+        for (int64_t d = 0; d < D; d++) used[static_cast<size_t>(b * t.b + h * t.h + l * t.l + d)] = true;
+  for (size_t n = 0; n < x.size(); n++) {
+    if (!used[n]) x[n] = pad;
+  }
+}
+
+int32_t pick_offset(FuzzedDataProvider& in, int32_t Lq, int32_t Lk) {
+  switch (in.ConsumeIntegral<uint8_t>() % 10) {
+    case 0: return Lk - Lq;  // the query rows are the last Lq keys (decoding, a KV cache)
+    case 1: return 0;
+    case 2: return -1;
+    case 3: return -Lq;  // the last row sees nothing... (j > i - Lq for every j >= 0)
+    case 4: return -Lq - 1;
+    case 5: return Lk;  // past the end: nothing blocked
+    case 6: return INT32_MIN;
+    case 7: return INT32_MAX;
+    default: return in.ConsumeIntegralInRange<int32_t>(-Lq - 2, Lk + 2);
+  }
+}
+
+// One field of a valid problem broken, and the Status validate() gives for it.
+Status corrupt(FuzzedDataProvider& in, Problem& p, Buffers& buf, uint64_t& scratch_size, float*& scratch) {
+  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 20;
+  const uint8_t detail = in.ConsumeIntegral<uint8_t>();
+  int32_t* dims[] = {&p.batch, &p.q_heads, &p.kv_heads, &p.q_len, &p.kv_len, &p.head_dim, &p.value_dim};
+  int64_t* strides[] = {&p.q_stride_b, &p.q_stride_h, &p.q_stride_l, &p.k_stride_b,
+                        &p.k_stride_h, &p.k_stride_l, &p.v_stride_b, &p.v_stride_h,
+                        &p.v_stride_l, &p.o_stride_b, &p.o_stride_h, &p.o_stride_l,
+                        &p.mask_stride_b, &p.mask_stride_h, &p.mask_stride_q, &p.mask_stride_k};
+  switch (which) {
+    case 0: case 1: case 2: case 3: case 4: case 5: case 6:
+      *dims[which] = detail % 2 == 0 ? 0 : detail % 4 == 1 ? -1 : INT32_MIN;
+      return Status::kBadShape;
+    case 7:
+      p.kv_heads = p.q_heads + 1;  // Hq % Hkv = Hq != 0
+      return Status::kBadShape;
+    case 8: p.query = nullptr; return Status::kNullPointer;
+    case 9: p.key = nullptr; return Status::kNullPointer;
+    case 10: p.value = nullptr; return Status::kNullPointer;
+    case 11: p.output = nullptr; return Status::kNullPointer;
+    case 12:
+      p.mask_kind = detail % 2 == 0 ? MaskKind::kFloat : MaskKind::kBool;
+      p.mask = nullptr;
+      return Status::kNullPointer;
+    case 13:
+      *strides[detail % 16] = detail & 0x80 ? INT64_MIN : -1;
+      return Status::kBadStride;
+    case 14:
+      p.kv_type = static_cast<KvType>(detail % 2 == 0 ? 3 : -1);
+      return Status::kBadKvType;
+    case 15: {
+      const float bad[] = {kNaN, kInf, -kInf};
+      p.scale = bad[detail % 3];
+      return Status::kBadScale;
+    }
+    case 16: {
+      const float bad[] = {-1.0f, kNaN, kInf, -FLT_MIN, -kInf};
+      p.softcap = bad[detail % 5];
+      return Status::kBadSoftcap;
+    }
+    case 17:
+      if (buf.key_lengths.empty()) buf.key_lengths.assign(static_cast<size_t>(p.batch), p.kv_len);
+      buf.key_lengths[detail % buf.key_lengths.size()] = detail & 0x80 ? -1 : p.kv_len + 1;
+      p.key_lengths = buf.key_lengths.data();
+      return Status::kBadKeyLength;
+    case 18:
+      scratch = nullptr;
+      return Status::kBadScratch;
+    default:
+      scratch_size -= 1;
+      return Status::kBadScratch;
+  }
+}
+
+// How many query rows of batch b, in the query heads of KV head kvh, may attend key j.
+FUZZ_NO_COVERAGE int64_t attended_by(const Problem& p, int64_t b, int64_t kvh, int64_t j) {
+  const int64_t group = p.q_heads / p.kv_heads;
+  int64_t rows = 0;
+  for (int64_t h = kvh * group; h < (kvh + 1) * group; h++)
+    for (int64_t i = 0; i < p.q_len; i++) rows += attendable(p, b, h, i, j);
+  return rows;
+}
+
+// Elements of rows no query row attends get `poison_value` (when `poison`); with
+// `finite_halves`, attended halves holding Inf/NaN become the largest finite half.
+template <typename T>
+FUZZ_NO_COVERAGE void treat(std::vector<T>& x, const std::vector<bool>& attended, bool poison, T poison_value,
+                            bool finite_halves) {
+  for (size_t n = 0; n < x.size(); n++) {
+    if (!attended[n]) {
+      if (poison) x[n] = poison_value;
+    } else if constexpr (sizeof(T) == 2) {
+      if (finite_halves && half_is_inf_or_nan(x[n])) x[n] = static_cast<T>((x[n] & 0x8000) | 0x7BFF);
+    }
+  }
+}
+
+// forward() with exactly the scratch it asks for, on a fresh copy of the output (and weights)
+// buffers filled with the sentinel.
+struct Result {
+  std::vector<float> output, weights;
+};
+Result run_forward(Problem p, const Buffers& buf, int threads, uint32_t scratch_misalign) {
+  Result r;
+  r.output.assign(buf.output.size(), sentinel());
+  p.output = r.output.data();
+  if (p.weights != nullptr) {
+    r.weights.assign(buf.weights.size(), sentinel());
+    p.weights = r.weights.data();
+  }
+  sdpa::ThreadPool* tp = pool(threads);
+  const uint64_t need = sdpa::scratch_floats(p, tp != nullptr ? tp->threads() : 1);
+  // The kernel aligns the scratch itself: start it 0-3 floats past a 16-byte boundary.
+  std::vector<float> scratch(static_cast<size_t>(need) + scratch_misalign);
+  const Status status = sdpa::forward(p, scratch.data() + scratch_misalign, need, tp);
+  FUZZ_CHECK(p, status == Status::kOk, "forward() returned %s on a valid problem", sdpa::status_name(status));
+  return r;
+}
+
+FUZZ_NO_COVERAGE void check_same(const Problem& p, const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+  for (size_t n = 0; n < a.size(); n++) {
+    FUZZ_CHECK(p, same_float(a[n], b[n]), "%s: element %zu differs: %a vs %a", what, n, a[n], b[n]);
+  }
+}
+
+// The streamed decode of src/sdpa.h: each segment's keys copied into buffers of exactly the
+// segment's size, forward_segment() on them, merge_segments(): bitwise forward()'s output.
+void check_segments(const Problem& p_in, const Buffers& buf, const std::vector<float>& expected) {
+  Problem p = p_in;
+  std::vector<float> output(buf.output.size(), sentinel());
+  p.output = output.data();
+  const int32_t segments = sdpa::segment_count(p);
+  std::vector<float> partials(static_cast<size_t>(sdpa::segment_partials_floats(p)));
+  std::vector<float> scratch(static_cast<size_t>(sdpa::segment_scratch_floats(p)));
+  const size_t elem = sdpa::is_half(p.kv_type) ? 2 : 4;
+  for (int32_t s = 0; s < segments; s++) {
+    const int64_t first = static_cast<int64_t>(s) * sdpa::segment_keys();
+    const int64_t n = std::min<int64_t>(p.kv_len - first, sdpa::segment_keys());
+    const size_t k_size = static_cast<size_t>((n - 1) * p.k_stride_l + p.head_dim) * elem;
+    const size_t v_size = static_cast<size_t>((n - 1) * p.v_stride_l + p.value_dim) * elem;
+    const char* k_src = static_cast<const char*>(p_in.key) + static_cast<size_t>(first * p.k_stride_l) * elem;
+    const char* v_src = static_cast<const char*>(p_in.value) + static_cast<size_t>(first * p.v_stride_l) * elem;
+    std::unique_ptr<char[]> k(new char[k_size]), v(new char[v_size]);
+    std::memcpy(k.get(), k_src, k_size);
+    std::memcpy(v.get(), v_src, v_size);
+    p.key = k.get(), p.value = v.get();
+    const Status status = sdpa::forward_segment(p, s, partials.data(), scratch.data(), scratch.size());
+    FUZZ_CHECK(p, status == Status::kOk, "forward_segment(%d) returned %s", s, sdpa::status_name(status));
+  }
+  for (int32_t s : {-1, segments}) {  // no such segment
+    const Status status = sdpa::forward_segment(p, s, partials.data(), scratch.data(), scratch.size());
+    FUZZ_CHECK(p, status == Status::kBadSegment, "forward_segment(%d) of %d returned %s", s, segments,
+               sdpa::status_name(status));
+  }
+  if (!scratch.empty()) {
+    const Status status = sdpa::forward_segment(p, 0, partials.data(), scratch.data(), scratch.size() - 1);
+    FUZZ_CHECK(p, status == Status::kBadScratch, "forward_segment() with too little scratch returned %s",
+               sdpa::status_name(status));
+  }
+  const Status status = sdpa::merge_segments(p, partials.data());
+  FUZZ_CHECK(p, status == Status::kOk, "merge_segments returned %s", sdpa::status_name(status));
+  check_same(p, output, expected, "split-K path against forward()");
+}
+
+void run(const uint8_t* data, size_t size) {
+  FuzzedDataProvider in(data, size);
+  Problem p;
+  Buffers buf;
+
+  // Shapes, within a work budget that keeps an execution in the milliseconds.
+  int32_t B = in.ConsumeIntegralInRange<int32_t>(1, 3);
+  int32_t Hkv = in.ConsumeIntegralInRange<int32_t>(1, 3);
+  int32_t group = in.ConsumeIntegralInRange<int32_t>(1, 2 * kQueryTile + 1);
+  int32_t Lq = pick_length(in);
+  int32_t Lk = pick_key_length(in);
+  int32_t E = pick_dim(in), Ev = pick_dim(in);
+  const bool big = in.ConsumeIntegral<uint8_t>() == 0xB1;  // enough work to wake the second thread
+  const double budget = big ? 6e6 : 2e5;
+  auto work = [&] { return static_cast<double>(B) * Hkv * group * Lq * Lk * (E + Ev); };
+  while (work() > budget) {
+    if (B > 1) B--;
+    else if (Hkv > 1) Hkv--;
+    else if (group > 1) group--;
+    else if (Lq > 1) Lq = (Lq + 1) / 2;
+    else if (E + Ev > 16) E = (E + 1) / 2, Ev = (Ev + 1) / 2;
+    else Lk = (Lk + 1) / 2;
+  }
+  p.batch = B, p.kv_heads = Hkv, p.q_heads = Hkv * group, p.q_len = Lq, p.kv_len = Lk;
+  p.head_dim = E, p.value_dim = Ev;
+  const int32_t Hq = p.q_heads;
+
+  const uint8_t kv_type = in.ConsumeIntegral<uint8_t>() % 3;
+  p.kv_type = static_cast<KvType>(kv_type);
+  const bool half = sdpa::is_half(p.kv_type);
+
+  const Layout q = make_layout(B, Hq, Lq, E, in.ConsumeIntegral<uint8_t>(), true);
+  const Layout k = make_layout(B, Hkv, Lk, E, in.ConsumeIntegral<uint8_t>(), true);
+  const Layout v = make_layout(B, Hkv, Lk, Ev, in.ConsumeIntegral<uint8_t>(), true);
+  const Layout o = make_layout(B, Hq, Lq, Ev, in.ConsumeIntegral<uint8_t>(), false);
+  p.q_stride_b = q.b, p.q_stride_h = q.h, p.q_stride_l = q.l;
+  p.k_stride_b = k.b, p.k_stride_h = k.h, p.k_stride_l = k.l;
+  p.v_stride_b = v.b, p.v_stride_h = v.h, p.v_stride_l = v.l;
+  p.o_stride_b = o.b, p.o_stride_h = o.h, p.o_stride_l = o.l;
+
+  // Options.
+  {
+    const float scales[] = {1.0f / std::sqrt(static_cast<float>(E)), 1.0f, 0.0f, -0.0f, -1.0f, 0.125f,
+                            1e-30f, 1e30f, FLT_MAX, 0x1p-149f, -3.0f};
+    const uint8_t choice = in.ConsumeIntegral<uint8_t>();
+    p.scale = choice < 128 ? scales[0] : scales[choice % (sizeof scales / sizeof scales[0])];
+    const float softcaps[] = {0.0f, -0.0f, 1.0f, 30.0f, 0.5f, 1e-30f, 0x1p-149f, FLT_MAX, 1e30f, 50.0f};
+    const uint8_t cap = in.ConsumeIntegral<uint8_t>();
+    p.softcap = cap < 160 ? 0.0f : softcaps[cap % (sizeof softcaps / sizeof softcaps[0])];
+  }
+  const uint8_t mask_byte = in.ConsumeIntegral<uint8_t>();
+  p.mask_kind = static_cast<MaskKind>(mask_byte % 3);
+  int64_t mask_dims[4] = {B, Hq, Lq, Lk};
+  if (p.mask_kind != MaskKind::kNone) {
+    // Axes the mask has (else stride 0: broadcast), and the order of its axes in memory.
+    const uint8_t present = in.ConsumeIntegral<uint8_t>();
+    const uint8_t order = in.ConsumeIntegral<uint8_t>();
+    const uint8_t pad = in.ConsumeIntegral<uint8_t>();
+    int axes[4] = {0, 1, 2, 3};
+    for (int n = 3; n > 0; n--) std::swap(axes[n], axes[(order >> (2 * (3 - n))) % (n + 1)]);
+    int64_t stride = 1;
+    int64_t mask_strides[4] = {0, 0, 0, 0};
+    size_t mask_size = 1;
+    for (int n = 3; n >= 0; n--) {  // axes[3] innermost
+      const int axis = axes[n];
+      if ((present >> axis & 1) == 0 || mask_dims[axis] == 1) continue;
+      mask_strides[axis] = stride;
+      mask_size += static_cast<size_t>((mask_dims[axis] - 1) * stride);
+      stride = stride * mask_dims[axis] + ((pad >> (2 * n)) & 3);
+    }
+    p.mask_stride_b = mask_strides[0], p.mask_stride_h = mask_strides[1];
+    p.mask_stride_q = mask_strides[2], p.mask_stride_k = mask_strides[3];
+    const ValueStyle style = ValueStyle::from(in);
+    const uint32_t block_rate = in.ConsumeIntegral<uint8_t>();  // of 256: entries that block
+    Rng rng{style.seed ^ 0x5EED};
+    if (p.mask_kind == MaskKind::kFloat) {
+      buf.mask_f.resize(mask_size);
+      for (float& m : buf.mask_f) m = rng.below(256) < block_rate ? -kInf : draw_float(rng, style);
+      p.mask = buf.mask_f.data();
+    } else {
+      buf.mask_b.resize(mask_size);
+      for (uint8_t& m : buf.mask_b) m = rng.below(256) < block_rate ? 0 : static_cast<uint8_t>(1 + rng.below(255));
+      p.mask = buf.mask_b.data();
+    }
+  }
+  p.causal = in.ConsumeBool();
+  if (p.causal) {
+    if (in.ConsumeBool()) {
+      for (int32_t b = 0; b < B; b++) buf.offsets.push_back(pick_offset(in, Lq, Lk));
+      p.causal_offsets = buf.offsets.data();
+    } else {
+      p.causal_offset = pick_offset(in, Lq, Lk);
+    }
+  }
+  if (in.ConsumeBool()) {
+    for (int32_t b = 0; b < B; b++) {
+      const uint8_t choice = in.ConsumeIntegral<uint8_t>();
+      buf.key_lengths.push_back(choice < 32 ? 0 : choice < 96 ? Lk : choice < 128 ? Lk - 1 : choice % (Lk + 1));
+    }
+    p.key_lengths = buf.key_lengths.data();
+  }
+  const bool want_weights = in.ConsumeBool();
+  p.read_kv_in_order = in.ConsumeBool();
+  const int threads = in.ConsumeIntegralInRange<int>(0, 2);
+  const uint32_t misalign = in.ConsumeIntegralInRange<uint32_t>(0, 3);
+  const uint8_t extra_checks = in.ConsumeIntegral<uint8_t>();
+  const uint8_t poison_choice = in.ConsumeIntegral<uint8_t>();
+  const uint8_t invalid = in.ConsumeIntegral<uint8_t>();
+
+  // Values.
+  buf.query.resize(q.size);
+  fill(buf.query, ValueStyle::from(in));
+  p.query = buf.query.data();
+  const ValueStyle k_style = ValueStyle::from(in), v_style = ValueStyle::from(in);
+  if (half) {
+    buf.key_h.resize(k.size), buf.value_h.resize(v.size);
+    fill(buf.key_h, k_style), fill(buf.value_h, v_style);
+    p.key = buf.key_h.data(), p.value = buf.value_h.data();
+  } else {
+    buf.key_f.resize(k.size), buf.value_f.resize(v.size);
+    fill(buf.key_f, k_style), fill(buf.value_f, v_style);
+    p.key = buf.key_f.data(), p.value = buf.value_f.data();
+  }
+  // Single elements set by the input: (tensor, index, special value), up to 7.
+  for (int n = in.ConsumeIntegral<uint8_t>() % 8; n > 0 && in.remaining_bytes() >= 4; n--) {
+    const uint8_t tensor = in.ConsumeIntegral<uint8_t>() % 3;
+    const uint16_t index = in.ConsumeIntegral<uint16_t>();
+    const uint8_t special = in.ConsumeIntegral<uint8_t>();
+    const float f = kSpecialFloats[special % (sizeof kSpecialFloats / sizeof kSpecialFloats[0])];
+    const uint16_t h = kSpecialHalves[special % (sizeof kSpecialHalves / sizeof kSpecialHalves[0])];
+    if (tensor == 0) buf.query[index % buf.query.size()] = f;
+    else if (half) (tensor == 1 ? buf.key_h[index % buf.key_h.size()] : buf.value_h[index % buf.value_h.size()]) = h;
+    else (tensor == 1 ? buf.key_f[index % buf.key_f.size()] : buf.value_f[index % buf.value_f.size()]) = f;
+  }
+  // Padding: NaN.
+  fill_padding(buf.query, B, Hq, Lq, E, q, kNaN);
+  if (half) {
+    fill_padding<uint16_t>(buf.key_h, B, Hkv, Lk, E, k, 0x7E00);
+    fill_padding<uint16_t>(buf.value_h, B, Hkv, Lk, Ev, v, 0x7E00);
+  } else {
+    fill_padding(buf.key_f, B, Hkv, Lk, E, k, kNaN);
+    fill_padding(buf.value_f, B, Hkv, Lk, Ev, v, kNaN);
+  }
+  // K/V rows no query row attends get NaN/Inf (they must not leak), and in one mode so do
+  // the rows that some query rows attend and others do not (a causal diagonal, a mask): the
+  // rows that attend them get NaN, the others must not. With kFloat16Finite, the rows some
+  // query row attends must hold no Inf/NaN pattern (the caller's promise). With zero strides
+  // one K/V row may be both: the attended use wins, unless it is poisoned on purpose.
+  {
+    const float poison_f[] = {kNaN, kInf, -kInf, FLT_MAX};
+    const uint16_t poison_h[] = {0x7E00, 0x7C00, 0xFC00, 0x7C01};
+    const bool poison = poison_choice >= 64;
+    // (Not with kFloat16Finite: an attended row must not hold Inf/NaN halves there.)
+    const bool poison_partly_attended =
+        poison && (poison_choice & 0x10) != 0 && p.kv_type != KvType::kFloat16Finite;
+    const int64_t all_rows = static_cast<int64_t>(group) * Lq;
+    std::vector<bool> attended_k(k.size, false), attended_v(v.size, false);
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t kvh = 0; kvh < Hkv; kvh++)
+        for (int64_t j = 0; j < Lk; j++) {
+          const int64_t rows = attended_by(p, b, kvh, j);
+          if (rows == 0 || (poison_partly_attended && rows < all_rows)) continue;
+          for (int64_t d = 0; d < E; d++) attended_k[static_cast<size_t>(b * k.b + kvh * k.h + j * k.l + d)] = true;
+          for (int64_t c = 0; c < Ev; c++) attended_v[static_cast<size_t>(b * v.b + kvh * v.h + j * v.l + c)] = true;
+        }
+    if (half) {
+      const uint16_t pv = poison_h[poison_choice % 4];
+      const bool finite = p.kv_type == KvType::kFloat16Finite;
+      treat(buf.key_h, attended_k, poison, pv, finite), treat(buf.value_h, attended_v, poison, pv, finite);
+    } else {
+      const float pv = poison_f[poison_choice % 4];
+      treat(buf.key_f, attended_k, poison, pv, false), treat(buf.value_f, attended_v, poison, pv, false);
+    }
+  }
+
+  buf.output.assign(o.size, sentinel());
+  p.output = buf.output.data();
+  if (want_weights) {
+    buf.weights.assign(static_cast<size_t>(B) * Hq * Lq * Lk, sentinel());
+    p.weights = buf.weights.data();
+  }
+
+  if (invalid >= 224) {  // one input in eight: a broken problem
+    std::vector<float> scratch_buffer(static_cast<size_t>(sdpa::scratch_floats(p, 1)) + 1);
+    float* scratch = scratch_buffer.data();
+    uint64_t scratch_size = sdpa::scratch_floats(p, 1);
+    Problem bad = p;
+    const Status expected = corrupt(in, bad, buf, scratch_size, scratch);
+    const Status status = sdpa::forward(bad, scratch, scratch_size, nullptr);
+    FUZZ_CHECK(bad, status == expected, "forward() on a broken problem returned %s, not %s", sdpa::status_name(status),
+               sdpa::status_name(expected));
+    if (expected != Status::kBadScratch) {
+      const Status v = sdpa::validate(bad);
+      FUZZ_CHECK(bad, v == expected, "validate() returned %s, not %s", sdpa::status_name(v), sdpa::status_name(expected));
+      const Status seg = sdpa::forward_segment(bad, 0, scratch_buffer.data(), scratch_buffer.data(), 0);
+      FUZZ_CHECK(bad, seg == expected, "forward_segment() on a broken problem returned %s, not %s",
+                 sdpa::status_name(seg), sdpa::status_name(expected));
+      const Status merge = sdpa::merge_segments(bad, scratch_buffer.data());
+      FUZZ_CHECK(bad, merge == expected, "merge_segments() on a broken problem returned %s, not %s",
+                 sdpa::status_name(merge), sdpa::status_name(expected));
+    }
+    for (float f : buf.output) FUZZ_CHECK(bad, is_sentinel(f), "a broken problem wrote its output");
+    for (float f : buf.weights) FUZZ_CHECK(bad, is_sentinel(f), "a broken problem wrote its weights");
+    return;
+  }
+
+  FUZZ_CHECK(p, sdpa::validate(p) == Status::kOk, "the fuzzer made an invalid problem: %s",
+             sdpa::status_name(sdpa::validate(p)));
+  Result r = run_forward(p, buf, threads, misalign);
+  buf.output = r.output, buf.weights = r.weights;
+  p.output = buf.output.data();
+  if (want_weights) p.weights = buf.weights.data();
+  check_result(p, buf.output, want_weights ? &buf.weights : nullptr);
+
+  // Bitwise promises.
+  if (extra_checks & 1) {  // any thread count
+    const Result other = run_forward(p, buf, threads == 2 ? 0 : 2, 0);
+    check_same(p, other.output, buf.output, "2 threads against 1");
+    check_same(p, other.weights, buf.weights, "weights, 2 threads against 1");
+  }
+  if ((extra_checks & 2) && p.kv_type == KvType::kFloat16Finite) {
+    Problem general = p;
+    general.kv_type = KvType::kFloat16;
+    const Result other = run_forward(general, buf, threads, 0);
+    check_same(p, other.output, buf.output, "kFloat16 against kFloat16Finite");
+  }
+  if (p.batch == 1 && p.kv_heads == 1 && p.weights == nullptr && sdpa::reads_keys_in_place(p)) {
+    check_segments(p, buf, buf.output);
+  } else if (extra_checks & 4) {
+    // Not a single (batch, KV head) decode without weights: the split-K calls refuse it.
+    std::vector<float> partials(16), scratch(16);
+    const Status seg = sdpa::forward_segment(p, 0, partials.data(), scratch.data(), scratch.size());
+    FUZZ_CHECK(p, seg == Status::kBadSegment, "forward_segment() took a problem it does not take: %s",
+               sdpa::status_name(seg));
+    FUZZ_CHECK(p, sdpa::merge_segments(p, partials.data()) == Status::kBadSegment, "merge_segments() took it");
+  }
+}
+
+}  // namespace
+}  // namespace sdpa_fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  sdpa_fuzz::run(data, size);
+  return 0;
+}
