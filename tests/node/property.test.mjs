@@ -46,6 +46,8 @@ function seedFromEnvironment() {
   return seed;
 }
 const SEED = seedFromEnvironment();
+/** Time one case may take before it fails as hung (a whole case takes milliseconds). */
+const CASE_TIMEOUT_MS = 15_000;
 /** "group:index": run only that case (to reproduce one failure). */
 const ONLY = process.env.SDPA_PROPERTY_CASE;
 
@@ -81,10 +83,17 @@ async function runCases(group, count, body) {
     let description = '(before its description)';
     const note = (text) => { description = text; };
     ran++;
+    let timer;
     try {
-      await body(makeRng(caseSeed(SEED, group, index)), note);
+      // A case that never settles (a lost worker reply) fails on its own, with its description.
+      const hung = new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new Error(`the case did not settle within ${CASE_TIMEOUT_MS} ms`)), CASE_TIMEOUT_MS);
+      });
+      await Promise.race([body(makeRng(caseSeed(SEED, group, index)), note), hung]);
     } catch (error) {
       failures.push(`[SDPA_PROPERTY_SEED=${SEED} SDPA_PROPERTY_CASE=${group}:${index}] ${description}\n    ${String(error?.stack ?? error).split('\n').slice(0, 12).join('\n    ')}`);
+    } finally {
+      clearTimeout(timer);
     }
   }
   if (failures.length > 0) {
