@@ -1,12 +1,12 @@
-// Seeded property tests of the public JS API (issue #12, "Hardening"): hundreds of random
-// calls per run, generated from one seed (tests/shared/property-gen.mjs, mulberry32).
+// Seeded property tests of the public JS API (issue #12, "Hardening"): about 1900 random
+// cases per run, generated from one seed (tests/shared/property-gen.mjs, mulberry32).
 //   valid calls     attn.sdpa(): random shapes at the kernel's tile edges, GQA, Lq ≠ Lk, Ev ≠ E,
 //                   ranks 2..4, both layouts, float/bool masks of every broadcast shape,
 //                   isCausal with number and per-batch offsets, keyLengths (0 included), fully
 //                   masked rows (exact zeros), softcap, returnWeights, `out`, NaN written into
 //                   keys no row may attend, and into keys some rows attend (the rows that block
-//                   them must still match the reference), huge logits (convex-combination bound), a few
-//                   streamed-decode shapes (K + V ≥ 4 MiB), on 1 and on min(cores, 4) threads
+//                   them must still match the reference), huge logits (convex-combination
+//                   bound), a few streamed-decode shapes (K + V ≥ 4 MiB), on 1 and on min(cores, 4) threads
 //                   (some cases bitwise across the two) — against the float64 reference
 //                   (tests/node/reference.mjs), max |got − ref| / (1 + |ref|) ≤ 2e-5; inputs
 //                   unchanged. Tensors, masks, keyLengths, causalOffset and `out` are sometimes
