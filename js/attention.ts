@@ -2,10 +2,13 @@
 // the worker (worker-entry.ts), whose bundle must not contain createAttentionWorker.
 import { checkCacheOptions, KVCache } from './kv-cache.js';
 import { acquireModule, defaultIsa, hardwareThreads, threadsAvailable, type Isa, type ModuleHandle } from './loader.js';
-import { MemoryAccount } from './memory.js';
+import { runBackward } from './backward.js';
+import { CallMemory, MemoryAccount } from './memory.js';
 import { runSdpa } from './strategies.js';
-import type { AttentionOptions, KVCacheOptions, MemoryInfo, SdpaOptions, SdpaResult, Tensor } from './types.js';
-import { checkAttentionOptions, DEFAULT_MAX_THREADS, plan } from './validate.js';
+import type {
+  AttentionOptions, KVCacheOptions, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaOptions, SdpaResult, Tensor,
+} from './types.js';
+import { checkAttentionOptions, DEFAULT_MAX_THREADS, plan, planBackward } from './validate.js';
 
 export class Attention {
   /** Threads the kernel runs on: > 1 means the threaded build (pthreads in Web Workers). */
@@ -47,6 +50,24 @@ export class Attention {
       main: handle.module, threads: handle.threads, single: this.#streamHandle?.module ?? null, account: this.#account,
     };
     return runSdpa(engines, p, query.data, key.data, value.data);
+  }
+
+  /**
+   * The gradients of a loss L with respect to query, key and value, given
+   * `gradOutput` = ∂L/∂output ([..., Hq, Lq, Ev], the output's dims): `{ dQuery, dKey, dValue }`
+   * with the inputs' dims. `options` are the forward call's score options (scale, softcap,
+   * attnMask, isCausal, causalOffset, keyLengths, layout: the mask gets no gradient), and
+   * optionally `saved: { output, logSumExp }` from sdpa(..., { returnLogSumExp: true }), else
+   * the forward is recomputed here (the same bits either way). Fully masked rows and keys no
+   * row attends get exact zeros. Bitwise the same for any thread count.
+   */
+  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+    options?: SdpaBackwardOptions): SdpaBackwardResult {
+    const handle = this.#handle;
+    if (handle === null) throw new Error('sdpaBackward: this Attention instance has been disposed');
+    const bp = planBackward(query, key, value, gradOutput, options);
+    return runBackward(new CallMemory(handle.module, this.#account, 'sdpaBackward'), handle.threads, bp,
+      query.data, key.data, value.data);
   }
 
   /**

@@ -18,5 +18,5 @@ export {
 } from './worker.js';
 export type { Isa } from './loader.js';
 export type {
-  AttentionOptions, KVCacheOptions, KVTensor, MaskTensor, MemoryInfo, SdpaOptions, SdpaResult, Tensor,
+  AttentionOptions, KVCacheOptions, KVTensor, MaskTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaOptions, SdpaResult, Tensor,
 } from './types.js';

@@ -299,6 +299,7 @@ export class KVCache extends KVCacheShapeInfo {
       const output = p.out !== null ? p.out.subarray(0, p.outputSize).fill(0) : new Float32Array(p.outputSize);
       const result: SdpaResult = { output: { data: p.out !== null && p.out.length === p.outputSize ? p.out : output, dims: p.outputDims } };
       if (p.weightsDims !== null) result.weights = { data: new Float32Array(0), dims: p.weightsDims };
+      if (p.lseDims !== null) result.logSumExp = { data: new Float32Array(p.lseSize).fill(-Infinity), dims: p.lseDims };
       return result;
     }
     const kvType = this.dtype === 'float32' ? KV_TYPE.float32 : this.#maybeInfNaN ? KV_TYPE.float16 : KV_TYPE.float16Finite;

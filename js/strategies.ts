@@ -57,7 +57,7 @@ function overlaps(a: Float32Array, b: Float32Array): boolean {
 
 /** Which way sdpa() runs a problem; each gives bitwise the same result. */
 export function chooseSdpaStrategy(engines: Engines, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): Strategy {
-  if (p.layout !== 'bhsd' || p.weightsDims !== null) return 'copied';
+  if (p.layout !== 'bhsd' || p.weightsDims !== null || p.lseDims !== null) return 'copied';
   if (k.byteLength + v.byteLength >= STREAM_MIN_BYTES && engines.main.readsKeysInPlace(describeProblem(p))) {
     return 'streamed-decode';
   }
@@ -87,7 +87,7 @@ export function describeProblem(p: Plan): ProblemDesc {
   return {
     batch: p.batch, qHeads: p.qHeads, kvHeads: p.kvHeads, qLen: p.qLen, kvLen: p.kvLen,
     headDim: p.headDim, valueDim: p.valueDim, kvType: KV_TYPE.float32,
-    query: 0, key: 0, value: 0, output: 0, weights: 0, mask: 0, causalOffsets: 0, keyLengths: 0,
+    query: 0, key: 0, value: 0, output: 0, weights: 0, mask: 0, causalOffsets: 0, keyLengths: 0, logsumexp: 0,
     qStrideB: p.q.b, qStrideH: p.q.h, qStrideL: p.q.l,
     kStrideB: p.k.b, kStrideH: p.k.h, kStrideL: p.k.l,
     vStrideB: p.v.b, vStrideH: p.v.h, vStrideL: p.v.l,
@@ -100,7 +100,7 @@ export function describeProblem(p: Plan): ProblemDesc {
   };
 }
 
-function check(module: SdpaModule, p: Plan, status: number): void {
+export function check(module: SdpaModule, p: Plan, status: number): void {
   if (status !== 0) {
     // plan() checks everything the kernel checks; reaching this is a bug in sdpa-wasm.
     throw new Error(`${p.fn}: internal error: the kernel rejected a validated problem (${module.statusName(status)})`);
@@ -108,7 +108,7 @@ function check(module: SdpaModule, p: Plan, status: number): void {
 }
 
 /** Bytes of the mask, causal offsets and key lengths (0 for those not given): part of a request. */
-function smallInputBytes(p: Plan) {
+export function smallInputBytes(p: Plan) {
   return {
     attnMask: p.mask?.data.byteLength ?? 0,
     causalOffset: p.causalOffsets?.byteLength ?? 0,
@@ -117,7 +117,7 @@ function smallInputBytes(p: Plan) {
 }
 
 /** Sets their addresses in `desc` and copies them in: after the last allocation (heap views). */
-function copySmallInputs(memory: CallMemory, p: Plan, desc: ProblemDesc,
+export function copySmallInputs(memory: CallMemory, p: Plan, desc: ProblemDesc,
   at: { attnMask: number; causalOffset: number; keyLengths: number }): void {
   desc.mask = at.attnMask;
   desc.causalOffsets = at.causalOffset;
@@ -147,6 +147,10 @@ function collectResult(memory: CallMemory, p: Plan, desc: ProblemDesc): SdpaResu
     const w = desc.weights >>> 2;
     result.weights = { data: f32.slice(w, w + p.weightsSize), dims: p.weightsDims };
   }
+  if (p.lseDims !== null) {
+    const at = desc.logsumexp >>> 2;
+    result.logSumExp = { data: f32.slice(at, at + p.lseSize), dims: p.lseDims };
+  }
   return result;
 }
 
@@ -162,11 +166,12 @@ function runWhole(memory: CallMemory, threads: number, p: Plan, desc: ProblemDes
   const scratchFloats = module.scratchFloats(desc, threads);
   const at = memory.allocate({
     query: q.byteLength, ...keyValueBytes, output: p.outputSize * 4, weights: p.weightsSize * 4,
-    scratch: scratchFloats * 4, ...smallInputBytes(p),
+    logSumExp: p.lseSize * 4, scratch: scratchFloats * 4, ...smallInputBytes(p),
   });
   desc.query = at.query;
   desc.output = at.output;
   desc.weights = at.weights;
+  desc.logsumexp = at.logSumExp;
   // Heap views are read only after the last allocation: growing memory detaches them.
   memory.heap.f32.set(q, desc.query >>> 2);
   copySmallInputs(memory, p, desc, at);

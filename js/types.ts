@@ -32,6 +32,11 @@ export interface SdpaOptions {
   keyLengths?: Int32Array;
   /** Also return the softmax probabilities `[..., Hq, Lq, Lk]` (zeros on fully masked rows). */
   returnWeights?: boolean;
+  /**
+   * Also return `logSumExp` `[..., Hq, Lq]`: each row's log Σ_j exp(s_j) (`-Infinity` for a
+   * fully masked row), what sdpaBackward's `saved` takes with the output.
+   */
+  returnLogSumExp?: boolean;
   /** Write the output into this buffer (at least as long as the output) instead of a new one. */
   out?: Float32Array;
   /**
@@ -46,6 +51,24 @@ export interface SdpaResult {
   output: Tensor;
   /** `[..., Hq, Lq, Lk]`, present when `returnWeights` was set. */
   weights?: Tensor;
+  /** `[..., Hq, Lq]` (dense, whatever the layout), present when `returnLogSumExp` was set. */
+  logSumExp?: Tensor;
+}
+
+/** sdpaBackward's options: sdpa's score options (the same values as the forward call's), and `saved`. */
+export interface SdpaBackwardOptions extends Omit<SdpaOptions, 'returnWeights' | 'returnLogSumExp' | 'out'> {
+  /**
+   * The forward call's `output` and `logSumExp` (sdpa(..., { returnLogSumExp: true }) with the
+   * same inputs and options): used instead of recomputing the forward.
+   */
+  saved?: { output: Tensor; logSumExp: Tensor };
+}
+
+/** Gradients of a loss with respect to the inputs: each with its input's dims and layout. */
+export interface SdpaBackwardResult {
+  dQuery: Tensor;
+  dKey: Tensor;
+  dValue: Tensor;
 }
 
 export interface AttentionOptions {

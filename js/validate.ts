@@ -11,7 +11,11 @@ import type { AttentionOptions, MaskTensor, SdpaOptions } from './types.js';
 
 const OPTION_NAMES = [
   'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'keyLengths',
-  'returnWeights', 'out', 'layout',
+  'returnWeights', 'returnLogSumExp', 'out', 'layout',
+] as const;
+/** sdpaBackward's options: the score pipeline's, and `saved`. */
+const BACKWARD_OPTION_NAMES = [
+  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'keyLengths', 'layout', 'saved',
 ] as const;
 
 /** Elements strides of a [B, H, L, D] view; D is contiguous. */
@@ -40,6 +44,9 @@ export interface Plan {
   outputSize: number;
   weightsDims: number[] | null;
   weightsSize: number;
+  /** returnLogSumExp: [..., Hq, Lq] (the query's leading axes), dense. */
+  lseDims: number[] | null;
+  lseSize: number;
   scale: number;
   softcap: number;
   mask: null | {
@@ -228,7 +235,64 @@ function checkBoolean(fn: string, name: string, x: unknown, fallback: boolean): 
 /** sdpa(query, key, value, options). */
 export function plan(query: unknown, key: unknown, value: unknown, options: unknown): Plan {
   const fn = 'sdpa';
-  const o = checkOptionNames(fn, options, OPTION_NAMES) as SdpaOptions;
+  return planTensors(fn, query, key, value, checkOptionNames(fn, options, OPTION_NAMES) as SdpaOptions).plan;
+}
+
+/** A checked sdpaBackward() call: the forward's plan and the backward's own operands. */
+export interface BackwardPlan {
+  /** The forward's problem (with its log-sum-exp). */
+  forward: Plan;
+  gradOutput: Float32Array;
+  /** options.saved, checked: the forward's output and log-sum-exp. */
+  saved: { output: Float32Array; logSumExp: Float32Array } | null;
+  queryDims: number[];
+  keyDims: number[];
+  valueDims: number[];
+}
+
+function sameDims(a: readonly number[], b: readonly number[]): boolean {
+  return a.length === b.length && a.every((d, i) => d === b[i]);
+}
+
+/** sdpaBackward(query, key, value, gradOutput, options). */
+export function planBackward(query: unknown, key: unknown, value: unknown, gradOutput: unknown,
+  options: unknown): BackwardPlan {
+  const fn = 'sdpaBackward';
+  const o = checkOptionNames(fn, options, BACKWARD_OPTION_NAMES) as SdpaOptions & { saved?: unknown };
+  const { saved: savedOption, ...forwardOptions } = o;
+  const { plan: forward, q, k, v } = planTensors(fn, query, key, value, { ...forwardOptions, returnLogSumExp: true });
+  const go = checkTensor(fn, 'gradOutput', gradOutput, forward.layout);
+  if (!sameDims(go.dims, forward.outputDims)) {
+    throw new RangeError(
+      `${fn}: gradOutput.dims must equal the output's dims [${forward.outputDims.join(', ')}], got [${go.dims.join(', ')}]`);
+  }
+  let saved: BackwardPlan['saved'] = null;
+  if (savedOption !== undefined) {
+    if (savedOption === null || typeof savedOption !== 'object') {
+      throw new TypeError(`${fn}: options.saved must be { output, logSumExp } from sdpa(..., { returnLogSumExp: true }), got ${describe(savedOption)}`);
+    }
+    const { output, logSumExp } = savedOption as { output?: unknown; logSumExp?: unknown };
+    const out = checkTensor(fn, 'options.saved.output', output, forward.layout);
+    if (!sameDims(out.dims, forward.outputDims)) {
+      throw new RangeError(
+        `${fn}: options.saved.output.dims must equal the output's dims [${forward.outputDims.join(', ')}], got [${out.dims.join(', ')}]`);
+    }
+    if (logSumExp === null || typeof logSumExp !== 'object' || !isFloat32Array((logSumExp as { data?: unknown }).data)) {
+      throw new TypeError(`${fn}: options.saved.logSumExp must be a tensor { data: Float32Array, dims }, got ${describe(logSumExp)}`);
+    }
+    const lse = logSumExp as { data: Float32Array; dims: unknown };
+    const lseDims = forward.lseDims as number[];
+    if (!Array.isArray(lse.dims) || !sameDims(lse.dims, lseDims) || lse.data.length !== forward.lseSize) {
+      throw new RangeError(
+        `${fn}: options.saved.logSumExp must have dims [${lseDims.join(', ')}] and ${forward.lseSize} elements, ` +
+        `got dims ${Array.isArray(lse.dims) ? `[${lse.dims.join(', ')}]` : describe(lse.dims)} and ${lse.data.length} elements`);
+    }
+    saved = { output: out.data, logSumExp: lse.data };
+  }
+  return { forward, gradOutput: go.data, saved, queryDims: q.dims, keyDims: k.dims, valueDims: v.dims };
+}
+
+function planTensors(fn: string, query: unknown, key: unknown, value: unknown, o: SdpaOptions) {
   const layout = checkLayout(fn, o.layout);
   const q = checkTensor(fn, 'query', query, layout);
   const k = checkTensor(fn, 'key', key, layout);
@@ -245,8 +309,9 @@ export function plan(query: unknown, key: unknown, value: unknown, options: unkn
     throw new RangeError(
       `${fn}: query heads Hq = ${q.H} must be a multiple of key/value heads Hkv = ${k.H} (grouped-query attention)`);
   }
-  return planOptions(fn, layout, q, { kvHeads: k.H, kvLen: k.L, valueDim: v.D, k: k.strides, v: v.strides },
+  const plan = planOptions(fn, layout, q, { kvHeads: k.H, kvLen: k.L, valueDim: v.D, k: k.strides, v: v.strides },
     o, { causal: false, causalOffset: 0 });
+  return { plan, q, k, v };
 }
 
 /** The stored positions of a KV cache, as the K/V of an attention problem. */
@@ -347,6 +412,7 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
   }
 
   const returnWeights = checkBoolean(fn, 'options.returnWeights', o.returnWeights, false);
+  const returnLogSumExp = checkBoolean(fn, 'options.returnLogSumExp', o.returnLogSumExp, false);
 
   // The output keeps the query's rank; its last axis is Ev.
   const outputDims = [...q.dims.slice(0, -1), Ev];
@@ -365,12 +431,14 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
   // Weights are always [..., Hq, Lq, Lk] with the query's leading axes.
   const leading = q.dims.length === 4 ? [B, Hq] : q.dims.length === 3 ? [Hq] : [];
   const weightsDims = returnWeights ? [...leading, Lq, Lk] : null;
+  const lseDims = returnLogSumExp ? [...leading, Lq] : null;
 
   return {
     layout, fn, batch: B, qHeads: Hq, kvHeads: Hkv, qLen: Lq, kvLen: Lk, headDim: E, valueDim: Ev,
     q: q.strides, k: kv.k, v: kv.v, o: layoutStrides(layout, Hq, Lq, Ev),
     outputDims, outputSize,
     weightsDims, weightsSize: returnWeights ? B * Hq * Lq * Lk : 0,
+    lseDims, lseSize: returnLogSumExp ? B * Hq * Lq : 0,
     scale, softcap, mask, causal, causalOffset, causalOffsets, keyLengths, out,
   };
 }

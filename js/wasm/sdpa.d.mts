@@ -9,6 +9,8 @@ export interface ProblemDesc {
   kvType: number;
   query: number; key: number; value: number; output: number; weights: number;
   mask: number; causalOffsets: number; keyLengths: number;
+  /** [B, Hq, Lq] each row's log-sum-exp, written by forward() (0: not wanted). */
+  logsumexp: number;
   qStrideB: number; qStrideH: number; qStrideL: number;
   kStrideB: number; kStrideH: number; kStrideL: number;
   vStrideB: number; vStrideH: number; vStrideL: number;
@@ -17,6 +19,15 @@ export interface ProblemDesc {
   scale: number; softcap: number; causal: boolean; causalOffset: number;
   /** K/V come from main memory (a KV cache's storage): read them in memory order. */
   readKvInOrder: boolean;
+}
+
+/** Mirrors BackwardDesc in src/bindings/embind.cc: the backward pass's own operands. */
+export interface BackwardDesc {
+  logsumexp: number; gradOutput: number; dQuery: number; dKey: number; dValue: number;
+  goStrideB: number; goStrideH: number; goStrideL: number;
+  dqStrideB: number; dqStrideH: number; dqStrideL: number;
+  dkStrideB: number; dkStrideH: number; dkStrideL: number;
+  dvStrideB: number; dvStrideH: number; dvStrideL: number;
 }
 
 export interface SdpaModule {
@@ -30,6 +41,10 @@ export interface SdpaModule {
   scratchFloats(desc: ProblemDesc, threads: number): number;
   /** Status 0 = ok. threads > 1 only in the threaded build (sdpa-mt). */
   forward(desc: ProblemDesc, scratch: number, scratchFloats: number, threads: number): number;
+  /** Floats of scratch backward() needs on `threads` threads. */
+  backwardScratchFloats(desc: ProblemDesc, grad: BackwardDesc, threads: number): number;
+  /** dQ, dK, dV of `desc` (its output = the forward's O): a status (0 = ok). */
+  backward(desc: ProblemDesc, grad: BackwardDesc, scratch: number, scratchFloats: number, threads: number): number;
   /** Whether forward() reads K/V in place (the decode path: no packing). */
   readsKeysInPlace(desc: ProblemDesc): boolean;
   /** Streamed decoding (src/sdpa.h): keys per segment, the same for every problem. */

@@ -10,6 +10,7 @@
 
 #include "kv-cache.h"
 #include "parallel/thread-pool.h"
+#include "sdpa-backward.h"
 #include "sdpa.h"
 
 namespace {
@@ -18,6 +19,7 @@ struct ProblemDesc {
   int32_t batch, qHeads, kvHeads, qLen, kvLen, headDim, valueDim;
   int32_t kvType;  // sdpa::KvType: 0 float32, 1 float16 (key and value hold halves)
   uint32_t query, key, value, output, weights, mask, causalOffsets, keyLengths;
+  uint32_t logsumexp;  // sdpa::Problem::logsumexp: [B, Hq, Lq] written by forward(), 0 for none
   int32_t qStrideB, qStrideH, qStrideL, kStrideB, kStrideH, kStrideL;
   int32_t vStrideB, vStrideH, vStrideL, oStrideB, oStrideH, oStrideL;
   int32_t maskKind, maskStrideB, maskStrideH, maskStrideQ, maskStrideK;
@@ -62,6 +64,30 @@ sdpa::Problem to_problem(const ProblemDesc& d) {
   p.causal_offsets = at<const int32_t>(d.causalOffsets);
   p.key_lengths = at<const int32_t>(d.keyLengths);
   p.read_kv_in_order = d.readKvInOrder;
+  p.logsumexp = at<float>(d.logsumexp);
+  return p;
+}
+
+// The backward pass's own operands (src/sdpa-backward.h); the forward's are a ProblemDesc
+// (its `output` is the forward's output O, read).
+struct BackwardDesc {
+  uint32_t logsumexp, gradOutput, dQuery, dKey, dValue;
+  int32_t goStrideB, goStrideH, goStrideL, dqStrideB, dqStrideH, dqStrideL;
+  int32_t dkStrideB, dkStrideH, dkStrideL, dvStrideB, dvStrideH, dvStrideL;
+};
+
+sdpa::BackwardProblem to_backward(const ProblemDesc& d, const BackwardDesc& g) {
+  sdpa::BackwardProblem p;
+  p.forward = to_problem(d);
+  p.logsumexp = at<const float>(g.logsumexp);
+  p.grad_output = at<const float>(g.gradOutput);
+  p.go_stride_b = g.goStrideB, p.go_stride_h = g.goStrideH, p.go_stride_l = g.goStrideL;
+  p.d_query = at<float>(g.dQuery);
+  p.dq_stride_b = g.dqStrideB, p.dq_stride_h = g.dqStrideH, p.dq_stride_l = g.dqStrideL;
+  p.d_key = at<float>(g.dKey);
+  p.dk_stride_b = g.dkStrideB, p.dk_stride_h = g.dkStrideH, p.dk_stride_l = g.dkStrideL;
+  p.d_value = at<float>(g.dValue);
+  p.dv_stride_b = g.dvStrideB, p.dv_stride_h = g.dvStrideH, p.dv_stride_l = g.dvStrideL;
   return p;
 }
 
@@ -84,6 +110,16 @@ sdpa::ThreadPool* pool_for(int32_t threads) {
 int32_t forward(const ProblemDesc& d, uint32_t scratch, double scratch_floats, int32_t threads) {
   return static_cast<int32_t>(sdpa::forward(to_problem(d), at<float>(scratch),
                                             static_cast<uint64_t>(scratch_floats), pool_for(threads)));
+}
+
+double backward_scratch_floats(const ProblemDesc& d, const BackwardDesc& g, int32_t threads) {
+  return static_cast<double>(sdpa::backward_scratch_floats(to_backward(d, g), threads));
+}
+
+int32_t backward(const ProblemDesc& d, const BackwardDesc& g, uint32_t scratch, double scratch_floats,
+                 int32_t threads) {
+  return static_cast<int32_t>(sdpa::backward(to_backward(d, g), at<float>(scratch),
+                                             static_cast<uint64_t>(scratch_floats), pool_for(threads)));
 }
 
 bool reads_keys_in_place(const ProblemDesc& d) { return sdpa::reads_keys_in_place(to_problem(d)); }
@@ -170,6 +206,7 @@ EMSCRIPTEN_BINDINGS(sdpa_wasm) {
       .field("mask", &ProblemDesc::mask)
       .field("causalOffsets", &ProblemDesc::causalOffsets)
       .field("keyLengths", &ProblemDesc::keyLengths)
+      .field("logsumexp", &ProblemDesc::logsumexp)
       .field("qStrideB", &ProblemDesc::qStrideB)
       .field("qStrideH", &ProblemDesc::qStrideH)
       .field("qStrideL", &ProblemDesc::qStrideL)
@@ -192,7 +229,27 @@ EMSCRIPTEN_BINDINGS(sdpa_wasm) {
       .field("causal", &ProblemDesc::causal)
       .field("causalOffset", &ProblemDesc::causalOffset)
       .field("readKvInOrder", &ProblemDesc::readKvInOrder);
+  emscripten::value_object<BackwardDesc>("BackwardDesc")
+      .field("logsumexp", &BackwardDesc::logsumexp)
+      .field("gradOutput", &BackwardDesc::gradOutput)
+      .field("dQuery", &BackwardDesc::dQuery)
+      .field("dKey", &BackwardDesc::dKey)
+      .field("dValue", &BackwardDesc::dValue)
+      .field("goStrideB", &BackwardDesc::goStrideB)
+      .field("goStrideH", &BackwardDesc::goStrideH)
+      .field("goStrideL", &BackwardDesc::goStrideL)
+      .field("dqStrideB", &BackwardDesc::dqStrideB)
+      .field("dqStrideH", &BackwardDesc::dqStrideH)
+      .field("dqStrideL", &BackwardDesc::dqStrideL)
+      .field("dkStrideB", &BackwardDesc::dkStrideB)
+      .field("dkStrideH", &BackwardDesc::dkStrideH)
+      .field("dkStrideL", &BackwardDesc::dkStrideL)
+      .field("dvStrideB", &BackwardDesc::dvStrideB)
+      .field("dvStrideH", &BackwardDesc::dvStrideH)
+      .field("dvStrideL", &BackwardDesc::dvStrideL);
   emscripten::function("scratchFloats", &scratch_floats);
+  emscripten::function("backwardScratchFloats", &backward_scratch_floats);
+  emscripten::function("backward", &backward);
   emscripten::function("forward", &forward);
   emscripten::function("readsKeysInPlace", &reads_keys_in_place);
   emscripten::function("segmentKeys", &sdpa::segment_keys);

@@ -72,7 +72,7 @@ export function referenceProblem(query, key, value, options = {}) {
   };
   const validKeys = (b) => (options.keyLengths ? options.keyLengths[b] : Lk);
 
-  /** One row: { out: Float64Array(Ev), weights: Float64Array(Lk) }. */
+  /** One row: { out: Float64Array(Ev), weights: Float64Array(Lk), lse: log Σ_j exp(s_j) (-Infinity if empty) }. */
   function row(b, h, i) {
     const kh = floor(h / group);
     const qi = q.at(b, h, i);
@@ -105,7 +105,7 @@ export function referenceProblem(query, key, value, options = {}) {
     for (let j = 0; j < Lk; j++) if (allowed[j] && s[j] > max) max = s[j];
     const out = new F64(Ev);
     const weights = new F64(Lk);
-    if (max === NEG_INF) return { out, weights };  // every key blocked: exact zeros
+    if (max === NEG_INF) return { out, weights, lse: NEG_INF };  // every key blocked: exact zeros
     let sum = 0;
     for (let j = 0; j < Lk; j++) {
       if (!allowed[j]) continue;
@@ -118,7 +118,7 @@ export function referenceProblem(query, key, value, options = {}) {
       const vj = v.at(b, kh, j);
       for (let c = 0; c < Ev; c++) out[c] += weights[j] * v.data[vj + c];
     }
-    return { out, weights };
+    return { out, weights, lse: max + log(sum) };
   }
 
   const outputDims = [...query.dims.slice(0, -1), Ev];
@@ -129,7 +129,70 @@ export function referenceProblem(query, key, value, options = {}) {
     ? ((b * Lq + i) * Hq + h) * Ev
     : ((b * Hq + h) * Lq + i) * Ev);
   const weightsOffset = (b, h, i) => ((b * Hq + h) * Lq + i) * Lk;
-  return { B, Hq, Hkv, Lq, Lk, E, Ev, layout, outputDims, weightsDims, outputOffset, weightsOffset, row };
+  return { B, Hq, Hkv, Lq, Lk, E, Ev, layout, outputDims, weightsDims, outputOffset, weightsOffset, row, q, k, v, scale, softcap, group };
+}
+
+/** Each row's log Σ_j exp(s_j), [..., Hq, Lq] dense (-Infinity for a row with nothing to attend). */
+export function referenceLogSumExp(query, key, value, options = {}) {
+  const p = referenceProblem(query, key, value, options);
+  const lse = new F64(p.B * p.Hq * p.Lq);
+  for (let b = 0; b < p.B; b++) {
+    for (let h = 0; h < p.Hq; h++) {
+      for (let i = 0; i < p.Lq; i++) lse[(b * p.Hq + h) * p.Lq + i] = p.row(b, h, i).lse;
+    }
+  }
+  return lse;
+}
+
+/**
+ * The analytic backward in float64, from the definition (softmax's Jacobian diag(p) - p·pᵀ):
+ * for the loss L with ∂L/∂output = gradOutput (the output's dims and layout),
+ *   dp_j = dO_i·v_j,  D_i = Σ_j p_j·dp_j,  ds_j = p_j·(dp_j - D_i),
+ *   dr_j = ds_j·(1 - tanh²(r_j/softcap)) with r_j = scale·q_i·k_j (softcap > 0), else ds_j,
+ *   dq_i += scale·dr_j·k_j,  dk_j += scale·dr_j·q_i,  dv_j += p_j·dO_i
+ * over the keys each row attends (p_j > 0). Returns Float64Arrays dQuery, dKey, dValue laid
+ * out as query, key, value.
+ */
+export function referenceSdpaBackward(query, key, value, gradOutput, options = {}) {
+  const p = referenceProblem(query, key, value, options);
+  const { q, k, v, B, Hq, Lq, Lk, E, Ev, scale, softcap, group } = p;
+  const go = view(gradOutput, p.layout);
+  const dQuery = new F64(query.data.length), dKey = new F64(key.data.length), dValue = new F64(value.data.length);
+  const dp = new F64(Lk);
+  for (let b = 0; b < B; b++) {
+    for (let h = 0; h < Hq; h++) {
+      const kh = floor(h / group);
+      for (let i = 0; i < Lq; i++) {
+        const { weights } = p.row(b, h, i);
+        const qi = q.at(b, h, i), gi = go.at(b, h, i);
+        let delta = 0;
+        for (let j = 0; j < Lk; j++) {
+          dp[j] = 0;
+          if (weights[j] === 0) continue;
+          const vj = v.at(b, kh, j);
+          for (let c = 0; c < Ev; c++) dp[j] += go.data[gi + c] * v.data[vj + c];
+          delta += weights[j] * dp[j];
+        }
+        for (let j = 0; j < Lk; j++) {
+          if (weights[j] === 0) continue;
+          const kj = k.at(b, kh, j), vj = v.at(b, kh, j);
+          let dr = weights[j] * (dp[j] - delta);
+          if (softcap > 0) {
+            let dot = 0;
+            for (let d = 0; d < E; d++) dot += q.data[qi + d] * k.data[kj + d];
+            const t = tanh(scale * dot / softcap);
+            dr *= 1 - t * t;
+          }
+          for (let d = 0; d < E; d++) {
+            dQuery[qi + d] += scale * dr * k.data[kj + d];
+            dKey[kj + d] += scale * dr * q.data[qi + d];
+          }
+          for (let c = 0; c < Ev; c++) dValue[vj + c] += weights[j] * go.data[gi + c];
+        }
+      }
+    }
+  }
+  return { dQuery, dKey, dValue };
 }
 
 /**

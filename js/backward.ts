@@ -1,0 +1,66 @@
+// sdpaBackward(): the gradients dQ, dK, dV (src/sdpa-backward.h) of a checked BackwardPlan.
+// One way of running it: Q, K, V and dO copied in, with the forward's output O and
+// log-sum-exp either copied in (options.saved) or computed first by forward() on the same
+// problem (the same bits as sdpa(..., { returnLogSumExp: true }) gives: its kernel, its
+// thread-count-independent split); then backward(). Every block is requested at once
+// (refused before allocating past the instance's limit) and freed on every path.
+import { CallMemory } from './memory.js';
+import { check, copySmallInputs, describeProblem, smallInputBytes } from './strategies.js';
+import type { SdpaBackwardResult } from './types.js';
+import type { BackwardPlan } from './validate.js';
+import type { BackwardDesc } from './wasm/sdpa.mjs';
+
+export function runBackward(memory: CallMemory, threads: number, bp: BackwardPlan, q: Float32Array, k: Float32Array,
+  v: Float32Array): SdpaBackwardResult {
+  const p = bp.forward;
+  const module = memory.module;
+  try {
+    const desc = describeProblem(p);
+    const grad: BackwardDesc = {
+      logsumexp: 0, gradOutput: 0, dQuery: 0, dKey: 0, dValue: 0,
+      // dO and O share the output's strides; each gradient its input's.
+      goStrideB: p.o.b, goStrideH: p.o.h, goStrideL: p.o.l,
+      dqStrideB: p.q.b, dqStrideH: p.q.h, dqStrideL: p.q.l,
+      dkStrideB: p.k.b, dkStrideH: p.k.h, dkStrideL: p.k.l,
+      dvStrideB: p.v.b, dvStrideH: p.v.h, dvStrideL: p.v.l,
+    };
+    // The forward (when O and lse are not saved) and the backward run one after the other:
+    // one scratch block serves both.
+    const backwardFloats = module.backwardScratchFloats(desc, grad, threads);
+    const forwardFloats = bp.saved === null ? module.scratchFloats(desc, threads) : 0;
+    const scratchFloats = Math.max(backwardFloats, forwardFloats);
+    const at = memory.allocate({
+      query: q.byteLength, key: k.byteLength, value: v.byteLength, gradOutput: bp.gradOutput.byteLength,
+      output: p.outputSize * 4, logSumExp: p.lseSize * 4,
+      dQuery: q.length * 4, dKey: k.length * 4, dValue: v.length * 4,
+      scratch: scratchFloats * 4, ...smallInputBytes(p),
+    });
+    Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
+    Object.assign(grad, {
+      logsumexp: at.logSumExp, gradOutput: at.gradOutput, dQuery: at.dQuery, dKey: at.dKey, dValue: at.dValue,
+    });
+    // Heap views only after the last allocation.
+    const { f32 } = memory.heap;
+    f32.set(q, at.query >>> 2);
+    f32.set(k, at.key >>> 2);
+    f32.set(v, at.value >>> 2);
+    f32.set(bp.gradOutput, at.gradOutput >>> 2);
+    copySmallInputs(memory, p, desc, at);
+    if (bp.saved !== null) {
+      f32.set(bp.saved.output, at.output >>> 2);
+      f32.set(bp.saved.logSumExp, at.logSumExp >>> 2);
+    } else {
+      check(module, p, module.forward(desc, at.scratch, forwardFloats, threads));
+    }
+    check(module, p, module.backward(desc, grad, at.scratch, backwardFloats, threads));
+    const heap = memory.heap.f32;  // fresh: the calls above convert value objects (allocations)
+    const take = (address: number, length: number) => heap.slice(address >>> 2, (address >>> 2) + length);
+    return {
+      dQuery: { data: take(at.dQuery, q.length), dims: bp.queryDims },
+      dKey: { data: take(at.dKey, k.length), dims: bp.keyDims },
+      dValue: { data: take(at.dValue, v.length), dims: bp.valueDims },
+    };
+  } finally {
+    memory.free();
+  }
+}

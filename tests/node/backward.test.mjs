@@ -1,0 +1,240 @@
+// attn.sdpaBackward() (issue #13): the gradients dQ, dK, dV against the float64 analytic
+// backward (reference.mjs, referenceSdpaBackward: written from softmax's Jacobian), and that
+// reference and the kernel against central finite differences of the float64 forward; over
+// tile edges, GQA, Lq ≠ Lk, Ev ≠ E, masks of every broadcast shape (masks get no gradient),
+// causal offsets, key lengths with NaN padding, softcap, scale, both layouts and ranks.
+// Also: sdpa(..., { returnLogSumExp }) against the reference; `saved` and recomputed paths
+// bitwise equal; one and two threads bitwise; fully masked rows and unattended keys exact
+// zeros; bad input; memory freed.
+import { createAttention } from 'sdpa-wasm';
+import {
+  maxRelError, mulberry32, randomTensor, referenceLogSumExp, referenceSdpa, referenceSdpaBackward,
+} from './reference.mjs';
+
+const TOL = 1e-4;  // max |got - ref| / (1 + |ref|), as the issue asks
+const KEY_TILE = 64;  // kBackwardKeyTile (src/tiles.h)
+const QUERY_TILE = 4;
+
+let attn, attn2;
+beforeAll(async () => {
+  attn = await createAttention({ threads: 1 });
+  attn2 = await createAttention({ threads: 2 });
+});
+afterAll(() => {
+  attn.dispose();
+  attn2.dispose();
+});
+
+const t = (data, dims) => ({ data, dims });
+const bitsOf = (a) => new Uint32Array(a.buffer, a.byteOffset, a.length);
+const sameBits = (a, b) => a.length === b.length && bitsOf(a).every((x, i) => x === bitsOf(b)[i]);
+
+/** A problem [B, H, L, E] (or bshd) with random Q, K, V, dO and the given options. */
+function problem({ B = 1, Hq = 1, Hkv = 1, Lq, Lk, E = 8, Ev = E, layout = 'bhsd', seed = 1 }) {
+  const dims = (H, L, D) => (layout === 'bshd' ? [B, L, H, D] : [B, H, L, D]);
+  return {
+    query: randomTensor(dims(Hq, Lq, E), seed),
+    key: randomTensor(dims(Hkv, Lk, E), seed + 1),
+    value: randomTensor(dims(Hkv, Lk, Ev), seed + 2),
+    gradOutput: randomTensor(dims(Hq, Lq, Ev), seed + 3),
+  };
+}
+
+function expectGradientsMatch(instance, p, options = {}) {
+  const got = instance.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+  const ref = referenceSdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+  expect(got.dQuery.dims).toEqual(p.query.dims);
+  expect(got.dKey.dims).toEqual(p.key.dims);
+  expect(got.dValue.dims).toEqual(p.value.dims);
+  expect(maxRelError(got.dQuery.data, ref.dQuery)).toBeLessThanOrEqual(TOL);
+  expect(maxRelError(got.dKey.data, ref.dKey)).toBeLessThanOrEqual(TOL);
+  expect(maxRelError(got.dValue.data, ref.dValue)).toBeLessThanOrEqual(TOL);
+  return got;
+}
+
+describe('sdpaBackward against the float64 analytic backward', () => {
+  const edges = [1, 7, 8, 9, KEY_TILE - 1, KEY_TILE, KEY_TILE + 1, 2 * KEY_TILE + 3];
+  test.each(edges.flatMap((Lk) => [1, QUERY_TILE - 1, QUERY_TILE + 1, 13].map((Lq) => [Lq, Lk])))(
+    'tile edges: Lq %p, Lk %p', (Lq, Lk) => {
+      expectGradientsMatch(attn, problem({ Lq, Lk, seed: Lq * 1000 + Lk }));
+    });
+
+  test.each([[1, 1], [3, 5], [4, 4], [17, 6], [64, 64], [5, 13]])('E %p, Ev %p', (E, Ev) => {
+    expectGradientsMatch(attn, problem({ Lq: 6, Lk: 20, E, Ev, seed: E * 7 + Ev }));
+  });
+
+  test.each([[4, 2], [6, 1], [3, 3]])('GQA Hq %p, Hkv %p: dK/dV summed over the group, both layouts', (Hq, Hkv) => {
+    for (const layout of ['bhsd', 'bshd']) {
+      expectGradientsMatch(attn, problem({ B: 2, Hq, Hkv, Lq: 5, Lk: 70, E: 12, Ev: 7, layout, seed: Hq * 10 + Hkv }), { layout });
+    }
+  });
+
+  test('ranks 3 and 2', () => {
+    const r3 = { query: randomTensor([2, 5, 8], 1), key: randomTensor([2, 9, 8], 2), value: randomTensor([2, 9, 6], 3), gradOutput: randomTensor([2, 5, 6], 4) };
+    expectGradientsMatch(attn, r3);
+    const r2 = { query: randomTensor([5, 8], 1), key: randomTensor([9, 8], 2), value: randomTensor([9, 6], 3), gradOutput: randomTensor([5, 6], 4) };
+    expectGradientsMatch(attn, r2);
+  });
+
+  const B = 2, Hq = 3, Lq = 5, Lk = 70;
+  const maskShapes = [[Lk], [Lq, Lk], [Hq, 1, Lk], [B, Hq, Lq, Lk], [B, 1, 1, Lk], [1, Hq, Lq, 1]];
+  test.each(maskShapes.flatMap((dims) => [['float', dims], ['bool', dims]]))('%s mask of dims %j', (kind, dims) => {
+    const random = mulberry32(dims.length * 31 + (kind === 'bool' ? 1 : 0));
+    const n = dims.reduce((a, b) => a * b, 1);
+    const data = kind === 'bool'
+      ? Uint8Array.from({ length: n }, () => (random() < 0.3 ? 0 : 1))
+      : Float32Array.from({ length: n }, () => (random() < 0.3 ? -Infinity : random() * 2 - 1));
+    expectGradientsMatch(attn, problem({ B, Hq, Lq, Lk, E: 8, Ev: 6, seed: n }), { attnMask: t(data, dims) });
+  });
+
+  test.each([[0], [-3], [65], [Int32Array.of(2, 70)], [Int32Array.of(-10, 0)]])('causal, offset %p; with key lengths and NaN padding', (causalOffset) => {
+    const p = problem({ B: 2, Hq: 2, Lq: 9, Lk: 71, seed: 3 });
+    expectGradientsMatch(attn, p, { isCausal: true, causalOffset });
+    // K, V [2, 1, 71, 8]: NaN in batch 0's keys 64..70 and in all of batch 1's (key length 0).
+    const keyLengths = Int32Array.of(64, 0);
+    for (const tensor of [p.key, p.value]) tensor.data.fill(NaN, 64 * 8);
+    const got = expectGradientsMatch(attn, p, { isCausal: true, causalOffset, keyLengths });
+    for (const g of [got.dQuery, got.dKey, got.dValue]) expect(g.data.every(Number.isFinite)).toBe(true);
+  });
+
+  test.each([[0, 1], [1, 1], [20, 1], [1, 8], [0, 8]])('softcap %p, input scale %p, scale 0.3', (softcap, inputScale) => {
+    const p = problem({ Lq: 7, Lk: 66, E: 16, Ev: 5, seed: softcap * 10 + inputScale });
+    p.query.data.forEach((x, i) => { p.query.data[i] = x * inputScale; });
+    expectGradientsMatch(attn, p, { softcap: softcap || undefined, scale: 0.3 });
+  });
+});
+
+describe('finite differences of the float64 forward', () => {
+  // L(θ) = Σ dO ∘ sdpa(θ) in float64 (referenceSdpa reads Float64Array data as well); the
+  // central difference (L(θ + h) - L(θ - h)) / 2h for every element of Q, K and V.
+  const loss = (p, options) => {
+    const { output } = referenceSdpa(p.query, p.key, p.value, options);
+    let sum = 0;
+    for (let n = 0; n < output.length; n++) sum += output[n] * p.gradOutput.data[n];
+    return sum;
+  };
+  const cases = [
+    ['plain', {}, {}],
+    ['GQA, causal offset 1, float mask, softcap 2, scale 0.7', { B: 1, Hq: 2, Hkv: 1 },
+      { isCausal: true, causalOffset: 1, softcap: 2, scale: 0.7, attnMask: t(Float32Array.of(0, -1, 0.5, -Infinity, 0.25), [5]) }],
+    ['key lengths, bool mask, bshd', { B: 2, Hq: 2, Hkv: 2, layout: 'bshd' },
+      { keyLengths: Int32Array.of(4, 2), attnMask: t(Uint8Array.of(1, 0, 1, 1, 1), [5]), layout: 'bshd' }],
+  ];
+  test.each(cases)('%s', (_, shape, options) => {
+    const p = problem({ Lq: 3, Lk: 5, E: 3, Ev: 2, seed: 5, ...shape });
+    const got = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    const ref = referenceSdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    const h = 1e-6;
+    for (const [name, grad, refGrad] of [['query', got.dQuery.data, ref.dQuery], ['key', got.dKey.data, ref.dKey], ['value', got.dValue.data, ref.dValue]]) {
+      const x = Float64Array.from(p[name].data);
+      const q64 = { ...p, [name]: t(x, p[name].dims) };
+      for (let n = 0; n < x.length; n++) {
+        const saved = x[n];
+        x[n] = saved + h;
+        const up = loss(q64, options);
+        x[n] = saved - h;
+        const down = loss(q64, options);
+        x[n] = saved;
+        const fd = (up - down) / (2 * h);
+        expect(Math.abs(refGrad[n] - fd)).toBeLessThanOrEqual(1e-6 * (1 + Math.abs(fd)));
+        expect(Math.abs(grad[n] - fd)).toBeLessThanOrEqual(TOL * (1 + Math.abs(fd)));
+      }
+    }
+  });
+});
+
+describe('sdpa(..., { returnLogSumExp: true })', () => {
+  test.each([
+    ['prefill, causal with an empty batch', { B: 2, Hq: 4, Hkv: 2, Lq: 9, Lk: 70 }, (Lq, Lk) => ({ isCausal: true, causalOffset: Int32Array.of(Lk - Lq, -Lq) })],
+    ['decode (split-K segments)', { B: 2, Hq: 4, Hkv: 2, Lq: 1, Lk: 1500 }, () => ({})],
+    ['bshd with a mask', { B: 1, Hq: 3, Hkv: 1, Lq: 5, Lk: 40, layout: 'bshd' }, () => ({ layout: 'bshd', attnMask: t(new Uint8Array(40).fill(1).fill(0, 0, 3), [40]) })],
+  ])('%s', (_, shape, makeOptions) => {
+    const p = problem({ ...shape, seed: 8 });
+    const options = makeOptions(shape.Lq, shape.Lk);
+    const result = attn.sdpa(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+    expect(result.logSumExp.dims).toEqual([shape.B, shape.Hq, shape.Lq]);
+    const ref = referenceLogSumExp(p.query, p.key, p.value, options);
+    for (let n = 0; n < ref.length; n++) {
+      if (ref[n] === -Infinity) expect(result.logSumExp.data[n]).toBe(-Infinity);
+      else expect(Math.abs(result.logSumExp.data[n] - ref[n])).toBeLessThanOrEqual(1e-5 * (1 + Math.abs(ref[n])));
+    }
+    // The output is the same bits as without the log-sum-exp.
+    expect(sameBits(result.output.data, attn.sdpa(p.query, p.key, p.value, options).output.data)).toBe(true);
+  });
+});
+
+describe('paths and threads give the same bits', () => {
+  const p = problem({ B: 2, Hq: 4, Hkv: 2, Lq: 37, Lk: 150, E: 16, Ev: 12, seed: 21 });
+  const options = { isCausal: true, causalOffset: 100, attnMask: t(Float32Array.from({ length: 150 }, (_, j) => (j % 11 === 0 ? -Infinity : Math.sin(j))), [150]) };
+
+  test('saved { output, logSumExp } and recomputed', () => {
+    const forward = attn.sdpa(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+    const recomputed = expectGradientsMatch(attn, p, options);
+    const saved = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput,
+      { ...options, saved: { output: forward.output, logSumExp: forward.logSumExp } });
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(saved[name].data, recomputed[name].data)).toBe(true);
+  });
+
+  test('one and two threads', () => {
+    expect(attn2.threads).toBe(2);
+    const one = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    const two = attn2.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(two[name].data, one[name].data)).toBe(true);
+  });
+});
+
+test('fully masked rows get exact-zero dQ; keys no row attends get exact-zero dK and dV', () => {
+  const p = problem({ Hq: 2, Lq: 6, Lk: 20, seed: 30 });
+  const { dQuery, dKey, dValue } = expectGradientsMatch(attn, p, { isCausal: true, causalOffset: -3 });
+  for (let h = 0; h < 2; h++) {
+    for (let i = 0; i < 3; i++) expect(Array.from(dQuery.data.subarray((h * 6 + i) * 8, (h * 6 + i + 1) * 8))).toEqual(new Array(8).fill(0));
+  }
+  expect(Array.from(dKey.data.subarray(3 * 8))).toEqual(new Array(17 * 8).fill(0));
+  expect(Array.from(dValue.data.subarray(3 * 8))).toEqual(new Array(17 * 8).fill(0));
+});
+
+describe('bad input: TypeError or RangeError naming the argument; the instance keeps working', () => {
+  const p = problem({ B: 1, Hq: 2, Hkv: 1, Lq: 3, Lk: 5, E: 4, Ev: 6, seed: 40 });
+  const forward = () => attn.sdpa(p.query, p.key, p.value, { returnLogSumExp: true });
+  test.each([
+    ['gradOutput missing', () => attn.sdpaBackward(p.query, p.key, p.value), TypeError, /sdpaBackward: gradOutput must be a tensor/],
+    ['gradOutput of the wrong dims', () => attn.sdpaBackward(p.query, p.key, p.value, randomTensor([1, 2, 3, 4], 1)), RangeError,
+      /sdpaBackward: gradOutput\.dims must equal the output's dims \[1, 2, 3, 6\], got \[1, 2, 3, 4\]/],
+    ['gradOutput a Float64Array', () => attn.sdpaBackward(p.query, p.key, p.value, t(new Float64Array(36), [1, 2, 3, 6])), TypeError,
+      /sdpaBackward: gradOutput\.data must be a Float32Array, got Float64Array/],
+    ['returnWeights (not a backward option)', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { returnWeights: true }), TypeError,
+      /sdpaBackward: unknown option "returnWeights"/],
+    ['saved not an object', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { saved: 3 }), TypeError, /options\.saved must be/],
+    ['saved.output of the wrong dims', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { saved: { output: randomTensor([1, 2, 3, 5], 1), logSumExp: forward().logSumExp } }),
+      RangeError, /options\.saved\.output\.dims must equal the output's dims \[1, 2, 3, 6\]/],
+    ['saved.logSumExp of the wrong dims', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { saved: { output: forward().output, logSumExp: randomTensor([1, 2, 4], 1) } }),
+      RangeError, /options\.saved\.logSumExp must have dims \[1, 2, 3\] and 6 elements, got dims \[1, 2, 4\] and 8 elements/],
+    ['saved.logSumExp missing', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { saved: { output: forward().output } }),
+      TypeError, /options\.saved\.logSumExp must be a tensor/],
+    ['a bad scale', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { scale: NaN }), RangeError, /sdpaBackward: options\.scale must be a finite number/],
+    ['returnLogSumExp not a boolean', () => attn.sdpa(p.query, p.key, p.value, { returnLogSumExp: 1 }), TypeError, /sdpa: options\.returnLogSumExp must be a boolean/],
+  ])('%s', (_, call, Cls, pattern) => {
+    let error;
+    try {
+      call();
+    } catch (e) {
+      error = e;
+    }
+    expect(error?.constructor).toBe(Cls);
+    expect(error.message).toMatch(pattern);
+    expectGradientsMatch(attn, p);
+    expect(attn.memory().bytesInUse).toBe(0);
+  });
+
+  test('past maxMemoryBytes: refused before allocating, RangeError naming sdpaBackward', async () => {
+    const small = await createAttention({ threads: 1, maxMemoryBytes: 16384 });
+    try {
+      const big = problem({ Lq: 128, Lk: 128, E: 8, seed: 50 });  // 4 KiB for each of Q, K, V, dO, O, dQ, dK, dV
+      expect(() => small.sdpaBackward(big.query, big.key, big.value, big.gradOutput)).toThrow(/^sdpaBackward: needs \d+ bytes of wasm memory/);
+      expect(small.memory().bytesInUse).toBe(0);
+      expectGradientsMatch(small, problem({ Lq: 2, Lk: 3, E: 4, seed: 51 }));
+    } finally {
+      small.dispose();
+    }
+  });
+});
