@@ -3,7 +3,8 @@
 
 namespace sdpa_fuzz {
 
-void check_result(const Problem& p, const std::vector<float>& output, const std::vector<float>* weights) {
+void check_result(const Problem& p, const std::vector<float>& output, const std::vector<float>* weights,
+                  const std::vector<float>* logsumexp) {
   std::vector<double> ref_weights;
   const std::vector<double> ref = sdpa::reference_forward(p, weights != nullptr ? &ref_weights : nullptr);
   const int64_t B = p.batch, Hq = p.q_heads, Lq = p.q_len, Lk = p.kv_len, E = p.head_dim, Ev = p.value_dim;
@@ -28,6 +29,11 @@ void check_result(const Problem& p, const std::vector<float>& output, const std:
       FUZZ_CHECK(p, !is_sentinel((*weights)[at]), "weights element %zu not written", at);
     }
   }
+  if (logsumexp != nullptr) {
+    for (size_t at = 0; at < logsumexp->size(); at++) {
+      FUZZ_CHECK(p, !is_sentinel((*logsumexp)[at]), "logsumexp element %zu not written", at);
+    }
+  }
 
   std::vector<int64_t> keys;                // A
   std::vector<double> score, score_error;   // s_j and err_j for j in A
@@ -42,6 +48,7 @@ void check_result(const Problem& p, const std::vector<float>& output, const std:
         const float* got = p.output + b * p.o_stride_b + h * p.o_stride_h + i * p.o_stride_l;
         const double* want = ref.data() + ((b * Hq + h) * Lq + i) * Ev;
         const int64_t weights_row = ((b * Hq + h) * Lq + i) * Lk;
+        const float* lse = p.logsumexp != nullptr ? p.logsumexp + (b * Hq + h) * Lq + i : nullptr;
         keys.clear(), score.clear(), score_error.clear();
         for (int64_t j = 0; j < Lk; j++) {
           if (attendable(p, b, h, i, j)) keys.push_back(j);
@@ -68,6 +75,8 @@ void check_result(const Problem& p, const std::vector<float>& output, const std:
                        (long long)b, (long long)h, (long long)i, (long long)c, got[c]);
           }
           check_blocked_weights(false);
+          FUZZ_CHECK(p, lse == nullptr || *lse == -kInf, "row (b%lld h%lld i%lld) attends no key: logsumexp %a, not -inf",
+                     (long long)b, (long long)h, (long long)i, lse != nullptr ? *lse : 0.0f);
           continue;
         }
 
@@ -119,6 +128,8 @@ void check_result(const Problem& p, const std::vector<float>& output, const std:
                          (long long)b, (long long)h, (long long)i, (long long)j, p.weights[weights_row + j]);
             }
           }
+          FUZZ_CHECK(p, lse == nullptr || std::isnan(*lse), "row (b%lld h%lld i%lld) has a NaN score: logsumexp %a, not NaN",
+                     (long long)b, (long long)h, (long long)i, lse != nullptr ? *lse : 0.0f);
           continue;
         }
 
@@ -152,6 +163,9 @@ void check_result(const Problem& p, const std::vector<float>& output, const std:
                          (long long)b, (long long)h, (long long)i, (long long)j, w);
             }
           }
+          FUZZ_CHECK(p, lse == nullptr || *lse == -kInf || range_limited,
+                     "row (b%lld h%lld i%lld): every score is -Inf, logsumexp %a, not -inf", (long long)b, (long long)h,
+                     (long long)i, lse != nullptr ? *lse : 0.0f);
           continue;
         }
 
@@ -178,6 +192,17 @@ void check_result(const Problem& p, const std::vector<float>& output, const std:
           }
         }
         const bool well_conditioned = !range_limited && err_s <= kWellConditioned;
+        if (lse != nullptr && !range_limited) {
+          // log Σ_j exp(s_j) = max + log Σ_j exp(s_j - max); float32 rounds max and the log.
+          const double want_lse = max_score + std::log(sum);
+          FUZZ_CHECK(p, std::isfinite(*lse), "row (b%lld h%lld i%lld): logsumexp %a not finite, reference %.9g",
+                     (long long)b, (long long)h, (long long)i, *lse, want_lse);
+          const double allowed = well_conditioned ? kTolerance * (1 + std::fabs(want_lse)) + 2 * err_s
+                                                  : 2 * err_s + 1e-4 * (1 + std::fabs(want_lse)) + std::log(count);
+          FUZZ_CHECK(p, std::fabs(*lse - want_lse) <= allowed,
+                     "row (b%lld h%lld i%lld): logsumexp %.9g, reference %.9g, |diff| %.3g > allowed %.3g", (long long)b,
+                     (long long)h, (long long)i, *lse, want_lse, std::fabs(*lse - want_lse), allowed);
+        }
 
         for (int64_t c = 0; c < Ev; c++) {
           if (!col_finite[c]) continue;

@@ -32,6 +32,8 @@
 //          second term is the change of a convex combination when its logits move by err_s.
 //        * when they are not (logits so large that float rounding of a score can change
 //          which key wins), only the convex-combination bound holds.
+//      Log-sum-exp (Problem::logsumexp): finite unless range-limited, within the tolerance
+//      plus 2·err_s of max_j s_j + log Σ_j exp(s_j - max) (cases 1 and 3: -inf; case 2: NaN).
 //      Weights: exact zeros for keys outside A, and in [0, 1] for keys in A (any NaN allowed
 //      if the row is range-limited); within (tol + 4·err_s)·w_ref of the reference when well conditioned.
 //
@@ -121,10 +123,12 @@ constexpr double kWellConditioned = 1e-3;  // largest score error bound still co
 constexpr double kEps = 0x1p-24;           // float32 unit roundoff
 constexpr double kFloatMax = FLT_MAX;
 
-// Checks p.output (inside `output`, the whole buffer p.output points into) and p.weights
-// (inside `weights`, or null) as described at the top. In attention-check.cc, which is
+// Checks p.output (inside `output`, the whole buffer p.output points into), p.weights
+// (inside `weights`, or null) and p.logsumexp (inside `logsumexp`, or null) as described at
+// the top. In attention-check.cc, which is
 // compiled without the fuzzer's coverage instrumentation: the oracle's branches are not what
 // the fuzzer should explore, and instrumented they took most of the time.
-void check_result(const Problem& p, const std::vector<float>& output, const std::vector<float>* weights);
+void check_result(const Problem& p, const std::vector<float>& output, const std::vector<float>* weights,
+                  const std::vector<float>* logsumexp);
 
 }  // namespace sdpa_fuzz

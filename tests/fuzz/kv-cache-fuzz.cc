@@ -10,7 +10,7 @@
 //             kv_len = length, K/V strides of the storage layout, causal with offset
 //             length - Lq by default (the last Lq positions are the query's own), the cache's
 //             kv_type: kFloat16Finite when no Inf/NaN half may be stored (as the TypeScript
-//             layer decides), read_kv_in_order;
+//             layer decides), read_kv_in_order; sometimes weights, logsumexp, key_lengths;
 //   a broken copy (negative size, zero dim, null pointer, unknown type, negative stride),
 //             which must return its Status and write nothing.
 // After every operation the whole storage is compared with a model of what it should hold,
@@ -269,6 +269,11 @@ void attend(FuzzedDataProvider& in, Cache& c) {
     weights.assign(static_cast<size_t>(c.B) * Hq * Lq * std::max(c.length, 0), sentinel());
     p.weights = weights.data();
   }
+  std::vector<float> logsumexp;
+  if (options & 64) {
+    logsumexp.assign(static_cast<size_t>(c.B) * Hq * Lq, sentinel());
+    p.logsumexp = logsumexp.data();
+  }
   p.read_kv_in_order = (options & 16) == 0;
   sdpa::ThreadPool* pool = (options & 32) ? two_threads() : nullptr;
 
@@ -281,7 +286,7 @@ void attend(FuzzedDataProvider& in, Cache& c) {
     return;
   }
   FUZZ_CHECK(p, status == Status::kOk, "forward() on a cache returned %s", sdpa::status_name(status));
-  check_result(p, output, p.weights != nullptr ? &weights : nullptr);
+  check_result(p, output, p.weights != nullptr ? &weights : nullptr, p.logsumexp != nullptr ? &logsumexp : nullptr);
   check_storage(c, "attend");  // inputs are never written
 
   if (p.kv_type == KvType::kFloat16Finite) {  // the same bits as the general half path
@@ -289,8 +294,9 @@ void attend(FuzzedDataProvider& in, Cache& c) {
     Problem general = p;
     general.kv_type = KvType::kFloat16;
     general.output = general_output.data();
-    std::vector<float> general_weights(weights.size(), sentinel());
+    std::vector<float> general_weights(weights.size(), sentinel()), general_lse(logsumexp.size(), sentinel());
     if (p.weights != nullptr) general.weights = general_weights.data();
+    if (p.logsumexp != nullptr) general.logsumexp = general_lse.data();
     FUZZ_CHECK(p, sdpa::forward(general, scratch.data(), need, pool) == Status::kOk, "kFloat16 forward() failed");
     for (size_t n = 0; n < output.size(); n++) {
       FUZZ_CHECK(p, same_float(output[n], general_output[n]), "kFloat16Finite differs from kFloat16 at %zu: %a vs %a", n,
@@ -298,6 +304,9 @@ void attend(FuzzedDataProvider& in, Cache& c) {
     }
     for (size_t n = 0; n < weights.size(); n++) {
       FUZZ_CHECK(p, same_float(weights[n], general_weights[n]), "weights: kFloat16Finite differs from kFloat16 at %zu", n);
+    }
+    for (size_t n = 0; n < logsumexp.size(); n++) {
+      FUZZ_CHECK(p, same_float(logsumexp[n], general_lse[n]), "logsumexp: kFloat16Finite differs from kFloat16 at %zu", n);
     }
   }
 }

@@ -11,8 +11,8 @@
 //   options  scale, softcap (including subnormal and huge ones), a float or bool mask with
 //            any broadcast (zero strides) and any axis order, causal with one offset or one
 //            per batch (negative, past the end, INT32_MIN/MAX), key_lengths (including 0),
-//            weights, kv_type float32/float16/float16-finite, read_kv_in_order, a pool of 1 or
-//            2 threads;
+//            weights, logsumexp, kv_type float32/float16/float16-finite, read_kv_in_order,
+//            a pool of 1 or 2 threads;
 //   values   per tensor, ordinary numbers of a chosen magnitude mixed with NaN, ±Inf, ±1e30,
 //            ±FLT_MAX, subnormals, -0 (float16 K/V: the half edge patterns), plus single
 //            elements the input sets; and, deliberately, NaN/Inf in every K/V row no query row
@@ -90,7 +90,7 @@ sdpa::ThreadPool* pool(int threads) {
 
 // Everything a problem points to, owned, each at its exact size.
 struct Buffers {
-  std::vector<float> query, output, weights, mask_f;
+  std::vector<float> query, output, weights, logsumexp, mask_f;
   std::vector<float> key_f, value_f;
   std::vector<uint16_t> key_h, value_h;
   std::vector<uint8_t> mask_b;
@@ -213,7 +213,7 @@ FUZZ_NO_COVERAGE void treat(std::vector<T>& x, const std::vector<bool>& attended
 // forward() with exactly the scratch it asks for, on a fresh copy of the output (and weights)
 // buffers filled with the sentinel.
 struct Result {
-  std::vector<float> output, weights;
+  std::vector<float> output, weights, logsumexp;
 };
 Result run_forward(Problem p, const Buffers& buf, int threads, uint32_t scratch_misalign) {
   Result r;
@@ -222,6 +222,10 @@ Result run_forward(Problem p, const Buffers& buf, int threads, uint32_t scratch_
   if (p.weights != nullptr) {
     r.weights.assign(buf.weights.size(), sentinel());
     p.weights = r.weights.data();
+  }
+  if (p.logsumexp != nullptr) {
+    r.logsumexp.assign(buf.logsumexp.size(), sentinel());
+    p.logsumexp = r.logsumexp.data();
   }
   sdpa::ThreadPool* tp = pool(threads);
   const uint64_t need = sdpa::scratch_floats(p, tp != nullptr ? tp->threads() : 1);
@@ -242,8 +246,9 @@ FUZZ_NO_COVERAGE void check_same(const Problem& p, const std::vector<float>& a, 
 // segment's size, forward_segment() on them, merge_segments(): bitwise forward()'s output.
 void check_segments(const Problem& p_in, const Buffers& buf, const std::vector<float>& expected) {
   Problem p = p_in;
-  std::vector<float> output(buf.output.size(), sentinel());
+  std::vector<float> output(buf.output.size(), sentinel()), logsumexp(buf.logsumexp.size(), sentinel());
   p.output = output.data();
+  if (p.logsumexp != nullptr) p.logsumexp = logsumexp.data();
   const int32_t segments = sdpa::segment_count(p);
   std::vector<float> partials(static_cast<size_t>(sdpa::segment_partials_floats(p)));
   std::vector<float> scratch(static_cast<size_t>(sdpa::segment_scratch_floats(p)));
@@ -275,6 +280,7 @@ void check_segments(const Problem& p_in, const Buffers& buf, const std::vector<f
   const Status status = sdpa::merge_segments(p, partials.data());
   FUZZ_CHECK(p, status == Status::kOk, "merge_segments returned %s", sdpa::status_name(status));
   check_same(p, output, expected, "split-K path against forward()");
+  check_same(p, logsumexp, buf.logsumexp, "logsumexp, split-K path against forward()");
 }
 
 void run(const uint8_t* data, size_t size) {
@@ -458,6 +464,10 @@ void run(const uint8_t* data, size_t size) {
     buf.weights.assign(static_cast<size_t>(B) * Hq * Lq * Lk, sentinel());
     p.weights = buf.weights.data();
   }
+  if (extra_checks & 8) {  // each row's log-sum-exp (what the backward pass reads)
+    buf.logsumexp.assign(static_cast<size_t>(B) * Hq * Lq, sentinel());
+    p.logsumexp = buf.logsumexp.data();
+  }
 
   if (invalid >= 224) {  // one input in eight: a broken problem
     std::vector<float> scratch_buffer(static_cast<size_t>(sdpa::scratch_floats(p, 1)) + 1);
@@ -480,28 +490,34 @@ void run(const uint8_t* data, size_t size) {
     }
     for (float f : buf.output) FUZZ_CHECK(bad, is_sentinel(f), "a broken problem wrote its output");
     for (float f : buf.weights) FUZZ_CHECK(bad, is_sentinel(f), "a broken problem wrote its weights");
+    for (float f : buf.logsumexp) FUZZ_CHECK(bad, is_sentinel(f), "a broken problem wrote its logsumexp");
     return;
   }
 
   FUZZ_CHECK(p, sdpa::validate(p) == Status::kOk, "the fuzzer made an invalid problem: %s",
              sdpa::status_name(sdpa::validate(p)));
   Result r = run_forward(p, buf, threads, misalign);
-  buf.output = r.output, buf.weights = r.weights;
+  buf.output = r.output, buf.weights = r.weights, buf.logsumexp = r.logsumexp;
   p.output = buf.output.data();
-  if (want_weights) p.weights = buf.weights.data();
-  check_result(p, buf.output, want_weights ? &buf.weights : nullptr);
+  if (p.weights != nullptr) p.weights = buf.weights.data();
+  if (p.logsumexp != nullptr) p.logsumexp = buf.logsumexp.data();
+  check_result(p, buf.output, p.weights != nullptr ? &buf.weights : nullptr,
+               p.logsumexp != nullptr ? &buf.logsumexp : nullptr);
 
   // Bitwise promises.
   if (extra_checks & 1) {  // any thread count
     const Result other = run_forward(p, buf, threads == 2 ? 0 : 2, 0);
     check_same(p, other.output, buf.output, "2 threads against 1");
     check_same(p, other.weights, buf.weights, "weights, 2 threads against 1");
+    check_same(p, other.logsumexp, buf.logsumexp, "logsumexp, 2 threads against 1");
   }
   if ((extra_checks & 2) && p.kv_type == KvType::kFloat16Finite) {
     Problem general = p;
     general.kv_type = KvType::kFloat16;
     const Result other = run_forward(general, buf, threads, 0);
     check_same(p, other.output, buf.output, "kFloat16 against kFloat16Finite");
+    check_same(p, other.weights, buf.weights, "weights, kFloat16 against kFloat16Finite");
+    check_same(p, other.logsumexp, buf.logsumexp, "logsumexp, kFloat16 against kFloat16Finite");
   }
   if (p.batch == 1 && p.kv_heads == 1 && p.weights == nullptr && sdpa::reads_keys_in_place(p)) {
     check_segments(p, buf, buf.output);
