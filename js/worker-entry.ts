@@ -64,6 +64,10 @@ async function handle({ op, args: a }: Request): Promise<Handled> {
     }
     case 'sdpa':  // { query, key, value, options } → SdpaResult
       return withBuffers(live().sdpa(a.query as never, a.key as never, a.value as never, a.options as never));
+    case 'sdpaBackward': {  // { query, key, value, gradOutput, options } → SdpaBackwardResult
+      const g = live().sdpaBackward(a.query as never, a.key as never, a.value as never, a.gradOutput as never, a.options as never);
+      return { value: g, transfer: transferList([g.dQuery.data, g.dKey.data, g.dValue.data]) };
+    }
     case 'createKVCache': {  // { cache: id, options } → null
       caches.set(a.cache as number, live().createKVCache(a.options as never));
       return { value: null };

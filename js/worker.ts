@@ -20,8 +20,10 @@
 // arrays do not reach a queued call.
 import type { Isa } from './loader.js';
 import { cacheOperands, checkAppend, checkCacheOptions, checkTruncate, KVCacheShapeInfo, type KVCacheShape } from './kv-cache.js';
-import type { AttentionOptions, KVCacheOptions, KVTensor, MemoryInfo, SdpaOptions, SdpaResult, Tensor } from './types.js';
-import { checkAttentionOptions, checkOptionNames, describe, plan, planAttend } from './validate.js';
+import type {
+  AttentionOptions, KVCacheOptions, KVTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaOptions, SdpaResult, Tensor,
+} from './types.js';
+import { checkAttentionOptions, checkOptionNames, describe, plan, planAttend, planBackward } from './validate.js';
 import { errorFromWire, READY, transferList, type Op, type Reply, type Request } from './worker-protocol.js';
 
 /** What every worker call takes besides the direct API's options. */
@@ -324,9 +326,18 @@ class Taker {
     const copy: Record<string, unknown> = {};
     for (const name of Object.keys(options)) {
       const value = (options as Record<string, unknown>)[name];
-      copy[name] = name === 'attnMask' ? this.tensor(value, false) : name === 'out' ? value : this.copy(value);
+      copy[name] = name === 'attnMask' ? this.tensor(value, false)
+        : name === 'saved' ? this.saved(value)
+        : name === 'out' ? value : this.copy(value);
     }
     return copy;
+  }
+
+  /** sdpaBackward's options.saved: { output, logSumExp } with their data copied. */
+  saved(saved: unknown): unknown {
+    if (saved === null || typeof saved !== 'object') return saved;
+    const { output, logSumExp } = saved as { output?: unknown; logSumExp?: unknown };
+    return { output: this.tensor(output, false), logSumExp: this.tensor(logSumExp, false) };
   }
 
   /** Moves the noted buffers (each once) and points the taken tensors at the moved ones. */
@@ -465,6 +476,27 @@ export class AttentionWorker {
         plan(q, k, v, o);
         return { query: q, key: k, value: v, options: sendable(o) };
       }, (result) => deliver(result, (o as SdpaOptions | undefined)?.out), signal);
+    });
+  }
+
+  /**
+   * Attention.sdpaBackward() in the worker: the same gradients (bitwise) and errors. Query,
+   * key, value and gradOutput are copied, or moved with `{ transfer: true }`; `saved` is copied.
+   */
+  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+    options?: SdpaBackwardOptions & WorkerCallOptions): Promise<SdpaBackwardResult> {
+    return settle(() => {
+      this.#check('sdpaBackward');
+      const { rest, signal, transfer } = splitCallOptions('sdpaBackward', options);
+      const take = new Taker(transfer);
+      const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
+      const go = take.tensor(gradOutput, true);
+      const o = take.options(rest);
+      take.done();
+      return this.#channel.call('sdpaBackward', () => {
+        planBackward(q, k, v, go, o);
+        return { query: q, key: k, value: v, gradOutput: go, options: o };
+      }, (result) => result as SdpaBackwardResult, signal);
     });
   }
 

@@ -4,9 +4,10 @@
 // tile edges, GQA, Lq ≠ Lk, Ev ≠ E, masks of every broadcast shape (masks get no gradient),
 // causal offsets, key lengths with NaN padding, softcap, scale, both layouts and ranks.
 // Also: sdpa(..., { returnLogSumExp }) against the reference; `saved` and recomputed paths
-// bitwise equal; one and two threads bitwise; fully masked rows and unattended keys exact
-// zeros; bad input; memory freed.
-import { createAttention } from 'sdpa-wasm';
+// bitwise equal; one and two threads bitwise; through createAttentionWorker bitwise the direct
+// call, with the same errors; fully masked rows and unattended keys exact zeros; bad input;
+// memory freed.
+import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import {
   maxRelError, mulberry32, randomTensor, referenceLogSumExp, referenceSdpa, referenceSdpaBackward,
 } from './reference.mjs';
@@ -236,5 +237,42 @@ describe('bad input: TypeError or RangeError naming the argument; the instance k
     } finally {
       small.dispose();
     }
+  });
+});
+
+describe('through createAttentionWorker', () => {
+  let worker;
+  beforeAll(async () => {
+    worker = await createAttentionWorker({ threads: 1 });
+  });
+  afterAll(() => worker.dispose());
+
+  test('the same gradients bit for bit (copied, transferred, saved), and the same errors', async () => {
+    const p = problem({ B: 2, Hq: 4, Hkv: 2, Lq: 9, Lk: 70, E: 8, Ev: 6, seed: 60 });
+    const options = { isCausal: true, causalOffset: 61, softcap: 5 };
+    const direct = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    const copied = await worker.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    const forward = attn.sdpa(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+    const saved = await worker.sdpaBackward(p.query, p.key, p.value, p.gradOutput,
+      { ...options, saved: { output: forward.output, logSumExp: forward.logSumExp } });
+    const inputs = structuredClone(p);
+    const moved = await worker.sdpaBackward(inputs.query, inputs.key, inputs.value, inputs.gradOutput, { ...options, transfer: true });
+    expect(inputs.query.data.length).toBe(0);  // detached
+    for (const result of [copied, saved, moved]) {
+      for (const name of ['dQuery', 'dKey', 'dValue']) {
+        expect(result[name].dims).toEqual(direct[name].dims);
+        expect(sameBits(result[name].data, direct[name].data)).toBe(true);
+      }
+    }
+    const call = (g) => g.sdpaBackward(p.query, p.key, p.value, randomTensor([2, 4, 9, 5], 1), options);
+    let directError;
+    try {
+      call(attn);
+    } catch (e) {
+      directError = e;
+    }
+    const workerError = await call(worker).then(() => undefined, (e) => e);
+    expect(workerError.constructor).toBe(RangeError);
+    expect(workerError.message).toBe(directError.message);
   });
 });
