@@ -1,4 +1,4 @@
-// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode] [-- --no-worker] [-- --no-browser]
+// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode] [-- --no-worker] [-- --no-browser] [-- --no-backward]
 //
 // Single-threaded forward attention, in one process, side by side:
 //   sdpa-wasm (this package), onnxruntime-web (wasm EP, 1 thread, best of three ONNX graphs),
@@ -20,9 +20,12 @@
 // Then the decode section (decode.mjs, also runnable alone; --no-decode skips it): the KV cache's
 // attend() per step against a plain wasm read of the same bytes, sdpa() with copies and
 // onnxruntime-web, float32/float16 caches, 1 and 2 threads; under `decode` in the JSON.
-// Last, the worker section (worker.mjs, also runnable alone; --no-worker skips it): what
+// Then the worker section (worker.mjs, also runnable alone; --no-worker skips it): what
 // createAttentionWorker() adds per call, inputs copied or transferred, against the direct call,
 // on shape (a) and on one decode step from a float32 cache, 1 and 2 threads; under `worker`.
+// Then the backward section (backward.mjs, also runnable alone; --no-backward skips it):
+// sdpaBackward's GFLOP/s against the forward's and tfjs-wasm's, (h) in O(N) memory; under
+// `backward`. Last, the browser section (browser.mjs; --no-browser skips it).
 // Output: tables on stdout and JSON (bench/results/latest.json, or --json PATH).
 import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -36,6 +39,7 @@ import { compare, makeInputs, referenceRows } from './reference.mjs';
 import { SHAPES, bytes, describe, flops, isDecode, usefulFlops } from './shapes.mjs';
 import { runBrowserBench } from './browser.mjs';
 import { runWorkerBench } from './worker.mjs';
+import { runBackwardBench } from './backward.mjs';
 
 const argv = process.argv.slice(2);
 const arg = (name) => { const i = argv.indexOf(name); return i >= 0 ? argv[i + 1] : undefined; };
@@ -45,6 +49,7 @@ const shapeFilter = arg('--shapes')?.split(',');
 const peerFilter = arg('--peers')?.split(',');
 const withDecode = !argv.includes('--no-decode');
 const withWorker = !argv.includes('--no-worker');
+const withBackward = !argv.includes('--no-backward');
 const withBrowser = !argv.includes('--no-browser');
 
 const settings = quick
@@ -646,6 +651,17 @@ if (withWorker) {
   }
 }
 
+// The backward section (backward.mjs): sdpaBackward against the forward and tfjs-wasm.
+let backward = null;
+if (withBackward) {
+  try {
+    backward = await runBackwardBench({ quick });
+  } catch (e) {
+    backward = { failed: errText(e) };
+    console.log(`backward section FAILED: ${backward.failed}`);
+  }
+}
+
 // The browser section: the same calls in Chromium and in this Node, both builds.
 let browser = null;
 if (withBrowser) {
@@ -672,6 +688,6 @@ writeFileSync(jsonPath, JSON.stringify({
   threads: 1, oneThreadTargets, twoThreadShapes: twoThreadResults.map((e) => e.id), twoThreadTargets: TWO_THREAD_TARGETS,
   quick, settings, totalSeconds, limits,
   peers: peers.map((p) => ({ name: p.name, version: p.version, threads: p.threads, config: p.config, build: p.build, remote: p.remote, failed: p.failed })),
-  shapes: results, rows, decode, worker, browser,
+  shapes: results, rows, decode, worker, backward, browser,
 }, (k, v) => (typeof v === 'number' && !Number.isFinite(v) ? String(v) : v), 2));
 console.log(`results: ${jsonPath}`);

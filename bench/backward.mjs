@@ -1,0 +1,277 @@
+// node bench/backward.mjs [--quick] [--json PATH] [--shapes b,c,e,h]
+// (also run by bench.mjs after its other sections, unless it is given --no-backward)
+//
+// The backward pass (attn.sdpaBackward, issue #13) on shapes (b), (c), causal (e) of
+// shapes.mjs, one and two threads, each build this Node runs (portable; relaxed SIMD with the
+// flag), beside:
+//   forward      attn.sdpa() on the same instance, in the same rounds: the backward's
+//                GFLOP/s is counted as 2.5× the forward's FLOPs (as FlashAttention does), so
+//                backward ÷ forward GFLOP/s = 2.5·t_forward / t_backward
+//   tfjs-wasm    TensorFlow.js's wasm backend (1 thread): the gradient of the per-head
+//                matMul/softmax/matMul forward (the form bench/peers/tfjs.mjs times) for the
+//                same dO, with the ops its autodiff runs (openTfjs): [N, N] matrices materialised
+// and (h) N = 32768 causal: sdpa-wasm's backward once, with the instance's peak wasm memory
+// (attn.memory().peakBytes: O(N), against the 4·N² = 4 GiB one score matrix needs), and
+// tfjs-wasm's attempt (it cannot hold the matrix in a wasm32 heap).
+// The backward uses `saved` (the forward's output and log-sum-exp), as a training step would.
+// Every first result is checked: sdpa-wasm's gradients against tfjs's (float32 both, 1e-3), and
+// the two builds' against each other. Medians of timed rounds (each round runs every entry
+// once) after warm-up. Targets, printed met / NOT met, one thread, shapes b, c, e: backward
+// ≥ 50% of the forward's GFLOP/s, ≥ 2× tfjs-wasm's; (h) completes in O(N) memory.
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import { dirname, resolve } from 'node:path';
+import { createRequire } from 'node:module';
+import { fileURLToPath } from 'node:url';
+import { createAttention } from 'sdpa-wasm';
+import { describeHostCpu, hostCpu } from './host.mjs';
+import { makeInputs, randomTensor } from './reference.mjs';
+import { SHAPES, describe, flops } from './shapes.mjs';
+
+export const BACKWARD_TARGETS = { vsForward: 0.5, vsTfjs: 2, shapes: ['b', 'c', 'e'] };
+const BIG_SHAPE = 'h';
+
+const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};
+const fmt = (x, d = 1) => (x === null || x === undefined || !Number.isFinite(x) ? '-' : x.toFixed(d));
+
+/**
+ * tfjs-wasm, 1 thread, per head: the gradients of o = softmax(q·scale·kᵀ [+ mask])·v for dO,
+ * with the ops TensorFlow.js's autodiff would run (tfjs-core's BatchMatMul and Softmax gradient
+ * functions): P recomputed, dV = Pᵀ·dO, dP = dO·Vᵀ, dS = P∘dP − P∘rowsum(P∘dP),
+ * dQ = dS·K·scale, dK = dSᵀ·Q·scale. Spelled out because tfjs-core's Node bundle registers no
+ * gradient functions (the tfjs umbrella package does, and is not a dependency here). Transposes
+ * are explicit tf.transpose + matMul, tfjs-wasm's fast form (bench/peers/tfjs.mjs). Like
+ * sdpa-wasm's backward, it recomputes P from Q and K: the [N, N] P, dP and dS are materialised.
+ */
+async function openTfjs() {
+  const tf = await import('@tensorflow/tfjs-core');
+  const tfwasm = await import('@tensorflow/tfjs-backend-wasm');
+  const require = createRequire(import.meta.url);
+  const dist = dirname(require.resolve('@tensorflow/tfjs-backend-wasm/dist/tfjs-backend-wasm-simd.wasm'));
+  tfwasm.setWasmPaths(`${dist}/`);
+  tf.env().set('WASM_HAS_MULTITHREAD_SUPPORT', false);
+  tfwasm.setThreadsCount(1);
+  if (!(await tf.setBackend('wasm'))) throw new Error('tfjs: the wasm backend did not initialise');
+  await tf.ready();
+  return {
+    version: `tfjs-core ${tf.version_core}, tfjs-backend-wasm ${tfwasm.version_wasm}`,
+    /** dQ, dK, dV as Float32Arrays [B·H, N, E] for the shape's inputs and dO. */
+    grads(s, { q, k, v }, dO) {
+      const n = s.Lq * s.E;
+      const scale = 1 / Math.sqrt(s.E);
+      const out = { dQuery: new Float32Array(q.data.length), dKey: new Float32Array(k.data.length), dValue: new Float32Array(v.data.length) };
+      const mask = s.causal ? tf.tidy(() => {
+        const i = tf.reshape(tf.range(0, s.Lq, 1, 'int32'), [s.Lq, 1]);
+        const j = tf.reshape(tf.range(0, s.Lk, 1, 'int32'), [1, s.Lk]);
+        return tf.where(tf.lessEqual(j, i), tf.scalar(0), tf.scalar(-Infinity));
+      }) : null;
+      try {
+        for (let h = 0; h < s.B * s.H; h++) {
+          const slice = (x) => x.subarray(h * n, (h + 1) * n);
+          tf.tidy(() => {
+            const qh = tf.tensor2d(slice(q.data), [s.Lq, s.E]);
+            const kh = tf.tensor2d(slice(k.data), [s.Lk, s.E]);
+            const vh = tf.tensor2d(slice(v.data), [s.Lk, s.E]);
+            const dy = tf.tensor2d(slice(dO), [s.Lq, s.E]);
+            let scores = tf.matMul(tf.mul(qh, scale), tf.transpose(kh));
+            if (mask) scores = tf.add(scores, mask);
+            const p = tf.softmax(scores);
+            const dv = tf.matMul(tf.transpose(p), dy);
+            const pdp = tf.mul(p, tf.matMul(dy, tf.transpose(vh)));
+            const ds = tf.sub(pdp, tf.mul(p, tf.sum(pdp, 1, true)));
+            const dq = tf.mul(tf.matMul(ds, kh), scale);
+            const dk = tf.mul(tf.matMul(tf.transpose(ds), qh), scale);
+            out.dQuery.set(dq.dataSync(), h * n);
+            out.dKey.set(dk.dataSync(), h * n);
+            out.dValue.set(dv.dataSync(), h * n);
+          });
+        }
+      } finally {
+        mask?.dispose();
+      }
+      return out;
+    },
+  };
+}
+
+function maxAbsDiff(a, b) {
+  let worst = 0;
+  for (let i = 0; i < a.length; i++) {
+    const d = Math.abs(a[i] - b[i]);
+    if (!(d <= worst)) worst = Number.isNaN(d) ? Infinity : d;
+  }
+  return worst;
+}
+
+export async function runBackwardBench({ quick = false, shapeIds = null, log = console.log } = {}) {
+  const held = [];
+  try {
+    return await section({ quick, shapeIds, log }, held);
+  } finally {
+    for (const a of held) { try { a.dispose(); } catch { /* ignore */ } }
+  }
+}
+
+async function section({ quick, shapeIds, log }, held) {
+  const settings = quick ? { warmups: 1, rounds: 3 } : { warmups: 2, rounds: 7 };
+  const ids = shapeIds ?? (quick ? ['b', 'e'] : ['b', 'c', 'e', BIG_SHAPE]);
+  const host = hostCpu();
+  const loadBefore = os.loadavg();
+  const t0 = performance.now();
+  log('');
+  log(`backward (attn.sdpaBackward with saved output and log-sum-exp)${quick ? ' (--quick)' : ''}: GFLOP/s counted as 2.5× the forward's ` +
+    `4·B·H·N²·E, beside the forward on the same instance and tfjs-wasm's gradient of matMul/softmax/matMul (1 thread); ` +
+    `medians of ${settings.rounds} rounds after ${settings.warmups} warm-up; host ${describeHostCpu(host)}`);
+  let tfjs = null;
+  try {
+    tfjs = await openTfjs();
+  } catch (e) {
+    log(`  tfjs-wasm unavailable: ${e?.message ?? e}`);
+  }
+
+  // Each build this Node runs: the portable one, and the relaxed-SIMD one where it runs it.
+  const instances = [];
+  for (const relaxedSimd of [false, true]) {
+    for (const threads of [1, 2]) {
+      const attn = await createAttention({ threads, relaxedSimd });
+      held.push(attn);
+      const label = `${attn.isa} ${attn.threads}t`;
+      if (instances.some((x) => x.label === label)) continue;
+      instances.push({ label, attn });
+    }
+  }
+
+  const results = [];
+  for (const id of ids.filter((x) => x !== BIG_SHAPE)) {
+    const s = SHAPES.find((x) => x.id === id);
+    const inputs = makeInputs(s);
+    const dO = randomTensor([s.B, s.H, s.Lq, s.E], 77).data;   // dO [B, H, Lq, E]
+    const gradOutput = { data: dO, dims: [s.B, s.H, s.Lq, s.E] };
+    const options = s.causal ? { isCausal: true } : {};
+    const F = flops(s);
+    const entry = { id, name: s.name, shape: describe(s), flops: F, peers: {} };
+
+    // Check first: every instance's gradients against tfjs's (and against each other's bits per build).
+    let reference = null;
+    if (tfjs) {
+      try {
+        reference = tfjs.grads(s, inputs, dO);
+      } catch (e) {
+        log(`  (${id}) tfjs-wasm failed: ${String(e?.message ?? e).slice(0, 200)}`);
+      }
+    }
+    const runs = [];
+    for (const { label, attn } of instances) {
+      const forward = attn.sdpa(inputs.q, inputs.k, inputs.v, { ...options, returnLogSumExp: true });
+      const saved = { output: forward.output, logSumExp: forward.logSumExp };
+      const g = attn.sdpaBackward(inputs.q, inputs.k, inputs.v, gradOutput, { ...options, saved });
+      const error = reference ? Math.max(maxAbsDiff(g.dQuery.data, reference.dQuery), maxAbsDiff(g.dKey.data, reference.dKey),
+        maxAbsDiff(g.dValue.data, reference.dValue)) : null;
+      runs.push({
+        label, error,
+        forward: () => attn.sdpa(inputs.q, inputs.k, inputs.v, options),
+        backward: () => attn.sdpaBackward(inputs.q, inputs.k, inputs.v, gradOutput, { ...options, saved }),
+        times: { forward: [], backward: [] },
+      });
+    }
+    const tfjsRun = reference ? { times: [], run: () => tfjs.grads(s, inputs, dO) } : null;
+
+    for (let w = 0; w < settings.warmups; w++) {
+      for (const r of runs) { r.forward(); r.backward(); }
+      if (tfjsRun && w === 0) tfjsRun.run();
+    }
+    for (let round = 0; round < settings.rounds; round++) {
+      for (const r of runs) {
+        for (const kind of ['forward', 'backward']) {
+          const start = performance.now();
+          r[kind]();
+          r.times[kind].push(performance.now() - start);
+        }
+      }
+      if (tfjsRun && (round < 3 || !quick)) {
+        const start = performance.now();
+        tfjsRun.run();
+        tfjsRun.times.push(performance.now() - start);
+      }
+    }
+    const tfjsMs = tfjsRun ? median(tfjsRun.times) : null;
+    entry.tfjs = tfjsRun ? { medianMs: tfjsMs, gflops: 2.5 * F / (tfjsMs * 1e6), version: tfjs.version } : null;
+    for (const r of runs) {
+      const fwdMs = median(r.times.forward), bwdMs = median(r.times.backward);
+      entry.peers[r.label] = {
+        forwardMs: fwdMs, backwardMs: bwdMs,
+        forwardGflops: F / (fwdMs * 1e6), backwardGflops: 2.5 * F / (bwdMs * 1e6),
+        vsForward: 2.5 * fwdMs / bwdMs, vsTfjs: tfjsMs ? tfjsMs / bwdMs : null, maxAbsErrorVsTfjs: r.error,
+      };
+    }
+    results.push(entry);
+    log(`  (${id}) ${s.name} ${entry.shape}: tfjs-wasm ${fmt(tfjsMs, 0)} ms (${fmt(entry.tfjs?.gflops)} GFLOP/s)`);
+    for (const [label, p] of Object.entries(entry.peers)) {
+      log(`    ${label.padEnd(16)} forward ${fmt(p.forwardMs)} ms ${fmt(p.forwardGflops)} GFLOP/s; backward ${fmt(p.backwardMs)} ms ` +
+        `${fmt(p.backwardGflops)} GFLOP/s = ${fmt(100 * p.vsForward, 0)}% of the forward's, ${fmt(p.vsTfjs, 2)}× tfjs-wasm` +
+        `${p.maxAbsErrorVsTfjs === null ? '' : `; max |Δ| vs tfjs ${p.maxAbsErrorVsTfjs.toExponential(1)}`}`);
+    }
+  }
+
+  // (h) N = 32768 causal: once, one thread, memory measured.
+  let big = null;
+  if (ids.includes(BIG_SHAPE)) {
+    const s = SHAPES.find((x) => x.id === BIG_SHAPE);
+    const attn = await createAttention({ threads: 1 });
+    held.push(attn);
+    const inputs = makeInputs(s);
+    const gradOutput = randomTensor([s.B, s.H, s.Lq, s.E], 78);
+    const t = performance.now();
+    const g = attn.sdpaBackward(inputs.q, inputs.k, inputs.v, gradOutput, { isCausal: true });
+    const ms = performance.now() - t;
+    const finite = [g.dQuery.data, g.dKey.data, g.dValue.data].every((a) => a.every(Number.isFinite));
+    const { peakBytes } = attn.memory();
+    const inputBytes = 4 * s.Lq * s.E * 8;   // Q, K, V, dO, O, dQ, dK, dV
+    big = { id: s.id, shape: describe(s), ms, peakBytes, inputBytes, scoreMatrixBytes: 4 * s.Lq * s.Lk, finite };
+    let tfjsError = null;
+    if (tfjs) {
+      try {
+        tfjs.grads({ ...s }, inputs, gradOutput.data);
+        tfjsError = 'completed';
+      } catch (e) {
+        tfjsError = String(e?.message ?? e).slice(0, 200);
+      }
+    }
+    big.tfjs = tfjsError;
+    log(`  (${s.id}) ${describe(s)}: sdpa-wasm backward (recomputing the forward) ${fmt(ms / 1000, 1)} s, peak wasm memory ` +
+      `${(peakBytes / 2 ** 20).toFixed(1)} MiB (the 8 tensors of [N, E]: ${(inputBytes / 2 ** 20).toFixed(1)} MiB; one [N, N] score matrix ` +
+      `would be ${(big.scoreMatrixBytes / 2 ** 30).toFixed(0)} GiB), gradients ${finite ? 'finite' : 'NOT finite'}; tfjs-wasm: ${tfjsError ?? 'not run'}`);
+  }
+
+  // Targets: one thread, each build.
+  const targets = [];
+  for (const e of results.filter((x) => BACKWARD_TARGETS.shapes.includes(x.id))) {
+    for (const [label, p] of Object.entries(e.peers).filter(([l]) => l.endsWith(' 1t'))) {
+      targets.push({ shape: e.id, build: label, vsForward: p.vsForward, vsForwardMet: p.vsForward >= BACKWARD_TARGETS.vsForward,
+        vsTfjs: p.vsTfjs, vsTfjsMet: p.vsTfjs !== null && p.vsTfjs >= BACKWARD_TARGETS.vsTfjs });
+    }
+  }
+  for (const t of targets) {
+    log(`  target (${t.shape}) ${t.build}: ≥ ${100 * BACKWARD_TARGETS.vsForward}% of the forward's GFLOP/s: ${fmt(100 * t.vsForward, 0)}% ` +
+      `${t.vsForwardMet ? 'met' : 'NOT met'}; ≥ ${BACKWARD_TARGETS.vsTfjs}× tfjs-wasm: ${fmt(t.vsTfjs, 2)}× ${t.vsTfjsMet ? 'met' : 'NOT met'}`);
+  }
+  if (big) log(`  target (h): completes in O(N) memory: ${big.finite && big.peakBytes < big.scoreMatrixBytes / 64 ? 'met' : 'NOT met'}`);
+  const seconds = (performance.now() - t0) / 1000;
+  log(`  load average before ${loadBefore.map((x) => x.toFixed(2)).join(' ')}, after ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}; ${seconds.toFixed(0)} s`);
+  return { host, settings, targets: BACKWARD_TARGETS, shapes: results, big, targetResults: targets, seconds, tfjs: tfjs?.version ?? null };
+}
+
+// Standalone: node bench/backward.mjs [--quick] [--json PATH] [--shapes b,e]
+if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
+  const argv = process.argv.slice(2);
+  const arg = (name) => { const i = argv.indexOf(name); return i >= 0 ? argv[i + 1] : undefined; };
+  const jsonPath = arg('--json') ? resolve(arg('--json')) : fileURLToPath(new URL('./results/latest.json', import.meta.url));
+  const result = await runBackwardBench({ quick: argv.includes('--quick'), shapeIds: arg('--shapes')?.split(',') ?? null });
+  const existing = existsSync(jsonPath) ? JSON.parse(readFileSync(jsonPath, 'utf8')) : {};
+  mkdirSync(dirname(jsonPath), { recursive: true });
+  writeFileSync(jsonPath, JSON.stringify({ ...existing, backward: result }, null, 2));
+  console.log(`results: ${jsonPath} (backward)`);
+}
