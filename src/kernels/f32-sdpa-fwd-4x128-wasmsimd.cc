@@ -937,6 +937,7 @@ void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, i
                                  f % p.q_len;
     if (lse != nullptr) *lse = kNegInf;
     float l = 0.0f;
+    bool first = true;
     for (int32_t seg = 0; seg < segments; seg++) {
       const float* part = row0 + seg * segment_floats;
       if (part[0] == kNegInf) {
@@ -945,7 +946,15 @@ void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, i
       }
       const float scale = std::exp(part[0] - m);
       l += scale * part[1];
-      for (int32_t c = 0; c < Ev; c++) dst[c] += scale * part[2 + c];
+      // The first segment's terms are stored, not added to the +0 fill: an o of -0 (a tiny
+      // negative sum rescaled to zero) stays -0, so one segment gives forward()'s direct
+      // path bits (src/sdpa.h promises the streamed path the same bits).
+      if (first) {
+        for (int32_t c = 0; c < Ev; c++) dst[c] = scale * part[2 + c];
+        first = false;
+      } else {
+        for (int32_t c = 0; c < Ev; c++) dst[c] += scale * part[2 + c];
+      }
     }
     if (l == 0.0f) continue;  // every key of the row blocked: exact zeros
     const float inv_l = 1.0f / l;

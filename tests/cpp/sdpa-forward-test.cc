@@ -515,6 +515,24 @@ TEST(SdpaForward, RowsWhoseScoresAreAllMinusInfAreExactZeros) {
     }
 }
 
+TEST(SdpaForward, StreamedSegmentKeepsTheSignOfZero) {
+  // One segment: forward() writes o / l directly, the streamed path merges its one partial.
+  // Here o = -0: a tiny negative sum over the first key tile, rescaled by α = exp(-1000) = 0
+  // when the second tile's key takes the maximum, plus 1·(-0). The merge added it to a +0
+  // fill, and -0 + +0 = +0: not forward()'s bits.
+  Case c;
+  c.Lq = 1, c.Lk = kKeyTile + 1, c.E = 1, c.Ev = 1, c.scale = 1.0f, c.weights = false;
+  Harness h(c);
+  h.q[0] = 1.0f;
+  for (int j = 0; j < c.Lk; j++) h.key_at(0, 0, j, 0) = j == kKeyTile ? 1000.0f : 0.0f;
+  for (int j = 0; j < c.Lk; j++) h.value_at(0, 0, j, 0) = j == 0 ? -1e-30f : -0.0f;
+  ASSERT_EQ(h.run(), Status::kOk);
+  EXPECT_TRUE(h.output_at(0, 0, 0, 0) == 0.0f && std::signbit(h.output_at(0, 0, 0, 0)));
+  const std::vector<float> streamed = run_streamed(h);
+  EXPECT_EQ(0, std::memcmp(streamed.data(), h.out.data(), h.out.size() * sizeof(float)))
+      << "streamed " << streamed[0] << " forward " << h.out[0];
+}
+
 TEST(SdpaForward, ThreadsGiveBitwiseIdenticalResults) {
   // Splits by (batch, KV head, block of query rows) only regroup whole rows, so any thread
   // count must reproduce the single-threaded bits exactly; and match the reference. Every
