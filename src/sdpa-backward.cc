@@ -27,12 +27,17 @@ Status validate_backward(const BackwardProblem& p) {
 
 namespace {
 
-// The work, in three parallel loops (every item's result is the same whatever the thread):
+// The work, in parallel loops (every item's result is the same whatever the thread):
 //   1. D_i = dO_i·O_i: items (batch, query head)
+//   then, with enough (batch, KV head) pairs to keep every thread busy (or one thread):
+//   2. dK, dV and dQ: items (batch, KV head), the fused kernel (scores computed once)
+//   else (few pairs, more threads: e.g. one long head):
 //   2. dK, dV: items (batch, KV head, key block of kBackwardKeyTile keys)
 //   3. dQ: items (batch, KV head, block of flat query rows); the blocks only split the rows
 //      (each row's sum over keys is in one item), so their count may follow the threads.
-// Scratch: delta [B, Hq, Lq], then per thread the larger kernel's scratch.
+// Both ways run the same operations on every gradient element in the same order (the fused
+// kernel is the dK/dV kernel's key blocks plus the dQ kernel's per-tile sums): the same bits.
+// Scratch: delta [B, Hq, Lq], then per thread the scratch of the kernels used.
 constexpr int32_t kMinRowBlock = 16;
 constexpr int32_t kItemsPerThread = 4;
 
@@ -40,6 +45,7 @@ struct BackwardPlan {
   int32_t pairs;        // B·Hkv
   int32_t rows;         // flat rows per pair: (Hq / Hkv)·Lq
   int32_t key_blocks;   // per pair
+  bool fused;           // step 2 by pairs with the fused kernel, else steps 2 and 3
   int32_t row_blocks;   // per pair
   int32_t block_rows;   // a multiple of kQueryTile
   uint64_t delta_floats;
@@ -59,8 +65,10 @@ BackwardPlan plan_backward(const BackwardProblem& bp, int32_t threads) {
   }
   w.block_rows = round_up((w.rows + w.row_blocks - 1) / w.row_blocks, kQueryTile);
   w.row_blocks = (w.rows + w.block_rows - 1) / w.block_rows;
+  w.fused = threads == 1 || w.pairs >= kItemsPerThread * threads;
   w.delta_floats = (static_cast<uint64_t>(p.batch) * p.q_heads * p.q_len + 3) / 4 * 4;
-  w.per_thread = std::max(sdpa_f32_bwd_dkdv_4x64__wasmsimd_scratch(bp), sdpa_f32_bwd_dq_4x64__wasmsimd_scratch(bp));
+  w.per_thread = w.fused ? sdpa_f32_bwd_fused_4x64__wasmsimd_scratch(bp)
+                         : std::max(sdpa_f32_bwd_dkdv_4x64__wasmsimd_scratch(bp), sdpa_f32_bwd_dq_4x64__wasmsimd_scratch(bp));
   return w;
 }
 
@@ -84,6 +92,13 @@ void dkdv_item(void* context, int32_t item, int32_t thread) {
   const int32_t pair = item / w.plan.key_blocks, block = item % w.plan.key_blocks;
   sdpa_f32_bwd_dkdv_ukernel_4x64__wasmsimd(*w.p, pair / p.kv_heads, pair % p.kv_heads, block * kBackwardKeyTile,
                                            w.delta, w.scratch + static_cast<size_t>(thread) * w.plan.per_thread);
+}
+
+void fused_item(void* context, int32_t pair, int32_t thread) {
+  const BackwardWork& w = *static_cast<const BackwardWork*>(context);
+  const Problem& p = w.p->forward;
+  sdpa_f32_bwd_fused_ukernel_4x64__wasmsimd(*w.p, pair / p.kv_heads, pair % p.kv_heads, w.delta,
+                                            w.scratch + static_cast<size_t>(thread) * w.plan.per_thread);
 }
 
 void dq_item(void* context, int32_t item, int32_t thread) {
@@ -118,8 +133,12 @@ Status backward(const BackwardProblem& p, float* scratch, uint64_t scratch_size,
     }
   };
   run(p.forward.batch * p.forward.q_heads, delta_item);
-  run(w.plan.pairs * w.plan.key_blocks, dkdv_item);
-  run(w.plan.pairs * w.plan.row_blocks, dq_item);
+  if (w.plan.fused) {
+    run(w.plan.pairs, fused_item);
+  } else {
+    run(w.plan.pairs * w.plan.key_blocks, dkdv_item);
+    run(w.plan.pairs * w.plan.row_blocks, dq_item);
+  }
   return Status::kOk;
 }
 

@@ -38,6 +38,10 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kTile = kBackwardKeyTile;
+// Rows whose p and ds the dK/dV kernel collects before adding them into dK and dV: each
+// accumulator of dK/dV then stays in a register over 16 rows instead of being loaded and stored
+// for every row tile.
+constexpr int kGroupRows = 4 * kQueryTile;
 
 uint64_t align4(uint64_t n) { return (n + 3) / 4 * 4; }
 
@@ -164,7 +168,16 @@ int32_t probabilities_and_ds(const BackwardProblem& bp, const RowTile& rt, const
   int32_t open_cols = cols;
   const bool capped = p.softcap > 0.0f;
   const float cap = p.softcap;
-  for (int r = 0; r < kQueryTile; r++) {
+  const bool plain = !capped && p.mask_kind == MaskKind::kNone;
+  if (plain) {
+    // The scores stand as computed; only each row's limit blocks: columns past it are -inf.
+    for (int r = 0; r < kQueryTile; r++) {
+      const int32_t allowed_end = r < rt.rows ? std::clamp(rt.limit[r] - j0, 0, count) : 0;
+      if (r < rt.rows) open_cols = std::min(open_cols, allowed_end);
+      std::fill(s + r * kTile + allowed_end, s + r * kTile + cols, kNegInf);
+    }
+  }
+  for (int r = 0; r < kQueryTile && !plain; r++) {
     float* row = s + r * kTile;
     if (r >= rt.rows) {
       std::fill(row, row + cols, kNegInf);
@@ -228,26 +241,50 @@ int32_t probabilities_and_ds(const BackwardProblem& bp, const RowTile& rt, const
   return open_cols;
 }
 
-// acc[j][0 .. dim) += Σ_{r < 4} w[r][j] · x[r][0 .. dim) for j < count (w rows kTile apart,
-// x rows dim apart): dV += pᵀ·dO and dK += dsᵀ·(scale·Q). Padding rows have w = 0 and x = 0.
-void accumulate_transposed(const float* w, const float* x, int32_t dim, int32_t count, float* acc) {
-  const int32_t d4 = dim & ~3;
-  for (int32_t j = 0; j < count; j++) {
-    const float w0 = w[j], w1 = w[kTile + j], w2 = w[2 * kTile + j], w3 = w[3 * kTile + j];
-    if (w0 == 0.0f && w1 == 0.0f && w2 == 0.0f && w3 == 0.0f) continue;  // e.g. a blocked key
-    const v128_t v0 = wasm_f32x4_splat(w0), v1 = wasm_f32x4_splat(w1);
-    const v128_t v2 = wasm_f32x4_splat(w2), v3 = wasm_f32x4_splat(w3);
-    float* a = acc + static_cast<size_t>(j) * dim;
-    for (int32_t d = 0; d < d4; d += 4) {
-      v128_t sum = wasm_v128_load(a + d);
-      sum = f32x4_madd(v0, wasm_v128_load(x + d), sum);
-      sum = f32x4_madd(v1, wasm_v128_load(x + dim + d), sum);
-      sum = f32x4_madd(v2, wasm_v128_load(x + 2 * dim + d), sum);
-      sum = f32x4_madd(v3, wasm_v128_load(x + 3 * dim + d), sum);
-      wasm_v128_store(a + d, sum);
+// acc[j][col .. col + 4·kVecs) += Σ_{r < rows} w[r][j] · x[r][col ..] for the 4 keys j0 .. j0+3
+// (w rows kTile apart, x rows `dim` apart, acc rows `dim` apart): 4 keys × 8 columns = 8
+// accumulators kept in registers over all the rows; per row 2 loads of x and 4 broadcasts of w.
+template <int kVecs>
+void transposed_block(const float* w, const float* x, int32_t rows, int32_t dim, float* acc) {
+  v128_t o[4][kVecs];
+  for (int jj = 0; jj < 4; jj++) {
+    for (int v = 0; v < kVecs; v++) o[jj][v] = wasm_v128_load(acc + jj * dim + 4 * v);
+  }
+  const float* const w_end = w + static_cast<size_t>(rows) * kTile;
+#pragma clang loop unroll(disable)
+  for (; w != w_end; w += kTile, x += dim) {
+    v128_t xv[kVecs];
+    for (int v = 0; v < kVecs; v++) xv[v] = wasm_v128_load(x + 4 * v);
+    for (int jj = 0; jj < 4; jj++) {
+      const v128_t wj = wasm_v128_load32_splat(w + jj);
+      for (int v = 0; v < kVecs; v++) o[jj][v] = f32x4_madd(wj, xv[v], o[jj][v]);
     }
-    for (int32_t d = d4; d < dim; d++) {
-      a[d] = a[d] + w0 * x[d] + w1 * x[dim + d] + w2 * x[2 * dim + d] + w3 * x[3 * dim + d];
+  }
+  for (int jj = 0; jj < 4; jj++) {
+    for (int v = 0; v < kVecs; v++) wasm_v128_store(acc + jj * dim + 4 * v, o[jj][v]);
+  }
+}
+
+// acc[j][0 .. dim) += Σ_{r < rows} w[r][j] · x[r][0 .. dim) for j < round_up(count, 4): dV += pᵀ·dO
+// and dK += dsᵀ·(scale·Q) over a group of row tiles (w: p or ds [rows][kTile], x: dO or scale·Q
+// [rows][dim], acc [kTile][dim]). Weights past count are 0 (blocked columns), padding rows have
+// w = 0 and x = 0. Each acc element's sum runs over the rows in order whatever the blocking.
+void accumulate_transposed(const float* w, const float* x, int32_t rows, int32_t dim, int32_t count, float* acc) {
+  for (int32_t j0 = 0; j0 < count; j0 += 4) {
+    const float* wj = w + j0;
+    float* a = acc + static_cast<size_t>(j0) * dim;
+    int32_t col = 0;
+    for (; col + 8 <= dim; col += 8) transposed_block<2>(wj, x + col, rows, dim, a + col);
+    if (col + 4 <= dim) {
+      transposed_block<1>(wj, x + col, rows, dim, a + col);
+      col += 4;
+    }
+    for (; col < dim; col++) {
+      for (int jj = 0; jj < 4; jj++) {
+        float sum = a[jj * dim + col];
+        for (int32_t r = 0; r < rows; r++) sum = sum + wj[r * kTile + jj] * x[r * dim + col];
+        a[jj * dim + col] = sum;
+      }
     }
   }
 }
@@ -311,58 +348,49 @@ void accumulate_dq(const float* ds, const float* key, int64_t k_stride, int32_t 
 }
 
 // Scratch of one kernel call, in floats:
-//   k_packed  [keys/8][E][8], v_packed [keys/8][Ev][8]   keys: one tile (dK/dV kernel), or
-//                                                        round_up(Lk, tile) (dQ kernel)
-//   q_rows [4][E], q_cols [E][4], go_rows [4][Ev], go_cols [Ev][4]
-//   s, dp, tanh_r [4][kTile]
-//   dk_acc [kTile][E], dv_acc [kTile][Ev]   (dK/dV kernel)  |  dq_acc [4][E]  (dQ kernel)
+//   k_packed  [keys/8][E][8], v_packed [keys/8][Ev][8]   keys: one tile (dK/dV and fused
+//                                                        kernels), or round_up(Lk, tile) (dQ kernel)
+//   q_rows [G][E], q_cols [E][4], go_rows [G][Ev], go_cols [Ev][4]   G rows: kGroupRows (dK/dV
+//                                        and fused kernels: a group of row tiles), 4 (dQ kernel)
+//   s, dp [G][kTile], tanh_r [4][kTile]    p and ds of those rows
+//   dk_acc [kTile][E], dv_acc [kTile][Ev]   (dK/dV, fused)  |  dq_acc [4][E]  (dQ kernel)
+//   dq_all [round_up(group·Lq, 4)][E]       (fused kernel: every row's dQ over all key blocks)
 struct Scratch {
-  float *k_packed, *v_packed, *q_rows, *q_cols, *go_rows, *go_cols, *s, *dp, *tanh_r, *acc0, *acc1;
+  float *k_packed, *v_packed, *q_rows, *q_cols, *go_rows, *go_cols, *s, *dp, *tanh_r, *acc0, *acc1, *dq_all;
   RowOperands operands() const { return {q_rows, q_cols, go_rows, go_cols}; }
 };
 
-uint64_t layout(const BackwardProblem& bp, bool dq_kernel, float* base, Scratch* out) {
+enum class KernelKind { kDkDv, kDq, kFused };
+
+uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch* out) {
   const Problem& p = bp.forward;
   const uint64_t E = p.head_dim, Ev = p.value_dim;
-  const uint64_t keys = dq_kernel ? static_cast<uint64_t>(round_up(p.kv_len, kTile)) : kTile;
-  const uint64_t sizes[11] = {keys * E, keys * Ev, 4 * E, 4 * E, 4 * Ev, 4 * Ev, 4 * kTile, 4 * kTile,
-                              4 * kTile, dq_kernel ? 4 * E : kTile * E, dq_kernel ? 0 : kTile * Ev};
-  float* parts[11];
+  const bool dq = kind == KernelKind::kDq;
+  const uint64_t keys = dq ? static_cast<uint64_t>(round_up(p.kv_len, kTile)) : kTile;
+  const uint64_t G = dq ? kQueryTile : kGroupRows;
+  const uint64_t rows = static_cast<uint64_t>(round_up(p.q_heads / p.kv_heads * p.q_len, kQueryTile));
+  const uint64_t sizes[12] = {keys * E, keys * Ev, G * E, 4 * E, G * Ev, 4 * Ev, G * kTile, G * kTile,
+                              4 * kTile, dq ? 4 * E : kTile * E, dq ? 0 : kTile * Ev,
+                              kind == KernelKind::kFused ? rows * E : 0};
+  float* parts[12];
   const uint64_t total = carve(base, sizes, parts);
   if (out != nullptr) {
     *out = Scratch{parts[0], parts[1], parts[2], parts[3], parts[4], parts[5],
-                   parts[6], parts[7], parts[8], parts[9], parts[10]};
+                   parts[6], parts[7], parts[8], parts[9], parts[10], parts[11]};
   }
   return total;
 }
 
-}  // namespace
-
-void sdpa_f32_bwd_delta(const BackwardProblem& bp, int32_t b, int32_t h, float* delta) {
+// dK and dV of the keys [key_begin, key_begin + kTile) of (b, kv_head) from every query row of
+// the KV group, into d_key/d_value; and, when dq_all is given (the fused kernel), each row's
+// dq += ds·K over these keys, exactly the dQ kernel's sequence of operations for this key tile.
+// Each row tile's p and ds are computed over its own keys (the dQ kernel's count) and its
+// columns up to the group's count are zero-filled (blocked), so dK/dV see the group as a block.
+void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t key_begin, const float* delta,
+                const Scratch& s, const ExpConstants& ec, float* dq_all) {
   const Problem& p = bp.forward;
-  for (int32_t i = 0; i < p.q_len; i++) {
-    const float* o = p.output + b * p.o_stride_b + h * p.o_stride_h + static_cast<int64_t>(i) * p.o_stride_l;
-    const float* go = bp.grad_output + b * bp.go_stride_b + h * bp.go_stride_h + static_cast<int64_t>(i) * bp.go_stride_l;
-    float sum = 0.0f;
-    for (int32_t c = 0; c < p.value_dim; c++) sum += o[c] * go[c];
-    delta[i] = sum;
-  }
-}
-
-uint64_t sdpa_f32_bwd_dkdv_4x64__wasmsimd_scratch(const BackwardProblem& p) { return layout(p, false, nullptr, nullptr); }
-
-uint64_t sdpa_f32_bwd_dq_4x64__wasmsimd_scratch(const BackwardProblem& p) { return layout(p, true, nullptr, nullptr); }
-
-void sdpa_f32_bwd_dkdv_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b, int32_t kv_head,
-                                              int32_t key_begin, const float* delta, float* scratch_base) {
-  const Problem& p = bp.forward;
-  assert(p.kv_type == KvType::kFloat32);
-  assert(key_begin >= 0 && key_begin < p.kv_len && key_begin % kTile == 0);
   const int32_t E = p.head_dim, Ev = p.value_dim;
   const int32_t count = std::min(kTile, p.kv_len - key_begin);
-  Scratch s;
-  layout(bp, false, scratch_base, &s);
-  const ExpConstants ec = make_exp_constants();
   const float* key = static_cast<const float*>(p.key) + b * p.k_stride_b + kv_head * p.k_stride_h +
                      static_cast<int64_t>(key_begin) * p.k_stride_l;
   const float* value = static_cast<const float*>(p.value) + b * p.v_stride_b + kv_head * p.v_stride_h +
@@ -380,15 +408,37 @@ void sdpa_f32_bwd_dkdv_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t
   if (packed_keys > 0) {
     pack_rows(key, p.k_stride_l, packed_keys, E, s.k_packed);
     pack_rows(value, p.v_stride_l, packed_keys, Ev, s.v_packed);
-    for (int32_t f0 = 0; f0 < rows; f0 += kQueryTile) {
-      const RowTile rt = make_row_tile(bp, b, kv_head, f0, rows, delta);
-      const int32_t tile_keys = std::clamp(rt.keys_end - key_begin, 0, packed_keys);
-      if (tile_keys == 0) continue;  // no row of the tile attends a key of the block
-      load_row_operands(bp, rt, s.operands());
-      probabilities_and_ds(bp, rt, s.operands(), s.k_packed, s.v_packed, key_begin, tile_keys, s.s, s.dp,
-                           s.tanh_r, ec);
-      accumulate_transposed(s.s, s.go_rows, Ev, tile_keys, s.acc1);   // dV += pᵀ·dO
-      accumulate_transposed(s.dp, s.q_rows, E, tile_keys, s.acc0);    // dK += dsᵀ·(scale·Q)
+    for (int32_t g0 = 0; g0 < rows; g0 += kGroupRows) {
+      const int32_t g_end = std::min(rows, g0 + kGroupRows);
+      int32_t group_cols = 0;  // columns of p and ds the group defines: its most keys, rounded to 8
+      for (int32_t f0 = g0; f0 < g_end; f0 += kQueryTile) {
+        const int32_t tile_keys = std::clamp(make_row_tile(bp, b, kv_head, f0, rows, delta).keys_end - key_begin, 0, packed_keys);
+        group_cols = std::max(group_cols, round_up(tile_keys, kKeyGroup));
+      }
+      if (group_cols == 0) continue;  // no row of the group attends a key of the block
+      int32_t group_rows = 0;
+      for (int32_t f0 = g0; f0 < g_end; f0 += kQueryTile, group_rows += kQueryTile) {
+        const RowTile rt = make_row_tile(bp, b, kv_head, f0, rows, delta);
+        const int32_t tile_keys = std::clamp(rt.keys_end - key_begin, 0, packed_keys);
+        float* tile_p = s.s + group_rows * kTile;
+        float* tile_ds = s.dp + group_rows * kTile;
+        const int32_t tile_cols = round_up(tile_keys, kKeyGroup);
+        for (int r = 0; r < kQueryTile; r++) {  // columns this tile does not compute: blocked
+          std::fill(tile_p + r * kTile + tile_cols, tile_p + r * kTile + group_cols, 0.0f);
+          std::fill(tile_ds + r * kTile + tile_cols, tile_ds + r * kTile + group_cols, 0.0f);
+        }
+        const RowOperands o{s.q_rows + group_rows * E, s.q_cols, s.go_rows + group_rows * Ev, s.go_cols};
+        load_row_operands(bp, rt, o);
+        if (tile_keys == 0) continue;  // zero rows of q and dO, zero p and ds
+        const int32_t open = probabilities_and_ds(bp, rt, o, s.k_packed, s.v_packed, key_begin, tile_keys, tile_p,
+                                                  tile_ds, s.tanh_r, ec);
+        if (dq_all != nullptr) {
+          accumulate_dq(tile_ds, key, p.k_stride_l, E, std::min(open, tile_keys), tile_keys,
+                        dq_all + static_cast<size_t>(f0) * E);
+        }
+      }
+      accumulate_transposed(s.s, s.go_rows, group_rows, Ev, group_cols, s.acc1);  // dV += pᵀ·dO
+      accumulate_transposed(s.dp, s.q_rows, group_rows, E, group_cols, s.acc0);   // dK += dsᵀ·(scale·Q)
     }
   }
   for (int32_t j = 0; j < count; j++) {
@@ -400,6 +450,63 @@ void sdpa_f32_bwd_dkdv_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t
   }
 }
 
+// d_query rows of flat rows [row_begin, row_end) = scale · acc (acc rows from row_begin, E apart).
+void write_dq(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t row_begin, int32_t row_end,
+              const float* acc) {
+  const Problem& p = bp.forward;
+  const int32_t group = p.q_heads / p.kv_heads, E = p.head_dim;
+  for (int32_t f = row_begin; f < row_end; f++) {
+    const int32_t h = kv_head * group + f / p.q_len, i = f % p.q_len;
+    float* dst = bp.d_query + b * bp.dq_stride_b + h * bp.dq_stride_h + static_cast<int64_t>(i) * bp.dq_stride_l;
+    const float* a = acc + static_cast<size_t>(f - row_begin) * E;
+    for (int32_t d = 0; d < E; d++) dst[d] = a[d] * p.scale;
+  }
+}
+
+}  // namespace
+
+void sdpa_f32_bwd_delta(const BackwardProblem& bp, int32_t b, int32_t h, float* delta) {
+  const Problem& p = bp.forward;
+  for (int32_t i = 0; i < p.q_len; i++) {
+    const float* o = p.output + b * p.o_stride_b + h * p.o_stride_h + static_cast<int64_t>(i) * p.o_stride_l;
+    const float* go = bp.grad_output + b * bp.go_stride_b + h * bp.go_stride_h + static_cast<int64_t>(i) * bp.go_stride_l;
+    float sum = 0.0f;
+    for (int32_t c = 0; c < p.value_dim; c++) sum += o[c] * go[c];
+    delta[i] = sum;
+  }
+}
+
+uint64_t sdpa_f32_bwd_dkdv_4x64__wasmsimd_scratch(const BackwardProblem& p) { return layout(p, KernelKind::kDkDv, nullptr, nullptr); }
+
+uint64_t sdpa_f32_bwd_dq_4x64__wasmsimd_scratch(const BackwardProblem& p) { return layout(p, KernelKind::kDq, nullptr, nullptr); }
+
+uint64_t sdpa_f32_bwd_fused_4x64__wasmsimd_scratch(const BackwardProblem& p) { return layout(p, KernelKind::kFused, nullptr, nullptr); }
+
+void sdpa_f32_bwd_dkdv_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b, int32_t kv_head,
+                                              int32_t key_begin, const float* delta, float* scratch_base) {
+  const Problem& p = bp.forward;
+  assert(p.kv_type == KvType::kFloat32);
+  assert(key_begin >= 0 && key_begin < p.kv_len && key_begin % kTile == 0);
+  Scratch s;
+  layout(bp, KernelKind::kDkDv, scratch_base, &s);
+  dkdv_block(bp, b, kv_head, key_begin, delta, s, make_exp_constants(), nullptr);
+}
+
+void sdpa_f32_bwd_fused_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b, int32_t kv_head,
+                                               const float* delta, float* scratch_base) {
+  const Problem& p = bp.forward;
+  assert(p.kv_type == KvType::kFloat32);
+  Scratch s;
+  layout(bp, KernelKind::kFused, scratch_base, &s);
+  const ExpConstants ec = make_exp_constants();
+  const int32_t rows = p.q_heads / p.kv_heads * p.q_len;
+  std::fill(s.dq_all, s.dq_all + static_cast<size_t>(round_up(rows, kQueryTile)) * p.head_dim, 0.0f);
+  for (int32_t key_begin = 0; key_begin < p.kv_len; key_begin += kTile) {
+    dkdv_block(bp, b, kv_head, key_begin, delta, s, ec, s.dq_all);
+  }
+  write_dq(bp, b, kv_head, 0, rows, s.dq_all);
+}
+
 void sdpa_f32_bwd_dq_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b, int32_t kv_head,
                                             int32_t row_begin, int32_t row_end, const float* delta,
                                             float* scratch_base) {
@@ -407,7 +514,7 @@ void sdpa_f32_bwd_dq_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b
   assert(p.kv_type == KvType::kFloat32);
   const int32_t E = p.head_dim, Ev = p.value_dim;
   Scratch s;
-  layout(bp, true, scratch_base, &s);
+  layout(bp, KernelKind::kDq, scratch_base, &s);
   const ExpConstants ec = make_exp_constants();
   const float* key = static_cast<const float*>(p.key) + b * p.k_stride_b + kv_head * p.k_stride_h;
   const float* value = static_cast<const float*>(p.value) + b * p.v_stride_b + kv_head * p.v_stride_h;
@@ -431,12 +538,7 @@ void sdpa_f32_bwd_dq_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b
       accumulate_dq(s.dp, key + static_cast<int64_t>(j0) * p.k_stride_l, p.k_stride_l, E, std::min(open, count),
                     count, s.acc0);
     }
-    for (int r = 0; r < rt.rows; r++) {
-      float* dst = bp.d_query + b * bp.dq_stride_b + rt.h[r] * bp.dq_stride_h +
-                   static_cast<int64_t>(rt.i[r]) * bp.dq_stride_l;
-      const float* acc = s.acc0 + r * E;
-      for (int32_t d = 0; d < E; d++) dst[d] = acc[d] * p.scale;
-    }
+    write_dq(bp, b, kv_head, f0, f0 + rt.rows, s.acc0);
   }
 }
 

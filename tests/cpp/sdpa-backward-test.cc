@@ -274,19 +274,29 @@ TEST(Backward, FullyMaskedRowsGetExactZeros) {
   }
 }
 
-TEST(Backward, BitwiseIdenticalForAnyThreadCount) {
-  Case c;
-  c.B = 2, c.Hq = 4, c.Hkv = 2, c.Lq = 37, c.Lk = 150, c.E = 16, c.Ev = 12, c.causal = true, c.offsets = {100};
-  c.mask_kind = MaskKind::kFloat, c.mask_dims = {37, 150}, c.mask_block_fraction = 0.1;
-  Harness one(c);
-  one.run(1);
-  one.expect_matches_reference();
-  for (int threads : {2, 3, 5}) {
-    Harness many(c);
-    many.run(threads);
-    EXPECT_EQ(std::memcmp(many.dq.data(), one.dq.data(), one.dq.size() * 4), 0) << threads;
-    EXPECT_EQ(std::memcmp(many.dk.data(), one.dk.data(), one.dk.size() * 4), 0) << threads;
-    EXPECT_EQ(std::memcmp(many.dv.data(), one.dv.data(), one.dv.size() * 4), 0) << threads;
+// One thread runs the fused kernel (by (batch, KV head) pairs); with more threads than pairs
+// to share, the two-kernel split (key blocks, row blocks) runs instead: the same bits.
+TEST(Backward, BitwiseIdenticalForAnyThreadCountAndSplit) {
+  std::vector<Case> cases(3);
+  cases[0].B = 2, cases[0].Hq = 4, cases[0].Hkv = 2, cases[0].Lq = 37, cases[0].Lk = 150, cases[0].E = 16;
+  cases[0].Ev = 12, cases[0].causal = true, cases[0].offsets = {100};
+  cases[0].mask_kind = MaskKind::kFloat, cases[0].mask_dims = {37, 150}, cases[0].mask_block_fraction = 0.1;
+  cases[1].B = 2, cases[1].Hq = 6, cases[1].Hkv = 3, cases[1].Lq = 21, cases[1].Lk = 131, cases[1].E = 9;
+  cases[1].Ev = 5, cases[1].softcap = 3.0f, cases[1].key_lengths = {131, 70};
+  cases[1].mask_kind = MaskKind::kBool, cases[1].mask_dims = {6, 21, 131}, cases[1].mask_block_fraction = 0.2;
+  cases[2].B = 1, cases[2].Hq = 1, cases[2].Hkv = 1, cases[2].Lq = 200, cases[2].Lk = 200, cases[2].E = 64;
+  cases[2].Ev = 64, cases[2].causal = true, cases[2].bshd = true;
+  for (const Case& c : cases) {
+    Harness one(c);
+    one.run(1);
+    one.expect_matches_reference();
+    for (int threads : {2, 3, 5}) {
+      Harness many(c);
+      many.run(threads);
+      EXPECT_EQ(std::memcmp(many.dq.data(), one.dq.data(), one.dq.size() * 4), 0) << threads << " " << c.describe();
+      EXPECT_EQ(std::memcmp(many.dk.data(), one.dk.data(), one.dk.size() * 4), 0) << threads << " " << c.describe();
+      EXPECT_EQ(std::memcmp(many.dv.data(), one.dv.data(), one.dv.size() * 4), 0) << threads << " " << c.describe();
+    }
   }
 }
 
