@@ -10,8 +10,11 @@
 //                                 ds := 0 wherever p == 0 (blocked, or flushed by exp), so a
 //                                 NaN dp from NaN in a blocked V row is dropped
 // then the dK/dV kernel accumulates dv_j += Σ_r p[r][j]·dO_r and dk_j += Σ_r ds[r][j]·(scale·q_r)
-// over the rows of its KV group, and the dQ kernel dq_r += Σ_j ds[r][j]·k_j over the keys
-// (times scale at the end). Padding rows of a tile (r >= rows) have p = ds = 0.
+// over the rows of its KV group (p and ds of 16 rows at a time, so each dK/dV accumulator stays
+// in a register over them), and the dQ kernel dq_r += Σ_j ds[r][j]·k_j over the keys (times
+// scale at the end). Padding rows of a tile (r >= rows) have p = ds = 0. The fused kernel is the
+// dK/dV kernel over all key blocks of a (batch, KV head) in order, adding each tile's
+// dq += ds·K as the dQ kernel would: one computation of s and dp instead of two, the same bits.
 //
 // Both products with a packed operand, s and dp, are score_4x8_packed (f32-tile-ops-wasmsimd.h):
 // A interleaved [D][4] (q_cols, do_cols) against B packed [keys/8][D][8] (K, V).
