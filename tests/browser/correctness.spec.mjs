@@ -2,6 +2,7 @@
 // cases (same adapter and tolerances, tests/shared/onnx-cases.mjs) and the float64 reference
 // comparisons (tests/shared/reference-cases.mjs over tests/node/reference.mjs), on the cross-origin
 // isolated server (threaded build where available) and on the plain one (single thread).
+// Also the backward pass (tests/shared/backward-cases.mjs) against the float64 analytic backward.
 // Both builds: relaxed SIMD (Chromium's default) and the portable one (relaxedSimd: false).
 // Node runs the same cases in this process on the same build (scripts/test-browser.sh runs
 // Playwright with relaxed SIMD on): the browser's output bits must equal Node's.
@@ -10,6 +11,7 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { CASE_COUNT, checkCase, loadCase, loadIndex } from '../shared/onnx-cases.mjs';
 import { bitsHash, REFERENCE_CASES, runReferenceCases } from '../shared/reference-cases.mjs';
+import { BACKWARD_CASES, runBackwardCases } from '../shared/backward-cases.mjs';
 import { ISOLATED, PLAIN, ROOT, nodePackage } from './helpers.mjs';
 
 const ONNX_DIR = join(ROOT, 'tests', 'conformance', 'onnx-attention');
@@ -17,6 +19,7 @@ const ONNX_DIR = join(ROOT, 'tests', 'conformance', 'onnx-attention');
 const ISAS = [['relaxed-simd', true], ['simd128', false]];
 const nodeOnnx = {};       // by isa: [{ name, failures, hash }] computed in Node
 const nodeReference = {};  // by isa: [{ name, ok, hash, ... }]
+const nodeBackward = {};   // by isa: [{ name, errors, ok, hash }]
 
 test.beforeAll(async () => {
   const { createAttention } = await nodePackage();
@@ -36,6 +39,7 @@ async function nodeCases(attn, isa) {
     nodeOnnx[isa].push({ name: entry.name, failures, hash: bitsHash(output) });
   }
   nodeReference[isa] = await runReferenceCases(attn);
+  nodeBackward[isa] = await runBackwardCases(attn);
   attn.dispose();
 }
 
@@ -111,6 +115,23 @@ for (const [label, base, isolated] of [['cross-origin isolated', ISOLATED, true]
       // Cases with fully masked rows are in the set, and those rows are exact zeros.
       expect(result.cases.filter((c) => c.zeroOutputs > 0).length).toBeGreaterThanOrEqual(3);
       expect(result.cases.map((c) => `${c.name} ${c.hash}`)).toEqual(nodeReference[isa].map((c) => `${c.name} ${c.hash}`));
+    });
+
+    test('sdpaBackward matches the float64 analytic backward, bit-identical to Node', async ({ page }) => {
+      const result = await page.evaluate(async (relaxedSimd) => {
+        const { createAttention } = await import('/dist/index.js');
+        const { runBackwardCases } = await import('/tests/shared/backward-cases.mjs');
+        const attn = await createAttention({ relaxedSimd });
+        const cases = await runBackwardCases(attn);
+        const { threads, isa } = attn;
+        attn.dispose();
+        return { cases, threads, isa };
+      }, relaxedSimd);
+      expect(result.isa).toBe(isa);
+      expect(result.cases).toHaveLength(BACKWARD_CASES.length);
+      expect(result.cases.filter((c) => !c.ok).map((c) => `${c.name}: ${JSON.stringify(c.errors)}`)).toEqual([]);
+      expect(nodeBackward[isa].filter((c) => !c.ok)).toEqual([]);
+      expect(result.cases.map((c) => `${c.name} ${c.hash}`)).toEqual(nodeBackward[isa].map((c) => `${c.name} ${c.hash}`));
     });
   });
 }

@@ -1,0 +1,52 @@
+// Backward-pass cases for sdpa-wasm, runnable in Node and in a browser page (plain ES module):
+// seeded inputs (web/seeded.mjs, bit-identical in every engine), attn.sdpaBackward() against the
+// float64 analytic backward of tests/node/reference.mjs, and a hash of the gradients' exact bits
+// so that a browser run can be checked against a Node run bit for bit.
+import { maxRelError, referenceSdpaBackward } from '../node/reference.mjs';
+import { noiseTensor } from '../../web/seeded.mjs';
+import { bitsHash } from './reference-cases.mjs';
+
+/** max |got − ref| / (1 + |ref|) allowed for gradients (issue #13; tests/node/backward.test.mjs). */
+export const BACKWARD_TOL = 1e-4;
+
+function problem(seed, qDims, kDims, vDims, goDims) {
+  return {
+    query: noiseTensor(qDims, seed, 1), key: noiseTensor(kDims, seed, 2), value: noiseTensor(vDims, seed, 3),
+    gradOutput: noiseTensor(goDims, seed, 4),
+  };
+}
+
+/** The cases: { name, make() → { query, key, value, gradOutput, options } }. */
+export const BACKWARD_CASES = [
+  { name: 'B2 H4 N70 E8, plain', make: () => ({ ...problem(1, [2, 4, 70, 8], [2, 4, 70, 8], [2, 4, 70, 8], [2, 4, 70, 8]), options: {} }) },
+  { name: 'GQA Hq6 Hkv2 Lq9 Lk131 E12 Ev7, causal offset 122', make: () => ({
+    ...problem(2, [1, 6, 9, 12], [1, 2, 131, 12], [1, 2, 131, 7], [1, 6, 9, 7]), options: { isCausal: true, causalOffset: 122 } }) },
+  { name: 'Lq5 Lk40 E16, softcap 4, scale 0.2, float mask', make: () => ({
+    ...problem(3, [1, 2, 5, 16], [1, 2, 40, 16], [1, 2, 40, 16], [1, 2, 5, 16]),
+    options: { softcap: 4, scale: 0.2, attnMask: { data: Float32Array.from({ length: 40 }, (_, j) => (j % 7 === 0 ? -Infinity : Math.sin(j))), dims: [40] } } }) },
+  { name: 'bshd B2 Lq3 Lk65 H2, key lengths 65 and 0', make: () => ({
+    ...problem(4, [2, 3, 2, 8], [2, 65, 2, 8], [2, 65, 2, 8], [2, 3, 2, 8]), options: { layout: 'bshd', keyLengths: Int32Array.of(65, 0) } }) },
+  { name: 'N200 E64 causal (several key tiles)', make: () => ({
+    ...problem(5, [1, 1, 200, 64], [1, 1, 200, 64], [1, 1, 200, 64], [1, 1, 200, 64]), options: { isCausal: true } }) },
+];
+
+/**
+ * Runs every case on `attn` (an Attention, or an AttentionWorker: awaited). Returns
+ * [{ name, errors: { dQuery, dKey, dValue }, ok, hash }].
+ */
+export async function runBackwardCases(attn, cases = BACKWARD_CASES) {
+  const results = [];
+  for (const { name, make } of cases) {
+    const { query, key, value, gradOutput, options } = make();
+    const got = await attn.sdpaBackward(query, key, value, gradOutput, options);
+    const ref = referenceSdpaBackward(query, key, value, gradOutput, options);
+    const errors = {
+      dQuery: maxRelError(got.dQuery.data, ref.dQuery),
+      dKey: maxRelError(got.dKey.data, ref.dKey),
+      dValue: maxRelError(got.dValue.data, ref.dValue),
+    };
+    const ok = Object.values(errors).every((e) => e <= BACKWARD_TOL);
+    results.push({ name, errors, ok, hash: bitsHash(got.dQuery.data) + bitsHash(got.dKey.data) + bitsHash(got.dValue.data) });
+  }
+  return results;
+}
