@@ -26,9 +26,13 @@ const char* status_name(Status status) {
   return "unknown status";
 }
 
+namespace {
+bool fits_32_bit_indices(const Problem& p);
+}  // namespace
+
 Status validate(const Problem& p) {
   if (p.batch < 1 || p.q_heads < 1 || p.kv_heads < 1 || p.q_len < 1 || p.kv_len < 1 ||
-      p.head_dim < 1 || p.value_dim < 1 || p.q_heads % p.kv_heads != 0) {
+      p.head_dim < 1 || p.value_dim < 1 || p.q_heads % p.kv_heads != 0 || !fits_32_bit_indices(p)) {
     return Status::kBadShape;
   }
   if (p.query == nullptr || p.key == nullptr || p.value == nullptr || p.output == nullptr ||
@@ -73,6 +77,15 @@ constexpr int32_t kSegmentKeys = 512;
 // worker can delay a tiny call by a whole scheduling quantum.
 constexpr double kMinParallelMultiplyAdds = 4e6;
 static_assert(kSegmentKeys % kKeyTile == 0, "segments start on a key tile");
+
+// Sizes within kMaxCount and kMaxHeadDim (sdpa.h).
+bool fits_32_bit_indices(const Problem& p) {
+  const int64_t segments = (static_cast<int64_t>(p.kv_len) + kSegmentKeys - 1) / kSegmentKeys;
+  return p.q_len <= kMaxCount && p.kv_len <= kMaxCount && p.head_dim <= kMaxHeadDim &&
+         p.value_dim <= kMaxHeadDim && static_cast<int64_t>(p.batch) * p.q_heads <= kMaxCount &&
+         static_cast<int64_t>(p.q_heads / p.kv_heads) * p.q_len <= kMaxCount &&
+         static_cast<int64_t>(p.batch) * p.kv_heads * segments <= kMaxCount;
+}
 
 struct WorkPlan {
   int32_t pairs;         // B·Hkv

@@ -94,7 +94,8 @@ struct Problem {
 
 enum class Status : int32_t {
   kOk = 0,
-  kBadShape = 1,        // a dimension < 1, or Hq % Hkv != 0
+  kBadShape = 1,        // a dimension < 1, or Hq % Hkv != 0, or sizes past kMaxCount or
+                        // kMaxHeadDim (below)
   kNullPointer = 2,     // a required pointer is null
   kBadScale = 3,        // scale not finite
   kBadSoftcap = 4,      // softcap < 0 or not finite
@@ -107,6 +108,14 @@ enum class Status : int32_t {
 };
 
 const char* status_name(Status status);
+
+// The largest sizes validate() accepts. The kernels count flat rows, keys, key tiles and work
+// items in 32-bit integers: Lq, Lk, B·Hq, (Hq/Hkv)·Lq and B·Hkv·segment_count(p) are at most
+// kMaxCount, so that sums of a few counts (one rounded up to a tile, stepped past its end)
+// never overflow; E and Ev at most kMaxHeadDim. No problem whose elements all exist comes near
+// this (the wasm module's 2 GB memory holds 2^29 floats); only zero strides describe one.
+constexpr int32_t kMaxCount = 1 << 29;
+constexpr int32_t kMaxHeadDim = 1 << 20;
 
 // Checks what the kernel relies on. The TypeScript layer validates first and gives the
 // user-facing message; this is the C++ boundary's own guard (tests, fuzzers, bindings).

@@ -533,6 +533,39 @@ TEST(SdpaForward, StreamedSegmentKeepsTheSignOfZero) {
       << "streamed " << streamed[0] << " forward " << h.out[0];
 }
 
+TEST(SdpaForward, ValidateBoundsSizesByTheKernelsThirtyTwoBitCounts) {
+  // With every stride 0 a few floats describe any size. Up to kMaxCount / kMaxHeadDim the
+  // planning arithmetic must not overflow (UBSan in this build); past them validate() says
+  // kBadShape. (Hq·Lq = 2^32 overflowed the flat row count; with a first bound of 2^30, the
+  // fuzzer's probe of the largest accepted sizes found "rows + block_rows - 1" overflowing.)
+  float x[1] = {0.0f};
+  Problem p;
+  p.query = x, p.key = x, p.value = x, p.output = x, p.scale = 1.0f;
+  auto reset = [&] { p.batch = p.q_heads = p.kv_heads = p.q_len = p.kv_len = p.head_dim = p.value_dim = 1; };
+  reset();
+  p.q_len = kMaxCount;
+  EXPECT_EQ(validate(p), Status::kOk);
+  for (int threads : {1, 2, 64}) EXPECT_GT(scratch_floats(p, threads), 0u);
+  p.q_len = kMaxCount + 1;
+  EXPECT_EQ(validate(p), Status::kBadShape);
+  reset();
+  p.q_heads = 65536, p.q_len = 65536;  // (Hq/Hkv)·Lq = 2^32
+  EXPECT_EQ(validate(p), Status::kBadShape);
+  reset();
+  p.kv_len = kMaxCount, p.batch = kMaxCount / segment_count(p);
+  EXPECT_EQ(validate(p), Status::kOk);
+  EXPECT_GT(scratch_floats(p, 2), 0u);
+  EXPECT_GT(segment_partials_floats(p), 0u);
+  p.batch += 1;
+  EXPECT_EQ(validate(p), Status::kBadShape);
+  reset();
+  p.head_dim = p.value_dim = kMaxHeadDim;
+  EXPECT_EQ(validate(p), Status::kOk);
+  EXPECT_GT(scratch_floats(p), 0u);
+  p.value_dim = kMaxHeadDim + 1;
+  EXPECT_EQ(validate(p), Status::kBadShape);
+}
+
 TEST(SdpaForward, ThreadsGiveBitwiseIdenticalResults) {
   // Splits by (batch, KV head, block of query rows) only regroup whole rows, so any thread
   // count must reproduce the single-threaded bits exactly; and match the reference. Every

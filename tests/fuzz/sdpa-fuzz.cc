@@ -18,7 +18,8 @@
 //            elements the input sets; and, deliberately, NaN/Inf in every K/V row no query row
 //            may attend (past key_lengths, past every causal limit, masked for every row).
 // Every buffer is allocated at its exact size (fuzz-values.h): AddressSanitizer sees any
-// access past a tensor, a scratch buffer or a segment's copy of K/V.
+// access past a tensor, a scratch buffer or a segment's copy of K/V. One input in 32 probes
+// the largest sizes validate() accepts (planning only; UBSan watches the size arithmetic).
 //
 // Besides the reference comparison, results that the contract says are bitwise identical
 // are compared bitwise: any thread count, kFloat16Finite against kFloat16 on data without
@@ -135,7 +136,7 @@ int32_t pick_offset(FuzzedDataProvider& in, int32_t Lq, int32_t Lk) {
 
 // One field of a valid problem broken, and the Status validate() gives for it.
 Status corrupt(FuzzedDataProvider& in, Problem& p, Buffers& buf, uint64_t& scratch_size, float*& scratch) {
-  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 20;
+  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 21;
   const uint8_t detail = in.ConsumeIntegral<uint8_t>();
   int32_t* dims[] = {&p.batch, &p.q_heads, &p.kv_heads, &p.q_len, &p.kv_len, &p.head_dim, &p.value_dim};
   int64_t* strides[] = {&p.q_stride_b, &p.q_stride_h, &p.q_stride_l, &p.k_stride_b,
@@ -181,9 +182,46 @@ Status corrupt(FuzzedDataProvider& in, Problem& p, Buffers& buf, uint64_t& scrat
     case 18:
       scratch = nullptr;
       return Status::kBadScratch;
+    case 19: {  // sizes past the kernel's 32-bit counts (sdpa::kMaxCount, kMaxHeadDim)
+      constexpr int32_t kTooMany = sdpa::kMaxCount + 1;
+      switch (detail % 5) {
+        case 0: p.q_len = kTooMany; break;
+        case 1: p.kv_len = kTooMany; break;
+        case 2: p.head_dim = sdpa::kMaxHeadDim + 1; break;
+        case 3: p.batch = kTooMany; break;
+        default: p.kv_heads = 1, p.q_heads = sdpa::kMaxCount / p.q_len + 1; break;  // (Hq/Hkv)·Lq
+      }
+      return Status::kBadShape;
+    }
     default:
       scratch_size -= 1;
       return Status::kBadScratch;
+  }
+}
+
+// The largest sizes validate() accepts, every stride 0 (so the few elements allocated are
+// all there is): validate(), and the planning functions, whose size arithmetic UBSan watches
+// for overflow. (Not forward(): a billion rows would take hours.)
+void probe_largest_sizes(Problem p, uint8_t choice) {
+  constexpr int32_t kMax = sdpa::kMaxCount;
+  p.q_stride_b = p.q_stride_h = p.q_stride_l = 0;
+  p.k_stride_b = p.k_stride_h = p.k_stride_l = 0;
+  p.v_stride_b = p.v_stride_h = p.v_stride_l = 0;
+  p.o_stride_b = p.o_stride_h = p.o_stride_l = 0;
+  p.mask_stride_b = p.mask_stride_h = p.mask_stride_q = p.mask_stride_k = 0;
+  p.weights = nullptr, p.logsumexp = nullptr, p.key_lengths = nullptr;
+  p.batch = p.q_heads = p.kv_heads = p.q_len = p.kv_len = 1;
+  switch (choice % 4) {
+    case 0: p.q_len = kMax; break;                                        // one head's rows
+    case 1: p.kv_len = kMax, p.batch = kMax / sdpa::segment_count(p); break;  // keys, segments
+    case 2: p.q_heads = kMax, p.kv_heads = choice & 4 ? kMax : 1; break;  // heads (GQA or not)
+    default: p.head_dim = p.value_dim = sdpa::kMaxHeadDim, p.kv_len = kMax - 1; break;
+  }
+  FUZZ_CHECK(p, sdpa::validate(p) == Status::kOk, "validate() refused sizes at its limits: %s",
+             sdpa::status_name(sdpa::validate(p)));
+  for (int32_t threads : {1, 2, 64}) (void)sdpa::scratch_floats(p, threads);
+  if (sdpa::reads_keys_in_place(p)) {
+    (void)sdpa::segment_count(p), (void)sdpa::segment_scratch_floats(p), (void)sdpa::segment_partials_floats(p);
   }
 }
 
@@ -469,6 +507,10 @@ void run(const uint8_t* data, size_t size) {
     p.logsumexp = buf.logsumexp.data();
   }
 
+  if (invalid >= 216 && invalid < 224) {  // one input in 32: sizes at the limits, planning only
+    probe_largest_sizes(p, invalid);
+    return;
+  }
   if (invalid >= 224) {  // one input in eight: a broken problem
     std::vector<float> scratch_buffer(static_cast<size_t>(sdpa::scratch_floats(p, 1)) + 1);
     float* scratch = scratch_buffer.data();
