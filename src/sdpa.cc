@@ -21,6 +21,7 @@ const char* status_name(Status status) {
     case Status::kBadStride: return "negative stride";
     case Status::kBadScratch: return "scratch missing or too small";
     case Status::kBadKvType: return "unknown key/value element type";
+    case Status::kBadMaskKind: return "unknown mask kind";
     case Status::kBadSegment: return "not a single (batch, KV head) decode, or no such segment";
   }
   return "unknown status";
@@ -47,6 +48,9 @@ Status validate(const Problem& p) {
     if (stride < 0) return Status::kBadStride;
   }
   if (p.kv_type != KvType::kFloat32 && !is_half(p.kv_type)) return Status::kBadKvType;
+  if (p.mask_kind != MaskKind::kNone && p.mask_kind != MaskKind::kFloat && p.mask_kind != MaskKind::kBool) {
+    return Status::kBadMaskKind;
+  }
   if (!std::isfinite(p.scale)) return Status::kBadScale;
   if (!(p.softcap >= 0.0f) || !std::isfinite(p.softcap)) return Status::kBadSoftcap;
   if (p.key_lengths != nullptr) {

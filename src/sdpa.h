@@ -103,6 +103,7 @@ enum class Status : int32_t {
   kBadStride = 6,       // a negative stride
   kBadScratch = 7,      // scratch missing or smaller than scratch_floats()
   kBadKvType = 9,       // kv_type is not a KvType
+  kBadMaskKind = 10,    // mask_kind is not a MaskKind
   kBadSegment = 8,      // forward_segment()/merge_segments() on a problem they do not take,
                         // or a segment index outside [0, segment_count(p))
 };

@@ -662,6 +662,15 @@ TEST(SdpaForward, ValidateRejectsWhatTheKernelCannotDo) {
     h.p.value = nullptr;
     EXPECT_EQ(h.run(), Status::kNullPointer);
   }
+  {  // an unknown mask kind is refused (not read as "no mask"), like an unknown KvType
+    Harness h(c);
+    static const float mask[1] = {0.0f};
+    h.p.mask = mask;
+    h.p.mask_kind = static_cast<MaskKind>(3);
+    EXPECT_EQ(h.run(), Status::kBadMaskKind);
+    h.p.kv_type = static_cast<KvType>(7);
+    EXPECT_EQ(h.run(), Status::kBadKvType);
+  }
   {
     Harness h(c);
     std::vector<float> scratch(scratch_floats(h.p) - 1);
