@@ -49,6 +49,9 @@ export function checkCacheOptions(options: unknown): KVCacheShape {
   const batch = size('batch'), kvHeads = size('kvHeads'), headDim = size('headDim');
   const valueDim = size('valueDim', headDim), maxLength = size('maxLength');
   const dtype = o.dtype ?? 'float32';
+  if (typeof dtype !== 'string') {
+    throw new TypeError(`${fn}: options.dtype must be 'float32' or 'float16', got ${describe(dtype)}`);
+  }
   if (dtype !== 'float32' && dtype !== 'float16') {
     throw new RangeError(`${fn}: options.dtype must be 'float32' or 'float16', got ${describe(dtype)}`);
   }

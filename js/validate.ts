@@ -69,6 +69,7 @@ export function describe(x: unknown): string {
   if (ArrayBuffer.isView(x)) return `${tag(x)}(${(x as { length?: number }).length ?? ''})`;
   if (typeof x === 'object') return tag(x) === 'Object' ? 'an object' : tag(x);
   if (typeof x === 'string') return JSON.stringify(x);
+  if (typeof x === 'bigint') return `${x}n (a BigInt)`;
   return String(x);
 }
 
@@ -173,8 +174,9 @@ export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd'
   }
   const d = checkDims(fn, name, dims, 2, 4);
   checkSize(fn, name, d, data);
-  // Missing leading axes are 1: rank 3 is [H, L, E] ([L, H, E] for bshd), rank 2 is [L, E].
-  const full = [...Array(4 - d.length).fill(1), ...d];
+  // Missing axes are 1: rank 3 is [H, L, E] ([L, H, E] for bshd), rank 2 is [L, E] in either
+  // layout (one head: for bshd the missing H sits between L and E).
+  const full = d.length === 2 && layout === 'bshd' ? [1, d[0], 1, d[1]] : [...Array(4 - d.length).fill(1), ...d];
   const [B, second, third, D] = full;
   const [H, L] = layout === 'bhsd' ? [second, third] : [third, second];
   return { data, dims: d, B, H, L, D, strides: layoutStrides(layout, H, L, D) };
@@ -182,6 +184,9 @@ export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd'
 
 export function checkLayout(fn: string, layout: unknown): 'bhsd' | 'bshd' {
   if (layout === undefined) return 'bhsd';
+  if (typeof layout !== 'string') {
+    throw new TypeError(`${fn}: options.layout must be 'bhsd' or 'bshd', got ${describe(layout)}`);
+  }
   if (layout !== 'bhsd' && layout !== 'bshd') {
     throw new RangeError(`${fn}: options.layout must be 'bhsd' or 'bshd', got ${describe(layout)}`);
   }

@@ -306,8 +306,13 @@ class Taker {
   readonly #toMove: { holder: Record<string, unknown>; view: TypedArray; offset: number; length: number }[] = [];
   constructor(readonly transfer: boolean) {}
 
+  /**
+   * A copy of a typed array's elements. An empty one is kept as it is: no empty array passes
+   * the checks (every size is >= 1), so it is never sent, and the checks then see what the
+   * direct API sees (a detached buffer, or an empty view of a live one: different messages).
+   */
   copy(x: unknown): unknown {
-    return isTypedArray(x) ? x.slice() : x;
+    return isTypedArray(x) && x.length > 0 ? x.slice() : x;
   }
 
   /** A tensor-like object: a new { data, dims } with its data taken, its dims copied; anything else as it is (for the checks' messages). */

@@ -21,7 +21,8 @@ const isNaNNumber = Number.isNaN;
 /** A tensor of rank 2..4 seen as [B, H, L, D] in the given layout: sizes and strides. */
 function view(t, layout) {
   const d = t.dims;
-  const full = [...new Array(4 - d.length).fill(1), ...d];
+  // Rank 2 is [L, D] in either layout (for bshd the missing H sits between L and D).
+  const full = d.length === 2 && layout === 'bshd' ? [1, d[0], 1, d[1]] : [...new Array(4 - d.length).fill(1), ...d];
   const [B, second, third, D] = full;
   const H = layout === 'bshd' ? third : second;
   const L = layout === 'bshd' ? second : third;

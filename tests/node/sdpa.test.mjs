@@ -206,6 +206,16 @@ describe('ranks 2 and 3 (the output keeps the query rank)', () => {
     expectSameResult(got.weights.data, four.weights.data);
   });
 
+  test("rank 2 is [L, E] with layout 'bshd' too (one head: the same problem as 'bhsd')", () => {
+    const Lq = 5, Lk = 13, E = 4, Ev = 6;
+    const { q, k, v } = problem({ Lq, Lk, E, Ev }, 15);
+    const two = (t, L, D) => ({ data: t.data, dims: [L, D] });
+    const { got } = check(two(q, Lq, E), two(k, Lk, E), two(v, Lk, Ev), { layout: 'bshd', isCausal: true, causalOffset: 2 });
+    expect(got.output.dims).toEqual([Lq, Ev]);
+    const bhsd = attn.sdpa(two(q, Lq, E), two(k, Lk, E), two(v, Lk, Ev), { isCausal: true, causalOffset: 2 });
+    expectSameResult(got.output.data, bhsd.output.data);
+  });
+
   test('rank 3: [H, L, E], with GQA and a mask', () => {
     const Hq = 4, Hkv = 2, Lq = 6, Lk = 40, E = 9, Ev = 12;
     const { q, k, v } = problem({ Hq, Hkv, Lq, Lk, E, Ev }, 6);

@@ -30,6 +30,8 @@ export const createCacheErrorCases = (api) => [
     [/options\.valueDim/, /-1/]],
   ['dtype bfloat16', () => api.createKVCache({ batch: 1, kvHeads: 1, headDim: 4, maxLength: 4, dtype: 'bfloat16' }), RangeError,
     [/options\.dtype/, /'float32' or 'float16'/, /"bfloat16"/]],
+  ['dtype a number', () => api.createKVCache({ batch: 1, kvHeads: 1, headDim: 4, maxLength: 4, dtype: 16 }), TypeError,
+    [/options\.dtype must be 'float32' or 'float16', got 16$/]],
   // 32 heads × 128 dims × 2 (K and V) × 4 bytes × 2^20 positions = 32 GiB.
   ['more than wasm memory holds', () => api.createKVCache({ batch: 1, kvHeads: 32, headDim: 128, maxLength: 2 ** 20 }), RangeError,
     [/createKVCache/, new RegExp(`needs ${32 * 128 * 2 * 4 * 2 ** 20} bytes`), /2 GiB/, /2147483648/]],

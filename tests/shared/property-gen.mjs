@@ -47,21 +47,25 @@ const K_LENGTHS_LARGE = [31, 32, 33, 61, 127, 128, 129, 131, 255, 256, 257, 383,
 const HEAD_SIZES = [1, 2, 3, 4, 5, 7, 8, 9, 11, 16, 17, 32];
 const HEAD_SIZES_LARGE = [61, 64, 67, 128];
 
-/** [B, H, L, D] laid out as `layout` says ('bshd': [B, L, H, D]), then `rank` trailing axes. */
+/**
+ * [B, H, L, D] laid out as `layout` says ('bshd': [B, L, H, D]), then `rank` trailing axes;
+ * rank 2 is [L, D] in either layout (README).
+ */
 export function layoutDims(layout, B, H, L, D, rank) {
+  if (rank === 2) return [L, D];
   const full = layout === 'bshd' ? [B, L, H, D] : [B, H, L, D];
   return full.slice(4 - rank);
 }
 
 /**
- * A rank the API accepts for a tensor [B, H, L, D] in `layout`: leading axes of 1 may be left
- * out (README: "rank 3 and rank 2 mean leading axes of 1"). In 'bshd' ([B, L, H, D]) rank 2 is
- * [H, D], so it needs L = 1 there, H = 1 in 'bhsd'.
+ * A rank the API accepts for a tensor [B, H, L, D] in `layout`: axes of 1 may be left out
+ * (README: rank 3 is [H, L, E] ([L, H, E] in 'bshd'), rank 2 is [L, E]), so rank 3 needs B = 1
+ * and rank 2 also H = 1.
  */
 export function pickRank(r, layout, B, H, L) {
   const ranks = [4, 4, 4];
   if (B === 1) ranks.push(3, 3);
-  if (B === 1 && (layout === 'bshd' ? L : H) === 1) ranks.push(2);
+  if (B === 1 && H === 1) ranks.push(2);
   return r.pick(ranks);
 }
 

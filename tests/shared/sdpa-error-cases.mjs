@@ -152,5 +152,9 @@ export function sdpaErrorCases(api) {
     ['layout invalid', () => api.sdpa(q(), k(), v(), { layout: 'nchw' }), RangeError,
       [/options\.layout/, /'bhsd' or 'bshd'/, /"nchw"/]],
     ['layout upper case', () => api.sdpa(q(), k(), v(), { layout: 'BSHD' }), RangeError, [/options\.layout/, /"BSHD"/]],
+    // Not a string at all: the wrong kind of value, a TypeError.
+    ['layout a number', () => api.sdpa(q(), k(), v(), { layout: 3 }), TypeError, [/options\.layout must be 'bhsd' or 'bshd', got 3$/]],
+    ['layout null', () => api.sdpa(q(), k(), v(), { layout: null }), TypeError, [/options\.layout/, /got null$/]],
+    ['scale a BigInt', () => api.sdpa(q(), k(), v(), { scale: 1n }), TypeError, [/options\.scale must be a number, got 1n \(a BigInt\)/]],
   ];
 }
