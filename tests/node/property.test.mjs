@@ -1,4 +1,4 @@
-// Seeded property tests of the public JS API (issue #12, "Hardening"): about 1900 random
+// Seeded property tests of the public JS API (issue #12, "Hardening"): about 2100 random
 // cases per run, generated from one seed (tests/shared/property-gen.mjs, mulberry32).
 //   valid calls     attn.sdpa(): random shapes at the kernel's tile edges, GQA, Lq ≠ Lk, Ev ≠ E,
 //                   ranks 2..4, both layouts, float/bool masks of every broadcast shape,
@@ -17,6 +17,10 @@
 //                   createAttentionWorker(): bitwise the direct API's results (sdpa and cache),
 //                   also for cache calls made without awaiting (valid and invalid mixed), which
 //                   must settle exactly as the same calls on a direct cache, in order.
+//                   sdpaBackward(): random valid problems (the same generator, without its
+//                   huge-logits cases and NaN in attended keys) against the float64 analytic
+//                   backward, max |got − ref| / (1 + |ref|) ≤ 1e-4, some bitwise across thread
+//                   counts, with `saved`, and through the worker.
 //   invalid calls   a valid call with one random mutation (tensor kinds, dims, sizes, every option,
 //                   createKVCache's options) must throw (or reject, for the worker, with the direct
 //                   API's message) the documented TypeError/RangeError with a message naming the
@@ -27,7 +31,7 @@
 // (add SDPA_PROPERTY_CASE=<group>:<index> to run that one case alone; for the relaxed-SIMD
 // build: SDPA_PROPERTY_SEED=<seed> bash scripts/test-js.sh tests/node/property.test.mjs).
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
-import { maxRelError, referenceSdpa } from './reference.mjs';
+import { maxRelError, referenceSdpa, referenceSdpaBackward } from './reference.mjs';
 import { bitsHash } from '../shared/reference-cases.mjs';
 import {
   blockedPredicate, caseSeed, describeOptions, halfToFloat, layoutDims, makeRng, maybeOffsetView, mutateCacheOptions, mutateOptions, mutateTensor,
@@ -55,6 +59,7 @@ const ONLY = process.env.SDPA_PROPERTY_CASE;
 const COUNTS = {
   sdpa: 1000, sdpaInvalid: 400, cache: 120, cacheInvalid: 120, createCacheInvalid: 60,
   worker: 100, workerInvalid: 60, workerCache: 24, workerCacheInvalid: 30, workerCachePipelined: 30,
+  backward: 150, backwardInvalid: 80,
 };
 
 // The default instance (threads: min(cores, 4)), a single-threaded one, and a worker.
@@ -569,6 +574,67 @@ function randomInvalidSdpa(r) {
   return { valid: c, args, mutation: m, description: `${c.description}; mutation: ${m.desc}` };
 }
 
+/** Gradients are compared with the float64 analytic backward at this bound (issue #13). */
+const BACKWARD_TOL = 1e-4;
+
+/**
+ * A random sdpaBackward() problem: a valid sdpa case (random shapes, layouts, ranks, options,
+ * NaN in keys no row attends, offset views) whose results the reference can be compared with
+ * (not the huge-logits cases, nor NaN in keys some rows attend), its `out` and `returnWeights`
+ * left out (not backward options), and a random dO with the output's dims.
+ */
+function randomBackwardCase(r) {
+  let c;
+  do c = randomSdpaCase(r, { maxWork: 60_000 }); while (c.mode !== 'reference' || c.partlyPoisoned > 0);
+  const { out: _out, returnWeights: _weights, ...options } = c.options;
+  const { out: _refOut, returnWeights: _refWeights, ...refOptions } = c.refOptions;
+  const { B, Hq, Lq, Ev } = c.shape;
+  const outputDims = [...c.query.dims.slice(0, -1), Ev];
+  const logicalGrad = normalTensor(r, [B, Hq, Lq, Ev]);
+  const gradOutput = { data: logicalGrad.data, dims: outputDims };
+  if (c.layout === 'bshd') gradOutput.data = toBshd(logicalGrad, [B, Hq, Lq, Ev]).data;
+  return { ...c, options, refOptions, gradOutput, description: `backward of ${c.description}` };
+}
+
+function checkGradients(got, c) {
+  const ref = referenceSdpaBackward(c.query, c.refKey, c.refValue, c.gradOutput, c.refOptions);
+  for (const [name, tensor, refData, dims] of [['dQuery', got.dQuery, ref.dQuery, c.query.dims],
+    ['dKey', got.dKey, ref.dKey, c.key.dims], ['dValue', got.dValue, ref.dValue, c.value.dims]]) {
+    expect(tensor.dims).toEqual([...dims]);
+    const error = maxRelError(tensor.data, refData);
+    if (!(error <= BACKWARD_TOL)) throw new Error(`${name}: max relative error ${error} > ${BACKWARD_TOL}`);
+  }
+}
+
+/** A random invalid sdpaBackward() call: a valid problem and one mutation. */
+function randomInvalidBackward(r) {
+  const c = randomBackwardCase(r);
+  const args = [c.query, c.key, c.value, c.gradOutput, c.options];
+  let m;
+  const what = r.next();
+  if (what < 0.5) {
+    const i = r.int(0, 3);
+    const name = ['query', 'key', 'value', 'gradOutput'][i];
+    m = mutateTensor(r, 'sdpaBackward', name, args[i]);
+    args[i] = m.tensor;
+  } else if (what < 0.65) {
+    const dims = [...c.gradOutput.dims];
+    dims[dims.length - 1] += 1;
+    args[3] = { data: new Float32Array(dims.reduce((a, b) => a * b, 1)), dims };
+    m = { desc: 'gradOutput with Ev + 1', Cls: RangeError, names: ['sdpaBackward:', 'gradOutput.dims', "output's dims"] };
+  } else if (what < 0.8) {
+    const bad = r.pick([3, null, 'saved', { output: c.gradOutput }]);
+    args[4] = { ...c.options, saved: bad };
+    m = { desc: `options.saved = ${typeof bad === 'object' && bad !== null ? '{ output } without logSumExp' : String(bad)}`,
+      Cls: TypeError, names: ['sdpaBackward:', 'options.saved'] };
+  } else {
+    const name = r.pick(['returnWeights', 'returnLogSumExp', 'out']);
+    args[4] = { ...c.options, [name]: name === 'out' ? new Float32Array(4) : true };
+    m = { desc: `options.${name} (not a backward option)`, Cls: TypeError, names: ['sdpaBackward:', `unknown option "${name}"`] };
+  }
+  return { valid: c, args, mutation: m, description: `${c.description}; mutation: ${m.desc}` };
+}
+
 // ─── the tests ────────────────────────────────────────────────────────────────────────────
 
 describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`, () => {
@@ -601,6 +667,40 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
       note(description);
       expectNamedError(await errorOf(() => attn.sdpa(...args)), mutation);
       checkResult(attn.sdpa(valid.query, valid.key, valid.value, valid.options), valid);
+    });
+  }, 60_000);
+
+  test(`sdpaBackward(): ${COUNTS.backward} random valid calls against the float64 analytic backward (some bitwise across thread counts, saved, and the worker)`, async () => {
+    await runCases('backward', COUNTS.backward, async (r, note) => {
+      const c = randomBackwardCase(r);
+      const [instance, other] = r.chance(0.5) ? [attn, attn1] : [attn1, attn];
+      const cross = r.next();
+      note(`${c.description}, threads ${instance.threads}${cross < 0.3 ? ', cross-checked' : ''}`);
+      const before = snapshot(c.query, c.key, c.value, c.gradOutput);
+      const got = instance.sdpaBackward(c.query, c.key, c.value, c.gradOutput, c.options);
+      expectUnchanged(before, c.query, c.key, c.value, c.gradOutput);
+      checkGradients(got, c);
+      if (cross < 0.3) {
+        // The same bits on the other thread count, with the forward's saved output and
+        // log-sum-exp, and (a third of those) through the worker.
+        const forward = other.sdpa(c.query, c.key, c.value, { ...c.options, returnLogSumExp: true });
+        const saved = other.sdpaBackward(c.query, c.key, c.value, c.gradOutput,
+          { ...c.options, saved: { output: forward.output, logSumExp: forward.logSumExp } });
+        const remote = cross < 0.1 ? await worker.sdpaBackward(c.query, c.key, c.value, c.gradOutput, c.options) : null;
+        for (const name of ['dQuery', 'dKey', 'dValue']) {
+          expectBitwiseEqual(saved[name].data, got[name].data, `threads ${other.threads}, saved: ${name}`);
+          if (remote) expectBitwiseEqual(remote[name].data, got[name].data, `worker: ${name}`);
+        }
+      }
+    });
+  }, 60_000);
+
+  test(`sdpaBackward(): ${COUNTS.backwardInvalid} random invalid calls throw a TypeError/RangeError naming the argument; the instance keeps working`, async () => {
+    await runCases('backwardInvalid', COUNTS.backwardInvalid, async (r, note) => {
+      const { valid, args, mutation, description } = randomInvalidBackward(r);
+      note(description);
+      expectNamedError(await errorOf(() => attn.sdpaBackward(...args)), mutation);
+      checkGradients(attn.sdpaBackward(valid.query, valid.key, valid.value, valid.gradOutput, valid.options), valid);
     });
   }, 60_000);
 
