@@ -224,10 +224,15 @@ int32_t probabilities_and_ds(const BackwardProblem& bp, const RowTile& rt, const
     // -inf (-inf - -inf would be NaN).
     const float lse = r < rt.rows && rt.limit[r] > 0 ? rt.lse[r] : 0.0f;
     const v128_t vlse = wasm_f32x4_splat(lse), vdelta = wasm_f32x4_splat(r < rt.rows ? rt.delta[r] : 0.0f);
+    // A NaN lse (the row attends a NaN or +Inf score) makes p NaN for the keys it attends,
+    // and -inf - NaN is NaN too: its blocked keys are set back to p = 0.
+    const bool nan_lse = std::isnan(lse);
     for (int32_t c = 0; c < cols; c += 4) {
       // p = exp(min(s - lse, 0)): exactly 0 for s = -inf.
-      const v128_t x = wasm_f32x4_pmin(wasm_f32x4_sub(wasm_v128_load(s_row + c), vlse), zero);
-      const v128_t prob = exp_nonpositive(x, ec);
+      const v128_t sv = wasm_v128_load(s_row + c);
+      const v128_t x = wasm_f32x4_pmin(wasm_f32x4_sub(sv, vlse), zero);
+      v128_t prob = exp_nonpositive(x, ec);
+      if (nan_lse) prob = wasm_v128_andnot(prob, wasm_f32x4_eq(sv, wasm_f32x4_splat(kNegInf)));
       v128_t ds = wasm_f32x4_mul(prob, wasm_f32x4_sub(wasm_v128_load(dp_row + c), vdelta));
       // ds := 0 where p == 0 (and p·NaN would be NaN).
       ds = wasm_v128_andnot(ds, wasm_f32x4_eq(prob, zero));
@@ -247,17 +252,25 @@ int32_t probabilities_and_ds(const BackwardProblem& bp, const RowTile& rt, const
 // acc[j][col .. col + 4·kVecs) += Σ_{r < rows} w[r][j] · x[r][col ..] for the 4 keys j0 .. j0+3
 // (w rows kTile apart, x rows `dim` apart, acc rows `dim` apart): 4 keys × 8 columns = 8
 // accumulators kept in registers over all the rows; per row 2 loads of x and 4 broadcasts of w.
-template <int kVecs>
-void transposed_block(const float* w, const float* x, int32_t rows, int32_t dim, float* acc) {
+template <int kVecs, bool kCareful>
+void transposed_block(const float* w, const float* x, int32_t rows, int32_t dim, float* acc, const bool* nonfinite) {
   v128_t o[4][kVecs];
   for (int jj = 0; jj < 4; jj++) {
     for (int v = 0; v < kVecs; v++) o[jj][v] = wasm_v128_load(acc + jj * dim + 4 * v);
   }
   const float* const w_end = w + static_cast<size_t>(rows) * kTile;
 #pragma clang loop unroll(disable)
-  for (; w != w_end; w += kTile, x += dim) {
+  for (int32_t r = 0; w != w_end; w += kTile, x += dim, r++) {
     v128_t xv[kVecs];
     for (int v = 0; v < kVecs; v++) xv[v] = wasm_v128_load(x + 4 * v);
+    if (kCareful && nonfinite[r]) {  // skip zero weights: 0·Inf would be NaN
+      for (int jj = 0; jj < 4; jj++) {
+        if (w[jj] == 0.0f) continue;
+        const v128_t wj = wasm_v128_load32_splat(w + jj);
+        for (int v = 0; v < kVecs; v++) o[jj][v] = f32x4_madd(wj, xv[v], o[jj][v]);
+      }
+      continue;
+    }
     for (int jj = 0; jj < 4; jj++) {
       const v128_t wj = wasm_v128_load32_splat(w + jj);
       for (int v = 0; v < kVecs; v++) o[jj][v] = f32x4_madd(wj, xv[v], o[jj][v]);
@@ -272,20 +285,44 @@ void transposed_block(const float* w, const float* x, int32_t rows, int32_t dim,
 // and dK += dsᵀ·(scale·Q) over a group of row tiles (w: p or ds [rows][kTile], x: dO or scale·Q
 // [rows][dim], acc [kTile][dim]). Weights past count are 0 (blocked columns), padding rows have
 // w = 0 and x = 0. Each acc element's sum runs over the rows in order whatever the blocking.
+// A row of x holding Inf or NaN (a non-finite q or dO, scale·q overflowing) skips its zero
+// weights instead of multiplying them (0·Inf is NaN: a key the row does not attend would get
+// it); other rows multiply them (adding 0·x, a zero, to the sum), so each row's rule depends
+// only on its data, and the same bits come out whatever the grouping of rows into calls.
 void accumulate_transposed(const float* w, const float* x, int32_t rows, int32_t dim, int32_t count, float* acc) {
+  bool nonfinite[kGroupRows];
+  bool any_nonfinite = false;
+  assert(rows <= kGroupRows);
+  for (int32_t r = 0; r < rows; r++) {
+    float zero = 0.0f;  // x·0 is ±0 for finite x, NaN for Inf and NaN
+    for (int32_t d = 0; d < dim; d++) zero += x[static_cast<size_t>(r) * dim + d] * 0.0f;
+    nonfinite[r] = zero != 0.0f;
+    any_nonfinite |= nonfinite[r];
+  }
   for (int32_t j0 = 0; j0 < count; j0 += 4) {
     const float* wj = w + j0;
     float* a = acc + static_cast<size_t>(j0) * dim;
     int32_t col = 0;
-    for (; col + 8 <= dim; col += 8) transposed_block<2>(wj, x + col, rows, dim, a + col);
-    if (col + 4 <= dim) {
-      transposed_block<1>(wj, x + col, rows, dim, a + col);
-      col += 4;
+    if (any_nonfinite) {
+      for (; col + 8 <= dim; col += 8) transposed_block<2, true>(wj, x + col, rows, dim, a + col, nonfinite);
+      if (col + 4 <= dim) {
+        transposed_block<1, true>(wj, x + col, rows, dim, a + col, nonfinite);
+        col += 4;
+      }
+    } else {
+      for (; col + 8 <= dim; col += 8) transposed_block<2, false>(wj, x + col, rows, dim, a + col, nullptr);
+      if (col + 4 <= dim) {
+        transposed_block<1, false>(wj, x + col, rows, dim, a + col, nullptr);
+        col += 4;
+      }
     }
     for (; col < dim; col++) {
       for (int jj = 0; jj < 4; jj++) {
         float sum = a[jj * dim + col];
-        for (int32_t r = 0; r < rows; r++) sum = sum + wj[r * kTile + jj] * x[r * dim + col];
+        for (int32_t r = 0; r < rows; r++) {
+          if (nonfinite[r] && wj[r * kTile + jj] == 0.0f) continue;
+          sum = sum + wj[r * kTile + jj] * x[r * dim + col];
+        }
         a[jj * dim + col] = sum;
       }
     }

@@ -357,6 +357,84 @@ TEST(Backward, ForwardLogSumExpOnEveryPath) {
   }
 }
 
+// Fuzzing findings (tests/fuzz/backward-fuzz.cc): a row's q, dO or lse that is not finite
+// reached keys the row does not attend, through 0·Inf and -inf - NaN = NaN.
+double relative_error(float got, double ref) {
+  return std::isfinite(got) ? std::abs(got - ref) / (1.0 + std::abs(ref)) : std::numeric_limits<double>::infinity();
+}
+
+// dV += pᵀ·dO multiplied p = 0 by a NaN dO (and dK += dsᵀ·(scale·Q) ds = 0 by an Inf q·scale):
+// a key the row does not attend got NaN. The row's own dQ may be NaN, nothing else.
+TEST(Backward, NonFiniteRowOperandsDoNotReachKeysTheRowDoesNotAttend) {
+  for (int threads : {1, 2}) {
+    for (int which : {0, 1, 2}) {  // dO row 0 NaN, dO row 0 Inf, scale·q of row 0 overflows
+      Case c;
+      c.B = 1, c.Hq = 1, c.Hkv = 1, c.Lq = 6, c.Lk = 20, c.E = 8, c.Ev = 8;
+      c.causal = true, c.offsets = {0};  // row i attends keys 0..i; keys 6.. no row
+      c.seed = uint32_t(11 + which);
+      Harness h(c);
+      if (which < 2) {
+        h.go[h.at(1, 6, 8, 0, 0, 0, 3)] = which == 0 ? kNaN : kInf;
+      } else {
+        h.bp.forward.scale = 1e30f;
+        h.q.assign(h.q.size(), 0.0f);
+        h.q[h.at(1, 6, 8, 0, 0, 0, 2)] = 1e9f;  // scale·q = 1e39: Inf in float
+      }
+      h.run(threads);
+      const ReferenceGradients ref = reference_backward(h.bp);
+      for (int j = 1; j < c.Lk; j++) {  // keys row 0 does not attend
+        for (int d = 0; d < c.E; d++) {
+          const size_t n = size_t(j) * c.E + d;
+          EXPECT_LE(relative_error(h.dk[h.at(1, 20, 8, 0, 0, j, d)], ref.d_key[n]), kTolerance) << which << " dK " << j;
+          EXPECT_LE(relative_error(h.dv[h.at(1, 20, 8, 0, 0, j, d)], ref.d_value[n]), kTolerance) << which << " dV " << j;
+          if (j >= c.Lq) {
+            EXPECT_EQ(h.dk[h.at(1, 20, 8, 0, 0, j, d)], 0.0f) << which;
+            EXPECT_EQ(h.dv[h.at(1, 20, 8, 0, 0, j, d)], 0.0f) << which;
+          }
+        }
+      }
+      if (which < 2) {  // rows 1.. attend key 0 too, but their dQ does not involve row 0
+        for (int i = 1; i < c.Lq; i++) {
+          for (int d = 0; d < c.E; d++) {
+            EXPECT_LE(relative_error(h.dq[h.at(1, 6, 8, 0, 0, i, d)], ref.d_query[size_t(i) * c.E + d]), kTolerance)
+                << which << " dQ " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// A row attending a NaN key has lse = NaN; exp(-inf - NaN) made p NaN for the keys it does
+// not attend, and their dK/dV NaN.
+TEST(Backward, NaNLogSumExpRowDoesNotReachKeysItDoesNotAttend) {
+  for (int threads : {1, 2}) {
+    Case c;
+    c.B = 1, c.Hq = 1, c.Hkv = 1, c.Lq = 4, c.Lk = 8, c.E = 8, c.Ev = 8;
+    c.mask_kind = MaskKind::kBool, c.mask_dims = {4, 8}, c.seed = 5;
+    Harness h(c);
+    for (int i = 0; i < c.Lq; i++) {  // row 0 attends keys 0, 1; rows 1..3 keys 2..7
+      for (int j = 0; j < c.Lk; j++) h.mask_b[size_t(i) * c.Lk + j] = (i == 0) == (j < 2);
+    }
+    h.k[h.at(1, 8, 8, 0, 0, 0, 5)] = kNaN;  // row 0's score of key 0: NaN, its lse NaN
+    h.run(threads);
+    EXPECT_TRUE(std::isnan(h.lse[0]));
+    const ReferenceGradients ref = reference_backward(h.bp);
+    for (int j = 2; j < c.Lk; j++) {
+      for (int d = 0; d < c.E; d++) {
+        const size_t n = size_t(j) * c.E + d;
+        EXPECT_LE(relative_error(h.dk[h.at(1, 8, 8, 0, 0, j, d)], ref.d_key[n]), kTolerance) << "dK " << j;
+        EXPECT_LE(relative_error(h.dv[h.at(1, 8, 8, 0, 0, j, d)], ref.d_value[n]), kTolerance) << "dV " << j;
+      }
+    }
+    for (int i = 1; i < c.Lq; i++) {
+      for (int d = 0; d < c.E; d++) {
+        EXPECT_LE(relative_error(h.dq[h.at(1, 4, 8, 0, 0, i, d)], ref.d_query[size_t(i) * c.E + d]), kTolerance) << "dQ " << i;
+      }
+    }
+  }
+}
+
 TEST(Backward, RejectsWhatItDoesNotTake) {
   Case c;
   c.Lq = 2, c.Lk = 3;
