@@ -2,6 +2,8 @@
 # Native fuzzing of the kernel with libFuzzer (tests/fuzz/: one target per *-fuzz.cc):
 #   sdpa      forward() and the split-K path on random problems, against the double reference
 #   kv_cache  appends (float32 -> float16 narrowing), truncations and attention on a KV cache
+#   backward  forward() then backward() on random problems (1, 2, 3 threads: the fused and the
+#             split kernels, bitwise equal), against the double reference gradients
 # Usage: bash scripts/fuzz.sh [--seconds N] [target ...]     (npm run fuzz -- --seconds N)
 #   N seconds of fuzzing PER TARGET (default 60), after the build (clang++-19, libFuzzer,
 #   AddressSanitizer, UBSan; build/fuzz/cmake, rebuilt only when sources changed).
@@ -23,7 +25,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
     --seconds=*) seconds="${1#--seconds=}"; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) targets+=("$1"); shift ;;
   esac
 done

@@ -1,0 +1,228 @@
+// The oracle of the backward fuzz target: see backward-check.h.
+#include "backward-check.h"
+
+#include "attention-check.h"
+
+namespace sdpa_fuzz {
+
+namespace {
+
+// Written exactly where a [n0, n1, n2, n3] tensor's elements are.
+void check_written(const Problem& p, const std::vector<float>& x, int64_t n0, int64_t n1, int64_t n2, int64_t n3,
+                   int64_t s0, int64_t s1, int64_t s2, const char* name) {
+  std::vector<bool> is_element(x.size(), false);
+  for (int64_t a = 0; a < n0; a++)
+    for (int64_t b = 0; b < n1; b++)
+      for (int64_t c = 0; c < n2; c++)
+        for (int64_t d = 0; d < n3; d++) is_element[static_cast<size_t>(a * s0 + b * s1 + c * s2 + d)] = true;
+  for (size_t at = 0; at < x.size(); at++) {
+    FUZZ_CHECK(p, is_sentinel(x[at]) != is_element[at], "%s element %zu %s", name, at,
+               is_element[at] ? "not written" : "written, but it is padding");
+  }
+}
+
+bool all_finite(const float* x, int64_t n) {
+  for (int64_t k = 0; k < n; k++) {
+    if (!std::isfinite(x[k])) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& dq, const std::vector<float>& dk,
+                    const std::vector<float>& dv) {
+  const Problem& p = bp.forward;
+  const int64_t B = p.batch, Hq = p.q_heads, Hkv = p.kv_heads, Lq = p.q_len, Lk = p.kv_len, E = p.head_dim,
+                Ev = p.value_dim;
+  const int64_t group = Hq / Hkv;
+  check_written(p, dq, B, Hq, Lq, E, bp.dq_stride_b, bp.dq_stride_h, bp.dq_stride_l, "d_query");
+  check_written(p, dk, B, Hkv, Lk, E, bp.dk_stride_b, bp.dk_stride_h, bp.dk_stride_l, "d_key");
+  check_written(p, dv, B, Hkv, Lk, Ev, bp.dv_stride_b, bp.dv_stride_h, bp.dv_stride_l, "d_value");
+
+  const sdpa::ReferenceGradients ref = sdpa::reference_backward(bp);
+  std::vector<double> weights;
+  sdpa::reference_forward(p, &weights);
+  const float* key = static_cast<const float*>(p.key);
+  const float* value = static_cast<const float*>(p.value);
+  const double abs_scale = std::fabs(static_cast<double>(p.scale));
+  const double tol = kTolerance;
+
+  // Per key (dense [B, Hkv, Lk]): rows attending it, whether all are clean, and the bounds.
+  const size_t keys_total = static_cast<size_t>(B * Hkv * Lk);
+  std::vector<int64_t> attending(keys_total, 0);
+  std::vector<bool> key_clean(keys_total, true);
+  std::vector<double> dk_bound(keys_total * static_cast<size_t>(E), 0.0), dv_bound(keys_total * static_cast<size_t>(Ev), 0.0);
+  std::vector<double> key_tiny_factor(keys_total, 0.0);
+
+  std::vector<int64_t> keys;
+  std::vector<double> score, score_error, cap_error;
+  std::vector<double> v_abs_max(static_cast<size_t>(Ev)), dq_bound(static_cast<size_t>(E));
+  const double n_all = static_cast<double>(Lk + group * Lq + E + Ev);
+  for (int64_t b = 0; b < B; b++) {
+    for (int64_t h = 0; h < Hq; h++) {
+      const int64_t kvh = h / group;
+      for (int64_t i = 0; i < Lq; i++) {
+        const float* q = p.query + b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_l;
+        const float* go = bp.grad_output + b * bp.go_stride_b + h * bp.go_stride_h + i * bp.go_stride_l;
+        const float* got_dq = bp.d_query + b * bp.dq_stride_b + h * bp.dq_stride_h + i * bp.dq_stride_l;
+        const double* want_dq = ref.d_query.data() + ((b * Hq + h) * Lq + i) * E;
+        const double* prob = weights.data() + ((b * Hq + h) * Lq + i) * Lk;
+        keys.clear(), score.clear(), score_error.clear(), cap_error.clear();
+        for (int64_t j = 0; j < Lk; j++) {
+          if (attendable(p, b, h, i, j)) keys.push_back(j);
+        }
+        if (keys.empty()) {  // case 1
+          for (int64_t d = 0; d < E; d++) {
+            FUZZ_CHECK(p, got_dq[d] == 0.0f, "row (b%lld h%lld i%lld) attends no key: d_query[%lld] = %a, not 0",
+                       (long long)b, (long long)h, (long long)i, (long long)d, got_dq[d]);
+          }
+          continue;
+        }
+
+        // Case 2: is the row clean?
+        bool clean = all_finite(q, E) && all_finite(go, Ev);
+        double q_abs_max = 0.0;
+        for (int64_t d = 0; d < E; d++) {
+          q_abs_max = std::max(q_abs_max, std::fabs(static_cast<double>(q[d])));
+          if (!(abs_scale * std::fabs(q[d]) < kFloatMax / 2)) clean = false;
+        }
+        std::fill(v_abs_max.begin(), v_abs_max.end(), 0.0);
+        double k_abs_max_row = 0.0;
+        for (int64_t j : keys) {
+          const float* k = key + b * p.k_stride_b + kvh * p.k_stride_h + j * p.k_stride_l;
+          const float* v = value + b * p.v_stride_b + kvh * p.v_stride_h + j * p.v_stride_l;
+          if (!all_finite(k, E) || !all_finite(v, Ev)) clean = false;
+          double dot = 0.0, abs_dot = 0.0, k_abs_max = 0.0;
+          for (int64_t d = 0; d < E; d++) {
+            dot += static_cast<double>(q[d]) * k[d];
+            abs_dot += std::fabs(static_cast<double>(q[d]) * k[d]);
+            k_abs_max = std::max(k_abs_max, std::fabs(static_cast<double>(k[d])));
+          }
+          k_abs_max_row = std::max(k_abs_max_row, k_abs_max);
+          for (int64_t c = 0; c < Ev; c++) v_abs_max[c] = std::max(v_abs_max[c], std::fabs(static_cast<double>(v[c])));
+          const double bound = abs_scale * abs_dot;
+          double s = p.scale * dot, magnitude = bound;
+          const double error_r = (E + 4) * kEps * bound + E * k_abs_max * 0x1p-149;
+          double error = error_r, cap = 0.0;
+          if (p.softcap > 0.0f) {
+            s = p.softcap * std::tanh(s / p.softcap);
+            magnitude = std::min(bound, static_cast<double>(p.softcap));
+            error += 4 * kEps * p.softcap;
+            cap = error_r / p.softcap;
+          }
+          if (p.mask_kind == MaskKind::kFloat) {
+            const double m = static_cast<const float*>(p.mask)[mask_at(p, b, h, i, j)];
+            s += m;
+            magnitude += std::fabs(m);
+            error += 2 * kEps * std::fabs(m);
+          }
+          if (!(bound < kFloatMax / 4) || !(magnitude < kFloatMax * 0.999) || !std::isfinite(s)) clean = false;
+          score.push_back(s);
+          score_error.push_back(error);
+          cap_error.push_back(cap);
+        }
+        double err_s = 0.0, err_cap = 0.0, max_score = -kInf, max_lower = -kInf;
+        if (clean) {
+          for (size_t n = 0; n < keys.size(); n++) {
+            max_score = std::max(max_score, score[n]);
+            max_lower = std::max(max_lower, score[n] - score_error[n]);
+          }
+          for (size_t n = 0; n < keys.size(); n++) {
+            if (score[n] + score_error[n] >= max_lower - 120) {
+              err_s = std::max(err_s, score_error[n]);
+              err_cap = std::max(err_cap, cap_error[n]);
+            }
+          }
+          if (!(err_s <= kWellConditioned) || !(err_cap <= kWellConditioned)) clean = false;
+        }
+        double G = 0.0;
+        for (int64_t c = 0; c < Ev; c++) {
+          G += std::fabs(static_cast<double>(go[c])) * v_abs_max[c];
+          // The forward's O_c may overflow (a sum of |A| values near FLT_MAX), and D = dO·O
+          // with it, even where dO_c = 0 (Inf·0).
+          if (!(static_cast<double>(keys.size()) * v_abs_max[c] < kFloatMax / 16)) clean = false;
+        }
+        // Far from overflow: dp, D (≤ G), ds·k, ds·q before and after the scale.
+        double go_abs_max = 0.0;  // dV sums p·dO over the rows
+        for (int64_t c = 0; c < Ev; c++) go_abs_max = std::max(go_abs_max, std::fabs(static_cast<double>(go[c])));
+        const double big = std::max({G, go_abs_max, 2 * G * k_abs_max_row, 2 * G * q_abs_max,
+                                     2 * G * abs_scale * std::max(k_abs_max_row, q_abs_max)});
+        if (!(big * static_cast<double>(Lk + group * Lq) < kFloatMax / 16)) clean = false;
+
+        if (!clean) {
+          for (int64_t j : keys) key_clean[static_cast<size_t>((b * Hkv + kvh) * Lk + j)] = false;
+          for (int64_t j : keys) attending[static_cast<size_t>((b * Hkv + kvh) * Lk + j)]++;
+          continue;
+        }
+
+        const double rel = 2 * tol + 4 * err_s + 16 * kEps * (1 + std::fabs(max_score));
+        const double f = 2 * rel + 2 * tol + 4 * err_s + 2 * err_cap + static_cast<double>(E + Ev + Lk) * kEps;
+        const double tiny = 64 * n_all * 0x1p-149 * std::max(1.0, abs_scale) *
+                            std::max(1.0, G) * std::max({1.0, k_abs_max_row, q_abs_max});
+        std::fill(dq_bound.begin(), dq_bound.end(), 0.0);
+        for (int64_t j : keys) {
+          const size_t key_at = static_cast<size_t>((b * Hkv + kvh) * Lk + j);
+          attending[key_at]++;
+          key_tiny_factor[key_at] = std::max(key_tiny_factor[key_at], tiny);
+          const double pj = prob[j];
+          const float* k = key + b * p.k_stride_b + kvh * p.k_stride_h + j * p.k_stride_l;
+          // The kernel's exp flushes p < 2^-63.5 to 0 (src/math/f32-vexp-nonpositive-rr1-p5-
+          // wasmsimd.h): such a term (bounded by |scale|·p·2G·|k|, p·|dO|) may be dropped.
+          const bool flushable = pj < 0x1p-62;
+          const double fk = flushable ? 2.0 : f, fv = flushable ? 1.0 : rel + static_cast<double>(group * Lq) * 2 * kEps;
+          for (int64_t d = 0; d < E; d++) {
+            dq_bound[d] += fk * abs_scale * G * pj * std::fabs(static_cast<double>(k[d]));
+            dk_bound[key_at * E + d] += fk * abs_scale * G * pj * std::fabs(static_cast<double>(q[d]));
+          }
+          for (int64_t c = 0; c < Ev; c++) dv_bound[key_at * Ev + c] += fv * pj * std::fabs(static_cast<double>(go[c]));
+        }
+        for (int64_t d = 0; d < E; d++) {
+          const double g = got_dq[d], allowed = dq_bound[d] + tiny;
+          FUZZ_CHECK(p, std::isfinite(g) && std::fabs(g - want_dq[d]) <= allowed,
+                     "row (b%lld h%lld i%lld): d_query[%lld] = %.9g, reference %.9g, |diff| %.3g > allowed %.3g "
+                     "(err_s %.3g, G %.3g)",
+                     (long long)b, (long long)h, (long long)i, (long long)d, g, want_dq[d], std::fabs(g - want_dq[d]),
+                     allowed, err_s, G);
+        }
+      }
+    }
+  }
+
+  for (int64_t b = 0; b < B; b++) {
+    for (int64_t kvh = 0; kvh < Hkv; kvh++) {
+      for (int64_t j = 0; j < Lk; j++) {
+        const size_t key_at = static_cast<size_t>((b * Hkv + kvh) * Lk + j);
+        const float* got_dk = bp.d_key + b * bp.dk_stride_b + kvh * bp.dk_stride_h + j * bp.dk_stride_l;
+        const float* got_dv = bp.d_value + b * bp.dv_stride_b + kvh * bp.dv_stride_h + j * bp.dv_stride_l;
+        if (attending[key_at] == 0) {  // case 1
+          for (int64_t d = 0; d < E; d++) {
+            FUZZ_CHECK(p, got_dk[d] == 0.0f, "key (b%lld kvh%lld j%lld) attended by no row: d_key[%lld] = %a, not 0",
+                       (long long)b, (long long)kvh, (long long)j, (long long)d, got_dk[d]);
+          }
+          for (int64_t c = 0; c < Ev; c++) {
+            FUZZ_CHECK(p, got_dv[c] == 0.0f, "key (b%lld kvh%lld j%lld) attended by no row: d_value[%lld] = %a, not 0",
+                       (long long)b, (long long)kvh, (long long)j, (long long)c, got_dv[c]);
+          }
+          continue;
+        }
+        if (!key_clean[key_at]) continue;
+        const double tiny = key_tiny_factor[key_at] * static_cast<double>(attending[key_at]);
+        for (int64_t d = 0; d < E; d++) {
+          const double g = got_dk[d], want = ref.d_key[key_at * E + d], allowed = dk_bound[key_at * E + d] + tiny;
+          FUZZ_CHECK(p, std::isfinite(g) && std::fabs(g - want) <= allowed,
+                     "key (b%lld kvh%lld j%lld): d_key[%lld] = %.9g, reference %.9g, |diff| %.3g > allowed %.3g",
+                     (long long)b, (long long)kvh, (long long)j, (long long)d, g, want, std::fabs(g - want), allowed);
+        }
+        for (int64_t c = 0; c < Ev; c++) {
+          const double g = got_dv[c], want = ref.d_value[key_at * Ev + c], allowed = dv_bound[key_at * Ev + c] + tiny;
+          FUZZ_CHECK(p, std::isfinite(g) && std::fabs(g - want) <= allowed,
+                     "key (b%lld kvh%lld j%lld): d_value[%lld] = %.9g, reference %.9g, |diff| %.3g > allowed %.3g",
+                     (long long)b, (long long)kvh, (long long)j, (long long)c, g, want, std::fabs(g - want), allowed);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace sdpa_fuzz

@@ -1,0 +1,54 @@
+// The oracle of the backward fuzz target: are one backward() call's d_query, d_key and
+// d_value right, for any problem, however adversarial its values?
+//
+// The values come from reference_backward (src/reference/sdpa-reference.h: double precision,
+// derived from the definition, not from the forward's saved O and lse). Per query row i
+// (batch b, head h), with A_i the keys it may attend (attendable(), attention-check.h):
+//
+//   1. A_i empty: its dQ row is exact zeros. A key no row attends (past key_lengths, past
+//      every causal limit, masked for every row, or all its rows attend nothing) has exact-zero
+//      dK and dV rows, whatever K/V/Q/dO hold, NaN padding and poisoned rows included.
+//   2. A row is "clean" when float32 can compute its gradients and they are well conditioned:
+//      its q, dO, and the k, v of every key in A_i are finite, every score is finite and in
+//      float32 range (the forward checker's range limits), the scores' float32 error bound
+//      err_s (attention-check.h's, over the keys that matter) is <= 1e-3, with softcap c > 0
+//      also err_r / c <= 1e-3 (err_r: the error bound of the score before the cap, which moves
+//      tanh's derivative 1 - t²), and the magnitudes below stay far from FLT_MAX (also
+//      |A_i|·max_j |v_jc| for every column: the forward's O may overflow there, and with it
+//      D_i = dO_i·O_i, even where dO_ic = 0). A key is
+//      clean when every row attending it is clean. Unclean rows and keys (a NaN or Inf they
+//      attend, huge logits) are not checked: their gradients may be NaN or inaccurate. Every
+//      gradient element that is not connected to one is clean, so a NaN or Inf that leaks
+//      (into other rows, other heads, other keys, from padding or blocked positions) fails.
+//   3. Clean elements must be finite and within an error bound derived from float32 rounding
+//      and the forward's own tolerance (the backward reads the forward's O and lse):
+//        G_i   = Σ_c |dO_ic|·max_{j∈A_i} |v_jc|     bounds |dp_j| and |D_i| = |dO_i·O_i|
+//        rel_i = 2·tol + 4·err_s + 16·2^-24·(1 + max_j |s_j|)   relative error of p_j
+//                (tol = 1e-4: the forward's; the lse it saved is within tol of the reference)
+//        f_i   = 2·rel_i + 2·tol + 4·err_s + 2·err_r/c + (E + Ev + Lk)·2^-24
+//                relative error of ds_j = p_j·(dp_j - D_i)·(1 - t²), against p_j·G_i
+//        dQ_id: |got - ref| <= f_i·|scale|·G_i·Σ_j p_ij·|k_jd| + tiny
+//        dK_jd: |got - ref| <= Σ_i f_i·|scale|·p_ij·G_i·|q_id| + tiny
+//        dV_jc: |got - ref| <= Σ_i (rel_i + 2·rows·2^-24)·p_ij·|dO_ic| + tiny   (rows: (Hq/Hkv)·Lq)
+//      (tiny: subnormal rounding, 64·n·2^-149 scaled by the factors applied after it).
+//      A term with p_ij < 2^-62 counts with its whole magnitude (2·|scale|·p_ij·G_i·|k_jd| or
+//      |q_id|, p_ij·|dO_ic|) instead: the kernel's exp flushes p < 2^-63.5 to exactly 0
+//      (src/math/f32-vexp-nonpositive-rr1-p5-wasmsimd.h), so the term may be missing.
+//      These are bounds in terms of magnitudes, not of |ref|: a gradient is a difference
+//      (dp_j - D_i) and may be much smaller than its terms.
+//
+// And every gradient element is written (the buffers hold a sentinel NaN before the call),
+// and nothing else (the padding of the output tensors).
+#pragma once
+
+#include <vector>
+
+#include "sdpa-backward.h"
+
+namespace sdpa_fuzz {
+
+// Checks bp.d_query/d_key/d_value, which point into dq/dk/dv (the whole buffers).
+void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& dq, const std::vector<float>& dk,
+                    const std::vector<float>& dv);
+
+}  // namespace sdpa_fuzz
