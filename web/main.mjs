@@ -1,4 +1,4 @@
-// The demo page: five panels, each computed live with sdpa-wasm.
+// The demo page: six panels, each computed live with sdpa-wasm.
 // Tests read what the page shows from elements with data-testid attributes and from
 // window.__demo (the raw Float32Arrays behind every number on screen).
 //
@@ -13,6 +13,8 @@ import { drawChart, drawHeatmap, drawLegend } from './heatmap.mjs';
 import { naiveSoftmax, weightsTimesValues } from './plain-attention.mjs';
 import { generation, promptTokens, TOY, ToyDecoder, toyWeights } from './decoder.mjs';
 import { FrameMeter } from './frame-meter.mjs';
+import { TRAIN, training } from './training.mjs';
+import { drawLogChart, trailingMean } from './training-chart.mjs';
 
 const $ = (id) => document.getElementById(id);
 const byTestId = (id) => document.querySelector(`[data-testid="${id}"]`);
@@ -31,7 +33,8 @@ const demo = {
   masking: null,
   bench: null,
   generation: null,
-  version: { heatmap: 0, lesson: 0, masking: 0, bench: 0, generation: 0 },
+  training: null,
+  version: { heatmap: 0, lesson: 0, masking: 0, bench: 0, generation: 0, training: 0 },
 };
 window.__demo = demo;
 
@@ -791,6 +794,165 @@ function generationSummary(runs, finished) {
 
 gn.start.addEventListener('click', startGeneration);
 
+// ── 6. Training: why 1/√d_k matters ───────────────────────────────────────────────────────
+const tr = {
+  steps: $('tr-steps'), lr: $('tr-lr'), seed: $('tr-seed'), start: $('tr-start'), progress: $('tr-progress'),
+  phase: $('tr-phase'), lossChart: $('tr-loss-chart'), gradChart: $('tr-grad-chart'),
+  meter: new FrameMeter(byTestId('tr-frame-meter')),
+};
+const TRAIN_COLOURS = {
+  'dk16-scaled': '#1d7a46', 'dk16-unscaled': '#b4232f', 'dk256-scaled': '#1d7a46', 'dk256-unscaled': '#b4232f',
+};
+/** d_k = 16 dashed, 256 solid; ÷√d_k green, unscaled red. */
+const trainSeries = (what) => (demo.training?.runs ?? []).map((r) => ({
+  label: r.label, colour: TRAIN_COLOURS[r.id], dashed: r.dk === 16, values: trailingMean(r[what], 10),
+}));
+/** Redraws between steps at most this often. */
+const TRAIN_DRAW_MS = 50;
+const TRAIN_LOSS_BELOW = 0.1;
+let trainStop = false;
+
+byTestId('tr-model').textContent =
+  `Each step: ${TRAIN.batch} sequences of ${TRAIN.seqLen} tokens, ${TRAIN.queries} queries each (query noise σ = ${TRAIN.noise}), ` +
+  `fresh random data every step (the same for the four heads); one sdpa and one sdpaBackward call per head ` +
+  `([B, H, L, d_k] = [${TRAIN.batch}, 1, ${TRAIN.seqLen}, d_k]). Plain SGD, the same learning rate for all four. ` +
+  'Unscaled, the logits start with a spread of about √d_k (16 at d_k = 256): the rows are nearly one-hot from the first ' +
+  'step. ‖∂L/∂W‖ is the norm of the gradient of (W_q, W_k): without the factor the chain rule multiplies ∂L/∂s by ' +
+  'q or k rather than q/√d_k or k/√d_k, which at these sizes more than makes up for the saturated softmax, so the ' +
+  'weights get large steps in directions that hardly change a one-hot row. The outcome depends on the learning rate ' +
+  '(measured with seed 1, 300 steps, final losses of the d_k = 256 heads with and without the factor): 0.041 and 0.025 at ' +
+  'rate 0.1, where the unscaled head is ahead (its larger weight gradients act as larger steps); 0.013 and 0.020 at 0.3; ' +
+  '0.0052 and 0.085 at 1; 0.0024 and 1.56 (stuck) at 3. The best of these rates gives 0.0024 with the factor, 0.020 without.';
+
+const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
+const expText = (x) => (Number.isFinite(x) ? x.toExponential(2) : String(x));
+
+/** The numbers of one run that the table and the tests read. */
+function trainingStats(r) {
+  const n = r.losses.length;
+  const tail = Math.min(20, n), head = Math.min(30, n);
+  const below = r.losses.findIndex((x) => x < TRAIN_LOSS_BELOW);
+  return {
+    firstLoss: r.losses[0], finalLoss: mean(r.losses.slice(n - tail)),
+    earlyScoreGrad: mean(r.scoreGradNorms.slice(0, head)), finalScoreGrad: mean(r.scoreGradNorms.slice(n - tail)),
+    earlyWeightGrad: mean(r.gradNorms.slice(0, head)),
+    firstMax: r.maxWeights[0], finalMax: mean(r.maxWeights.slice(n - tail)), finalTarget: mean(r.targetWeights.slice(n - tail)),
+    firstBelow: below < 0 ? null : below + 1,
+  };
+}
+
+function renderTraining() {
+  const t = demo.training;
+  if (!t) return;
+  $('tr-charts').hidden = false;
+  // Side by side when the panel has room for two, else one above the other.
+  const room = availableWidth(tr.lossChart);
+  const width = room >= 640 ? Math.min(440, Math.floor((room - 30) / 2)) : Math.min(440, room);
+  for (const canvas of [tr.lossChart, tr.gradChart]) canvas.parentElement.style.width = `${width}px`;
+  drawLogChart(tr.lossChart, trainSeries('losses'), { width, steps: t.params.steps, yLabel: 'loss' });
+  drawLogChart(tr.gradChart, trainSeries('scoreGradNorms'), { width, steps: t.params.steps, yLabel: '‖∂L/∂s‖' });
+  $('tr-rows').replaceChildren(...t.runs.filter((r) => r.losses.length).map((r) => {
+    const s = trainingStats(r);
+    const row = document.createElement('tr');
+    row.dataset.run = r.id;
+    const name = document.createElement('th');
+    name.textContent = r.label;
+    name.style.color = TRAIN_COLOURS[r.id];
+    row.append(name);
+    const cells = [
+      ['final-loss', s.finalLoss.toFixed(4)],
+      ['early-grad', expText(s.earlyScoreGrad)], ['final-grad', expText(s.finalScoreGrad)],
+      ['early-wgrad', expText(s.earlyWeightGrad)],
+      ['first-max', s.firstMax.toFixed(2)],
+      ['below', s.firstBelow === null ? 'not reached' : String(s.firstBelow)],
+    ];
+    for (const [key, text] of cells) {
+      const td = document.createElement('td');
+      td.textContent = text;
+      td.dataset.testid = `tr-${r.id}-${key}`;
+      row.append(td);
+    }
+    return row;
+  }));
+}
+
+function trainingSummary(runs, params) {
+  const by = Object.fromEntries(runs.map((r) => [r.id, trainingStats(r)]));
+  const a = by['dk256-scaled'], b = by['dk256-unscaled'], c = by['dk16-scaled'], d = by['dk16-unscaled'];
+  const reached = (s) => (s.firstBelow === null ? `never got below ${TRAIN_LOSS_BELOW}` : `first got below ${TRAIN_LOSS_BELOW} at step ${s.firstBelow}`);
+  return `After ${params.steps} steps at learning rate ${params.lr}: at d_k = 256 the head with 1/√d_k ends at a loss of ` +
+    `${a.finalLoss.toFixed(4)} (${reached(a)}), the unscaled one at ${b.finalLoss.toFixed(4)} ` +
+    `(${(b.finalLoss / a.finalLoss).toFixed(1)}× higher; it ${reached(b)}). Over the first 30 steps the gradient through the ` +
+    `unscaled softmax was ${(a.earlyScoreGrad / b.earlyScoreGrad).toFixed(1)}× smaller (‖∂L/∂s‖ ${expText(b.earlyScoreGrad)} against ` +
+    `${expText(a.earlyScoreGrad)}), with its rows' largest weight at ${b.firstMax.toFixed(2)} on average from step 1. ` +
+    `At d_k = 16: ${c.finalLoss.toFixed(4)} with the factor, ${d.finalLoss.toFixed(4)} without; over the last 20 steps the ` +
+    `unscaled head's rows were one-hot (largest weight ${d.finalMax.toFixed(2)}) but put only ${d.finalTarget.toFixed(2)} on the ` +
+    `right key on average, and its ‖∂L/∂s‖ was ${expText(d.finalScoreGrad)} against ${expText(c.finalScoreGrad)} with the factor: ` +
+    'stuck on wrong keys with little gradient to move it off them.';
+}
+
+async function startTraining() {
+  if (demo.training?.running) {
+    trainStop = true;
+    tr.start.textContent = 'Stopping…';
+    return;
+  }
+  const lr = Number(tr.lr.value);
+  const params = {
+    steps: intValue(tr.steps, 10, 2000),
+    lr: [0.1, 0.3, 1, 3].includes(lr) ? lr : TRAIN.lr,
+    seed: intValue(tr.seed, 0, 4294967295),
+  };
+  trainStop = false;
+  const frames = tr.meter.start();
+  demo.training = {
+    running: true, params, config: { ...TRAIN, steps: params.steps, lr: params.lr }, runs: [], step: 0, updates: 0,
+    ranIn: 'AttentionWorker', threads: attnWorker.threads, ms: 0, msPerStep: 0, frames,
+  };
+  for (const el of [tr.steps, tr.lr, tr.seed]) el.disabled = true;
+  tr.start.textContent = 'Stop';
+  byTestId('tr-summary').textContent = '';
+  tr.progress.value = 0;
+  tr.phase.textContent = 'starting…';
+  const t0 = performance.now();
+  try {
+    let drawnAt = performance.now();
+    for await (const { step, runs } of training(attnWorker, { seed: params.seed, steps: params.steps, cfg: demo.training.config })) {
+      demo.training.runs = runs;
+      demo.training.step = step;
+      const now = performance.now();
+      if (now - drawnAt >= TRAIN_DRAW_MS || step === params.steps) {
+        tr.progress.value = step / params.steps;
+        tr.phase.textContent = `step ${step} of ${params.steps} (4 heads, ${((now - t0) / step).toFixed(1)} ms per step)`;
+        renderTraining();
+        demo.training.updates++;
+        drawnAt = performance.now();
+        if (trainStop) break;
+      }
+    }
+    const ms = performance.now() - t0;
+    Object.assign(demo.training, { ms, msPerStep: ms / demo.training.step, stopped: trainStop });
+    demo.training.stats = Object.fromEntries(demo.training.runs.map((r) => [r.id, trainingStats(r)]));
+    renderTraining();
+    tr.phase.textContent = trainStop
+      ? `stopped at step ${demo.training.step}`
+      : `done: ${params.steps} steps of the 4 heads in ${(ms / 1000).toFixed(1)} s (${(ms / params.steps).toFixed(1)} ms per step, ` +
+        `2 worker calls per head and step)`;
+    if (!trainStop) byTestId('tr-summary').textContent = trainingSummary(demo.training.runs, params);
+  } catch (error) {
+    tr.phase.textContent = `failed: ${error.message}`;
+    demo.training.error = String(error.message);
+  } finally {
+    tr.meter.stop();
+    demo.training.running = false;
+    for (const el of [tr.steps, tr.lr, tr.seed]) el.disabled = false;
+    tr.start.textContent = 'Train';
+    demo.version.training++;
+  }
+}
+
+tr.start.addEventListener('click', startTraining);
+
 // ── start ─────────────────────────────────────────────────────────────────────────────────
 computeHeatmap();
 computeLesson();
@@ -799,7 +961,7 @@ computeMasking();
 let resizeTimer = 0;
 window.addEventListener('resize', () => {
   clearTimeout(resizeTimer);
-  resizeTimer = setTimeout(() => { renderHeatmap(); renderLesson(); renderMasking(); if (demo.generation) renderGenerationChart(); }, 100);
+  resizeTimer = setTimeout(() => { renderHeatmap(); renderLesson(); renderMasking(); if (demo.generation) renderGenerationChart(); if (demo.training) renderTraining(); }, 100);
 });
 
 try {
@@ -812,6 +974,7 @@ try {
 // The long jobs' buttons start disabled in index.html: they need the worker.
 bn.run.disabled = false;
 gn.start.disabled = false;
+tr.start.disabled = false;
 
 const status = byTestId('status');
 status.textContent = 'Ready.';

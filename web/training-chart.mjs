@@ -1,0 +1,116 @@
+// Panel 6's charts: lines against the training step on a logarithmic y axis, redrawn as the
+// steps come (the whole chart each time: at most a few thousand points).
+
+const INK = '#1f2430';
+const MUTED = '#5b6474';
+const GRID = '#d5d9e0';
+const SMALL_FONT = '11px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
+
+function prepare(canvas, w, h) {
+  const ratio = Math.max(1, Math.min(3, globalThis.devicePixelRatio || 1));
+  canvas.width = Math.round(w * ratio);
+  canvas.height = Math.round(h * ratio);
+  canvas.style.width = `${w}px`;
+  canvas.style.height = `${h}px`;
+  const ctx = canvas.getContext('2d');
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  ctx.clearRect(0, 0, w, h);
+  return ctx;
+}
+
+/** The trailing mean over `window` values of each point (the first points over fewer). */
+export function trailingMean(values, window) {
+  const out = new Array(values.length);
+  let sum = 0;
+  for (let i = 0; i < values.length; i++) {
+    sum += values[i];
+    if (i >= window) sum -= values[i - window];
+    out[i] = sum / Math.min(i + 1, window);
+  }
+  return out;
+}
+
+const decadeLabel = (e) => (e >= 0 && e <= 2 ? String(10 ** e) : e < 0 && e >= -2 ? (10 ** e).toFixed(-e) : `1e${e}`);
+
+/**
+ * series: [{ label, colour, dashed, values }] (values[k] is step k + 1's); the y axis spans
+ * whole decades around every finite positive value. Returns the decades drawn.
+ */
+export function drawLogChart(canvas, series, { width = 440, height = 230, steps = 300, xLabel = 'step', yLabel = '' } = {}) {
+  const ctx = prepare(canvas, width, height);
+  const left = 52, right = 10, top = 30, bottom = 34;
+  let lo = Infinity, hi = -Infinity;
+  for (const s of series) for (const v of s.values) if (v > 0 && Number.isFinite(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+  if (!Number.isFinite(lo)) { lo = 0.01; hi = 1; }
+  const eLo = Math.floor(Math.log10(lo)), eHi = Math.max(eLo + 1, Math.ceil(Math.log10(hi)));
+  const px = (step) => left + (step / steps) * (width - left - right);
+  const py = (v) => top + (1 - (Math.log10(v) - eLo) / (eHi - eLo)) * (height - top - bottom);
+  ctx.font = SMALL_FONT;
+  ctx.lineWidth = 1;
+  ctx.strokeStyle = GRID;
+  ctx.fillStyle = MUTED;
+  ctx.textAlign = 'right';
+  ctx.textBaseline = 'middle';
+  for (let e = eLo; e <= eHi; e++) {
+    const y = Math.round(py(10 ** e)) + 0.5;
+    ctx.beginPath();
+    ctx.moveTo(left, y);
+    ctx.lineTo(width - right, y);
+    ctx.stroke();
+    ctx.fillText(decadeLabel(e), left - 5, y);
+  }
+  ctx.textAlign = 'center';
+  ctx.textBaseline = 'top';
+  const xTicks = [0, Math.round(steps / 3), Math.round((2 * steps) / 3), steps];
+  for (const x of xTicks) ctx.fillText(String(x), px(x), height - bottom + 4);
+  ctx.fillStyle = INK;
+  ctx.fillText(xLabel, left + (width - left - right) / 2, height - 16);
+  ctx.save();
+  ctx.translate(11, top + (height - top - bottom) / 2);
+  ctx.rotate(-Math.PI / 2);
+  ctx.textBaseline = 'middle';
+  ctx.fillText(yLabel, 0, 0);
+  ctx.restore();
+  // The lines, clipped to the plot.
+  ctx.save();
+  ctx.beginPath();
+  ctx.rect(left, top - 2, width - left - right, height - top - bottom + 4);
+  ctx.clip();
+  for (const s of series) {
+    ctx.strokeStyle = s.colour;
+    ctx.lineWidth = 1.8;
+    ctx.setLineDash(s.dashed ? [5, 3] : []);
+    ctx.beginPath();
+    let pen = false;
+    s.values.forEach((v, k) => {
+      if (!(v > 0) || !Number.isFinite(v)) { pen = false; return; }
+      const x = px(k + 1), y = py(v);
+      if (pen) ctx.lineTo(x, y); else ctx.moveTo(x, y);
+      pen = true;
+    });
+    ctx.stroke();
+  }
+  ctx.restore();
+  ctx.setLineDash([]);
+  // Legend above the plot, wrapping if needed.
+  ctx.font = SMALL_FONT;
+  ctx.textAlign = 'left';
+  ctx.textBaseline = 'middle';
+  let lx = left, ly = 8;
+  for (const s of series) {
+    const w = 28 + ctx.measureText(s.label).width;
+    if (lx + w > width - right && lx > left) { lx = left; ly += 14; }
+    ctx.strokeStyle = s.colour;
+    ctx.lineWidth = 2;
+    ctx.setLineDash(s.dashed ? [5, 3] : []);
+    ctx.beginPath();
+    ctx.moveTo(lx, ly);
+    ctx.lineTo(lx + 18, ly);
+    ctx.stroke();
+    ctx.setLineDash([]);
+    ctx.fillStyle = INK;
+    ctx.fillText(s.label, lx + 22, ly);
+    lx += w + 6;
+  }
+  return { eLo, eHi };
+}
