@@ -524,7 +524,7 @@ uint64_t sdpa_f32_bwd_fused_4x64__wasmsimd_scratch(const BackwardProblem& p) { r
 
 void sdpa_f32_bwd_dkdv_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b, int32_t kv_head,
                                               int32_t key_begin, const float* delta, float* scratch_base) {
-  const Problem& p = bp.forward;
+  [[maybe_unused]] const Problem& p = bp.forward;  // for the asserts
   assert(p.kv_type == KvType::kFloat32);
   assert(key_begin >= 0 && key_begin < p.kv_len && key_begin % kTile == 0);
   Scratch s;
