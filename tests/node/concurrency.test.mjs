@@ -15,21 +15,12 @@ import { fileURLToPath } from 'node:url';
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import { maxRelError, referenceSdpa } from './reference.mjs';
 import { bitsHash } from '../shared/reference-cases.mjs';
-import { caseSeed, makeRng, normalTensor, randomOptions, randomShape, referenceOptions, toBshd } from '../shared/property-gen.mjs';
+import { caseSeed, makeRng, seedFromEnvironment, normalTensor, randomOptions, randomShape, referenceOptions, toBshd } from '../shared/property-gen.mjs';
 
 const DIST_INDEX = fileURLToPath(new URL('../../dist/index.js', import.meta.url));
 const TOL = 2e-5;
 const TASKS = 50;
 
-function seedFromEnvironment() {
-  const text = process.env.SDPA_PROPERTY_SEED;
-  if (text === undefined || text === '') return (Date.now() ^ (process.pid << 20)) >>> 0;
-  const seed = Number(text);
-  if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) {
-    throw new Error(`SDPA_PROPERTY_SEED must be an integer in [0, 2^32), got ${JSON.stringify(text)}`);
-  }
-  return seed;
-}
 const SEED = seedFromEnvironment();
 
 /** Where a step runs in the concurrent run. */

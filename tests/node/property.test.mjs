@@ -34,21 +34,12 @@ import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import { maxRelError, referenceSdpa, referenceSdpaBackward } from './reference.mjs';
 import { bitsHash } from '../shared/reference-cases.mjs';
 import {
-  blockedPredicate, caseSeed, describeOptions, halfToFloat, layoutDims, makeRng, maybeOffsetView, mutateCacheOptions, mutateOptions, mutateTensor,
+  blockedPredicate, caseSeed, seedFromEnvironment, describeOptions, halfToFloat, layoutDims, makeRng, maybeOffsetView, mutateCacheOptions, mutateOptions, mutateTensor,
   normalTensor, pickRank, randomHalves, randomOptions, randomShape, referenceOptions, roundToHalf, toBshd,
 } from '../shared/property-gen.mjs';
 
 const TOL = 2e-5;
 
-function seedFromEnvironment() {
-  const text = process.env.SDPA_PROPERTY_SEED;
-  if (text === undefined || text === '') return (Date.now() ^ (process.pid << 20)) >>> 0;
-  const seed = Number(text);
-  if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) {
-    throw new Error(`SDPA_PROPERTY_SEED must be an integer in [0, 2^32), got ${JSON.stringify(text)}`);
-  }
-  return seed;
-}
 const SEED = seedFromEnvironment();
 /** Time one case may take before it fails as hung (a whole case takes milliseconds). */
 const CASE_TIMEOUT_MS = 15_000;

@@ -12,6 +12,20 @@ export { roundToHalf };
 // ─── seeded randomness ────────────────────────────────────────────────────────────────────
 
 /** The seed of one case: FNV-1a over "seed/group/index", so cases do not depend on each other. */
+/**
+ * The run's seed: SDPA_PROPERTY_SEED (to replay a failure), else one from the time and the
+ * process id. Node only (reads process.env).
+ */
+export function seedFromEnvironment() {
+  const text = process.env.SDPA_PROPERTY_SEED;
+  if (text === undefined || text === '') return (Date.now() ^ (process.pid << 20)) >>> 0;
+  const seed = Number(text);
+  if (!Number.isInteger(seed) || seed < 0 || seed > 0xffffffff) {
+    throw new Error(`SDPA_PROPERTY_SEED must be an integer in [0, 2^32), got ${JSON.stringify(text)}`);
+  }
+  return seed;
+}
+
 export function caseSeed(seed, group, index) {
   const text = `${seed}/${group}/${index}`;
   let h = 0x811c9dc5;
