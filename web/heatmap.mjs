@@ -34,7 +34,7 @@ export function colour(t) {
 }
 
 /** Sizes the canvas for CSS size w×h and returns its 2D context in CSS pixel units. */
-function prepare(canvas, w, h) {
+export function prepare(canvas, w, h) {
   const ratio = Math.max(1, Math.min(3, globalThis.devicePixelRatio || 1));
   canvas.width = Math.round(w * ratio);
   canvas.height = Math.round(h * ratio);

@@ -1,22 +1,12 @@
 // Panel 6's charts: lines against the training step on a logarithmic y axis, redrawn as the
 // steps come (the whole chart each time: at most a few thousand points).
 
+import { prepare } from './heatmap.mjs';
+
 const INK = '#1f2430';
 const MUTED = '#5b6474';
 const GRID = '#d5d9e0';
 const SMALL_FONT = '11px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
-
-function prepare(canvas, w, h) {
-  const ratio = Math.max(1, Math.min(3, globalThis.devicePixelRatio || 1));
-  canvas.width = Math.round(w * ratio);
-  canvas.height = Math.round(h * ratio);
-  canvas.style.width = `${w}px`;
-  canvas.style.height = `${h}px`;
-  const ctx = canvas.getContext('2d');
-  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-  ctx.clearRect(0, 0, w, h);
-  return ctx;
-}
 
 /** The trailing mean over `window` values of each point (the first points over fewer). */
 export function trailingMean(values, window) {
