@@ -128,43 +128,27 @@ Status corrupt(FuzzedDataProvider& in, BackwardProblem& bp, Buffers& buf, uint64
       int64_t* strides[] = {&bp.go_stride_b, &bp.go_stride_h, &bp.go_stride_l, &bp.dq_stride_b,
                             &bp.dq_stride_h, &bp.dq_stride_l, &bp.dk_stride_b, &bp.dk_stride_h,
                             &bp.dk_stride_l, &bp.dv_stride_b, &bp.dv_stride_h, &bp.dv_stride_l};
-      *strides[detail % 12] = detail & 0x80 ? INT64_MIN : -1;
-      return Status::kBadStride;
+      return break_stride(strides[detail % 12], detail);
     }
     case 7: {
       int64_t* strides[] = {&p.q_stride_b, &p.q_stride_h, &p.q_stride_l, &p.k_stride_b, &p.k_stride_h, &p.k_stride_l,
                             &p.v_stride_b, &p.v_stride_h, &p.v_stride_l, &p.o_stride_b, &p.o_stride_h, &p.o_stride_l};
-      *strides[detail % 12] = detail & 0x80 ? INT64_MIN : -1;
-      return Status::kBadStride;
+      return break_stride(strides[detail % 12], detail);
     }
     case 8: {  // valid for forward(), not for backward()
       p.kv_type = detail % 2 == 0 ? KvType::kFloat16 : KvType::kFloat16Finite;
       return Status::kBadKvType;
     }
-    case 9:
-      p.kv_type = static_cast<KvType>(detail % 2 == 0 ? 3 : -1);
-      return Status::kBadKvType;
+    case 9: return break_kv_type(p, detail);
     case 10: scratch = nullptr; return Status::kBadScratch;
     case 11: {
       int32_t* dims[] = {&p.batch, &p.q_heads, &p.kv_heads, &p.q_len, &p.kv_len, &p.head_dim, &p.value_dim};
       *dims[detail % 7] = detail & 0x80 ? 0 : detail & 0x40 ? -1 : INT32_MIN;
       return Status::kBadShape;
     }
-    case 12: {
-      const float bad[] = {kNaN, kInf, -kInf};
-      p.scale = bad[detail % 3];
-      return Status::kBadScale;
-    }
-    case 13: {
-      const float bad[] = {-1.0f, kNaN, kInf, -FLT_MIN, -kInf};
-      p.softcap = bad[detail % 5];
-      return Status::kBadSoftcap;
-    }
-    case 14:
-      if (buf.key_lengths.empty()) buf.key_lengths.assign(static_cast<size_t>(p.batch), p.kv_len);
-      buf.key_lengths[detail % buf.key_lengths.size()] = detail & 0x80 ? -1 : p.kv_len + 1;
-      p.key_lengths = buf.key_lengths.data();
-      return Status::kBadKeyLength;
+    case 12: return break_scale(p, detail);
+    case 13: return break_softcap(p, detail);
+    case 14: return break_key_length(p, buf, detail);
     default:
       scratch_size -= 1;
       return Status::kBadScratch;
@@ -178,25 +162,8 @@ void run(const uint8_t* data, size_t size) {
 
   // Shapes, within a work budget: backward() runs three times, plus forward() and the
   // double references.
-  int32_t B = in.ConsumeIntegralInRange<int32_t>(1, 3);
-  int32_t Hkv = in.ConsumeIntegralInRange<int32_t>(1, 3);
-  int32_t group = in.ConsumeIntegralInRange<int32_t>(1, 2 * kQueryTile + 1);
-  int32_t Lq = pick_length(in);
-  int32_t Lk = pick_backward_key_length(in);
-  int32_t E = pick_dim(in), Ev = pick_dim(in);
-  const bool big = in.ConsumeIntegral<uint8_t>() == 0xB1;
-  const double budget = big ? 2e6 : 1e5;
-  auto work = [&] { return static_cast<double>(B) * Hkv * group * Lq * Lk * (E + Ev); };
-  while (work() > budget) {
-    if (B > 1) B--;
-    else if (Hkv > 1) Hkv--;
-    else if (group > 1) group--;
-    else if (Lq > 1) Lq = (Lq + 1) / 2;
-    else if (E + Ev > 16) E = (E + 1) / 2, Ev = (Ev + 1) / 2;
-    else Lk = (Lk + 1) / 2;
-  }
-  p.batch = B, p.kv_heads = Hkv, p.q_heads = Hkv * group, p.q_len = Lq, p.kv_len = Lk;
-  p.head_dim = E, p.value_dim = Ev;
+  decode_shapes(in, pick_backward_key_length, 1e5, 2e6, p);
+  const int32_t B = p.batch, Hkv = p.kv_heads, Lq = p.q_len, Lk = p.kv_len, E = p.head_dim, Ev = p.value_dim;
   p.kv_type = KvType::kFloat32;
   const int32_t Hq = p.q_heads;
 
@@ -249,16 +216,8 @@ void run(const uint8_t* data, size_t size) {
     const float poison_values[] = {kNaN, kInf, -kInf, FLT_MAX};
     const bool poison = poison_choice >= 64;
     const bool poison_partly_attended = poison && (poison_choice & 0x10) != 0;
-    const int64_t all_rows = static_cast<int64_t>(group) * Lq;
     std::vector<bool> attended_k(k.size, false), attended_v(v.size, false);
-    for (int64_t b = 0; b < B; b++)
-      for (int64_t kvh = 0; kvh < Hkv; kvh++)
-        for (int64_t j = 0; j < Lk; j++) {
-          const int64_t rows = attended_by(p, b, kvh, j);
-          if (rows == 0 || (poison_partly_attended && rows < all_rows)) continue;
-          for (int64_t d = 0; d < E; d++) attended_k[static_cast<size_t>(b * k.b + kvh * k.h + j * k.l + d)] = true;
-          for (int64_t c = 0; c < Ev; c++) attended_v[static_cast<size_t>(b * v.b + kvh * v.h + j * v.l + c)] = true;
-        }
+    mark_attended(p, k, v, poison_partly_attended, attended_k, attended_v);
     const float pv = poison_values[poison_choice % 4];
     treat(buf.key, attended_k, poison, pv, false), treat(buf.value, attended_v, poison, pv, false);
   }

@@ -1,8 +1,10 @@
 // Problem decoding shared by the fuzz targets that decode an attention Problem (sdpa-fuzz.cc,
-// backward-fuzz.cc): lengths and head dims around the tile edges of src/tiles.h, the options
-// (scale, softcap, masks, causal offsets, key lengths), tensor fills and NaN padding, and the
-// poisoning of K/V rows no query row attends. The bytes are consumed in the order sdpa-fuzz.cc
-// always consumed them, so its committed seed corpus decodes to the same problems.
+// backward-fuzz.cc): shapes within a work budget, lengths and head dims around the tile edges
+// of src/tiles.h, the options (scale, softcap, masks, causal offsets, key lengths), tensor
+// fills and NaN padding, the poisoning of K/V rows no query row attends, and the invalid
+// problems (one field broken) both passes must refuse with the same Status. The bytes are
+// consumed in the order sdpa-fuzz.cc always consumed them, so its committed seed corpus
+// decodes to the same problems.
 #pragma once
 
 #include <fuzzer/FuzzedDataProvider.h>
@@ -25,6 +27,7 @@ using sdpa::kKeyGroup;
 using sdpa::kKeyTile;
 using sdpa::kQueryTile;
 using sdpa::kValueBlock;
+using sdpa::Status;
 
 // What the options of a Problem point to, owned.
 struct OptionBuffers {
@@ -50,6 +53,33 @@ inline int32_t pick_dim(FuzzedDataProvider& in) {
   const int32_t dims[] = {1, 2, 3, 4, 5, 7, kValueBlock - 1, kValueBlock, kValueBlock + 1, 2 * kValueBlock + 3,
                           4 * kValueBlock - 1, 4 * kValueBlock, 4 * kValueBlock + 5, 64};
   return dims[in.ConsumeIntegral<uint8_t>() % (sizeof dims / sizeof dims[0])];
+}
+
+// The shapes of p: B, Hkv, Hq = Hkv·group, Lq, Lk (from pick_key_length(in)), E, Ev, then
+// shrunk (batch, KV heads, group, query rows, head dims, keys, in that order) until the work
+// B·Hkv·group·Lq·Lk·(E + Ev) is within `budget`, or `big_budget` for one input in 256 (enough
+// work to wake a second thread).
+template <typename PickKeyLength>
+inline void decode_shapes(FuzzedDataProvider& in, PickKeyLength pick_key_length, double budget, double big_budget,
+                          Problem& p) {
+  int32_t B = in.ConsumeIntegralInRange<int32_t>(1, 3);
+  int32_t Hkv = in.ConsumeIntegralInRange<int32_t>(1, 3);
+  int32_t group = in.ConsumeIntegralInRange<int32_t>(1, 2 * kQueryTile + 1);
+  int32_t Lq = pick_length(in);
+  int32_t Lk = pick_key_length(in);
+  int32_t E = pick_dim(in), Ev = pick_dim(in);
+  const bool big = in.ConsumeIntegral<uint8_t>() == 0xB1;
+  auto work = [&] { return static_cast<double>(B) * Hkv * group * Lq * Lk * (E + Ev); };
+  while (work() > (big ? big_budget : budget)) {
+    if (B > 1) B--;
+    else if (Hkv > 1) Hkv--;
+    else if (group > 1) group--;
+    else if (Lq > 1) Lq = (Lq + 1) / 2;
+    else if (E + Ev > 16) E = (E + 1) / 2, Ev = (Ev + 1) / 2;
+    else Lk = (Lk + 1) / 2;
+  }
+  p.batch = B, p.kv_heads = Hkv, p.q_heads = Hkv * group, p.q_len = Lq, p.kv_len = Lk;
+  p.head_dim = E, p.value_dim = Ev;
 }
 
 FUZZ_NO_COVERAGE inline void fill(std::vector<float>& x, const ValueStyle& s) {
@@ -95,6 +125,23 @@ FUZZ_NO_COVERAGE inline int64_t attended_by(const Problem& p, int64_t b, int64_t
   for (int64_t h = kvh * group; h < (kvh + 1) * group; h++)
     for (int64_t i = 0; i < p.q_len; i++) rows += attendable(p, b, h, i, j);
   return rows;
+}
+
+// Marks in attended_k, attended_v (one flag per element of the K [B, Hkv, Lk, E] and
+// V [B, Hkv, Lk, Ev] buffers, laid out as k and v) the elements of the key rows some query row
+// attends; with `only_fully_attended`, only of the rows every query row of the KV head's group
+// attends. Padding stays unmarked; with zero strides, one element marked by any row is marked.
+inline void mark_attended(const Problem& p, const Layout& k, const Layout& v, bool only_fully_attended,
+                          std::vector<bool>& attended_k, std::vector<bool>& attended_v) {
+  const int64_t all_rows = static_cast<int64_t>(p.q_heads / p.kv_heads) * p.q_len;
+  for (int64_t b = 0; b < p.batch; b++)
+    for (int64_t kvh = 0; kvh < p.kv_heads; kvh++)
+      for (int64_t j = 0; j < p.kv_len; j++) {
+        const int64_t rows = attended_by(p, b, kvh, j);
+        if (rows == 0 || (only_fully_attended && rows < all_rows)) continue;
+        for (int64_t d = 0; d < p.head_dim; d++) attended_k[static_cast<size_t>(b * k.b + kvh * k.h + j * k.l + d)] = true;
+        for (int64_t c = 0; c < p.value_dim; c++) attended_v[static_cast<size_t>(b * v.b + kvh * v.h + j * v.l + c)] = true;
+      }
 }
 
 // Elements of rows no query row attends get `poison_value` (when `poison`); with
@@ -176,6 +223,44 @@ inline void decode_options(FuzzedDataProvider& in, Problem& p, OptionBuffers& bu
     }
     p.key_lengths = buf.key_lengths.data();
   }
+}
+
+// Invalid problems: one field of a valid Problem broken, `detail` (an input byte) picking the
+// bad value. Each returns the Status validate() and validate_backward() give for it: the
+// fields below are checked the same way by both.
+
+// A stride negative: -1, or INT64_MIN (whose negation overflows).
+inline Status break_stride(int64_t* stride, uint8_t detail) {
+  *stride = detail & 0x80 ? INT64_MIN : -1;
+  return Status::kBadStride;
+}
+
+// A kv_type that is no KvType at all.
+inline Status break_kv_type(Problem& p, uint8_t detail) {
+  p.kv_type = static_cast<sdpa::KvType>(detail % 2 == 0 ? 3 : -1);
+  return Status::kBadKvType;
+}
+
+// A scale that is not finite.
+inline Status break_scale(Problem& p, uint8_t detail) {
+  const float bad[] = {kNaN, kInf, -kInf};
+  p.scale = bad[detail % 3];
+  return Status::kBadScale;
+}
+
+// A softcap that is negative (-0 is "no softcap", valid), NaN or infinite.
+inline Status break_softcap(Problem& p, uint8_t detail) {
+  const float bad[] = {-1.0f, kNaN, kInf, -FLT_MIN, -kInf};
+  p.softcap = bad[detail % 5];
+  return Status::kBadSoftcap;
+}
+
+// One batch's key length -1 or kv_len + 1 (key_lengths made, all kv_len, if p had none).
+inline Status break_key_length(Problem& p, OptionBuffers& buf, uint8_t detail) {
+  if (buf.key_lengths.empty()) buf.key_lengths.assign(static_cast<size_t>(p.batch), p.kv_len);
+  buf.key_lengths[detail % buf.key_lengths.size()] = detail & 0x80 ? -1 : p.kv_len + 1;
+  p.key_lengths = buf.key_lengths.data();
+  return Status::kBadKeyLength;
 }
 
 }  // namespace sdpa_fuzz

@@ -74,8 +74,6 @@ struct Buffers : OptionBuffers {
   std::vector<uint16_t> key_h, value_h;
 };
 
-
-
 // One field of a valid problem broken, and the Status validate() gives for it.
 Status corrupt(FuzzedDataProvider& in, Problem& p, Buffers& buf, uint64_t& scratch_size, float*& scratch) {
   const uint8_t which = in.ConsumeIntegral<uint8_t>() % 21;
@@ -100,27 +98,11 @@ Status corrupt(FuzzedDataProvider& in, Problem& p, Buffers& buf, uint64_t& scrat
       p.mask_kind = detail % 2 == 0 ? MaskKind::kFloat : MaskKind::kBool;
       p.mask = nullptr;
       return Status::kNullPointer;
-    case 13:
-      *strides[detail % 16] = detail & 0x80 ? INT64_MIN : -1;
-      return Status::kBadStride;
-    case 14:
-      p.kv_type = static_cast<KvType>(detail % 2 == 0 ? 3 : -1);
-      return Status::kBadKvType;
-    case 15: {
-      const float bad[] = {kNaN, kInf, -kInf};
-      p.scale = bad[detail % 3];
-      return Status::kBadScale;
-    }
-    case 16: {
-      const float bad[] = {-1.0f, kNaN, kInf, -FLT_MIN, -kInf};
-      p.softcap = bad[detail % 5];
-      return Status::kBadSoftcap;
-    }
-    case 17:
-      if (buf.key_lengths.empty()) buf.key_lengths.assign(static_cast<size_t>(p.batch), p.kv_len);
-      buf.key_lengths[detail % buf.key_lengths.size()] = detail & 0x80 ? -1 : p.kv_len + 1;
-      p.key_lengths = buf.key_lengths.data();
-      return Status::kBadKeyLength;
+    case 13: return break_stride(strides[detail % 16], detail);
+    case 14: return break_kv_type(p, detail);
+    case 15: return break_scale(p, detail);
+    case 16: return break_softcap(p, detail);
+    case 17: return break_key_length(p, buf, detail);
     case 18:
       scratch = nullptr;
       return Status::kBadScratch;
@@ -247,25 +229,8 @@ void run(const uint8_t* data, size_t size) {
   Buffers buf;
 
   // Shapes, within a work budget that keeps an execution in the milliseconds.
-  int32_t B = in.ConsumeIntegralInRange<int32_t>(1, 3);
-  int32_t Hkv = in.ConsumeIntegralInRange<int32_t>(1, 3);
-  int32_t group = in.ConsumeIntegralInRange<int32_t>(1, 2 * kQueryTile + 1);
-  int32_t Lq = pick_length(in);
-  int32_t Lk = pick_key_length(in);
-  int32_t E = pick_dim(in), Ev = pick_dim(in);
-  const bool big = in.ConsumeIntegral<uint8_t>() == 0xB1;  // enough work to wake the second thread
-  const double budget = big ? 6e6 : 2e5;
-  auto work = [&] { return static_cast<double>(B) * Hkv * group * Lq * Lk * (E + Ev); };
-  while (work() > budget) {
-    if (B > 1) B--;
-    else if (Hkv > 1) Hkv--;
-    else if (group > 1) group--;
-    else if (Lq > 1) Lq = (Lq + 1) / 2;
-    else if (E + Ev > 16) E = (E + 1) / 2, Ev = (Ev + 1) / 2;
-    else Lk = (Lk + 1) / 2;
-  }
-  p.batch = B, p.kv_heads = Hkv, p.q_heads = Hkv * group, p.q_len = Lq, p.kv_len = Lk;
-  p.head_dim = E, p.value_dim = Ev;
+  decode_shapes(in, pick_key_length, 2e5, 6e6, p);
+  const int32_t B = p.batch, Hkv = p.kv_heads, Lq = p.q_len, Lk = p.kv_len, E = p.head_dim, Ev = p.value_dim;
   const int32_t Hq = p.q_heads;
 
   const uint8_t kv_type = in.ConsumeIntegral<uint8_t>() % 3;
@@ -336,16 +301,8 @@ void run(const uint8_t* data, size_t size) {
     // (Not with kFloat16Finite: an attended row must not hold Inf/NaN halves there.)
     const bool poison_partly_attended =
         poison && (poison_choice & 0x10) != 0 && p.kv_type != KvType::kFloat16Finite;
-    const int64_t all_rows = static_cast<int64_t>(group) * Lq;
     std::vector<bool> attended_k(k.size, false), attended_v(v.size, false);
-    for (int64_t b = 0; b < B; b++)
-      for (int64_t kvh = 0; kvh < Hkv; kvh++)
-        for (int64_t j = 0; j < Lk; j++) {
-          const int64_t rows = attended_by(p, b, kvh, j);
-          if (rows == 0 || (poison_partly_attended && rows < all_rows)) continue;
-          for (int64_t d = 0; d < E; d++) attended_k[static_cast<size_t>(b * k.b + kvh * k.h + j * k.l + d)] = true;
-          for (int64_t c = 0; c < Ev; c++) attended_v[static_cast<size_t>(b * v.b + kvh * v.h + j * v.l + c)] = true;
-        }
+    mark_attended(p, k, v, poison_partly_attended, attended_k, attended_v);
     if (half) {
       const uint16_t pv = poison_h[poison_choice % 4];
       const bool finite = p.kv_type == KvType::kFloat16Finite;
