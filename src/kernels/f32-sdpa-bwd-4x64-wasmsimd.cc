@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <new>
 
 #include "kernels/f32-tile-ops-wasmsimd.h"
 #include "kernels/sdpa-bwd-kernels.h"
@@ -133,6 +134,58 @@ void load_row_operands(const BackwardProblem& bp, const RowTile& rt, const RowOp
   }
   for (int32_t c = 0; c < Ev; c++) {
     for (int r = 0; r < kQueryTile; r++) o.go_cols[c * kQueryTile + r] = o.go_rows[r * Ev + c];
+  }
+}
+
+// 1 when the row x[0 .. dim) holds an Inf or a NaN: x·0 is ±0 for finite x, NaN otherwise.
+uint8_t holds_nonfinite(const float* x, int32_t dim) {
+  float zero = 0.0f;
+  for (int32_t d = 0; d < dim; d++) zero += x[d] * 0.0f;
+  return zero != 0.0f;
+}
+
+constexpr uint64_t kRowTileFloats = (sizeof(RowTile) + sizeof(float) - 1) / sizeof(float);
+static_assert(alignof(RowTile) <= alignof(float), "row tiles live in float scratch");
+
+// Query rows of one (batch, KV head) made ready for the kernels, tile by tile: flat rows
+// [first, first + 4T) as T row tiles, each with its statistics and operands:
+//   tiles                       [T]          RowTile: lse, D, key limits
+//   q_rows [4T][E], go_rows [4T][Ev]         scale·q and dO, zero rows for padding
+//   q_cols [T][E][4], go_cols [T][Ev][4]     the same, interleaved per tile (score_4x8_packed)
+//   q_nonfinite, go_nonfinite   [4T]         holds_nonfinite of each row (accumulate_transposed)
+// The fused kernel prepares every row of its pair once: each key block reads them all. The
+// dK/dV kernel prepares a group of kGroupRows rows at a time, the dQ kernel one tile.
+struct PreparedRows {
+  RowTile* tiles;
+  float *q_rows, *q_cols, *go_rows, *go_cols;
+  uint8_t *q_nonfinite, *go_nonfinite;
+
+  // Tile t's operands, for probabilities_and_ds.
+  RowOperands operands(int32_t t, int32_t E, int32_t Ev) const {
+    return {q_rows + static_cast<size_t>(t) * kQueryTile * E, q_cols + static_cast<size_t>(t) * kQueryTile * E,
+            go_rows + static_cast<size_t>(t) * kQueryTile * Ev, go_cols + static_cast<size_t>(t) * kQueryTile * Ev};
+  }
+  // The rows from tile t on.
+  PreparedRows from_tile(int32_t t, int32_t E, int32_t Ev) const {
+    const RowOperands o = operands(t, E, Ev);
+    return {tiles + t, o.q_rows, o.q_cols, o.go_rows, o.go_cols, q_nonfinite + t * kQueryTile,
+            go_nonfinite + t * kQueryTile};
+  }
+};
+
+// Prepares flat rows [f_begin, f_end) of (b, kv_head) (f_begin a multiple of 4; rows of the
+// pair: row_end) into `out`, which holds round_up(f_end - f_begin, 4) / 4 tiles.
+void prepare_rows(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t f_begin, int32_t f_end,
+                  int32_t row_end, const float* delta, const PreparedRows& out) {
+  const int32_t E = bp.forward.head_dim, Ev = bp.forward.value_dim;
+  for (int32_t f0 = f_begin, t = 0; f0 < f_end; f0 += kQueryTile, t++) {
+    RowTile* rt = new (out.tiles + t) RowTile(make_row_tile(bp, b, kv_head, f0, row_end, delta));
+    const RowOperands o = out.operands(t, E, Ev);
+    load_row_operands(bp, *rt, o);
+    for (int r = 0; r < kQueryTile; r++) {
+      out.q_nonfinite[t * kQueryTile + r] = holds_nonfinite(o.q_rows + r * E, E);
+      out.go_nonfinite[t * kQueryTile + r] = holds_nonfinite(o.go_rows + r * Ev, Ev);
+    }
   }
 }
 
@@ -253,7 +306,7 @@ int32_t probabilities_and_ds(const BackwardProblem& bp, const RowTile& rt, const
 // (w rows kTile apart, x rows `dim` apart, acc rows `dim` apart): 4 keys × 8 columns = 8
 // accumulators kept in registers over all the rows; per row 2 loads of x and 4 broadcasts of w.
 template <int kVecs, bool kCareful>
-void transposed_block(const float* w, const float* x, int32_t rows, int32_t dim, float* acc, const bool* nonfinite) {
+void transposed_block(const float* w, const float* x, int32_t rows, int32_t dim, float* acc, const uint8_t* nonfinite) {
   v128_t o[4][kVecs];
   for (int jj = 0; jj < 4; jj++) {
     for (int v = 0; v < kVecs; v++) o[jj][v] = wasm_v128_load(acc + jj * dim + 4 * v);
@@ -285,20 +338,14 @@ void transposed_block(const float* w, const float* x, int32_t rows, int32_t dim,
 // and dK += dsᵀ·(scale·Q) over a group of row tiles (w: p or ds [rows][kTile], x: dO or scale·Q
 // [rows][dim], acc [kTile][dim]). Weights past count are 0 (blocked columns), padding rows have
 // w = 0 and x = 0. Each acc element's sum runs over the rows in order whatever the blocking.
-// A row of x holding Inf or NaN (a non-finite q or dO, scale·q overflowing) skips its zero
+// A row of x holding Inf or NaN (nonfinite[r]: a non-finite q or dO, scale·q overflowing) skips its zero
 // weights instead of multiplying them (0·Inf is NaN: a key the row does not attend would get
 // it); other rows multiply them (adding 0·x, a zero, to the sum), so each row's rule depends
 // only on its data, and the same bits come out whatever the grouping of rows into calls.
-void accumulate_transposed(const float* w, const float* x, int32_t rows, int32_t dim, int32_t count, float* acc) {
-  bool nonfinite[kGroupRows];
+void accumulate_transposed(const float* w, const float* x, const uint8_t* nonfinite, int32_t rows, int32_t dim,
+                           int32_t count, float* acc) {
   bool any_nonfinite = false;
-  assert(rows <= kGroupRows);
-  for (int32_t r = 0; r < rows; r++) {
-    float zero = 0.0f;  // x·0 is ±0 for finite x, NaN for Inf and NaN
-    for (int32_t d = 0; d < dim; d++) zero += x[static_cast<size_t>(r) * dim + d] * 0.0f;
-    nonfinite[r] = zero != 0.0f;
-    any_nonfinite |= nonfinite[r];
-  }
+  for (int32_t r = 0; r < rows; r++) any_nonfinite |= nonfinite[r] != 0;
   for (int32_t j0 = 0; j0 < count; j0 += 4) {
     const float* wj = w + j0;
     float* a = acc + static_cast<size_t>(j0) * dim;
@@ -390,14 +437,14 @@ void accumulate_dq(const float* ds, const float* key, int64_t k_stride, int32_t 
 // Scratch of one kernel call, in floats:
 //   k_packed  [keys/8][E][8], v_packed [keys/8][Ev][8]   keys: one tile (dK/dV and fused
 //                                                        kernels), or round_up(Lk, tile) (dQ kernel)
-//   q_rows [G][E], q_cols [E][4], go_rows [G][Ev], go_cols [Ev][4]   G rows: kGroupRows (dK/dV
-//                                        and fused kernels: a group of row tiles), 4 (dQ kernel)
-//   s, dp [G][kTile], tanh_r [4][kTile]    p and ds of those rows
+//   rows      PreparedRows of T tiles: every row of the pair (fused kernel), a group of
+//             kGroupRows rows (dK/dV kernel), one tile (dQ kernel)
+//   s, dp [G][kTile], tanh_r [4][kTile]    p and ds of a group of G rows (kGroupRows; dQ: 4)
 //   dk_acc [kTile][E], dv_acc [kTile][Ev]   (dK/dV, fused)  |  dq_acc [4][E]  (dQ kernel)
-//   dq_all [round_up(group·Lq, 4)][E]       (fused kernel: every row's dQ over all key blocks)
+//   dq_all [4T][E]                          (fused kernel: every row's dQ over all key blocks)
 struct Scratch {
-  float *k_packed, *v_packed, *q_rows, *q_cols, *go_rows, *go_cols, *s, *dp, *tanh_r, *acc0, *acc1, *dq_all;
-  RowOperands operands() const { return {q_rows, q_cols, go_rows, go_cols}; }
+  float *k_packed, *v_packed, *s, *dp, *tanh_r, *acc0, *acc1, *dq_all;
+  PreparedRows rows;
 };
 
 enum class KernelKind { kDkDv, kDq, kFused };
@@ -405,18 +452,24 @@ enum class KernelKind { kDkDv, kDq, kFused };
 uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch* out) {
   const Problem& p = bp.forward;
   const uint64_t E = p.head_dim, Ev = p.value_dim;
-  const bool dq = kind == KernelKind::kDq;
+  const bool dq = kind == KernelKind::kDq, fused = kind == KernelKind::kFused;
   const uint64_t keys = dq ? static_cast<uint64_t>(round_up(p.kv_len, kTile)) : kTile;
   const uint64_t G = dq ? kQueryTile : kGroupRows;
-  const uint64_t rows = static_cast<uint64_t>(round_up(p.q_heads / p.kv_heads * p.q_len, kQueryTile));
-  const uint64_t sizes[12] = {keys * E, keys * Ev, G * E, 4 * E, G * Ev, 4 * Ev, G * kTile, G * kTile,
-                              4 * kTile, dq ? 4 * E : kTile * E, dq ? 0 : kTile * Ev,
-                              kind == KernelKind::kFused ? rows * E : 0};
-  float* parts[12];
+  const uint64_t pair_tiles = static_cast<uint64_t>(round_up(p.q_heads / p.kv_heads * p.q_len, kQueryTile)) / kQueryTile;
+  const uint64_t T = fused ? pair_tiles : G / kQueryTile;
+  const uint64_t flag_floats = (T * kQueryTile + sizeof(float) - 1) / sizeof(float);  // uint8_t flags
+  const uint64_t sizes[15] = {keys * E,         keys * Ev,           T * kRowTileFloats, 4 * T * E, 4 * T * E,
+                              4 * T * Ev,       4 * T * Ev,          flag_floats,        flag_floats,
+                              G * kTile,        G * kTile,           4 * kTile,          dq ? 4 * E : kTile * E,
+                              dq ? 0 : kTile * Ev, fused ? 4 * T * E : 0};
+  float* parts[15];
   const uint64_t total = carve(base, sizes, parts);
   if (out != nullptr) {
-    *out = Scratch{parts[0], parts[1], parts[2], parts[3], parts[4], parts[5],
-                   parts[6], parts[7], parts[8], parts[9], parts[10], parts[11]};
+    out->k_packed = parts[0], out->v_packed = parts[1];
+    out->rows = PreparedRows{reinterpret_cast<RowTile*>(parts[2]), parts[3], parts[4], parts[5], parts[6],
+                             reinterpret_cast<uint8_t*>(parts[7]), reinterpret_cast<uint8_t*>(parts[8])};
+    out->s = parts[9], out->dp = parts[10], out->tanh_r = parts[11];
+    out->acc0 = parts[12], out->acc1 = parts[13], out->dq_all = parts[14];
   }
   return total;
 }
@@ -424,10 +477,12 @@ uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch
 // dK and dV of the keys [key_begin, key_begin + kTile) of (b, kv_head) from every query row of
 // the KV group, into d_key/d_value; and, when dq_all is given (the fused kernel), each row's
 // dq += ds·K over these keys, exactly the dQ kernel's sequence of operations for this key tile.
+// `prepared`: every row of the pair, prepared once by the caller (fused kernel), or null: each
+// group of rows is prepared here, into s.rows.
 // Each row tile's p and ds are computed over its own keys (the dQ kernel's count) and its
 // columns up to the group's count are zero-filled (blocked), so dK/dV see the group as a block.
 void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t key_begin, const float* delta,
-                const Scratch& s, const ExpConstants& ec, float* dq_all) {
+                const Scratch& s, const ExpConstants& ec, const PreparedRows* prepared, float* dq_all) {
   const Problem& p = bp.forward;
   const int32_t E = p.head_dim, Ev = p.value_dim;
   const int32_t count = std::min(kTile, p.kv_len - key_begin);
@@ -439,46 +494,45 @@ void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t k
   std::fill(s.acc1, s.acc1 + kTile * Ev, 0.0f);
 
   const int32_t rows = p.q_heads / p.kv_heads * p.q_len;
+  auto keys_of = [&](const RowTile& rt) { return std::clamp(rt.keys_end - key_begin, 0, count); };
   // Keys of the block some row may attend: those are packed (the others may hold padding).
   int32_t packed_keys = 0;
-  for (int32_t f0 = 0; f0 < rows; f0 += kQueryTile) {
-    const RowTile rt = make_row_tile(bp, b, kv_head, f0, rows, delta);
-    packed_keys = std::max(packed_keys, std::clamp(rt.keys_end - key_begin, 0, count));
+  for (int32_t f0 = 0, t = 0; f0 < rows; f0 += kQueryTile, t++) {
+    packed_keys = std::max(packed_keys, keys_of(prepared != nullptr ? prepared->tiles[t]
+                                                                    : make_row_tile(bp, b, kv_head, f0, rows, delta)));
   }
   if (packed_keys > 0) {
     pack_rows(key, p.k_stride_l, packed_keys, E, s.k_packed);
     pack_rows(value, p.v_stride_l, packed_keys, Ev, s.v_packed);
     for (int32_t g0 = 0; g0 < rows; g0 += kGroupRows) {
       const int32_t g_end = std::min(rows, g0 + kGroupRows);
+      const int32_t g_tiles = (g_end - g0 + kQueryTile - 1) / kQueryTile;
+      if (prepared == nullptr) prepare_rows(bp, b, kv_head, g0, g_end, rows, delta, s.rows);
+      const PreparedRows g = prepared != nullptr ? prepared->from_tile(g0 / kQueryTile, E, Ev) : s.rows;
       int32_t group_cols = 0;  // columns of p and ds the group defines: its most keys, rounded to 8
-      for (int32_t f0 = g0; f0 < g_end; f0 += kQueryTile) {
-        const int32_t tile_keys = std::clamp(make_row_tile(bp, b, kv_head, f0, rows, delta).keys_end - key_begin, 0, packed_keys);
-        group_cols = std::max(group_cols, round_up(tile_keys, kKeyGroup));
-      }
+      for (int32_t t = 0; t < g_tiles; t++) group_cols = std::max(group_cols, round_up(keys_of(g.tiles[t]), kKeyGroup));
       if (group_cols == 0) continue;  // no row of the group attends a key of the block
-      int32_t group_rows = 0;
-      for (int32_t f0 = g0; f0 < g_end; f0 += kQueryTile, group_rows += kQueryTile) {
-        const RowTile rt = make_row_tile(bp, b, kv_head, f0, rows, delta);
-        const int32_t tile_keys = std::clamp(rt.keys_end - key_begin, 0, packed_keys);
-        float* tile_p = s.s + group_rows * kTile;
-        float* tile_ds = s.dp + group_rows * kTile;
+      for (int32_t t = 0; t < g_tiles; t++) {
+        const RowTile& rt = g.tiles[t];
+        const int32_t tile_keys = keys_of(rt);
+        float* tile_p = s.s + t * kQueryTile * kTile;
+        float* tile_ds = s.dp + t * kQueryTile * kTile;
         const int32_t tile_cols = round_up(tile_keys, kKeyGroup);
         for (int r = 0; r < kQueryTile; r++) {  // columns this tile does not compute: blocked
           std::fill(tile_p + r * kTile + tile_cols, tile_p + r * kTile + group_cols, 0.0f);
           std::fill(tile_ds + r * kTile + tile_cols, tile_ds + r * kTile + group_cols, 0.0f);
         }
-        const RowOperands o{s.q_rows + group_rows * E, s.q_cols, s.go_rows + group_rows * Ev, s.go_cols};
-        load_row_operands(bp, rt, o);
-        if (tile_keys == 0) continue;  // zero rows of q and dO, zero p and ds
-        const int32_t open = probabilities_and_ds(bp, rt, o, s.k_packed, s.v_packed, key_begin, tile_keys, tile_p,
-                                                  tile_ds, s.tanh_r, ec);
+        if (tile_keys == 0) continue;  // p and ds all zero
+        const int32_t open = probabilities_and_ds(bp, rt, g.operands(t, E, Ev), s.k_packed, s.v_packed, key_begin,
+                                                  tile_keys, tile_p, tile_ds, s.tanh_r, ec);
         if (dq_all != nullptr) {
           accumulate_dq(tile_ds, key, p.k_stride_l, E, std::min(open, tile_keys), tile_keys,
-                        dq_all + static_cast<size_t>(f0) * E);
+                        dq_all + static_cast<size_t>(g0 + t * kQueryTile) * E);
         }
       }
-      accumulate_transposed(s.s, s.go_rows, group_rows, Ev, group_cols, s.acc1);  // dV += pᵀ·dO
-      accumulate_transposed(s.dp, s.q_rows, group_rows, E, group_cols, s.acc0);   // dK += dsᵀ·(scale·Q)
+      const int32_t group_rows = g_tiles * kQueryTile;
+      accumulate_transposed(s.s, g.go_rows, g.go_nonfinite, group_rows, Ev, group_cols, s.acc1);  // dV += pᵀ·dO
+      accumulate_transposed(s.dp, g.q_rows, g.q_nonfinite, group_rows, E, group_cols, s.acc0);   // dK += dsᵀ·(scale·Q)
     }
   }
   for (int32_t j = 0; j < count; j++) {
@@ -529,7 +583,7 @@ void sdpa_f32_bwd_dkdv_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t
   assert(key_begin >= 0 && key_begin < p.kv_len && key_begin % kTile == 0);
   Scratch s;
   layout(bp, KernelKind::kDkDv, scratch_base, &s);
-  dkdv_block(bp, b, kv_head, key_begin, delta, s, make_exp_constants(), nullptr);
+  dkdv_block(bp, b, kv_head, key_begin, delta, s, make_exp_constants(), nullptr, nullptr);
 }
 
 void sdpa_f32_bwd_fused_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b, int32_t kv_head,
@@ -541,8 +595,9 @@ void sdpa_f32_bwd_fused_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_
   const ExpConstants ec = make_exp_constants();
   const int32_t rows = p.q_heads / p.kv_heads * p.q_len;
   std::fill(s.dq_all, s.dq_all + static_cast<size_t>(round_up(rows, kQueryTile)) * p.head_dim, 0.0f);
+  prepare_rows(bp, b, kv_head, 0, rows, rows, delta, s.rows);
   for (int32_t key_begin = 0; key_begin < p.kv_len; key_begin += kTile) {
-    dkdv_block(bp, b, kv_head, key_begin, delta, s, ec, s.dq_all);
+    dkdv_block(bp, b, kv_head, key_begin, delta, s, ec, &s.rows, s.dq_all);
   }
   write_dq(bp, b, kv_head, 0, rows, s.dq_all);
 }
@@ -569,10 +624,10 @@ void sdpa_f32_bwd_dq_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b
   for (int32_t f0 = row_begin; f0 < row_end; f0 += kQueryTile) {
     const RowTile rt = make_row_tile(bp, b, kv_head, f0, row_end, delta);
     std::fill(s.acc0, s.acc0 + kQueryTile * E, 0.0f);
-    if (rt.keys_end > 0) load_row_operands(bp, rt, s.operands());
+    if (rt.keys_end > 0) load_row_operands(bp, rt, s.rows.operands(0, E, Ev));
     for (int32_t j0 = 0; j0 < rt.keys_end; j0 += kTile) {
       const int32_t count = std::min(kTile, rt.keys_end - j0);
-      const int32_t open = probabilities_and_ds(bp, rt, s.operands(), s.k_packed + static_cast<size_t>(j0) * E,
+      const int32_t open = probabilities_and_ds(bp, rt, s.rows.operands(0, E, Ev), s.k_packed + static_cast<size_t>(j0) * E,
                                                 s.v_packed + static_cast<size_t>(j0) * Ev, j0, count, s.s, s.dp,
                                                 s.tanh_r, ec);
       accumulate_dq(s.dp, key + static_cast<int64_t>(j0) * p.k_stride_l, p.k_stride_l, E, std::min(open, count),
