@@ -19,6 +19,8 @@
 #include "sdpa.h"
 #include "tiles.h"
 
+#include "attention-test-case.h"
+
 namespace sdpa {
 namespace {
 
@@ -26,34 +28,11 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr double kTolerance = 1e-4;  // max |got - ref| / (1 + |ref|)
 
-struct Case {
-  int B = 1, Hq = 1, Hkv = 1, Lq = 1, Lk = 1, E = 4, Ev = 4;
-  bool bshd = false;
-  MaskKind mask_kind = MaskKind::kNone;
-  std::vector<int> mask_dims;        // right-aligned against [B, Hq, Lq, Lk]
-  double mask_block_fraction = 0.0;
-  bool causal = false;
-  std::vector<int32_t> offsets;      // one = every batch; B = per batch
-  std::vector<int32_t> key_lengths;  // empty = none; keys past them hold NaN
-  float softcap = 0.0f;
-  float scale = NAN;                 // NAN = 1/sqrt(E)
-  float input_scale = 1.0f;
-  uint32_t seed = 1;
+using Case = test::AttentionCase;
 
-  std::string describe() const {
-    std::ostringstream s;
-    s << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " E" << E << " Ev" << Ev
-      << (bshd ? " bshd" : "") << " mask" << static_cast<int>(mask_kind) << (causal ? " causal" : "")
-      << " softcap" << softcap << " seed" << seed;
-    return s.str();
-  }
-};
-
-struct Harness {
+struct Harness : test::OptionArrays {
   Case c;
-  std::vector<float> q, k, v, mask_f, out, lse, go, dq, dk, dv;
-  std::vector<uint8_t> mask_b;
-  std::vector<int32_t> offsets, key_lengths;
+  std::vector<float> q, k, v, out, lse, go, dq, dk, dv;
   BackwardProblem bp;
 
   explicit Harness(const Case& cs) : c(cs) {
@@ -74,12 +53,7 @@ struct Harness {
     dk.assign(k.size(), kNaN);
     dv.assign(v.size(), kNaN);
 
-    p.batch = c.B, p.q_heads = c.Hq, p.kv_heads = c.Hkv, p.q_len = c.Lq, p.kv_len = c.Lk;
-    p.head_dim = c.E, p.value_dim = c.Ev;
-    strides(c.Hq, c.Lq, c.E, &p.q_stride_b, &p.q_stride_h, &p.q_stride_l);
-    strides(c.Hkv, c.Lk, c.E, &p.k_stride_b, &p.k_stride_h, &p.k_stride_l);
-    strides(c.Hkv, c.Lk, c.Ev, &p.v_stride_b, &p.v_stride_h, &p.v_stride_l);
-    strides(c.Hq, c.Lq, c.Ev, &p.o_stride_b, &p.o_stride_h, &p.o_stride_l);
+    test::set_shapes(c, p);
     strides(c.Hq, c.Lq, c.Ev, &bp.go_stride_b, &bp.go_stride_h, &bp.go_stride_l);
     strides(c.Hq, c.Lq, c.E, &bp.dq_stride_b, &bp.dq_stride_h, &bp.dq_stride_l);
     strides(c.Hkv, c.Lk, c.E, &bp.dk_stride_b, &bp.dk_stride_h, &bp.dk_stride_l);
@@ -88,40 +62,8 @@ struct Harness {
     p.logsumexp = lse.data();
     bp.logsumexp = lse.data(), bp.grad_output = go.data();
     bp.d_query = dq.data(), bp.d_key = dk.data(), bp.d_value = dv.data();
-    p.scale = std::isnan(c.scale) ? 1.0f / std::sqrt(float(c.E)) : c.scale;
-    p.softcap = c.softcap;
-    p.mask_kind = c.mask_kind;
-    if (c.mask_kind != MaskKind::kNone) {
-      const int full[4] = {c.B, c.Hq, c.Lq, c.Lk};
-      int dims[4] = {1, 1, 1, 1};
-      const int rank = int(c.mask_dims.size());
-      for (int a = 0; a < rank; a++) dims[4 - rank + a] = c.mask_dims[a];
-      int64_t st[4], n = 1;
-      for (int a = 3; a >= 0; a--) {
-        st[a] = dims[a] == 1 && full[a] != 1 ? 0 : n;
-        n *= dims[a];
-      }
-      p.mask_stride_b = st[0], p.mask_stride_h = st[1], p.mask_stride_q = st[2], p.mask_stride_k = st[3];
-      std::uniform_real_distribution<double> u(0.0, 1.0);
-      if (c.mask_kind == MaskKind::kFloat) {
-        mask_f.resize(size_t(n));
-        for (float& m : mask_f) m = u(rng) < c.mask_block_fraction ? -kInf : normal(rng);
-        p.mask = mask_f.data();
-      } else {
-        mask_b.resize(size_t(n));
-        for (uint8_t& m : mask_b) m = u(rng) < c.mask_block_fraction ? 0 : 1;
-        p.mask = mask_b.data();
-      }
-    }
-    p.causal = c.causal;
-    if (c.offsets.size() == 1) p.causal_offset = c.offsets[0];
-    if (c.offsets.size() > 1) {
-      offsets = c.offsets;
-      p.causal_offsets = offsets.data();
-    }
+    test::set_options(c, rng, normal, *this, p);
     if (!c.key_lengths.empty()) {
-      key_lengths = c.key_lengths;
-      p.key_lengths = key_lengths.data();
       // Padding past each batch's key length holds NaN: it must not reach any gradient.
       for (int b = 0; b < c.B; b++) {
         for (int h = 0; h < c.Hkv; h++) {
@@ -135,11 +77,7 @@ struct Harness {
   }
 
   void strides(int H, int L, int D, int64_t* sb, int64_t* sh, int64_t* sl) const {
-    if (c.bshd) {
-      *sb = int64_t(L) * H * D, *sl = int64_t(H) * D, *sh = D;
-    } else {
-      *sb = int64_t(H) * L * D, *sh = int64_t(L) * D, *sl = D;
-    }
+    test::set_strides(c.bshd, H, L, D, sb, sh, sl);
   }
 
   // forward (output and lse), then backward, on `threads` threads.

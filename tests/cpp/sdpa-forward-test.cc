@@ -16,42 +16,22 @@
 #include "sdpa.h"
 #include "tiles.h"
 
+#include "attention-test-case.h"
+
 namespace sdpa {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// One test problem, described by shapes and options; Harness turns it into data.
-struct Case {
-  int B = 1, Hq = 1, Hkv = 1, Lq = 1, Lk = 1, E = 4, Ev = 4;
-  bool bshd = false;                 // tensors laid out [B, L, H, E]
-  MaskKind mask_kind = MaskKind::kNone;
-  std::vector<int> mask_dims;        // right-aligned against [B, Hq, Lq, Lk]
-  double mask_block_fraction = 0.0;  // share of mask entries that block (-inf or 0)
-  bool causal = false;
-  std::vector<int32_t> offsets;      // one = for every batch; B = per batch
-  std::vector<int32_t> key_lengths;  // empty = none
-  float softcap = 0.0f;
-  float scale = NAN;                 // NAN = 1/sqrt(E)
-  float input_scale = 1.0f;          // multiplies Q (large logits)
+// A test problem (attention-test-case.h), and whether forward() also writes the weights.
+struct Case : test::AttentionCase {
   bool weights = true;
-  uint32_t seed = 1;
-
-  std::string describe() const {
-    std::ostringstream s;
-    s << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " E" << E
-      << " Ev" << Ev << (bshd ? " bshd" : "") << " mask" << static_cast<int>(mask_kind)
-      << (causal ? " causal" : "") << " softcap" << softcap << " seed" << seed;
-    return s.str();
-  }
 };
 
-struct Harness {
+struct Harness : test::OptionArrays {
   Case c;
-  std::vector<float> q, k, v, mask_f, out, weights;
-  std::vector<uint8_t> mask_b;
-  std::vector<int32_t> offsets, key_lengths;
+  std::vector<float> q, k, v, out, weights;
   Problem p;
 
   explicit Harness(const Case& cs) : c(cs) {
@@ -67,59 +47,10 @@ struct Harness {
     out.assign(size_t(c.B) * c.Hq * c.Lq * c.Ev, kNaN);  // NaN: every element must be written
     if (c.weights) weights.assign(size_t(c.B) * c.Hq * c.Lq * c.Lk, kNaN);
 
-    p.batch = c.B, p.q_heads = c.Hq, p.kv_heads = c.Hkv, p.q_len = c.Lq, p.kv_len = c.Lk;
-    p.head_dim = c.E, p.value_dim = c.Ev;
-    set_strides(c.Hq, c.Lq, c.E, &p.q_stride_b, &p.q_stride_h, &p.q_stride_l);
-    set_strides(c.Hkv, c.Lk, c.E, &p.k_stride_b, &p.k_stride_h, &p.k_stride_l);
-    set_strides(c.Hkv, c.Lk, c.Ev, &p.v_stride_b, &p.v_stride_h, &p.v_stride_l);
-    set_strides(c.Hq, c.Lq, c.Ev, &p.o_stride_b, &p.o_stride_h, &p.o_stride_l);
+    test::set_shapes(c, p);
     p.query = q.data(), p.key = k.data(), p.value = v.data(), p.output = out.data();
     p.weights = c.weights ? weights.data() : nullptr;
-    p.scale = std::isnan(c.scale) ? 1.0f / std::sqrt(float(c.E)) : c.scale;
-    p.softcap = c.softcap;
-
-    p.mask_kind = c.mask_kind;
-    if (c.mask_kind != MaskKind::kNone) {
-      const int full[4] = {c.B, c.Hq, c.Lq, c.Lk};
-      int dims[4] = {1, 1, 1, 1};
-      const int rank = int(c.mask_dims.size());
-      for (int a = 0; a < rank; a++) dims[4 - rank + a] = c.mask_dims[a];
-      int64_t strides[4], n = 1;
-      for (int a = 3; a >= 0; a--) {
-        strides[a] = dims[a] == 1 && full[a] != 1 ? 0 : n;
-        n *= dims[a];
-      }
-      p.mask_stride_b = strides[0], p.mask_stride_h = strides[1];
-      p.mask_stride_q = strides[2], p.mask_stride_k = strides[3];
-      std::uniform_real_distribution<double> u(0.0, 1.0);
-      if (c.mask_kind == MaskKind::kFloat) {
-        mask_f.resize(size_t(n));
-        for (float& m : mask_f) m = u(rng) < c.mask_block_fraction ? -kInf : normal(rng);
-        p.mask = mask_f.data();
-      } else {
-        mask_b.resize(size_t(n));
-        for (uint8_t& m : mask_b) m = u(rng) < c.mask_block_fraction ? 0 : 1;
-        p.mask = mask_b.data();
-      }
-    }
-    p.causal = c.causal;
-    if (c.offsets.size() == 1) p.causal_offset = c.offsets[0];
-    if (c.offsets.size() > 1) {
-      offsets = c.offsets;
-      p.causal_offsets = offsets.data();
-    }
-    if (!c.key_lengths.empty()) {
-      key_lengths = c.key_lengths;
-      p.key_lengths = key_lengths.data();
-    }
-  }
-
-  void set_strides(int H, int L, int D, int64_t* sb, int64_t* sh, int64_t* sl) const {
-    if (c.bshd) {  // [B, L, H, D]
-      *sb = int64_t(L) * H * D, *sl = int64_t(H) * D, *sh = D;
-    } else {       // [B, H, L, D]
-      *sb = int64_t(H) * L * D, *sh = int64_t(L) * D, *sl = D;
-    }
+    test::set_options(c, rng, normal, *this, p);
   }
 
   float& value_at(int b, int h, int j, int c_) {

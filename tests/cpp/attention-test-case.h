@@ -1,0 +1,119 @@
+// The test problem shared by the forward and backward GoogleTest suites
+// (sdpa-forward-test.cc, sdpa-backward-test.cc): a Case described by shapes and options,
+// and the pieces of a harness that turn it into a Problem: the dimensions, the strides of
+// either layout, scale and softcap, and the mask, causal offsets and key lengths.
+// Each harness draws its tensors from the case's seeded generator itself; the mask is drawn
+// from the same generator after them, so a case's data depends on which tensors a suite draws.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "sdpa.h"
+
+namespace sdpa::test {
+
+// One test problem, described by shapes and options; a harness turns it into data.
+struct AttentionCase {
+  int B = 1, Hq = 1, Hkv = 1, Lq = 1, Lk = 1, E = 4, Ev = 4;
+  bool bshd = false;                 // tensors laid out [B, L, H, E]
+  MaskKind mask_kind = MaskKind::kNone;
+  std::vector<int> mask_dims;        // right-aligned against [B, Hq, Lq, Lk]
+  double mask_block_fraction = 0.0;  // share of mask entries that block (-inf or 0)
+  bool causal = false;
+  std::vector<int32_t> offsets;      // one = for every batch; B = per batch
+  std::vector<int32_t> key_lengths;  // empty = none
+  float softcap = 0.0f;
+  float scale = NAN;                 // NAN = 1/sqrt(E)
+  float input_scale = 1.0f;          // multiplies Q (large logits)
+  uint32_t seed = 1;
+
+  std::string describe() const {
+    std::ostringstream s;
+    s << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " E" << E
+      << " Ev" << Ev << (bshd ? " bshd" : "") << " mask" << static_cast<int>(mask_kind)
+      << (causal ? " causal" : "") << " softcap" << softcap << " seed" << seed;
+    return s.str();
+  }
+};
+
+// The strides of a dense tensor with H heads, L rows and D columns per row, laid out
+// [B, L, H, D] (bshd) or [B, H, L, D].
+inline void set_strides(bool bshd, int H, int L, int D, int64_t* sb, int64_t* sh, int64_t* sl) {
+  if (bshd) {  // [B, L, H, D]
+    *sb = int64_t(L) * H * D, *sl = int64_t(H) * D, *sh = D;
+  } else {     // [B, H, L, D]
+    *sb = int64_t(H) * L * D, *sh = int64_t(L) * D, *sl = D;
+  }
+}
+
+// p's dimensions, the strides of Q [B, Hq, Lq, E], K [B, Hkv, Lk, E], V [B, Hkv, Lk, Ev] and
+// O [B, Hq, Lq, Ev] in the case's layout, its scale and softcap. (Not the pointers.)
+inline void set_shapes(const AttentionCase& c, Problem& p) {
+  p.batch = c.B, p.q_heads = c.Hq, p.kv_heads = c.Hkv, p.q_len = c.Lq, p.kv_len = c.Lk;
+  p.head_dim = c.E, p.value_dim = c.Ev;
+  set_strides(c.bshd, c.Hq, c.Lq, c.E, &p.q_stride_b, &p.q_stride_h, &p.q_stride_l);
+  set_strides(c.bshd, c.Hkv, c.Lk, c.E, &p.k_stride_b, &p.k_stride_h, &p.k_stride_l);
+  set_strides(c.bshd, c.Hkv, c.Lk, c.Ev, &p.v_stride_b, &p.v_stride_h, &p.v_stride_l);
+  set_strides(c.bshd, c.Hq, c.Lq, c.Ev, &p.o_stride_b, &p.o_stride_h, &p.o_stride_l);
+  p.scale = std::isnan(c.scale) ? 1.0f / std::sqrt(float(c.E)) : c.scale;
+  p.softcap = c.softcap;
+}
+
+// What a Problem's options point to, owned by the harness (which derives from it, so tests
+// edit h.mask_f / h.mask_b in place).
+struct OptionArrays {
+  std::vector<float> mask_f;
+  std::vector<uint8_t> mask_b;
+  std::vector<int32_t> offsets, key_lengths;
+};
+
+// p's mask (dense over the case's mask_dims, stride 0 on each broadcast axis; entries drawn
+// from rng: blocking with probability mask_block_fraction, else a normal value or 1), causal
+// offset(s) and key lengths, pointing into `arrays`.
+inline void set_options(const AttentionCase& c, std::mt19937& rng, std::normal_distribution<float>& normal,
+                        OptionArrays& arrays, Problem& p) {
+  p.mask_kind = c.mask_kind;
+  if (c.mask_kind != MaskKind::kNone) {
+    const int full[4] = {c.B, c.Hq, c.Lq, c.Lk};
+    int dims[4] = {1, 1, 1, 1};
+    const int rank = int(c.mask_dims.size());
+    for (int a = 0; a < rank; a++) dims[4 - rank + a] = c.mask_dims[a];
+    int64_t strides[4], n = 1;
+    for (int a = 3; a >= 0; a--) {
+      strides[a] = dims[a] == 1 && full[a] != 1 ? 0 : n;
+      n *= dims[a];
+    }
+    p.mask_stride_b = strides[0], p.mask_stride_h = strides[1];
+    p.mask_stride_q = strides[2], p.mask_stride_k = strides[3];
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    if (c.mask_kind == MaskKind::kFloat) {
+      arrays.mask_f.resize(size_t(n));
+      for (float& m : arrays.mask_f) {
+        m = u(rng) < c.mask_block_fraction ? -std::numeric_limits<float>::infinity() : normal(rng);
+      }
+      p.mask = arrays.mask_f.data();
+    } else {
+      arrays.mask_b.resize(size_t(n));
+      for (uint8_t& m : arrays.mask_b) m = u(rng) < c.mask_block_fraction ? 0 : 1;
+      p.mask = arrays.mask_b.data();
+    }
+  }
+  p.causal = c.causal;
+  if (c.offsets.size() == 1) p.causal_offset = c.offsets[0];
+  if (c.offsets.size() > 1) {
+    arrays.offsets = c.offsets;
+    p.causal_offsets = arrays.offsets.data();
+  }
+  if (!c.key_lengths.empty()) {
+    arrays.key_lengths = c.key_lengths;
+    p.key_lengths = arrays.key_lengths.data();
+  }
+}
+
+}  // namespace sdpa::test
