@@ -125,19 +125,12 @@ Status backward(const BackwardProblem& p, float* scratch, uint64_t scratch_size,
   if (scratch == nullptr || scratch_size < backward_scratch_floats(p, threads)) return Status::kBadScratch;
   BackwardWork w{&p, plan_backward(p, threads), scratch, nullptr};
   w.scratch = scratch + w.plan.delta_floats;
-  auto run = [&](int32_t n, ThreadPool::Task task) {
-    if (pool != nullptr) {
-      pool->run(n, task, &w);
-    } else {
-      for (int32_t item = 0; item < n; item++) task(&w, item, 0);
-    }
-  };
-  run(p.forward.batch * p.forward.q_heads, delta_item);
+  run_tasks(pool, p.forward.batch * p.forward.q_heads, delta_item, &w);
   if (w.plan.fused) {
-    run(w.plan.pairs, fused_item);
+    run_tasks(pool, w.plan.pairs, fused_item, &w);
   } else {
-    run(w.plan.pairs * w.plan.key_blocks, dkdv_item);
-    run(w.plan.pairs * w.plan.row_blocks, dq_item);
+    run_tasks(pool, w.plan.pairs * w.plan.key_blocks, dkdv_item, &w);
+    run_tasks(pool, w.plan.pairs * w.plan.row_blocks, dq_item, &w);
   }
   return Status::kOk;
 }

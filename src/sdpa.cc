@@ -195,15 +195,8 @@ Status forward(const Problem& p, float* scratch, uint64_t scratch_size, ThreadPo
   const double multiply_adds = static_cast<double>(p.batch) * p.q_heads * p.q_len * p.kv_len *
                               (p.head_dim + p.value_dim);
   if (multiply_adds < kMinParallelMultiplyAdds) pool = nullptr;
-  auto run = [&](int32_t n, ThreadPool::Task task) {
-    if (pool != nullptr) {
-      pool->run(n, task, &fw);
-    } else {
-      for (int32_t item = 0; item < n; item++) task(&fw, item, 0);
-    }
-  };
-  run(items, forward_item);
-  if (fw.plan.segments > 1) run(fw.plan.pairs, merge_item);
+  run_tasks(pool, items, forward_item, &fw);
+  if (fw.plan.segments > 1) run_tasks(pool, fw.plan.pairs, merge_item, &fw);
   return Status::kOk;
 }
 

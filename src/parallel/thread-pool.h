@@ -45,4 +45,14 @@ class ThreadPool {
   std::atomic<int32_t> busy_workers_{0};
 };
 
+// Runs task for every item in [0, items): on pool (ThreadPool::run), or, with no pool, on the
+// calling thread as thread 0 in increasing item order (the order a one-thread pool uses too).
+inline void run_tasks(ThreadPool* pool, int32_t items, ThreadPool::Task task, void* context) {
+  if (pool != nullptr) {
+    pool->run(items, task, context);
+  } else {
+    for (int32_t item = 0; item < items; item++) task(context, item, 0);
+  }
+}
+
 }  // namespace sdpa
