@@ -2,8 +2,8 @@
 // (sdpa-forward-test.cc, sdpa-backward-test.cc): a Case described by shapes and options,
 // and the pieces of a harness that turn it into a Problem: the dimensions, the strides of
 // either layout, scale and softcap, and the mask, causal offsets and key lengths.
-// Each harness draws its tensors from the case's seeded generator itself; the mask is drawn
-// from the same generator after them, so a case's data depends on which tensors a suite draws.
+// A case's data come from one stream seeded by the case (CaseRandom), drawn in a fixed order:
+// Q, K, V (draw_qkv), whatever else the harness draws, then the mask (set_options).
 #pragma once
 
 #include <cmath>
@@ -42,6 +42,29 @@ struct AttentionCase {
   }
 };
 
+// The seeded stream a case's data are drawn from.
+struct CaseRandom {
+  std::mt19937 rng;
+  std::normal_distribution<float> normal{0.0f, 1.0f};
+
+  explicit CaseRandom(uint32_t seed) : rng(seed) {}
+
+  // x = n standard normal values times s.
+  void fill(std::vector<float>& x, size_t n, float s) {
+    x.resize(n);
+    for (float& e : x) e = normal(rng) * s;
+  }
+};
+
+// Dense Q [B, Hq, Lq, E] (times input_scale), K [B, Hkv, Lk, E], V [B, Hkv, Lk, Ev], drawn in
+// that order. (Dense in either layout: the sizes are the same.)
+inline void draw_qkv(const AttentionCase& c, CaseRandom& random, std::vector<float>& q, std::vector<float>& k,
+                     std::vector<float>& v) {
+  random.fill(q, size_t(c.B) * c.Hq * c.Lq * c.E, c.input_scale);
+  random.fill(k, size_t(c.B) * c.Hkv * c.Lk * c.E, 1.0f);
+  random.fill(v, size_t(c.B) * c.Hkv * c.Lk * c.Ev, 1.0f);
+}
+
 // The strides of a dense tensor with H heads, L rows and D columns per row, laid out
 // [B, L, H, D] (bshd) or [B, H, L, D].
 inline void set_strides(bool bshd, int H, int L, int D, int64_t* sb, int64_t* sh, int64_t* sl) {
@@ -74,10 +97,11 @@ struct OptionArrays {
 };
 
 // p's mask (dense over the case's mask_dims, stride 0 on each broadcast axis; entries drawn
-// from rng: blocking with probability mask_block_fraction, else a normal value or 1), causal
-// offset(s) and key lengths, pointing into `arrays`.
-inline void set_options(const AttentionCase& c, std::mt19937& rng, std::normal_distribution<float>& normal,
-                        OptionArrays& arrays, Problem& p) {
+// from `random`: blocking with probability mask_block_fraction, else a normal value or 1),
+// causal offset(s) and key lengths, pointing into `arrays`.
+inline void set_options(const AttentionCase& c, CaseRandom& random, OptionArrays& arrays, Problem& p) {
+  std::mt19937& rng = random.rng;
+  std::normal_distribution<float>& normal = random.normal;
   p.mask_kind = c.mask_kind;
   if (c.mask_kind != MaskKind::kNone) {
     const int full[4] = {c.B, c.Hq, c.Lq, c.Lk};

@@ -36,17 +36,10 @@ struct Harness : test::OptionArrays {
   BackwardProblem bp;
 
   explicit Harness(const Case& cs) : c(cs) {
-    std::mt19937 rng(c.seed);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    auto fill = [&](std::vector<float>& x, size_t n, float s) {
-      x.resize(n);
-      for (float& e : x) e = normal(rng) * s;
-    };
     Problem& p = bp.forward;
-    fill(q, size_t(c.B) * c.Hq * c.Lq * c.E, c.input_scale);
-    fill(k, size_t(c.B) * c.Hkv * c.Lk * c.E, 1.0f);
-    fill(v, size_t(c.B) * c.Hkv * c.Lk * c.Ev, 1.0f);
-    fill(go, size_t(c.B) * c.Hq * c.Lq * c.Ev, 1.0f);
+    test::CaseRandom random(c.seed);
+    test::draw_qkv(c, random, q, k, v);
+    random.fill(go, size_t(c.B) * c.Hq * c.Lq * c.Ev, 1.0f);
     out.assign(size_t(c.B) * c.Hq * c.Lq * c.Ev, kNaN);
     lse.assign(size_t(c.B) * c.Hq * c.Lq, kNaN);
     dq.assign(q.size(), kNaN);  // NaN: every element must be written
@@ -62,7 +55,7 @@ struct Harness : test::OptionArrays {
     p.logsumexp = lse.data();
     bp.logsumexp = lse.data(), bp.grad_output = go.data();
     bp.d_query = dq.data(), bp.d_key = dk.data(), bp.d_value = dv.data();
-    test::set_options(c, rng, normal, *this, p);
+    test::set_options(c, random, *this, p);
     if (!c.key_lengths.empty()) {
       // Padding past each batch's key length holds NaN: it must not reach any gradient.
       for (int b = 0; b < c.B; b++) {

@@ -35,22 +35,15 @@ struct Harness : test::OptionArrays {
   Problem p;
 
   explicit Harness(const Case& cs) : c(cs) {
-    std::mt19937 rng(c.seed);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    auto fill = [&](std::vector<float>& x, size_t n, float s) {
-      x.resize(n);
-      for (float& e : x) e = normal(rng) * s;
-    };
-    fill(q, size_t(c.B) * c.Hq * c.Lq * c.E, c.input_scale);
-    fill(k, size_t(c.B) * c.Hkv * c.Lk * c.E, 1.0f);
-    fill(v, size_t(c.B) * c.Hkv * c.Lk * c.Ev, 1.0f);
+    test::CaseRandom random(c.seed);
+    test::draw_qkv(c, random, q, k, v);
     out.assign(size_t(c.B) * c.Hq * c.Lq * c.Ev, kNaN);  // NaN: every element must be written
     if (c.weights) weights.assign(size_t(c.B) * c.Hq * c.Lq * c.Lk, kNaN);
 
     test::set_shapes(c, p);
     p.query = q.data(), p.key = k.data(), p.value = v.data(), p.output = out.data();
     p.weights = c.weights ? weights.data() : nullptr;
-    test::set_options(c, rng, normal, *this, p);
+    test::set_options(c, random, *this, p);
   }
 
   float& value_at(int b, int h, int j, int c_) {
