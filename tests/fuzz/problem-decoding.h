@@ -82,6 +82,27 @@ inline void decode_shapes(FuzzedDataProvider& in, PickKeyLength pick_key_length,
   p.head_dim = E, p.value_dim = Ev;
 }
 
+// The layouts of Q [B, Hq, Lq, E], K [B, Hkv, Lk, E], V [B, Hkv, Lk, Ev] and O [B, Hq, Lq, Ev]
+// (p's shapes already set), one input byte each in that order (make_layout: zero strides on
+// the inputs only), and p's strides set from them.
+struct ForwardLayouts {
+  Layout q, k, v, o;
+};
+inline ForwardLayouts decode_layouts(FuzzedDataProvider& in, Problem& p) {
+  const int32_t B = p.batch, Hq = p.q_heads, Hkv = p.kv_heads, Lq = p.q_len, Lk = p.kv_len;
+  const int32_t E = p.head_dim, Ev = p.value_dim;
+  ForwardLayouts t;
+  t.q = make_layout(B, Hq, Lq, E, in.ConsumeIntegral<uint8_t>(), true);
+  t.k = make_layout(B, Hkv, Lk, E, in.ConsumeIntegral<uint8_t>(), true);
+  t.v = make_layout(B, Hkv, Lk, Ev, in.ConsumeIntegral<uint8_t>(), true);
+  t.o = make_layout(B, Hq, Lq, Ev, in.ConsumeIntegral<uint8_t>(), false);
+  p.q_stride_b = t.q.b, p.q_stride_h = t.q.h, p.q_stride_l = t.q.l;
+  p.k_stride_b = t.k.b, p.k_stride_h = t.k.h, p.k_stride_l = t.k.l;
+  p.v_stride_b = t.v.b, p.v_stride_h = t.v.h, p.v_stride_l = t.v.l;
+  p.o_stride_b = t.o.b, p.o_stride_h = t.o.h, p.o_stride_l = t.o.l;
+  return t;
+}
+
 FUZZ_NO_COVERAGE inline void fill(std::vector<float>& x, const ValueStyle& s) {
   Rng rng{s.seed};
   for (float& f : x) f = draw_float(rng, s);

@@ -237,14 +237,7 @@ void run(const uint8_t* data, size_t size) {
   p.kv_type = static_cast<KvType>(kv_type);
   const bool half = sdpa::is_half(p.kv_type);
 
-  const Layout q = make_layout(B, Hq, Lq, E, in.ConsumeIntegral<uint8_t>(), true);
-  const Layout k = make_layout(B, Hkv, Lk, E, in.ConsumeIntegral<uint8_t>(), true);
-  const Layout v = make_layout(B, Hkv, Lk, Ev, in.ConsumeIntegral<uint8_t>(), true);
-  const Layout o = make_layout(B, Hq, Lq, Ev, in.ConsumeIntegral<uint8_t>(), false);
-  p.q_stride_b = q.b, p.q_stride_h = q.h, p.q_stride_l = q.l;
-  p.k_stride_b = k.b, p.k_stride_h = k.h, p.k_stride_l = k.l;
-  p.v_stride_b = v.b, p.v_stride_h = v.h, p.v_stride_l = v.l;
-  p.o_stride_b = o.b, p.o_stride_h = o.h, p.o_stride_l = o.l;
+  const auto [q, k, v, o] = decode_layouts(in, p);
 
   decode_options(in, p, buf);
   const bool want_weights = in.ConsumeBool();
