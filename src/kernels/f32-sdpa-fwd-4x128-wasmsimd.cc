@@ -21,11 +21,12 @@
 // widened to float32 as they are loaded (F16Elements), exactly, so all arithmetic is float32
 // and a float16 problem gives what the float32 kernel gives on the halves' values.
 //
-// K is either packed into scratch once per call (prefill: many row tiles reuse it; as
-// [Lk/8][E][8], so two loads give 8 keys at one dim) or read in place (decode: one or two
-// row tiles read each key once, and a packing pass would double the memory traffic). V is
-// read in place, except for a zero-padded copy in prefill when Ev is not a multiple of 8 (or
-// V is float16). In place, a decode whose K/V come from main memory (a KV cache's storage,
+// K and V are either packed into scratch once per call (prefill: many row tiles reuse them)
+// or read in place (decode: one or two row tiles read each key once, and a packing pass
+// would double the memory traffic). Packed, K is [Lk/8][E][8] (two loads give 8 keys at one
+// dim: Q·Kᵀ) and V is [Ev8/8][Lk][8] (8-column blocks, zero-padded past Ev: a P·V pass over
+// one block reads its keys' columns as one contiguous run; row-major V read in place was 10%
+// slower at N = 2048 in A/B runs, the same at N = 512). In place, a decode whose K/V come from main memory (a KV cache's storage,
 // p.read_kv_in_order) scores one key at a time in memory order and touches each V row as its
 // key is scored (score_tile_in_place): only a sequential stream keeps the hardware prefetcher
 // ahead, and P·V then finds the tile in cache. K/V just copied in are still in cache: there
@@ -80,17 +81,13 @@ struct F16FiniteElements {
 
 int32_t value_cols_padded(const Problem& p) { return round_up(p.value_dim, kValueBlock); }
 
-// V needs a padded float32 copy only when its rows are not whole P·V blocks, or are float16
-// (prefill reads each V row once per row tile: widening it once is cheaper); otherwise P·V
-// reads it in place, as it is (rows of Ev floats at any stride).
-bool packs_value(const Problem& p, bool packs) {
-  return packs && (p.value_dim % kValueBlock != 0 || is_half(p.kv_type));
-}
+// Floats between the 8-column blocks of packed V: one block holds every key's 8 columns.
+int64_t packed_value_block_floats(const Problem& p) { return static_cast<int64_t>(p.kv_len) * kValueBlock; }
 
 // Scratch layout, in floats, for one call; every part starts 16-byte aligned.
 //   packed_key   [round_up(Lk, kKeyTile) / 8][E][8]  key j, dim d at ((j/8)·E + d)·8 + j%8
-//   packed_value [Lk][Ev8]                           Ev8 = round_up(Ev, kValueBlock); only
-//                                                    when Ev8 != Ev or V is float16 (packs_value)
+//   packed_value [Ev8/8][Lk][8]                      Ev8 = round_up(Ev, kValueBlock): key j,
+//                                                    column c at (c/8)·Lk·8 + j·8 + c%8
 //   q_tile       [4][E]                              scale·q of the tile's rows, 0 past its rows
 //   q_cols       [E][4]                              q_tile interleaved (for packed K)
 //   scores       [4][kKeyTile]                       scores, then probabilities, of one tile
@@ -113,7 +110,7 @@ uint64_t align4(uint64_t n) { return (n + 3) / 4 * 4; }
 // Without packing (K/V read in place) the two packed parts are empty.
 uint64_t layout(const Problem& p, bool packs, float* base, Scratch* s) {
   const uint64_t key_rows = packs ? static_cast<uint64_t>(round_up(p.kv_len, kKeyTile)) : 0;
-  const uint64_t value_rows = packs_value(p, packs) ? static_cast<uint64_t>(p.kv_len) : 0;
+  const uint64_t value_rows = packs ? static_cast<uint64_t>(p.kv_len) : 0;
   const uint64_t ev8 = static_cast<uint64_t>(value_cols_padded(p));
   const uint64_t q_floats = kQueryTile * static_cast<uint64_t>(p.head_dim);
   const uint64_t sizes[7] = {key_rows * static_cast<uint64_t>(p.head_dim),
@@ -530,8 +527,16 @@ void pv_columns_scalar(const Src& src, const float* probs, const typename Src::E
 template <int kRows, typename Src>
 void accumulate_pv_rows(const Src& src, const float* probs, const typename Src::Elem* value, int64_t v_stride,
                         int32_t cols, int32_t open_count, int32_t key_count, const float* alpha, float* acc,
-                        int32_t acc_stride) {
+                        int32_t acc_stride, int64_t block_floats) {
   int32_t col = 0;
+  if (block_floats != 0) {  // packed [Ev8/8][Lk][8]: blocks of 8 columns, keys 8 floats apart
+    assert(v_stride == kValueBlock && cols % kValueBlock == 0);
+    for (; col < cols; col += kValueBlock) {
+      pv_block<kRows, 2>(src, probs, value + (col / kValueBlock) * block_floats, kValueBlock, open_count, key_count,
+                         alpha, acc + col, acc_stride);
+    }
+    return;
+  }
   // Fewer rows leave registers for wider blocks: 8 accumulators either way, and each key's
   // loop overhead (the probability, the pointers) is shared by more columns. A column's sum
   // over the keys is the same sequence of operations whatever the block width.
@@ -553,21 +558,23 @@ void accumulate_pv_rows(const Src& src, const float* probs, const typename Src::
 }
 
 // acc[r][0 .. cols) = alpha[r]·acc[r][…] + Σ_j probs[r][j]·V[j][0 .. cols) for r < rows.
-// Packed V has cols = Ev8 (zero padded); in-place V has cols = Ev.
+// Packed V (block_floats != 0: value at the tile's first key in block 0, 8-column blocks
+// block_floats apart, v_stride = 8) has cols = Ev8 (zero padded); in-place V (block_floats
+// == 0: rows v_stride apart) has cols = Ev.
 template <typename Src>
 void accumulate_pv(const Src& src, const float* probs, const typename Src::Elem* value, int64_t v_stride,
                    int32_t cols, int32_t rows, int32_t open_count, int32_t key_count, v128_t alpha_v,
-                   float* acc, int32_t acc_stride) {
+                   float* acc, int32_t acc_stride, int64_t block_floats = 0) {
   float alpha[kQueryTile];
   wasm_v128_store(alpha, alpha_v);
   // Through a table: an indirect call is inlined neither by clang nor by Binaryen (which
   // inlines any function that has a single caller, noinline or not). See exponentiate_tile.
   using PvRows = void (*)(const Src&, const float*, const typename Src::Elem*, int64_t, int32_t, int32_t,
-                          int32_t, const float*, float*, int32_t);
+                          int32_t, const float*, float*, int32_t, int64_t);
   static PvRows const kByRows[kQueryTile] = {accumulate_pv_rows<1, Src>, accumulate_pv_rows<2, Src>,
                                              accumulate_pv_rows<3, Src>, accumulate_pv_rows<4, Src>};
   assert(rows >= 1 && rows <= kQueryTile);
-  kByRows[rows - 1](src, probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride);
+  kByRows[rows - 1](src, probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride, block_floats);
 }
 
 // K of one (batch, KV head), keys [0, key_count), into [groups][E][8]; zeros up to the
@@ -620,16 +627,18 @@ void pack_key(const Src& src, const typename Src::Elem* key, int64_t stride_l, i
   }
 }
 
-// V of one (batch, KV head), keys [0, key_count), into float32 [key_count][Ev8], zero
-// columns past Ev.
+// V of one (batch, KV head), keys [0, key_count), into 8-column blocks [Ev8/8][Lk][8]
+// (block_floats = Lk·8 apart), zeros in the columns past Ev. Float16 values are widened.
 template <typename Src>
 void pack_value(const Src& src, const typename Src::Elem* value, int64_t stride_l, int32_t key_count,
-                int32_t value_dim, int32_t ev8, float* packed) {
+                int32_t value_dim, int64_t block_floats, float* packed) {
+  const int32_t ev8 = round_up(value_dim, kValueBlock);
   for (int32_t j = 0; j < key_count; j++) {
-    float* dst = packed + static_cast<size_t>(j) * ev8;
     const typename Src::Elem* row = value + j * stride_l;
-    for (int32_t c = 0; c < value_dim; c++) dst[c] = src.scalar(row[c]);
-    std::fill(dst + value_dim, dst + ev8, 0.0f);
+    float* dst = packed + static_cast<size_t>(j) * kValueBlock;
+    for (int32_t c0 = 0; c0 < ev8; c0 += kValueBlock, dst += block_floats) {
+      for (int32_t c = 0; c < kValueBlock; c++) dst[c] = c0 + c < value_dim ? src.scalar(row[c0 + c]) : 0.0f;
+    }
   }
 }
 
@@ -642,12 +651,13 @@ struct KeyValueSource {
   const float* packed_key;    // non-null: K packed [groups][E][8] from key 0 (prefill)
   const Elem* key;            // in place: key first_key's row
   int64_t key_stride;         // in place: elements between consecutive keys
-  const float* packed_value;  // non-null: a padded float32 copy [Lk][Ev8] (packs_value)
+  const float* packed_value;  // non-null: V packed [Ev8/8][Lk][8] (prefill)
   const Elem* value;          // in place: key first_key's row
   int64_t value_stride;       // in place: elements between consecutive keys
-  int32_t value_cols;         // copy: Ev8; in place: Ev
+  int32_t value_cols;         // packed: Ev8; in place: Ev
   int32_t first_key;          // the key the in-place pointers start at: 0, or a streamed segment's first
   bool in_memory_order;       // in place: p.read_kv_in_order (score_tile_in_place, else score_tile_4_keys)
+  int64_t value_block_floats = 0;  // packed: floats between its 8-column blocks
   const Elem* key_row(int32_t j) const { return key + (j - first_key) * key_stride; }
   const Elem* value_row(int32_t j) const { return value + (j - first_key) * value_stride; }
 };
@@ -677,8 +687,8 @@ template <typename Src>
 void accumulate_pv_from(const KeyValueSource<Src>& kv, const float* probs, int32_t j0, int32_t rows,
                         int32_t open_count, int32_t key_count, v128_t alpha, float* acc, int32_t acc_stride) {
   if (kv.packed_value != nullptr) {
-    accumulate_pv(kF32Elements, probs, kv.packed_value + static_cast<size_t>(j0) * kv.value_cols, kv.value_cols,
-                  kv.value_cols, rows, open_count, key_count, alpha, acc, acc_stride);
+    accumulate_pv(kF32Elements, probs, kv.packed_value + static_cast<size_t>(j0) * kValueBlock, kValueBlock,
+                  kv.value_cols, rows, open_count, key_count, alpha, acc, acc_stride, kv.value_block_floats);
   } else {
     accumulate_pv(kv.src, probs, kv.value_row(j0), kv.value_stride, kv.value_cols, rows, open_count, key_count,
                   alpha, acc, acc_stride);
@@ -873,11 +883,9 @@ void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
     for (int32_t f = w.row_begin; f < w.row_end; f++) packed_keys = std::max(packed_keys, limit_of_flat(f));
     pack_key(src, key, p.k_stride_l, packed_keys, p.head_dim, s.packed_key);
     kv.packed_key = s.packed_key;
-    if (packs_value(p, true)) {
-      const int32_t ev8 = value_cols_padded(p);
-      pack_value(src, value, p.v_stride_l, packed_keys, p.value_dim, ev8, s.packed_value);
-      kv.packed_value = s.packed_value, kv.value_cols = ev8;
-    }
+    pack_value(src, value, p.v_stride_l, packed_keys, p.value_dim, packed_value_block_floats(p), s.packed_value);
+    kv.packed_value = s.packed_value, kv.value_cols = value_cols_padded(p);
+    kv.value_block_floats = packed_value_block_floats(p);
   }
 
   const size_t partial_floats = static_cast<size_t>(sdpa_f32_fwd_4x128__wasmsimd_partial_floats(p));
