@@ -18,9 +18,10 @@
 // the two builds' against each other. Medians of timed rounds (each round runs every entry
 // once) after warm-up. Targets, printed met / NOT met, one thread, shapes b, c, e: backward
 // ≥ 50% of the forward's GFLOP/s, ≥ 2× tfjs-wasm's; (h) completes in O(N) memory.
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { spawn } from 'node:child_process';
 import os from 'node:os';
-import { dirname, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
 import { createAttention } from 'sdpa-wasm';
@@ -111,6 +112,30 @@ function maxAbsDiff(a, b) {
     if (!(d <= worst)) worst = Number.isNaN(d) ? Infinity : d;
   }
   return worst;
+}
+
+/**
+ * The section in a Node process of its own (the same flags), for bench.mjs: tfjs-wasm keeps one
+ * wasm module per process, and after the shapes section's (h) attempt (a trap in its wasm while
+ * it allocates the [32768, 32768] scores) every later tfjs call in that process failed with
+ * "memory access out of bounds". Output goes to this process's stdout; the result is read back
+ * from a temporary JSON file.
+ */
+export async function runBackwardBenchInChild({ quick = false } = {}) {
+  const dir = mkdtempSync(join(os.tmpdir(), 'sdpa-backward-'));
+  const jsonPath = join(dir, 'backward.json');
+  try {
+    const args = [...process.execArgv, fileURLToPath(import.meta.url), '--json', jsonPath, ...(quick ? ['--quick'] : [])];
+    const code = await new Promise((done, fail) => {
+      const child = spawn(process.execPath, args, { stdio: ['ignore', 'inherit', 'inherit'] });
+      child.on('error', fail);
+      child.on('exit', (exitCode, signal) => done(signal ?? exitCode));
+    });
+    if (code !== 0) throw new Error(`bench/backward.mjs exited with ${code}`);
+    return JSON.parse(readFileSync(jsonPath, 'utf8')).backward;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 }
 
 export async function runBackwardBench({ quick = false, shapeIds = null, log = console.log } = {}) {
