@@ -147,8 +147,8 @@ uint8_t holds_nonfinite(const float* x, int32_t dim) {
 constexpr uint64_t kRowTileFloats = (sizeof(RowTile) + sizeof(float) - 1) / sizeof(float);
 static_assert(alignof(RowTile) <= alignof(float), "row tiles live in float scratch");
 
-// Query rows of one (batch, KV head) made ready for the kernels, tile by tile: flat rows
-// [first, first + 4T) as T row tiles, each with its statistics and operands:
+// Query rows of one (batch, KV head) made ready for the kernels, tile by tile: 4T consecutive
+// flat rows (from a multiple of 4) as T row tiles, each with its statistics and operands:
 //   tiles                       [T]          RowTile: lse, D, key limits
 //   q_rows [4T][E], go_rows [4T][Ev]         scale·q and dO, zero rows for padding
 //   q_cols [T][E][4], go_cols [T][Ev][4]     the same, interleaved per tile (score_4x8_packed)
@@ -455,7 +455,8 @@ uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch
   const bool dq = kind == KernelKind::kDq, fused = kind == KernelKind::kFused;
   const uint64_t keys = dq ? static_cast<uint64_t>(round_up(p.kv_len, kTile)) : kTile;
   const uint64_t G = dq ? kQueryTile : kGroupRows;
-  const uint64_t pair_tiles = static_cast<uint64_t>(round_up(p.q_heads / p.kv_heads * p.q_len, kQueryTile)) / kQueryTile;
+  const uint64_t pair_rows = static_cast<uint64_t>(p.q_heads / p.kv_heads) * p.q_len;
+  const uint64_t pair_tiles = (pair_rows + kQueryTile - 1) / kQueryTile;
   const uint64_t T = fused ? pair_tiles : G / kQueryTile;
   const uint64_t flag_floats = (T * kQueryTile + sizeof(float) - 1) / sizeof(float);  // uint8_t flags
   const uint64_t sizes[15] = {keys * E,         keys * Ev,           T * kRowTileFloats, 4 * T * E, 4 * T * E,
@@ -531,8 +532,9 @@ void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t k
         }
       }
       const int32_t group_rows = g_tiles * kQueryTile;
-      accumulate_transposed(s.s, g.go_rows, g.go_nonfinite, group_rows, Ev, group_cols, s.acc1);  // dV += pᵀ·dO
-      accumulate_transposed(s.dp, g.q_rows, g.q_nonfinite, group_rows, E, group_cols, s.acc0);   // dK += dsᵀ·(scale·Q)
+      // dV += pᵀ·dO, dK += dsᵀ·(scale·Q)
+      accumulate_transposed(s.s, g.go_rows, g.go_nonfinite, group_rows, Ev, group_cols, s.acc1);
+      accumulate_transposed(s.dp, g.q_rows, g.q_nonfinite, group_rows, E, group_cols, s.acc0);
     }
   }
   for (int32_t j = 0; j < count; j++) {
@@ -624,10 +626,11 @@ void sdpa_f32_bwd_dq_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b
   for (int32_t f0 = row_begin; f0 < row_end; f0 += kQueryTile) {
     const RowTile rt = make_row_tile(bp, b, kv_head, f0, row_end, delta);
     std::fill(s.acc0, s.acc0 + kQueryTile * E, 0.0f);
-    if (rt.keys_end > 0) load_row_operands(bp, rt, s.rows.operands(0, E, Ev));
+    const RowOperands operands = s.rows.operands(0, E, Ev);
+    if (rt.keys_end > 0) load_row_operands(bp, rt, operands);
     for (int32_t j0 = 0; j0 < rt.keys_end; j0 += kTile) {
       const int32_t count = std::min(kTile, rt.keys_end - j0);
-      const int32_t open = probabilities_and_ds(bp, rt, s.rows.operands(0, E, Ev), s.k_packed + static_cast<size_t>(j0) * E,
+      const int32_t open = probabilities_and_ds(bp, rt, operands, s.k_packed + static_cast<size_t>(j0) * E,
                                                 s.v_packed + static_cast<size_t>(j0) * Ev, j0, count, s.s, s.dp,
                                                 s.tanh_r, ec);
       accumulate_dq(s.dp, key + static_cast<int64_t>(j0) * p.k_stride_l, p.k_stride_l, E, std::min(open, count),

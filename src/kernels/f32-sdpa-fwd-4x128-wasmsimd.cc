@@ -26,11 +26,12 @@
 // would double the memory traffic). Packed, K is [Lk/8][E][8] (two loads give 8 keys at one
 // dim: Q·Kᵀ) and V is [Ev8/8][Lk][8] (8-column blocks, zero-padded past Ev: a P·V pass over
 // one block reads its keys' columns as one contiguous run; row-major V read in place was 10%
-// slower at N = 2048 in A/B runs, the same at N = 512). In place, a decode whose K/V come from main memory (a KV cache's storage,
-// p.read_kv_in_order) scores one key at a time in memory order and touches each V row as its
-// key is scored (score_tile_in_place): only a sequential stream keeps the hardware prefetcher
-// ahead, and P·V then finds the tile in cache. K/V just copied in are still in cache: there
-// four keys at a time take fewer instructions (score_tile_4_keys).
+// slower at N = 2048 in A/B runs, the same at N = 512). In place, a decode whose K/V come
+// from main memory (a KV cache's storage, p.read_kv_in_order) scores one key at a time in
+// memory order and touches each V row as its key is scored (score_tile_in_place): only a
+// sequential stream keeps the hardware prefetcher ahead, and P·V then finds the tile in cache.
+// K/V just copied in are still in cache: there four keys at a time take fewer instructions
+// (score_tile_4_keys).
 //
 // Blocked keys never reach the arithmetic as values: causal and key-length limits are loop
 // bounds (per row: keys j < limit[r]); K/V are packed only up to the furthest key any row
