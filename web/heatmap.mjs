@@ -13,10 +13,11 @@ const RAMP = [
   [1.0, [72, 18, 76]],
 ];
 export const BLOCKED_COLOUR = 'rgb(214, 220, 230)';
-const INK = '#1f2430';
-const MUTED = '#5b6474';
+export const GRID = '#d5d9e0';
+export const INK = '#1f2430';
+export const MUTED = '#5b6474';
 const FONT = '12px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
-const SMALL_FONT = '11px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
+export const SMALL_FONT = '11px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
 
 /** t in [0, 1] → [r, g, b]. */
 export function colour(t) {
@@ -238,6 +239,25 @@ function tick(x) {
 }
 
 /**
+ * A chart's x tick labels under the plot, the x axis title under them (its baseline
+ * xLabelFromBottom pixels above the canvas's bottom edge) and the y axis title turned along the
+ * left edge. box: the plot's margins and the canvas size; px maps an x value to pixels.
+ */
+export function drawAxisLabels(ctx, { left, right, top, bottom, width, height }, { xTicks, px, xLabel, yLabel, xLabelFromBottom }) {
+  ctx.textAlign = 'center';
+  ctx.textBaseline = 'top';
+  for (const x of xTicks) ctx.fillText(String(x), px(x), height - bottom + 4);
+  ctx.fillStyle = INK;
+  ctx.fillText(xLabel, left + (width - left - right) / 2, height - xLabelFromBottom);
+  ctx.save();
+  ctx.translate(11, top + (height - top - bottom) / 2);
+  ctx.rotate(-Math.PI / 2);
+  ctx.textBaseline = 'middle';
+  ctx.fillText(yLabel, 0, 0);
+  ctx.restore();
+}
+
+/**
  * A small line chart: series = [{ label, colour, points: [[x, y], ...], dashed }], log2 x axis
  * (linear with logX: false; xMin/xMax widen the x range beyond the points; a `top` margin over 20
  * puts the legend above the plot). Returns nothing; purely visual (the numbers are in the table next to it).
@@ -257,7 +277,7 @@ export function drawChart(canvas, series, { width = 360, height = 200, xLabel = 
   const left = Math.max(40, 26 + ctx.measureText(String(Math.round(ymax))).width);
   const px = (x) => left + ((fx(x) - xmin) / (xmax - xmin || 1)) * (width - left - right);
   const py = (y) => top + (1 - y / (ymax || 1)) * (height - top - bottom);
-  ctx.strokeStyle = '#d5d9e0';
+  ctx.strokeStyle = GRID;
   ctx.fillStyle = MUTED;
   ctx.font = SMALL_FONT;
   ctx.lineWidth = 1;
@@ -272,17 +292,7 @@ export function drawChart(canvas, series, { width = 360, height = 200, xLabel = 
     ctx.stroke();
     ctx.fillText(String(Math.round(y * 10) / 10), left - 5, py(y));
   }
-  ctx.textAlign = 'center';
-  ctx.textBaseline = 'top';
-  for (const x of xTicks) ctx.fillText(String(x), px(x), height - bottom + 4);
-  ctx.fillStyle = INK;
-  ctx.fillText(xLabel, left + (width - left - right) / 2, height - 14);
-  ctx.save();
-  ctx.translate(11, top + (height - top - bottom) / 2);
-  ctx.rotate(-Math.PI / 2);
-  ctx.textBaseline = 'middle';
-  ctx.fillText(yLabel, 0, 0);
-  ctx.restore();
+  drawAxisLabels(ctx, { left, right, top, bottom, width, height }, { xTicks, px, xLabel, yLabel, xLabelFromBottom: 14 });
   for (const s of series) {
     ctx.strokeStyle = s.colour;
     ctx.fillStyle = s.colour;

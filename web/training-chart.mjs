@@ -1,12 +1,7 @@
 // Panel 6's charts: lines against the training step on a logarithmic y axis, redrawn as the
 // steps come (the whole chart each time: at most a few thousand points).
 
-import { prepare } from './heatmap.mjs';
-
-const INK = '#1f2430';
-const MUTED = '#5b6474';
-const GRID = '#d5d9e0';
-const SMALL_FONT = '11px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
+import { GRID, INK, MUTED, SMALL_FONT, drawAxisLabels, prepare } from './heatmap.mjs';
 
 /** The trailing mean over `window` values of each point (the first points over fewer). */
 export function trailingMean(values, window) {
@@ -49,18 +44,8 @@ export function drawLogChart(canvas, series, { width = 440, height = 230, steps 
     ctx.stroke();
     ctx.fillText(decadeLabel(e), left - 5, y);
   }
-  ctx.textAlign = 'center';
-  ctx.textBaseline = 'top';
   const xTicks = [0, Math.round(steps / 3), Math.round((2 * steps) / 3), steps];
-  for (const x of xTicks) ctx.fillText(String(x), px(x), height - bottom + 4);
-  ctx.fillStyle = INK;
-  ctx.fillText(xLabel, left + (width - left - right) / 2, height - 16);
-  ctx.save();
-  ctx.translate(11, top + (height - top - bottom) / 2);
-  ctx.rotate(-Math.PI / 2);
-  ctx.textBaseline = 'middle';
-  ctx.fillText(yLabel, 0, 0);
-  ctx.restore();
+  drawAxisLabels(ctx, { left, right, top, bottom, width, height }, { xTicks, px, xLabel, yLabel, xLabelFromBottom: 16 });
   // The lines, clipped to the plot.
   ctx.save();
   ctx.beginPath();
