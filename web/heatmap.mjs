@@ -14,6 +14,7 @@ const RAMP = [
 ];
 export const BLOCKED_COLOUR = 'rgb(214, 220, 230)';
 export const GRID = '#d5d9e0';
+export const DASH = [5, 4];  // dashed chart lines
 export const INK = '#1f2430';
 export const MUTED = '#5b6474';
 const FONT = '12px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
@@ -297,7 +298,7 @@ export function drawChart(canvas, series, { width = 360, height = 200, xLabel = 
     ctx.strokeStyle = s.colour;
     ctx.fillStyle = s.colour;
     ctx.lineWidth = 2;
-    ctx.setLineDash(s.dashed ? [5, 4] : []);
+    ctx.setLineDash(s.dashed ? DASH : []);
     ctx.beginPath();
     s.points.forEach(([x, y], k) => (k === 0 ? ctx.moveTo(px(x), py(y)) : ctx.lineTo(px(x), py(y))));
     ctx.stroke();
@@ -305,15 +306,24 @@ export function drawChart(canvas, series, { width = 360, height = 200, xLabel = 
     if (s.dots) for (const [x, y] of s.points) { ctx.beginPath(); ctx.arc(px(x), py(y), 3.5, 0, 2 * Math.PI); ctx.fill(); }
   }
   // legend: inside the plot, or above it when `top` leaves room
-  const ly = top > 20 ? 8 : top + 6;
-  let lx = left + 6;
+  drawSeriesKey(ctx, series, { left: left + 6, y: top > 20 ? 8 : top + 6, right: width - right });
+}
+
+/**
+ * The key of a chart's lines: per series a short stroke in its colour (dashed when it is) and
+ * its label, left to right from (left, y), wrapping to a new line 14 px lower past x = right.
+ */
+export function drawSeriesKey(ctx, series, { left, y, right }) {
   ctx.font = SMALL_FONT;
   ctx.textAlign = 'left';
   ctx.textBaseline = 'middle';
+  let lx = left, ly = y;
   for (const s of series) {
+    const w = 30 + ctx.measureText(s.label).width;
+    if (lx + w > right && lx > left) { lx = left; ly += 14; }
     ctx.strokeStyle = s.colour;
-    ctx.fillStyle = s.colour;
-    ctx.setLineDash(s.dashed ? [5, 4] : []);
+    ctx.lineWidth = 2;
+    ctx.setLineDash(s.dashed ? DASH : []);
     ctx.beginPath();
     ctx.moveTo(lx, ly);
     ctx.lineTo(lx + 18, ly);
@@ -321,7 +331,7 @@ export function drawChart(canvas, series, { width = 360, height = 200, xLabel = 
     ctx.setLineDash([]);
     ctx.fillStyle = INK;
     ctx.fillText(s.label, lx + 22, ly);
-    lx += 30 + ctx.measureText(s.label).width;
+    lx += w;
   }
 }
 

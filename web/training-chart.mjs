@@ -1,7 +1,7 @@
 // Panel 6's charts: lines against the training step on a logarithmic y axis, redrawn as the
 // steps come (the whole chart each time: at most a few thousand points).
 
-import { GRID, INK, MUTED, SMALL_FONT, drawAxisLabels, prepare } from './heatmap.mjs';
+import { DASH, GRID, MUTED, SMALL_FONT, drawAxisLabels, drawSeriesKey, prepare } from './heatmap.mjs';
 
 /** The trailing mean over `window` values of each point (the first points over fewer). */
 export function trailingMean(values, window) {
@@ -54,7 +54,7 @@ export function drawLogChart(canvas, series, { width = 440, height = 230, steps 
   for (const s of series) {
     ctx.strokeStyle = s.colour;
     ctx.lineWidth = 1.8;
-    ctx.setLineDash(s.dashed ? [5, 3] : []);
+    ctx.setLineDash(s.dashed ? DASH : []);
     ctx.beginPath();
     let pen = false;
     s.values.forEach((v, k) => {
@@ -68,24 +68,6 @@ export function drawLogChart(canvas, series, { width = 440, height = 230, steps 
   ctx.restore();
   ctx.setLineDash([]);
   // Legend above the plot, wrapping if needed.
-  ctx.font = SMALL_FONT;
-  ctx.textAlign = 'left';
-  ctx.textBaseline = 'middle';
-  let lx = left, ly = 8;
-  for (const s of series) {
-    const w = 28 + ctx.measureText(s.label).width;
-    if (lx + w > width - right && lx > left) { lx = left; ly += 14; }
-    ctx.strokeStyle = s.colour;
-    ctx.lineWidth = 2;
-    ctx.setLineDash(s.dashed ? [5, 3] : []);
-    ctx.beginPath();
-    ctx.moveTo(lx, ly);
-    ctx.lineTo(lx + 18, ly);
-    ctx.stroke();
-    ctx.setLineDash([]);
-    ctx.fillStyle = INK;
-    ctx.fillText(s.label, lx + 22, ly);
-    lx += w + 6;
-  }
+  drawSeriesKey(ctx, series, { left, y: 8, right: width - right });
   return { eLo, eHi };
 }
