@@ -60,14 +60,19 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // How key and value elements are read where they are read in place (and when packed):
 // float32 as they are, or float16 widened to float32 in registers (exactly: every half is
 // a float). Everything after the load is float32 arithmetic, the same for both.
+// kReadScale: what load4 and scalar return is the element's value times kReadScale, a power
+// of two; 1 but for F16FiniteScaledElements, whose readers multiply the other factor of every
+// product (the scaled query, the probability) by 1 / kReadScale instead (exact: see there).
 struct F32Elements {
   using Elem = float;
+  static constexpr float kReadScale = 1.0f;
   v128_t load4(const float* p) const { return wasm_v128_load(p); }
   float scalar(float x) const { return x; }
 };
 constexpr F32Elements kF32Elements{};
 struct F16Elements {
   using Elem = uint16_t;
+  static constexpr float kReadScale = 1.0f;
   F16Constants c = make_f16_constants();
   v128_t load4(const uint16_t* p) const { return f16x4_load_as_f32(p, c); }
   float scalar(uint16_t h) const { return f16_to_f32(h); }
@@ -75,9 +80,23 @@ struct F16Elements {
 // Halves without Inf/NaN patterns (KvType::kFloat16Finite): 4 instructions per 4 halves, not 8.
 struct F16FiniteElements {
   using Elem = uint16_t;
+  static constexpr float kReadScale = 1.0f;
   F16Constants c = make_f16_constants();
   v128_t load4(const uint16_t* p) const { return f16x4_load_finite_as_f32(p, c); }
   float scalar(uint16_t h) const { return f16_to_f32(h); }
+};
+// The same halves read as value·2^-112: 3 instructions per 4 halves. The 2^112 goes into the
+// other factor: q_tile = (scale·q)·2^112 and p·2^112 in P·V. Both products are then the same
+// real numbers as with the widened halves, so every rounding, and the result, is bitwise the
+// same, provided (scale·q)·2^112 stays finite: |scale·q| < 2^16 for every query element
+// (query_fits_scaled_halves); p <= 1 always fits. Only for K/V read in place (packed K/V
+// are float32, read by kF32Elements).
+struct F16FiniteScaledElements {
+  using Elem = uint16_t;
+  static constexpr float kReadScale = 0x1p-112f;
+  F16Constants c = make_f16_constants();
+  v128_t load4(const uint16_t* p) const { return f16x4_load_finite_as_f32_times_2_minus_112(p, c); }
+  float scalar(uint16_t h) const { return f16_to_f32(h) * kReadScale; }  // exact: at least 2^-136
 };
 
 int32_t value_cols_padded(const Problem& p) { return round_up(p.value_dim, kValueBlock); }
@@ -683,14 +702,25 @@ void score_tile_from(const KeyValueSource<Src>& kv, const float* q_tile, const f
   }
 }
 
-// P·V of one tile, from the packed float32 copy of V or from V in place.
+// P·V of one tile, from the packed float32 copy of V or from V in place. V read in place by
+// a Src with kReadScale != 1 first gets the probabilities times 1 / kReadScale, in place
+// (exact: p <= 1 and the factor is a power of two; a 0 stays 0, so skipped keys stay skipped).
 template <typename Src>
-void accumulate_pv_from(const KeyValueSource<Src>& kv, const float* probs, int32_t j0, int32_t rows,
+void accumulate_pv_from(const KeyValueSource<Src>& kv, float* probs, int32_t j0, int32_t rows,
                         int32_t open_count, int32_t key_count, v128_t alpha, float* acc, int32_t acc_stride) {
   if (kv.packed_value != nullptr) {
     accumulate_pv(kF32Elements, probs, kv.packed_value + static_cast<size_t>(j0) * kValueBlock, kValueBlock,
                   kv.value_cols, rows, open_count, key_count, alpha, acc, acc_stride, kv.value_block_floats);
   } else {
+    if constexpr (Src::kReadScale != 1.0f) {
+      const v128_t factor = wasm_f32x4_splat(1.0f / Src::kReadScale);
+      const int32_t cols = round_up(key_count, 4);
+      for (int32_t r = 0; r < rows; r++) {
+        for (float* x = probs + r * kKeyTile; x != probs + r * kKeyTile + cols; x += 4) {
+          wasm_v128_store(x, wasm_f32x4_mul(wasm_v128_load(x), factor));
+        }
+      }
+    }
     accumulate_pv(kv.src, probs, kv.value_row(j0), kv.value_stride, kv.value_cols, rows, open_count, key_count,
                   alpha, acc, acc_stride);
   }
@@ -703,13 +733,15 @@ template <typename Src>
 void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<Src>& kv,
                      int32_t key_begin, float* partial, const Scratch& s, const ExpConstants& ec) {
   const int32_t E = p.head_dim, Ev = p.value_dim, ev8 = value_cols_padded(p);
-  // q_tile = scale·q (the scale folded into Q once), zero rows past rt.rows.
+  // q_tile = scale·q (the scale folded into Q once), times 1 / kReadScale (exact, see
+  // F16FiniteScaledElements), zero rows past rt.rows.
+  constexpr float kQueryFactor = 1.0f / Src::kReadScale;
   for (int r = 0; r < kQueryTile; r++) {
     float* dst = s.q_tile + r * E;
     if (r < rt.rows) {
       const float* src = p.query + rt.b * p.q_stride_b + rt.h[r] * p.q_stride_h +
                          static_cast<int64_t>(rt.i[r]) * p.q_stride_l;
-      for (int32_t d = 0; d < E; d++) dst[d] = src[d] * p.scale;
+      for (int32_t d = 0; d < E; d++) dst[d] = (src[d] * p.scale) * kQueryFactor;
     } else {
       std::fill(dst, dst + E, 0.0f);
     }
@@ -874,6 +906,7 @@ void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
 
   using Elem = typename Src::Elem;
   const Src src;
+  assert(Src::kReadScale == 1.0f || !w.pack);  // packed K/V are read as float32
   const Elem* key = static_cast<const Elem*>(p.key) + w.b * p.k_stride_b + w.kv_head * p.k_stride_h;
   const Elem* value = static_cast<const Elem*>(p.value) + w.b * p.v_stride_b + w.kv_head * p.v_stride_h;
   KeyValueSource<Src> kv{src,   nullptr,      key,         p.k_stride_l, nullptr,
@@ -908,11 +941,29 @@ void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
   }
 }
 
+// Whether every query element of the work's rows has |scale·q| < 2^16 (or is Inf or NaN,
+// which stay so times 2^112): then F16FiniteScaledElements may read its K/V.
+bool query_fits_scaled_halves(const Problem& p, const KernelWork& w) {
+  const int32_t group = p.q_heads / p.kv_heads;
+  for (int32_t f = w.row_begin; f < w.row_end; f++) {
+    const float* q = p.query + w.b * p.q_stride_b + (w.kv_head * group + f / p.q_len) * p.q_stride_h +
+                     static_cast<int64_t>(f % p.q_len) * p.q_stride_l;
+    for (int32_t d = 0; d < p.head_dim; d++) {
+      if (std::fabs(q[d] * p.scale) >= 0x1p16f && std::isfinite(q[d] * p.scale)) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 void sdpa_f32_fwd_ukernel_4x128__wasmsimd(const Problem& p, const KernelWork& w, float* scratch) {
   if (p.kv_type == KvType::kFloat16Finite) {
-    run_work<F16FiniteElements>(p, w, scratch);
+    if (!w.pack && query_fits_scaled_halves(p, w)) {
+      run_work<F16FiniteScaledElements>(p, w, scratch);
+    } else {
+      run_work<F16FiniteElements>(p, w, scratch);
+    }
   } else if (p.kv_type == KvType::kFloat16) {
     run_work<F16Elements>(p, w, scratch);
   } else {

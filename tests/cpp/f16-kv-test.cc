@@ -154,6 +154,28 @@ TEST(F16Widening, FiniteWideningEqualsScalarForEveryPatternButInfAndNaN) {
   }
 }
 
+TEST(F16Widening, ScaledWideningIsTheValueTimes2ToTheMinus112ForEveryPatternButInfAndNaN) {
+  // f16x4_load_finite_as_f32_times_2_minus_112 (the kFloat16Finite decode path, which
+  // multiplies q and p by 2^112 instead) must give value·2^-112 exactly: a float for every
+  // finite half (at least 2^-136 in magnitude, above float's 2^-149), ±0 keeping its sign.
+  std::vector<uint16_t> finite;
+  for (uint32_t i = 0; i < 65536; i++) {
+    if ((i & 0x7C00) != 0x7C00) finite.push_back(static_cast<uint16_t>(i));
+  }
+  const F16Constants c = make_f16_constants();
+  for (uint32_t phase = 0; phase < 4; phase++) {
+    for (size_t i = phase; i + 4 <= finite.size(); i += 4) {
+      alignas(16) float out[4];
+      wasm_v128_store(out, f16x4_load_finite_as_f32_times_2_minus_112(finite.data() + i, c));
+      for (uint32_t lane = 0; lane < 4; lane++) {
+        const float expected = static_cast<float>(std::ldexp(half_value(finite[i + lane]), -112));
+        ASSERT_EQ(static_cast<double>(expected), std::ldexp(half_value(finite[i + lane]), -112));
+        ASSERT_EQ(bits_of(out[lane]), bits_of(expected)) << std::hex << "half 0x" << finite[i + lane];
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // 1b. Narrowing: f32_to_f16 against a nearest-half search.
 // ---------------------------------------------------------------------------------------
@@ -632,6 +654,52 @@ TEST(F16Kernel, FiniteHalvesGiveTheSameBitsAsTheExactWidening) {
     EXPECT_TRUE(same_bits(finite.weights, exact.weights)) << c.describe();
     finite.expect_matches_reference();
   }
+}
+
+TEST(F16Kernel, FiniteHalvesGiveTheSameBitsAsTheExactWideningForExtremeValuesAndQueries) {
+  // A decode of kFloat16Finite halves reads them times 2^-112 and multiplies q and p by 2^112
+  // instead, while every |scale·q| < 2^16 (beyond, (scale·q)·2^112 would overflow, and the
+  // kernel widens exactly instead). Either way the bits must be kFloat16's: here with K/V
+  // holding ±65504, subnormal halves and -0, and query elements just under 2^16, at 2^16 and
+  // past it (scores up to 2^39: the softmax's max subtraction keeps them finite), both reading
+  // orders, MHA and GQA, E and Ev with a scalar tail, with and without weights and segments.
+  const float just_under = std::nextafter(65536.0f, 0.0f);
+  const float queries[] = {0.0f, just_under, -just_under, 65536.0f, -65536.0f, 131072.0f};
+  uint32_t seed = 600;
+  for (float extreme_q : queries)
+    for (auto heads : {std::pair<int, int>{8, 2}, {3, 3}})
+      for (bool in_order : {false, true})
+        for (bool weights : {false, true}) {
+          F16Case c;
+          c.B = 2, c.Hq = heads.first, c.Hkv = heads.second, c.Lq = 1, c.Lk = 4 * kKeyTile + 3;
+          c.E = 67, c.Ev = 35, c.weights = weights, c.key_lengths = {c.Lk, 300}, c.seed = seed++;
+          F16Harness exact(c);
+          std::mt19937 rng(c.seed);
+          const uint16_t extremes[] = {kHalfMax, 0xFBFF /* -65504 */, 0x8000 /* -0 */, 0x0001, 0x83FF, 0x0400};
+          for (std::vector<uint16_t>* kv : {&exact.k, &exact.v}) {
+            for (uint16_t& h : *kv) {
+              if (!is_nan_half(h) && h != kHalfNegInf && rng() % 16 == 0) h = extremes[rng() % 6];
+            }
+          }
+          if (extreme_q != 0.0f) {  // 0: the harness's normal queries only
+            for (size_t n = 0; n < exact.q.size(); n += 5) exact.q[n] = n % 2 == 0 ? extreme_q : -extreme_q;
+          }
+          exact.p.scale = 1.0f;  // scale·q is q
+          exact.p.read_kv_in_order = in_order;
+          F16Harness finite(c);
+          finite.q = exact.q, finite.k = exact.k, finite.v = exact.v;
+          finite.p = exact.p;
+          finite.p.query = finite.q.data(), finite.p.key = finite.k.data(), finite.p.value = finite.v.data();
+          finite.p.output = finite.out.data(), finite.p.weights = weights ? finite.weights.data() : nullptr;
+          finite.p.key_lengths = finite.key_lengths.data();
+          finite.p.kv_type = KvType::kFloat16Finite;
+          ASSERT_EQ(exact.run(), Status::kOk);
+          ASSERT_EQ(finite.run(), Status::kOk);
+          EXPECT_TRUE(same_bits(finite.out, exact.out)) << c.describe() << " q " << extreme_q << " in order " << in_order;
+          EXPECT_TRUE(same_bits(finite.weights, exact.weights)) << c.describe() << " q " << extreme_q;
+          // Scores stay inside float (|q·k| < 2^17·65504·67): a NaN here would make equal bits vacuous.
+          for (float o : finite.out) ASSERT_TRUE(std::isfinite(o)) << c.describe() << " q " << extreme_q;
+        }
 }
 
 TEST(F16Kernel, ValidateRejectsAnUnknownKvType) {
