@@ -77,7 +77,8 @@ struct F16Elements {
   v128_t load4(const uint16_t* p) const { return f16x4_load_as_f32(p, c); }
   float scalar(uint16_t h) const { return f16_to_f32(h); }
 };
-// Halves without Inf/NaN patterns (KvType::kFloat16Finite): 4 instructions per 4 halves, not 8.
+// Halves without Inf/NaN patterns (KvType::kFloat16Finite): 4 instructions per 4 halves, not 8
+// (packing; a decode reads them with F16FiniteScaledElements, 3).
 struct F16FiniteElements {
   using Elem = uint16_t;
   static constexpr float kReadScale = 1.0f;
