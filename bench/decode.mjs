@@ -1,10 +1,13 @@
-// node bench/decode.mjs [--quick] [--json PATH] [--contexts 512,4096] [--kinds MHA,GQA] [--hot] [--no-ort]
+// node bench/decode.mjs [--quick] [--json PATH] [--contexts 512,4096] [--kinds MHA,GQA] [--hot] [--no-ort] [--portable]
 // (also run by bench.mjs, after its shapes, unless it is given --no-decode)
 //
 // Decoding with the KV cache (attn.createKVCache): one step = cache.attend() of one query row
 // per head (Lq = 1) against `context` stored positions, for
 //   MHA B1 H32 E128 and GQA B1 Hq32 Hkv8 E128, contexts 512 … 32768 (--quick: 512 and 4096),
-//   float32 and float16 caches, createAttention({ threads: 1 }) and ({ threads: 2 }).
+//   float32 and float16 caches, createAttention({ threads: 1 }) and ({ threads: 2 }): the
+//   relaxed-SIMD build where the engine runs it (Node 20 with --experimental-wasm-relaxed-simd,
+//   as `npm run bench` starts it), else the portable one; --portable forces the portable build.
+//   The build used (attn.isa) is in the header and the JSON (`isa`).
 // Each cache is filled once to `context` with random K/V; then, in the same round-robin rounds:
 //   attend   cache.attend(q, { out })                                   (the decode step)
 //   step     cache.truncate(context − 1); cache.append(1 token); cache.attend(q, { out })
@@ -81,7 +84,8 @@ function l3Bytes(h) {
 /**
  * Runs the decode section and returns its results (the `decode` key of the results JSON).
  * options: quick, contexts (override), kinds ('MHA', 'GQA'), hot (no eviction), ort (false:
- * no onnxruntime-web), log (a console.log-like function).
+ * no onnxruntime-web), portable (true: the portable build even where relaxed SIMD runs), log
+ * (a console.log-like function).
  */
 export async function runDecode(options = {}) {
   const held = { attn: {}, probe: null };   // released whatever happens
@@ -93,7 +97,7 @@ export async function runDecode(options = {}) {
   }
 }
 
-async function decodeSection({ quick = false, contexts = null, kinds = null, hot = false, ort = true, log = console.log } = {}, held) {
+async function decodeSection({ quick = false, contexts = null, kinds = null, hot = false, ort = true, portable = false, log = console.log } = {}, held) {
   const settings = quick
     ? { warmSeconds: 0.1, minWarmups: 2, minRuns: 5, minSeconds: 0.25, maxRuns: 60, maxRunSeconds: 5, budgetSeconds: 10 }
     : { warmSeconds: 0.3, minWarmups: 3, minRuns: 11, minSeconds: 1.5, maxRuns: 200, maxRunSeconds: 10, budgetSeconds: 60 };
@@ -114,14 +118,16 @@ async function decodeSection({ quick = false, contexts = null, kinds = null, hot
   // --- the instances, the read probe, onnxruntime-web ------------------------------------------
   const attn = held.attn;
   for (const t of THREADS) {
-    attn[t] = await createAttention({ threads: t });
+    attn[t] = await createAttention({ threads: t, ...(portable ? { relaxedSimd: false } : {}) });
     if (attn[t].threads !== t) throw new Error(`sdpa-wasm: asked for ${t} threads, got attn.threads = ${attn[t].threads}`);
   }
+  const isa = attn[THREADS[0]].isa;
+  const wasmFiles = isa === 'relaxed-simd' ? ['wasm/sdpa-relaxed.wasm', 'wasm/sdpa-mt-relaxed.wasm'] : ['wasm/sdpa.wasm', 'wasm/sdpa-mt.wasm'];
   const evictBytes = Math.max(96 * 2 ** 20, 3 * (l3Bytes(host) ?? 0));
   const probe = held.probe = await openReadProbe({ evictBytes });
   const pkg = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8'));
   // When the build in dist/ was made (the working tree may change between runs).
-  const build = Object.fromEntries(['index.js', 'kv-cache.js', 'wasm/sdpa.wasm', 'wasm/sdpa-mt.wasm'].map((f) => {
+  const build = Object.fromEntries(['index.js', 'kv-cache.js', ...wasmFiles].map((f) => {
     try { return [`dist/${f}`, statSync(new URL(`../dist/${f}`, import.meta.url)).mtime.toISOString()]; } catch { return [`dist/${f}`, null]; }
   }));
   let ortPeer = null, gqaVariant = null, ortFailed = null;
@@ -134,7 +140,7 @@ async function decodeSection({ quick = false, contexts = null, kinds = null, hot
       log(`onnxruntime-web: FAILED TO LOAD: ${ortFailed}`);
     }
   }
-  log(`sdpa-wasm ${pkg.version} (threads 1 and 2; build ${Object.entries(build).map(([f, t]) => `${f} ${t}`).join(', ')}); read probe: v128.load + i32x4.add over the same bytes, 1 thread and 2 (main + 1 worker); ` +
+  log(`sdpa-wasm ${pkg.version} (${isa} build, threads 1 and 2; build ${Object.entries(build).map(([f, t]) => `${f} ${t}`).join(', ')}); read probe: v128.load + i32x4.add over the same bytes, 1 thread and 2 (main + 1 worker); ` +
     (settings.evict ? `before every timed run, ${fmtMiB(probe.evictBytes)} MiB of other memory read on both threads (untimed), so each run starts from main memory` : '--hot: no eviction between runs') +
     (ortPeer ? `; onnxruntime-web ${ortPeer.version} (wasm, 1 thread)` : ''));
   log(`check: max abs error vs the float64 reference <= ${settings.tolerance}; warm-up >= ${settings.warmSeconds} s and ${settings.minWarmups} runs; ` +
@@ -452,7 +458,7 @@ async function decodeSection({ quick = false, contexts = null, kinds = null, hot
   return {
     date: new Date().toISOString(), node: process.versions.node, v8: process.versions.v8,
     host, cpu: os.cpus()[0]?.model ?? null, vcpus: os.cpus().length,
-    sdpaWasm: pkg.version, build, onnxruntimeWeb: ortPeer?.version ?? null, ortFailed,
+    sdpaWasm: pkg.version, isa, build, onnxruntimeWeb: ortPeer?.version ?? null, ortFailed,
     quick, settings, loadavgBefore: loadBefore, loadavgAfter: loadAfter, totalSeconds,
     readProbe: { kernel: 'v128.load + i32x4.add, 8 accumulators, 128 bytes per iteration; 2 threads: main + 1 worker on one shared memory, halves', evictBytes: settings.evict ? probe.evictBytes : 0 },
     shapes: shapes.map(({ kind, B, Hq, Hkv, E, contexts: cs }) => ({ kind, B, Hq, Hkv, E, contexts: cs })),
@@ -512,6 +518,7 @@ if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.ur
     kinds: arg('--kinds')?.split(',') ?? null,
     hot: argv.includes('--hot'),
     ort: !argv.includes('--no-ort'),
+    portable: argv.includes('--portable'),
   });
   // Into the results file under `decode`, keeping what bench.mjs wrote there.
   let json = {};
