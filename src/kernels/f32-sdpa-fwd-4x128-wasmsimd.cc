@@ -264,6 +264,17 @@ __attribute__((noinline)) v128_t exponentiate_tile(float* scores, int32_t rows, 
     float* s = scores + r * kKeyTile;
     float* const s_end = s + cols;
     v128_t sum = row_sum[r];
+    // Four vectors at a time (exp_nonpositive_n: four independent chains), then the rest.
+    constexpr int kVectors = 4;
+    for (; s + 4 * kVectors <= s_end; s += 4 * kVectors) {
+      v128_t e[kVectors];
+      for (int i = 0; i < kVectors; i++) e[i] = wasm_f32x4_sub(wasm_v128_load(s + 4 * i), m);
+      exp_nonpositive_n<kVectors>(e, ec);
+      for (int i = 0; i < kVectors; i++) {
+        wasm_v128_store(s + 4 * i, e[i]);
+        sum = wasm_f32x4_add(sum, e[i]);  // in column order, as one vector at a time would
+      }
+    }
     for (; s != s_end; s += 4) {
       const v128_t e = exp_nonpositive(wasm_f32x4_sub(wasm_v128_load(s), m), ec);
       wasm_v128_store(s, e);

@@ -68,21 +68,36 @@ inline ExpConstants make_exp_constants() {
   return c;
 }
 
-inline v128_t exp_nonpositive(v128_t x, const ExpConstants& c) {
+// exp of kN vectors at once, in place: x[i] := exp(x[i]), each lane exactly as the scalar form
+// above (the same operations in the same order per lane, so the same bits for any kN). The
+// kN computations are written step by step side by side: one exp is a chain of about 12
+// dependent operations (5 of them the Horner multiply-adds), and interleaved, each dependent
+// step has kN - 1 independent ones next to it for the out-of-order core. exponentiate_tile
+// uses kN = 4: whole-kernel prefill 2-4.5% faster than one vector at a time, bitwise the same,
+// in alternating A/B runs on an AMD EPYC Zen 4 (both builds: the exp about a third faster);
+// kN = 8 gained no more on the relaxed build (its 5·8 live vectors exceed the registers).
+template <int kN>
+inline void exp_nonpositive_n(v128_t* x, const ExpConstants& c) {
+  v128_t z[kN], n_biased[kN], t[kN], scale[kN], p[kN];
   // z = max(x·log2(e), -64); pmax(a, b) = a < b ? b : a keeps a NaN a.
-  const v128_t z = wasm_f32x4_pmax(wasm_f32x4_mul(x, c.log2e), c.min_z);
+  for (int i = 0; i < kN; i++) z[i] = wasm_f32x4_pmax(wasm_f32x4_mul(x[i], c.log2e), c.min_z);
   // n_biased holds n + 64 = round(z) + 64 in its low mantissa bits.
-  const v128_t n_biased = wasm_f32x4_add(z, c.magic_bias);
-  const v128_t t = wasm_f32x4_sub(z, wasm_f32x4_sub(n_biased, c.magic_bias));
+  for (int i = 0; i < kN; i++) n_biased[i] = wasm_f32x4_add(z[i], c.magic_bias);
+  for (int i = 0; i < kN; i++) t[i] = wasm_f32x4_sub(z[i], wasm_f32x4_sub(n_biased[i], c.magic_bias));
   // 2^(n - 63): n + 64 moved into the exponent field; +0 when n = -64.
-  const v128_t scale = wasm_i32x4_shl(n_biased, 23);
+  for (int i = 0; i < kN; i++) scale[i] = wasm_i32x4_shl(n_biased[i], 23);
   // Horner: 2^63·2^t = c0' + t(c1' + t(c2' + t(c3' + t(c4' + t·c5')))), c' = c·2^63.
-  v128_t p = f32x4_madd(c.c5, t, c.c4);
-  p = f32x4_madd(p, t, c.c3);
-  p = f32x4_madd(p, t, c.c2);
-  p = f32x4_madd(p, t, c.c1);
-  p = f32x4_madd(p, t, c.c0);
-  return wasm_f32x4_mul(scale, p);
+  for (int i = 0; i < kN; i++) p[i] = f32x4_madd(c.c5, t[i], c.c4);
+  for (int i = 0; i < kN; i++) p[i] = f32x4_madd(p[i], t[i], c.c3);
+  for (int i = 0; i < kN; i++) p[i] = f32x4_madd(p[i], t[i], c.c2);
+  for (int i = 0; i < kN; i++) p[i] = f32x4_madd(p[i], t[i], c.c1);
+  for (int i = 0; i < kN; i++) p[i] = f32x4_madd(p[i], t[i], c.c0);
+  for (int i = 0; i < kN; i++) x[i] = wasm_f32x4_mul(scale[i], p[i]);
+}
+
+inline v128_t exp_nonpositive(v128_t x, const ExpConstants& c) {
+  exp_nonpositive_n<1>(&x, c);
+  return x;
 }
 
 }  // namespace sdpa

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -86,6 +87,36 @@ TEST(ExpNonpositive, LanesAreIndependent) {
   EXPECT_NEAR(out[1], std::exp(-1.0), allowed_relative_error(-1.0f) * std::exp(-1.0));
   EXPECT_EQ(out[2], 0.0f);
   EXPECT_NEAR(out[3], std::exp(-10.0), allowed_relative_error(-10.0f) * std::exp(-10.0));
+}
+
+// exp_nonpositive_n<kN> (the softmax's four-at-a-time form) must give every lane the bits of
+// exp_nonpositive: over the accurate range, the flush edge, -inf, NaN and 0.
+template <int kN>
+void expect_same_bits_as_one_vector_at_a_time() {
+  const ExpConstants c = make_exp_constants();
+  std::mt19937 rng(11 + kN);
+  std::uniform_real_distribution<float> dist(-50.0f, 0.0f);
+  const float specials[] = {0.0f, -0.0f, -43.9f, -44.0f, -44.1f, -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), -1e-30f, -88.0f};
+  for (int n = 0; n < 20000; n++) {
+    alignas(16) float in[4 * kN];
+    for (int i = 0; i < 4 * kN; i++) in[i] = (n * 4 * kN + i) % 37 == 0 ? specials[(n + i) % 9] : dist(rng);
+    v128_t x[kN];
+    for (int i = 0; i < kN; i++) x[i] = wasm_v128_load(in + 4 * i);
+    exp_nonpositive_n<kN>(x, c);
+    for (int i = 0; i < kN; i++) {
+      alignas(16) float together[4], alone[4];
+      wasm_v128_store(together, x[i]);
+      wasm_v128_store(alone, exp_nonpositive(wasm_v128_load(in + 4 * i), c));
+      ASSERT_EQ(std::memcmp(together, alone, sizeof together), 0) << "kN " << kN << " inputs " << in[4 * i];
+    }
+  }
+}
+
+TEST(ExpNonpositive, SeveralVectorsAtOnceGiveTheBitsOfOneAtATime) {
+  expect_same_bits_as_one_vector_at_a_time<2>();
+  expect_same_bits_as_one_vector_at_a_time<4>();
+  expect_same_bits_as_one_vector_at_a_time<8>();
 }
 
 }  // namespace
