@@ -134,9 +134,10 @@ TEST(F16Widening, SimdEqualsScalarForEveryPatternInEveryLaneAndAtUnalignedAddres
   }
 }
 
-TEST(F16Widening, FiniteWideningEqualsScalarForEveryPatternButInfAndNaN) {
-  // f16x4_load_finite_as_f32 (the kernel's kFloat16Finite path) skips the e = 31 fix-up: it
-  // must equal the exact widening on every other pattern, in every lane.
+// Every half pattern but Inf and NaN (e < 31), through `load` (four halves → four floats) at
+// each of the 4 phases of alignment, every lane's bits against expected_bits(half).
+template <typename Load, typename Expected>
+void expect_every_finite_pattern_in_every_lane(Load load, Expected expected_bits) {
   std::vector<uint16_t> finite;
   for (uint32_t i = 0; i < 65536; i++) {
     if ((i & 0x7C00) != 0x7C00) finite.push_back(static_cast<uint16_t>(i));
@@ -146,34 +147,29 @@ TEST(F16Widening, FiniteWideningEqualsScalarForEveryPatternButInfAndNaN) {
   for (uint32_t phase = 0; phase < 4; phase++) {
     for (size_t i = phase; i + 4 <= finite.size(); i += 4) {
       alignas(16) float out[4];
-      wasm_v128_store(out, f16x4_load_finite_as_f32(finite.data() + i, c));
+      wasm_v128_store(out, load(finite.data() + i, c));
       for (uint32_t lane = 0; lane < 4; lane++) {
-        ASSERT_EQ(bits_of(out[lane]), expected_widened_bits(finite[i + lane])) << std::hex << "half 0x" << finite[i + lane];
+        ASSERT_EQ(bits_of(out[lane]), expected_bits(finite[i + lane])) << std::hex << "half 0x" << finite[i + lane];
       }
     }
   }
+}
+
+TEST(F16Widening, FiniteWideningEqualsScalarForEveryPatternButInfAndNaN) {
+  // f16x4_load_finite_as_f32 (the kernel's kFloat16Finite packing path) skips the e = 31
+  // fix-up: it must equal the exact widening on every other pattern, in every lane.
+  expect_every_finite_pattern_in_every_lane(f16x4_load_finite_as_f32, expected_widened_bits);
 }
 
 TEST(F16Widening, ScaledWideningIsTheValueTimes2ToTheMinus112ForEveryPatternButInfAndNaN) {
   // f16x4_load_finite_as_f32_times_2_minus_112 (the kFloat16Finite decode path, which
   // multiplies q and p by 2^112 instead) must give value·2^-112 exactly: a float for every
   // finite half (at least 2^-136 in magnitude, above float's 2^-149), ±0 keeping its sign.
-  std::vector<uint16_t> finite;
-  for (uint32_t i = 0; i < 65536; i++) {
-    if ((i & 0x7C00) != 0x7C00) finite.push_back(static_cast<uint16_t>(i));
-  }
-  const F16Constants c = make_f16_constants();
-  for (uint32_t phase = 0; phase < 4; phase++) {
-    for (size_t i = phase; i + 4 <= finite.size(); i += 4) {
-      alignas(16) float out[4];
-      wasm_v128_store(out, f16x4_load_finite_as_f32_times_2_minus_112(finite.data() + i, c));
-      for (uint32_t lane = 0; lane < 4; lane++) {
-        const float expected = static_cast<float>(std::ldexp(half_value(finite[i + lane]), -112));
-        ASSERT_EQ(static_cast<double>(expected), std::ldexp(half_value(finite[i + lane]), -112));
-        ASSERT_EQ(bits_of(out[lane]), bits_of(expected)) << std::hex << "half 0x" << finite[i + lane];
-      }
-    }
-  }
+  expect_every_finite_pattern_in_every_lane(f16x4_load_finite_as_f32_times_2_minus_112, [](uint16_t h) {
+    const double scaled = std::ldexp(half_value(h), -112);
+    EXPECT_EQ(static_cast<double>(static_cast<float>(scaled)), scaled) << "not a float: half 0x" << std::hex << h;
+    return bits_of(static_cast<float>(scaled));
+  });
 }
 
 // ---------------------------------------------------------------------------------------
