@@ -658,44 +658,47 @@ TEST(F16Kernel, FiniteHalvesGiveTheSameBitsAsTheExactWideningForExtremeValuesAnd
   // kernel widens exactly instead). Either way the bits must be kFloat16's: here with K/V
   // holding ±65504, subnormal halves and -0, and query elements just under 2^16, at 2^16 and
   // past it (scores up to 2^39: the softmax's max subtraction keeps them finite), both reading
-  // orders, MHA and GQA, E and Ev with a scalar tail, with and without weights and segments.
+  // orders, MHA and GQA, one and two query rows per head (each read in place: at most two row
+  // tiles per KV head), E and Ev with a scalar tail, with and without weights and segments.
   const float just_under = std::nextafter(65536.0f, 0.0f);
   const float queries[] = {0.0f, just_under, -just_under, 65536.0f, -65536.0f, 131072.0f};
   uint32_t seed = 600;
   for (float extreme_q : queries)
     for (auto heads : {std::pair<int, int>{8, 2}, {3, 3}})
-      for (bool in_order : {false, true})
-        for (bool weights : {false, true}) {
-          F16Case c;
-          c.B = 2, c.Hq = heads.first, c.Hkv = heads.second, c.Lq = 1, c.Lk = 4 * kKeyTile + 3;
-          c.E = 67, c.Ev = 35, c.weights = weights, c.key_lengths = {c.Lk, 300}, c.seed = seed++;
-          F16Harness exact(c);
-          std::mt19937 rng(c.seed);
-          const uint16_t extremes[] = {kHalfMax, 0xFBFF /* -65504 */, 0x8000 /* -0 */, 0x0001, 0x83FF, 0x0400};
-          for (std::vector<uint16_t>* kv : {&exact.k, &exact.v}) {
-            for (uint16_t& h : *kv) {
-              if (!is_nan_half(h) && h != kHalfNegInf && rng() % 16 == 0) h = extremes[rng() % 6];
+      for (int lq : {1, 2})  // rows per KV head: 4 or 8 with GQA (one or two row tiles), 1 or 2 with MHA
+        for (bool in_order : {false, true})
+          for (bool weights : {false, true}) {
+            F16Case c;
+            c.B = 2, c.Hq = heads.first, c.Hkv = heads.second, c.Lq = lq, c.Lk = 4 * kKeyTile + 3;
+            c.E = 67, c.Ev = 35, c.weights = weights, c.key_lengths = {c.Lk, 300}, c.seed = seed++;
+            F16Harness exact(c);
+            ASSERT_TRUE(reads_keys_in_place(exact.p)) << c.describe();
+            std::mt19937 rng(c.seed);
+            const uint16_t extremes[] = {kHalfMax, 0xFBFF /* -65504 */, 0x8000 /* -0 */, 0x0001, 0x83FF, 0x0400};
+            for (std::vector<uint16_t>* kv : {&exact.k, &exact.v}) {
+              for (uint16_t& h : *kv) {
+                if (!is_nan_half(h) && h != kHalfNegInf && rng() % 16 == 0) h = extremes[rng() % 6];
+              }
             }
+            if (extreme_q != 0.0f) {  // 0: the harness's normal queries only
+              for (size_t n = 0; n < exact.q.size(); n += 5) exact.q[n] = n % 2 == 0 ? extreme_q : -extreme_q;
+            }
+            exact.p.scale = 1.0f;  // scale·q is q
+            exact.p.read_kv_in_order = in_order;
+            F16Harness finite(c);
+            finite.q = exact.q, finite.k = exact.k, finite.v = exact.v;
+            finite.p = exact.p;
+            finite.p.query = finite.q.data(), finite.p.key = finite.k.data(), finite.p.value = finite.v.data();
+            finite.p.output = finite.out.data(), finite.p.weights = weights ? finite.weights.data() : nullptr;
+            finite.p.key_lengths = finite.key_lengths.data();
+            finite.p.kv_type = KvType::kFloat16Finite;
+            ASSERT_EQ(exact.run(), Status::kOk);
+            ASSERT_EQ(finite.run(), Status::kOk);
+            EXPECT_TRUE(same_bits(finite.out, exact.out)) << c.describe() << " q " << extreme_q << " in order " << in_order;
+            EXPECT_TRUE(same_bits(finite.weights, exact.weights)) << c.describe() << " q " << extreme_q;
+            // Scores stay inside float (|q·k| < 2^17·65504·67): a NaN here would make equal bits vacuous.
+            for (float o : finite.out) ASSERT_TRUE(std::isfinite(o)) << c.describe() << " q " << extreme_q;
           }
-          if (extreme_q != 0.0f) {  // 0: the harness's normal queries only
-            for (size_t n = 0; n < exact.q.size(); n += 5) exact.q[n] = n % 2 == 0 ? extreme_q : -extreme_q;
-          }
-          exact.p.scale = 1.0f;  // scale·q is q
-          exact.p.read_kv_in_order = in_order;
-          F16Harness finite(c);
-          finite.q = exact.q, finite.k = exact.k, finite.v = exact.v;
-          finite.p = exact.p;
-          finite.p.query = finite.q.data(), finite.p.key = finite.k.data(), finite.p.value = finite.v.data();
-          finite.p.output = finite.out.data(), finite.p.weights = weights ? finite.weights.data() : nullptr;
-          finite.p.key_lengths = finite.key_lengths.data();
-          finite.p.kv_type = KvType::kFloat16Finite;
-          ASSERT_EQ(exact.run(), Status::kOk);
-          ASSERT_EQ(finite.run(), Status::kOk);
-          EXPECT_TRUE(same_bits(finite.out, exact.out)) << c.describe() << " q " << extreme_q << " in order " << in_order;
-          EXPECT_TRUE(same_bits(finite.weights, exact.weights)) << c.describe() << " q " << extreme_q;
-          // Scores stay inside float (|q·k| < 2^17·65504·67): a NaN here would make equal bits vacuous.
-          for (float o : finite.out) ASSERT_TRUE(std::isfinite(o)) << c.describe() << " q " << extreme_q;
-        }
 }
 
 TEST(F16Kernel, ValidateRejectsAnUnknownKvType) {
