@@ -78,7 +78,7 @@ struct F16Elements {
   float scalar(uint16_t h) const { return f16_to_f32(h); }
 };
 // Halves without Inf/NaN patterns (KvType::kFloat16Finite): 4 instructions per 4 halves, not 8
-// (packing; a decode reads them with F16FiniteScaledElements, 3).
+// (packing, and a decode whose queries are too large for F16FiniteScaledElements' 3).
 struct F16FiniteElements {
   using Elem = uint16_t;
   static constexpr float kReadScale = 1.0f;
