@@ -401,7 +401,7 @@ inline uint32_t touch_row(const RowPrefetch<Elem>& v, int32_t j) {
 // (Scratch::q_blocks): the rows' vectors for one block are adjacent, so every q load of the
 // loop is a constant offset from one pointer. (With a pointer per row, row-major, V8 computed
 // every load's address with an instruction of its own: GQA decode Hq32 Hkv8 E128, 4 rows per
-// tile, took 1.11× the time at 2048 keys and 1.0–1.05× at 8192, same bits.) q (row-major,
+// tile, took 1.11× the time at 2048 keys and 0.96–1.11× at 8192, same bits.) q (row-major,
 // rows head_dim apart) serves the last E % 4 dims.
 template <int kRows, int kChains, typename Src>
 void score_keys(const Src& src, const float* q_blocks, const float* q, const typename Src::Elem* k,
