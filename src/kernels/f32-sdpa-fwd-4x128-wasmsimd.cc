@@ -566,6 +566,76 @@ void pv_columns_scalar(const Src& src, const float* probs, const typename Src::E
   }
 }
 
+// acc[0 .. c4) += Σ_n probs[n]·rows[n][0 .. c4) for kKeys V rows, c4 = cols & ~3, n in
+// order (the same operations per column as kKeys passes of one key), then the last cols % 4
+// columns as pv_columns_scalar does them: keys with probability 0 skipped.
+template <int kKeys, typename Src>
+inline void add_value_rows(const Src& src, const float* probs, const typename Src::Elem* const (&rows)[kKeys],
+                           int32_t cols, float* acc) {
+  using Elem = typename Src::Elem;
+  constexpr int kVecs = 8 / kKeys;  // columns per pass: 32 for one key, 16 for two
+  const int32_t c4 = cols & ~3;
+  v128_t p[kKeys];
+  const Elem* v[kKeys];
+  for (int n = 0; n < kKeys; n++) p[n] = wasm_f32x4_splat(probs[n]), v[n] = rows[n];
+  float* o = acc;
+  float* const o_end = acc + c4 / (4 * kVecs) * (4 * kVecs);
+#pragma clang loop unroll(disable)
+  for (; o != o_end; o += 4 * kVecs) {
+    for (int k = 0; k < kVecs; k++) {
+      v128_t x = wasm_v128_load(o + 4 * k);
+      for (int n = 0; n < kKeys; n++) x = f32x4_madd(p[n], src.load4(v[n] + 4 * k), x);
+      wasm_v128_store(o + 4 * k, x);
+    }
+    for (int n = 0; n < kKeys; n++) v[n] += 4 * kVecs;
+  }
+  for (; o != acc + c4; o += 4) {
+    v128_t x = wasm_v128_load(o);
+    for (int n = 0; n < kKeys; n++) x = f32x4_madd(p[n], src.load4(v[n]), x), v[n] += 4;
+    wasm_v128_store(o, x);
+  }
+  for (int n = 0; n < kKeys; n++) {
+    if (probs[n] == 0.0f) continue;
+    for (int32_t c = c4; c < cols; c++) acc[c] += probs[n] * src.scalar(rows[n][c]);
+  }
+}
+
+// The same as pv_block for one row (kRows = 1) and V read in place in memory order (a KV
+// cache's decode, MHA: one query row per KV head), key after key, each V row whole, the sum
+// in memory (acc, in L1) rather than in registers: acc[0 .. cols) = alpha·acc +
+// Σ_j probs[j]·V[j][0 .. cols). V then streams from main memory in order, as the read of K
+// before it did, and scoring need not touch V for P·V's sake (score_tile_from); column blocks
+// over the tile's keys (pv_block) read each V row in strided passes, which main memory does
+// not stream, so they needed the tile in cache. Each column gets the same operations in the
+// same order as in pv_block (acc·alpha, then + p_j·v_j for j in key order, keys from
+// open_count on skipped where p_j == 0; the last cols % 4 columns as pv_columns_scalar does
+// them): the same bits.
+// Float32 rows go one key per pass: two rows side by side (512 bytes apart at E = 128) stream
+// badly, 1.45× the time of MHA B1 H32 Lk8192 E128 (A/B, AMD EPYC Zen 4). Float16 rows go two
+// keys per pass: widening makes that decode compute-bound, and sharing each acc load and store
+// between two keys took 0.88× the time of one key per pass.
+template <typename Src>
+void pv_row_in_order(const Src& src, const float* probs, const typename Src::Elem* value, int64_t v_stride,
+                     int32_t cols, int32_t open_count, int32_t key_count, float alpha, float* acc) {
+  using Elem = typename Src::Elem;
+  constexpr int kKeys = sizeof(Elem) == 2 ? 2 : 1;
+  const int32_t c4 = cols & ~3;
+  const v128_t alpha_v = wasm_f32x4_splat(alpha);
+  for (int32_t c = 0; c < c4; c += 4) wasm_v128_store(acc + c, wasm_f32x4_mul(wasm_v128_load(acc + c), alpha_v));
+  for (int32_t c = c4; c < cols; c++) acc[c] *= alpha;
+  int32_t j = 0;
+  for (; j + kKeys <= open_count; j += kKeys) {
+    const Elem* rows[kKeys];
+    for (int n = 0; n < kKeys; n++) rows[n] = value + (j + n) * v_stride;
+    add_value_rows<kKeys>(src, probs + j, rows, cols, acc);
+  }
+  for (; j < key_count; j++) {
+    if (j >= open_count && probs[j] == 0.0f) continue;
+    const Elem* const row[1] = {value + j * v_stride};
+    add_value_rows<1>(src, probs + j, row, cols, acc);
+  }
+}
+
 template <int kRows, typename Src>
 void accumulate_pv_rows(const Src& src, const float* probs, const typename Src::Elem* value, int64_t v_stride,
                         int32_t cols, int32_t open_count, int32_t key_count, const float* alpha, float* acc,
@@ -714,9 +784,12 @@ void score_tile_from(const KeyValueSource<Src>& kv, const float* q_tile, const f
     score_4x8_packed<kKeyTile>(q_cols, kv.packed_key + static_cast<size_t>(j0) * head_dim, head_dim,
                                round_up(key_count, kKeyGroup), scores);
   } else if (kv.in_memory_order) {
+    // V rows are touched for P·V by column blocks (pv_block), not for one row's P·V, which
+    // streams V itself (pv_row_in_order): then an empty prefetch (no elements).
     uint32_t sink = 0;
+    const int32_t touched_cols = rows == 1 ? 0 : kv.value_cols;
     score_tile_in_place(kv.src, q_blocks, q_tile, rows, kv.key_row(j0), kv.key_stride, key_count, head_dim, scores,
-                        RowPrefetch<typename Src::Elem>{kv.value_row(j0), kv.value_stride, kv.value_cols}, &sink);
+                        RowPrefetch<typename Src::Elem>{kv.value_row(j0), kv.value_stride, touched_cols}, &sink);
     volatile uint32_t keep = sink;  // the touched values are "used": their loads stay
     (void)keep;
   } else {
@@ -742,6 +815,11 @@ void accumulate_pv_from(const KeyValueSource<Src>& kv, float* probs, int32_t j0,
           wasm_v128_store(x, wasm_f32x4_mul(wasm_v128_load(x), factor));
         }
       }
+    }
+    if (rows == 1 && kv.in_memory_order) {
+      pv_row_in_order(kv.src, probs, kv.value_row(j0), kv.value_stride, kv.value_cols, open_count, key_count,
+                      wasm_f32x4_extract_lane(alpha, 0), acc);
+      return;
     }
     accumulate_pv(kv.src, probs, kv.value_row(j0), kv.value_stride, kv.value_cols, rows, open_count, key_count,
                   alpha, acc, acc_stride);

@@ -517,6 +517,53 @@ TEST(F16Kernel, DecodeReadsHalvesInPlaceAroundTileEdges) {
     }
 }
 
+// A decode read in order whose mask blocks keys inside the attended range: those keys' K and
+// V rows are NaN, which must not reach the output (blocked keys are skipped, not multiplied
+// by 0). MHA (one row per KV head: P·V key after key, pv_row_in_order) and GQA (four rows:
+// column blocks), float16 and float32 storage, E and Ev with and without a scalar tail, key
+// counts around the tile edges, with and without split-K segments.
+TEST(F16Kernel, DecodeInOrderSkipsMaskedKeysWithNaNRows) {
+  uint32_t seed = 300;
+  const std::pair<int, int> dims[] = {{67, 35}, {128, 128}, {3, 5}, {64, 67}};
+  int pair = 0;
+  for (int lk : kKeyLengths)
+    for (auto heads : {std::pair<int, int>{3, 3}, {8, 2}}) {
+      for (bool weights : {false, true}) {
+        F16Case c;
+        c.B = 2, c.Hq = heads.first, c.Hkv = heads.second, c.Lq = 1, c.Lk = lk;
+        c.E = dims[pair % 4].first, c.Ev = dims[pair % 4].second, pair++;
+        c.float_mask = true, c.mask_block_fraction = 0.3, c.weights = weights, c.seed = seed++;
+        F16Harness h(c);
+        h.p.read_kv_in_order = true;
+        int blocked = 0;
+        for (int b = 0; b < c.B; b++) {
+          for (int j = 0; j < lk; j++) {
+            if (h.mask[size_t(b) * lk + j] != -kInf) continue;  // a key the mask blocks:
+            blocked++;
+            for (int kv_head = 0; kv_head < c.Hkv; kv_head++) {
+              for (int d = 0; d < c.E; d++) h.key_at(b, kv_head, j, d) = kHalfNaN;
+              for (int d = 0; d < c.Ev; d++) h.value_at(b, kv_head, j, d) = kHalfNaN;
+            }
+          }
+        }
+        ASSERT_TRUE(reads_keys_in_place(h.p)) << c.describe();
+        ASSERT_EQ(h.run(), Status::kOk) << c.describe();
+        h.expect_matches_reference();
+        // Float32 copies of the same storage: the float32 instantiation of the path.
+        std::vector<float> k32(h.k.size()), v32(h.v.size());
+        std::transform(h.k.begin(), h.k.end(), k32.begin(), f16_to_f32);
+        std::transform(h.v.begin(), h.v.end(), v32.begin(), f16_to_f32);
+        std::fill(h.out.begin(), h.out.end(), kNaN);
+        h.p.kv_type = KvType::kFloat32, h.p.key = k32.data(), h.p.value = v32.data();
+        ASSERT_EQ(h.run(), Status::kOk) << c.describe() << " float32";
+        h.expect_matches_reference();
+        if (lk >= 7) {
+          EXPECT_GT(blocked, 0) << c.describe();  // the case blocks some key
+        }
+      }
+    }
+}
+
 // Prefill: 37 query rows per head, 2 query heads per KV head: many row tiles, K packed
 // (widened while packing) and V copied widened.
 TEST(F16Kernel, PrefillPacksWidenedHalvesAroundTileEdges) {
