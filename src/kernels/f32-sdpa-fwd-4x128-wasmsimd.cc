@@ -28,8 +28,10 @@
 // one block reads its keys' columns as one contiguous run; row-major V read in place was 10%
 // slower at N = 2048 in A/B runs, the same at N = 512). In place, a decode whose K/V come
 // from main memory (a KV cache's storage, p.read_kv_in_order) scores one key at a time in
-// memory order and touches each V row as its key is scored (score_tile_in_place): only a
-// sequential stream keeps the hardware prefetcher ahead, and P·V then finds the tile in cache.
+// memory order (score_tile_in_place): only a sequential stream keeps the hardware prefetcher
+// ahead. With one query row (MHA), P·V then streams V the same way, key after key
+// (pv_row_in_order); with more rows each V row is touched as its key is scored, and P·V (column
+// blocks, fewer instructions per row) finds the tile in cache.
 // K/V just copied in are still in cache: there four keys at a time take fewer instructions
 // (score_tile_4_keys).
 //
