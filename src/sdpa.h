@@ -86,9 +86,10 @@ struct Problem {
   // A hint for the decode path (K/V read in place), which never changes the result's value
   // beyond float rounding and never depends on the thread count: true when K/V come from main
   // memory rather than the core's caches (a KV cache's storage, read once per step). Keys
-  // are then read one at a time in memory order, which the hardware prefetcher streams, and
-  // each V row is touched as its key is scored; false (K/V just copied in, still in cache):
-  // four keys at a time, fewer instructions per key.
+  // are then read one at a time in memory order, which the hardware prefetcher streams; V
+  // rows too, key after key, in P·V (one query row per KV head), or touched as their keys are
+  // scored (more rows); false (K/V just copied in, still in cache): four keys at a time, fewer
+  // instructions per key.
   bool read_kv_in_order = false;
 };
 
