@@ -469,6 +469,20 @@ struct F16Harness {
   }
 };
 
+// Runs h's problem on float32 copies of its halves, in the same storage layout (the float32
+// instantiation of the same path), against the reference; h.p points at the halves again after.
+void expect_float32_copies_match_reference(F16Harness& h, const std::string& what) {
+  std::vector<float> k32(h.k.size()), v32(h.v.size());
+  std::transform(h.k.begin(), h.k.end(), k32.begin(), f16_to_f32);
+  std::transform(h.v.begin(), h.v.end(), v32.begin(), f16_to_f32);
+  std::fill(h.out.begin(), h.out.end(), kNaN);
+  const Problem halves = h.p;
+  h.p.kv_type = KvType::kFloat32, h.p.key = k32.data(), h.p.value = v32.data();
+  ASSERT_EQ(h.run(), Status::kOk) << what;
+  h.expect_matches_reference();
+  h.p = halves;
+}
+
 // Runs the case against the reference. A decode (K/V read in place) also runs with
 // read_kv_in_order (the KV cache's reading order: keys one at a time, V rows touched as their
 // keys are scored), against the reference too, and on float32 copies of the halves as well.
@@ -483,13 +497,7 @@ void check(const F16Case& c, bool expect_in_place) {
   ASSERT_EQ(in_order.run(), Status::kOk) << c.describe() << " in order";
   in_order.expect_matches_reference();
   // Float32 K/V in the same storage layout, in order: the float32 instantiation of that path.
-  std::vector<float> k32(in_order.k.size()), v32(in_order.v.size());
-  std::transform(in_order.k.begin(), in_order.k.end(), k32.begin(), f16_to_f32);
-  std::transform(in_order.v.begin(), in_order.v.end(), v32.begin(), f16_to_f32);
-  std::fill(in_order.out.begin(), in_order.out.end(), kNaN);
-  in_order.p.kv_type = KvType::kFloat32, in_order.p.key = k32.data(), in_order.p.value = v32.data();
-  ASSERT_EQ(in_order.run(), Status::kOk) << c.describe() << " in order, float32";
-  in_order.expect_matches_reference();
+  expect_float32_copies_match_reference(in_order, c.describe() + " in order, float32");
 }
 
 const int kKeyLengths[] = {1, 7, kKeyTile - 1, kKeyTile, kKeyTile + 1, 4 * kKeyTile + 1, 1100};
@@ -550,13 +558,7 @@ TEST(F16Kernel, DecodeInOrderSkipsMaskedKeysWithNaNRows) {
         ASSERT_EQ(h.run(), Status::kOk) << c.describe();
         h.expect_matches_reference();
         // Float32 copies of the same storage: the float32 instantiation of the path.
-        std::vector<float> k32(h.k.size()), v32(h.v.size());
-        std::transform(h.k.begin(), h.k.end(), k32.begin(), f16_to_f32);
-        std::transform(h.v.begin(), h.v.end(), v32.begin(), f16_to_f32);
-        std::fill(h.out.begin(), h.out.end(), kNaN);
-        h.p.kv_type = KvType::kFloat32, h.p.key = k32.data(), h.p.value = v32.data();
-        ASSERT_EQ(h.run(), Status::kOk) << c.describe() << " float32";
-        h.expect_matches_reference();
+        expect_float32_copies_match_reference(h, c.describe() + " float32");
         if (lk >= 7) {
           EXPECT_GT(blocked, 0) << c.describe();  // the case blocks some key
         }
