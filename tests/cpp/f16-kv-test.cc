@@ -484,8 +484,9 @@ void expect_float32_copies_match_reference(F16Harness& h, const std::string& wha
 }
 
 // Runs the case against the reference. A decode (K/V read in place) also runs with
-// read_kv_in_order (the KV cache's reading order: keys one at a time, V rows touched as their
-// keys are scored), against the reference too, and on float32 copies of the halves as well.
+// read_kv_in_order (the KV cache's reading order: keys one at a time in memory order, V rows
+// streamed by P·V for one row per KV head, else touched as their keys are scored), against the
+// reference too, and on float32 copies of the halves as well.
 void check(const F16Case& c, bool expect_in_place) {
   F16Harness h(c);
   ASSERT_EQ(reads_keys_in_place(h.p), expect_in_place) << c.describe();
