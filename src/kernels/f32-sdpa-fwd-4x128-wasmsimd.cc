@@ -615,7 +615,8 @@ inline void add_value_rows(const Src& src, const float* probs, const typename Sr
 // Float32 rows go one key per pass: two rows side by side (512 bytes apart at E = 128) stream
 // badly, 1.45× the time of MHA B1 H32 Lk8192 E128 (A/B, AMD EPYC Zen 4). Float16 rows go two
 // keys per pass: widening makes that decode compute-bound, and sharing each acc load and store
-// between two keys took 0.88× the time of one key per pass.
+// between two keys matters there: against the column passes, one key per pass took 1.03× the
+// time, two keys 0.88–0.97× (four keys, 1.16–1.19×).
 template <typename Src>
 void pv_row_in_order(const Src& src, const float* probs, const typename Src::Elem* value, int64_t v_stride,
                      int32_t cols, int32_t open_count, int32_t key_count, float alpha, float* acc) {
