@@ -617,6 +617,11 @@ inline void add_value_rows(const Src& src, const float* probs, const typename Sr
 // keys per pass: widening makes that decode compute-bound, and sharing each acc load and store
 // between two keys matters there: against the column passes, one key per pass took 1.03× the
 // time, two keys 0.88–0.97× (four keys, 1.16–1.19×).
+// Whether P·V of a tile with this many rows, V read in place in memory order, streams V itself
+// (pv_row_in_order) rather than reading the tile's V from cache by column blocks (pv_block),
+// for which scoring touches each V row first. The one place that decides it.
+constexpr bool pv_streams_value(int32_t rows) { return rows == 1; }
+
 template <typename Src>
 void pv_row_in_order(const Src& src, const float* probs, const typename Src::Elem* value, int64_t v_stride,
                      int32_t cols, int32_t open_count, int32_t key_count, float alpha, float* acc) {
@@ -790,7 +795,7 @@ void score_tile_from(const KeyValueSource<Src>& kv, const float* q_tile, const f
     // V rows are touched for P·V by column blocks (pv_block), not for one row's P·V, which
     // streams V itself (pv_row_in_order): then an empty prefetch (no elements).
     uint32_t sink = 0;
-    const int32_t touched_cols = rows == 1 ? 0 : kv.value_cols;
+    const int32_t touched_cols = pv_streams_value(rows) ? 0 : kv.value_cols;
     score_tile_in_place(kv.src, q_blocks, q_tile, rows, kv.key_row(j0), kv.key_stride, key_count, head_dim, scores,
                         RowPrefetch<typename Src::Elem>{kv.value_row(j0), kv.value_stride, touched_cols}, &sink);
     volatile uint32_t keep = sink;  // the touched values are "used": their loads stay
@@ -819,7 +824,7 @@ void accumulate_pv_from(const KeyValueSource<Src>& kv, float* probs, int32_t j0,
         }
       }
     }
-    if (rows == 1 && kv.in_memory_order) {
+    if (kv.in_memory_order && pv_streams_value(rows)) {
       pv_row_in_order(kv.src, probs, kv.value_row(j0), kv.value_stride, kv.value_cols, open_count, key_count,
                       wasm_f32x4_extract_lane(alpha, 0), acc);
       return;
