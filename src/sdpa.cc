@@ -116,8 +116,8 @@ WorkPlan plan_work(const Problem& p, int32_t threads) {
   }
   w.block_rows = round_up((w.rows + w.blocks - 1) / w.blocks, kQueryTile);
   w.blocks = (w.rows + w.block_rows - 1) / w.block_rows;
-  w.per_thread = sdpa_f32_fwd_4x128__wasmsimd_scratch(p, !w.in_place);
-  w.partial_floats = static_cast<uint64_t>(row_tiles) * sdpa_f32_fwd_4x128__wasmsimd_partial_floats(p);
+  w.per_thread = sdpa_f32_fwd_4x512__wasmsimd_scratch(p, !w.in_place);
+  w.partial_floats = static_cast<uint64_t>(row_tiles) * sdpa_f32_fwd_4x512__wasmsimd_partial_floats(p);
   return w;
 }
 
@@ -164,7 +164,7 @@ void forward_item(void* context, int32_t item, int32_t thread) {
     kw.pack = !w.in_place;
   }
   kw.b = pair / p.kv_heads, kw.kv_head = pair % p.kv_heads;
-  sdpa_f32_fwd_ukernel_4x128__wasmsimd(p, kw, fw.scratch + static_cast<size_t>(thread) * w.per_thread);
+  sdpa_f32_fwd_ukernel_4x512__wasmsimd(p, kw, fw.scratch + static_cast<size_t>(thread) * w.per_thread);
 }
 
 void merge_item(void* context, int32_t pair, int32_t /*thread*/) {
@@ -204,7 +204,7 @@ int32_t segment_keys() { return kSegmentKeys; }
 
 int32_t segment_count(const Problem& p) { return (p.kv_len + kSegmentKeys - 1) / kSegmentKeys; }
 
-uint64_t segment_scratch_floats(const Problem& p) { return sdpa_f32_fwd_4x128__wasmsimd_scratch(p, false); }
+uint64_t segment_scratch_floats(const Problem& p) { return sdpa_f32_fwd_4x512__wasmsimd_scratch(p, false); }
 
 uint64_t segment_partials_floats(const Problem& p) {
   return static_cast<uint64_t>(segment_count(p)) * plan_work(p, 1).partial_floats;
@@ -232,7 +232,7 @@ Status forward_segment(const Problem& p, int32_t segment, float* partials, float
   // The same kernel call as forward_item's for this segment, with K/V starting at its keys.
   KernelWork kw = segment_work(p, plan_work(p, 1), segment, partials);
   kw.stored_from = kw.key_begin;
-  sdpa_f32_fwd_ukernel_4x128__wasmsimd(p, kw, scratch);
+  sdpa_f32_fwd_ukernel_4x512__wasmsimd(p, kw, scratch);
   return Status::kOk;
 }
 

@@ -8,10 +8,19 @@ namespace sdpa {
 // v128 registers, under the 16 that V8 gives wasm on x86 (more spill: PERF-NOTES).
 constexpr int kQueryTile = 4;
 // Keys per tile of the online softmax (scores of one tile live in scratch, never Lq×Lk).
-// Per tile there is fixed work (row maxima, α, the rescale of the output accumulators);
-// in alternating A/B runs 128 beat 64 by 1.3% at N = 512 and 4% on decode (B1 H32 Lk4096
-// E128), and lost 1.5% on GQA decode (Hq32 Hkv8 Lk8192 E128).
-constexpr int kKeyTile = 128;
+// Per tile there is fixed work (row maxima, α, the rescale of the output accumulators), and
+// a decode reading K and V from main memory switches between the two streams once per tile:
+// all of a tile's K rows are scored before its V rows are read. Every switch costs the
+// hardware prefetcher a new ramp: a standalone probe of the decode loop (score K, then P·V
+// streaming V, H32 Lk8192 E128 float32) took 1.36× the time of a plain read of the same bytes
+// with 128-key tiles, 1.24× with 256 and 1.06× with 512 (1024: the same as 512).
+// In alternating A/B runs against 128 (AMD EPYC Zen 4, family 25 model 17), 512 took:
+// MHA decode (B1 H32 E128) from the KV cache, float32 0.83–0.85× the time at 8192 keys and
+// 0.92–0.94× at 4096, float16 0.81–0.82× at 8192; GQA (Hq32 Hkv8) float32 0.88×; prefill
+// H12 E64 N = 512 0.96–0.97×, N = 512 causal 0.95×, N = 2048 0.96×, N = 128 0.99×.
+// (Earlier, 128 had beaten 64 by 1.3% at N = 512 and 4% on decode.) At most kSegmentKeys
+// (src/sdpa.cc): a decode's segment is whole tiles.
+constexpr int kKeyTile = 512;
 // Keys per packed group: K is stored [Lk/8][E][8] so two loads at consecutive addresses
 // give 8 keys at one dim: one pass of the 4×8 Q·Kᵀ micro-kernel.
 constexpr int kKeyGroup = 8;

@@ -1,5 +1,5 @@
 // Register-level building blocks shared by the forward and backward attention kernels
-// (f32-sdpa-fwd-4x128-wasmsimd.cc, f32-sdpa-bwd-4x64-wasmsimd.cc): 4×4 transposes and
+// (f32-sdpa-fwd-4x512-wasmsimd.cc, f32-sdpa-bwd-4x64-wasmsimd.cc): 4×4 transposes and
 // reductions, and the 4-row × 8-key score micro-kernel over K packed [groups][E][8].
 #pragma once
 

@@ -28,14 +28,14 @@ struct KernelWork {
 
 // Floats of scratch one call needs: with KernelWork::pack, room for the packed K/V of one
 // head (O(Lk·(E + Ev))); without, only O(tile).
-uint64_t sdpa_f32_fwd_4x128__wasmsimd_scratch(const Problem& p, bool packs);
+uint64_t sdpa_f32_fwd_4x512__wasmsimd_scratch(const Problem& p, bool packs);
 // Floats of partial state one row tile writes in a split-K call.
-uint64_t sdpa_f32_fwd_4x128__wasmsimd_partial_floats(const Problem& p);
+uint64_t sdpa_f32_fwd_4x512__wasmsimd_partial_floats(const Problem& p);
 
 // Preconditions (asserted): validate(p) == kOk and the KernelWork ranges above; scratch
-// holds sdpa_f32_fwd_4x128__wasmsimd_scratch(p, work.pack) floats (any 4-byte alignment) used by this
+// holds sdpa_f32_fwd_4x512__wasmsimd_scratch(p, work.pack) floats (any 4-byte alignment) used by this
 // call alone.
-void sdpa_f32_fwd_ukernel_4x128__wasmsimd(const Problem& p, const KernelWork& work, float* scratch);
+void sdpa_f32_fwd_ukernel_4x512__wasmsimd(const Problem& p, const KernelWork& work, float* scratch);
 
 // Output rows [0, rows) of one (batch, KV head) from `segments` split-K calls' partials,
 // laid out [segments][row tiles][partial_floats / 4 per row].

@@ -501,7 +501,7 @@ void check(const F16Case& c, bool expect_in_place) {
   expect_float32_copies_match_reference(in_order, c.describe() + " in order, float32");
 }
 
-const int kKeyLengths[] = {1, 7, kKeyTile - 1, kKeyTile, kKeyTile + 1, 4 * kKeyTile + 1, 1100};
+const int kKeyLengths[] = {1, 7, kKeyTile - 1, kKeyTile, kKeyTile + 1, 2 * kKeyTile + 1, 1100};
 const int kHeadDims[] = {1, 3, 4, kValueBlock, 64, 67, 128};
 
 // Decode: Lq = 1 with GQA (8 query heads on 2 KV heads: one row tile per KV head) and MHA;
@@ -719,7 +719,7 @@ TEST(F16Kernel, FiniteHalvesGiveTheSameBitsAsTheExactWideningForExtremeValuesAnd
         for (bool in_order : {false, true})
           for (bool weights : {false, true}) {
             F16Case c;
-            c.B = 2, c.Hq = heads.first, c.Hkv = heads.second, c.Lq = lq, c.Lk = 4 * kKeyTile + 3;
+            c.B = 2, c.Hq = heads.first, c.Hkv = heads.second, c.Lq = lq, c.Lk = kKeyTile + 3;
             c.E = 67, c.Ev = 35, c.weights = weights, c.key_lengths = {c.Lk, 300}, c.seed = seed++;
             F16Harness exact(c);
             ASSERT_TRUE(reads_keys_in_place(exact.p)) << c.describe();

@@ -440,18 +440,19 @@ TEST(SdpaForward, RowsWhoseScoresAreAllMinusInfAreExactZeros) {
 }
 
 TEST(SdpaForward, StreamedSegmentKeepsTheSignOfZero) {
-  // One segment: forward() writes o / l directly, the streamed path merges its one partial.
-  // Here o = -0: a tiny negative sum over the first key tile, rescaled by α = exp(-1000) = 0
-  // when the second tile's key takes the maximum, plus 1·(-0). The merge added it to a +0
-  // fill, and -0 + +0 = +0: not forward()'s bits.
+  // One segment: forward() writes o / l directly, the streamed path merges its one partial
+  // and must give the same bits, signed zeros included. Here the output is -0: three equal
+  // scores (p = 1 each, l = 3), o = -2^-149 (the least subnormal, from key 0; the other V
+  // rows are -0), and o·(1/3) rounds to -0. (A segment is one key tile, so o itself is never
+  // -0: it starts at +0, and +0 + -0 = +0.)
   Case c;
-  c.Lq = 1, c.Lk = kKeyTile + 1, c.E = 1, c.Ev = 1, c.scale = 1.0f, c.weights = false;
+  c.Lq = 1, c.Lk = 3, c.E = 1, c.Ev = 1, c.scale = 1.0f, c.weights = false;
   Harness h(c);
   h.q[0] = 1.0f;
-  for (int j = 0; j < c.Lk; j++) h.key_at(0, 0, j, 0) = j == kKeyTile ? 1000.0f : 0.0f;
-  for (int j = 0; j < c.Lk; j++) h.value_at(0, 0, j, 0) = j == 0 ? -1e-30f : -0.0f;
+  for (int j = 0; j < c.Lk; j++) h.key_at(0, 0, j, 0) = 0.0f;
+  for (int j = 0; j < c.Lk; j++) h.value_at(0, 0, j, 0) = j == 0 ? -std::numeric_limits<float>::denorm_min() : -0.0f;
   ASSERT_EQ(h.run(), Status::kOk);
-  EXPECT_TRUE(h.output_at(0, 0, 0, 0) == 0.0f && std::signbit(h.output_at(0, 0, 0, 0)));
+  EXPECT_TRUE(h.output_at(0, 0, 0, 0) == 0.0f && std::signbit(h.output_at(0, 0, 0, 0))) << h.output_at(0, 0, 0, 0);
   const std::vector<float> streamed = run_streamed(h);
   EXPECT_EQ(0, std::memcmp(streamed.data(), h.out.data(), h.out.size() * sizeof(float)))
       << "streamed " << streamed[0] << " forward " << h.out[0];
@@ -543,13 +544,14 @@ TEST(SdpaForward, LongSequencesUseTileSizedScratch) {
   c.Lq = 32768, c.Lk = 32768, c.E = 16, c.Ev = 16, c.weights = false;
   Harness h(c);
   // Packed K and V of one head plus tiles: O(Lk·(E + Ev)), nowhere near Lq·Lk.
+  const uint64_t tiles = 4 * kQueryTile * kKeyTile;  // scores and bias [4][kKeyTile], with room
   const uint64_t floats = scratch_floats(h.p);
-  EXPECT_LT(floats, uint64_t(32768) * (16 + 16) + 4096);
+  EXPECT_LT(floats, uint64_t(32768) * (16 + 16) + tiles);
   // Decode reads K/V in place: tiles plus one (m, l, o) state per 512-key segment and row.
   Case d = c;
   d.Lq = 1;
   Harness hd(d);
-  EXPECT_LT(scratch_floats(hd.p), uint64_t(4096) + (32768 / 512) * 4 * (2 + 16));
+  EXPECT_LT(scratch_floats(hd.p), tiles + (32768 / 512) * 4 * (2 + 16));
 }
 
 TEST(SdpaForward, ValidateRejectsWhatTheKernelCannotDo) {

@@ -228,9 +228,9 @@ describe('bad input: TypeError or RangeError naming the argument; the instance k
   });
 
   test('past maxMemoryBytes: refused before allocating, RangeError naming sdpaBackward', async () => {
-    const small = await createAttention({ threads: 1, maxMemoryBytes: 16384 });
+    const small = await createAttention({ threads: 1, maxMemoryBytes: 32768 });
     try {
-      const big = problem({ Lq: 128, Lk: 128, E: 8, seed: 50 });  // 4 KiB for each of Q, K, V, dO, O, dQ, dK, dV
+      const big = problem({ Lq: 256, Lk: 256, E: 8, seed: 50 });  // 8 KiB for each of Q, K, V, dO, O, dQ, dK, dV
       expect(() => small.sdpaBackward(big.query, big.key, big.value, big.gradOutput)).toThrow(/^sdpaBackward: needs \d+ bytes of wasm memory/);
       expect(small.memory().bytesInUse).toBe(0);
       expectGradientsMatch(small, problem({ Lq: 2, Lk: 3, E: 4, seed: 51 }));

@@ -110,7 +110,7 @@ describe('createAttention({ maxMemoryBytes })', () => {
       patterns.map((re) => new RegExp(re.source.replace('createAttention', 'createAttentionWorker'))));
   });
 
-  const LIMIT = 64 * 1024;
+  const LIMIT = 128 * 1024;
 
   test.each([1, 2])('threads %p: calls and caches past the limit are refused before allocating; the instance keeps working', async (threads) => {
     const attn = await createAttention({ threads, maxMemoryBytes: LIMIT });
@@ -123,37 +123,37 @@ describe('createAttention({ maxMemoryBytes })', () => {
       expectMatchesReference(attn, small);
       const { moduleBytesInUse } = attn.memory();
 
-      // 3 × 128 × 64 floats of Q, K, V alone are 96 KiB.
-      const big = smallProblem(5, { B: 1, Hq: 1, Hkv: 1, Lq: 128, Lk: 128, E: 64, Ev: 64 });
+      // 3 × 256 × 64 floats of Q, K, V alone are 192 KiB.
+      const big = smallProblem(5, { B: 1, Hq: 1, Hkv: 1, Lq: 256, Lk: 256, E: 64, Ev: 64 });
       const error = await errorOf(() => attn.sdpa(big.query, big.key, big.value));
       expectError(error, RangeError, [
-        /^sdpa: needs \d+ bytes of wasm memory/, /query 32768 bytes \+ key 32768 bytes \+ value 32768 bytes/,
+        /^sdpa: needs \d+ bytes of wasm memory/, /query 65536 bytes \+ key 65536 bytes \+ value 65536 bytes/,
         new RegExp(`limit of ${LIMIT} bytes \\(maxMemoryBytes\\), of which 0 are in use`)]);
       expect(attn.memory().bytesInUse).toBe(0);
       expect(attn.memory().moduleBytesInUse).toBe(moduleBytesInUse);
       expectMatchesReference(attn, small);
 
       // A cache that fits, then one that does not fit beside it.
-      const cache = attn.createKVCache({ batch: 1, kvHeads: 2, headDim: 8, maxLength: 512, dtype: 'float16' });
-      expect(cache.byteLength).toBe(32768);
-      expect(attn.memory().bytesInUse).toBe(32768);
-      expectError(await errorOf(() => attn.createKVCache({ batch: 1, kvHeads: 2, headDim: 8, maxLength: 600, dtype: 'float16' })),
-        RangeError, [/^createKVCache: needs 38400 bytes of wasm memory \(keys 19200 bytes \+ values 19200 bytes\)/,
-          /of which 32768 are in use/]);
-      expect(attn.memory().bytesInUse).toBe(32768);
+      const cache = attn.createKVCache({ batch: 1, kvHeads: 2, headDim: 8, maxLength: 1024, dtype: 'float16' });
+      expect(cache.byteLength).toBe(65536);
+      expect(attn.memory().bytesInUse).toBe(65536);
+      expectError(await errorOf(() => attn.createKVCache({ batch: 1, kvHeads: 2, headDim: 8, maxLength: 1100, dtype: 'float16' })),
+        RangeError, [/^createKVCache: needs 70400 bytes of wasm memory \(keys 35200 bytes \+ values 35200 bytes\)/,
+          /of which 65536 are in use/]);
+      expect(attn.memory().bytesInUse).toBe(65536);
       const other = attn.createKVCache({ batch: 1, kvHeads: 2, headDim: 8, maxLength: 64 });  // 8 KiB
-      expect(attn.memory().bytesInUse).toBe(40960);
+      expect(attn.memory().bytesInUse).toBe(73728);
 
-      // With the caches holding 40 KiB, calls needing more than the rest fail; the cache is unchanged.
+      // With the caches holding 72 KiB, calls needing more than the rest fail; the cache is unchanged.
       cache.append(randomTensor([1, 2, 10, 8], 7), randomTensor([1, 2, 10, 8], 8));
       const q = randomTensor([1, 4, 2, 8], 9);
       const before = cache.attend(q).output.data;
       expectError(await errorOf(() => cache.attend(randomTensor([1, 4, 600, 8], 10))), RangeError,
-        [/^KVCache\.attend: needs \d+ bytes/, /query 76800 bytes/, /of which 40960 are in use/]);
-      // Float32 rows into a float16 cache are staged (converted in wasm memory): 400 rows × 2
-      // heads × 8 dims × 4 bytes = 25,600 bytes, past the limit beside 40 KiB. Nothing is appended.
-      expectError(await errorOf(() => cache.append(randomTensor([1, 400, 2, 8], 11), randomTensor([1, 400, 2, 8], 12), { layout: 'bshd' })),
-        RangeError, [/^KVCache\.append: needs 25600 bytes of wasm memory/, /of which 40960 are in use/]);
+        [/^KVCache\.attend: needs \d+ bytes/, /query 76800 bytes/, /of which 73728 are in use/]);
+      // Float32 rows into a float16 cache are staged (converted in wasm memory): 1000 rows × 2
+      // heads × 8 dims × 4 bytes = 64,000 bytes, past the limit beside 72 KiB. Nothing is appended.
+      expectError(await errorOf(() => cache.append(randomTensor([1, 1000, 2, 8], 11), randomTensor([1, 1000, 2, 8], 12), { layout: 'bshd' })),
+        RangeError, [/^KVCache\.append: needs 64000 bytes of wasm memory/, /of which 73728 are in use/]);
       expect(cache.length).toBe(10);
       expectBitwiseEqual(cache.attend(q).output.data, before);
       other.dispose();

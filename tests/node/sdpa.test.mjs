@@ -116,10 +116,10 @@ const allFinite = (a) => a.every(Number.isFinite);
 
 // ---------------------------------------------------------------------------------------------
 
-// The kernel's tiles (src/tiles.h): 4 query rows × 128 keys, keys scored in groups of 8,
+// The kernel's tiles (src/tiles.h): 4 query rows × 512 keys, keys scored in groups of 8,
 // 8 value columns; decode splits keys into 512-key segments (src/sdpa.cc).
-describe('tile edges (4 query rows × 128 keys in groups of 8, 8 value columns)', () => {
-  const LENS = [1, 3, 4, 5, 7, 8, 9, 13, 63, 64, 65, 97, 127, 128, 129, 257];
+describe('tile edges (4 query rows × 512 keys in groups of 8, 8 value columns)', () => {
+  const LENS = [1, 3, 4, 5, 7, 8, 9, 13, 63, 64, 65, 97, 128, 257, 511, 512, 513, 1031];
   test.each(LENS)(`Lq = %i against every Lk in {${LENS}}`, (Lq) => {
     for (const Lk of LENS) {
       const { q, k, v } = problem({ Hq: 2, Hkv: 1, Lq, Lk, E: 5, Ev: 9 }, Lq * 1000 + Lk);

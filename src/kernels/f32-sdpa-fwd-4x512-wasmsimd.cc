@@ -1,5 +1,5 @@
 // Blocked online-softmax attention forward (FlashAttention style), 128-bit wasm SIMD.
-// Tiles: 4 query rows × 128 keys (src/tiles.h). Never materialises the [Lq, Lk] scores.
+// Tiles: 4 query rows × 512 keys (src/tiles.h). Never materialises the [Lq, Lk] scores.
 //
 // Online softmax, for one query row over key tiles t = 1, 2, …:
 //   m_t = max(m_{t-1}, max_j s_j)                running maximum (m_0 = -inf)
@@ -108,7 +108,7 @@ int32_t value_cols_padded(const Problem& p) { return round_up(p.value_dim, kValu
 int64_t packed_value_block_floats(const Problem& p) { return static_cast<int64_t>(p.kv_len) * kValueBlock; }
 
 // Scratch layout, in floats, for one call; every part starts 16-byte aligned.
-//   packed_key   [round_up(Lk, kKeyTile) / 8][E][8]  key j, dim d at ((j/8)·E + d)·8 + j%8
+//   packed_key   [round_up(Lk, 8) / 8][E][8]         key j, dim d at ((j/8)·E + d)·8 + j%8
 //   packed_value [Ev8/8][Lk][8]                      Ev8 = round_up(Ev, kValueBlock): key j,
 //                                                    column c at (c/8)·Lk·8 + j·8 + c%8
 //   q_tile       [4][E]                              scale·q of the tile's rows, 0 past its rows
@@ -136,7 +136,7 @@ uint64_t align4(uint64_t n) { return (n + 3) / 4 * 4; }
 
 // Without packing (K/V read in place) the two packed parts are empty.
 uint64_t layout(const Problem& p, bool packs, float* base, Scratch* s) {
-  const uint64_t key_rows = packs ? static_cast<uint64_t>(round_up(p.kv_len, kKeyTile)) : 0;
+  const uint64_t key_rows = packs ? static_cast<uint64_t>(round_up(p.kv_len, kKeyGroup)) : 0;
   const uint64_t value_rows = packs ? static_cast<uint64_t>(p.kv_len) : 0;
   const uint64_t ev8 = static_cast<uint64_t>(value_cols_padded(p));
   const uint64_t q_floats = kQueryTile * static_cast<uint64_t>(p.head_dim);
@@ -697,16 +697,16 @@ void accumulate_pv(const Src& src, const float* probs, const typename Src::Elem*
   kByRows[rows - 1](src, probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride, block_floats);
 }
 
-// K of one (batch, KV head), keys [0, key_count), into [groups][E][8]; zeros up to the
-// end of the last key tile, so score_tile may always read whole tiles. A whole group is
-// 8 key rows × E read 4 dims at a time and written as two transposed 4×4 blocks per 4 dims
-// (sequential stores; the scalar form scatters every float).
+// K of one (batch, KV head), keys [0, key_count), into [groups][E][8]; zeros in the last
+// group's keys past key_count (tiles are scored in whole groups: score_tile_from). A whole
+// group is 8 key rows × E read 4 dims at a time and written as two transposed 4×4 blocks per
+// 4 dims (sequential stores; the scalar form scatters every float).
 // Float16 keys are widened as they are loaded.
 template <typename Src>
 void pack_key(const Src& src, const typename Src::Elem* key, int64_t stride_l, int32_t key_count,
               int32_t head_dim, float* packed) {
   static_assert(kKeyGroup == 8, "two 4×4 blocks per group");
-  const int32_t padded = round_up(key_count, kKeyTile);
+  const int32_t padded = round_up(key_count, kKeyGroup);
   const int32_t e4 = head_dim & ~3;
   for (int32_t j0 = 0; j0 < padded; j0 += kKeyGroup) {
     float* group = packed + static_cast<size_t>(j0) * head_dim;  // [E][8]
@@ -987,12 +987,12 @@ RowLimits row_limits(const Problem& p, int32_t b) {
 
 }  // namespace
 
-uint64_t sdpa_f32_fwd_4x128__wasmsimd_scratch(const Problem& p, bool packs) {
+uint64_t sdpa_f32_fwd_4x512__wasmsimd_scratch(const Problem& p, bool packs) {
   Scratch unused;
   return layout(p, packs, nullptr, &unused) + 4;  // + 4: room to align the base to 16 bytes
 }
 
-uint64_t sdpa_f32_fwd_4x128__wasmsimd_partial_floats(const Problem& p) {
+uint64_t sdpa_f32_fwd_4x512__wasmsimd_partial_floats(const Problem& p) {
   return static_cast<uint64_t>(kQueryTile) * (2 + value_cols_padded(p));
 }
 
@@ -1037,7 +1037,7 @@ void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
     kv.value_block_floats = packed_value_block_floats(p);
   }
 
-  const size_t partial_floats = static_cast<size_t>(sdpa_f32_fwd_4x128__wasmsimd_partial_floats(p));
+  const size_t partial_floats = static_cast<size_t>(sdpa_f32_fwd_4x512__wasmsimd_partial_floats(p));
   for (int32_t f0 = w.row_begin; f0 < w.row_end; f0 += kQueryTile) {
     RowTile rt{};
     rt.b = w.b;
@@ -1072,7 +1072,7 @@ bool query_fits_scaled_halves(const Problem& p, const KernelWork& w) {
 
 }  // namespace
 
-void sdpa_f32_fwd_ukernel_4x128__wasmsimd(const Problem& p, const KernelWork& w, float* scratch) {
+void sdpa_f32_fwd_ukernel_4x512__wasmsimd(const Problem& p, const KernelWork& w, float* scratch) {
   if (p.kv_type == KvType::kFloat16Finite) {
     if (!w.pack && query_fits_scaled_halves(p, w)) {
       run_work<F16FiniteScaledElements>(p, w, scratch);
@@ -1096,7 +1096,7 @@ void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, i
   // not look empty. Summed in segment order: the same bits for any number of threads.
   const int32_t group = p.q_heads / p.kv_heads;
   const int32_t Ev = p.value_dim;
-  const size_t tile_floats = static_cast<size_t>(sdpa_f32_fwd_4x128__wasmsimd_partial_floats(p));
+  const size_t tile_floats = static_cast<size_t>(sdpa_f32_fwd_4x512__wasmsimd_partial_floats(p));
   const size_t row_floats = tile_floats / kQueryTile;
   const size_t segment_floats = static_cast<size_t>((rows + kQueryTile - 1) / kQueryTile) * tile_floats;
   for (int32_t f = 0; f < rows; f++) {
@@ -1121,9 +1121,10 @@ void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, i
       }
       const float scale = std::exp(part[0] - m);
       l += scale * part[1];
-      // The first segment's terms are stored, not added to the +0 fill: an o of -0 (a tiny
-      // negative sum rescaled to zero) stays -0, so one segment gives forward()'s direct
-      // path bits (src/sdpa.h promises the streamed path the same bits).
+      // The first segment's terms are stored, not added to the +0 fill: an o of -0 stays
+      // -0, so one segment gives forward()'s direct path bits (src/sdpa.h promises the
+      // streamed path the same bits). (o is -0 only when a segment spans several key tiles,
+      // a tiny negative sum rescaled to zero by a later tile's α; today a segment is one.)
       if (first) {
         for (int32_t c = 0; c < Ev; c++) dst[c] = scale * part[2 + c];
         first = false;
