@@ -43,6 +43,7 @@ class ThreadPool {
   int32_t items_ = 0;
   std::atomic<int32_t> next_item_{0};
   std::atomic<int32_t> busy_workers_{0};
+  std::atomic<int32_t> started_workers_{0};  // workers that have reached worker_main
 };
 
 // Runs task for every item in [0, items): on pool (ThreadPool::run), or, with no pool, on the
