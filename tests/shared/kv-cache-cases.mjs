@@ -41,7 +41,7 @@ export function positions(t, a, b) {
  * mid-sequence) }.
  */
 export const CACHE_CASES = [
-  { name: 'MHA H4 E64, float32', shape: { B: 1, Hq: 4, Hkv: 4, E: 64, Ev: 64 }, steps: [37, 1, 1, 3, 129, 1], dtype: 'float32' },
+  { name: 'MHA H4 E64, float32', shape: { B: 1, Hq: 4, Hkv: 4, E: 64, Ev: 64 }, steps: [37, 1, 1, 3, 129, 1, 400, 1], dtype: 'float32' },
   { name: 'GQA Hq8 Hkv2 E128 Ev96, float16', shape: { B: 1, Hq: 8, Hkv: 2, E: 128, Ev: 96 }, steps: [37, 1, 5, 600, 1], dtype: 'float16' },
   { name: 'B2 GQA Hq6 Hkv3 E32, float32, memory grows mid-sequence', shape: { B: 2, Hq: 6, Hkv: 3, E: 32, Ev: 32 },
     steps: [20, 1, 300, 1, 1], dtype: 'float32', grow: 64 * 2 ** 20 },
