@@ -568,15 +568,13 @@ void pv_columns_scalar(const Src& src, const float* probs, const typename Src::E
   }
 }
 
-// acc[0 .. c4) += Σ_n probs[n]·rows[n][0 .. c4) for kKeys V rows, c4 = cols & ~3, n in
-// order (the same operations per column as kKeys passes of one key), then the last cols % 4
-// columns as pv_columns_scalar does them: keys with probability 0 skipped.
+// acc[0 .. c4) += Σ_n probs[n]·rows[n][0 .. c4) for kKeys V rows, c4 a multiple of 4, n in
+// order (the same operations per column as kKeys passes of one key).
 template <int kKeys, typename Src>
 inline void add_value_rows(const Src& src, const float* probs, const typename Src::Elem* const (&rows)[kKeys],
-                           int32_t cols, float* acc) {
+                           int32_t c4, float* acc) {
   using Elem = typename Src::Elem;
   constexpr int kVecs = 8 / kKeys;  // columns per pass: 32 for one key, 16 for two
-  const int32_t c4 = cols & ~3;
   v128_t p[kKeys];
   const Elem* v[kKeys];
   for (int n = 0; n < kKeys; n++) p[n] = wasm_f32x4_splat(probs[n]), v[n] = rows[n];
@@ -596,10 +594,6 @@ inline void add_value_rows(const Src& src, const float* probs, const typename Sr
     for (int n = 0; n < kKeys; n++) x = f32x4_madd(p[n], src.load4(v[n]), x), v[n] += 4;
     wasm_v128_store(o, x);
   }
-  for (int n = 0; n < kKeys; n++) {
-    if (probs[n] == 0.0f) continue;
-    for (int32_t c = c4; c < cols; c++) acc[c] += probs[n] * src.scalar(rows[n][c]);
-  }
 }
 
 // The same as pv_block for one row (kRows = 1) and V read in place in memory order (a KV
@@ -610,8 +604,8 @@ inline void add_value_rows(const Src& src, const float* probs, const typename Sr
 // over the tile's keys (pv_block) read each V row in strided passes, which main memory does
 // not stream, so they needed the tile in cache. Each column gets the same operations in the
 // same order as in pv_block (acc·alpha, then + p_j·v_j for j in key order, keys from
-// open_count on skipped where p_j == 0; the last cols % 4 columns as pv_columns_scalar does
-// them): the same bits.
+// open_count on skipped where p_j == 0; the last cols % 4 columns by pv_columns_scalar
+// itself): the same bits.
 // Float32 rows go one key per pass: two rows side by side (512 bytes apart at E = 128) stream
 // badly, 1.45× the time of MHA B1 H32 Lk8192 E128 (A/B, AMD EPYC Zen 4). Float16 rows go two
 // keys per pass: widening makes that decode compute-bound, and sharing each acc load and store
@@ -630,17 +624,19 @@ void pv_row_in_order(const Src& src, const float* probs, const typename Src::Ele
   const int32_t c4 = cols & ~3;
   const v128_t alpha_v = wasm_f32x4_splat(alpha);
   for (int32_t c = 0; c < c4; c += 4) wasm_v128_store(acc + c, wasm_f32x4_mul(wasm_v128_load(acc + c), alpha_v));
-  for (int32_t c = c4; c < cols; c++) acc[c] *= alpha;
   int32_t j = 0;
   for (; j + kKeys <= open_count; j += kKeys) {
     const Elem* rows[kKeys];
     for (int n = 0; n < kKeys; n++) rows[n] = value + (j + n) * v_stride;
-    add_value_rows<kKeys>(src, probs + j, rows, cols, acc);
+    add_value_rows<kKeys>(src, probs + j, rows, c4, acc);
   }
   for (; j < key_count; j++) {
     if (j >= open_count && probs[j] == 0.0f) continue;
     const Elem* const row[1] = {value + j * v_stride};
-    add_value_rows<1>(src, probs + j, row, cols, acc);
+    add_value_rows<1>(src, probs + j, row, c4, acc);
+  }
+  if (c4 < cols) {  // the last 1..3 columns, over the tile's keys (its V rows are in cache now)
+    pv_columns_scalar<1>(src, probs, value + c4, v_stride, cols - c4, key_count, &alpha, acc + c4, 0);
   }
 }
 
