@@ -126,6 +126,25 @@ export function freeLongLived(module: SdpaModule, account: MemoryAccount, addres
   account.remove(bytes);
 }
 
+/**
+ * Bytes to add to a block that receives copies at placeCopy()'s addresses.
+ *
+ * A copy from a JavaScript array into wasm memory (TypedArray.set) ran 2.5 times slower when the
+ * destination's address was 0 to about 16 bytes past the source's, modulo 4 KiB (a streamed
+ * decode's sdpa(), AMD EPYC Zen 4): the core takes the copy's loads for reloads of its own
+ * recent stores ("4K aliasing"). Where a block landed was luck, and changed with anything that
+ * moved the heap's blocks. JavaScript does not tell an array's address, only its byteOffset in
+ * its buffer, and large buffers start at or a few bytes past a 4 KiB page boundary. So each copy
+ * goes 2 KiB from the source's byteOffset modulo 4 KiB: far from that window whatever the
+ * buffer's offset in its page, below 2 KiB.
+ */
+export const COPY_PLACEMENT_SLACK = 4096;
+
+/** Where in `block` (COPY_PLACEMENT_SLACK bytes more than the data) to copy `source` to. */
+export function placeCopy(block: number, source: ArrayBufferView): number {
+  return block + ((source.byteOffset + 2048 - block) & 4095);
+}
+
 /** The allocations of one call; free() releases them all, whatever happened in between. */
 export class CallMemory {
   readonly #module: SdpaModule;

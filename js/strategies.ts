@@ -10,7 +10,7 @@
 // (smallInputBytes, copySmallInputs), request every block of wasm memory at once (refused
 // before any is allocated if the instance's limit would be passed) and free them on every path
 // (CallMemory in try/finally).
-import { CallMemory, type MemoryAccount } from './memory.js';
+import { CallMemory, COPY_PLACEMENT_SLACK, placeCopy, type MemoryAccount } from './memory.js';
 import type { ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 import type { SdpaResult } from './types.js';
 import type { Plan } from './validate.js';
@@ -252,8 +252,9 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, 
     const scratchFloats = module.segmentScratchFloats(pairDesc);
     const at = memory.allocate({
       query: q.byteLength,
-      key: Math.min(segmentKeys, p.kvLen) * p.headDim * 4,
-      value: Math.min(segmentKeys, p.kvLen) * p.valueDim * 4,
+      // Each segment's copy is placed in its block by placeCopy(), away from its source modulo 4 KiB.
+      key: Math.min(segmentKeys, p.kvLen) * p.headDim * 4 + COPY_PLACEMENT_SLACK,
+      value: Math.min(segmentKeys, p.kvLen) * p.valueDim * 4 + COPY_PLACEMENT_SLACK,
       output: p.outputSize * 4,
       scratch: scratchFloats * 4,
       partials: module.segmentPartialsFloats(pairDesc) * 4,
@@ -261,8 +262,6 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, 
     });
     const { scratch, partials } = at;
     desc.query = at.query;
-    desc.key = at.key;
-    desc.value = at.value;
     desc.output = at.output;
     const group = p.qHeads / p.kvHeads;
     const segments = module.segmentCount(pairDesc);
@@ -275,17 +274,20 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, 
       copySmallInputs(memory, p, desc, at);
       for (let pair = 0; pair < p.batch * p.kvHeads; pair++) {
         const b = Math.floor(pair / p.kvHeads), firstHead = (pair % p.kvHeads) * group;
-        const at = pairAddresses(p, desc, b, firstHead);
+        const pairAt = pairAddresses(p, desc, b, firstHead);
         streamer.setPair(
           desc.query + 4 * (b * p.q.b + firstHead * p.q.h),
           desc.output + 4 * (b * p.o.b + firstHead * p.o.h),
-          at.mask, at.causalOffsets, at.keyLengths);
+          pairAt.mask, pairAt.causalOffsets, pairAt.keyLengths);
         const keyRows = pair * pairKeyFloats, valueRows = pair * pairValueFloats;
         for (let segment = 0; segment < segments; segment++) {
           const begin = segment * segmentKeys, end = Math.min(p.kvLen, begin + segmentKeys);
-          f32.set(k.subarray(keyRows + begin * p.headDim, keyRows + end * p.headDim), desc.key >>> 2);
-          f32.set(v.subarray(valueRows + begin * p.valueDim, valueRows + end * p.valueDim), desc.value >>> 2);
-          check(module, p, streamer.forward(segment, desc.key, desc.value, partials, scratch, scratchFloats));
+          const keys = k.subarray(keyRows + begin * p.headDim, keyRows + end * p.headDim);
+          const values = v.subarray(valueRows + begin * p.valueDim, valueRows + end * p.valueDim);
+          const keyAt = placeCopy(at.key, keys), valueAt = placeCopy(at.value, values);
+          f32.set(keys, keyAt >>> 2);
+          f32.set(values, valueAt >>> 2);
+          check(module, p, streamer.forward(segment, keyAt, valueAt, partials, scratch, scratchFloats));
         }
         check(module, p, streamer.merge(partials));
       }
