@@ -4,6 +4,7 @@
 // problem (the same bits as sdpa(..., { returnLogSumExp: true }) gives: its kernel, its
 // thread-count-independent split); then backward(). Every block is requested at once
 // (refused before allocating past the instance's limit) and freed on every path.
+import { backwardArg, problemArg } from './kernel-args.js';
 import { CallMemory } from './memory.js';
 import { check, copySmallInputs, describeProblem, smallInputBytes } from './strategies.js';
 import type { SdpaBackwardResult } from './types.js';
@@ -26,8 +27,8 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
     };
     // The forward (when O and lse are not saved) and the backward run one after the other:
     // one scratch block serves both.
-    const backwardFloats = module.backwardScratchFloats(desc, grad, threads);
-    const forwardFloats = bp.saved === null ? module.scratchFloats(desc, threads) : 0;
+    const backwardFloats = module.backwardScratchFloats(problemArg(module, desc), backwardArg(module, grad), threads);
+    const forwardFloats = bp.saved === null ? module.scratchFloats(problemArg(module, desc), threads) : 0;
     const scratchFloats = Math.max(backwardFloats, forwardFloats);
     const at = memory.allocate({
       query: q.byteLength, key: k.byteLength, value: v.byteLength, gradOutput: bp.gradOutput.byteLength,
@@ -50,10 +51,11 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
       f32.set(bp.saved.output, at.output >>> 2);
       f32.set(bp.saved.logSumExp, at.logSumExp >>> 2);
     } else {
-      check(module, p, module.forward(desc, at.scratch, forwardFloats, threads));
+      check(module, p, module.forward(problemArg(module, desc), at.scratch, forwardFloats, threads));
     }
-    check(module, p, module.backward(desc, grad, at.scratch, backwardFloats, threads));
-    const heap = memory.heap.f32;  // fresh: the calls above convert value objects (allocations)
+    check(module, p, module.backward(problemArg(module, desc), backwardArg(module, grad), at.scratch, backwardFloats,
+      threads));
+    const heap = memory.heap.f32;  // fresh views, as everywhere after a call
     const take = (address: number, length: number) => heap.slice(address >>> 2, (address >>> 2) + length);
     return {
       dQuery: { data: take(at.dQuery, q.length), dims: bp.queryDims },

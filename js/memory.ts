@@ -2,8 +2,8 @@
 // instance holds there.
 //
 // With -sALLOW_MEMORY_GROWTH, any allocation may replace the heap's buffer and leave every
-// typed array made over the old one empty (length 0); Embind calls that convert a value object
-// (a ProblemDesc) allocate too. So a view is never kept: `heap(module)`
+// typed array made over the old one empty (length 0); Embind calls that allocate (a class's
+// constructor) may grow it too. So a view is never kept: `heap(module)`
 // makes fresh ones from the module's current buffer, to be taken after the last allocation of
 // a step and dropped before the next.
 //   MemoryAccount  one instance's bytes in use, its peak and its limit (maxMemoryBytes)

@@ -10,6 +10,7 @@
 // (smallInputBytes, copySmallInputs), request every block of wasm memory at once (refused
 // before any is allocated if the instance's limit would be passed) and free them on every path
 // (CallMemory in try/finally).
+import { problemArg } from './kernel-args.js';
 import { CallMemory, COPY_PLACEMENT_SLACK, placeCopy, type MemoryAccount } from './memory.js';
 import type { ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 import type { SdpaResult } from './types.js';
@@ -58,7 +59,8 @@ function overlaps(a: Float32Array, b: Float32Array): boolean {
 /** Which way sdpa() runs a problem; each gives bitwise the same result. */
 export function chooseSdpaStrategy(engines: Engines, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): Strategy {
   if (p.layout !== 'bhsd' || p.weightsDims !== null || p.lseDims !== null) return 'copied';
-  if (k.byteLength + v.byteLength >= STREAM_MIN_BYTES && engines.main.readsKeysInPlace(describeProblem(p))) {
+  if (k.byteLength + v.byteLength >= STREAM_MIN_BYTES &&
+    engines.main.readsKeysInPlace(problemArg(engines.main, describeProblem(p)))) {
     return 'streamed-decode';
   }
   // One (batch, KV head)'s Q rows, K, V and output. Not streamed when `out` shares memory
@@ -163,7 +165,7 @@ function collectResult(memory: CallMemory, p: Plan, desc: ProblemDesc): SdpaResu
 function runWhole(memory: CallMemory, threads: number, p: Plan, desc: ProblemDesc, q: Float32Array,
   keyValueBytes: { key: number; value: number }, placeKeyValue: (at: { key: number; value: number }) => void): SdpaResult {
   const module = memory.module;
-  const scratchFloats = module.scratchFloats(desc, threads);
+  const scratchFloats = module.scratchFloats(problemArg(module, desc), threads);
   const at = memory.allocate({
     query: q.byteLength, ...keyValueBytes, output: p.outputSize * 4, weights: p.weightsSize * 4,
     logSumExp: p.lseSize * 4, scratch: scratchFloats * 4, ...smallInputBytes(p),
@@ -176,7 +178,7 @@ function runWhole(memory: CallMemory, threads: number, p: Plan, desc: ProblemDes
   memory.heap.f32.set(q, desc.query >>> 2);
   copySmallInputs(memory, p, desc, at);
   placeKeyValue(at);
-  check(module, p, module.forward(desc, at.scratch, scratchFloats, threads));
+  check(module, p, module.forward(problemArg(module, desc), at.scratch, scratchFloats, threads));
   return collectResult(memory, p, desc);
 }
 
@@ -249,7 +251,7 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, 
     const desc = describeProblem(p);
     const pairDesc = pairProblem(p, desc);
     const segmentKeys = module.segmentKeys();
-    const scratchFloats = module.segmentScratchFloats(pairDesc);
+    const scratchFloats = module.segmentScratchFloats(problemArg(module, pairDesc));
     const at = memory.allocate({
       query: q.byteLength,
       // Each segment's copy is placed in its block by placeCopy(), away from its source modulo 4 KiB.
@@ -257,17 +259,17 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, 
       value: Math.min(segmentKeys, p.kvLen) * p.valueDim * 4 + COPY_PLACEMENT_SLACK,
       output: p.outputSize * 4,
       scratch: scratchFloats * 4,
-      partials: module.segmentPartialsFloats(pairDesc) * 4,
+      partials: module.segmentPartialsFloats(problemArg(module, pairDesc)) * 4,
       ...smallInputBytes(p),
     });
     const { scratch, partials } = at;
     desc.query = at.query;
     desc.output = at.output;
     const group = p.qHeads / p.kvHeads;
-    const segments = module.segmentCount(pairDesc);
+    const segments = module.segmentCount(problemArg(module, pairDesc));
     const pairKeyFloats = p.kvLen * p.headDim, pairValueFloats = p.kvLen * p.valueDim;
-    // Embind allocates the C++ object (and a ProblemDesc while converting it): views after it.
-    const streamer = new module.SegmentStream(pairDesc);
+    // Embind allocates the C++ object: views after it.
+    const streamer = new module.SegmentStream(problemArg(module, pairDesc));
     try {
       const { f32 } = memory.heap;  // the loop below allocates nothing (plain-number calls)
       f32.set(q, desc.query >>> 2);
@@ -312,7 +314,7 @@ export function runStreamedPrefill(memory: CallMemory, p: Plan, q: Float32Array,
     const pairDesc = pairProblem(p, desc);
     const group = p.qHeads / p.kvHeads;
     const pairQueryFloats = group * p.q.h, pairOutputFloats = group * p.o.h;
-    const scratchFloats = module.scratchFloats(pairDesc, 1);
+    const scratchFloats = module.scratchFloats(problemArg(module, pairDesc), 1);
     const at = memory.allocate({
       query: pairQueryFloats * 4, key: p.k.h * 4, value: p.v.h * 4, output: pairOutputFloats * 4,
       scratch: scratchFloats * 4, ...smallInputBytes(p),
@@ -328,14 +330,14 @@ export function runStreamedPrefill(memory: CallMemory, p: Plan, q: Float32Array,
     for (let pair = 0; pair < p.batch * p.kvHeads; pair++) {
       const b = Math.floor(pair / p.kvHeads), kvHead = pair % p.kvHeads, firstHead = kvHead * group;
       const qAt = b * p.q.b + firstHead * p.q.h, kAt = b * p.k.b + kvHead * p.k.h, vAt = b * p.v.b + kvHead * p.v.h;
-      // Fresh views every time: forward() converts a ProblemDesc through a C++ allocation,
-      // which may grow the memory.
+      // Fresh views every time: a view is never kept across a call into the module
+      // (js/memory.ts), whatever that call allocates.
       const before = memory.heap.f32;
       before.set(q.subarray(qAt, qAt + pairQueryFloats), pairDesc.query >>> 2);
       before.set(k.subarray(kAt, kAt + p.k.h), pairDesc.key >>> 2);
       before.set(v.subarray(vAt, vAt + p.v.h), pairDesc.value >>> 2);
       Object.assign(pairDesc, pairAddresses(p, desc, b, firstHead));
-      check(module, p, module.forward(pairDesc, scratch, scratchFloats, 1));
+      check(module, p, module.forward(problemArg(module, pairDesc), scratch, scratchFloats, 1));
       const from = pairDesc.output >>> 2;
       output.set(memory.heap.f32.subarray(from, from + pairOutputFloats), b * p.o.b + firstHead * p.o.h);
     }

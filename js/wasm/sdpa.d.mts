@@ -1,11 +1,15 @@
 // Types of the Emscripten-generated factory (dist/wasm/sdpa.mjs). Emscripten 3.1.6 cannot
 // emit these (no --emit-tsd), so they are written by hand from src/bindings/embind.cc.
 
-/** Mirrors ProblemDesc in src/bindings/embind.cc: addresses are byte offsets in the heap. */
+/**
+ * Mirrors ProblemDesc in src/bindings/embind.cc: addresses are byte offsets in the heap. The
+ * module reads it from its argument block (js/kernel-args.ts writes it there): the functions
+ * below take the block's address.
+ */
 export interface ProblemDesc {
   batch: number; qHeads: number; kvHeads: number; qLen: number; kvLen: number;
   headDim: number; valueDim: number;
-  /** sdpa::KvType: 0 float32, 1 float16 (key/value hold IEEE halves). */
+  /** sdpa::KvType: 0 float32, 1 float16 (key/value hold IEEE halves), 2 float16 without Inf/NaN. */
   kvType: number;
   query: number; key: number; value: number; output: number; weights: number;
   mask: number; causalOffsets: number; keyLengths: number;
@@ -21,13 +25,19 @@ export interface ProblemDesc {
   readKvInOrder: boolean;
 }
 
-/** Mirrors BackwardDesc in src/bindings/embind.cc: the backward pass's own operands. */
+/** Mirrors BackwardDesc in src/bindings/embind.cc: the backward pass's own operands (an argument block too). */
 export interface BackwardDesc {
   logsumexp: number; gradOutput: number; dQuery: number; dKey: number; dValue: number;
   goStrideB: number; goStrideH: number; goStrideL: number;
   dqStrideB: number; dqStrideH: number; dqStrideL: number;
   dkStrideB: number; dkStrideH: number; dkStrideL: number;
   dvStrideB: number; dvStrideH: number; dvStrideL: number;
+}
+
+/** One argument block of the module: where it is and each field's byte offset in it. */
+export interface ArgumentBlock {
+  address: number;
+  fields: { name: string; offset: number; isFloat: boolean }[];
 }
 
 export interface SdpaModule {
@@ -37,26 +47,30 @@ export interface SdpaModule {
   HEAPF32: Float32Array;
   _malloc(bytes: number): number;
   _free(address: number): void;
+  /** The argument blocks' addresses and field offsets (js/kernel-args.ts). */
+  argumentLayout(): { problem: ArgumentBlock; backward: ArgumentBlock };
+  // Below, `desc` and `grad` are the addresses of the ProblemDesc and BackwardDesc blocks,
+  // written right before the call.
   /** Floats of scratch forward() needs on `threads` threads. */
-  scratchFloats(desc: ProblemDesc, threads: number): number;
+  scratchFloats(desc: number, threads: number): number;
   /** Status 0 = ok. threads > 1 only in the threaded build (sdpa-mt). */
-  forward(desc: ProblemDesc, scratch: number, scratchFloats: number, threads: number): number;
+  forward(desc: number, scratch: number, scratchFloats: number, threads: number): number;
   /** Floats of scratch backward() needs on `threads` threads. */
-  backwardScratchFloats(desc: ProblemDesc, grad: BackwardDesc, threads: number): number;
+  backwardScratchFloats(desc: number, grad: number, threads: number): number;
   /** dQ, dK, dV of `desc` (its output = the forward's O): a status (0 = ok). */
-  backward(desc: ProblemDesc, grad: BackwardDesc, scratch: number, scratchFloats: number, threads: number): number;
+  backward(desc: number, grad: number, scratch: number, scratchFloats: number, threads: number): number;
   /** Whether forward() reads K/V in place (the decode path: no packing). */
-  readsKeysInPlace(desc: ProblemDesc): boolean;
+  readsKeysInPlace(desc: number): boolean;
   /** Streamed decoding (src/sdpa.h): keys per segment, the same for every problem. */
   segmentKeys(): number;
   /** Segments of a single-(batch, KV head) decode problem: ceil(Lk / segmentKeys()). */
-  segmentCount(desc: ProblemDesc): number;
+  segmentCount(desc: number): number;
   /** Floats of scratch one forwardSegment() call needs. */
-  segmentScratchFloats(desc: ProblemDesc): number;
+  segmentScratchFloats(desc: number): number;
   /** Floats of partial state for all segments together. */
-  segmentPartialsFloats(desc: ProblemDesc): number;
+  segmentPartialsFloats(desc: number): number;
   /** A streamed decode of `desc`, one (batch, KV head); owns C++ memory: call delete(). */
-  SegmentStream: new (desc: ProblemDesc) => SegmentStream;
+  SegmentStream: new (desc: number) => SegmentStream;
   /**
    * Rows [B, H, L, D] from `src` to `dst` (byte addresses; strides in elements; types are
    * sdpa::KvType values), converting float32 to float16 or back (src/kv-cache.h). Status 0 = ok.

@@ -1,12 +1,17 @@
 // Embind surface of the wasm module: plain numbers in, status out. No math here.
 // The TypeScript layer (js/) validates the user's input, copies tensors into the wasm heap,
-// fills a ProblemDesc with their addresses (byte offsets into the heap) and strides (in
-// elements), and turns a non-ok status into an exception.
+// writes a ProblemDesc with their addresses (byte offsets into the heap) and strides (in
+// elements) into the module's argument block, passes the block's address, and turns a
+// non-ok status into an exception.
 #include <emscripten/bind.h>
+#include <emscripten/val.h>
 #include <malloc.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <memory>
+#include <type_traits>
 
 #include "kv-cache.h"
 #include "parallel/thread-pool.h"
@@ -15,18 +20,20 @@
 
 namespace {
 
+// Every field is one 4-byte word (int32, uint32 or float; flags are 0 or 1), so that JS
+// writes it with one store at the offset argument_layout() reports (see there).
 struct ProblemDesc {
   int32_t batch, qHeads, kvHeads, qLen, kvLen, headDim, valueDim;
-  int32_t kvType;  // sdpa::KvType: 0 float32, 1 float16 (key and value hold halves)
+  int32_t kvType;  // sdpa::KvType: 0 float32, 1 float16, 2 float16 without Inf/NaN halves
   uint32_t query, key, value, output, weights, mask, causalOffsets, keyLengths;
   uint32_t logsumexp;  // sdpa::Problem::logsumexp: [B, Hq, Lq] written by forward(), 0 for none
   int32_t qStrideB, qStrideH, qStrideL, kStrideB, kStrideH, kStrideL;
   int32_t vStrideB, vStrideH, vStrideL, oStrideB, oStrideH, oStrideL;
   int32_t maskKind, maskStrideB, maskStrideH, maskStrideQ, maskStrideK;
   float scale, softcap;
-  bool causal;
+  int32_t causal;  // 0 or 1
   int32_t causalOffset;
-  bool readKvInOrder;  // sdpa::Problem::read_kv_in_order: K/V resident in wasm memory (a KV cache)
+  int32_t readKvInOrder;  // 0 or 1: sdpa::Problem::read_kv_in_order (K/V resident: a KV cache)
 };
 
 template <typename T>
@@ -59,11 +66,11 @@ sdpa::Problem to_problem(const ProblemDesc& d) {
   p.mask = at<const void>(d.mask);
   p.mask_stride_b = d.maskStrideB, p.mask_stride_h = d.maskStrideH;
   p.mask_stride_q = d.maskStrideQ, p.mask_stride_k = d.maskStrideK;
-  p.causal = d.causal;
+  p.causal = d.causal != 0;
   p.causal_offset = d.causalOffset;
   p.causal_offsets = at<const int32_t>(d.causalOffsets);
   p.key_lengths = at<const int32_t>(d.keyLengths);
-  p.read_kv_in_order = d.readKvInOrder;
+  p.read_kv_in_order = d.readKvInOrder != 0;
   p.logsumexp = at<float>(d.logsumexp);
   return p;
 }
@@ -75,6 +82,89 @@ struct BackwardDesc {
   int32_t goStrideB, goStrideH, goStrideL, dqStrideB, dqStrideH, dqStrideL;
   int32_t dkStrideB, dkStrideH, dkStrideL, dvStrideB, dvStrideH, dvStrideL;
 };
+
+// The argument blocks. A call's ProblemDesc (and BackwardDesc) is not converted from a JS
+// object by Embind (a value_object took about 5 µs per call, two calls per KV cache step:
+// half the time of a small step) but written by JS straight into these blocks, in wasm
+// memory, one store per field at the offsets argument_layout() reports; the functions below
+// take the blocks' addresses. Calls are synchronous and never re-enter, so one block of each
+// per module is enough (js/kernel-args.ts writes it right before each call). Static storage,
+// not the heap: the leak tests' heap bytes in use do not see it.
+ProblemDesc problem_block;
+BackwardDesc backward_block;
+
+struct FieldLayout {
+  const char* name;
+  uint32_t offset;
+  bool is_float;  // float32; else a 32-bit integer (int32 or uint32: JS stores the same bits)
+};
+
+template <typename T>
+constexpr bool is_float_word() {
+  static_assert(sizeof(T) == 4 && (std::is_integral_v<T> || std::is_same_v<T, float>),
+                "argument block fields are 4-byte integers or floats");
+  return std::is_same_v<T, float>;
+}
+
+#define SDPA_FIELD(Struct, field) \
+  FieldLayout { #field, offsetof(Struct, field), is_float_word<decltype(Struct::field)>() }
+
+constexpr FieldLayout kProblemFields[] = {
+    SDPA_FIELD(ProblemDesc, batch),       SDPA_FIELD(ProblemDesc, qHeads),        SDPA_FIELD(ProblemDesc, kvHeads),
+    SDPA_FIELD(ProblemDesc, qLen),        SDPA_FIELD(ProblemDesc, kvLen),         SDPA_FIELD(ProblemDesc, headDim),
+    SDPA_FIELD(ProblemDesc, valueDim),    SDPA_FIELD(ProblemDesc, kvType),        SDPA_FIELD(ProblemDesc, query),
+    SDPA_FIELD(ProblemDesc, key),         SDPA_FIELD(ProblemDesc, value),         SDPA_FIELD(ProblemDesc, output),
+    SDPA_FIELD(ProblemDesc, weights),     SDPA_FIELD(ProblemDesc, mask),          SDPA_FIELD(ProblemDesc, causalOffsets),
+    SDPA_FIELD(ProblemDesc, keyLengths),  SDPA_FIELD(ProblemDesc, logsumexp),     SDPA_FIELD(ProblemDesc, qStrideB),
+    SDPA_FIELD(ProblemDesc, qStrideH),    SDPA_FIELD(ProblemDesc, qStrideL),      SDPA_FIELD(ProblemDesc, kStrideB),
+    SDPA_FIELD(ProblemDesc, kStrideH),    SDPA_FIELD(ProblemDesc, kStrideL),      SDPA_FIELD(ProblemDesc, vStrideB),
+    SDPA_FIELD(ProblemDesc, vStrideH),    SDPA_FIELD(ProblemDesc, vStrideL),      SDPA_FIELD(ProblemDesc, oStrideB),
+    SDPA_FIELD(ProblemDesc, oStrideH),    SDPA_FIELD(ProblemDesc, oStrideL),      SDPA_FIELD(ProblemDesc, maskKind),
+    SDPA_FIELD(ProblemDesc, maskStrideB), SDPA_FIELD(ProblemDesc, maskStrideH),   SDPA_FIELD(ProblemDesc, maskStrideQ),
+    SDPA_FIELD(ProblemDesc, maskStrideK), SDPA_FIELD(ProblemDesc, scale),         SDPA_FIELD(ProblemDesc, softcap),
+    SDPA_FIELD(ProblemDesc, causal),      SDPA_FIELD(ProblemDesc, causalOffset),  SDPA_FIELD(ProblemDesc, readKvInOrder),
+};
+constexpr FieldLayout kBackwardFields[] = {
+    SDPA_FIELD(BackwardDesc, logsumexp), SDPA_FIELD(BackwardDesc, gradOutput), SDPA_FIELD(BackwardDesc, dQuery),
+    SDPA_FIELD(BackwardDesc, dKey),      SDPA_FIELD(BackwardDesc, dValue),     SDPA_FIELD(BackwardDesc, goStrideB),
+    SDPA_FIELD(BackwardDesc, goStrideH), SDPA_FIELD(BackwardDesc, goStrideL),  SDPA_FIELD(BackwardDesc, dqStrideB),
+    SDPA_FIELD(BackwardDesc, dqStrideH), SDPA_FIELD(BackwardDesc, dqStrideL),  SDPA_FIELD(BackwardDesc, dkStrideB),
+    SDPA_FIELD(BackwardDesc, dkStrideH), SDPA_FIELD(BackwardDesc, dkStrideL),  SDPA_FIELD(BackwardDesc, dvStrideB),
+    SDPA_FIELD(BackwardDesc, dvStrideH), SDPA_FIELD(BackwardDesc, dvStrideL),
+};
+#undef SDPA_FIELD
+// All fields are words: a struct as large as its listed fields has every field listed (the
+// JS test "argument layout" checks that no name is listed twice and that JS fills each).
+static_assert(sizeof(ProblemDesc) == 4 * std::size(kProblemFields), "list every ProblemDesc field once");
+static_assert(sizeof(BackwardDesc) == 4 * std::size(kBackwardFields), "list every BackwardDesc field once");
+
+template <size_t N>
+emscripten::val block_layout(const void* block, const FieldLayout (&fields)[N]) {
+  emscripten::val list = emscripten::val::array();
+  for (const FieldLayout& f : fields) {
+    emscripten::val entry = emscripten::val::object();
+    entry.set("name", emscripten::val(f.name));
+    entry.set("offset", f.offset);
+    entry.set("isFloat", f.is_float);
+    list.call<void>("push", entry);
+  }
+  emscripten::val layout = emscripten::val::object();
+  layout.set("address", static_cast<uint32_t>(reinterpret_cast<uintptr_t>(block)));
+  layout.set("fields", list);
+  return layout;
+}
+
+// { problem, backward }: each { address, fields: [{ name, offset, isFloat }] }, read once
+// per module by js/kernel-args.ts.
+emscripten::val argument_layout() {
+  emscripten::val layout = emscripten::val::object();
+  layout.set("problem", block_layout(&problem_block, kProblemFields));
+  layout.set("backward", block_layout(&backward_block, kBackwardFields));
+  return layout;
+}
+
+const ProblemDesc& problem_at(uint32_t address) { return *at<const ProblemDesc>(address); }
+const BackwardDesc& backward_at(uint32_t address) { return *at<const BackwardDesc>(address); }
 
 sdpa::BackwardProblem to_backward(const ProblemDesc& d, const BackwardDesc& g) {
   sdpa::BackwardProblem p;
@@ -91,8 +181,8 @@ sdpa::BackwardProblem to_backward(const ProblemDesc& d, const BackwardDesc& g) {
   return p;
 }
 
-double scratch_floats(const ProblemDesc& d, int32_t threads) {
-  return static_cast<double>(sdpa::scratch_floats(to_problem(d), threads));
+double scratch_floats(uint32_t desc, int32_t threads) {
+  return static_cast<double>(sdpa::scratch_floats(to_problem(problem_at(desc)), threads));
 }
 
 // The module's thread pool, created on the first call with threads > 1 (and recreated if
@@ -107,40 +197,38 @@ sdpa::ThreadPool* pool_for(int32_t threads) {
   return pool.get();
 }
 
-int32_t forward(const ProblemDesc& d, uint32_t scratch, double scratch_floats, int32_t threads) {
-  return static_cast<int32_t>(sdpa::forward(to_problem(d), at<float>(scratch),
+int32_t forward(uint32_t desc, uint32_t scratch, double scratch_floats, int32_t threads) {
+  return static_cast<int32_t>(sdpa::forward(to_problem(problem_at(desc)), at<float>(scratch),
                                             static_cast<uint64_t>(scratch_floats), pool_for(threads)));
 }
 
-double backward_scratch_floats(const ProblemDesc& d, const BackwardDesc& g, int32_t threads) {
-  return static_cast<double>(sdpa::backward_scratch_floats(to_backward(d, g), threads));
+double backward_scratch_floats(uint32_t desc, uint32_t grad, int32_t threads) {
+  return static_cast<double>(sdpa::backward_scratch_floats(to_backward(problem_at(desc), backward_at(grad)), threads));
 }
 
-int32_t backward(const ProblemDesc& d, const BackwardDesc& g, uint32_t scratch, double scratch_floats,
-                 int32_t threads) {
-  return static_cast<int32_t>(sdpa::backward(to_backward(d, g), at<float>(scratch),
+int32_t backward(uint32_t desc, uint32_t grad, uint32_t scratch, double scratch_floats, int32_t threads) {
+  return static_cast<int32_t>(sdpa::backward(to_backward(problem_at(desc), backward_at(grad)), at<float>(scratch),
                                              static_cast<uint64_t>(scratch_floats), pool_for(threads)));
 }
 
-bool reads_keys_in_place(const ProblemDesc& d) { return sdpa::reads_keys_in_place(to_problem(d)); }
+bool reads_keys_in_place(uint32_t desc) { return sdpa::reads_keys_in_place(to_problem(problem_at(desc))); }
 
-int32_t segment_count(const ProblemDesc& d) { return sdpa::segment_count(to_problem(d)); }
+int32_t segment_count(uint32_t desc) { return sdpa::segment_count(to_problem(problem_at(desc))); }
 
-double segment_scratch_floats(const ProblemDesc& d) {
-  return static_cast<double>(sdpa::segment_scratch_floats(to_problem(d)));
+double segment_scratch_floats(uint32_t desc) {
+  return static_cast<double>(sdpa::segment_scratch_floats(to_problem(problem_at(desc))));
 }
 
-double segment_partials_floats(const ProblemDesc& d) {
-  return static_cast<double>(sdpa::segment_partials_floats(to_problem(d)));
+double segment_partials_floats(uint32_t desc) {
+  return static_cast<double>(sdpa::segment_partials_floats(to_problem(problem_at(desc))));
 }
 
 // A streamed decode (sdpa.h, forward_segment) of a problem that is one (batch, KV head):
-// the description is converted once, then only addresses move, per (batch, KV head) the
-// rows of Q, output, mask, offsets and key lengths, per segment K and V. Calls with plain
-// numbers only: a ProblemDesc costs microseconds to convert, and a decode makes hundreds.
+// the description (an argument block's address) is read once, then only addresses move, per
+// (batch, KV head) the rows of Q, output, mask, offsets and key lengths, per segment K and V.
 class SegmentStream {
  public:
-  explicit SegmentStream(const ProblemDesc& d) : p_(to_problem(d)) {}
+  explicit SegmentStream(uint32_t desc) : p_(to_problem(problem_at(desc))) {}
 
   void set_pair(uint32_t query, uint32_t output, uint32_t mask, uint32_t causal_offsets, uint32_t key_lengths) {
     p_.query = at<const float>(query);
@@ -189,64 +277,7 @@ std::string status_name(int32_t status) {
 }  // namespace
 
 EMSCRIPTEN_BINDINGS(sdpa_wasm) {
-  emscripten::value_object<ProblemDesc>("ProblemDesc")
-      .field("batch", &ProblemDesc::batch)
-      .field("qHeads", &ProblemDesc::qHeads)
-      .field("kvHeads", &ProblemDesc::kvHeads)
-      .field("qLen", &ProblemDesc::qLen)
-      .field("kvLen", &ProblemDesc::kvLen)
-      .field("headDim", &ProblemDesc::headDim)
-      .field("valueDim", &ProblemDesc::valueDim)
-      .field("kvType", &ProblemDesc::kvType)
-      .field("query", &ProblemDesc::query)
-      .field("key", &ProblemDesc::key)
-      .field("value", &ProblemDesc::value)
-      .field("output", &ProblemDesc::output)
-      .field("weights", &ProblemDesc::weights)
-      .field("mask", &ProblemDesc::mask)
-      .field("causalOffsets", &ProblemDesc::causalOffsets)
-      .field("keyLengths", &ProblemDesc::keyLengths)
-      .field("logsumexp", &ProblemDesc::logsumexp)
-      .field("qStrideB", &ProblemDesc::qStrideB)
-      .field("qStrideH", &ProblemDesc::qStrideH)
-      .field("qStrideL", &ProblemDesc::qStrideL)
-      .field("kStrideB", &ProblemDesc::kStrideB)
-      .field("kStrideH", &ProblemDesc::kStrideH)
-      .field("kStrideL", &ProblemDesc::kStrideL)
-      .field("vStrideB", &ProblemDesc::vStrideB)
-      .field("vStrideH", &ProblemDesc::vStrideH)
-      .field("vStrideL", &ProblemDesc::vStrideL)
-      .field("oStrideB", &ProblemDesc::oStrideB)
-      .field("oStrideH", &ProblemDesc::oStrideH)
-      .field("oStrideL", &ProblemDesc::oStrideL)
-      .field("maskKind", &ProblemDesc::maskKind)
-      .field("maskStrideB", &ProblemDesc::maskStrideB)
-      .field("maskStrideH", &ProblemDesc::maskStrideH)
-      .field("maskStrideQ", &ProblemDesc::maskStrideQ)
-      .field("maskStrideK", &ProblemDesc::maskStrideK)
-      .field("scale", &ProblemDesc::scale)
-      .field("softcap", &ProblemDesc::softcap)
-      .field("causal", &ProblemDesc::causal)
-      .field("causalOffset", &ProblemDesc::causalOffset)
-      .field("readKvInOrder", &ProblemDesc::readKvInOrder);
-  emscripten::value_object<BackwardDesc>("BackwardDesc")
-      .field("logsumexp", &BackwardDesc::logsumexp)
-      .field("gradOutput", &BackwardDesc::gradOutput)
-      .field("dQuery", &BackwardDesc::dQuery)
-      .field("dKey", &BackwardDesc::dKey)
-      .field("dValue", &BackwardDesc::dValue)
-      .field("goStrideB", &BackwardDesc::goStrideB)
-      .field("goStrideH", &BackwardDesc::goStrideH)
-      .field("goStrideL", &BackwardDesc::goStrideL)
-      .field("dqStrideB", &BackwardDesc::dqStrideB)
-      .field("dqStrideH", &BackwardDesc::dqStrideH)
-      .field("dqStrideL", &BackwardDesc::dqStrideL)
-      .field("dkStrideB", &BackwardDesc::dkStrideB)
-      .field("dkStrideH", &BackwardDesc::dkStrideH)
-      .field("dkStrideL", &BackwardDesc::dkStrideL)
-      .field("dvStrideB", &BackwardDesc::dvStrideB)
-      .field("dvStrideH", &BackwardDesc::dvStrideH)
-      .field("dvStrideL", &BackwardDesc::dvStrideL);
+  emscripten::function("argumentLayout", &argument_layout);
   emscripten::function("scratchFloats", &scratch_floats);
   emscripten::function("backwardScratchFloats", &backward_scratch_floats);
   emscripten::function("backward", &backward);
@@ -257,7 +288,7 @@ EMSCRIPTEN_BINDINGS(sdpa_wasm) {
   emscripten::function("segmentScratchFloats", &segment_scratch_floats);
   emscripten::function("segmentPartialsFloats", &segment_partials_floats);
   emscripten::class_<SegmentStream>("SegmentStream")
-      .constructor<const ProblemDesc&>()
+      .constructor<uint32_t>()
       .function("setPair", &SegmentStream::set_pair)
       .function("forward", &SegmentStream::forward)
       .function("merge", &SegmentStream::merge);

@@ -1,11 +1,69 @@
 // The wasm binding's plumbing that no result checks by itself:
+// - the argument blocks (src/bindings/embind.cc, js/kernel-args.ts): the module's list of
+//   ProblemDesc and BackwardDesc fields against what the TypeScript layer writes;
 // - where copies into wasm memory are placed (js/memory.ts, placeCopy): always inside the
 //   block, 2 KiB from the source modulo 4 KiB, and a streamed decode gives the same bits
 //   whatever its inputs' offsets in their buffers.
 import { afterAll, beforeAll, describe, expect, test } from '@jest/globals';
 import { createAttention } from 'sdpa-wasm';
+import * as loader from '../../dist/loader.js';
+import { argumentFieldNames, problemArg } from '../../dist/kernel-args.js';
 import { COPY_PLACEMENT_SLACK, placeCopy } from '../../dist/memory.js';
+import { describeProblem } from '../../dist/strategies.js';
+import { plan } from '../../dist/validate.js';
 import { maxRelError, randomTensor, referenceSdpa } from './reference.mjs';
+
+describe('argument blocks', () => {
+  let handle;
+  beforeAll(async () => {
+    handle = await loader.acquireModule(1);
+  });
+  afterAll(() => handle.release());
+
+  test('each block lists every field once, as 4-byte words that tile the block', () => {
+    const layout = handle.module.argumentLayout();
+    for (const block of [layout.problem, layout.backward]) {
+      const names = block.fields.map((f) => f.name);
+      expect(new Set(names).size).toBe(names.length);
+      const offsets = block.fields.map((f) => f.offset).sort((a, b) => a - b);
+      expect(offsets).toEqual(offsets.map((_, i) => 4 * i));
+      expect(block.address % 4).toBe(0);
+    }
+    // The two blocks do not overlap.
+    const end = (b) => b.address + 4 * b.fields.length;
+    expect(end(layout.problem) <= layout.backward.address || end(layout.backward) <= layout.problem.address).toBe(true);
+  });
+
+  test('the TypeScript problem description has exactly the fields the module reads', () => {
+    const t = (dims) => ({ data: new Float32Array(dims.reduce((a, b) => a * b, 1)), dims });
+    const desc = describeProblem(plan(t([1, 2, 3, 8]), t([1, 2, 5, 8]), t([1, 2, 5, 4]), { isCausal: true }));
+    expect(Object.keys(desc).sort()).toEqual([...argumentFieldNames(handle.module).problem].sort());
+  });
+
+  test('a field left unset is an internal error, not a silent zero', () => {
+    const t = (dims) => ({ data: new Float32Array(dims.reduce((a, b) => a * b, 1)), dims });
+    const desc = describeProblem(plan(t([1, 1, 1, 4]), t([1, 1, 2, 4]), t([1, 1, 2, 4]), {}));
+    delete desc.softcap;
+    expect(() => problemArg(handle.module, desc)).toThrow(/internal error: ProblemDesc\.softcap is not set/);
+  });
+
+  test('the written words are the values, floats and integers alike', () => {
+    const t = (dims) => ({ data: new Float32Array(dims.reduce((a, b) => a * b, 1)), dims });
+    const desc = describeProblem(plan(t([1, 2, 3, 8]), t([1, 2, 5, 8]), t([1, 2, 5, 4]),
+      { scale: 0.3, softcap: 7.5, isCausal: true, causalOffset: -2 }));
+    desc.query = 2 ** 31 + 16;  // beyond int32: the same 32 bits as a uint32
+    const address = problemArg(handle.module, desc);
+    const { problem } = handle.module.argumentLayout();
+    const word = (name) => (address + problem.fields.find((f) => f.name === name).offset) >>> 2;
+    expect(handle.module.HEAPF32[word('scale')]).toBe(Math.fround(0.3));
+    expect(handle.module.HEAPF32[word('softcap')]).toBe(7.5);
+    expect(handle.module.HEAP32[word('causal')]).toBe(1);
+    expect(handle.module.HEAP32[word('causalOffset')]).toBe(-2);
+    expect(handle.module.HEAP32[word('headDim')]).toBe(8);
+    expect(handle.module.HEAP32[word('valueDim')]).toBe(4);
+    expect(handle.module.HEAP32[word('query')] >>> 0).toBe(2 ** 31 + 16);
+  });
+});
 
 describe('copies placed away from their source modulo 4 KiB', () => {
   test('placeCopy stays in the block, 4-byte aligned, 2 KiB from the source modulo 4 KiB', () => {

@@ -1,0 +1,55 @@
+// The kernel's call descriptions, ProblemDesc and BackwardDesc (src/bindings/embind.cc), reach
+// it through the module's argument blocks: each field is stored into wasm memory at the offset
+// the module reports (argumentLayout(), read once per module), and the call gets the block's
+// address. Embind's conversion of a JS object (value_object) cost about 5 µs per call; a KV
+// cache step makes two such calls, which was half the time of a small step (one head, 16 keys).
+// Write a block right before the call that reads it: the module has one block of each kind,
+// and the next call's description overwrites it (calls are synchronous and never re-enter).
+import { heap } from './memory.js';
+import type { ArgumentBlock, BackwardDesc, ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
+
+interface Blocks {
+  problem: ArgumentBlock;
+  backward: ArgumentBlock;
+}
+
+const blocksOf = new WeakMap<SdpaModule, Blocks>();
+
+function blocks(module: SdpaModule): Blocks {
+  let b = blocksOf.get(module);
+  if (b === undefined) {
+    b = module.argumentLayout();
+    blocksOf.set(module, b);
+  }
+  return b;
+}
+
+function write(module: SdpaModule, block: ArgumentBlock, values: object, what: string): number {
+  const { i32, f32 } = heap(module);  // fresh views: memory may have grown since the last call
+  const record = values as Record<string, number | boolean | undefined>;
+  for (const { name, offset, isFloat } of block.fields) {
+    const value = record[name];
+    if (value === undefined) throw new Error(`sdpa-wasm: internal error: ${what}.${name} is not set`);
+    const word = (block.address + offset) >>> 2;
+    // int32 and uint32 fields alike: an Int32Array store keeps the low 32 bits.
+    if (isFloat) f32[word] = +value;
+    else i32[word] = +value;
+  }
+  return block.address;
+}
+
+/** Writes `desc` into the module's ProblemDesc block; its address, for the next call. */
+export function problemArg(module: SdpaModule, desc: ProblemDesc): number {
+  return write(module, blocks(module).problem, desc, 'ProblemDesc');
+}
+
+/** Writes `grad` into the module's BackwardDesc block; its address, for the next call. */
+export function backwardArg(module: SdpaModule, grad: BackwardDesc): number {
+  return write(module, blocks(module).backward, grad, 'BackwardDesc');
+}
+
+/** The field names of each block, as the module lists them (for tests). */
+export function argumentFieldNames(module: SdpaModule): { problem: string[]; backward: string[] } {
+  const b = blocks(module);
+  return { problem: b.problem.fields.map((f) => f.name), backward: b.backward.fields.map((f) => f.name) };
+}
