@@ -122,6 +122,7 @@ async function decodeSection({ quick = false, contexts = null, kinds = null, hot
     if (attn[t].threads !== t) throw new Error(`sdpa-wasm: asked for ${t} threads, got attn.threads = ${attn[t].threads}`);
   }
   const isa = attn[THREADS[0]].isa;
+  const callOverhead = measureCallOverhead(attn[1], quick, log);
   const wasmFiles = isa === 'relaxed-simd' ? ['wasm/sdpa-relaxed.wasm', 'wasm/sdpa-mt-relaxed.wasm'] : ['wasm/sdpa.wasm', 'wasm/sdpa-mt.wasm'];
   const evictBytes = Math.max(96 * 2 ** 20, 3 * (l3Bytes(host) ?? 0));
   const probe = held.probe = await openReadProbe({ evictBytes });
@@ -462,8 +463,56 @@ async function decodeSection({ quick = false, contexts = null, kinds = null, hot
     quick, settings, loadavgBefore: loadBefore, loadavgAfter: loadAfter, totalSeconds,
     readProbe: { kernel: 'v128.load + i32x4.add, 8 accumulators, 128 bytes per iteration; 2 threads: main + 1 worker on one shared memory, halves', evictBytes: settings.evict ? probe.evictBytes : 0 },
     shapes: shapes.map(({ kind, B, Hq, Hkv, E, contexts: cs }) => ({ kind, B, Hq, Hkv, E, contexts: cs })),
-    targetsSpec: DECODE_TARGETS, targets, rows, groups,
+    targetsSpec: DECODE_TARGETS, targets, rows, groups, callOverhead,
   };
+}
+
+/**
+ * What a call costs beyond its arithmetic: a cache of 1 KV head and 16 positions (E128,
+ * float32, one thread, caches in L1), where the kernel's own work is well under a microsecond:
+ * cache.attend(); a decode step (truncate + append 1 token + attend); sdpa() of the same problem
+ * with its copies. Outputs checked against the float64 reference first; medians of rounds of
+ * 1000 calls (µs per call).
+ */
+function measureCallOverhead(attn, quick, log) {
+  const s = { B: 1, H: 1, Hkv: 1, Lq: 1, Lk: 16, E: 128 };
+  const inputs = makeInputs(s);
+  const ref = referenceRows(s, inputs);
+  const last = (x) => ({ data: x.data.slice((s.Lk - 1) * s.E), dims: [1, 1, 1, s.E] });
+  const k1 = last(inputs.k), v1 = last(inputs.v);
+  const cache = attn.createKVCache({ batch: 1, kvHeads: 1, headDim: s.E, maxLength: s.Lk });
+  try {
+    cache.append(inputs.k, inputs.v);
+    const out = new Float32Array(s.E);
+    const calls = {
+      attend: () => cache.attend(inputs.q, { out }),
+      step: () => { cache.truncate(s.Lk - 1); cache.append(k1, v1); cache.attend(inputs.q, { out }); },
+      sdpa: () => attn.sdpa(inputs.q, inputs.k, inputs.v, { out }),
+    };
+    for (const [name, call] of Object.entries(calls)) {
+      out.fill(NaN);
+      call();
+      const c = compare(s, ref, out);
+      if (!(c.maxAbsErr <= 1e-3)) throw new Error(`call overhead: ${name} is wrong (max abs error ${c.maxAbsErr})`);
+    }
+    const rounds = quick ? 5 : 15, perRound = 1000;
+    const times = Object.fromEntries(Object.keys(calls).map((name) => [name, []]));
+    for (const call of Object.values(calls)) for (let i = 0; i < perRound; i++) call();  // warm-up
+    for (let round = 0; round < rounds; round++) {
+      for (const [name, call] of Object.entries(calls)) {
+        const t0 = performance.now();
+        for (let i = 0; i < perRound; i++) call();
+        times[name].push((performance.now() - t0) / perRound * 1000);
+      }
+    }
+    const us = Object.fromEntries(Object.entries(times).map(([name, t]) => [name, median(t)]));
+    log(`call overhead (1 KV head, 16 positions, E128, float32, 1 thread; the kernel's work is under 1 µs; median µs per call over ` +
+      `${rounds} rounds of ${perRound}): attend ${us.attend.toFixed(1)}, step (truncate + append 1 + attend) ${us.step.toFixed(1)}, ` +
+      `sdpa() with copies ${us.sdpa.toFixed(1)}`);
+    return { shape: s, rounds, callsPerRound: perRound, attendUs: us.attend, stepUs: us.step, sdpaUs: us.sdpa };
+  } finally {
+    cache.dispose();
+  }
 }
 
 function evaluateTargets(rows) {
