@@ -18,10 +18,11 @@
 // (m != 0, payload kept) with the sign kept. Every one of the 65536 patterns is checked
 // against the scalar form in tests/cpp/f16-kv-test.cc.
 //
-// Narrowing (f32_to_f16, scalar; appends are small next to the reads): round to nearest,
-// ties to even. Finite values beyond the largest half (±65504, after rounding) and ±Inf
-// SATURATE to ±65504, so a float16 cache never holds an infinity it was not given as raw
-// halves, and a score q·k is never Inf·0 = NaN. NaN stays NaN (quiet, sign kept).
+// Narrowing (f32_to_f16, scalar, and f32x4_to_f16_bits, the same four lanes at once, for
+// the appends of long prompts): round to nearest, ties to even. Finite values beyond the
+// largest half (±65504, after rounding) and ±Inf SATURATE to ±65504, so a float16 cache never
+// holds an infinity it was not given as raw halves, and a score q·k is never Inf·0 = NaN. NaN
+// stays NaN (quiet, sign kept).
 #pragma once
 
 #include <cstdint>
@@ -83,6 +84,66 @@ inline uint16_t f32_to_f16(float f) {
   const float rest = scaled - static_cast<float>(m);
   if (rest > 0.5f || (rest == 0.5f && (m & 1u) != 0)) m++;
   return static_cast<uint16_t>(sign | m);
+}
+
+// Constants of the SIMD narrowing, built once per row copy and passed by reference.
+struct F32ToF16Constants {
+  v128_t magnitude_mask;  // 0x7FFFFFFF
+  v128_t sign_bit;        // 0x8000, after the shift
+  v128_t nan_above;       // 0x7F800000: magnitudes above it are NaN
+  v128_t saturate_from;   // 0x477FF000: 65520 (rounds past 65504), and Inf
+  v128_t normal_from;     // 0x38800000: 2^-14, the smallest normal half
+  v128_t rebias;          // (127 - 15) << 23
+  v128_t round_down;      // 0xFFF: just under half of the 13 dropped bits
+  v128_t one;             // 1
+  v128_t half_max;        // 0x7BFF: 65504
+  v128_t quiet_nan;       // 0x7E00
+  v128_t payload_mask;    // 0x3FF
+  v128_t one_half;        // 0.5f (bits 0x3F000000)
+};
+
+inline F32ToF16Constants make_f32_to_f16_constants() {
+  F32ToF16Constants c;
+  c.magnitude_mask = wasm_i32x4_splat(0x7FFFFFFF);
+  c.sign_bit = wasm_i32x4_splat(0x8000);
+  c.nan_above = wasm_i32x4_splat(0x7F800000);
+  c.saturate_from = wasm_i32x4_splat(0x477FF000);
+  c.normal_from = wasm_i32x4_splat(0x38800000);
+  c.rebias = wasm_i32x4_splat((127 - 15) << 23);
+  c.round_down = wasm_i32x4_splat(0xFFF);
+  c.one = wasm_i32x4_splat(1);
+  c.half_max = wasm_i32x4_splat(0x7BFF);
+  c.quiet_nan = wasm_i32x4_splat(0x7E00);
+  c.payload_mask = wasm_i32x4_splat(0x3FF);
+  c.one_half = wasm_f32x4_splat(0.5f);
+  return c;
+}
+
+// f32_to_f16 of four floats: lane i holds the half's bits in its low 16 bits (0 above), for
+// wasm_u16x8_narrow_i32x4. Each case of f32_to_f16 is computed in every lane and the lane's
+// own case chosen, from the float's magnitude bits m (m <= 0x7FFFFFFF: the signed compares
+// and shifts below act as unsigned ones):
+//   m > 0x7F800000 (NaN):              0x7E00 | ((m >> 13) & 0x3FF)
+//   m >= 0x477FF000 (>= 65520, Inf):   0x7BFF
+//   m >= 0x38800000 (a normal half):   f32_to_f16's integer rounding, the same operations
+//   m <  0x38800000 (subnormal, zero): bits(|x| + 0.5f) - bits(0.5f). The floats in [0.5, 1)
+//     are the multiples of 2^-24 there, so the addition (round to nearest, ties to even:
+//     0.5 + k·2^-24 has an even significand exactly when k is even) rounds |x| to
+//     k·2^-24 with k = round_even(|x|·2^24), f32_to_f16's m; the difference of the bits is k.
+//     |x| < 2^-14 keeps the sum below 1 (k <= 1024; 1024 is the smallest normal's pattern).
+// then the sign: bit 15 from bit 31.
+inline v128_t f32x4_to_f16_bits(v128_t x, const F32ToF16Constants& c) {
+  const v128_t m = wasm_v128_and(x, c.magnitude_mask);
+  const v128_t sign = wasm_v128_and(wasm_i32x4_shr(x, 16), c.sign_bit);
+  const v128_t rebased = wasm_i32x4_sub(m, c.rebias);
+  const v128_t odd = wasm_v128_and(wasm_i32x4_shr(rebased, 13), c.one);
+  const v128_t normal = wasm_i32x4_shr(wasm_i32x4_add(wasm_i32x4_add(rebased, c.round_down), odd), 13);
+  const v128_t subnormal = wasm_i32x4_sub(wasm_f32x4_add(m, c.one_half), c.one_half);
+  const v128_t nan = wasm_v128_or(c.quiet_nan, wasm_v128_and(wasm_i32x4_shr(m, 13), c.payload_mask));
+  v128_t h = wasm_v128_bitselect(normal, subnormal, wasm_i32x4_ge(m, c.normal_from));
+  h = wasm_v128_bitselect(c.half_max, h, wasm_i32x4_ge(m, c.saturate_from));
+  h = wasm_v128_bitselect(nan, h, wasm_i32x4_gt(m, c.nan_above));
+  return wasm_v128_or(h, sign);
 }
 
 // Constants of the SIMD widening, built once per kernel call and passed by reference (V8

@@ -333,6 +333,63 @@ TEST(F16Narrowing, MillionRandomFloatsOverWideExponentRanges) {
   }
 }
 
+// f32x4_to_f16_bits (the SIMD narrowing of appends) on every value of `xs`, four lanes at a
+// time, rotated so that each value goes through every lane: the same bits as f32_to_f16 in
+// the low 16 bits of its lane, zeros above. Returns the number of values checked.
+size_t expect_simd_narrowing_matches_scalar(const std::vector<float>& xs) {
+  const F32ToF16Constants c = make_f32_to_f16_constants();
+  size_t mismatches = 0;
+  for (size_t i = 0; i < xs.size(); i++) {
+    const size_t lane = i % 4;  // xs[i] in lane i % 4; its neighbours in the others
+    float in[4];
+    for (size_t l = 0; l < 4; l++) in[l] = xs[(i + l + xs.size() - lane) % xs.size()];
+    uint32_t out[4];
+    wasm_v128_store(out, f32x4_to_f16_bits(wasm_v128_load(in), c));
+    const uint32_t want = f32_to_f16(xs[i]);
+    if (out[lane] != want && mismatches++ < 10) {
+      ADD_FAILURE() << std::hexfloat << xs[i] << std::hex << " (bits 0x" << bits_of(xs[i]) << ") in lane " << lane
+                    << ": SIMD 0x" << out[lane] << ", scalar 0x" << want;
+    }
+  }
+  EXPECT_EQ(mismatches, 0u);
+  return xs.size();
+}
+
+TEST(F16Narrowing, SimdEqualsScalarOnEveryHalfMidpointAndNeighbour) {
+  // Every pattern's value (NaN and Inf included), and for every gap between consecutive
+  // non-negative halves its midpoint and the floats just below and above it, both signs.
+  std::vector<float> xs;
+  for (uint32_t i = 0; i < 65536; i++) xs.push_back(f16_to_f32(static_cast<uint16_t>(i)));
+  for (uint32_t h = 0; h < kHalfMax + 1u; h++) {
+    const double a = half_value(static_cast<uint16_t>(h));
+    const double b = h < kHalfMax ? half_value(static_cast<uint16_t>(h + 1)) : 65536.0;
+    const float m = static_cast<float>((a + b) / 2);
+    for (float s : {1.0f, -1.0f}) {
+      xs.push_back(s * m);
+      xs.push_back(s * std::nextafter(m, 0.0f));
+      xs.push_back(s * std::nextafter(m, kInf));
+    }
+  }
+  EXPECT_EQ(expect_simd_narrowing_matches_scalar(xs), 65536u + 6u * (kHalfMax + 1u));
+}
+
+TEST(F16Narrowing, SimdEqualsScalarAroundEveryRoundingBoundaryAndOnRandomBits) {
+  // Every sign, exponent and top-10 mantissa pattern (2^19 of them) with the 13 bits that
+  // rounding drops at the edges of their range (0, 1, just under and over half, all ones);
+  // the subnormal range in steps of 2^-30; and a million raw 32-bit patterns.
+  std::vector<float> xs;
+  for (uint32_t top = 0; top < (1u << 19); top++) {
+    for (uint32_t low : {0x0u, 0x1u, 0xFFFu, 0x1000u, 0x1001u, 0x1FFFu}) xs.push_back(float_of(top << 13 | low));
+  }
+  for (uint32_t n = 0; n <= (1u << 16) + 64; n++) {
+    xs.push_back(std::ldexp(static_cast<float>(n), -30));
+    xs.push_back(-std::ldexp(static_cast<float>(n), -30));
+  }
+  std::mt19937 rng(77);
+  for (int n = 0; n < 1000000; n++) xs.push_back(float_of(rng()));
+  EXPECT_EQ(expect_simd_narrowing_matches_scalar(xs), 6u * (1u << 19) + 2u * ((1u << 16) + 65) + 1000000u);
+}
+
 // ---------------------------------------------------------------------------------------
 // 2. The kernel on float16 K/V in the cache's storage layout.
 // ---------------------------------------------------------------------------------------
@@ -828,22 +885,30 @@ TEST(CopyRows, Float32ToFloat32CopiesBits) {
   a.check(storage, src, -7.0f, [](float s, float d) { ASSERT_EQ(bits_of(s), bits_of(d)); });
 }
 
+// Row widths around the SIMD conversions' 8 and 4 lanes (copy_rows narrows 8 floats, then 4,
+// then one at a time): every path and every tail length.
+constexpr int kRowWidths[] = {1, 3, 4, 5, 7, 8, 9, 12, 13, 16, 131};
+
 TEST(CopyRows, Float32ToFloat16RoundsLikeF32ToF16) {
-  const Append a;
-  std::vector<float> src = append_floats(a.source_elements(), 2);
-  std::vector<uint16_t> storage(a.storage_elements(), 0xABCD);
-  ASSERT_EQ(copy_rows(a.destination(storage.data(), KvType::kFloat16), a.source(src.data(), KvType::kFloat32),
-                      a.B, a.H, a.L, a.D),
-            Status::kOk);
-  a.check(storage, src, uint16_t{0xABCD}, [](float s, uint16_t d) {
-    ASSERT_EQ(d, f32_to_f16(s)) << s;
-    ASSERT_TRUE(narrows_correctly(s));
-  });
+  for (int D : kRowWidths) {
+    Append a;
+    a.D = D;
+    std::vector<float> src = append_floats(a.source_elements(), 2 + D);
+    std::vector<uint16_t> storage(a.storage_elements(), 0xABCD);
+    ASSERT_EQ(copy_rows(a.destination(storage.data(), KvType::kFloat16), a.source(src.data(), KvType::kFloat32),
+                        a.B, a.H, a.L, a.D),
+              Status::kOk);
+    a.check(storage, src, uint16_t{0xABCD}, [D](float s, uint16_t d) {
+      ASSERT_EQ(d, f32_to_f16(s)) << s << " (D = " << D << ")";
+      ASSERT_TRUE(narrows_correctly(s));
+    });
+  }
 }
 
-TEST(CopyRows, Float16ToFloat16CopiesBitsAndFloat16ToFloat32IsExact) {
-  const Append a;
-  std::mt19937 rng(3);
+// Raw halves (every kind of pattern) copied into a float16 cache bit for bit, and into a
+// float32 cache widened exactly.
+void copies_and_widens_exactly(const Append& a) {
+  std::mt19937 rng(3 + a.D);
   std::vector<uint16_t> src(a.source_elements());
   for (uint16_t& h : src) h = static_cast<uint16_t>(rng());  // any pattern: NaN, Inf, subnormal
   src[0] = kHalfNaN, src[1] = 0xFE01, src[2] = 0x8000, src[3] = 0x0001, src[4] = 0xFC00;
@@ -861,6 +926,14 @@ TEST(CopyRows, Float16ToFloat16CopiesBitsAndFloat16ToFloat32IsExact) {
   a.check(storage32, src, -7.0f, [](uint16_t s, float d) {
     ASSERT_EQ(bits_of(d), expected_widened_bits(s)) << std::hex << "half 0x" << s;
   });
+}
+
+TEST(CopyRows, Float16ToFloat16CopiesBitsAndFloat16ToFloat32IsExact) {
+  for (int D : kRowWidths) {
+    Append a;
+    a.D = D;
+    copies_and_widens_exactly(a);
+  }
 }
 
 TEST(CopyRows, ZeroSizesWriteNothing) {
