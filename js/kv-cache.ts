@@ -65,19 +65,6 @@ export function cacheBytes(s: KVCacheShape): { keys: number; values: number } {
 }
 
 /**
- * Whether appended data can become an Inf or NaN half: a NaN float (finite overflow and ±Inf
- * saturate to ±65504), or a raw half with exponent 31.
- */
-function mayBeInfNaN(data: Float32Array | Uint16Array): boolean {
-  if (isUint16Array(data)) {
-    for (let i = 0; i < data.length; i++) if ((data[i] & 0x7c00) === 0x7c00) return true;
-  } else {
-    for (let i = 0; i < data.length; i++) if (data[i] !== data[i]) return true;
-  }
-  return false;
-}
-
-/**
  * The checks of KVCache.append(key, value, options) against a cache of `shape` holding
  * `length` positions: the tensors, their sizes, room for Lnew more. Pure (no wasm), so the
  * worker API runs the same checks on the calling side.
@@ -218,8 +205,19 @@ export class KVCache extends KVCacheShapeInfo {
     } finally {
       memory.free();
     }
-    if (this.dtype === 'float16' && !this.#maybeInfNaN) this.#maybeInfNaN = mayBeInfNaN(k.data) || mayBeInfNaN(v.data);
+    if (this.dtype === 'float16' && !this.#maybeInfNaN) {
+      // What was stored decides: a NaN float became a NaN half (±Inf and overflow saturate to
+      // ±65504), a raw half with exponent 31 stayed one. Scanned in wasm, SIMD, in the storage.
+      this.#maybeInfNaN = this.#storedInfNaN(module, this.#keys, this.headDim, k.L) ||
+        this.#storedInfNaN(module, this.#values, this.valueDim, k.L);
+    }
     this.#length += k.L;
+  }
+
+  /** Whether positions [length, length + count) of a float16 storage hold an Inf or NaN half. */
+  #storedInfNaN(module: SdpaModule, storage: number, dim: number, count: number): boolean {
+    const first = storage + this.#length * dim * 2;
+    return module.halvesHaveInfNaN(first, this.maxLength * dim, this.batch * this.kvHeads, count * dim);
   }
 
   // Rows [B, H, L, D] of `t` into the storage at positions [length, length + L). Already in

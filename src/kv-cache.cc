@@ -91,4 +91,23 @@ Status copy_rows(const RowBlock& dst, const RowBlock& src, int32_t batch, int32_
   return Status::kOk;
 }
 
+bool halves_have_inf_nan(const uint16_t* first, int64_t run_stride, int32_t runs, int64_t run_length) {
+  // A half h has exponent 31 exactly when (h & 0x7C00) == 0x7C00; eight at a time, the lanes'
+  // answers ORed together and tested once per run.
+  const v128_t exponent = wasm_i16x8_splat(0x7C00);
+  for (int32_t r = 0; r < runs; r++) {
+    const uint16_t* run = first + r * run_stride;
+    v128_t any = wasm_i16x8_splat(0);
+    int64_t i = 0;
+    for (; i + 8 <= run_length; i += 8) {
+      any = wasm_v128_or(any, wasm_i16x8_eq(wasm_v128_and(wasm_v128_load(run + i), exponent), exponent));
+    }
+    if (wasm_v128_any_true(any)) return true;
+    for (; i < run_length; i++) {
+      if ((run[i] & 0x7C00u) == 0x7C00u) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace sdpa

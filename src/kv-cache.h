@@ -30,4 +30,10 @@ struct RowBlock {
 Status copy_rows(const RowBlock& dst, const RowBlock& src, int32_t batch, int32_t heads, int32_t rows,
                  int32_t dim);
 
+// Whether any of `runs` runs of `run_length` halves, the first at `first` and each
+// `run_stride` halves after the one before, holds an exponent-31 pattern (Inf or NaN): after
+// an append, the new positions of every (batch, head) of a float16 cache's keys or values
+// (run_stride = max_len·D, run_length = Lnew·D). Halves between the runs are not read.
+bool halves_have_inf_nan(const uint16_t* first, int64_t run_stride, int32_t runs, int64_t run_length);
+
 }  // namespace sdpa

@@ -77,6 +77,11 @@ export interface SdpaModule {
    */
   copyRows(dst: number, dstType: number, dstB: number, dstH: number, dstL: number, src: number, srcType: number,
     srcB: number, srcH: number, srcL: number, batch: number, heads: number, rows: number, dim: number): number;
+  /**
+   * Whether any of `runs` runs of `runLength` halves (the first at byte address `first`, each
+   * `runStride` halves after the one before) holds an Inf or NaN pattern (src/kv-cache.h).
+   */
+  halvesHaveInfNaN(first: number, runStride: number, runs: number, runLength: number): boolean;
   statusName(status: number): string;
   /** Bytes of the heap in malloc'd blocks (for leak tests). */
   heapBytesInUse(): number;

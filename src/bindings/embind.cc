@@ -266,6 +266,13 @@ int32_t copy_rows(uint32_t dst, int32_t dst_type, double dst_b, double dst_h, do
   return static_cast<int32_t>(sdpa::copy_rows(to, from, batch, heads, rows, dim));
 }
 
+// sdpa::halves_have_inf_nan: runs of halves in a float16 cache's storage (byte address, counts
+// in halves).
+bool halves_have_inf_nan(uint32_t first, double run_stride, int32_t runs, double run_length) {
+  return sdpa::halves_have_inf_nan(at<const uint16_t>(first), static_cast<int64_t>(run_stride), runs,
+                                   static_cast<int64_t>(run_length));
+}
+
 // Bytes of the wasm heap in malloc'd blocks right now: the leak tests compare it before
 // and after (a leak of any size shows, where probing for a free block's address may not).
 double heap_bytes_in_use() { return static_cast<double>(mallinfo().uordblks); }
@@ -293,6 +300,7 @@ EMSCRIPTEN_BINDINGS(sdpa_wasm) {
       .function("forward", &SegmentStream::forward)
       .function("merge", &SegmentStream::merge);
   emscripten::function("copyRows", &copy_rows);
+  emscripten::function("halvesHaveInfNaN", &halves_have_inf_nan);
   emscripten::function("statusName", &status_name);
   emscripten::function("heapBytesInUse", &heap_bytes_in_use);
 }

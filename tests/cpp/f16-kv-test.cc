@@ -936,6 +936,42 @@ TEST(CopyRows, Float16ToFloat16CopiesBitsAndFloat16ToFloat32IsExact) {
   }
 }
 
+TEST(HalvesHaveInfNaN, FindsEveryExponent31PatternAtEveryPlaceAndNothingElse) {
+  // Three runs of 19 halves, 32 apart: the SIMD part (8 at a time) and the scalar tail both.
+  // Between the runs, NaN halves that must not be read as part of a run.
+  constexpr int64_t kStride = 32, kLength = 19;
+  constexpr int32_t kRuns = 3;
+  std::vector<uint16_t> storage(kRuns * kStride, kHalfNaN);
+  auto fill_runs = [&](uint16_t h) {
+    for (int32_t r = 0; r < kRuns; r++) std::fill_n(storage.begin() + r * kStride, kLength, h);
+  };
+  // Every finite pattern (±0, subnormals, ±65504 included) fills the runs: not found.
+  for (uint32_t i = 0; i < 65536; i++) {
+    const uint16_t h = static_cast<uint16_t>(i);
+    if ((h & 0x7C00) == 0x7C00) continue;
+    fill_runs(h);
+    ASSERT_FALSE(halves_have_inf_nan(storage.data(), kStride, kRuns, kLength)) << std::hex << "half 0x" << h;
+  }
+  // Every exponent-31 pattern (±Inf, every NaN), alone among finite halves, at every place of
+  // every run: found.
+  for (uint32_t i = 0; i < 65536; i++) {
+    const uint16_t h = static_cast<uint16_t>(i);
+    if ((h & 0x7C00) != 0x7C00) continue;
+    for (int32_t r = 0; r < kRuns; r++) {
+      for (int64_t j = 0; j < kLength; j++) {
+        fill_runs(0x3C00);  // 1.0
+        storage[r * kStride + j] = h;
+        ASSERT_TRUE(halves_have_inf_nan(storage.data(), kStride, kRuns, kLength))
+            << std::hex << "half 0x" << h << std::dec << " at run " << r << ", place " << j;
+      }
+    }
+  }
+  // No runs, or empty ones: nothing found.
+  fill_runs(0x7C00);
+  EXPECT_FALSE(halves_have_inf_nan(storage.data(), kStride, 0, kLength));
+  EXPECT_FALSE(halves_have_inf_nan(storage.data(), kStride, kRuns, 0));
+}
+
 TEST(CopyRows, ZeroSizesWriteNothing) {
   const Append a;
   std::vector<float> src = append_floats(a.source_elements(), 4);
