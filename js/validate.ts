@@ -73,11 +73,15 @@ export function describe(x: unknown): string {
   return String(x);
 }
 
-// Tag-based checks work across realms (iframes, Jest's vm contexts), unlike instanceof.
-export const isFloat32Array = (x: unknown): x is Float32Array => tag(x) === 'Float32Array';
-export const isUint16Array = (x: unknown): x is Uint16Array => tag(x) === 'Uint16Array';
-const isUint8Array = (x: unknown): x is Uint8Array => tag(x) === 'Uint8Array';
-const isInt32Array = (x: unknown): x is Int32Array => tag(x) === 'Int32Array';
+// Tag-based checks work across realms (iframes, Jest's vm contexts), unlike instanceof. A typed
+// array's tag is its @@toStringTag (what Object.prototype.toString reports too), read without
+// building a string: these run several times per call.
+const viewTag = (x: unknown): unknown =>
+  ArrayBuffer.isView(x) ? (x as { [Symbol.toStringTag]?: unknown })[Symbol.toStringTag] : undefined;
+export const isFloat32Array = (x: unknown): x is Float32Array => viewTag(x) === 'Float32Array';
+export const isUint16Array = (x: unknown): x is Uint16Array => viewTag(x) === 'Uint16Array';
+const isUint8Array = (x: unknown): x is Uint8Array => viewTag(x) === 'Uint8Array';
+const isInt32Array = (x: unknown): x is Int32Array => viewTag(x) === 'Int32Array';
 
 /** An options argument: undefined is {}; anything but a plain object, or an unknown name, is a TypeError. */
 export function checkOptionNames(fn: string, options: unknown, known: readonly string[]): Record<string, unknown> {
