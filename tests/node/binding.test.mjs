@@ -63,6 +63,24 @@ describe('argument blocks', () => {
     expect(handle.module.HEAP32[word('valueDim')]).toBe(4);
     expect(handle.module.HEAP32[word('query')] >>> 0).toBe(2 ** 31 + 16);
   });
+
+  test('the same words whatever the order of the description\'s keys (the fast path reads them in the module\'s order)', () => {
+    const t = (dims) => ({ data: new Float32Array(dims.reduce((a, b) => a * b, 1)), dims });
+    const desc = describeProblem(plan(t([2, 4, 3, 8]), t([2, 2, 5, 8]), t([2, 2, 5, 4]),
+      { scale: 0.7, softcap: 3, isCausal: true, causalOffset: 4 }));
+    const { problem } = handle.module.argumentLayout();
+    const words = (d) => {
+      const address = problemArg(handle.module, d);
+      return Array.from(handle.module.HEAP32.subarray(address >>> 2, (address >>> 2) + problem.fields.length));
+    };
+    const inOrder = words(desc);
+    const reversed = Object.fromEntries(Object.entries(desc).reverse());
+    const extraKey = { ...desc, notAField: 123 };
+    for (const other of [reversed, extraKey]) {
+      words({ ...desc, scale: 9, headDim: 99 });  // something else in the block first
+      expect(words(other)).toEqual(inOrder);
+    }
+  });
 });
 
 describe('copies placed away from their source modulo 4 KiB', () => {
