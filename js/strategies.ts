@@ -251,7 +251,9 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, 
     const desc = describeProblem(p);
     const pairDesc = pairProblem(p, desc);
     const segmentKeys = module.segmentKeys();
-    const scratchFloats = module.segmentScratchFloats(problemArg(module, pairDesc));
+    // The pair's description, written once: nothing below writes the block again.
+    const pairArg = problemArg(module, pairDesc);
+    const scratchFloats = module.segmentScratchFloats(pairArg);
     const at = memory.allocate({
       query: q.byteLength,
       // Each segment's copy is placed in its block by placeCopy(), away from its source modulo 4 KiB.
@@ -259,17 +261,17 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, 
       value: Math.min(segmentKeys, p.kvLen) * p.valueDim * 4 + COPY_PLACEMENT_SLACK,
       output: p.outputSize * 4,
       scratch: scratchFloats * 4,
-      partials: module.segmentPartialsFloats(problemArg(module, pairDesc)) * 4,
+      partials: module.segmentPartialsFloats(pairArg) * 4,
       ...smallInputBytes(p),
     });
     const { scratch, partials } = at;
     desc.query = at.query;
     desc.output = at.output;
     const group = p.qHeads / p.kvHeads;
-    const segments = module.segmentCount(problemArg(module, pairDesc));
+    const segments = module.segmentCount(pairArg);
     const pairKeyFloats = p.kvLen * p.headDim, pairValueFloats = p.kvLen * p.valueDim;
     // Embind allocates the C++ object: views after it.
-    const streamer = new module.SegmentStream(problemArg(module, pairDesc));
+    const streamer = new module.SegmentStream(pairArg);
     try {
       const { f32 } = memory.heap;  // the loop below allocates nothing (plain-number calls)
       f32.set(q, desc.query >>> 2);

@@ -13,6 +13,9 @@ import { describeProblem } from '../../dist/strategies.js';
 import { plan } from '../../dist/validate.js';
 import { maxRelError, randomTensor, referenceSdpa } from './reference.mjs';
 
+// A zero tensor of `dims`.
+const t = (dims) => ({ data: new Float32Array(dims.reduce((a, b) => a * b, 1)), dims });
+
 describe('argument blocks', () => {
   let handle;
   beforeAll(async () => {
@@ -35,20 +38,17 @@ describe('argument blocks', () => {
   });
 
   test('the TypeScript problem description has exactly the fields the module reads', () => {
-    const t = (dims) => ({ data: new Float32Array(dims.reduce((a, b) => a * b, 1)), dims });
     const desc = describeProblem(plan(t([1, 2, 3, 8]), t([1, 2, 5, 8]), t([1, 2, 5, 4]), { isCausal: true }));
     expect(Object.keys(desc).sort()).toEqual([...argumentFieldNames(handle.module).problem].sort());
   });
 
   test('a field left unset is an internal error, not a silent zero', () => {
-    const t = (dims) => ({ data: new Float32Array(dims.reduce((a, b) => a * b, 1)), dims });
     const desc = describeProblem(plan(t([1, 1, 1, 4]), t([1, 1, 2, 4]), t([1, 1, 2, 4]), {}));
     delete desc.softcap;
     expect(() => problemArg(handle.module, desc)).toThrow(/internal error: ProblemDesc\.softcap is not set/);
   });
 
   test('the written words are the values, floats and integers alike', () => {
-    const t = (dims) => ({ data: new Float32Array(dims.reduce((a, b) => a * b, 1)), dims });
     const desc = describeProblem(plan(t([1, 2, 3, 8]), t([1, 2, 5, 8]), t([1, 2, 5, 4]),
       { scale: 0.3, softcap: 7.5, isCausal: true, causalOffset: -2 }));
     desc.query = 2 ** 31 + 16;  // beyond int32: the same 32 bits as a uint32
@@ -65,7 +65,6 @@ describe('argument blocks', () => {
   });
 
   test('the same words whatever the order of the description\'s keys (the fast path reads them in the module\'s order)', () => {
-    const t = (dims) => ({ data: new Float32Array(dims.reduce((a, b) => a * b, 1)), dims });
     const desc = describeProblem(plan(t([2, 4, 3, 8]), t([2, 2, 5, 8]), t([2, 2, 5, 4]),
       { scale: 0.7, softcap: 3, isCausal: true, causalOffset: 4 }));
     const { problem } = handle.module.argumentLayout();
