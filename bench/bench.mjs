@@ -4,7 +4,9 @@
 //   sdpa-wasm (this package), onnxruntime-web (wasm EP, 1 thread, best of three ONNX graphs),
 //   tfjs with the wasm backend (1 thread), and a plain-JS float32 loop,
 // on the shapes in shapes.mjs, plus this machine's limits (limits.mjs): the wasm SIMD mul+add
-// peak and the copy bandwidth inside wasm memory. Results are medians of timed runs after
+// peak (and the relaxed_madd one), the copy bandwidth inside wasm memory, and the rate of the
+// prefill's score micro-kernel alone, which gives each prefill target against onnxruntime-web
+// its ceiling on this host (the ratio if the whole call ran at that rate). Results are medians of timed runs after
 // warm-up, also given as a fraction of those limits and as sdpa-wasm ÷ peer throughput. The
 // peak that a shape's runs are divided by is the median of peak probes taken in its own
 // timed rounds (one a round, between the runs): medians against medians, of the same minutes.
@@ -33,7 +35,7 @@ import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { runDecode } from './decode.mjs';
 import { describeHostCpu, hostCpu } from './host.mjs';
-import { openCoreProbe, openFmaPeak, openLimits } from './limits.mjs';
+import { openCoreProbe, openFmaPeak, openLimits, openScoreTileProbe } from './limits.mjs';
 import { createRemotePeer } from './peers/remote.mjs';
 import { compare, makeInputs, referenceRows } from './reference.mjs';
 import { SHAPES, bytes, describe, flops, isDecode, usefulFlops } from './shapes.mjs';
@@ -112,6 +114,15 @@ const fmaBest = () => (fmaProbe ? Math.max(...Array.from({ length: quick ? 3 : 7
 const fmaStart = fmaBest();
 console.log(fmaProbe ? `relaxed SIMD FMA peak ${fmaStart.toFixed(1)} GFLOP/s (${fmaProbe.kernel}), ` +
   `${(fmaStart / limitsStart.peakGflops).toFixed(2)}× the mul+add peak` : 'relaxed SIMD: not run by this Node (no FMA peak, no sdpa-wasm-relaxed)');
+// The prefill's score micro-kernel alone (limits.mjs), both forms: the rate a whole prefill call
+// could at best reach, so a ratio to a peer has a ceiling on this host (printed with the targets).
+const tileProbes = { mulAdd: await openScoreTileProbe(), fma: fmaProbe ? await openScoreTileProbe({ fused: true }) : null };
+const tileBest = () => Object.fromEntries(Object.entries(tileProbes).map(([form, probe]) =>
+  [form, probe ? Math.max(...Array.from({ length: quick ? 3 : 7 }, () => probe.sample())) : null]));
+const printTile = (label, t) => console.log(`${label}: ${tileProbes.mulAdd.kernel}: ${t.mulAdd.toFixed(1)} GFLOP/s` +
+  (t.fma ? `; relaxed_madd ${t.fma.toFixed(1)} GFLOP/s` : ''));
+const tileStart = tileBest();
+printTile('score micro-kernel', tileStart);
 // The limits are measured again at the end; fractions use the better of the two.
 const limits = { ...limitsStart };
 const printLimits = (label, limits) => console.log(`${label}: wasm SIMD mul+add peak ${limits.peakGflops.toFixed(1)} GFLOP/s (${limits.peakKernel}); ` +
@@ -463,6 +474,11 @@ limits.fmaKernel = fmaProbe?.kernel ?? null;
 // FMA peak ÷ mul+add peak: scales a round's mul+add sample to that round's FMA peak.
 const fmaRatio = fmaProbe ? limits.fmaPeakGflops / limits.peakGflops : null;
 if (fmaProbe) console.log(`relaxed SIMD FMA peak at the end ${fmaEnd.toFixed(1)} GFLOP/s; best ${limits.fmaPeakGflops.toFixed(1)}`);
+const tileEnd = tileBest();
+printTile('score micro-kernel at the end', tileEnd);
+limits.scoreTileKernel = tileProbes.mulAdd.kernel;
+limits.scoreTileGflops = Math.max(tileStart.mulAdd, tileEnd.mulAdd);
+limits.fmaScoreTileGflops = tileProbes.fma ? Math.max(tileStart.fma, tileEnd.fma) : null;
 for (const e of results) {
   for (const [name, p] of Object.entries(e.peers)) {
     // The relaxed build against the FMA peak, the others against the mul+add peak.
@@ -565,9 +581,16 @@ const oneThreadTargets = [];
 {
   const byId = Object.fromEntries(results.map((e) => [e.id, e]));
   const ok = (e, name) => (e?.peers[name]?.status === 'ok' ? e.peers[name] : null);
-  const check = (what, value, target) => oneThreadTargets.push({ what, value, target, met: value !== null && value >= target });
+  const check = (what, value, target, ceiling = null) =>
+    oneThreadTargets.push({ what, value, target, met: value !== null && value >= target, ...(ceiling ? { ceiling } : {}) });
+  // A prefill's ratio to onnxruntime-web if the whole call (both matmuls, nothing else: no softmax,
+  // no copies) ran at the score micro-kernel's rate (tileGflops) in this run: its ceiling on this host.
+  const ceiling = (e, tileGflops) => {
+    const o = ok(e, 'onnxruntime-web');
+    return o && tileGflops && !isDecode(e) ? o.medianMs / (e.flops / (tileGflops * 1e6)) : null;
+  };
   for (const [id, target] of Object.entries(ONE_THREAD_TARGETS.vsOrt)) {
-    if (byId[id]) check(`(${id}) ÷ onnxruntime-web`, byId[id].ratios?.['onnxruntime-web'] ?? null, target);
+    if (byId[id]) check(`(${id}) ÷ onnxruntime-web`, byId[id].ratios?.['onnxruntime-web'] ?? null, target, ceiling(byId[id], limits.scoreTileGflops));
   }
   for (const [id, target] of Object.entries(ONE_THREAD_TARGETS.peak)) {
     if (byId[id]) check(`(${id}) of the peak`, ok(byId[id], 'sdpa-wasm')?.fractionOfPeak ?? null, target);
@@ -575,7 +598,9 @@ const oneThreadTargets = [];
   // The relaxed-SIMD build (issue: relaxed builds), where this Node runs it.
   for (const [id, target] of Object.entries(ONE_THREAD_TARGETS.relaxedVsOrt)) {
     const e = byId[id], r = ok(e, 'sdpa-wasm-relaxed'), o = ok(e, 'onnxruntime-web');
-    if (e && e.peers['sdpa-wasm-relaxed']) check(`(${id}) relaxed build ÷ onnxruntime-web`, r && o ? o.medianMs / r.medianMs : null, target);
+    if (e && e.peers['sdpa-wasm-relaxed']) {
+      check(`(${id}) relaxed build ÷ onnxruntime-web`, r && o ? o.medianMs / r.medianMs : null, target, ceiling(e, limits.fmaScoreTileGflops));
+    }
   }
   for (const [id, target] of Object.entries(ONE_THREAD_TARGETS.relaxedPeak)) {
     const e = byId[id];
@@ -594,7 +619,13 @@ const oneThreadTargets = [];
   }
   if (oneThreadTargets.length) {
     const fmt = (t) => (t.what.endsWith('peak') ? `${(100 * t.value).toFixed(0)}% (>= ${100 * t.target}%)` : `${fmtX(t.value)} (>= ${t.target}×)`);
-    console.log(`  targets, one thread: ${oneThreadTargets.map((t) => `${t.what} ${t.value === null ? '-' : fmt(t)} ${t.met ? 'met' : 'NOT met'}`).join('; ')}`);
+    const bound = (t) => (t.ceiling ? ` (ceiling ${fmtX(t.ceiling)}${t.ceiling < t.target ? ': out of reach on this host' : ''})` : '');
+    console.log(`  targets, one thread: ${oneThreadTargets.map((t) => `${t.what} ${t.value === null ? '-' : fmt(t)} ${t.met ? 'met' : 'NOT met'}${bound(t)}`).join('; ')}`);
+    if (oneThreadTargets.some((t) => t.ceiling)) {
+      console.log(`  ceiling: the ratio if the whole call ran at the score micro-kernel's rate in this run (mul+add ` +
+        `${limits.scoreTileGflops.toFixed(1)}${limits.fmaScoreTileGflops ? `, relaxed_madd ${limits.fmaScoreTileGflops.toFixed(1)}` : ''} GFLOP/s: ` +
+        `both matmuls at that rate, no softmax, no copies)`);
+    }
   }
 }
 

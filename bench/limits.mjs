@@ -6,6 +6,8 @@
 //                   operands fit V8's 16 xmm registers, so nothing spills.
 //   copy(dst, src, n, reps):      memory.copy of n bytes, reps times (bulk memory).
 //   copySimd(dst, src, n, reps):  a v128.load/v128.store loop, 64 bytes per iteration.
+// openScoreTileProbe() times the prefill's 4×8 score micro-kernel alone (mul+add or
+// relaxed_madd, in a module of its own), for the ceiling it puts on a prefill call.
 // The binary layout follows the WebAssembly core spec (sections, LEB128 integers); the
 // same text as a .wat is in the comment above each function for reading.
 //
@@ -139,6 +141,91 @@ export async function openFmaPeak() {
       if (!Number.isFinite(sum)) throw new Error('limits: the FMA peak kernel produced a non-finite value');
       return iters * FLOPS_PER_ITERATION / s / 1e9;
     },
+  };
+}
+
+// The prefill's score micro-kernel on its own, for the bound it puts on a whole call
+// (src/kernels/f32-tile-ops-wasmsimd.h, score_4x8_packed: 4 query rows × 8 keys, 8 accumulators;
+// per dim 2 loads of K and 4 broadcasts of Q), over the K of one 512-key tile at E = 64 (128 KiB:
+// from the core's L2, as in the kernel), storing its 8 accumulators after each group of 8 keys:
+// (func $tile (param $q i32) (param $k i32) (param $out i32) (param $dims i32) (param $groups i32)
+//             (param $reps i32) (result f32)
+//   (loop $rep  qend = q + 16·dims; kp = k; g = groups
+//     (loop $group  acc_0..7 = 0; qp = q
+//       (loop $dim  k0 = load(kp); k1 = load(kp + 16)
+//         for r in 0..3: b = load32_splat(qp + 4r); acc_2r += b·k0; acc_2r+1 += b·k1
+//         kp += 32; qp += 16; br_if $dim (qp != qend))
+//       store(out + 16i, acc_i); g -= 1; br_if $group (g))
+//     reps -= 1; br_if $rep (reps))
+//   lane 0 of acc_0)
+// fused: each += is one f32x4.relaxed_madd (the relaxed build's form), else a mul and an add.
+const TILE = { dims: 64, keys: 512, rows: 4, keysPerGroup: 8 };
+function tileBody(fused) {
+  const [q, k, out, dims, groups, reps, qp, kp, qend, g, k0, k1, b, acc0] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13];
+  const load32splat = (offset) => simd(0x09, 2, ...u32(offset));
+  const zero = [0xfd, ...u32(0x0c), ...new Array(16).fill(0)];  // v128.const 0
+  const i32ne = 0x47, i32mul = 0x6c;
+  const code = [op.loop, op.void,
+    op.get, q, op.get, dims, op.i32const, ...s32(16), i32mul, op.i32add, op.set, qend,
+    op.get, k, op.set, kp, op.get, groups, op.set, g,
+    op.loop, op.void];
+  for (let i = 0; i < 8; i++) code.push(...zero, op.set, acc0 + i);
+  code.push(op.get, q, op.set, qp, op.loop, op.void,
+    op.get, kp, ...v128load(0), op.set, k0, op.get, kp, ...v128load(16), op.set, k1);
+  for (let r = 0; r < 4; r++) {
+    code.push(op.get, qp, ...load32splat(4 * r), op.set, b);
+    for (let c = 0; c < 2; c++) {
+      const acc = acc0 + 2 * r + c;
+      if (fused) code.push(op.get, b, op.get, k0 + c, op.get, acc, ...f32x4relaxedMadd, op.set, acc);
+      else code.push(op.get, acc, op.get, b, op.get, k0 + c, ...f32x4mul, ...f32x4add, op.set, acc);
+    }
+  }
+  code.push(op.get, kp, op.i32const, ...s32(32), op.i32add, op.set, kp,
+    op.get, qp, op.i32const, ...s32(16), op.i32add, op.tee, qp, op.get, qend, i32ne, op.br_if, 0, op.end);
+  for (let i = 0; i < 8; i++) code.push(op.get, out, op.get, acc0 + i, ...v128store(16 * i));
+  code.push(op.get, g, op.i32const, ...s32(1), op.i32sub, op.tee, g, op.br_if, 0, op.end);
+  code.push(op.get, reps, op.i32const, ...s32(1), op.i32sub, op.tee, reps, op.br_if, 0, op.end);
+  code.push(op.get, acc0, ...f32x4extract0, op.end);
+  return [...vec([[4, I32], [3 + 8, V128]]), ...code];
+}
+
+/**
+ * The score micro-kernel's rate (GFLOP/s on one thread), mul+add (fused = false) or
+ * f32x4.relaxed_madd (fused = true; null where the engine does not run relaxed SIMD). Returns
+ * { kernel, sample() }, sample() timing ≈ 30 ms. A prefill call does this work and as much again
+ * in P·V (the same register tile), plus the softmax and the copies: a call can at best run at
+ * this rate, which bounds its ratio to a peer on this host (bench.mjs prints that ceiling).
+ */
+export async function openScoreTileProbe({ fused = false } = {}) {
+  const types = section(1, vec([[0x60, ...vec([[I32], [I32], [I32], [I32], [I32], [I32]]), ...vec([[F32]])]]));
+  const funcs = section(3, vec([[0]]));
+  const memory = section(5, vec([[0x00, ...u32(4)]]));
+  const exports = section(7, vec([[...str('tile'), 0x00, 0], [...str('memory'), 0x02, 0]]));
+  const body = tileBody(fused);
+  const code = section(10, vec([[...u32(body.length), ...body]]));
+  const bytes = new Uint8Array([0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, ...types, ...funcs, ...memory, ...exports, ...code]);
+  if (!WebAssembly.validate(bytes)) return null;
+  const { instance } = await WebAssembly.instantiate(bytes);
+  const { tile } = instance.exports;
+  const f32 = new Float32Array(instance.exports.memory.buffer);
+  const groups = TILE.keys / TILE.keysPerGroup;
+  const q = 0, k = 4096, out = k + TILE.keys * TILE.dims * 4;  // q [64][4] and out in the first 4 KiB
+  f32.fill(0.01);
+  const flopsPerRep = 2 * TILE.rows * TILE.keys * TILE.dims;
+  const run = (reps) => {
+    const t0 = performance.now();
+    const x = tile(q, k, out, TILE.dims, groups, reps);
+    const ms = performance.now() - t0;
+    if (!Number.isFinite(x)) throw new Error('limits: the score tile kernel produced a non-finite value');
+    return ms;
+  };
+  run(20);
+  let reps = 20;
+  for (let ms = run(reps); ms < 10; ms = run(reps)) reps *= 4;
+  reps = Math.ceil(reps * 30 / run(reps));
+  return {
+    kernel: `the prefill's 4×8 score tile (${fused ? 'relaxed_madd' : 'mul+add'}) over a 512-key K tile, E = ${TILE.dims}`,
+    sample: () => reps * flopsPerRep / run(reps) / 1e6,
   };
 }
 
