@@ -11,7 +11,7 @@ import { KV_TYPE, runResident } from './strategies.js';
 import type { SdpaModule } from './wasm/sdpa.mjs';
 import type { KVCacheOptions, KVTensor, SdpaOptions, SdpaResult } from './types.js';
 import {
-  checkLayout, checkOptionNames, checkTensor, describe, dimsMismatch, isUint16Array, planAttend,
+  checkLayout, checkOptionNames, checkTensor, describe, dimsMismatch, isInt32Array, isUint16Array, planAttend,
   type CacheOperands, type Operand,
 } from './validate.js';
 
@@ -110,6 +110,60 @@ export function checkTruncate(length: number, n: unknown): asserts n is number {
   if (!Number.isInteger(n) || n < 0 || n > length) {
     throw new RangeError(`${fn}: n must be an integer in [0, length = ${length}], got ${n}`);
   }
+}
+
+/**
+ * The checks of KVCache.reorder(indices) on a cache of `batch` batches: an Int32Array of
+ * length B whose entries are batch indices in [0, B). Returns a copy (taken before any work).
+ */
+export function checkReorder(batch: number, indices: unknown): Int32Array {
+  const fn = 'KVCache.reorder';
+  if (!isInt32Array(indices)) {
+    throw new TypeError(`${fn}: indices must be an Int32Array of length B = ${batch} (e.g. Int32Array.from(beams)), ` +
+      `got ${describe(indices)}`);
+  }
+  const idx = Int32Array.from(indices);
+  if (idx.length !== batch) throw new RangeError(`${fn}: indices must have length B = ${batch}, got ${idx.length}`);
+  idx.forEach((i, b) => {
+    if (i < 0 || i >= batch) throw new RangeError(`${fn}: indices[${b}] must be a batch index in [0, ${batch}), got ${i}`);
+  });
+  return idx;
+}
+
+/** A reorder step's end that is not a batch's rows but the one saved copy (reorderSteps). */
+export const SAVED = -1;
+
+/**
+ * The copies that make batch d hold what batch indices[d] held, for every d at once, as
+ * steps [from, to] (batch indices, or SAVED): a parallel assignment. A batch is overwritten
+ * only once no pending step still reads it; where only cycles are left (each batch of a cycle
+ * read by the next), one batch is saved first and its reader reads the copy, which frees the
+ * cycle. Every batch outside a cycle is written before its cycle's saved copy is read, so one
+ * saved copy at a time suffices. Batches that keep their rows (indices[d] = d) are not copied.
+ */
+export function reorderSteps(indices: Int32Array): Array<[number, number]> {
+  const from = Array.from(indices);       // from[d]: where batch d's new rows are, SAVED once saved
+  const pending = new Set<number>();
+  const readers = new Array<number>(indices.length).fill(0);  // pending steps reading each batch
+  indices.forEach((s, d) => {
+    if (s !== d) pending.add(d), readers[s]++;
+  });
+  const steps: Array<[number, number]> = [];
+  while (pending.size > 0) {
+    let d = -1;
+    for (const x of pending) if (readers[x] === 0) { d = x; break; }
+    if (d < 0) {  // only cycles: save one of them, its one reader reads the copy
+      d = pending.values().next().value as number;
+      const reader = [...pending].find((x) => from[x] === d) as number;
+      steps.push([d, SAVED]);
+      from[reader] = SAVED;
+      readers[d] = 0;
+    }
+    steps.push([from[d], d]);
+    if (from[d] !== SAVED) readers[from[d]]--;
+    pending.delete(d);
+  }
+  return steps;
 }
 
 /** The `length` stored positions of a cache of `shape`, as attend()'s K/V (element strides). */
@@ -328,6 +382,40 @@ export class KVCache extends KVCacheShapeInfo {
     checkTruncate(this.#length, n);
     this.#length = n;
     if (n === 0) this.#maybeInfNaN = false;
+  }
+
+  /**
+   * Reorders the batches (beam search): afterwards batch b holds the `length` positions that
+   * batch indices[b] held (indices: Int32Array of length B, entries in [0, B); repeats copy a
+   * batch to several, a batch no entry names is dropped), as `index_select` on the batch
+   * dimension. Rows are moved inside wasm memory, head by head, with one head's rows of one
+   * batch as the only extra memory (a RangeError before anything moves if that does not fit).
+   */
+  reorder(indices: Int32Array): void {
+    const fn = 'KVCache.reorder';
+    const module = this.#live(fn);
+    const idx = checkReorder(this.batch, indices);
+    const steps = reorderSteps(idx);
+    if (steps.length === 0 || this.#length === 0) return;
+    const eb = ELEMENT_BYTES[this.dtype];
+    const planeBytes = [this.headDim * eb, this.valueDim * eb];  // a position's bytes, keys then values
+    const saves = steps.some(([, to]) => to === SAVED);
+    const memory = new CallMemory(module, this.#account, fn);
+    try {
+      const { saved } = memory.allocate({ saved: saves ? this.#length * Math.max(...planeBytes) : 0 });
+      const u8 = memory.heap.u8;  // no allocation below
+      [this.#keys, this.#values].forEach((storage, part) => {
+        const rowBytes = planeBytes[part];
+        const bytes = this.#length * rowBytes;
+        for (let h = 0; h < this.kvHeads; h++) {
+          // Head h's first position of batch b: storage [B, Hkv, maxLength, D].
+          const at = (b: number) => (b === SAVED ? saved : storage + ((b * this.kvHeads + h) * this.maxLength) * rowBytes);
+          for (const [from, to] of steps) u8.copyWithin(at(to), at(from), at(from) + bytes);
+        }
+      });
+    } finally {
+      memory.free();
+    }
   }
 
   /** Forgets every position (length 0); the storage stays allocated. */

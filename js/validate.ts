@@ -81,7 +81,7 @@ const viewTag = (x: unknown): unknown =>
 export const isFloat32Array = (x: unknown): x is Float32Array => viewTag(x) === 'Float32Array';
 export const isUint16Array = (x: unknown): x is Uint16Array => viewTag(x) === 'Uint16Array';
 const isUint8Array = (x: unknown): x is Uint8Array => viewTag(x) === 'Uint8Array';
-const isInt32Array = (x: unknown): x is Int32Array => viewTag(x) === 'Int32Array';
+export const isInt32Array = (x: unknown): x is Int32Array => viewTag(x) === 'Int32Array';
 
 /** An options argument: undefined is {}; anything but a plain object, or an unknown name, is a TypeError. */
 export function checkOptionNames(fn: string, options: unknown, known: readonly string[]): Record<string, unknown> {

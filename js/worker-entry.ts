@@ -84,6 +84,11 @@ async function handle({ op, args: a }: Request): Promise<Handled> {
       target.truncate(a.n as number);
       return { value: { length: target.length } };
     }
+    case 'reorder': {  // { cache, indices } → { length }
+      const target = cache(a.cache);
+      target.reorder(a.indices as Int32Array);
+      return { value: { length: target.length } };
+    }
     case 'reset':  // { cache } → { length: 0 }
       cache(a.cache).reset();
       return { value: { length: 0 } };

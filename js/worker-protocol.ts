@@ -12,7 +12,7 @@
 
 /** What the worker can do; each op's args and value are documented where it is handled. */
 export type Op =
-  | 'init' | 'sdpa' | 'sdpaBackward' | 'createKVCache' | 'append' | 'attend' | 'truncate' | 'reset' | 'disposeCache' | 'memory'
+  | 'init' | 'sdpa' | 'sdpaBackward' | 'createKVCache' | 'append' | 'attend' | 'truncate' | 'reorder' | 'reset' | 'disposeCache' | 'memory'
   | 'dispose';
 
 export interface Request {

@@ -19,7 +19,9 @@
 // Inputs are taken when the call is made (copied or moved), so later changes to the caller's
 // arrays do not reach a queued call.
 import type { Isa } from './loader.js';
-import { cacheOperands, checkAppend, checkCacheOptions, checkTruncate, KVCacheShapeInfo, type KVCacheShape } from './kv-cache.js';
+import {
+  cacheOperands, checkAppend, checkCacheOptions, checkReorder, checkTruncate, KVCacheShapeInfo, type KVCacheShape,
+} from './kv-cache.js';
 import type {
   AttentionOptions, KVCacheOptions, KVTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaOptions, SdpaResult, Tensor,
 } from './types.js';
@@ -665,6 +667,18 @@ export class WorkerKVCache extends KVCacheShapeInfo {
         this.#expected = n;
         return { n };
       }, this.#lengthFrom, signal);
+    });
+  }
+
+  /** KVCache.reorder(indices) in the worker: batch b then holds what batch indices[b] held. */
+  reorder(indices: Int32Array, options?: Pick<WorkerCallOptions, 'signal'>): Promise<void> {
+    return settle(() => {
+      const fn = 'KVCache.reorder';
+      this.#check(fn);
+      const { signal } = signalOnly(fn, options);
+      // Checked and copied now: changing the array afterwards does not reach the call.
+      const taken = checkReorder(this.batch, indices);
+      return this.#call('reorder', () => ({ indices: taken }), this.#lengthFrom, signal);
     });
   }
 

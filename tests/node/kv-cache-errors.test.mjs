@@ -91,7 +91,8 @@ describe('disposal', () => {
     cache.dispose();
     cache.dispose();
     expect(cache.disposed).toBe(true);
-    for (const use of [(c) => c.append(k(1), v(1)), (c) => c.attend(q()), (c) => c.truncate(0), (c) => c.reset()]) {
+    for (const use of [(c) => c.append(k(1), v(1)), (c) => c.attend(q()), (c) => c.truncate(0), (c) => c.reset(),
+      (c) => c.reorder(new Int32Array([1, 0]))]) {
       expect(() => use(cache)).toThrow(/KVCache\.\w+: this KVCache has been disposed/);
     }
     const scoped = freshCache();
@@ -119,7 +120,7 @@ describe('disposal', () => {
 });
 
 describe('no leaks', () => {
-  test.each([1, 2])('threads %p: 1,000 mixed calls (valid and failing) leave the heap bytes in use as they were', async (threads) => {
+  test.each([1, 2])('threads %p: 1,400 mixed calls (valid and failing) leave the heap bytes in use as they were', async (threads) => {
     const instance = await createAttention({ threads });
     const handle = await loader.acquireModule(threads);
     try {
@@ -133,6 +134,8 @@ describe('no leaks', () => {
           if (i % 4 === 0) cache.append(randomTensor([B, 1, Hkv, E], i), randomTensor([B, 1, Hkv, Ev], i), { layout: 'bshd' });
           else cache.append(k(1, i), v(1, i));
           expect(() => cache.attend(q(1, 3))).toThrow(RangeError);
+          cache.reorder(new Int32Array(i % 3 ? [1, 0] : [1, 1]));  // a swap takes a saved copy
+          expect(() => cache.reorder(new Int32Array([0, 2]))).toThrow(RangeError);
           cache.truncate(3);
           cache.attend(q(1), { attnMask: t(new Uint8Array(3).fill(1), [3]) });
           expect(() => cache.truncate(4)).toThrow(RangeError);
@@ -145,7 +148,7 @@ describe('no leaks', () => {
       };
       for (let i = 0; i < 4; i++) mixed(i);  // warm up
       const inUse = handle.module.heapBytesInUse();
-      for (let i = 0; i < 100; i++) mixed(i);  // 12 calls each: 1,200
+      for (let i = 0; i < 100; i++) mixed(i);  // 14 calls each: 1,400
       expect(() => instance.createKVCache({ batch: 1, kvHeads: 32, headDim: 128, maxLength: 2 ** 20 })).toThrow(RangeError);
       expect(handle.module.heapBytesInUse()).toBe(inUse);
     } finally {

@@ -7,6 +7,8 @@ import { readFile } from 'node:fs/promises';
 import { createAttention } from 'sdpa-wasm';
 // The internal loader (not public API): gives the Emscripten module with HEAPU8 and heapBytesInUse.
 import * as loader from '../../dist/loader.js';
+// The reorder's copy plan (internal, not public API).
+import { reorderSteps, SAVED } from '../../dist/kv-cache.js';
 import { positions, roundToHalf, runCacheCases } from '../shared/kv-cache-cases.mjs';
 import { adapt, halfToFloat, loadCase, loadIndex, mismatches, onnxOutputDims, TOL as ONNX_TOL } from '../shared/onnx-cases.mjs';
 import { maxRelError, mulberry32, randn, randomTensor, referenceSdpa } from './reference.mjs';
@@ -264,6 +266,115 @@ describe('token-by-token decoding equals attention over the whole history', () =
       }
     } finally {
       handle.release();
+    }
+  });
+});
+
+describe('reorder (beam search): batch b takes the rows batch indices[b] held', () => {
+  /** t [B, H, L, D] with its batches taken in the order of indices (index_select on B). */
+  const gather = (t, indices) => {
+    const block = t.data.length / t.dims[0];
+    const data = new Float32Array(t.data.length);
+    indices.forEach((s, b) => data.set(t.data.subarray(s * block, (s + 1) * block), b * block));
+    return { data, dims: t.dims };
+  };
+
+  test('the copy plan moves every batch to its place, for every index vector of B = 1 to 5', () => {
+    // A simulation of the steps on labels: slot b holds the label of the batch whose rows it
+    // has, SAVED (-1) is the saved copy. Each step copies from → to; nothing else moves.
+    for (let B = 1; B <= 5; B++) {
+      for (let n = 0; n < B ** B; n++) {
+        const indices = Int32Array.from({ length: B }, (_, b) => Math.floor(n / B ** b) % B);
+        const slots = Array.from({ length: B }, (_, b) => b);
+        let saved = null;
+        const steps = reorderSteps(indices);
+        for (const [from, to] of steps) {
+          const label = from === SAVED ? saved : slots[from];
+          expect(label).not.toBeNull();
+          if (to === SAVED) saved = label;
+          else slots[to] = label;
+        }
+        expect(slots).toEqual(Array.from(indices));
+        // Each batch that changes is written once; a batch that keeps its rows is not touched.
+        const writes = steps.filter(([, to]) => to !== SAVED).map(([, to]) => to);
+        expect(writes.sort()).toEqual([...indices.keys()].filter((b) => indices[b] !== b).sort());
+      }
+    }
+  });
+
+  test('float32 and float16, one and two threads: the same bits as a cache filled in the new order; appends and truncate go on', () => {
+    const B = 4, Hq = 4, Hkv = 2, E = 16, Ev = 12, L = 23;
+    const k = randomTensor([B, Hkv, L + 2, E], 41), v = randomTensor([B, Hkv, L + 2, Ev], 42);
+    const query = randomTensor([B, Hq, 3, E], 43), step = randomTensor([B, Hq, 1, E], 44);
+    const orders = [[0, 1, 2, 3], [1, 0, 2, 3], [1, 2, 3, 0], [2, 2, 2, 2], [3, 0, 0, 1], [1, 0, 3, 2], [0, 0, 1, 1], [3, 2, 1, 0]];
+    for (const instance of [attn, attn2]) {
+      for (const dtype of ['float32', 'float16']) {
+        for (const order of orders) {
+          const indices = Int32Array.from(order);
+          const options = { batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: L + 2, dtype };
+          const reordered = instance.createKVCache(options), filled = instance.createKVCache(options);
+          try {
+            reordered.append(positions(k, 0, L), positions(v, 0, L));
+            reordered.reorder(indices);
+            expect(reordered.length).toBe(L);
+            filled.append(positions(gather(k, order), 0, L), positions(gather(v, order), 0, L));
+            const got = reordered.attend(query).output.data;
+            expect(bits(got)).toEqual(bits(filled.attend(query).output.data));
+            const halves = dtype === 'float16';
+            const ref = referenceSdpa(query, positions(gather(halves ? roundedToHalves(k) : k, order), 0, L),
+              positions(gather(halves ? roundedToHalves(v) : v, order), 0, L), { isCausal: true, causalOffset: L - 3 });
+            expect(maxRelError(got, ref.output)).toBeLessThanOrEqual(TOL);
+            // The next token of every beam, then a rewind: the rows moved are whole and in place.
+            for (const c of [reordered, filled]) c.append(positions(k, L, L + 2), positions(v, L, L + 2));
+            expect(bits(reordered.attend(step).output.data)).toEqual(bits(filled.attend(step).output.data));
+            for (const c of [reordered, filled]) c.truncate(L - 5);
+            expect(bits(reordered.attend(step).output.data)).toEqual(bits(filled.attend(step).output.data));
+          } finally {
+            reordered.dispose();
+            filled.dispose();
+          }
+        }
+      }
+    }
+  });
+
+  test('an empty cache: a valid reorder changes nothing', () => {
+    const cache = attn.createKVCache({ batch: 2, kvHeads: 1, headDim: 4, maxLength: 4 });
+    try {
+      cache.reorder(new Int32Array([1, 1]));
+      expect(cache.length).toBe(0);
+    } finally {
+      cache.dispose();
+    }
+  });
+
+  test('the saved copy is refused by maxMemoryBytes before anything moves; a reorder without a cycle needs none', async () => {
+    const B = 2, E = 64, L = 2000;
+    const k = randomTensor([B, 1, L, E], 51), v = randomTensor([B, 1, L, E], 52), query = randomTensor([B, 1, 1, E], 53);
+    const options = { batch: B, kvHeads: 1, headDim: E, maxLength: L };
+    // Room for the cache and a decode step's blocks, not for one head's rows of a batch (512 KB).
+    const bytes = B * L * 2 * E * 4;
+    const small = await createAttention({ threads: 1, maxMemoryBytes: bytes + 256 * 1024 });
+    try {
+      const cache = small.createKVCache(options);
+      cache.append(k, v);
+      const before = cache.attend(query).output.data;
+      let error;
+      try {
+        cache.reorder(new Int32Array([1, 0]));
+      } catch (e) {
+        error = e;
+      }
+      expect(error?.constructor).toBe(RangeError);
+      expect(error.message).toMatch(/KVCache\.reorder/);
+      expect(error.message).toMatch(/maxMemoryBytes/);
+      expect(cache.length).toBe(L);
+      expect(bits(cache.attend(query).output.data)).toEqual(bits(before));
+      cache.reorder(new Int32Array([1, 1]));  // no cycle: copied in place
+      const ref = referenceSdpa(query, gather(k, [1, 1]), gather(v, [1, 1]), { isCausal: true, causalOffset: L - 1 });
+      expect(maxRelError(cache.attend(query).output.data, ref.output)).toBeLessThanOrEqual(TOL);
+    } finally {
+      small.dispose();
     }
   });
 });

@@ -145,7 +145,7 @@ describe('the KV cache through the worker', () => {
     expect(through.map((c) => c.hash)).toEqual(direct.map((c) => c.hash));
   });
 
-  test('every member: append (float32, raw halves, bshd, transfer), attend options, length, truncate, reset, dispose', async () => {
+  test('every member: append (float32, raw halves, bshd, transfer), attend options, length, truncate, reorder, reset, dispose', async () => {
     const shape = { batch: 2, kvHeads: 2, headDim: 16, valueDim: 8, maxLength: 40, dtype: 'float16' };
     const direct = attn.createKVCache(shape);
     const remote = await worker.createKVCache(shape);
@@ -179,6 +179,14 @@ describe('the KV cache through the worker', () => {
       expect(hashOf(await remote.attend(bshdQuery, { layout: 'bshd' }))).toBe(hashOf(direct.attend(bshdQuery, { layout: 'bshd' })));
       await remote.truncate(9);
       direct.truncate(9);
+      expect(remote.length).toBe(9);
+      expect(hashOf(await remote.attend(query))).toBe(hashOf(direct.attend(query)));
+      // Beams swapped; the array changed after the call does not reach it.
+      const beams = Int32Array.of(1, 0);
+      const reordered = remote.reorder(beams);
+      beams[0] = 0;
+      await reordered;
+      direct.reorder(Int32Array.of(1, 0));
       expect(remote.length).toBe(9);
       expect(hashOf(await remote.attend(query))).toBe(hashOf(direct.attend(query)));
       await remote.reset();

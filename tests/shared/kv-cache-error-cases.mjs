@@ -76,4 +76,10 @@ export const CACHE_ERROR_CASES = [
   ['truncate: negative', (c) => c.truncate(-1), RangeError, [/got -1/]],
   ['truncate: fractional', (c) => c.truncate(2.5), RangeError, [/got 2\.5/]],
   ['truncate: a string', (c) => c.truncate('3'), TypeError, [/must be an integer/, /"3"/]],
+  // reorder
+  ['reorder: a plain array', (c) => c.reorder([1, 0]), TypeError, [/KVCache\.reorder/, /indices must be an Int32Array of length B = 2/, /Array/]],
+  ['reorder: missing indices', (c) => c.reorder(), TypeError, [/indices must be an Int32Array/, /undefined/]],
+  ['reorder: length', (c) => c.reorder(new Int32Array([1, 0, 0])), RangeError, [/indices must have length B = 2, got 3/]],
+  ['reorder: an index past the batches', (c) => c.reorder(new Int32Array([0, 2])), RangeError, [/indices\[1\] must be a batch index in \[0, 2\), got 2/]],
+  ['reorder: a negative index', (c) => c.reorder(new Int32Array([-1, 0])), RangeError, [/indices\[0\]/, /got -1/]],
 ];
