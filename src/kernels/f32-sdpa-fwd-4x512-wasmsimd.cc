@@ -185,6 +185,60 @@ struct RowTile {
   int32_t keys_end;           // max over rows of limit[r]
 };
 
+// One row of a tile's bias from the mask: bias_row[c] for c < allowed_end is the mask's value
+// at key j0 + c (a float mask's value; 0 or -inf for a boolean one), -inf from allowed_end on.
+// Returns the first column whose bias is -inf (allowed_end if none before it) and whether any
+// column is allowed. A mask contiguous along keys (mask_stride_k == 1, the usual layout) is
+// read 16 keys (boolean) or 4 keys (float) at a time; the values are the same as one at a time.
+struct MaskedRow {
+  int32_t first_blocked;
+  bool any_allowed;
+};
+
+MaskedRow mask_bias_row(const Problem& p, int64_t mask_row, int32_t j0, int32_t allowed_end, float* bias_row) {
+  MaskedRow out{allowed_end, false};
+  const auto note = [&](int32_t c, uint32_t blocked_bits, uint32_t all_lanes) {
+    if (blocked_bits != all_lanes) out.any_allowed = true;
+    if (blocked_bits != 0 && out.first_blocked == allowed_end) out.first_blocked = c + __builtin_ctz(blocked_bits);
+  };
+  int32_t c = 0;
+  if (p.mask_stride_k == 1 && p.mask_kind == MaskKind::kBool) {
+    const uint8_t* m = static_cast<const uint8_t*>(p.mask) + mask_row + j0;
+    const v128_t neg_inf_bits = wasm_f32x4_splat(kNegInf), zero = wasm_i8x16_splat(0);
+    for (; c + 16 <= allowed_end; c += 16) {
+      // blocked: 0xFF per blocked key, widened (sign-extended) to a 32-bit lane mask per key.
+      const v128_t blocked = wasm_i8x16_eq(wasm_v128_load(m + c), zero);
+      const v128_t lo = wasm_i16x8_extend_low_i8x16(blocked), hi = wasm_i16x8_extend_high_i8x16(blocked);
+      wasm_v128_store(bias_row + c, wasm_v128_and(wasm_i32x4_extend_low_i16x8(lo), neg_inf_bits));
+      wasm_v128_store(bias_row + c + 4, wasm_v128_and(wasm_i32x4_extend_high_i16x8(lo), neg_inf_bits));
+      wasm_v128_store(bias_row + c + 8, wasm_v128_and(wasm_i32x4_extend_low_i16x8(hi), neg_inf_bits));
+      wasm_v128_store(bias_row + c + 12, wasm_v128_and(wasm_i32x4_extend_high_i16x8(hi), neg_inf_bits));
+      note(c, wasm_i8x16_bitmask(blocked), 0xFFFFu);
+    }
+  } else if (p.mask_stride_k == 1 && p.mask_kind == MaskKind::kFloat) {
+    const float* m = static_cast<const float*>(p.mask) + mask_row + j0;
+    const v128_t neg_inf = wasm_f32x4_splat(kNegInf);
+    for (; c + 4 <= allowed_end; c += 4) {
+      const v128_t value = wasm_v128_load(m + c);
+      wasm_v128_store(bias_row + c, value);
+      note(c, wasm_i32x4_bitmask(wasm_f32x4_eq(value, neg_inf)), 0xFu);
+    }
+  }
+  for (; c < allowed_end; c++) {
+    const int64_t at = mask_row + static_cast<int64_t>(j0 + c) * p.mask_stride_k;
+    float value = 0.0f;
+    if (p.mask_kind == MaskKind::kFloat) {
+      value = static_cast<const float*>(p.mask)[at];
+    } else if (p.mask_kind == MaskKind::kBool) {
+      value = static_cast<const uint8_t*>(p.mask)[at] != 0 ? 0.0f : kNegInf;
+    }
+    bias_row[c] = value;
+    note(c, value == kNegInf ? 1u : 0u, 1u);
+  }
+  std::fill(bias_row + allowed_end, bias_row + kKeyTile, kNegInf);
+  return out;
+}
+
 // Padding rows (r >= rt.rows) are never read after the scores, so they do not make a
 // tile partial; their bias rows are -inf all the same (no uninitialised scratch is read).
 TileBias build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias) {
@@ -201,27 +255,27 @@ TileBias build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias
   }
 
   bool any_allowed = false;
+  MaskedRow previous{0, false};
+  int64_t previous_mask_row = -1;
+  int32_t previous_end = -1;
   for (int r = 0; r < kQueryTile; r++) {
     float* bias_row = bias + r * kKeyTile;
     const int32_t allowed_end = std::clamp(rt.limit[r] - j0, 0, kKeyTile);
     const int64_t mask_row = rt.b * p.mask_stride_b + rt.h[r] * p.mask_stride_h +
                              static_cast<int64_t>(rt.i[r]) * p.mask_stride_q;
-    for (int c = 0; c < allowed_end; c++) {
-      const int64_t at = mask_row + static_cast<int64_t>(j0 + c) * p.mask_stride_k;
-      float value = 0.0f;
-      if (p.mask_kind == MaskKind::kFloat) {
-        value = static_cast<const float*>(p.mask)[at];
-      } else if (p.mask_kind == MaskKind::kBool) {
-        value = static_cast<const uint8_t*>(p.mask)[at] != 0 ? 0.0f : kNegInf;
-      }
-      bias_row[c] = value;
-      if (value == kNegInf) {
-        if (r < rt.rows) open_cols = std::min(open_cols, c);
-      } else {
-        any_allowed = true;
-      }
+    // Rows reading the same mask row up to the same column (a mask broadcast over heads:
+    // the query heads of a GQA group) get the same bias row: copied, not read again.
+    MaskedRow row;
+    if (mask_row == previous_mask_row && allowed_end == previous_end) {
+      const float* src = bias_row - kKeyTile;
+      for (int32_t c = 0; c < kKeyTile; c += 4) wasm_v128_store(bias_row + c, wasm_v128_load(src + c));
+      row = previous;
+    } else {
+      row = mask_bias_row(p, mask_row, j0, allowed_end, bias_row);
     }
-    for (int c = allowed_end; c < kKeyTile; c++) bias_row[c] = kNegInf;
+    if (r < rt.rows) open_cols = std::min(open_cols, row.first_blocked);
+    any_allowed = any_allowed || row.any_allowed;
+    previous = row, previous_mask_row = mask_row, previous_end = allowed_end;
   }
   return {any_allowed ? TileKind::kPartial : TileKind::kAllBlocked, open_cols};
 }

@@ -478,6 +478,46 @@ describe('NaN in keys no row may attend never reaches the output', () => {
   });
 });
 
+describe("masks read 16 keys at a time: where a tile's first blocked key falls", () => {
+  // The bias of a mask contiguous along keys is built 16 (boolean) or 4 (float) keys at a
+  // time, and the query heads of a GQA group share their row. The first blocked key of a tile
+  // decides which keys P·V may multiply without looking: keys blocked for every row hold NaN
+  // here, so a wrong first key would put NaN in the output.
+  test.each([0, 1, 3, 4, 7, 15])('first blocked key %i into a chunk; GQA, causal rows ending apart, tiles 0-2', (o) => {
+    const Lq = 3, Lk = 1100, E = 8, Ev = 6;
+    const { q, k, v } = problem({ Hq: 8, Hkv: 2, Lq, Lk, E, Ev }, 190 + o);
+    const blocked = [o, 16 + o + 1, 100 + o, 511, 512 + o, 527, 1024 + o, 1099];
+    const bool = { data: new Uint8Array(Lk).fill(1), dims: [Lk] };
+    const float = { data: Float32Array.from({ length: Lk }, (_, j) => (j % 5) * 0.3), dims: [1, 1, 1, Lk] };
+    for (const j of blocked) {
+      for (let h = 0; h < 2; h++) {
+        k.data.fill(NaN, (h * Lk + j) * E, (h * Lk + j + 1) * E);
+        v.data.fill(NaN, (h * Lk + j) * Ev, (h * Lk + j + 1) * Ev);
+      }
+      bool.data[j] = 0;
+      float.data[j] = -Infinity;
+    }
+    for (const attnMask of [bool, float]) {
+      for (const options of [{ attnMask }, { attnMask, isCausal: true, causalOffset: Lk - Lq - 20 }]) {
+        const { got } = check(q, k, v, { ...options, returnWeights: true });
+        expect(allFinite(got.output.data)).toBe(true);
+        // One query row per KV head, from a cache: the decode path.
+        const cache = attn.createKVCache({ batch: 1, kvHeads: 2, headDim: E, valueDim: Ev, maxLength: Lk });
+        try {
+          cache.append(k, v);
+          const one = { data: q.data.subarray(0, 8 * E).slice(), dims: [1, 8, 1, E] };
+          const r = cache.attend(one, { ...options, isCausal: options.isCausal ?? false });
+          const ref = referenceSdpa(one, k, v, { ...options, isCausal: options.isCausal ?? false });
+          expect(maxRelError(r.output.data, ref.output)).toBeLessThanOrEqual(TOL);
+          expect(allFinite(r.output.data)).toBe(true);
+        } finally {
+          cache.dispose();
+        }
+      }
+    }
+  });
+});
+
 describe('softcap and scale', () => {
   test.each([0.5, 5, 30, 1e6])('softcap %p', (softcap) => {
     const { q, k, v } = problem({ B: 2, Hq: 2, Lq: 9, Lk: 37, E: 16, Ev: 8 }, 170);
