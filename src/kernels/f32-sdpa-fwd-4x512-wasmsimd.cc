@@ -174,6 +174,10 @@ struct TileBias {
   // Blocked entries only occur from open_cols on (a causal diagonal or a key-length edge
   // leaves at most a few such columns; a mask with -inf can leave many).
   int32_t open_cols;
+  // Columns [attended_cols, kKeyTile) are blocked for every row (past every row's key limit,
+  // or a mask blocks them): they need no score, no exponent and no P·V, as the columns past a
+  // causal frontier (an explicit causal mask then costs what isCausal does).
+  int32_t attended_cols;
 };
 
 // The query rows of one tile. Rows r >= rows are padding: limit 0, zero q, never written.
@@ -187,18 +191,20 @@ struct RowTile {
 
 // One row of a tile's bias from the mask: bias_row[c] for c < allowed_end is the mask's value
 // at key j0 + c (a float mask's value; 0 or -inf for a boolean one), -inf from allowed_end on.
-// Returns the first column whose bias is -inf (allowed_end if none before it) and whether any
-// column is allowed. A mask contiguous along keys (mask_stride_k == 1, the usual layout) is
+// Returns the first column whose bias is -inf (allowed_end if none before it) and one past the
+// last column whose bias is not (0 if none). A mask contiguous along keys (mask_stride_k == 1, the usual layout) is
 // read 16 keys (boolean) or 4 keys (float) at a time; the values are the same as one at a time.
 struct MaskedRow {
   int32_t first_blocked;
-  bool any_allowed;
+  int32_t attended_end;  // one past the last allowed column; 0: none allowed
 };
 
 MaskedRow mask_bias_row(const Problem& p, int64_t mask_row, int32_t j0, int32_t allowed_end, float* bias_row) {
-  MaskedRow out{allowed_end, false};
+  MaskedRow out{allowed_end, 0};
+  // blocked_bits: bit n set when column c + n is blocked, for the lanes in all_lanes.
   const auto note = [&](int32_t c, uint32_t blocked_bits, uint32_t all_lanes) {
-    if (blocked_bits != all_lanes) out.any_allowed = true;
+    const uint32_t allowed_bits = ~blocked_bits & all_lanes;
+    if (allowed_bits != 0) out.attended_end = c + 32 - __builtin_clz(allowed_bits);
     if (blocked_bits != 0 && out.first_blocked == allowed_end) out.first_blocked = c + __builtin_ctz(blocked_bits);
   };
   int32_t c = 0;
@@ -249,13 +255,13 @@ TileBias build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias
     open_cols = std::min(open_cols, allowed_end);
     allowed_max = std::max(allowed_max, allowed_end);
   }
-  if (allowed_max == 0) return {TileKind::kAllBlocked, 0};
+  if (allowed_max == 0) return {TileKind::kAllBlocked, 0, 0};
   if (p.mask_kind == MaskKind::kNone) {
-    return {open_cols == kKeyTile ? TileKind::kClean : TileKind::kLimited, open_cols};
+    return {open_cols == kKeyTile ? TileKind::kClean : TileKind::kLimited, open_cols, allowed_max};
   }
 
-  bool any_allowed = false;
-  MaskedRow previous{0, false};
+  int32_t attended_cols = 0;  // max over rows
+  MaskedRow previous{0, 0};
   int64_t previous_mask_row = -1;
   int32_t previous_end = -1;
   for (int r = 0; r < kQueryTile; r++) {
@@ -274,10 +280,10 @@ TileBias build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias
       row = mask_bias_row(p, mask_row, j0, allowed_end, bias_row);
     }
     if (r < rt.rows) open_cols = std::min(open_cols, row.first_blocked);
-    any_allowed = any_allowed || row.any_allowed;
+    attended_cols = std::max(attended_cols, row.attended_end);
     previous = row, previous_mask_row = mask_row, previous_end = allowed_end;
   }
-  return {any_allowed ? TileKind::kPartial : TileKind::kAllBlocked, open_cols};
+  return {attended_cols > 0 ? TileKind::kPartial : TileKind::kAllBlocked, open_cols, attended_cols};
 }
 
 float hsum(v128_t v) {
@@ -935,7 +941,11 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<S
   for (int32_t j0 = key_begin; j0 < rt.keys_end; j0 += kKeyTile) {
     const TileBias tile = build_bias(p, rt, j0, s.bias);
     if (tile.kind == TileKind::kAllBlocked) continue;  // m, l, o unchanged
-    const int32_t key_count = std::min(kKeyTile, rt.keys_end - j0);
+    // Keys past attended_cols are blocked for every row: their scores would be -inf, their
+    // probabilities 0, added to no sum and skipped by P·V. They are left out by whole key
+    // groups, so every key still scored is scored in the same group of 4 or 8 as before (the
+    // same operations): the same bits as scoring them.
+    const int32_t key_count = std::min({kKeyTile, rt.keys_end - j0, round_up(tile.attended_cols, kKeyGroup)});
     const int32_t cols = round_up(key_count, kKeyGroup);  // columns holding scores
     score_tile_from(kv, s.q_tile, s.q_cols, s.q_blocks, rt.rows, j0, key_count, E, s.scores);
     finish_scores(p, rt, j0, tile.kind, cols, s.bias, s.scores);
@@ -1001,7 +1011,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<S
   for (int32_t j0 = 0; j0 < p.kv_len; j0 += kKeyTile) {
     const int32_t cols = std::min(kKeyTile, p.kv_len - j0);
     const TileBias tile =
-        j0 < rt.keys_end ? build_bias(p, rt, j0, s.bias) : TileBias{TileKind::kAllBlocked, 0};
+        j0 < rt.keys_end ? build_bias(p, rt, j0, s.bias) : TileBias{TileKind::kAllBlocked, 0, 0};
     if (tile.kind == TileKind::kAllBlocked) {
       std::fill(s.scores, s.scores + kQueryTile * kKeyTile, 0.0f);
     } else {
