@@ -192,8 +192,9 @@ struct RowTile {
 // One row of a tile's bias from the mask: bias_row[c] for c < allowed_end is the mask's value
 // at key j0 + c (a float mask's value; 0 or -inf for a boolean one), -inf from allowed_end on.
 // Returns the first column whose bias is -inf (allowed_end if none before it) and one past the
-// last column whose bias is not (0 if none). A mask contiguous along keys (mask_stride_k == 1, the usual layout) is
-// read 16 keys (boolean) or 4 keys (float) at a time; the values are the same as one at a time.
+// last column whose bias is not (0 if none). A mask contiguous along keys (mask_stride_k == 1,
+// the usual layout) is read 16 keys (boolean) or 4 keys (float) at a time; the values are the
+// same as one at a time.
 struct MaskedRow {
   int32_t first_blocked;
   int32_t attended_end;  // one past the last allowed column; 0: none allowed
