@@ -68,9 +68,10 @@ namespace {
 //   each packs its K/V head once. One block per (batch, KV head) on one thread; with more
 //   threads, enough blocks for about kItemsPerThread items per thread (uneven causal blocks
 //   balance out), never under kMinBlockRows rows (packing must stay small next to compute).
-//   Decode (at most two row tiles per KV head, e.g. Lq = 1 with up to 8 query heads per KV
-//   head): K/V are read in place, once, and the keys are split into segments of
-//   kSegmentKeys (split-K) whose partial (m, l, o) are merged afterwards. The segments
+//   Decode (at most kDecodeMaxRowTiles row tiles per KV head, src/tiles.h: e.g. Lq = 1 with
+//   up to 32 query heads per KV head): K/V are read in place, once, and the keys are split
+//   into segments of kSegmentKeys (split-K) whose partial (m, l, o) are merged afterwards,
+//   every row tile of a segment computed while its keys are in cache. The segments
 //   depend on Lk only, never on the thread count, so results are bitwise identical for any
 //   number of threads.
 constexpr int32_t kMinBlockRows = 16;
@@ -107,7 +108,7 @@ WorkPlan plan_work(const Problem& p, int32_t threads) {
   w.pairs = p.batch * p.kv_heads;
   w.rows = p.q_heads / p.kv_heads * p.q_len;
   const int32_t row_tiles = (w.rows + kQueryTile - 1) / kQueryTile;
-  w.in_place = row_tiles <= 2;
+  w.in_place = row_tiles <= kDecodeMaxRowTiles;
   w.segments = w.in_place && p.weights == nullptr ? (p.kv_len + kSegmentKeys - 1) / kSegmentKeys : 1;
   w.blocks = 1;
   if (w.segments == 1 && threads > 1) {

@@ -125,10 +125,11 @@ Status validate(const Problem& p);
 
 class ThreadPool;
 
-// Whether forward() takes the decode path for this problem: at most two row tiles of query
-// rows per KV head (e.g. Lq = 1 with up to 8 query heads per KV head), so K and V are read
-// in place, once, instead of being packed. Callers that copy K/V in may then copy and run
-// one (batch, KV head) at a time, so that the kernel reads them while they are in cache.
+// Whether forward() takes the decode path for this problem: at most kDecodeMaxRowTiles row
+// tiles of query rows per KV head (src/tiles.h: e.g. Lq = 1 with up to 32 query heads per KV
+// head), so K and V are read in place, once, instead of being packed. Callers that copy K/V
+// in may then copy and run one (batch, KV head) at a time, so that the kernel reads them
+// while they are in cache.
 bool reads_keys_in_place(const Problem& p);
 
 // Number of floats of scratch that forward() needs on `threads` threads: per thread, the

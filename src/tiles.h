@@ -30,6 +30,15 @@ constexpr int kKeyGroup = 8;
 // Value/output columns per P·V block (two vectors); Ev is padded to a multiple of this.
 constexpr int kValueBlock = 8;
 
+// Row tiles per KV head up to which forward() reads K/V in place, one 512-key segment at a
+// time for all the rows (each row tile after the first finds the segment in the core's L2),
+// instead of packing them once per call as for a prompt: up to 32 query rows per KV head,
+// e.g. one token with 14 query heads per KV head, or 8 heads and 4 tokens. In alternating
+// A/B runs against 2 (AMD EPYC Zen 4, cold, E64 Hkv2 Lk8192 unless said): 3 or 4 tiles
+// 0.52-0.80x the time (float16 0.52-0.56x; E128 Hkv8 Lk4096 0.67-0.73x), 6 tiles 0.71-0.92x,
+// 8 tiles 0.81-1.0x, two threads 0.73-0.85x; 16 tiles took 1.02-1.14x (packing wins there).
+constexpr int kDecodeMaxRowTiles = 8;
+
 // Keys per tile of the backward pass (src/sdpa-backward.h): the dK/dV items' key blocks and
 // the dQ pass's key tiles. Per tile it keeps scores, dP and probabilities of 4 rows, and in
 // the dK/dV pass the block's K, V (packed) and its dK, dV accumulators: 4·64·(E + Ev) bytes.

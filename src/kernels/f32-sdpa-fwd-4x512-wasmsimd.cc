@@ -22,8 +22,9 @@
 // and a float16 problem gives what the float32 kernel gives on the halves' values.
 //
 // K and V are either packed into scratch once per call (prefill: many row tiles reuse them)
-// or read in place (decode: one or two row tiles read each key once, and a packing pass
-// would double the memory traffic). Packed, K is [Lk/8][E][8] (two loads give 8 keys at one
+// or read in place (decode: up to kDecodeMaxRowTiles row tiles read each key segment, the
+// first from memory and the others from the core's cache, where a packing pass would add a
+// whole extra read and write). Packed, K is [Lk/8][E][8] (two loads give 8 keys at one
 // dim: Q·Kᵀ) and V is [Ev8/8][Lk][8] (8-column blocks, zero-padded past Ev: a P·V pass over
 // one block reads its keys' columns as one contiguous run; row-major V read in place was 10%
 // slower at N = 2048 in A/B runs, the same at N = 512). In place, a decode whose K/V come

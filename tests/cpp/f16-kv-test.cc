@@ -650,9 +650,10 @@ TEST(F16Kernel, EveryHeadDimPairOnBothPaths) {
       F16Case d;  // decode
       d.Hq = 8, d.Hkv = 2, d.Lq = 1, d.Lk = kKeyTile + 1, d.E = e, d.Ev = ev, d.seed = seed++;
       check(d, true);
-      F16Case f;  // prefill
-      f.Hq = 2, f.Hkv = 1, f.Lq = 9, f.Lk = kKeyTile + 1, f.E = e, f.Ev = ev, f.seed = seed++;
-      f.causal = true, f.offsets = {kKeyTile - 8};
+      F16Case f;  // prefill: more row tiles than a decode reads in place
+      f.Hq = 2, f.Hkv = 1, f.Lq = kDecodeMaxRowTiles * kQueryTile / 2 + 1, f.Lk = kKeyTile + 1;
+      f.E = e, f.Ev = ev, f.seed = seed++;
+      f.causal = true, f.offsets = {kKeyTile + 1 - f.Lq};
       check(f, false);
     }
 }
@@ -669,7 +670,7 @@ TEST(F16Kernel, PaddingHalvesNeverLeakThroughKeyLengthsCausalMaskAndSoftcap) {
       c.key_lengths = {lk, 0, lk / 2, 1};
       c.causal = true, c.offsets = {lk - lq, 3, lk, -2};
       c.float_mask = true, c.mask_block_fraction = 0.3, c.softcap = 4.0f;
-      const bool in_place = 2 * lq <= 2 * kQueryTile;
+      const bool in_place = 2 * lq <= kDecodeMaxRowTiles * kQueryTile;
       check(c, in_place);
       c.weights = false;
       check(c, in_place);
@@ -765,8 +766,9 @@ TEST(F16Kernel, FiniteHalvesGiveTheSameBitsAsTheExactWideningForExtremeValuesAnd
   // kernel widens exactly instead). Either way the bits must be kFloat16's: here with K/V
   // holding ±65504, subnormal halves and -0, and query elements just under 2^16, at 2^16 and
   // past it (scores up to 2^39: the softmax's max subtraction keeps them finite), both reading
-  // orders, MHA and GQA, one and two query rows per head (each read in place: at most two row
-  // tiles per KV head), E and Ev with a scalar tail, with and without weights and segments.
+  // orders, MHA and GQA, one and two query rows per head (each read in place: at most
+  // kDecodeMaxRowTiles row tiles per KV head), E and Ev with a scalar tail, with and without
+  // weights and segments.
   const float just_under = std::nextafter(65536.0f, 0.0f);
   const float queries[] = {0.0f, just_under, -just_under, 65536.0f, -65536.0f, 131072.0f};
   uint32_t seed = 600;

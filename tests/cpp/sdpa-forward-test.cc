@@ -275,14 +275,14 @@ TEST(SdpaForward, DeterministicAndInputsUntouched) {
 }
 
 TEST(SdpaForward, DecodeReadsKeysInPlaceAndSplitsThemIntoSegments) {
-  // At most two row tiles per KV head: K/V are read in place, and without weights the keys
-  // are split into 512-key segments merged afterwards. Cover one and several segments, a
-  // segment edge (511..513), GQA groups filling 1..8 rows (scored in place two rows at a
-  // time, then the odd one), a head dim that is not whole vectors, and everything that
-  // blocks keys.
+  // At most kDecodeMaxRowTiles row tiles per KV head: K/V are read in place, and without
+  // weights the keys are split into 512-key segments merged afterwards. Cover one and several
+  // segments, a segment edge (511..513), GQA groups filling 1..8 rows (scored in place two
+  // rows at a time, then the odd one) and up to 32 rows (8 row tiles, the last one partial
+  // with 14 heads), a head dim that is not whole vectors, and everything that blocks keys.
   uint32_t seed = 500;
   for (int lk : {1, 31, 511, 512, 513, 1100, 2053})
-    for (auto hh : {std::pair<int, int>{1, 1}, {4, 1}, {6, 2}, {8, 1}, {3, 1}})
+    for (auto hh : {std::pair<int, int>{1, 1}, {4, 1}, {6, 2}, {8, 1}, {3, 1}, {14, 1}, {16, 1}})
       for (int lq : {1, 2}) {
         Case c;
         c.B = 2, c.Hq = hh.first, c.Hkv = hh.second, c.Lq = lq, c.Lk = lk, c.Ev = 13;
@@ -329,12 +329,13 @@ std::vector<float> run_streamed(const Harness& h) {
 TEST(SdpaForward, StreamedSegmentsMatchForwardBitwise) {
   // The streamed decode (sdpa.h: forward_segment, merge_segments) computes forward()'s own
   // split-K segments from K/V copies of each segment alone: the same bits, for one and
-  // several segments, segment edges, GQA groups of 1..8 rows, and everything that blocks keys.
+  // several segments, segment edges, GQA groups of 1..32 rows (up to kDecodeMaxRowTiles row
+  // tiles), and everything that blocks keys.
   uint32_t seed = 700;
   for (int lk : {1, 511, 512, 513, 1100, 2053})
-    for (int group : {1, 4, 8})
-      for (int lq : {1, 2}) {
-        if (group * lq > 2 * 4) continue;  // more than two row tiles: not the decode path
+    for (int group : {1, 4, 8, 14, 16})
+      for (int lq : {1, 2, 3}) {
+        if (group * lq > kDecodeMaxRowTiles * kQueryTile) continue;  // packed: not the decode path
         Case c;
         c.Hq = group, c.Lq = lq, c.Lk = lk, c.E = 20, c.Ev = 13, c.weights = false, c.seed = seed++;
         for (int variant = 0; variant < 3; variant++) {
@@ -344,6 +345,7 @@ TEST(SdpaForward, StreamedSegmentsMatchForwardBitwise) {
             c.bshd = true, c.softcap = 3.0f;
           }
           Harness h(c);
+          ASSERT_TRUE(reads_keys_in_place(h.p)) << c.describe();
           ASSERT_EQ(h.run(), Status::kOk);
           h.expect_matches_reference();
           const std::vector<float> streamed = run_streamed(h);
@@ -377,7 +379,7 @@ TEST(SdpaForward, SegmentCallsRejectWhatTheyCannotDo) {
   p.weights = weights.data();  // weights need every key at once
   EXPECT_EQ(segment(p, 0), Status::kBadSegment);
   p = h.p;
-  p.q_len = 3;  // 12 rows: three row tiles, the prefill path
+  p.q_len = kDecodeMaxRowTiles + 1;  // 4 heads: more row tiles than a decode reads in place
   EXPECT_EQ(segment(p, 0), Status::kBadSegment);
   p = h.p;
   p.head_dim = 0;  // validate() runs first

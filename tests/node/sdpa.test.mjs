@@ -702,12 +702,14 @@ describe('inputs and determinism', () => {
 });
 
 describe('decode shapes: few query rows per KV head, long keys', () => {
-  // Lq of 1-3 with up to 8 query heads per KV head, Lk around multiples of 512 keys: the
+  // Lq of 1-4 with up to 16 query heads per KV head, Lk around multiples of 512 keys: the
   // shapes of a KV-cache decode step (in this package a separate code path that reads K/V in
-  // place and splits long key ranges into segments merged afterwards).
+  // place and splits long key ranges into segments merged afterwards), up to 32 query rows
+  // per KV head (8 row tiles), and 36 (packed like a prompt) for the edge.
   const SHAPES = [
     // [Hq, Hkv, Lq]
     [1, 1, 1], [4, 1, 1], [8, 1, 1], [8, 2, 1], [4, 1, 2], [2, 1, 3], [3, 3, 2], [8, 1, 2],
+    [14, 1, 1], [28, 2, 1], [16, 1, 2], [8, 1, 4], [12, 1, 3], [4, 1, 9],
   ];
   const LKS = [1, 33, 511, 512, 513, 1100, 2049];
   test.each(SHAPES)('Hq = %i, Hkv = %i, Lq = %i, Lk in {1,33,511,512,513,1100,2049}', (Hq, Hkv, Lq) => {
