@@ -892,15 +892,12 @@ void accumulate_pv_from(const KeyValueSource<Src>& kv, float* probs, int32_t j0,
   }
 }
 
-// The online softmax of one row tile over keys [key_begin, rt.keys_end), then its output:
-// the normalised rows (and weights) when `partial` is null, else the unnormalised state
-// (m, l, o) of each row for merge_partials.
+// The query rows of a row tile in the forms the scoring reads: q_tile = scale·q (the scale
+// folded into Q once), times 1 / kReadScale (exact, see F16FiniteScaledElements), zero rows
+// past rt.rows; then q_cols for packed K, or q_blocks for K read in place in memory order.
 template <typename Src>
-void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<Src>& kv,
-                     int32_t key_begin, float* partial, const Scratch& s, const ExpConstants& ec) {
-  const int32_t E = p.head_dim, Ev = p.value_dim, ev8 = value_cols_padded(p);
-  // q_tile = scale·q (the scale folded into Q once), times 1 / kReadScale (exact, see
-  // F16FiniteScaledElements), zero rows past rt.rows.
+void prepare_query_tile(const Problem& p, const RowTile& rt, bool packed_key, bool in_memory_order, const Scratch& s) {
+  const int32_t E = p.head_dim;
   constexpr float kQueryFactor = 1.0f / Src::kReadScale;
   for (int r = 0; r < kQueryTile; r++) {
     float* dst = s.q_tile + r * E;
@@ -912,7 +909,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<S
       std::fill(dst, dst + E, 0.0f);
     }
   }
-  if (kv.packed_key != nullptr) {  // q_cols[d][r] = q_tile[r][d], by 4×4 blocks
+  if (packed_key) {  // q_cols[d][r] = q_tile[r][d], by 4×4 blocks
     const int32_t e4 = E & ~3;
     for (int32_t d = 0; d < e4; d += 4) {
       v128_t r0 = wasm_v128_load(s.q_tile + d), r1 = wasm_v128_load(s.q_tile + E + d);
@@ -925,7 +922,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<S
     for (int32_t d = e4; d < E; d++) {
       for (int r = 0; r < kQueryTile; r++) s.q_cols[d * kQueryTile + r] = s.q_tile[r * E + d];
     }
-  } else if (kv.in_memory_order) {  // q_blocks[d/4][r][d%4] = q_tile[r][d] for the real rows
+  } else if (in_memory_order) {  // q_blocks[d/4][r][d%4] = q_tile[r][d] for the real rows
     const int32_t e4 = E & ~3;
     for (int32_t d = 0; d < e4; d += 4) {
       for (int r = 0; r < rt.rows; r++) {
@@ -933,6 +930,23 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<S
       }
     }
   }
+}
+
+// The online softmax of one row tile over keys [key_begin, rt.keys_end), then its output:
+// the normalised rows (and weights) when `partial` is null, else the unnormalised state
+// (m, l, o) of each row for merge_partials.
+template <typename Src>
+void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<Src>& kv,
+                     int32_t key_begin, float* partial, const Scratch& s, const ExpConstants& ec) {
+  const int32_t E = p.head_dim, Ev = p.value_dim, ev8 = value_cols_padded(p);
+  // The query rows in the forms the scoring reads, made before the first tile that is scored
+  // (a decode's segment whose keys no row attends, e.g. outside a sliding window, needs none).
+  bool query_ready = false;
+  const auto prepare_query = [&] {
+    if (query_ready) return;
+    query_ready = true;
+    prepare_query_tile<Src>(p, rt, kv.packed_key != nullptr, kv.in_memory_order, s);
+  };
   std::fill(s.acc, s.acc + kQueryTile * ev8, 0.0f);
   v128_t running_max = wasm_f32x4_splat(kNegInf);  // m, lane r = row r
   v128_t running_sum = wasm_f32x4_splat(0.0f);     // l
@@ -943,6 +957,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<S
   for (int32_t j0 = key_begin; j0 < rt.keys_end; j0 += kKeyTile) {
     const TileBias tile = build_bias(p, rt, j0, s.bias);
     if (tile.kind == TileKind::kAllBlocked) continue;  // m, l, o unchanged
+    prepare_query();
     // Keys past attended_cols are blocked for every row: their scores would be -inf, their
     // probabilities 0, added to no sum and skipped by P·V. They are left out by whole key
     // groups, so every key still scored is scored in the same group of 4 or 8 as before (the
@@ -976,7 +991,11 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<S
       float* dst = partial + r * (2 + ev8);
       dst[0] = maxima[r];
       dst[1] = sums[r];
-      std::memcpy(dst + 2, s.acc + r * ev8, sizeof(float) * Ev);
+      // Not memcpy: Emscripten hands copies of 512 bytes and more to JavaScript.
+      const float* o = s.acc + r * ev8;
+      int32_t c = 0;
+      for (; c + 4 <= Ev; c += 4) wasm_v128_store(dst + 2 + c, wasm_v128_load(o + c));
+      for (; c < Ev; c++) dst[2 + c] = o[c];
     }
     return;
   }
@@ -1008,6 +1027,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<S
   // weights[i][j] = exp(s_ij - m_i) / l_i, recomputing the scores tile by tile with the
   // final m and l; zeros for blocked keys, skipped tiles and empty rows.
   assert(key_begin == 0);
+  prepare_query();
   const v128_t final_shift =
       wasm_v128_bitselect(zero, running_max, wasm_f32x4_eq(running_max, neg_inf));
   for (int32_t j0 = 0; j0 < p.kv_len; j0 += kKeyTile) {
@@ -1073,13 +1093,31 @@ void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
   assert(w.partials == nullptr || p.weights == nullptr);
   assert(scratch_base != nullptr);
 
-  Scratch s;
-  layout(p, w.pack, reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch_base) + 15) & ~uintptr_t{15}), &s);
-  const ExpConstants ec = make_exp_constants();
   const RowLimits limit_of = row_limits(p, w.b);
   const int32_t first_head = w.kv_head * group;
   // Flat row f is query row f % Lq of head first_head + f / Lq. Its keys: [key_begin, end).
   auto limit_of_flat = [&](int32_t f) { return std::min(limit_of(f % p.q_len), w.key_end); };
+  const size_t partial_floats = static_cast<size_t>(sdpa_f32_fwd_4x512__wasmsimd_partial_floats(p));
+
+  // A split-K segment that no row may attend (past every row's key length or causal frontier):
+  // each row's partial state is that of a row tile with no tile to attend (m = -inf, l = 0,
+  // o = 0), written without preparing anything.
+  bool any_key = false;
+  for (int32_t f = w.row_begin; f < w.row_end && !any_key; f++) any_key = limit_of_flat(f) > w.key_begin;
+  if (!any_key && w.partials != nullptr) {
+    const int32_t ev8 = value_cols_padded(p);
+    for (int32_t f = w.row_begin; f < w.row_end; f++) {
+      float* dst = w.partials + static_cast<size_t>((f - w.row_begin) / kQueryTile) * partial_floats +
+                   static_cast<size_t>((f - w.row_begin) % kQueryTile) * (2 + ev8);
+      dst[0] = kNegInf, dst[1] = 0.0f;
+      std::fill(dst + 2, dst + 2 + p.value_dim, 0.0f);
+    }
+    return;
+  }
+
+  Scratch s;
+  layout(p, w.pack, reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch_base) + 15) & ~uintptr_t{15}), &s);
+  const ExpConstants ec = make_exp_constants();
 
   using Elem = typename Src::Elem;
   const Src src;
@@ -1099,7 +1137,6 @@ void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
     kv.value_block_floats = packed_value_block_floats(p);
   }
 
-  const size_t partial_floats = static_cast<size_t>(sdpa_f32_fwd_4x512__wasmsimd_partial_floats(p));
   for (int32_t f0 = w.row_begin; f0 < w.row_end; f0 += kQueryTile) {
     RowTile rt{};
     rt.b = w.b;
@@ -1122,14 +1159,22 @@ void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
 // which stay so times 2^112): then F16FiniteScaledElements may read its K/V.
 bool query_fits_scaled_halves(const Problem& p, const KernelWork& w) {
   const int32_t group = p.q_heads / p.kv_heads;
+  const v128_t scale = wasm_f32x4_splat(p.scale), limit = wasm_f32x4_splat(0x1p16f);
+  const v128_t inf = wasm_f32x4_splat(std::numeric_limits<float>::infinity());
+  v128_t too_large = wasm_i32x4_splat(0);  // lanes with 2^16 <= |scale·q| < Inf (not NaN)
   for (int32_t f = w.row_begin; f < w.row_end; f++) {
     const float* q = p.query + w.b * p.q_stride_b + (w.kv_head * group + f / p.q_len) * p.q_stride_h +
                      static_cast<int64_t>(f % p.q_len) * p.q_stride_l;
-    for (int32_t d = 0; d < p.head_dim; d++) {
+    int32_t d = 0;
+    for (; d + 4 <= p.head_dim; d += 4) {
+      const v128_t x = wasm_f32x4_abs(wasm_f32x4_mul(wasm_v128_load(q + d), scale));
+      too_large = wasm_v128_or(too_large, wasm_v128_and(wasm_f32x4_ge(x, limit), wasm_f32x4_lt(x, inf)));
+    }
+    for (; d < p.head_dim; d++) {
       if (std::fabs(q[d] * p.scale) >= 0x1p16f && std::isfinite(q[d] * p.scale)) return false;
     }
   }
-  return true;
+  return !wasm_v128_any_true(too_large);
 }
 
 }  // namespace
