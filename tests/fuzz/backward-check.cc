@@ -103,7 +103,10 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
           for (int64_t c = 0; c < Ev; c++) v_abs_max[c] = std::max(v_abs_max[c], std::fabs(static_cast<double>(v[c])));
           const double bound = abs_scale * abs_dot;
           double s = p.scale * dot, magnitude = bound;
-          const double error_r = (E + 4) * kEps * bound + E * k_abs_max * 0x1p-149;
+          // Relative rounding, scale·q rounded to the subnormal grid (times |k|), and the E
+          // products and E sums rounded to it (at most 2^-150 each: absolute, whatever |k|;
+          // divided by a softcap of 2^-149 that is O(1), and the row is ill-conditioned).
+          const double error_r = (E + 4) * kEps * bound + E * k_abs_max * 0x1p-149 + E * 0x1p-149;
           double error = error_r, cap = 0.0;
           if (p.softcap > 0.0f) {
             s = p.softcap * std::tanh(s / p.softcap);
