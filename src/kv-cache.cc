@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "math/f16-f32-cvt-wasmsimd.h"
+#include "simd/copy-bytes.h"
 
 namespace sdpa {
 namespace {
@@ -39,17 +40,6 @@ struct RowConverters {
   F32ToF16Constants narrow = make_f32_to_f16_constants();
   F16Constants widen = make_f16_constants();
 };
-
-// `bytes` bytes, 16 at a time: a row is a few hundred bytes, and Emscripten's memcpy hands
-// copies of 512 bytes or more to JavaScript (emscripten_memcpy_big), a call out of wasm for
-// every row (a decode step's append of 32 heads spent half its time there).
-void copy_bytes(void* dst, const void* src, size_t bytes) {
-  char* to = static_cast<char*>(dst);
-  const char* from = static_cast<const char*>(src);
-  size_t i = 0;
-  for (; i + 16 <= bytes; i += 16) wasm_v128_store(to + i, wasm_v128_load(from + i));
-  if (i < bytes) std::memcpy(to + i, from + i, bytes - i);
-}
 
 // One row of `dim` elements.
 void copy_row(void* dst, KvType dst_type, const void* src, KvType src_type, int32_t dim, const RowConverters& c) {

@@ -52,6 +52,7 @@
 #include "kernels/f32-tile-ops-wasmsimd.h"
 #include "math/f16-f32-cvt-wasmsimd.h"
 #include "math/f32-vexp-nonpositive-rr1-p5-wasmsimd.h"
+#include "simd/copy-bytes.h"
 #include "simd/f32x4.h"
 #include "tiles.h"
 
@@ -991,11 +992,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<S
       float* dst = partial + r * (2 + ev8);
       dst[0] = maxima[r];
       dst[1] = sums[r];
-      // Not memcpy: Emscripten hands copies of 512 bytes and more to JavaScript.
-      const float* o = s.acc + r * ev8;
-      int32_t c = 0;
-      for (; c + 4 <= Ev; c += 4) wasm_v128_store(dst + 2 + c, wasm_v128_load(o + c));
-      for (; c < Ev; c++) dst[2 + c] = o[c];
+      copy_bytes(dst + 2, s.acc + r * ev8, sizeof(float) * Ev);
     }
     return;
   }
