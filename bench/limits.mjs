@@ -41,8 +41,10 @@ const v128store = (offset) => simd(0x0b, 4, ...u32(offset));
 const f32x4splat = simd(0x13), f32x4extract0 = simd(0x1f, 0), f32x4add = simd(0xe4), f32x4mul = simd(0xe6);
 const memoryCopy = [0xfc, ...u32(10), 0, 0];
 const f32x4relaxedMadd = simd(0x105);  // relaxed SIMD: a·b + c, fused where the CPU has FMA
+/** A module's bytes: the magic number and version, then the given sections in order. */
+const moduleBytes = (...sections) => new Uint8Array([0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, ...sections.flat()]);
 /** The binary writer's pieces, for other hand-assembled modules (read-probe.mjs). */
-export const wasmAsm = { u32, s32, vec, section, str, I32, F32, V128, op, simd, v128load };
+export const wasmAsm = { u32, s32, vec, section, str, I32, F32, V128, op, simd, v128load, moduleBytes };
 
 const CHAINS = 12;
 
@@ -112,8 +114,7 @@ export function limitsModuleBytes(pages) {
   ]));
   const bodies = [peakBody(), copyBody(), copySimdBody()].map((b) => [...u32(b.length), ...b]);
   const code = section(10, vec(bodies));
-  return new Uint8Array([0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
-    ...types, ...funcs, ...memory, ...exports, ...code]);
+  return moduleBytes(types, funcs, memory, exports, code);
 }
 
 /**
@@ -127,7 +128,7 @@ export async function openFmaPeak() {
   const exports = section(7, vec([[...str('peak'), 0x00, 0]]));
   const body = peakBody(true);
   const code = section(10, vec([[...u32(body.length), ...body]]));
-  const bytes = new Uint8Array([0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, ...types, ...funcs, ...exports, ...code]);
+  const bytes = moduleBytes(types, funcs, exports, code);
   if (!WebAssembly.validate(bytes)) return null;
   const { instance } = await WebAssembly.instantiate(bytes);
   const { peak } = instance.exports;
@@ -203,7 +204,7 @@ export async function openScoreTileProbe({ fused = false } = {}) {
   const exports = section(7, vec([[...str('tile'), 0x00, 0], [...str('memory'), 0x02, 0]]));
   const body = tileBody(fused);
   const code = section(10, vec([[...u32(body.length), ...body]]));
-  const bytes = new Uint8Array([0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, ...types, ...funcs, ...memory, ...exports, ...code]);
+  const bytes = moduleBytes(types, funcs, memory, exports, code);
   if (!WebAssembly.validate(bytes)) return null;
   const { instance } = await WebAssembly.instantiate(bytes);
   const { tile } = instance.exports;

@@ -26,7 +26,7 @@
 import { Worker, isMainThread, workerData } from 'node:worker_threads';
 import { wasmAsm } from './limits.mjs';
 
-const { u32, s32, vec, section, str, I32, V128, op, simd, v128load } = wasmAsm;
+const { u32, s32, vec, section, str, I32, V128, op, simd, v128load, moduleBytes } = wasmAsm;
 const i32x4add = simd(0xae);
 const i32x4extract = (lane) => simd(0x1b, lane);
 const MAX_PAGES = 32768;           // 2 GiB
@@ -50,7 +50,7 @@ export function readProbeModuleBytes() {
   code.push(op.end);
   const body = [...vec([[1, I32], [ACCS, V128]]), ...code];
   const codeSection = section(10, vec([[...u32(body.length), ...body]]));
-  return new Uint8Array([0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, ...types, ...imports, ...funcs, ...exports, ...codeSection]);
+  return moduleBytes(types, imports, funcs, exports, codeSection);
 }
 
 // ctrl (Int32Array on a SharedArrayBuffer): the main thread bumps GEN to start the worker on
