@@ -27,13 +27,13 @@
 #include <algorithm>
 #include <cassert>
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <new>
 
 #include "kernels/f32-tile-ops-wasmsimd.h"
 #include "kernels/sdpa-bwd-kernels.h"
 #include "math/f32-vexp-nonpositive-rr1-p5-wasmsimd.h"
+#include "simd/copy-bytes.h"
 #include "simd/f32x4.h"
 #include "tiles.h"
 
@@ -123,7 +123,7 @@ void load_row_operands(const BackwardProblem& bp, const RowTile& rt, const RowOp
       const float* go_src = bp.grad_output + rt.b * bp.go_stride_b + rt.h[r] * bp.go_stride_h +
                             static_cast<int64_t>(rt.i[r]) * bp.go_stride_l;
       for (int32_t d = 0; d < E; d++) q[d] = q_src[d] * p.scale;
-      std::memcpy(go, go_src, sizeof(float) * Ev);
+      copy_bytes(go, go_src, sizeof(float) * Ev);
     } else {
       std::fill(q, q + E, 0.0f);
       std::fill(go, go + Ev, 0.0f);
@@ -539,9 +539,9 @@ void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t k
   }
   for (int32_t j = 0; j < count; j++) {
     const int64_t key_row = static_cast<int64_t>(key_begin + j);
-    std::memcpy(bp.d_key + b * bp.dk_stride_b + kv_head * bp.dk_stride_h + key_row * bp.dk_stride_l,
+    copy_bytes(bp.d_key + b * bp.dk_stride_b + kv_head * bp.dk_stride_h + key_row * bp.dk_stride_l,
                 s.acc0 + static_cast<size_t>(j) * E, sizeof(float) * E);
-    std::memcpy(bp.d_value + b * bp.dv_stride_b + kv_head * bp.dv_stride_h + key_row * bp.dv_stride_l,
+    copy_bytes(bp.d_value + b * bp.dv_stride_b + kv_head * bp.dv_stride_h + key_row * bp.dv_stride_l,
                 s.acc1 + static_cast<size_t>(j) * Ev, sizeof(float) * Ev);
   }
 }
