@@ -133,8 +133,10 @@ TEST(Backward, TileEdgesOfKeysAndRows) {
 }
 
 TEST(Backward, HeadDimsAndValueDims) {
-  for (int e : {1, 3, 4, 5, 8, 17, 64}) {
-    for (int ev : {1, 6, 8, 13}) {
+  // 128 and 131: rows of 512 bytes and more, and a tail of 3 floats after them (the dO rows
+  // copied in, the dK/dV rows copied out by copy_bytes).
+  for (int e : {1, 3, 4, 5, 8, 17, 64, 131}) {
+    for (int ev : {1, 6, 8, 13, 128, 131}) {
       Case c;
       c.Lq = 5, c.Lk = 11, c.E = e, c.Ev = ev, c.seed = uint32_t(e * 31 + ev);
       check(c);
