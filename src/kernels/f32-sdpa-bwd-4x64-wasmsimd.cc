@@ -540,9 +540,9 @@ void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t k
   for (int32_t j = 0; j < count; j++) {
     const int64_t key_row = static_cast<int64_t>(key_begin + j);
     copy_bytes(bp.d_key + b * bp.dk_stride_b + kv_head * bp.dk_stride_h + key_row * bp.dk_stride_l,
-                s.acc0 + static_cast<size_t>(j) * E, sizeof(float) * E);
+               s.acc0 + static_cast<size_t>(j) * E, sizeof(float) * E);
     copy_bytes(bp.d_value + b * bp.dv_stride_b + kv_head * bp.dv_stride_h + key_row * bp.dv_stride_l,
-                s.acc1 + static_cast<size_t>(j) * Ev, sizeof(float) * Ev);
+               s.acc1 + static_cast<size_t>(j) * Ev, sizeof(float) * Ev);
   }
 }
 

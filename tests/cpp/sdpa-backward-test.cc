@@ -133,8 +133,8 @@ TEST(Backward, TileEdgesOfKeysAndRows) {
 }
 
 TEST(Backward, HeadDimsAndValueDims) {
-  // 128 and 131: rows of 512 bytes and more, and a tail of 3 floats after them (the dO rows
-  // copied in, the dK/dV rows copied out by copy_bytes).
+  // E 131, Ev 128 and 131: rows of 512 bytes and more, whole or with a tail of 3 floats (the
+  // dO rows copied in, the dK/dV rows copied out by copy_bytes).
   for (int e : {1, 3, 4, 5, 8, 17, 64, 131}) {
     for (int ev : {1, 6, 8, 13, 128, 131}) {
       Case c;
