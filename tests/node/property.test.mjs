@@ -347,6 +347,20 @@ function randomSdpaCase(r, { maxWork, decode = false } = {}) {
  * rounded to halves by the format's definition), the length, and per batch the first position
  * holding a NaN (attends must exclude it with keyLengths).
  */
+/** Random KVCache.reorder indices for B batches: a shuffle (cycles) or draws with repeats and drops. */
+function randomReorder(r, B) {
+  const indices = Int32Array.from({ length: B }, (_, b) => b);
+  if (r.chance(0.5)) {
+    for (let b = B - 1; b > 0; b--) {
+      const c = r.int(0, b);
+      [indices[b], indices[c]] = [indices[c], indices[b]];
+    }
+  } else {
+    indices.forEach((_, b) => { indices[b] = r.int(0, B - 1); });
+  }
+  return indices;
+}
+
 class CacheModel {
   constructor({ batch, kvHeads, headDim, valueDim, maxLength, dtype }) {
     Object.assign(this, { B: batch, Hkv: kvHeads, E: headDim, Ev: valueDim, max: maxLength, dtype });
@@ -381,6 +395,17 @@ class CacheModel {
     this.length = n;
     this.firstNaN = this.firstNaN.map((p) => (p >= n ? Infinity : p));
     if (n === 0) this.valueScale = 1;
+  }
+
+  /** Batch b takes what batch indices[b] held (KVCache.reorder: repeats and drops allowed). */
+  reorder(indices) {
+    const keyPlane = this.Hkv * this.max * this.E, valuePlane = this.Hkv * this.max * this.Ev;
+    const keys = this.keys.slice(), values = this.values.slice(), firstNaN = [...this.firstNaN];
+    indices.forEach((from, b) => {
+      this.keys.set(keys.subarray(from * keyPlane, (from + 1) * keyPlane), b * keyPlane);
+      this.values.set(values.subarray(from * valuePlane, (from + 1) * valuePlane), b * valuePlane);
+      this.firstNaN[b] = firstNaN[from];
+    });
   }
 
   /** The stored positions as K and V tensors [B, Hkv, length, D]. */
@@ -695,7 +720,7 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
     });
   }, 60_000);
 
-  test(`KVCache: ${COUNTS.cache} random sequences of append / truncate / reset / attend (float32, float16) against the reference`, async () => {
+  test(`KVCache: ${COUNTS.cache} random sequences of append / truncate / reset / reorder / attend (float32, float16) against the reference`, async () => {
     await runCases('cache', COUNTS.cache, (r, note) => {
       const shape = randomCacheShape(r);
       const steps = [`createKVCache ${JSON.stringify(shape)}`];
@@ -705,7 +730,7 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
       try {
         const ops = r.int(4, 10);
         for (let s = 0; s <= ops; s++) {
-          const op = s === ops ? 'attend' : r.pick(['append', 'append', 'append', 'attend', 'attend', 'attend', 'truncate', 'reset']);
+          const op = s === ops ? 'attend' : r.pick(['append', 'append', 'append', 'attend', 'attend', 'attend', 'truncate', 'reset', 'reorder']);
           if (op === 'append' && model.length < model.max) {
             const a = randomAppend(r, model);
             steps.push(a.description);
@@ -721,6 +746,11 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
             steps.push('reset()');
             cache.reset();
             model.truncate(0);
+          } else if (op === 'reorder') {
+            const indices = randomReorder(r, model.B);
+            steps.push(`reorder([${indices}])`);
+            cache.reorder(indices);
+            model.reorder(indices);
           } else {
             const c = randomAttend(r, model);
             steps.push(c.description);
@@ -735,7 +765,7 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
     });
   }, 60_000);
 
-  test(`KVCache: ${COUNTS.cacheInvalid} random invalid append / attend / truncate calls; the cache keeps its length and contents`, async () => {
+  test(`KVCache: ${COUNTS.cacheInvalid} random invalid append / attend / truncate / reorder calls; the cache keeps its length and contents`, async () => {
     await runCases('cacheInvalid', COUNTS.cacheInvalid, async (r, note) => {
       const shape = randomCacheShape(r);
       const cache = attn.createKVCache(shape);
@@ -813,7 +843,7 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
       try {
         const ops = r.int(4, 10);
         for (let s = 0; s <= ops; s++) {
-          const op = s === ops ? 'attend' : r.pick(['append', 'append', 'append', 'attend', 'attend', 'truncate', 'reset']);
+          const op = s === ops ? 'attend' : r.pick(['append', 'append', 'append', 'attend', 'attend', 'truncate', 'reset', 'reorder']);
           if (op === 'append' && model.length < model.max) {
             const a = randomAppend(r, model);
             const transfer = r.chance(0.3);
@@ -834,6 +864,12 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
             direct.reset();
             await remote.reset();
             model.truncate(0);
+          } else if (op === 'reorder') {
+            const indices = randomReorder(r, model.B);
+            steps.push(`reorder([${indices}])`);
+            direct.reorder(indices);
+            await remote.reorder(indices);
+            model.reorder(indices);
           } else {
             const c = randomAttend(r, model);
             steps.push(c.description);
@@ -1012,7 +1048,7 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
  */
 function randomInvalidCacheCall(r, model) {
   const { B, Hkv, E, Ev, max, length } = model;
-  const what = r.pick(['append', 'append', 'appendShape', 'attend', 'attend', 'attendShape', 'truncate']);
+  const what = r.pick(['append', 'append', 'appendShape', 'attend', 'attend', 'attendShape', 'truncate', 'reorder']);
   const fnAppend = 'KVCache.append', fnAttend = 'KVCache.attend';
   const named = (m, fn) => ({ ...m, names: m.names[0] === `${fn}:` ? m.names : [`${fn}:`, ...m.names] });
   if (what === 'append' || what === 'appendShape') {
@@ -1066,6 +1102,21 @@ function randomInvalidCacheCall(r, model) {
     const { options } = randomOptions(r, { B, Hq, Lq, Lk: length, outputSize: B * Hq * Lq * Ev }, { forCache: true });
     const m = mutateOptions(r, fnAttend, { B, Hq, Lq, Lk: length, outputSize: B * Hq * Lq * Ev }, options, { forCache: true });
     return { call: (c) => c.attend(q, m.options), mutation: { ...m, desc: `attend(${describeOptions(options)}): ${m.desc}` } };
+  }
+  if (what === 'reorder') {
+    const fn = 'KVCache.reorder:';
+    const valid = randomReorder(r, B);
+    const [desc, indices, Cls, names] = r.pick([
+      [`length B + 1 = ${B + 1}`, Int32Array.from([...valid, 0]), RangeError, [fn, `indices must have length B = ${B}`]],
+      ...(B > 1 ? [[`length B - 1 = ${B - 1}`, valid.slice(1), RangeError, [fn, `indices must have length B = ${B}`]]] : []),
+      [`an entry B = ${B}`, valid.map((x, b) => (b === B - 1 ? B : x)), RangeError, [fn, `indices[${B - 1}] must be a batch index in [0, ${B})`]],
+      ['an entry -1', valid.map((x, b) => (b === 0 ? -1 : x)), RangeError, [fn, 'indices[0] must be a batch index']],
+      ['an Array', [...valid], TypeError, [fn, 'indices must be an Int32Array']],
+      ['a Uint32Array', Uint32Array.from(valid), TypeError, [fn, 'indices must be an Int32Array']],
+      ['a Float32Array', Float32Array.from(valid), TypeError, [fn, 'indices must be an Int32Array']],
+      ['undefined', undefined, TypeError, [fn, 'indices must be an Int32Array']],
+    ]);
+    return { call: (c) => c.reorder(indices), mutation: { desc: `reorder: indices ${desc}`, Cls, names } };
   }
   const [n, Cls] = r.pick([[length + 1, RangeError], [length + r.int(2, 100), RangeError], [-1, RangeError], [0.5, RangeError],
     [NaN, RangeError], [Infinity, RangeError], ['1', TypeError], [undefined, TypeError], [null, TypeError], [1n, TypeError]]);
