@@ -1096,22 +1096,6 @@ void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
   auto limit_of_flat = [&](int32_t f) { return std::min(limit_of(f % p.q_len), w.key_end); };
   const size_t partial_floats = static_cast<size_t>(sdpa_f32_fwd_4x512__wasmsimd_partial_floats(p));
 
-  // A split-K segment that no row may attend (past every row's key length or causal frontier):
-  // each row's partial state is that of a row tile with no tile to attend (m = -inf, l = 0,
-  // o = 0), written without preparing anything.
-  bool any_key = false;
-  for (int32_t f = w.row_begin; f < w.row_end && !any_key; f++) any_key = limit_of_flat(f) > w.key_begin;
-  if (!any_key && w.partials != nullptr) {
-    const int32_t ev8 = value_cols_padded(p);
-    for (int32_t f = w.row_begin; f < w.row_end; f++) {
-      float* dst = w.partials + static_cast<size_t>((f - w.row_begin) / kQueryTile) * partial_floats +
-                   static_cast<size_t>((f - w.row_begin) % kQueryTile) * (2 + ev8);
-      dst[0] = kNegInf, dst[1] = 0.0f;
-      std::fill(dst + 2, dst + 2 + p.value_dim, 0.0f);
-    }
-    return;
-  }
-
   Scratch s;
   layout(p, w.pack, reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch_base) + 15) & ~uintptr_t{15}), &s);
   const ExpConstants ec = make_exp_constants();
@@ -1152,6 +1136,61 @@ void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
   }
 }
 
+// Whether some row of the work may attend some key of [key_begin, key_end): a key before the
+// row's limit (key length, causal frontier) that the mask, if any, does not block (a boolean
+// mask's 0, a float mask's -inf; a NaN is not blocked). Rows reading the same mask row up to
+// the same key (a mask broadcast over the query heads of a GQA group) are scanned once; a
+// boolean mask is read 16 keys at a time, a float mask 4.
+bool work_attends_any_key(const Problem& p, const KernelWork& w) {
+  const RowLimits limit_of = row_limits(p, w.b);
+  const int32_t first_head = w.kv_head * (p.q_heads / p.kv_heads);
+  int64_t previous_mask_row = -1;
+  int32_t previous_end = -1;
+  for (int32_t f = w.row_begin; f < w.row_end; f++) {
+    const int32_t i = f % p.q_len, end = std::min(limit_of(i), w.key_end);
+    if (end <= w.key_begin) continue;
+    if (p.mask_kind == MaskKind::kNone) return true;
+    const int64_t mask_row = w.b * p.mask_stride_b + (first_head + f / p.q_len) * p.mask_stride_h +
+                             static_cast<int64_t>(i) * p.mask_stride_q;
+    if (mask_row == previous_mask_row && end == previous_end) continue;  // scanned: none allowed
+    previous_mask_row = mask_row, previous_end = end;
+    int32_t j = w.key_begin;
+    if (p.mask_stride_k == 1 && p.mask_kind == MaskKind::kBool) {
+      const uint8_t* m = static_cast<const uint8_t*>(p.mask) + mask_row;
+      for (; j + 16 <= end; j += 16) {
+        if (wasm_v128_any_true(wasm_v128_load(m + j))) return true;
+      }
+    } else if (p.mask_stride_k == 1 && p.mask_kind == MaskKind::kFloat) {
+      const float* m = static_cast<const float*>(p.mask) + mask_row;
+      const v128_t neg_inf = wasm_f32x4_splat(kNegInf);
+      for (; j + 4 <= end; j += 4) {
+        if (!wasm_i32x4_all_true(wasm_f32x4_eq(wasm_v128_load(m + j), neg_inf))) return true;
+      }
+    }
+    for (; j < end; j++) {
+      const int64_t at = mask_row + static_cast<int64_t>(j) * p.mask_stride_k;
+      const bool allowed = p.mask_kind == MaskKind::kBool ? static_cast<const uint8_t*>(p.mask)[at] != 0
+                                                           : static_cast<const float*>(p.mask)[at] != kNegInf;
+      if (allowed) return true;
+    }
+  }
+  return false;
+}
+
+// The partial state of every row of a split-K segment that no row attends: that of a row tile
+// with no key to attend (m = -inf, l = 0, o = 0), what run_work would write after skipping
+// every tile as all blocked, written without preparing anything.
+void write_empty_partials(const Problem& p, const KernelWork& w) {
+  const size_t partial_floats = static_cast<size_t>(sdpa_f32_fwd_4x512__wasmsimd_partial_floats(p));
+  const int32_t ev8 = value_cols_padded(p);
+  for (int32_t f = w.row_begin; f < w.row_end; f++) {
+    float* dst = w.partials + static_cast<size_t>((f - w.row_begin) / kQueryTile) * partial_floats +
+                 static_cast<size_t>((f - w.row_begin) % kQueryTile) * (2 + ev8);
+    dst[0] = kNegInf, dst[1] = 0.0f;
+    std::fill(dst + 2, dst + 2 + p.value_dim, 0.0f);
+  }
+}
+
 // Whether every query element of the work's rows has |scale·q| < 2^16 (or is Inf or NaN,
 // which stay so times 2^112): then F16FiniteScaledElements may read its K/V.
 bool query_fits_scaled_halves(const Problem& p, const KernelWork& w) {
@@ -1177,6 +1216,13 @@ bool query_fits_scaled_halves(const Problem& p, const KernelWork& w) {
 }  // namespace
 
 void sdpa_f32_fwd_ukernel_4x512__wasmsimd(const Problem& p, const KernelWork& w, float* scratch) {
+  // A split-K segment no row attends (past every row's key length or causal frontier, or
+  // blocked by the mask: outside a sliding window) costs only this check and its empty
+  // partials: no query check, no scratch set-up, no bias rows.
+  if (w.partials != nullptr && !work_attends_any_key(p, w)) {
+    write_empty_partials(p, w);
+    return;
+  }
   if (p.kv_type == KvType::kFloat16Finite) {
     if (!w.pack && query_fits_scaled_halves(p, w)) {
       run_work<F16FiniteScaledElements>(p, w, scratch);

@@ -748,6 +748,57 @@ describe('decode shapes: few query rows per KV head, long keys', () => {
     }
   });
 
+  test('sliding windows over many key segments: the segments outside skipped, NaN outside never read', async () => {
+    // A decode's 512-key segments that the mask blocks for every row are skipped before
+    // anything is prepared (work_attends_any_key in the kernel). Windows at the start, inside
+    // one segment, across a segment edge, exactly one segment, at the end; a boolean mask
+    // broadcast over the heads (scanned once for a GQA group) and a float mask per head
+    // (finite inside, -inf outside; narrower for some heads, and for others the 200 keys after
+    // the window, which may lie in segments the group's earlier heads do not attend); NaN in K
+    // and V outside every head's window. sdpa() on one and two threads (bitwise) and a
+    // float32 KV cache's attend.
+    const B = 2, Hq = 8, Hkv = 2, Lq = 1, Lk = 2600, E = 16, Ev = 12;
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 290);
+    const [one, two] = await Promise.all([createAttention({ threads: 1 }), createAttention({ threads: 2 })]);
+    try {
+      for (const [start, width] of [[0, 100], [700, 300], [1000, 100], [1536, 512], [2100, 500], [2599, 1]]) {
+        const end = start + width, unionEnd = Math.min(Lk, end + 200);
+        const kw = { data: k.data.slice(), dims: k.dims }, vw = { data: v.data.slice(), dims: v.dims };
+        for (let bh = 0; bh < B * Hkv; bh++) {
+          for (const [t, D] of [[kw, E], [vw, Ev]]) {
+            t.data.fill(NaN, bh * Lk * D, (bh * Lk + start) * D);
+            t.data.fill(NaN, (bh * Lk + unionEnd) * D, (bh + 1) * Lk * D);
+          }
+        }
+        const bool = { data: new Uint8Array(Lk).fill(1, start, end), dims: [Lk] };
+        const float = floatMask([1, Hq, 1, Lk], 291 + start, 0);
+        for (let h = 0; h < Hq; h++) {
+          // Heads 0, 3, 6: the window; 1, 4, 7: its second half; 2, 5: the keys after it.
+          const [from, to] = [[start, end], [start + Math.floor(width / 2), end], [end, unionEnd]][h % 3];
+          float.data.fill(-Infinity, h * Lk, h * Lk + from);
+          float.data.fill(-Infinity, h * Lk + to, (h + 1) * Lk);
+        }
+        for (const attnMask of [bool, float]) {
+          const { got } = check(q, kw, vw, { attnMask });
+          expect(allFinite(got.output.data)).toBe(true);
+          const single = one.sdpa(q, kw, vw, { attnMask }).output.data;
+          expectBitwiseEqual(two.sdpa(q, kw, vw, { attnMask }).output.data, single);
+          const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: Lk });
+          try {
+            cache.append(kw, vw);
+            const fromCache = cache.attend(q, { attnMask, isCausal: false }).output.data;
+            expect(maxRelError(fromCache, referenceSdpa(q, kw, vw, { attnMask }).output)).toBeLessThanOrEqual(TOL);
+          } finally {
+            cache.dispose();
+          }
+        }
+      }
+    } finally {
+      one.dispose();
+      two.dispose();
+    }
+  });
+
   test('rows fully masked in some key segments only, and in all of them', () => {
     const B = 1, Hq = 4, Hkv = 1, Lq = 1, Lk = 1600, E = 8, Ev = 8;
     const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 281);
