@@ -1178,8 +1178,8 @@ bool work_attends_any_key(const Problem& p, const KernelWork& w) {
 }
 
 // The partial state of every row of a split-K segment that no row attends: that of a row tile
-// with no key to attend (m = -inf, l = 0, o = 0), what run_work would write after skipping
-// every tile as all blocked, written without preparing anything.
+// with no key to attend, m = -inf and l = 0, written without preparing anything. Its o is left
+// unwritten: sdpa_f32_fwd_merge_partials never reads the o of a segment whose m is -inf.
 void write_empty_partials(const Problem& p, const KernelWork& w) {
   const size_t partial_floats = static_cast<size_t>(sdpa_f32_fwd_4x512__wasmsimd_partial_floats(p));
   const int32_t ev8 = value_cols_padded(p);
@@ -1187,7 +1187,6 @@ void write_empty_partials(const Problem& p, const KernelWork& w) {
     float* dst = w.partials + static_cast<size_t>((f - w.row_begin) / kQueryTile) * partial_floats +
                  static_cast<size_t>((f - w.row_begin) % kQueryTile) * (2 + ev8);
     dst[0] = kNegInf, dst[1] = 0.0f;
-    std::fill(dst + 2, dst + 2 + p.value_dim, 0.0f);
   }
 }
 
@@ -1265,7 +1264,7 @@ void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, i
     bool first = true;
     for (int32_t seg = 0; seg < segments; seg++) {
       const float* part = row0 + seg * segment_floats;
-      if (part[0] == kNegInf) {
+      if (part[0] == kNegInf) {  // its o is not read (nor always written: write_empty_partials)
         l += part[1];  // 0, or NaN
         continue;
       }
