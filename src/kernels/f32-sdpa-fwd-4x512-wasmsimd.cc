@@ -180,6 +180,9 @@ struct TileBias {
   // or a mask blocks them): they need no score, no exponent and no P·V, as the columns past a
   // causal frontier (an explicit causal mask then costs what isCausal does).
   int32_t attended_cols;
+  // Columns [0, first_attended_col) are blocked for every row too (a mask's sliding window
+  // that starts inside the tile): also not scored. 0 without a mask.
+  int32_t first_attended_col;
 };
 
 // The query rows of one tile. Rows r >= rows are padding: limit 0, zero q, never written.
@@ -199,15 +202,17 @@ struct RowTile {
 // same as one at a time.
 struct MaskedRow {
   int32_t first_blocked;
-  int32_t attended_end;  // one past the last allowed column; 0: none allowed
+  int32_t attended_end;   // one past the last allowed column; 0: none allowed
+  int32_t first_allowed;  // the first allowed column; kKeyTile: none allowed
 };
 
 MaskedRow mask_bias_row(const Problem& p, int64_t mask_row, int32_t j0, int32_t allowed_end, float* bias_row) {
-  MaskedRow out{allowed_end, 0};
+  MaskedRow out{allowed_end, 0, kKeyTile};
   // blocked_bits: bit n set when column c + n is blocked, for the lanes in all_lanes.
   const auto note = [&](int32_t c, uint32_t blocked_bits, uint32_t all_lanes) {
     const uint32_t allowed_bits = ~blocked_bits & all_lanes;
     if (allowed_bits != 0) out.attended_end = c + 32 - __builtin_clz(allowed_bits);
+    if (allowed_bits != 0 && out.first_allowed == kKeyTile) out.first_allowed = c + __builtin_ctz(allowed_bits);
     if (blocked_bits != 0 && out.first_blocked == allowed_end) out.first_blocked = c + __builtin_ctz(blocked_bits);
   };
   int32_t c = 0;
@@ -258,13 +263,14 @@ TileBias build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias
     open_cols = std::min(open_cols, allowed_end);
     allowed_max = std::max(allowed_max, allowed_end);
   }
-  if (allowed_max == 0) return {TileKind::kAllBlocked, 0, 0};
+  if (allowed_max == 0) return {TileKind::kAllBlocked, 0, 0, 0};
   if (p.mask_kind == MaskKind::kNone) {
-    return {open_cols == kKeyTile ? TileKind::kClean : TileKind::kLimited, open_cols, allowed_max};
+    return {open_cols == kKeyTile ? TileKind::kClean : TileKind::kLimited, open_cols, allowed_max, 0};
   }
 
-  int32_t attended_cols = 0;  // max over rows
-  MaskedRow previous{0, 0};
+  int32_t attended_cols = 0;          // max over rows
+  int32_t first_attended = kKeyTile;  // min over rows
+  MaskedRow previous{0, 0, kKeyTile};
   int64_t previous_mask_row = -1;
   int32_t previous_end = -1;
   for (int r = 0; r < kQueryTile; r++) {
@@ -284,9 +290,11 @@ TileBias build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias
     }
     if (r < rt.rows) open_cols = std::min(open_cols, row.first_blocked);
     attended_cols = std::max(attended_cols, row.attended_end);
+    first_attended = std::min(first_attended, row.first_allowed);
     previous = row, previous_mask_row = mask_row, previous_end = allowed_end;
   }
-  return {attended_cols > 0 ? TileKind::kPartial : TileKind::kAllBlocked, open_cols, attended_cols};
+  if (attended_cols == 0) return {TileKind::kAllBlocked, 0, 0, 0};
+  return {TileKind::kPartial, open_cols, attended_cols, first_attended};
 }
 
 float hsum(v128_t v) {
@@ -434,7 +442,7 @@ void score_tile_4_keys(const Src& src, const float* q_tile, int32_t rows, const 
       for (int32_t d = e4; d < head_dim; d++) dot += q[d] * src.scalar(k[d]);
       s[cc] = dot;
     }
-    for (int32_t cc = key_count; cc < kKeyTile; cc++) s[cc] = 0.0f;
+    for (int32_t cc = key_count; cc < round_up(key_count, kKeyGroup); cc++) s[cc] = 0.0f;  // read afterwards
   }
 }
 
@@ -535,7 +543,8 @@ void score_tile_in_place(const Src& src, const float* q_blocks, const float* q_t
     case 3: score_keys<3, 2>(src, q_blocks, q_tile, key, k_stride, key_count, head_dim, scores, v, sink); break;
     default: score_keys<4, 1>(src, q_blocks, q_tile, key, k_stride, key_count, head_dim, scores, v, sink); break;
   }
-  for (int32_t r = 0; r < rows; r++) std::fill(scores + r * kKeyTile + key_count, scores + (r + 1) * kKeyTile, 0.0f);
+  const int32_t cols = round_up(key_count, kKeyGroup);  // the columns read afterwards
+  for (int32_t r = 0; r < rows; r++) std::fill(scores + r * kKeyTile + key_count, scores + r * kKeyTile + cols, 0.0f);
 }
 
 // Softcap and bias in the order of the contract: s = softcap·tanh(s/softcap), then
@@ -959,16 +968,20 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<S
     const TileBias tile = build_bias(p, rt, j0, s.bias);
     if (tile.kind == TileKind::kAllBlocked) continue;  // m, l, o unchanged
     prepare_query();
-    // Keys past attended_cols are blocked for every row: their scores would be -inf, their
-    // probabilities 0, added to no sum and skipped by P·V. They are left out by whole key
-    // groups, so every key still scored is scored in the same group of 4 or 8 as before (the
-    // same operations): the same bits as scoring them.
-    const int32_t key_count = std::min({kKeyTile, rt.keys_end - j0, round_up(tile.attended_cols, kKeyGroup)});
-    const int32_t cols = round_up(key_count, kKeyGroup);  // columns holding scores
-    score_tile_from(kv, s.q_tile, s.q_cols, s.q_blocks, rt.rows, j0, key_count, E, s.scores);
-    finish_scores(p, rt, j0, tile.kind, cols, s.bias, s.scores);
+    // Keys before first_attended_col and past attended_cols are blocked for every row: their
+    // scores would be -inf, their probabilities 0, added to no sum (+0) and skipped by P·V.
+    // They are left out by whole key groups, so every key still scored is scored in the same
+    // group of 4 or 8 as before (the same operations), and each column keeps its lane in the
+    // 4-lane row sums: the same bits as scoring them. The tile is then worked on from column
+    // `lead` on: scores and bias from there, rows still kKeyTile apart.
+    const int32_t lead = tile.first_attended_col / kKeyGroup * kKeyGroup;
+    const int32_t key_count = std::min({kKeyTile, rt.keys_end - j0, round_up(tile.attended_cols, kKeyGroup)}) - lead;
+    const int32_t cols = round_up(key_count, kKeyGroup);  // columns holding scores, from `lead`
+    float* const scores = s.scores + lead;
+    score_tile_from(kv, s.q_tile, s.q_cols, s.q_blocks, rt.rows, j0 + lead, key_count, E, scores);
+    finish_scores(p, rt, j0 + lead, tile.kind, cols, s.bias + lead, scores);
 
-    const v128_t new_max = wasm_f32x4_pmax(running_max, tile_row_max(s.scores, rt.rows, cols));
+    const v128_t new_max = wasm_f32x4_pmax(running_max, tile_row_max(scores, rt.rows, cols));
     // A row still at -inf has attended nothing: shift by 0 (its scores are all -inf,
     // so its probabilities are exp(-inf) = 0) and keep α = 1 (its o and l are 0).
     const v128_t still_empty = wasm_f32x4_eq(new_max, neg_inf);
@@ -976,11 +989,12 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<S
     // α = exp(m_old - m_new) <= 1: 1 when the maximum did not grow, 0 when m_old = -inf.
     const v128_t alpha = wasm_v128_bitselect(
         one, exp_nonpositive(wasm_f32x4_sub(running_max, new_max), ec), still_empty);
-    const v128_t tile_sum = exponentiate_tile(s.scores, rt.rows, cols, shift, ec);
+    const v128_t tile_sum = exponentiate_tile(scores, rt.rows, cols, shift, ec);
     running_sum = wasm_f32x4_add(wasm_f32x4_mul(running_sum, alpha), tile_sum);
     running_max = new_max;
 
-    accumulate_pv_from(kv, s.scores, j0, rt.rows, std::min(tile.open_cols, key_count), key_count, alpha,
+    // open_cols > 0 only when no row's first column is blocked, so then lead is 0.
+    accumulate_pv_from(kv, scores, j0 + lead, rt.rows, std::min(tile.open_cols, key_count), key_count, alpha,
                        s.acc, ev8);
   }
 
@@ -1030,7 +1044,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<S
   for (int32_t j0 = 0; j0 < p.kv_len; j0 += kKeyTile) {
     const int32_t cols = std::min(kKeyTile, p.kv_len - j0);
     const TileBias tile =
-        j0 < rt.keys_end ? build_bias(p, rt, j0, s.bias) : TileBias{TileKind::kAllBlocked, 0, 0};
+        j0 < rt.keys_end ? build_bias(p, rt, j0, s.bias) : TileBias{TileKind::kAllBlocked, 0, 0, 0};
     if (tile.kind == TileKind::kAllBlocked) {
       std::fill(s.scores, s.scores + kQueryTile * kKeyTile, 0.0f);
     } else {

@@ -799,6 +799,33 @@ describe('decode shapes: few query rows per KV head, long keys', () => {
     }
   });
 
+  test('windows starting inside a key tile: the keys before them not scored, NaN there never read', () => {
+    // A mask whose allowed keys start inside a 512-key tile for every row of a row tile: the
+    // kernel works on the tile from that column (rounded down to 8 keys) on. Starts at tile
+    // offsets 1, 7, 8, 9, 255, 504, 511 (and rows of one tile starting at different offsets),
+    // for a prompt (K/V packed, 40 rows) and a decode (read in place, 4 rows).
+    const B = 1, Hkv = 1, Lk = 1600, E = 8, Ev = 8;
+    for (const [Hq, Lq] of [[1, 40], [4, 1]]) {
+      for (const offset of [1, 7, 8, 9, 255, 504, 511]) {
+        const start = 512 + offset, width = 300;
+        const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 292 + offset);
+        const rows = Hq * Lq;
+        const mask = { data: new Uint8Array(rows * Lk), dims: [1, Hq, Lq, Lk] };
+        let first = Lk, last = 0;
+        for (let f = 0; f < rows; f++) {
+          const from = Math.min(Lk - 1, start + (f % 4) * (f % 3));  // some rows start later
+          mask.data.fill(1, f * Lk + from, f * Lk + Math.min(Lk, from + width));
+          first = Math.min(first, from), last = Math.max(last, Math.min(Lk, from + width));
+        }
+        k.data.fill(NaN, 0, first * E), v.data.fill(NaN, 0, first * Ev);
+        k.data.fill(NaN, last * E), v.data.fill(NaN, last * Ev);
+        const { got } = check(q, k, v, { attnMask: mask });
+        expect(allFinite(got.output.data)).toBe(true);
+        check(q, k, v, { attnMask: mask, softcap: 2 });
+      }
+    }
+  });
+
   test('rows fully masked in some key segments only, and in all of them', () => {
     const B = 1, Hq = 4, Hkv = 1, Lq = 1, Lk = 1600, E = 8, Ev = 8;
     const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 281);
