@@ -342,11 +342,6 @@ function randomSdpaCase(r, { maxWork, decode = false } = {}) {
 
 // ─── the KV cache model ───────────────────────────────────────────────────────────────────
 
-/**
- * What a cache must hold, kept independently of the package: the stored values (float16:
- * rounded to halves by the format's definition), the length, and per batch the first position
- * holding a NaN (attends must exclude it with keyLengths).
- */
 /** Random KVCache.reorder indices for B batches: a shuffle (cycles) or draws with repeats and drops. */
 function randomReorder(r, B) {
   const indices = Int32Array.from({ length: B }, (_, b) => b);
@@ -361,6 +356,11 @@ function randomReorder(r, B) {
   return indices;
 }
 
+/**
+ * What a cache must hold, kept independently of the package: the stored values (float16:
+ * rounded to halves by the format's definition), the length, and per batch the first position
+ * holding a NaN (attends must exclude it with keyLengths).
+ */
 class CacheModel {
   constructor({ batch, kvHeads, headDim, valueDim, maxLength, dtype }) {
     Object.assign(this, { B: batch, Hkv: kvHeads, E: headDim, Ev: valueDim, max: maxLength, dtype });
