@@ -19,7 +19,8 @@ struct KernelWork {
   bool pack = false;
   // Null: write output rows (and weights, which need the whole key range). Else a split-K
   // segment: write each row's unnormalised (m, l, o) here, partial_floats(p) per row tile,
-  // for sdpa_f32_fwd_merge_partials.
+  // for sdpa_f32_fwd_merge_partials (a row that attends nothing in the segment may leave o
+  // unwritten: with m = -inf its o is never read).
   float* partials = nullptr;
   // Without pack: the key the K/V pointers of (b, kv_head) start at. 0 for the whole head;
   // key_begin for a streamed segment, whose keys alone were copied in (sdpa.h).
