@@ -194,6 +194,12 @@ struct RowTile {
   int32_t keys_end;           // max over rows of limit[r]
 };
 
+// Where query row i of head h, batch b, starts in the mask (its broadcast strides; key j of
+// it at + j·mask_stride_k).
+int64_t mask_row_of(const Problem& p, int32_t b, int32_t h, int32_t i) {
+  return b * p.mask_stride_b + h * p.mask_stride_h + static_cast<int64_t>(i) * p.mask_stride_q;
+}
+
 // One row of a tile's bias from the mask: bias_row[c] for c < allowed_end is the mask's value
 // at key j0 + c (a float mask's value; 0 or -inf for a boolean one), -inf from allowed_end on.
 // Returns the first column whose bias is -inf (allowed_end if none before it) and one past the
@@ -276,8 +282,7 @@ TileBias build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias
   for (int r = 0; r < kQueryTile; r++) {
     float* bias_row = bias + r * kKeyTile;
     const int32_t allowed_end = std::clamp(rt.limit[r] - j0, 0, kKeyTile);
-    const int64_t mask_row = rt.b * p.mask_stride_b + rt.h[r] * p.mask_stride_h +
-                             static_cast<int64_t>(rt.i[r]) * p.mask_stride_q;
+    const int64_t mask_row = mask_row_of(p, rt.b, rt.h[r], rt.i[r]);
     // Rows reading the same mask row up to the same column (a mask broadcast over heads:
     // the query heads of a GQA group) get the same bias row: copied, not read again.
     MaskedRow row;
@@ -1091,6 +1096,14 @@ uint64_t sdpa_f32_fwd_4x512__wasmsimd_partial_floats(const Problem& p) {
 
 namespace {
 
+// The partial state (m, l, o) of flat row f of a split-K work: w.partials is
+// [row tiles][4][2 + Ev8], from row_begin (attend_row_tile writes one row tile's [4][2 + Ev8]).
+float* partial_row(const Problem& p, const KernelWork& w, int32_t f) {
+  const size_t tile_floats = static_cast<size_t>(sdpa_f32_fwd_4x512__wasmsimd_partial_floats(p));
+  return w.partials + static_cast<size_t>((f - w.row_begin) / kQueryTile) * tile_floats +
+         static_cast<size_t>((f - w.row_begin) % kQueryTile) * (tile_floats / kQueryTile);
+}
+
 template <typename Src>
 void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
   assert(p.head_dim >= 1 && p.value_dim >= 1 && p.q_len >= 1 && p.kv_len >= 1);
@@ -1108,7 +1121,6 @@ void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
   const int32_t first_head = w.kv_head * group;
   // Flat row f is query row f % Lq of head first_head + f / Lq. Its keys: [key_begin, end).
   auto limit_of_flat = [&](int32_t f) { return std::min(limit_of(f % p.q_len), w.key_end); };
-  const size_t partial_floats = static_cast<size_t>(sdpa_f32_fwd_4x512__wasmsimd_partial_floats(p));
 
   Scratch s;
   layout(p, w.pack, reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch_base) + 15) & ~uintptr_t{15}), &s);
@@ -1143,9 +1155,7 @@ void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
       rt.limit[r] = r < rt.rows ? limit_of_flat(f) : 0;
       rt.keys_end = std::max(rt.keys_end, rt.limit[r]);
     }
-    float* partial = w.partials == nullptr
-                         ? nullptr
-                         : w.partials + static_cast<size_t>((f0 - w.row_begin) / kQueryTile) * partial_floats;
+    float* partial = w.partials == nullptr ? nullptr : partial_row(p, w, f0);
     attend_row_tile(p, rt, kv, w.key_begin, partial, s, ec);
   }
 }
@@ -1164,8 +1174,7 @@ bool work_attends_any_key(const Problem& p, const KernelWork& w) {
     const int32_t i = f % p.q_len, end = std::min(limit_of(i), w.key_end);
     if (end <= w.key_begin) continue;
     if (p.mask_kind == MaskKind::kNone) return true;
-    const int64_t mask_row = w.b * p.mask_stride_b + (first_head + f / p.q_len) * p.mask_stride_h +
-                             static_cast<int64_t>(i) * p.mask_stride_q;
+    const int64_t mask_row = mask_row_of(p, w.b, first_head + f / p.q_len, i);
     if (mask_row == previous_mask_row && end == previous_end) continue;  // scanned: none allowed
     previous_mask_row = mask_row, previous_end = end;
     int32_t j = w.key_begin;
@@ -1195,11 +1204,8 @@ bool work_attends_any_key(const Problem& p, const KernelWork& w) {
 // with no key to attend, m = -inf and l = 0, written without preparing anything. Its o is left
 // unwritten: sdpa_f32_fwd_merge_partials never reads the o of a segment whose m is -inf.
 void write_empty_partials(const Problem& p, const KernelWork& w) {
-  const size_t partial_floats = static_cast<size_t>(sdpa_f32_fwd_4x512__wasmsimd_partial_floats(p));
-  const int32_t ev8 = value_cols_padded(p);
   for (int32_t f = w.row_begin; f < w.row_end; f++) {
-    float* dst = w.partials + static_cast<size_t>((f - w.row_begin) / kQueryTile) * partial_floats +
-                 static_cast<size_t>((f - w.row_begin) % kQueryTile) * (2 + ev8);
+    float* dst = partial_row(p, w, f);
     dst[0] = kNegInf, dst[1] = 0.0f;
   }
 }
