@@ -425,6 +425,9 @@ async function decodeSection({ quick = false, contexts = null, kinds = null, hot
       `${(r.threads > 1 ? fmtX(r.speedupOver1t) : '').padStart(7)}${(r.threads === 1 ? fmtX(r.vsSdpaCopies) : '').padStart(9)}${(r.threads === 1 ? fmtX(r.vsOrtBest) : '').padStart(8)}` +
       `${r.cpuPerWall.toFixed(2).padStart(10)}${r.otherProcessesCores.toFixed(2).padStart(8)}`);
   }
+  for (const r of rows.filter(secondThreadIdle)) {
+    log(`  note: ${r.kind} ${r.context} ${short[r.dtype]}, ${r.threads} threads: ${secondThreadIdleNote(r)}`);
+  }
   log('');
   log('decode peers, one thread, float32 history (median ms; the fastest ORT graph marked *):');
   const ortLabels = [...new Set(groups.flatMap((g) => g.entries.filter((e) => e.role === 'ort').map((e) => e.label)))];
@@ -515,6 +518,21 @@ function measureCallOverhead(attn, quick, log) {
   }
 }
 
+// A two-thread row whose process used less CPU time than this per unit of wall time had its
+// second thread mostly idle: the host gave it no second core in those rounds (the other vCPU
+// busy or descheduled), or a call was too short to be worth waking it. Either way its time
+// says little about how the kernel splits the keys.
+const SECOND_THREAD_MIN_CPU_PER_WALL = 1.3;
+
+function secondThreadIdle(r) {
+  return r.threads > 1 && r.attendMs !== null && r.cpuPerWall < SECOND_THREAD_MIN_CPU_PER_WALL;
+}
+
+function secondThreadIdleNote(r) {
+  return `CPU time ÷ wall time ${r.cpuPerWall.toFixed(2)} (< ${SECOND_THREAD_MIN_CPU_PER_WALL}): the second thread hardly ran in ` +
+    `these rounds (the host's other vCPU busy or descheduled, or too little work per call to wake it), so this row does not measure the split`;
+}
+
 function evaluateTargets(rows) {
   const T = DECODE_TARGETS;
   const row = (kind, context, dtype, threads) => rows.find((r) => r.kind === kind && r.context === context && r.dtype === dtype && r.threads === threads);
@@ -551,7 +569,8 @@ function evaluateTargets(rows) {
     const a = r2.speedupOver1t, b = r2.vsRead;
     const met = a === null && b === null ? null : (a !== null && a >= T.twoThreads.speedup) || (b !== null && b <= T.twoThreads.vsRead);
     add(label, { speedup: a, vsRead: b }, met, `${fmtX(a)} one thread's speed (${a !== null && a >= T.twoThreads.speedup ? 'met' : 'not met'}); ` +
-      `attend ${fmtMs(r2.attendMs)} ms ÷ 2-thread read ${fmtMs(r2.readMs)} ms = ${fmtX(b)} (${b !== null && b <= T.twoThreads.vsRead ? 'met' : 'not met'})`);
+      `attend ${fmtMs(r2.attendMs)} ms ÷ 2-thread read ${fmtMs(r2.readMs)} ms = ${fmtX(b)} (${b !== null && b <= T.twoThreads.vsRead ? 'met' : 'not met'})` +
+      (secondThreadIdle(r2) ? `; ${secondThreadIdleNote(r2)}` : ''));
   }
   return out;
 }
