@@ -26,23 +26,39 @@ class ThreadPool {
   int32_t threads() const { return static_cast<int32_t>(workers_.size()) + 1; }
 
   // Runs task for every item in [0, items), handing items out in increasing order to
-  // whichever thread is free; returns when all have finished. Not reentrant.
+  // whichever thread is free; returns when all have finished, without waiting for a worker
+  // that has not taken any (one still waking up). Not reentrant.
   void run(int32_t items, Task task, void* context);
 
  private:
+  // One run()'s loop, as a worker copies it (under mutex_) when it joins.
+  struct Job {
+    Task task;
+    void* context;
+    int32_t items;
+  };
+
   void worker_main(int32_t thread);
-  void drain(int32_t thread);
+  void drain(const Job& job, int32_t thread);
+  // Sleeps until generation_ differs from `seen` (a worker, between runs).
+  void wait_for_generation_after(uint32_t seen);
+  // Wakes every worker sleeping in wait_for_generation_after; never blocks.
+  void wake_workers();
 
   std::vector<std::thread> workers_;
   std::mutex mutex_;
-  std::condition_variable wake_;
-  uint64_t generation_ = 0;  // bumped (under mutex_) for every run() and for shutdown
+  std::condition_variable wake_;  // native builds only (wake_workers)
+  // Bumped (under mutex_) for every run() and for shutdown (wrapping); the word sleeping
+  // workers wait on (wait_for_generation_after).
+  std::atomic<uint32_t> generation_{0};
   bool stopping_ = false;
-  Task task_ = nullptr;
-  void* context_ = nullptr;
-  int32_t items_ = 0;
+  Job job_{};                // written under mutex_, only while no worker has joined
   std::atomic<int32_t> next_item_{0};
-  std::atomic<int32_t> busy_workers_{0};
+  std::atomic<int32_t> finished_items_{0};
+  // Workers that copied job_ and are still draining it: a worker that wakes after its run()
+  // returned finds next_item_ past the end and leaves; run() resets next_item_ only when none
+  // is left in the loop before.
+  std::atomic<int32_t> joined_workers_{0};
   std::atomic<int32_t> started_workers_{0};  // workers that have reached worker_main
 };
 

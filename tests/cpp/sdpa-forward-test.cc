@@ -524,23 +524,6 @@ TEST(SdpaForward, ThreadsGiveBitwiseIdenticalResults) {
   }
 }
 
-TEST(ThreadPool, RunsEveryItemExactlyOnceOnDistinctThreadSlots) {
-  for (int threads : {1, 2, 4}) {
-    ThreadPool pool(threads);
-    for (int items : {0, 1, 3, 100}) {
-      std::vector<std::atomic<int>> runs(static_cast<size_t>(items));
-      struct Context { std::vector<std::atomic<int>>* runs; int threads; std::atomic<bool> bad_slot{false}; } ctx{&runs, threads};
-      pool.run(items, [](void* c, int32_t item, int32_t thread) {
-        auto* x = static_cast<Context*>(c);
-        if (thread < 0 || thread >= x->threads) x->bad_slot = true;
-        (*x->runs)[static_cast<size_t>(item)]++;
-      }, &ctx);
-      EXPECT_FALSE(ctx.bad_slot);
-      for (int i = 0; i < items; i++) EXPECT_EQ(runs[static_cast<size_t>(i)].load(), 1) << "item " << i;
-    }
-  }
-}
-
 TEST(SdpaForward, LongSequencesUseTileSizedScratch) {
   Case c;
   c.Lq = 32768, c.Lk = 32768, c.E = 16, c.Ev = 16, c.weights = false;
