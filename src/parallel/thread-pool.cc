@@ -104,7 +104,8 @@ void ThreadPool::run(int32_t items, Task task, void* context) {
   // Wait for the items other threads took, not for the threads: a worker that has not woken
   // yet has taken none, and this thread has done them. (With a busy process on the other vCPU
   // of a 2-vCPU host, a two-thread GQA decode step, Hq32 Hkv8 E128 at 8192 positions, took
-  // 8.5-8.6 ms this way and 8.4-12.2 ms when run() waited for every worker to have come by.)
+  // 7.8-9.2 ms this way and 8.4-12.2 ms when run() waited for every worker to have come by;
+  // docs/performance-log.md.)
   // Spin rather than block: a browser's main thread may not sleep on a futex, and the wait is
   // at most one item long.
   while (finished_items_.load(std::memory_order_acquire) != items) std::this_thread::yield();
