@@ -13,6 +13,8 @@ interface Blocks {
   backward: ArgumentBlock;
 }
 
+type Field = ArgumentBlock['fields'][number];
+
 const blocksOf = new WeakMap<SdpaModule, Blocks>();
 
 function blocks(module: SdpaModule): Blocks {
@@ -45,7 +47,7 @@ function write(module: SdpaModule, block: ArgumentBlock, values: object, what: s
   return block.address;
 }
 
-function store(i32: Int32Array, f32: Float32Array, address: number, field: ArgumentBlock['fields'][number],
+function store(i32: Int32Array, f32: Float32Array, address: number, field: Field,
   value: number | boolean | undefined, what: string): void {
   if (value === undefined) throw new Error(`sdpa-wasm: internal error: ${what}.${field.name} is not set`);
   const word = (address + field.offset) >>> 2;
@@ -57,6 +59,45 @@ function store(i32: Int32Array, f32: Float32Array, address: number, field: Argum
 /** Writes `desc` into the module's ProblemDesc block; its address, for the next call. */
 export function problemArg(module: SdpaModule, desc: ProblemDesc): number {
   return write(module, blocks(module).problem, desc, 'ProblemDesc');
+}
+
+/** The ProblemDesc fields that hold addresses in wasm memory. */
+export type AddressField = 'query' | 'key' | 'value' | 'output' | 'weights' | 'mask' | 'causalOffsets' |
+  'keyLengths' | 'logsumexp';
+
+/**
+ * Rewrites only the `names` fields of the ProblemDesc block from `desc`; its address. For a
+ * description written by problemArg() whose addresses were filled in since (a call sizes its
+ * scratch from the description, then allocates): the other fields are still in the block, as
+ * no call has run in between.
+ */
+export function updateProblemArg(module: SdpaModule, desc: ProblemDesc, names: readonly AddressField[]): number {
+  const block = blocks(module).problem;
+  const { i32, f32 } = heap(module);  // fresh views: the allocations may have grown memory
+  const fields = fieldsNamed(block, names);
+  for (let i = 0; i < fields.length; i++) store(i32, f32, block.address, fields[i], desc[names[i]], 'ProblemDesc');
+  return block.address;
+}
+
+// The fields of each list of names updateProblemArg() is given, looked up once per block.
+const fieldsByNames = new WeakMap<ArgumentBlock, Map<readonly string[], Field[]>>();
+
+function fieldsNamed(block: ArgumentBlock, names: readonly string[]): Field[] {
+  let lists = fieldsByNames.get(block);
+  if (lists === undefined) {
+    lists = new Map();
+    fieldsByNames.set(block, lists);
+  }
+  let fields = lists.get(names);
+  if (fields === undefined) {
+    fields = names.map((name) => {
+      const field = block.fields.find((f) => f.name === name);
+      if (field === undefined) throw new Error(`sdpa-wasm: internal error: the argument block has no field ${name}`);
+      return field;
+    });
+    lists.set(names, fields);
+  }
+  return fields;
 }
 
 /** Writes `grad` into the module's BackwardDesc block; its address, for the next call. */

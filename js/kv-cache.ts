@@ -6,7 +6,7 @@
 //   values [B, Hkv, maxLength, Ev]
 // Positions [0, length) are stored; every batch has the same length (ragged batches pass
 // keyLengths to attend()).
-import { allocateLongLived, CallMemory, freeLongLived, type MemoryAccount } from './memory.js';
+import { allocateLongLived, type Allocation, CallMemory, freeLongLived, type MemoryAccount } from './memory.js';
 import { KV_TYPE, runResident } from './strategies.js';
 import type { SdpaModule } from './wasm/sdpa.mjs';
 import type { KVCacheOptions, KVTensor, SdpaOptions, SdpaResult } from './types.js';
@@ -208,6 +208,8 @@ export class KVCache extends KVCacheShapeInfo {
   readonly #threads: number;
   #keys = 0;
   #values = 0;
+  // The one allocation holding keys and values, freed by dispose().
+  readonly #storage: Allocation<{ keys: number; values: number }>;
   #length = 0;
   // Whether a float16 cache may hold an Inf or NaN half (exponent 31) among its positions:
   // until then the kernel widens with the cheaper conversion (KvType kFloat16Finite).
@@ -221,9 +223,9 @@ export class KVCache extends KVCacheShapeInfo {
     const bytes = cacheBytes(shape);
     // Refused before allocating when it would pass the instance's limit or not fit beside
     // what is in use.
-    const storage = allocateLongLived(module, account, 'createKVCache', { keys: bytes.keys, values: bytes.values });
-    this.#keys = storage.keys;
-    this.#values = storage.values;
+    this.#storage = allocateLongLived(module, account, 'createKVCache', { keys: bytes.keys, values: bytes.values });
+    this.#keys = this.#storage.addresses.keys;
+    this.#values = this.#storage.addresses.values;
     this.#module = module;
     this.#account = account;
     this.#threads = threads;
@@ -430,7 +432,7 @@ export class KVCache extends KVCacheShapeInfo {
     const module = this.#module;
     if (module === null) return;
     this.#module = null;
-    freeLongLived(module, this.#account, [this.#keys, this.#values], this.byteLength);
+    freeLongLived(module, this.#account, this.#storage);
     this.#keys = this.#values = 0;
     this.#length = 0;
     this.#onDispose(this);

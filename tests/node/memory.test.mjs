@@ -181,6 +181,36 @@ describe('createAttention({ maxMemoryBytes })', () => {
     }
   });
 
+  test('another instance\'s cache counts against the module\'s 2 GiB: refused before allocating, both keep working', async () => {
+    // Two instances on one build share its wasm memory. `b` is far from its own (default)
+    // limit, but its cache cannot fit beside `a`'s in the module's 2 GiB.
+    const a = await createAttention({ threads: 1 });
+    const b = await createAttention({ threads: 1 });
+    try {
+      const shape = { batch: 1, kvHeads: 8, headDim: 128, dtype: 'float32' };  // 8 KiB a position
+      const held = a.createKVCache({ ...shape, maxLength: 160 * 1024 });       // 1.25 GiB
+      const { moduleBytesInUse } = b.memory();
+      expect(moduleBytesInUse).toBeGreaterThanOrEqual(held.byteLength);
+      expectError(await errorOf(() => b.createKVCache({ ...shape, maxLength: 128 * 1024 })), RangeError, [
+        /^createKVCache: needs 1073741824 bytes of wasm memory \(keys 536870912 bytes \+ values 536870912 bytes\)/,
+        /more than is left: the module's memory is limited to 2 GiB \(2147483648 bytes\), of which \d+ are in use$/]);
+      expect(b.memory().bytesInUse).toBe(0);
+      expect(b.memory().moduleBytesInUse).toBe(moduleBytesInUse);
+      expectMatchesReference(b, smallProblem(6));
+      // The cache that holds the memory works, and freeing it makes room.
+      const key = randomTensor([1, 8, 3, 128], 7), value = randomTensor([1, 8, 3, 128], 8);
+      held.append(key, value);
+      const query = randomTensor([1, 8, 1, 128], 9);
+      const got = held.attend(query).output.data;
+      expect(maxRelError(got, referenceSdpa(query, key, value).output)).toBeLessThanOrEqual(TOL);
+      held.dispose();
+      b.createKVCache({ ...shape, maxLength: 128 * 1024 }).dispose();
+    } finally {
+      a.dispose();
+      b.dispose();
+    }
+  });
+
   test('through a worker: the limit holds there, refusals are the same RangeError, worker.memory() reports it', async () => {
     const worker = await createAttentionWorker({ threads: 1, maxMemoryBytes: LIMIT });
     const attn = await createAttention({ threads: 1, maxMemoryBytes: LIMIT });
