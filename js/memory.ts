@@ -96,7 +96,7 @@ export class MemoryAccount {
 
 /** The parts of a request (bytes 0: address 0) and the one allocation that holds them. */
 export interface Allocation<R extends ByteRequest> {
-  /** The block to free (0 when every part is empty); the parts start at the first 64-byte boundary in it. */
+  /** The block to free (0 when every part is empty); the parts start at its first 64-byte boundary. */
   block: number;
   /** The request's bytes, as counted in its MemoryAccount (without the parts' padding). */
   bytes: number;
@@ -128,7 +128,8 @@ function allocateAll<R extends ByteRequest>(module: SdpaModule, account: MemoryA
     span += paddedBytes(request[what]);
   }
   account.check(module, fn, request, bytes);
-  // Below 2^32: check() holds bytes to 2 GiB at most.
+  // malloc's block is 8-byte aligned: at most PART_ALIGNMENT - 8 bytes go to reaching the first
+  // boundary. Below 2^32 bytes: check() holds `bytes` to 2 GiB at most.
   const block = span === 0 ? 0 : module._malloc(span + PART_ALIGNMENT - 8);
   if (span !== 0 && block === 0) {
     throw new RangeError(

@@ -4,6 +4,8 @@
 // valid and failing), and inputs that are unusual in memory: SharedArrayBuffer-backed, detached
 // (transferred) buffers, and `out` aliasing an input.
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
+// The internal loader (not public API): gives the Emscripten module an instance runs on.
+import * as loader from '../../dist/loader.js';
 import { maxRelError, mulberry32, randomTensor, referenceSdpa } from './reference.mjs';
 
 const TOL = 2e-5;
@@ -320,6 +322,51 @@ describe('no leaks: 10,000 mixed calls return bytesInUse and the module heap to 
       await worker.dispose();
     }
   }, 120000);
+});
+
+describe('where blocks land in wasm memory', () => {
+  test('every block a call hands the kernel starts on a 64-byte boundary, though malloc gives 8', async () => {
+    const { module, release } = await loader.acquireModule(1);
+    const attn = await createAttention({ threads: 1 });
+    const fields = module.argumentLayout().problem.fields;
+    const offsetOf = (name) => fields.find((f) => f.name === name).offset;
+    const addressFields = ['query', 'key', 'value', 'output', 'weights', 'mask', 'keyLengths', 'logsumexp'];
+    const seen = [];
+    const forward = module.forward;
+    // The calls this instance makes into its module (the instance uses this very module).
+    module.forward = (arg, scratch, scratchFloats, threads) => {
+      const i32 = module.HEAP32;
+      for (const name of addressFields) seen.push([name, i32[(arg + offsetOf(name)) >>> 2]]);
+      seen.push(['scratch', scratch]);
+      return forward(arg, scratch, scratchFloats, threads);
+    };
+    try {
+      // Odd sizes, so that the blocks before them end anywhere.
+      for (let i = 1; i <= 6; i++) {
+        const p = smallProblem(20 + i, { B: 1, Hq: 2, Hkv: 1, Lq: 2 * i + 1, Lk: 3 * i + 2, E: 5 + i, Ev: 3 + i });
+        const mask = { data: new Uint8Array(p.query.dims[2] * p.key.dims[2]).fill(1), dims: [p.query.dims[2], p.key.dims[2]] };
+        expectMatchesReference(attn, p, { attnMask: mask, keyLengths: new Int32Array([3 * i + 1]) });
+        attn.sdpa(p.query, p.key, p.value, { returnWeights: true });
+        const cache = attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 5 + i, valueDim: 3 + i, maxLength: 7 * i });
+        cache.append(p.key, p.value);
+        cache.attend(p.query);
+        cache.dispose();
+      }
+      const used = seen.filter(([, address]) => address !== 0);
+      expect(used.length).toBeGreaterThan(6 * 3 * 4);
+      expect(used.filter(([, address]) => address % 64 !== 0)).toEqual([]);
+      // What malloc itself returns: 8-byte aligned blocks, half of them 8 bytes off 16.
+      const blocks = [];
+      for (let n = 1; n < 400; n += 7) blocks.push(module._malloc(n));
+      for (const block of blocks) module._free(block);
+      expect(blocks.every((block) => block % 8 === 0)).toBe(true);
+      expect(blocks.some((block) => block % 16 === 8)).toBe(true);
+    } finally {
+      module.forward = forward;
+      attn.dispose();
+      release();
+    }
+  });
 });
 
 describe('inputs in unusual memory', () => {
