@@ -8,19 +8,31 @@
 import { heap } from './memory.js';
 import type { ArgumentBlock, BackwardDesc, ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 
+type Field = ArgumentBlock['fields'][number];
+
+/** The ProblemDesc fields that hold addresses in wasm memory. */
+const ADDRESS_FIELDS = ['query', 'key', 'value', 'output', 'weights', 'mask', 'causalOffsets', 'keyLengths',
+  'logsumexp'] as const;
+
 interface Blocks {
   problem: ArgumentBlock;
   backward: ArgumentBlock;
+  /** The problem block's ADDRESS_FIELDS, in that order. */
+  problemAddresses: Field[];
 }
-
-type Field = ArgumentBlock['fields'][number];
 
 const blocksOf = new WeakMap<SdpaModule, Blocks>();
 
 function blocks(module: SdpaModule): Blocks {
   let b = blocksOf.get(module);
   if (b === undefined) {
-    b = module.argumentLayout();
+    const { problem, backward } = module.argumentLayout();
+    const problemAddresses = ADDRESS_FIELDS.map((name) => {
+      const field = problem.fields.find((f) => f.name === name);
+      if (field === undefined) throw new Error(`sdpa-wasm: internal error: ProblemDesc has no field ${name}`);
+      return field;
+    });
+    b = { problem, backward, problemAddresses };
     blocksOf.set(module, b);
   }
   return b;
@@ -61,43 +73,19 @@ export function problemArg(module: SdpaModule, desc: ProblemDesc): number {
   return write(module, blocks(module).problem, desc, 'ProblemDesc');
 }
 
-/** The ProblemDesc fields that hold addresses in wasm memory. */
-export type AddressField = 'query' | 'key' | 'value' | 'output' | 'weights' | 'mask' | 'causalOffsets' |
-  'keyLengths' | 'logsumexp';
-
 /**
- * Rewrites only the `names` fields of the ProblemDesc block from `desc`; its address. For a
- * description written by problemArg() whose addresses were filled in since (a call sizes its
- * scratch from the description, then allocates): the other fields are still in the block, as
- * no call has run in between.
+ * Rewrites only the address fields (query, key, value, output, ...) of the ProblemDesc block
+ * from `desc`; its address. For a description written by problemArg() whose addresses were
+ * filled in since (a call sizes its scratch from the description, then allocates): the other
+ * fields are still in the block, as no call has run in between.
  */
-export function updateProblemArg(module: SdpaModule, desc: ProblemDesc, names: readonly AddressField[]): number {
-  const block = blocks(module).problem;
+export function problemAddressesArg(module: SdpaModule, desc: ProblemDesc): number {
+  const { problem, problemAddresses } = blocks(module);
   const { i32, f32 } = heap(module);  // fresh views: the allocations may have grown memory
-  const fields = fieldsNamed(block, names);
-  for (let i = 0; i < fields.length; i++) store(i32, f32, block.address, fields[i], desc[names[i]], 'ProblemDesc');
-  return block.address;
-}
-
-// The fields of each list of names updateProblemArg() is given, looked up once per block.
-const fieldsByNames = new WeakMap<ArgumentBlock, Map<readonly string[], Field[]>>();
-
-function fieldsNamed(block: ArgumentBlock, names: readonly string[]): Field[] {
-  let lists = fieldsByNames.get(block);
-  if (lists === undefined) {
-    lists = new Map();
-    fieldsByNames.set(block, lists);
+  for (let i = 0; i < ADDRESS_FIELDS.length; i++) {
+    store(i32, f32, problem.address, problemAddresses[i], desc[ADDRESS_FIELDS[i]], 'ProblemDesc');
   }
-  let fields = lists.get(names);
-  if (fields === undefined) {
-    fields = names.map((name) => {
-      const field = block.fields.find((f) => f.name === name);
-      if (field === undefined) throw new Error(`sdpa-wasm: internal error: the argument block has no field ${name}`);
-      return field;
-    });
-    lists.set(names, fields);
-  }
-  return fields;
+  return problem.address;
 }
 
 /** Writes `grad` into the module's BackwardDesc block; its address, for the next call. */

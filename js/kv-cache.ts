@@ -206,8 +206,6 @@ export class KVCache extends KVCacheShapeInfo {
   #module: SdpaModule | null;
   readonly #account: MemoryAccount;
   readonly #threads: number;
-  #keys = 0;
-  #values = 0;
   // The one allocation holding keys and values, freed by dispose().
   readonly #storage: Allocation<{ keys: number; values: number }>;
   #length = 0;
@@ -224,8 +222,6 @@ export class KVCache extends KVCacheShapeInfo {
     // Refused before allocating when it would pass the instance's limit or not fit beside
     // what is in use.
     this.#storage = allocateLongLived(module, account, 'createKVCache', { keys: bytes.keys, values: bytes.values });
-    this.#keys = this.#storage.addresses.keys;
-    this.#values = this.#storage.addresses.values;
     this.#module = module;
     this.#account = account;
     this.#threads = threads;
@@ -240,6 +236,15 @@ export class KVCache extends KVCacheShapeInfo {
   /** Whether dispose() has been called (by the cache or its Attention instance). */
   get disposed(): boolean {
     return this.#module === null;
+  }
+
+  // Where the keys and values start (every use is behind #live(): never after dispose()).
+  get #keys(): number {
+    return this.#storage.addresses.keys;
+  }
+
+  get #values(): number {
+    return this.#storage.addresses.values;
   }
 
   #live(fn: string): SdpaModule {
@@ -433,7 +438,6 @@ export class KVCache extends KVCacheShapeInfo {
     if (module === null) return;
     this.#module = null;
     freeLongLived(module, this.#account, this.#storage);
-    this.#keys = this.#values = 0;
     this.#length = 0;
     this.#onDispose(this);
   }

@@ -30,10 +30,6 @@ export function heap(module: SdpaModule): HeapViews {
 /** Named block sizes in bytes, e.g. { query: 4096, key: 8192 }: one request. */
 export type ByteRequest = Record<string, number>;
 
-function total(request: ByteRequest): number {
-  return Object.values(request).reduce((a, b) => a + b, 0);
-}
-
 function itemised(request: ByteRequest): string {
   const parts = Object.entries(request).filter(([, bytes]) => bytes > 0);
   return parts.length > 1 ? ` (${parts.map(([what, bytes]) => `${what} ${bytes} bytes`).join(' + ')})` : '';
@@ -62,11 +58,11 @@ export class MemoryAccount {
   }
 
   /**
-   * Throws a RangeError naming `fn`, the bytes `request` needs (itemised) and the limit it
-   * would pass: this instance's limit, or the module's memory (shared by the instances on one
-   * build) with what is allocated there already. Allocates nothing.
+   * Throws a RangeError naming `fn`, the `bytes` that `request` adds up to (itemised) and the
+   * limit it would pass: this instance's limit, or the module's memory (shared by the instances
+   * on one build) with what is allocated there already. Allocates nothing.
    */
-  check(module: SdpaModule, fn: string, request: ByteRequest, bytes: number = total(request)): void {
+  check(module: SdpaModule, fn: string, request: ByteRequest, bytes: number): void {
     if (this.#inUse + bytes > this.limitBytes) {
       const limit = this.limitBytes === MAX_WASM_BYTES ? '2 GiB, the wasm memory limit' : 'maxMemoryBytes';
       throw new RangeError(

@@ -10,7 +10,7 @@
 // (smallInputBytes, copySmallInputs), request every block of wasm memory at once (refused
 // before any is allocated if the instance's limit would be passed) and free them on every path
 // (CallMemory in try/finally).
-import { problemArg, updateProblemArg, type AddressField } from './kernel-args.js';
+import { problemAddressesArg, problemArg } from './kernel-args.js';
 import { CallMemory, COPY_PLACEMENT_SLACK, placeCopy, type MemoryAccount } from './memory.js';
 import type { ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 import type { SdpaResult } from './types.js';
@@ -156,11 +156,6 @@ function collectResult(memory: CallMemory, p: Plan, desc: ProblemDesc): SdpaResu
   return result;
 }
 
-/** What runWhole allocates or places, and so fills in after the description is written. */
-const RUN_WHOLE_ADDRESSES: readonly AddressField[] = [
-  'query', 'key', 'value', 'output', 'weights', 'logsumexp', 'mask', 'causalOffsets', 'keyLengths',
-];
-
 /**
  * forward() on a problem whose K/V are placed by `placeKeyValue` (given the addresses of the
  * `keyValueBytes` blocks, zero-sized when K/V are resident): allocates everything at once,
@@ -184,7 +179,7 @@ function runWhole(memory: CallMemory, threads: number, p: Plan, desc: ProblemDes
   memory.heap.f32.set(q, desc.query >>> 2);
   copySmallInputs(memory, p, desc, at);
   placeKeyValue(at);
-  check(module, p, module.forward(updateProblemArg(module, desc, RUN_WHOLE_ADDRESSES), at.scratch, scratchFloats, threads));
+  check(module, p, module.forward(problemAddressesArg(module, desc), at.scratch, scratchFloats, threads));
   return collectResult(memory, p, desc);
 }
 
