@@ -9,13 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x "${CHROMIUM_PATH:-/usr/bin/chromium}" ]; then
-  echo "test-browser: installing chromium with apt-get" >&2
-  sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  $sudo apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends chromium
-fi
+bash scripts/setup-chromium.sh
 if [ ! -f dist/index.js ] || [ ! -f dist/wasm/sdpa.wasm ]; then
   echo "test-browser: dist/ is not built; run npm run build first" >&2
   exit 1
