@@ -12,11 +12,13 @@
 // Eight independent accumulators, so the adds never wait on each other: the loop is limited by
 // the loads. n must be a positive multiple of 128 (every cache size here is).
 //
-// The memory is a shared WebAssembly.Memory: from 64 KiB on, an eviction area of EVICT_BYTES,
-// then the data, grown and touched (every page written) by ensure(bytes) before it is timed.
+// Two shared WebAssembly.Memory objects, each with its instance of the module on both threads:
+// the data (from 64 KiB on, grown and touched, every page written, by ensure(bytes) before it
+// is timed; up to 2 GiB less 64 KiB, so a 1 GiB cache's bytes fit whatever the eviction area)
+// and the eviction area (evictBytes, from 64 KiB on, written once).
 //   read1(n): the main thread reads the first n bytes of the data.
-//   read2(n): the main thread reads the first half while a worker_thread (its own instance of
-//             the module on the same memory, parked in Atomics.wait between calls) reads the
+//   read2(n): the main thread reads the first half while a worker_thread (its own instances of
+//             the module on the same memories, parked in Atomics.wait between calls) reads the
 //             second; returns when both are done. The wake-up of the worker is part of the time,
 //             as it is for the threaded sdpa-wasm build's pool (also parked on a futex).
 //   evict():  read2 of the eviction area (3× the last-level cache, at least 96 MiB): afterwards
@@ -30,7 +32,7 @@ const { u32, s32, vec, section, str, I32, V128, op, simd, v128load, moduleBytes 
 const i32x4add = simd(0xae);
 const i32x4extract = (lane) => simd(0x1b, lane);
 const MAX_PAGES = 32768;           // 2 GiB
-const BASE = 65536;                // the eviction area starts after the first page
+const BASE = 65536;                // the data (and the eviction area) start after the first page
 const STEP = 128;                  // bytes a loop iteration reads
 const ACCS = STEP / 16;
 
@@ -54,8 +56,10 @@ export function readProbeModuleBytes() {
 }
 
 // ctrl (Int32Array on a SharedArrayBuffer): the main thread bumps GEN to start the worker on
-// [PTR, PTR + LEN); the worker stores its sum in SUM and the generation it finished in DONE.
-const GEN = 0, DONE = 1, PTR = 2, LEN = 3, SUM = 4, QUIT = 5;
+// [PTR, PTR + LEN) of memory AREA (DATA_AREA or EVICT_AREA); the worker stores its sum in SUM
+// and the generation it finished in DONE.
+const GEN = 0, DONE = 1, PTR = 2, LEN = 3, SUM = 4, QUIT = 5, AREA = 6;
+const DATA_AREA = 0, EVICT_AREA = 1;
 
 /**
  * Opens the probe: the module on the main thread and in one worker, on one shared memory.
@@ -63,26 +67,29 @@ const GEN = 0, DONE = 1, PTR = 2, LEN = 3, SUM = 4, QUIT = 5;
  */
 export async function openReadProbe({ evictBytes = 96 * 2 ** 20 } = {}) {
   const EVICT = Math.ceil(evictBytes / 65536) * 65536;
-  const DATA = BASE + EVICT;
+  if (BASE + EVICT > MAX_PAGES * 65536) throw new RangeError(`read probe: an eviction area of ${EVICT} bytes does not fit in 2 GiB`);
+  const DATA = BASE;
   const bytes = readProbeModuleBytes();
   const memory = new WebAssembly.Memory({ initial: 1, maximum: MAX_PAGES, shared: true });
-  const { instance } = await WebAssembly.instantiate(bytes, { env: { memory } });
-  const { read } = instance.exports;
+  const pages = (BASE + EVICT) / 65536;
+  const evictMemory = new WebAssembly.Memory({ initial: pages, maximum: pages, shared: true });
+  const readers = [memory, evictMemory].map(async (m) => (await WebAssembly.instantiate(bytes, { env: { memory: m } })).instance.exports.read);
+  const [read, readEvict] = await Promise.all(readers);
   const ctrl = new Int32Array(new SharedArrayBuffer(64));
-  const worker = new Worker(new URL(import.meta.url), { workerData: { role: 'sdpa-bench-read-probe', bytes, memory, ctrl } });
+  const worker = new Worker(new URL(import.meta.url), { workerData: { role: 'sdpa-bench-read-probe', bytes, memory, evictMemory, ctrl } });
   worker.unref();
   await new Promise((resolve, reject) => { worker.once('message', resolve); worker.once('error', reject); });
   let capacity = 0;
-  memory.grow(Math.ceil(DATA / 65536) - 1);
-  new Uint8Array(memory.buffer, BASE, EVICT).fill(0x5a);
+  new Uint8Array(evictMemory.buffer, BASE, EVICT).fill(0x5a);
 
-  const both = (at, n) => {
+  const both = (area, at, n) => {
     const half = (n / 2) - ((n / 2) % STEP);
+    ctrl[AREA] = area;
     ctrl[PTR] = at + half;
     ctrl[LEN] = n - half;
     const gen = Atomics.add(ctrl, GEN, 1) + 1;
     Atomics.notify(ctrl, GEN);
-    const mine = read(at, half);
+    const mine = (area === EVICT_AREA ? readEvict : read)(at, half);
     let done;
     while ((done = Atomics.load(ctrl, DONE)) !== gen) Atomics.wait(ctrl, DONE, done);
     return (mine + ctrl[SUM]) | 0;
@@ -111,9 +118,9 @@ export async function openReadProbe({ evictBytes = 96 * 2 ** 20 } = {}) {
     },
     read2(n) {
       check(n);
-      return both(DATA, n);
+      return both(DATA_AREA, DATA, n);
     },
-    evict: () => both(BASE, EVICT),
+    evict: () => both(EVICT_AREA, BASE, EVICT),
     close() {
       return new Promise((resolve) => {
         worker.once('exit', resolve);
@@ -128,9 +135,9 @@ export async function openReadProbe({ evictBytes = 96 * 2 ** 20 } = {}) {
 
 // The worker side: its own instance on the shared memory, parked in Atomics.wait between reads.
 if (!isMainThread && workerData?.role === 'sdpa-bench-read-probe') {
-  const { bytes, memory, ctrl } = workerData;
-  const { instance } = await WebAssembly.instantiate(bytes, { env: { memory } });
-  const { read } = instance.exports;
+  const { bytes, memory, evictMemory, ctrl } = workerData;
+  const readers = [memory, evictMemory].map(async (m) => (await WebAssembly.instantiate(bytes, { env: { memory: m } })).instance.exports.read);
+  const [read, readEvict] = await Promise.all(readers);
   const { parentPort } = await import('node:worker_threads');
   parentPort.postMessage('ready');
   let seen = 0;
@@ -140,7 +147,7 @@ if (!isMainThread && workerData?.role === 'sdpa-bench-read-probe') {
     if (gen === seen) continue;
     seen = gen;
     if (Atomics.load(ctrl, QUIT)) break;
-    ctrl[SUM] = read(ctrl[PTR], ctrl[LEN]);
+    ctrl[SUM] = (ctrl[AREA] === EVICT_AREA ? readEvict : read)(ctrl[PTR], ctrl[LEN]);
     Atomics.store(ctrl, DONE, gen);
     Atomics.notify(ctrl, DONE);
   }
