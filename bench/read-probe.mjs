@@ -62,7 +62,8 @@ const GEN = 0, DONE = 1, PTR = 2, LEN = 3, SUM = 4, QUIT = 5, AREA = 6;
 const DATA_AREA = 0, EVICT_AREA = 1;
 
 /**
- * Opens the probe: the module on the main thread and in one worker, on one shared memory.
+ * Opens the probe: the module on the main thread and in one worker, on two shared memories
+ * (the data and the eviction area).
  * Returns { ensure(bytes), read1(bytes), read2(bytes), capacity(), close() }.
  */
 export async function openReadProbe({ evictBytes = 96 * 2 ** 20 } = {}) {
@@ -133,7 +134,8 @@ export async function openReadProbe({ evictBytes = 96 * 2 ** 20 } = {}) {
   };
 }
 
-// The worker side: its own instance on the shared memory, parked in Atomics.wait between reads.
+// The worker side: its own instances on the two shared memories, parked in Atomics.wait
+// between reads.
 if (!isMainThread && workerData?.role === 'sdpa-bench-read-probe') {
   const { bytes, memory, evictMemory, ctrl } = workerData;
   const readers = [memory, evictMemory].map(async (m) => (await WebAssembly.instantiate(bytes, { env: { memory: m } })).instance.exports.read);
