@@ -28,11 +28,12 @@
 // dim: Q·Kᵀ) and V is [Ev8/8][Lk][8] (8-column blocks, zero-padded past Ev: a P·V pass over
 // one block reads its keys' columns as one contiguous run; row-major V read in place was 10%
 // slower at N = 2048 in A/B runs, the same at N = 512). In place, a decode whose K/V come
-// from main memory (a KV cache's storage, p.read_kv_in_order) scores one key at a time in
-// memory order (score_tile_in_place): only a sequential stream keeps the hardware prefetcher
-// ahead. With one query row (MHA), P·V then streams V the same way, key after key
-// (pv_row_in_order); with more rows each V row is touched as its key is scored, and P·V (column
-// blocks, fewer instructions per row) finds the tile in cache.
+// from main memory (a KV cache's storage, p.read_kv_in_order) scores keys in memory order
+// (score_tile_in_place): only sequential streams keep the hardware prefetcher ahead. With one
+// query row (MHA), the keys are read as two streams (the tile's two halves, side by side:
+// score_row_two_streams), and P·V then streams V the same way (pv_row_in_order); with more
+// rows, one key at a time, each V row touched as its key is scored, and P·V (column blocks,
+// fewer instructions per row) finds the tile in cache.
 // K/V just copied in are still in cache: there four keys at a time take fewer instructions
 // (score_tile_4_keys).
 //
@@ -51,6 +52,7 @@
 
 #include "kernels/f32-tile-ops-wasmsimd.h"
 #include "math/f16-f32-cvt-wasmsimd.h"
+
 #include "math/f32-vexp-nonpositive-rr1-p5-wasmsimd.h"
 #include "simd/copy-bytes.h"
 #include "simd/f32x4.h"
@@ -535,6 +537,63 @@ void score_keys(const Src& src, const float* q_blocks, const float* q, const typ
   *sink ^= touched;
 }
 
+// One row (MHA decode: one query row per KV head), K read in place in memory order as two
+// streams: keys [0, half) and [half, 2·half), half = key_count / 2, key j scored beside key
+// j + half (one q load serves both), then the last key of an odd count. Each key gets
+// exactly score_keys<1, 4>'s operations in the same order (4 chains, summed 0 + 1 + 2 + 3,
+// then hsum, then the last E % 4 dims): the same bits as scoring one key at a time.
+// Why two streams: a hardware prefetcher follows each sequential stream some distance ahead
+// (Intel's L2 streamer: up to 20 lines, within one 4 KiB page), so two streams far apart keep
+// about twice as much of K in flight as one; adjacent keys (j, j + 1) are one stream. With
+// pv_row_in_order's two V streams: MHA H32 E128, 4096 positions, each step from main memory,
+// 0.65–1.0× the time of one stream (median of 9 alternating runs about 0.83 float32, 0.91
+// float16) on an Intel Xeon (family 6, model 167); with K/V in L2, 1.0–1.1× the speed.
+template <typename Src>
+void score_row_two_streams(const Src& src, const float* q_blocks, const float* q, const typename Src::Elem* k,
+                            int64_t k_stride, int32_t key_count, int32_t head_dim, float* scores) {
+  using Elem = typename Src::Elem;
+  constexpr int kChains = 4;
+  constexpr int32_t kStep = 4 * kChains;
+  const int32_t e4 = head_dim & ~3;
+  const int32_t e_chains = e4 / kStep * kStep;
+  const v128_t zero = wasm_f32x4_splat(0.0f);
+  const int32_t half = key_count / 2;
+  const Elem* ka = k;
+  const Elem* kb = k + half * k_stride;
+  for (int32_t j = 0; j < half; j++, ka += k_stride, kb += k_stride) {
+    v128_t a[kChains], b[kChains];
+    for (int c = 0; c < kChains; c++) a[c] = b[c] = zero;
+    const Elem* da = ka;
+    const Elem* db = kb;
+    const Elem* const da_end = ka + e_chains;
+    const float* qd = q_blocks;
+#pragma clang loop unroll(disable)
+    for (; da != da_end; da += kStep, db += kStep, qd += kStep) {
+      for (int c = 0; c < kChains; c++) {
+        const v128_t vq = wasm_v128_load(qd + c * 4);
+        a[c] = f32x4_madd(vq, src.load4(da + 4 * c), a[c]);
+        b[c] = f32x4_madd(vq, src.load4(db + 4 * c), b[c]);
+      }
+    }
+    for (int32_t d = e_chains; d < e4; d += 4) {
+      const v128_t vq = wasm_v128_load(q_blocks + d);
+      a[0] = f32x4_madd(vq, src.load4(ka + d), a[0]);
+      b[0] = f32x4_madd(vq, src.load4(kb + d), b[0]);
+    }
+    for (int c = 1; c < kChains; c++) a[0] = wasm_f32x4_add(a[0], a[c]), b[0] = wasm_f32x4_add(b[0], b[c]);
+    float dot_a = hsum(a[0]), dot_b = hsum(b[0]);
+    for (int32_t d = e4; d < head_dim; d++) dot_a += q[d] * src.scalar(ka[d]), dot_b += q[d] * src.scalar(kb[d]);
+    scores[j] = dot_a;
+    scores[j + half] = dot_b;
+  }
+  if (2 * half < key_count) {  // the last key of an odd count
+    uint32_t sink = 0;
+    const RowPrefetch<Elem> none{k, k_stride, 0};
+    score_keys<1, kChains>(src, q_blocks, q, k + (key_count - 1) * k_stride, k_stride, 1, head_dim,
+                           scores + key_count - 1, none, &sink);
+  }
+}
+
 // scores[r][c] = q_tile[r] · k_{c} for r < rows and c < key_count, K rows read in place
 // (row stride k_stride elements, E contiguous). Columns from key_count on are set to 0; they
 // are blocked (key_count is where the rows' key limits end).
@@ -543,7 +602,7 @@ void score_tile_in_place(const Src& src, const float* q_blocks, const float* q_t
                          const typename Src::Elem* key, int64_t k_stride, int32_t key_count, int32_t head_dim,
                          float* scores, const RowPrefetch<typename Src::Elem>& v, uint32_t* sink) {
   switch (rows) {
-    case 1: score_keys<1, 4>(src, q_blocks, q_tile, key, k_stride, key_count, head_dim, scores, v, sink); break;
+    case 1: score_row_two_streams(src, q_blocks, q_tile, key, k_stride, key_count, head_dim, scores); break;
     case 2: score_keys<2, 2>(src, q_blocks, q_tile, key, k_stride, key_count, head_dim, scores, v, sink); break;
     case 3: score_keys<3, 2>(src, q_blocks, q_tile, key, k_stride, key_count, head_dim, scores, v, sink); break;
     default: score_keys<4, 1>(src, q_blocks, q_tile, key, k_stride, key_count, head_dim, scores, v, sink); break;
@@ -673,21 +732,22 @@ inline void add_value_rows(const Src& src, const float* probs, const typename Sr
   }
 }
 
-// The same as pv_block for one row (kRows = 1) and V read in place in memory order (a KV
-// cache's decode, MHA: one query row per KV head), key after key, each V row whole, the sum
-// in memory (acc, in L1) rather than in registers: acc[0 .. cols) = alpha·acc +
-// Σ_j probs[j]·V[j][0 .. cols). V then streams from main memory in order, as the read of K
-// before it did, and scoring need not touch V for P·V's sake (score_tile_from); column blocks
-// over the tile's keys (pv_block) read each V row in strided passes, which main memory does
-// not stream, so they needed the tile in cache. Each column gets the same operations in the
-// same order as in pv_block (acc·alpha, then + p_j·v_j for j in key order, keys from
-// open_count on skipped where p_j == 0; the last cols % 4 columns by pv_columns_scalar
-// itself): the same bits.
-// Float32 rows go one key per pass: two rows side by side (512 bytes apart at E = 128) stream
-// badly, 1.45× the time of MHA B1 H32 Lk8192 E128 (A/B, AMD EPYC Zen 4). Float16 rows go two
-// keys per pass: widening makes that decode compute-bound, and sharing each acc load and store
-// between two keys matters there: against the column passes, one key per pass took 1.03× the
-// time, two keys 0.88–0.97× (four keys, 1.16–1.19×).
+// P·V for one row (kRows = 1) and V read in place in memory order (a KV cache's decode, MHA:
+// one query row per KV head), each V row whole, the sum in memory (acc, in L1) rather than in
+// registers: acc[0 .. cols) = alpha·acc + Σ_j probs[j]·V[j][0 .. cols). V streams from main
+// memory, as the read of K before it did, and scoring need not touch V for P·V's sake
+// (score_tile_from); column blocks over the tile's keys (pv_block) read each V row in strided
+// passes, which main memory does not stream, so they needed the tile in cache.
+// Like the scoring (score_row_two_streams, which says why), V is read as two streams: rows i
+// and i + half, half = open_count / 2, are added in one pass (sharing each acc load and store).
+// Each column's operations, in order: acc·alpha; for i < half, + p_i·v_i then + p_{i+half}·v_{i+half};
+// then keys from 2·half on in key order, those from open_count on skipped where p_j == 0;
+// the last cols % 4 columns by pv_columns_scalar in key order. The same for float32 and float16
+// rows (the float16 result is the float32 one on the widened halves) and for any thread count.
+// (Earlier forms, for the record: float32 one key per pass, since two adjacent rows (512 bytes
+// apart at E = 128, one stream) took 1.45× the time of MHA B1 H32 Lk8192 E128 on an AMD EPYC
+// Zen 4; float16 two adjacent keys per pass, 0.88–0.97× the column passes' time there, one key
+// 1.03×, four keys 1.16–1.19×.)
 // Whether P·V of a tile with this many rows, V read in place in memory order, streams V itself
 // (pv_row_in_order) rather than reading the tile's V from cache by column blocks (pv_block),
 // for which scoring touches each V row first. The one place that decides it.
@@ -697,17 +757,16 @@ template <typename Src>
 void pv_row_in_order(const Src& src, const float* probs, const typename Src::Elem* value, int64_t v_stride,
                      int32_t cols, int32_t open_count, int32_t key_count, float alpha, float* acc) {
   using Elem = typename Src::Elem;
-  constexpr int kKeys = sizeof(Elem) == 2 ? 2 : 1;
   const int32_t c4 = cols & ~3;
   const v128_t alpha_v = wasm_f32x4_splat(alpha);
   for (int32_t c = 0; c < c4; c += 4) wasm_v128_store(acc + c, wasm_f32x4_mul(wasm_v128_load(acc + c), alpha_v));
-  int32_t j = 0;
-  for (; j + kKeys <= open_count; j += kKeys) {
-    const Elem* rows[kKeys];
-    for (int n = 0; n < kKeys; n++) rows[n] = value + (j + n) * v_stride;
-    add_value_rows<kKeys>(src, probs + j, rows, c4, acc);
+  const int32_t half = open_count / 2;
+  for (int32_t i = 0; i < half; i++) {
+    const float p[2] = {probs[i], probs[i + half]};
+    const Elem* const rows[2] = {value + i * v_stride, value + (i + half) * v_stride};
+    add_value_rows<2>(src, p, rows, c4, acc);
   }
-  for (; j < key_count; j++) {
+  for (int32_t j = 2 * half; j < key_count; j++) {
     if (j >= open_count && probs[j] == 0.0f) continue;
     const Elem* const row[1] = {value + j * v_stride};
     add_value_rows<1>(src, probs + j, row, c4, acc);
