@@ -52,7 +52,6 @@
 
 #include "kernels/f32-tile-ops-wasmsimd.h"
 #include "math/f16-f32-cvt-wasmsimd.h"
-
 #include "math/f32-vexp-nonpositive-rr1-p5-wasmsimd.h"
 #include "simd/copy-bytes.h"
 #include "simd/f32x4.h"
@@ -546,8 +545,8 @@ void score_keys(const Src& src, const float* q_blocks, const float* q, const typ
 // (Intel's L2 streamer: up to 20 lines, within one 4 KiB page), so two streams far apart keep
 // about twice as much of K in flight as one; adjacent keys (j, j + 1) are one stream. With
 // pv_row_in_order's two V streams: MHA H32 E128, 4096 positions, each step from main memory,
-// 0.65–1.0× the time of one stream (median of 9 alternating runs about 0.83 float32, 0.91
-// float16) on an Intel Xeon (family 6, model 167); with K/V in L2, 1.0–1.1× the speed.
+// 0.65–1.05× the time of one stream (medians over 14 and 15 alternating runs: 0.83 float32,
+// 0.91 float16) on an Intel Xeon (family 6, model 167); with K/V in L2, 1.0–1.1× the speed.
 template <typename Src>
 void score_row_two_streams(const Src& src, const float* q_blocks, const float* q, const typename Src::Elem* k,
                             int64_t k_stride, int32_t key_count, int32_t head_dim, float* scores) {
