@@ -19,7 +19,9 @@
 //
 // K and V are float32, or float16 (the KV cache's half storage, p.kv_type): halves are
 // widened to float32 as they are loaded (F16Elements), exactly, so all arithmetic is float32
-// and a float16 problem gives what the float32 kernel gives on the halves' values.
+// and a float16 problem gives what the float32 kernel gives on the halves' values, but for a
+// decode of one query row per KV head read in memory order, where the two read K and V in a
+// different number of streams (kDecodeStreams): there the sums' order, and the last bits, differ.
 //
 // K and V are either packed into scratch once per call (prefill: many row tiles reuse them)
 // or read in place (decode: up to kDecodeMaxRowTiles row tiles read each key segment, the
@@ -29,11 +31,11 @@
 // one block reads its keys' columns as one contiguous run; row-major V read in place was 10%
 // slower at N = 2048 in A/B runs, the same at N = 512). In place, a decode whose K/V come
 // from main memory (a KV cache's storage, p.read_kv_in_order) scores keys in memory order
-// (score_tile_in_place): only sequential streams keep the hardware prefetcher ahead. With one
-// query row (MHA), the keys are read as two streams (the tile's two halves, side by side:
-// score_row_two_streams), and P·V then streams V the same way (pv_row_in_order); with more
-// rows, one key at a time, each V row touched as its key is scored, and P·V (column blocks,
-// fewer instructions per row) finds the tile in cache.
+// (score_tile_in_place): only sequential streams keep the hardware prefetcher ahead, and
+// several far-apart streams side by side keep more of it in flight (score_keys_in_streams,
+// kDecodeStreams: 2 to 8 parts of the tile). With one query row (MHA), P·V then streams V the
+// same way (pv_row_in_order); with more rows, each V row is touched as its key is scored, and
+// P·V (column blocks, fewer instructions per row) finds the tile in cache.
 // K/V just copied in are still in cache: there four keys at a time take fewer instructions
 // (score_tile_4_keys).
 //
@@ -476,121 +478,138 @@ inline uint32_t touch_row(const RowPrefetch<Elem>& v, int32_t j) {
   return bits;
 }
 
+// How many sequential streams a decode reads one tile's K rows in, keys [0, key_count) split
+// into kStreams parts of `part = key_count / kStreams` keys, key j of part 0 scored beside key
+// j of every other part (each query load serving them all). A hardware prefetcher follows
+// each sequential stream some distance ahead and starts over at every 4 KiB page; streams
+// far apart reach their page boundaries together, so those restarts overlap rather than
+// queue. How far ahead the core itself reaches is its out-of-order window: about four times
+// as many bytes for float32 rows (a load and a multiply-add per 16 bytes) as for float16 ones
+// (a load, the widening and two multiply-adds per 16 bytes), so float16 needs more streams.
+// At most 8 accumulators in the loop (kRows rows × kStreams × kChains, see score_4x8_packed):
+// - one row (MHA): float32 2 streams of 4 chains each (4 partial sums over the dims, so that
+//   one key's multiply-adds do not wait on each other), float16 8 streams of 1 chain;
+// - 2 rows: 4 streams; 3 or 4 rows (GQA): 2 streams; one chain each.
+// Measured on an Intel Xeon (family 6, model 167), H32 E128 (MHA) or Hkv8 (GQA), each step
+// from main memory, alternating runs in one process, time ÷ one stream's:
+// - one row, float32, 2 streams: 0.65–1.05 (median 0.83 over 14 runs); 4 streams 0.96–1.08
+//   and 8 streams 0.99–1.12 (about 1.05 in 8 runs) the time of 2, not kept, though with K/V
+//   in L2 8 streams ran 1.07× the speed of 2 (so a host where the core is the limit may
+//   prefer them);
+// - one row, float16, ÷ 2 streams (512 to 8192 keys): 4 streams 0.63–0.77, 8 streams
+//   0.58–0.70, 16 streams (spilling) 1.13–1.22 the time of 8;
+// - 4 rows (Hq32 Hkv8, 8192 keys), 2 streams ÷ 1: float16 0.75–0.76, float32 0.85–0.86; 3
+//   streams (12 accumulators, spilling) 1.19 (float16), 0.96 (float32) the time of 2;
+// - 2 and 3 rows (4 and 2 streams ÷ 1): float16 0.90 and 0.84, float32 0.97 and 0.95.
+// With K/V in L2 the same or within 10% (float16 one row, 8 streams: 0.9× the speed of 2).
+template <typename Elem, int kRows>
+constexpr int kDecodeStreams = kRows == 1 ? (sizeof(Elem) == sizeof(float) ? 2 : 8) : kRows == 2 ? 4 : 2;
+template <typename Elem, int kRows>
+constexpr int kDecodeChains = kRows == 1 ? 8 / kDecodeStreams<Elem, 1> : 1;
+
+// scores[r][j] = q_r · k_j for kRows query rows and keys j < key_count, K read in place in
+// memory order (stride k_stride) as kStreams streams (see kDecodeStreams), then the last
+// key_count % kStreams keys one at a time. Each row keeps kChains partial sums per key (dims
+// [4c, 4c + 4) mod 4·kChains go to chain c), summed 0 + 1 + … in order, then across lanes
+// (reduce_4x4 for 4 rows, else hsum), then the last E % 4 dims: every key gets the same
+// operations whatever stream it is read in, so one key's score has the same bits in any
+// tile position and for any thread count.
 // q_blocks holds the kRows rows' first E4 = E & ~3 dims by 4-dim blocks, [E4/4][kRows][4]
 // (Scratch::q_blocks): the rows' vectors for one block are adjacent, so every q load of the
 // loop is a constant offset from one pointer. (With a pointer per row, row-major, V8 computed
 // every load's address with an instruction of its own: GQA decode Hq32 Hkv8 E128, 4 rows per
 // tile, took 1.11× the time at 2048 keys and 0.96–1.11× at 8192, same bits.) q (row-major,
-// rows head_dim apart) serves the last E % 4 dims.
-template <int kRows, int kChains, typename Src>
-void score_keys(const Src& src, const float* q_blocks, const float* q, const typename Src::Elem* k,
-                int64_t k_stride, int32_t key_count, int32_t head_dim, float* scores,
-                const RowPrefetch<typename Src::Elem>& v_prefetch, uint32_t* sink) {
-  uint32_t touched = 0;
+// rows head_dim apart) serves the last E % 4 dims. With more than one row, V row j is touched
+// as key j is scored (v_prefetch), so that P·V by column blocks (pv_block) finds the tile in
+// cache.
+template <int kRows, int kStreams, int kChains, typename Src>
+void score_keys_in_streams(const Src& src, const float* q_blocks, const float* q, const typename Src::Elem* k,
+                           int64_t k_stride, int32_t key_count, int32_t head_dim, float* scores,
+                           const RowPrefetch<typename Src::Elem>& v_prefetch, uint32_t* sink) {
   using Elem = typename Src::Elem;
+  static_assert(kRows * kStreams * kChains <= 8, "at most 8 accumulators: more spill (see kDecodeStreams)");
   constexpr int32_t kStep = 4 * kChains;
   const int32_t e4 = head_dim & ~3;
   const int32_t e_chains = e4 / kStep * kStep;
   const v128_t zero = wasm_f32x4_splat(0.0f);
-  for (int32_t j = 0; j < key_count; j++, k += k_stride) {
-    v128_t a[kRows][kChains];
-    for (int r = 0; r < kRows; r++) {
-      for (int c = 0; c < kChains; c++) a[r][c] = zero;
+  const int32_t part = key_count / kStreams;
+  uint32_t touched = 0;
+  // Key j of stream n is key n·part + j.
+  for (int32_t j = 0; j < part; j++) {
+    v128_t a[kStreams][kRows][kChains];
+    const Elem* kd[kStreams];
+    for (int n = 0; n < kStreams; n++) {
+      kd[n] = k + (n * part + j) * k_stride;
+      for (int r = 0; r < kRows; r++) {
+        for (int c = 0; c < kChains; c++) a[n][r][c] = zero;
+      }
     }
     // Pointers stepped by hand, constant offsets from them (see pv_block). Block b of the
     // kChains in one step is dims d + 4b: row r's vector at qd + (b·kRows + r)·4.
-    const Elem* kd = k;
-    const Elem* const k_end = k + e_chains;
+    const Elem* const k0_end = kd[0] + e_chains;
     const float* qd = q_blocks;
 #pragma clang loop unroll(disable)
-    for (; kd != k_end; kd += kStep, qd += kStep * kRows) {
+    for (; kd[0] != k0_end; qd += kStep * kRows) {
       for (int c = 0; c < kChains; c++) {
-        const v128_t vk = src.load4(kd + 4 * c);
-        for (int r = 0; r < kRows; r++) a[r][c] = f32x4_madd(wasm_v128_load(qd + (c * kRows + r) * 4), vk, a[r][c]);
+        v128_t vk[kStreams];
+        for (int n = 0; n < kStreams; n++) vk[n] = src.load4(kd[n] + 4 * c);
+        for (int r = 0; r < kRows; r++) {
+          const v128_t vq = wasm_v128_load(qd + (c * kRows + r) * 4);
+          for (int n = 0; n < kStreams; n++) a[n][r][c] = f32x4_madd(vq, vk[n], a[n][r][c]);
+        }
       }
+      for (int n = 0; n < kStreams; n++) kd[n] += kStep;
     }
     for (int32_t d = e_chains; d < e4; d += 4) {
-      const v128_t vk = src.load4(k + d);
-      for (int r = 0; r < kRows; r++) a[r][0] = f32x4_madd(wasm_v128_load(q_blocks + (d * kRows + r * 4)), vk, a[r][0]);
+      for (int n = 0; n < kStreams; n++) {
+        const v128_t vk = src.load4(k + (n * part + j) * k_stride + d);
+        for (int r = 0; r < kRows; r++) {
+          a[n][r][0] = f32x4_madd(wasm_v128_load(q_blocks + (d * kRows + r * 4)), vk, a[n][r][0]);
+        }
+      }
     }
-    for (int r = 0; r < kRows; r++) {
-      for (int c = 1; c < kChains; c++) a[r][0] = wasm_f32x4_add(a[r][0], a[r][c]);
+    for (int n = 0; n < kStreams; n++) {
+      const int32_t key = n * part + j;
+      const Elem* const kr = k + key * k_stride;
+      for (int r = 0; r < kRows; r++) {
+        for (int c = 1; c < kChains; c++) a[n][r][0] = wasm_f32x4_add(a[n][r][0], a[n][r][c]);
+      }
+      float dots[kRows];
+      if constexpr (kRows == 4) {
+        // Lane r = the sum of row r's four lanes.
+        wasm_v128_store(dots, reduce_4x4<false>(a[n][0][0], a[n][1][0], a[n][2][0], a[n][3][0]));
+      } else {
+        for (int r = 0; r < kRows; r++) dots[r] = hsum(a[n][r][0]);
+      }
+      for (int r = 0; r < kRows; r++) {
+        const float* qr = q + r * head_dim;
+        float dot = dots[r];
+        for (int32_t d = e4; d < head_dim; d++) dot += qr[d] * src.scalar(kr[d]);
+        scores[r * kKeyTile + key] = dot;
+      }
+      // V row `key` is read from main memory here, its loads overlapping the next keys'
+      // arithmetic (nothing when v_prefetch has no elements).
+      touched ^= touch_row(v_prefetch, key);
     }
-    float dots[kRows];
-    if constexpr (kRows == 4) {
-      // Lane r = the sum of row r's four lanes.
-      wasm_v128_store(dots, reduce_4x4<false>(a[0][0], a[1][0], a[2][0], a[3][0]));
-    } else {
-      for (int r = 0; r < kRows; r++) dots[r] = hsum(a[r][0]);
-    }
-    for (int r = 0; r < kRows; r++) {
-      const float* qr = q + r * head_dim;
-      float dot = dots[r];
-      for (int32_t d = e4; d < head_dim; d++) dot += qr[d] * src.scalar(k[d]);
-      scores[r * kKeyTile + j] = dot;
-    }
-    // V row j is read from main memory here, its loads overlapping the next keys' arithmetic,
-    // so that P·V (column blocks over all the tile's keys, pv_block) finds the tile in cache.
-    touched ^= touch_row(v_prefetch, j);
   }
   *sink ^= touched;
+  const int32_t done = kStreams * part;
+  if constexpr (kStreams > 1) {
+    if (done < key_count) {
+      const RowPrefetch<Elem> rest{v_prefetch.row + done * v_prefetch.stride, v_prefetch.stride, v_prefetch.elems};
+      score_keys_in_streams<kRows, 1, kChains>(src, q_blocks, q, k + done * k_stride, k_stride, key_count - done,
+                                              head_dim, scores + done, rest, sink);
+    }
+  }
 }
 
-// One row (MHA decode: one query row per KV head), K read in place in memory order as two
-// streams: keys [0, half) and [half, 2·half), half = key_count / 2, key j scored beside key
-// j + half (one q load serves both), then the last key of an odd count. Each key gets
-// exactly score_keys<1, 4>'s operations in the same order (4 chains, summed 0 + 1 + 2 + 3,
-// then hsum, then the last E % 4 dims): the same bits as scoring one key at a time.
-// Why two streams: a hardware prefetcher follows each sequential stream some distance ahead
-// (Intel's L2 streamer: up to 20 lines, within one 4 KiB page), so two streams far apart keep
-// about twice as much of K in flight as one; adjacent keys (j, j + 1) are one stream. With
-// pv_row_in_order's two V streams: MHA H32 E128, 4096 positions, each step from main memory,
-// 0.65–1.05× the time of one stream (medians over 14 and 15 alternating runs: 0.83 float32,
-// 0.91 float16) on an Intel Xeon (family 6, model 167); with K/V in L2, 1.0–1.1× the speed.
-template <typename Src>
-void score_row_two_streams(const Src& src, const float* q_blocks, const float* q, const typename Src::Elem* k,
-                            int64_t k_stride, int32_t key_count, int32_t head_dim, float* scores) {
+template <int kRows, typename Src>
+void score_rows_in_place(const Src& src, const float* q_blocks, const float* q_tile, const typename Src::Elem* key,
+                         int64_t k_stride, int32_t key_count, int32_t head_dim, float* scores,
+                         const RowPrefetch<typename Src::Elem>& v, uint32_t* sink) {
   using Elem = typename Src::Elem;
-  constexpr int kChains = 4;
-  constexpr int32_t kStep = 4 * kChains;
-  const int32_t e4 = head_dim & ~3;
-  const int32_t e_chains = e4 / kStep * kStep;
-  const v128_t zero = wasm_f32x4_splat(0.0f);
-  const int32_t half = key_count / 2;
-  const Elem* ka = k;
-  const Elem* kb = k + half * k_stride;
-  for (int32_t j = 0; j < half; j++, ka += k_stride, kb += k_stride) {
-    v128_t a[kChains], b[kChains];
-    for (int c = 0; c < kChains; c++) a[c] = b[c] = zero;
-    const Elem* da = ka;
-    const Elem* db = kb;
-    const Elem* const da_end = ka + e_chains;
-    const float* qd = q_blocks;
-#pragma clang loop unroll(disable)
-    for (; da != da_end; da += kStep, db += kStep, qd += kStep) {
-      for (int c = 0; c < kChains; c++) {
-        const v128_t vq = wasm_v128_load(qd + c * 4);
-        a[c] = f32x4_madd(vq, src.load4(da + 4 * c), a[c]);
-        b[c] = f32x4_madd(vq, src.load4(db + 4 * c), b[c]);
-      }
-    }
-    for (int32_t d = e_chains; d < e4; d += 4) {
-      const v128_t vq = wasm_v128_load(q_blocks + d);
-      a[0] = f32x4_madd(vq, src.load4(ka + d), a[0]);
-      b[0] = f32x4_madd(vq, src.load4(kb + d), b[0]);
-    }
-    for (int c = 1; c < kChains; c++) a[0] = wasm_f32x4_add(a[0], a[c]), b[0] = wasm_f32x4_add(b[0], b[c]);
-    float dot_a = hsum(a[0]), dot_b = hsum(b[0]);
-    for (int32_t d = e4; d < head_dim; d++) dot_a += q[d] * src.scalar(ka[d]), dot_b += q[d] * src.scalar(kb[d]);
-    scores[j] = dot_a;
-    scores[j + half] = dot_b;
-  }
-  if (2 * half < key_count) {  // the last key of an odd count
-    uint32_t sink = 0;
-    const RowPrefetch<Elem> none{k, k_stride, 0};
-    score_keys<1, kChains>(src, q_blocks, q, k + (key_count - 1) * k_stride, k_stride, 1, head_dim,
-                           scores + key_count - 1, none, &sink);
-  }
+  score_keys_in_streams<kRows, kDecodeStreams<Elem, kRows>, kDecodeChains<Elem, kRows>>(
+      src, q_blocks, q_tile, key, k_stride, key_count, head_dim, scores, v, sink);
 }
 
 // scores[r][c] = q_tile[r] · k_{c} for r < rows and c < key_count, K rows read in place
@@ -601,10 +620,10 @@ void score_tile_in_place(const Src& src, const float* q_blocks, const float* q_t
                          const typename Src::Elem* key, int64_t k_stride, int32_t key_count, int32_t head_dim,
                          float* scores, const RowPrefetch<typename Src::Elem>& v, uint32_t* sink) {
   switch (rows) {
-    case 1: score_row_two_streams(src, q_blocks, q_tile, key, k_stride, key_count, head_dim, scores); break;
-    case 2: score_keys<2, 2>(src, q_blocks, q_tile, key, k_stride, key_count, head_dim, scores, v, sink); break;
-    case 3: score_keys<3, 2>(src, q_blocks, q_tile, key, k_stride, key_count, head_dim, scores, v, sink); break;
-    default: score_keys<4, 1>(src, q_blocks, q_tile, key, k_stride, key_count, head_dim, scores, v, sink); break;
+    case 1: score_rows_in_place<1>(src, q_blocks, q_tile, key, k_stride, key_count, head_dim, scores, v, sink); break;
+    case 2: score_rows_in_place<2>(src, q_blocks, q_tile, key, k_stride, key_count, head_dim, scores, v, sink); break;
+    case 3: score_rows_in_place<3>(src, q_blocks, q_tile, key, k_stride, key_count, head_dim, scores, v, sink); break;
+    default: score_rows_in_place<4>(src, q_blocks, q_tile, key, k_stride, key_count, head_dim, scores, v, sink); break;
   }
   const int32_t cols = round_up(key_count, kKeyGroup);  // the columns read afterwards
   for (int32_t r = 0; r < rows; r++) std::fill(scores + r * kKeyTile + key_count, scores + r * kKeyTile + cols, 0.0f);
@@ -709,7 +728,7 @@ template <int kKeys, typename Src>
 inline void add_value_rows(const Src& src, const float* probs, const typename Src::Elem* const (&rows)[kKeys],
                            int32_t c4, float* acc) {
   using Elem = typename Src::Elem;
-  constexpr int kVecs = 8 / kKeys;  // columns per pass: 32 for one key, 16 for two
+  constexpr int kVecs = kKeys >= 8 ? 1 : 8 / kKeys;  // columns per pass: 32 for one key, 16 for two, 4 for 8
   v128_t p[kKeys];
   const Elem* v[kKeys];
   for (int n = 0; n < kKeys; n++) p[n] = wasm_f32x4_splat(probs[n]), v[n] = rows[n];
@@ -737,12 +756,12 @@ inline void add_value_rows(const Src& src, const float* probs, const typename Sr
 // memory, as the read of K before it did, and scoring need not touch V for P·V's sake
 // (score_tile_from); column blocks over the tile's keys (pv_block) read each V row in strided
 // passes, which main memory does not stream, so they needed the tile in cache.
-// Like the scoring (score_row_two_streams, which says why), V is read as two streams: rows i
-// and i + half, half = open_count / 2, are added in one pass (sharing each acc load and store).
-// Each column's operations, in order: acc·alpha; for i < half, + p_i·v_i then + p_{i+half}·v_{i+half};
-// then keys from 2·half on in key order, those from open_count on skipped where p_j == 0;
-// the last cols % 4 columns by pv_columns_scalar in key order. The same for float32 and float16
-// rows (the float16 result is the float32 one on the widened halves) and for any thread count.
+// Like the scoring (kDecodeStreams, which says why), V is read as n = kDecodeStreams<Elem, 1>
+// streams (2 for float32, 8 for float16): rows i, i + part, …, i + (n-1)·part, part =
+// open_count / n, are added in one pass (sharing each acc load and store). Each column's
+// operations, in order: acc·alpha; for i < part, + p_i·v_i, then + p_{i+part}·v_{i+part}, …;
+// then keys from n·part on in key order, those from open_count on skipped where p_j == 0; the
+// last cols % 4 columns by pv_columns_scalar in key order. The same for any thread count.
 // (Earlier forms, for the record: float32 one key per pass, since two adjacent rows (512 bytes
 // apart at E = 128, one stream) took 1.45× the time of MHA B1 H32 Lk8192 E128 on an AMD EPYC
 // Zen 4; float16 two adjacent keys per pass, 0.88–0.97× the column passes' time there, one key
@@ -759,13 +778,15 @@ void pv_row_in_order(const Src& src, const float* probs, const typename Src::Ele
   const int32_t c4 = cols & ~3;
   const v128_t alpha_v = wasm_f32x4_splat(alpha);
   for (int32_t c = 0; c < c4; c += 4) wasm_v128_store(acc + c, wasm_f32x4_mul(wasm_v128_load(acc + c), alpha_v));
-  const int32_t half = open_count / 2;
-  for (int32_t i = 0; i < half; i++) {
-    const float p[2] = {probs[i], probs[i + half]};
-    const Elem* const rows[2] = {value + i * v_stride, value + (i + half) * v_stride};
-    add_value_rows<2>(src, p, rows, c4, acc);
+  constexpr int kStreams = kDecodeStreams<Elem, 1>;
+  const int32_t part = open_count / kStreams;
+  for (int32_t i = 0; i < part; i++) {
+    float p[kStreams];
+    const Elem* rows[kStreams];
+    for (int n = 0; n < kStreams; n++) p[n] = probs[n * part + i], rows[n] = value + (n * part + i) * v_stride;
+    add_value_rows<kStreams>(src, p, rows, c4, acc);
   }
-  for (int32_t j = 2 * half; j < key_count; j++) {
+  for (int32_t j = kStreams * part; j < key_count; j++) {
     if (j >= open_count && probs[j] == 0.0f) continue;
     const Elem* const row[1] = {value + j * v_stride};
     add_value_rows<1>(src, probs + j, row, c4, acc);

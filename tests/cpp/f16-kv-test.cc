@@ -585,15 +585,17 @@ TEST(F16Kernel, DecodeReadsHalvesInPlaceAroundTileEdges) {
 
 // A decode read in order whose mask blocks keys inside the attended range: those keys' K and
 // V rows are NaN, which must not reach the output (blocked keys are skipped, not multiplied
-// by 0). MHA (one row per KV head: P·V key after key, pv_row_in_order) and GQA (four rows:
-// column blocks), float16 and float32 storage, E and Ev with and without a scalar tail, key
-// counts around the tile edges, with and without split-K segments.
+// by 0). MHA (one row per KV head: P·V key after key, pv_row_in_order) and GQA (two, three
+// and four rows: column blocks), each scored in its own number of streams (kDecodeStreams:
+// key counts not a multiple of it leave keys scored one at a time), float16 and float32
+// storage, E and Ev with and without a scalar tail, key counts around the tile edges, with
+// and without split-K segments.
 TEST(F16Kernel, DecodeInOrderSkipsMaskedKeysWithNaNRows) {
   uint32_t seed = 300;
   const std::pair<int, int> dims[] = {{67, 35}, {128, 128}, {3, 5}, {64, 67}};
   int pair = 0;
   for (int lk : kKeyLengths)
-    for (auto heads : {std::pair<int, int>{3, 3}, {8, 2}}) {
+    for (auto heads : {std::pair<int, int>{3, 3}, {8, 2}, {4, 2}, {6, 2}}) {
       for (bool weights : {false, true}) {
         F16Case c;
         c.B = 2, c.Hq = heads.first, c.Hkv = heads.second, c.Lq = 1, c.Lk = lk;
