@@ -116,12 +116,24 @@ describe('token-by-token decoding equals attention over the whole history', () =
     }
   });
 
-  test('one and two threads give bitwise the same outputs, float32 and float16', () => {
-    for (const dtype of ['float32', 'float16']) {
-      // Past 512 keys (split-K segments) and 4e6 multiply-adds (the pool's threshold).
-      const shape = { Hq: 32, Hkv: 8, E: 128, steps: [37, 1, 3, 1000, 1, 1], dtype, seed: 5 };
-      const one = decode(attn, shape), two = decode(attn2, shape);
-      one.results.forEach((r, s) => expect(bits(two.results[s].got.output.data)).toEqual(bits(r.got.output.data)));
+  test('one and two threads give bitwise the same outputs, float32 and float16, GQA and MHA', () => {
+    // GQA (4 query rows per tile) and MHA (one row per tile: the float16 tiles read in 8
+    // streams, float32 in 2), each past 512 keys (split-K segments) and, for the single tokens
+    // after the long chunk, 4e6 multiply-adds (the pool's threshold), with key counts that are
+    // not a multiple of any stream count.
+    // (The first differing element, -1 for none: toEqual over millions of elements is slow.)
+    const firstDifference = (a, b) => {
+      const x = bits(a), y = bits(b);
+      if (x.length !== y.length) return `lengths ${x.length} and ${y.length}`;
+      for (let i = 0; i < x.length; i++) if (x[i] !== y[i]) return i;
+      return -1;
+    };
+    for (const heads of [{ Hq: 32, Hkv: 8 }, { Hq: 16, Hkv: 16 }]) {
+      for (const dtype of ['float32', 'float16']) {
+        const shape = { ...heads, E: 128, steps: [37, 1, 3, 1000, 1, 1], dtype, seed: 5 };
+        const one = decode(attn, shape), two = decode(attn2, shape);
+        one.results.forEach((r, s) => expect(firstDifference(two.results[s].got.output.data, r.got.output.data)).toBe(-1));
+      }
     }
   });
 
