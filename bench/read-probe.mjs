@@ -55,6 +55,10 @@ export function readProbeModuleBytes() {
   return moduleBytes(types, imports, funcs, exports, codeSection);
 }
 
+// The module's read function on each of the given memories (one instance per memory).
+const instantiateReaders = (bytes, memories) =>
+  Promise.all(memories.map(async (memory) => (await WebAssembly.instantiate(bytes, { env: { memory } })).instance.exports.read));
+
 // ctrl (Int32Array on a SharedArrayBuffer): the main thread bumps GEN to start the worker on
 // [PTR, PTR + LEN) of memory AREA (DATA_AREA or EVICT_AREA); the worker stores its sum in SUM
 // and the generation it finished in DONE.
@@ -74,8 +78,7 @@ export async function openReadProbe({ evictBytes = 96 * 2 ** 20 } = {}) {
   const memory = new WebAssembly.Memory({ initial: 1, maximum: MAX_PAGES, shared: true });
   const pages = (BASE + EVICT) / 65536;
   const evictMemory = new WebAssembly.Memory({ initial: pages, maximum: pages, shared: true });
-  const readers = [memory, evictMemory].map(async (m) => (await WebAssembly.instantiate(bytes, { env: { memory: m } })).instance.exports.read);
-  const [read, readEvict] = await Promise.all(readers);
+  const [read, readEvict] = await instantiateReaders(bytes, [memory, evictMemory]);
   const ctrl = new Int32Array(new SharedArrayBuffer(64));
   const worker = new Worker(new URL(import.meta.url), { workerData: { role: 'sdpa-bench-read-probe', bytes, memory, evictMemory, ctrl } });
   worker.unref();
@@ -138,8 +141,7 @@ export async function openReadProbe({ evictBytes = 96 * 2 ** 20 } = {}) {
 // between reads.
 if (!isMainThread && workerData?.role === 'sdpa-bench-read-probe') {
   const { bytes, memory, evictMemory, ctrl } = workerData;
-  const readers = [memory, evictMemory].map(async (m) => (await WebAssembly.instantiate(bytes, { env: { memory: m } })).instance.exports.read);
-  const [read, readEvict] = await Promise.all(readers);
+  const [read, readEvict] = await instantiateReaders(bytes, [memory, evictMemory]);
   const { parentPort } = await import('node:worker_threads');
   parentPort.postMessage('ready');
   let seen = 0;

@@ -421,7 +421,7 @@ void score_4_keys(const Src& src, const float* q, const typename Src::Elem* k0, 
 // scores[r][c] = q_tile[r] · k_{c} for r < rows and c < key_count, K rows read in place
 // (row stride k_stride elements, E contiguous), from the core's cache (a segment just copied
 // in): four keys at a time, two rows at a time (score_4_keys): fewer instructions per key than
-// score_keys, but four rows read side by side, which main memory does not stream well.
+// score_keys_in_streams, but four rows read side by side, which main memory does not stream well.
 // Columns from key_count on are set to 0; they are blocked (key_count is where the rows' key
 // limits end).
 template <typename Src>
@@ -454,7 +454,7 @@ void score_tile_4_keys(const Src& src, const float* q_tile, int32_t rows, const 
   }
 }
 
-// A row of V to bring into the cache while keys are scored (see score_keys).
+// A row of V to bring into the cache while keys are scored (see score_keys_in_streams).
 template <typename Elem>
 struct RowPrefetch {
   const Elem* row;  // V row of the first key
