@@ -812,6 +812,35 @@ TEST(F16Kernel, FiniteHalvesGiveTheSameBitsAsTheExactWideningForExtremeValuesAnd
           }
 }
 
+// MHA decode of kFloat16Finite halves with E or Ev of 64 or 128: over a tile of 512 to 519 keys
+// the 8 streams of scoring (and of P·V, when no key of the tile is masked) are then a
+// compile-time spacing apart (with_constant_spacing), one pointer stepped. The same bits as
+// kFloat16's general loops, and the reference: key counts where the spacing holds (512, 519,
+// 1100's first tile, the segments of 1024 keys without weights) and where it does not (520,
+// 1100's last tile), masked keys (P·V's open keys fewer than a tile) and none, E and Ev apart.
+TEST(F16Kernel, DecodeWithConstantStreamSpacingGivesTheBitsOfTheGeneralLoops) {
+  const std::pair<int, int> dims[] = {{128, 128}, {64, 64}, {128, 64}, {64, 35}, {67, 128}};
+  uint32_t seed = 700;
+  for (int lk : {kKeyTile, kKeyTile + 7, kKeyTile + 8, 2 * kKeyTile, 1100})
+    for (auto [e, ev] : dims)
+      for (bool masked : {false, true}) {  // masked: with weights; else none, split-K from 513 keys
+        F16Case c;
+        c.B = 1, c.Hq = 2, c.Hkv = 2, c.Lq = 1, c.Lk = lk, c.E = e, c.Ev = ev;
+        c.float_mask = masked, c.mask_block_fraction = 0.05, c.weights = masked, c.seed = seed++;
+        F16Harness exact(c);
+        exact.p.read_kv_in_order = true;
+        F16Harness finite(c);
+        finite.p.read_kv_in_order = true;
+        finite.p.kv_type = KvType::kFloat16Finite;
+        ASSERT_TRUE(reads_keys_in_place(finite.p)) << c.describe();
+        ASSERT_EQ(exact.run(), Status::kOk) << c.describe();
+        ASSERT_EQ(finite.run(), Status::kOk) << c.describe();
+        finite.expect_matches_reference();
+        EXPECT_TRUE(same_bits(finite.out, exact.out)) << c.describe();
+        EXPECT_TRUE(same_bits(finite.weights, exact.weights)) << c.describe();
+      }
+}
+
 TEST(F16Kernel, ValidateRejectsAnUnknownKvType) {
   F16Case c;
   F16Harness h(c);
