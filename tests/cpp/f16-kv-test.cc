@@ -816,8 +816,9 @@ TEST(F16Kernel, FiniteHalvesGiveTheSameBitsAsTheExactWideningForExtremeValuesAnd
 // the 8 streams of scoring (and of P·V, when no key of the tile is masked) are then a
 // compile-time spacing apart (with_constant_spacing), one pointer stepped. The same bits as
 // kFloat16's general loops, and the reference: key counts where the spacing holds (512, 519,
-// 1100's first tile, the segments of 1024 keys without weights) and where it does not (520,
-// 1100's last tile), masked keys (P·V's open keys fewer than a tile) and none, E and Ev apart.
+// the whole tiles of 1024 and 1100, or without weights their split-K segments of 512) and where
+// it does not (520, the last 76 keys of 1100), masked keys (P·V's open keys fewer than a tile)
+// and none, E and Ev apart.
 TEST(F16Kernel, DecodeWithConstantStreamSpacingGivesTheBitsOfTheGeneralLoops) {
   const std::pair<int, int> dims[] = {{128, 128}, {64, 64}, {128, 64}, {64, 35}, {67, 128}};
   uint32_t seed = 700;
