@@ -18,6 +18,14 @@
 // (m != 0, payload kept) with the sign kept. Every one of the 65536 patterns is checked
 // against the scalar form in tests/cpp/f16-kv-test.cc.
 //
+// Eight lanes at once (f16x8_load_finite_as_f32_times_2_minus_112, for the float16 MHA decode),
+// the same bits as two 4-lane loads, made in 16-bit lanes before they are paired up: bits is
+//   upper 16 bits := (h >>arithmetic 3) & 0x8FFF   s, then 000, then e and m9..m3
+//   lower 16 bits := h << 13                        m2..m0, then zeros
+// and interleaving the eight upper halves with the eight lower ones gives the 32-bit lanes of
+// halves 0..3 and 4..7: 5 instructions on 8 halves (a load, two shifts, an AND, two shuffles),
+// where two 4-lane loads take 6 (each a widening load, a shift, an AND).
+//
 // Narrowing (f32_to_f16, scalar, and f32x4_to_f16_bits, the same four lanes at once, for
 // the appends of long prompts): round to nearest, ties to even. Finite values beyond the
 // largest half (±65504, after rounding) and ±Inf SATURATE to ±65504, so a float16 cache never
@@ -150,6 +158,7 @@ inline v128_t f32x4_to_f16_bits(v128_t x, const F32ToF16Constants& c) {
 // may rematerialise vector constants that clang can see inside loops: PERF-NOTES).
 struct F16Constants {
   v128_t keep;           // 0x8FFFFFFF: sign, the exponent field's low 5 bits, mantissa
+  v128_t keep16;         // 0x8FFF in each 16-bit lane: keep's upper half, for 8 lanes at once
   v128_t scale;          // 2^112
   v128_t exponent_mask;  // 0x0F800000: e after the shift
   v128_t exponent_ones;  // 0x7F800000
@@ -159,6 +168,7 @@ inline F16Constants make_f16_constants() {
   static const uint32_t k[4] = {0x8FFFFFFFu, 0x77800000u /* 2^112 */, 0x0F800000u, 0x7F800000u};
   F16Constants c;
   c.keep = wasm_v128_load32_splat(&k[0]);
+  c.keep16 = wasm_v128_load16_splat(reinterpret_cast<const uint16_t*>(&k[0]) + 1);  // little-endian: 0x8FFF
   c.scale = wasm_v128_load32_splat(&k[1]);
   c.exponent_mask = wasm_v128_load32_splat(&k[2]);
   c.exponent_ones = wasm_v128_load32_splat(&k[3]);
@@ -181,6 +191,18 @@ inline v128_t f16x4_load_finite_as_f32(const uint16_t* p, const F16Constants& c)
 // sum): the same bits as widening first.
 inline v128_t f16x4_load_finite_as_f32_times_2_minus_112(const uint16_t* p, const F16Constants& c) {
   return wasm_v128_and(wasm_i32x4_shl(wasm_i32x4_load16x4(p), 13), c.keep);
+}
+
+// Eight halves at p (any 2-byte alignment) as *first (halves 0..3) and *second (4..7), the
+// bits of f16x4_load_finite_as_f32_times_2_minus_112 at p and p + 4 for every pattern (see the
+// top: the same integer function of h, made in 16-bit lanes).
+inline void f16x8_load_finite_as_f32_times_2_minus_112(const uint16_t* p, const F16Constants& c, v128_t* first,
+                                                       v128_t* second) {
+  const v128_t h = wasm_v128_load(p);
+  const v128_t upper = wasm_v128_and(wasm_i16x8_shr(h, 3), c.keep16);
+  const v128_t lower = wasm_i16x8_shl(h, 13);
+  *first = wasm_i16x8_shuffle(lower, upper, 0, 8, 1, 9, 2, 10, 3, 11);
+  *second = wasm_i16x8_shuffle(lower, upper, 4, 12, 5, 13, 6, 14, 7, 15);
 }
 
 // Four halves at p (any 2-byte alignment) as four floats, exactly (see the top).

@@ -172,6 +172,34 @@ TEST(F16Widening, ScaledWideningIsTheValueTimes2ToTheMinus112ForEveryPatternButI
   });
 }
 
+TEST(F16Widening, EightHalvesAtOnceGiveTheBitsOfTwoFourHalfLoadsForEveryPattern) {
+  // f16x8_load_finite_as_f32_times_2_minus_112 (the float16 MHA decode's loops) builds the same
+  // integer function of each half in 16-bit lanes: its two vectors must have the bits of the
+  // 4-lane form at p and p + 4 for all 65536 patterns (Inf and NaN included: both forms leave
+  // them to the caller), every pattern through each of the 8 lanes, at every 2-byte alignment.
+  struct alignas(16) Buffer { uint16_t h[65536 + 16]; };
+  const auto buffer = std::make_unique<Buffer>();
+  const F16Constants c = make_f16_constants();
+  for (int misalign = 0; misalign < 8; misalign++) {
+    uint16_t* const patterns = buffer->h + misalign;
+    for (uint32_t i = 0; i < 65536; i++) patterns[i] = static_cast<uint16_t>(i);
+    for (uint32_t phase = 0; phase < 8; phase++) {
+      for (uint32_t i = phase; i + 8 <= 65536; i += 8) {
+        v128_t first, second;
+        f16x8_load_finite_as_f32_times_2_minus_112(patterns + i, c, &first, &second);
+        alignas(16) uint32_t got[8], want[8];
+        wasm_v128_store(got, first), wasm_v128_store(got + 4, second);
+        wasm_v128_store(want, f16x4_load_finite_as_f32_times_2_minus_112(patterns + i, c));
+        wasm_v128_store(want + 4, f16x4_load_finite_as_f32_times_2_minus_112(patterns + i + 4, c));
+        for (int lane = 0; lane < 8; lane++) {
+          ASSERT_EQ(got[lane], want[lane]) << std::hex << "half 0x" << (i + lane) << std::dec << " lane " << lane
+                                           << " misalign " << misalign;
+        }
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // 1b. Narrowing: f32_to_f16 against a nearest-half search.
 // ---------------------------------------------------------------------------------------
