@@ -745,6 +745,16 @@ void finish_scores(const Problem& p, const RowTile& rt, int32_t j0, TileKind kin
 // unconditionally; from open_count on, a key whose probability is exactly 0 for a row
 // (blocked, or flushed by exp) is skipped for that row, not multiplied by 0, so NaN in a
 // blocked V row cannot leak. 4 rows × 8 columns = 8 accumulators at most.
+// v[0 .. kVecs) = the 4·kVecs elements at row, 8 at a time where Src has load8 (the same values).
+template <int kVecs, typename Src>
+inline void load_row_vectors(const Src& src, const typename Src::Elem* row, v128_t* v) {
+  int k = 0;
+  if constexpr (kLoadsEight<Src>) {
+    for (; k + 2 <= kVecs; k += 2) src.load8(row + 4 * k, &v[k], &v[k + 1]);
+  }
+  for (; k < kVecs; k++) v[k] = src.load4(row + 4 * k);
+}
+
 template <int kRows, int kVecs, typename Src>
 void pv_block(const Src& src, const float* probs, const typename Src::Elem* value, int64_t v_stride,
               int32_t open_count, int32_t key_count, const float* alpha, float* acc, int32_t acc_stride) {
@@ -762,7 +772,7 @@ void pv_block(const Src& src, const float* probs, const typename Src::Elem* valu
 #pragma clang loop unroll(disable)
   for (; p_col != p_open_end; p_col++, v_row += v_stride) {
     v128_t v[kVecs];
-    for (int k = 0; k < kVecs; k++) v[k] = src.load4(v_row + 4 * k);
+    load_row_vectors<kVecs>(src, v_row, v);
     for (int r = 0; r < kRows; r++) {
       const v128_t p = wasm_v128_load32_splat(p_col + r * kKeyTile);
       for (int k = 0; k < kVecs; k++) o[r][k] = f32x4_madd(p, v[k], o[r][k]);
@@ -770,7 +780,7 @@ void pv_block(const Src& src, const float* probs, const typename Src::Elem* valu
   }
   for (int32_t j = open_count; j < key_count; j++) {
     v128_t v[kVecs];
-    for (int k = 0; k < kVecs; k++) v[k] = src.load4(value + j * v_stride + 4 * k);
+    load_row_vectors<kVecs>(src, value + j * v_stride, v);
     for (int r = 0; r < kRows; r++) {
       const float pr = probs[r * kKeyTile + j];
       if (pr == 0.0f) continue;
