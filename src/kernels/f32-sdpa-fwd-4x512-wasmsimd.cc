@@ -111,9 +111,11 @@ struct F16FiniteScaledElements {
   float scalar(uint16_t h) const { return f16_to_f32(h) * kReadScale; }  // exact: at least 2^-136
 };
 
-// Whether Src has load8 (8 elements as two vectors, with fewer instructions than two load4s),
-// which the float16 MHA decode's loops use with a constant stream spacing (score_keys_in_streams,
-// add_value_rows): with K/V in L2, 0.89–0.93× the step's time (Intel Xeon, family 6 model 167).
+// Whether Src has load8 (8 elements as two vectors, with fewer instructions than two load4s).
+// Used by the float16 MHA decode's loops with a constant stream spacing (score_keys_in_streams,
+// add_value_rows: with K/V in L2, 0.89–0.93× the step's time on an Intel Xeon, family 6 model
+// 167) and by P·V's column blocks (pv_block, GQA's tiles: 0.93–0.98×). GQA's scoring (4 rows ×
+// 2 streams) in 8-dim steps took 1.05–1.14× the time (4 vectors of K live per step, not 2).
 template <typename Src>
 constexpr bool kLoadsEight = std::is_same_v<Src, F16FiniteScaledElements>;
 
@@ -740,11 +742,6 @@ void finish_scores(const Problem& p, const RowTile& rt, int32_t j0, TileKind kin
   }
 }
 
-// acc[r][col .. col+4·kVecs) = alpha[r]·acc[r][…] + Σ_{j < key_count} probs[r][j]·V[j][…]
-// for r < kRows. Keys j < open_count are open for every row and are multiplied
-// unconditionally; from open_count on, a key whose probability is exactly 0 for a row
-// (blocked, or flushed by exp) is skipped for that row, not multiplied by 0, so NaN in a
-// blocked V row cannot leak. 4 rows × 8 columns = 8 accumulators at most.
 // v[0 .. kVecs) = the 4·kVecs elements at row, 8 at a time where Src has load8 (the same values).
 template <int kVecs, typename Src>
 inline void load_row_vectors(const Src& src, const typename Src::Elem* row, v128_t* v) {
@@ -755,6 +752,11 @@ inline void load_row_vectors(const Src& src, const typename Src::Elem* row, v128
   for (; k < kVecs; k++) v[k] = src.load4(row + 4 * k);
 }
 
+// acc[r][col .. col+4·kVecs) = alpha[r]·acc[r][…] + Σ_{j < key_count} probs[r][j]·V[j][…]
+// for r < kRows. Keys j < open_count are open for every row and are multiplied
+// unconditionally; from open_count on, a key whose probability is exactly 0 for a row
+// (blocked, or flushed by exp) is skipped for that row, not multiplied by 0, so NaN in a
+// blocked V row cannot leak. 4 rows × 8 columns = 8 accumulators at most.
 template <int kRows, int kVecs, typename Src>
 void pv_block(const Src& src, const float* probs, const typename Src::Elem* value, int64_t v_stride,
               int32_t open_count, int32_t key_count, const float* alpha, float* acc, int32_t acc_stride) {
