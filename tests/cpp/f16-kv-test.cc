@@ -173,10 +173,11 @@ TEST(F16Widening, ScaledWideningIsTheValueTimes2ToTheMinus112ForEveryPatternButI
 }
 
 TEST(F16Widening, EightHalvesAtOnceGiveTheBitsOfTwoFourHalfLoadsForEveryPattern) {
-  // f16x8_load_finite_as_f32_times_2_minus_112 (the float16 MHA decode's loops) builds the same
+  // f16x8_load_finite_as_f32_times_2_minus_112 (the float16 decode's loops) builds the same
   // integer function of each half in 16-bit lanes: its two vectors must have the bits of the
   // 4-lane form at p and p + 4 for all 65536 patterns (Inf and NaN included: both forms leave
-  // them to the caller), every pattern through each of the 8 lanes, at every 2-byte alignment.
+  // them to the caller), every pattern through each of the 8 lanes, at every 2-byte alignment;
+  // and for every finite half, the bits of value·2^-112 (the oracle of the 4-lane form too).
   struct alignas(16) Buffer { uint16_t h[65536 + 16]; };
   const auto buffer = std::make_unique<Buffer>();
   const F16Constants c = make_f16_constants();
@@ -192,8 +193,13 @@ TEST(F16Widening, EightHalvesAtOnceGiveTheBitsOfTwoFourHalfLoadsForEveryPattern)
         wasm_v128_store(want, f16x4_load_finite_as_f32_times_2_minus_112(patterns + i, c));
         wasm_v128_store(want + 4, f16x4_load_finite_as_f32_times_2_minus_112(patterns + i + 4, c));
         for (int lane = 0; lane < 8; lane++) {
-          ASSERT_EQ(got[lane], want[lane]) << std::hex << "half 0x" << (i + lane) << std::dec << " lane " << lane
+          const uint16_t h = static_cast<uint16_t>(i + lane);
+          ASSERT_EQ(got[lane], want[lane]) << std::hex << "half 0x" << h << std::dec << " lane " << lane
                                            << " misalign " << misalign;
+          if ((h & 0x7C00) != 0x7C00) {
+            const float scaled = static_cast<float>(std::ldexp(half_value(h), -112));
+            ASSERT_EQ(got[lane], bits_of(scaled)) << std::hex << "half 0x" << h;
+          }
         }
       }
     }
