@@ -119,6 +119,16 @@ struct F16FiniteScaledElements {
 template <typename Src>
 constexpr bool kLoadsEight = std::is_same_v<Src, F16FiniteScaledElements>;
 
+// v[0 .. kVecs) = the 4·kVecs elements at row, 8 at a time where Src has load8 (the same values).
+template <int kVecs, typename Src>
+inline void load_row_vectors(const Src& src, const typename Src::Elem* row, v128_t* v) {
+  int k = 0;
+  if constexpr (kLoadsEight<Src>) {
+    for (; k + 2 <= kVecs; k += 2) src.load8(row + 4 * k, &v[k], &v[k + 1]);
+  }
+  for (; k < kVecs; k++) v[k] = src.load4(row + 4 * k);
+}
+
 int32_t value_cols_padded(const Problem& p) { return round_up(p.value_dim, kValueBlock); }
 
 // Floats between the 8-column blocks of packed V: one block holds every key's 8 columns.
@@ -604,10 +614,10 @@ void score_keys_in_streams(const Src& src, const float* q_blocks, const float* q
       for (; kd[0] != k0_end8; kd[0] += 8, qd += 8) {
         const v128_t q_first = wasm_v128_load(qd), q_second = wasm_v128_load(qd + 4);
         for (int n = 0; n < kStreams; n++) {
-          v128_t k_first, k_second;
-          src.load8(kd[0] + n * kSpacing, &k_first, &k_second);
-          a[n][0][0] = f32x4_madd(q_first, k_first, a[n][0][0]);
-          a[n][0][0] = f32x4_madd(q_second, k_second, a[n][0][0]);
+          v128_t vk[2];
+          load_row_vectors<2>(src, kd[0] + n * kSpacing, vk);
+          a[n][0][0] = f32x4_madd(q_first, vk[0], a[n][0][0]);
+          a[n][0][0] = f32x4_madd(q_second, vk[1], a[n][0][0]);
         }
       }
     }
@@ -742,16 +752,6 @@ void finish_scores(const Problem& p, const RowTile& rt, int32_t j0, TileKind kin
   }
 }
 
-// v[0 .. kVecs) = the 4·kVecs elements at row, 8 at a time where Src has load8 (the same values).
-template <int kVecs, typename Src>
-inline void load_row_vectors(const Src& src, const typename Src::Elem* row, v128_t* v) {
-  int k = 0;
-  if constexpr (kLoadsEight<Src>) {
-    for (; k + 2 <= kVecs; k += 2) src.load8(row + 4 * k, &v[k], &v[k + 1]);
-  }
-  for (; k < kVecs; k++) v[k] = src.load4(row + 4 * k);
-}
-
 // acc[r][col .. col+4·kVecs) = alpha[r]·acc[r][…] + Σ_{j < key_count} probs[r][j]·V[j][…]
 // for r < kRows. Keys j < open_count are open for every row and are multiplied
 // unconditionally; from open_count on, a key whose probability is exactly 0 for a row
@@ -833,10 +833,10 @@ inline void add_value_rows(const Src& src, const float* probs, const typename Sr
     for (; o != o_end8; o += 8, v[0] += 8) {
       v128_t first = wasm_v128_load(o), second = wasm_v128_load(o + 4);
       for (int n = 0; n < kKeys; n++) {
-        v128_t v_first, v_second;
-        src.load8(v[0] + n * kSpacing, &v_first, &v_second);
-        first = f32x4_madd(p[n], v_first, first);
-        second = f32x4_madd(p[n], v_second, second);
+        v128_t vv[2];
+        load_row_vectors<2>(src, v[0] + n * kSpacing, vv);
+        first = f32x4_madd(p[n], vv[0], first);
+        second = f32x4_madd(p[n], vv[1], second);
       }
       wasm_v128_store(o, first), wasm_v128_store(o + 4, second);
     }
@@ -1037,8 +1037,9 @@ void pack_value(const Src& src, const typename Src::Elem* value, int64_t stride_
     const typename Src::Elem* row = value + j * stride_l;
     float* dst = packed + static_cast<size_t>(j) * kValueBlock;
     for (int32_t c0 = 0; c0 < whole; c0 += kValueBlock, dst += block_floats) {
-      wasm_v128_store(dst, src.load4(row + c0));
-      wasm_v128_store(dst + 4, src.load4(row + c0 + 4));
+      v128_t block[2];
+      load_row_vectors<2>(src, row + c0, block);
+      wasm_v128_store(dst, block[0]), wasm_v128_store(dst + 4, block[1]);
     }
     if (whole < value_dim) {  // the last, partial block and its zero padding
       for (int32_t c = 0; c < kValueBlock; c++) dst[c] = whole + c < value_dim ? src.scalar(row[whole + c]) : 0.0f;
