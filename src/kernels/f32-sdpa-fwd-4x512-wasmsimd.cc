@@ -516,9 +516,11 @@ inline uint32_t touch_row(const RowPrefetch<Elem>& v, int32_t j) {
 // queue. How far ahead the core itself reaches is its out-of-order window: about four times
 // as many bytes for float32 rows (a load and a multiply-add per 16 bytes) as for float16 ones
 // (a load, the widening and two multiply-adds per 16 bytes), so float16 needs more streams.
+// But more streams are not free: on the AMD EPYC Zen 5 host a plain read of 16 MiB tiles
+// ran at 27.5–28 GB/s in 1 or 2 streams, 25–27 in 4 and 21–24 in 8.
 // At most 8 accumulators in the loop (kRows rows × kStreams × kChains, see score_4x8_packed):
 // - one row (MHA): float32 2 streams of 4 chains each (4 partial sums over the dims, so that
-//   one key's multiply-adds do not wait on each other), float16 8 streams of 1 chain;
+//   one key's multiply-adds do not wait on each other), float16 4 streams of 2 chains;
 // - 2 rows: 4 streams; 3 or 4 rows (GQA): 2 streams; one chain each.
 // Measured on an Intel Xeon (family 6, model 167), H32 E128 (MHA) or Hkv8 (GQA), each step
 // from main memory, alternating runs in one process, time ÷ one stream's:
@@ -527,29 +529,36 @@ inline uint32_t touch_row(const RowPrefetch<Elem>& v, int32_t j) {
 //   in L2 8 streams ran 1.07× the speed of 2 (so a host where the core is the limit may
 //   prefer them);
 // - one row, float16, ÷ 2 streams (512 to 8192 keys): 4 streams 0.63–0.77, 8 streams
-//   0.58–0.70, 16 streams (spilling) 1.13–1.22 the time of 8;
+//   0.58–0.70, 16 streams (spilling) 1.13–1.22 the time of 8 (all of 1 chain, halves
+//   widened 4 at a time);
 // - 4 rows (Hq32 Hkv8, 8192 keys), 2 streams ÷ 1: float16 0.75–0.76, float32 0.85–0.86; 3
 //   streams (12 accumulators, spilling) 1.19 (float16), 0.96 (float32) the time of 2;
 // - 2 and 3 rows (4 and 2 streams ÷ 1): float16 0.90 and 0.84, float32 0.97 and 0.95.
 // With K/V in L2 the same or within 10% (float16 one row, 8 streams: 0.9× the speed of 2).
+// On an AMD EPYC Zen 5 (family 26, model 2), relaxed build, float16 one row, each step from
+// main memory: 4 streams of 2 chains took 0.72–0.77× the time of 8 streams of 1 (H32 or Hkv8,
+// 4096 and 8192 keys; two threads 0.80–0.82×), 2 streams 0.78–0.84×; with K/V in L2 0.90–0.99×.
+// Float16 MHA was in 8 streams until then; 4 streams have not been measured on the Intel host,
+// where the 8 streams (of 1 chain, before halves were widened 8 at a time) took about 0.9× the
+// time of 4.
 template <typename Elem, int kRows>
-constexpr int kDecodeStreams = kRows == 1 ? (sizeof(Elem) == sizeof(float) ? 2 : 8) : kRows == 2 ? 4 : 2;
+constexpr int kDecodeStreams = kRows == 1 ? (sizeof(Elem) == sizeof(float) ? 2 : 4) : kRows == 2 ? 4 : 2;
 template <typename Elem, int kRows>
 constexpr int kDecodeChains = kRows == 1 ? 8 / kDecodeStreams<Elem, 1> : 1;
 
 // The float16 cache's MHA decode (its usual reader, F16FiniteScaledElements, one row per
-// tile, 8 streams) steps one pointer instead of 8, in scoring and in P·V, when the spacing of
-// the streams (part·stride elements) is a whole 512-key tile's for E = 64 or 128: run(S) gets
-// that spacing as a compile-time constant S, so every other stream's load is a constant offset
-// from stream 0's, folded into the wasm load's offset field (V8 then spends no instruction on
-// it, and 8 pointers no longer compete with the widening for the vector ports' ALUs). Returns
-// false (run not called) for any other reader, row count or spacing, which take the general
-// loops, the same operations on the same elements. Measured on an Intel Xeon (family 6, model
-// 167), relaxed build, one step with K/V in L2 (2 KV heads × 512 positions), alternating
-// builds in one process: E128 0.90-0.94× the time of before (the general loops, with P·V's
-// parts in a function of their own, add_value_parts, take 0.95-0.97× the time of before at
-// E96 too); each step from main memory (MHA H32, 4096-8192 positions) 0.87-1.02×, within the
-// noise of that host's memory.
+// tile, kDecodeStreams streams) steps one pointer instead of one per stream, in scoring and in
+// P·V, when the spacing of the streams (part·stride elements) is a whole 512-key tile's for
+// E = 64 or 128: run(S) gets that spacing as a compile-time constant S, so every other
+// stream's load is a constant offset from stream 0's, folded into the wasm load's offset field
+// (V8 then spends no instruction on it, and the streams' pointers no longer compete with the
+// widening for the ALUs). Returns false (run not called) for any other reader, row count or
+// spacing, which take the general loops, the same operations on the same elements. Measured
+// (in 8 streams) on an Intel Xeon (family 6, model 167), relaxed build, one step with K/V in
+// L2 (2 KV heads × 512 positions), alternating builds in one process: E128 0.90-0.94× the
+// time of before (the general loops, with P·V's parts in a function of their own,
+// add_value_parts, take 0.95-0.97× the time of before at E96 too); each step from main memory
+// (MHA H32, 4096-8192 positions) 0.87-1.02×, within the noise of that host's memory.
 template <typename Src, int kRows, typename Run>
 bool with_constant_spacing(int64_t spacing, const Run& run) {
   if constexpr (kRows == 1 && std::is_same_v<Src, F16FiniteScaledElements>) {
@@ -606,9 +615,10 @@ void score_keys_in_streams(const Src& src, const float* q_blocks, const float* q
     const Elem* const k0_end = kd[0] + e_chains;
     const float* qd = q_blocks;
     if constexpr (kLoadsEight<Src> && kSpacing != 0) {
-      // 8 dims a step, each stream's halves widened 8 at a time: the multiply-adds of two
-      // 4-dim steps, in their order (the same bits).
-      static_assert(kRows == 1 && kChains == 1, "the float16 MHA decode's loop (with_constant_spacing)");
+      // 8 dims a step, each stream's halves widened 8 at a time: dims 0..3 of the step go to
+      // chain 0 and 4..7 to chain kChains - 1 (the same chain when there is one), as in the
+      // loop below, whose steps are 4·kChains dims (the same bits).
+      static_assert(kRows == 1 && kChains <= 2, "the float16 MHA decode's loop (with_constant_spacing)");
       const Elem* const k0_end8 = kd[0] + e_chains / 8 * 8;
 #pragma clang loop unroll(disable)
       for (; kd[0] != k0_end8; kd[0] += 8, qd += 8) {
@@ -617,7 +627,7 @@ void score_keys_in_streams(const Src& src, const float* q_blocks, const float* q
           v128_t vk[2];
           load_row_vectors<2>(src, kd[0] + n * kSpacing, vk);
           a[n][0][0] = f32x4_madd(q_first, vk[0], a[n][0][0]);
-          a[n][0][0] = f32x4_madd(q_second, vk[1], a[n][0][0]);
+          a[n][0][kChains - 1] = f32x4_madd(q_second, vk[1], a[n][0][kChains - 1]);
         }
       }
     }

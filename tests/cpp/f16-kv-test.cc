@@ -846,17 +846,17 @@ TEST(F16Kernel, FiniteHalvesGiveTheSameBitsAsTheExactWideningForExtremeValuesAnd
           }
 }
 
-// MHA decode of kFloat16Finite halves with E or Ev of 64 or 128: over a tile of 512 to 519 keys
-// the 8 streams of scoring (and of P·V, when no key of the tile is masked) are then a
-// compile-time spacing apart (with_constant_spacing), one pointer stepped. The same bits as
-// kFloat16's general loops, and the reference: key counts where the spacing holds (512, 519,
-// the whole tiles of 1024 and 1100, or without weights their split-K segments of 512) and where
-// it does not (520, the last 76 keys of 1100), masked keys (P·V's open keys fewer than a tile)
-// and none, E and Ev apart.
+// MHA decode of kFloat16Finite halves with E or Ev of 64 or 128: over a tile of 512 to 515 keys
+// the 4 streams of scoring (and of P·V, when no key of the tile is masked), 128 keys each, are
+// then a compile-time spacing apart (with_constant_spacing), one pointer stepped. The same
+// bits as kFloat16's general loops, and the reference: key counts where the spacing holds
+// (512, 515, the whole tiles of 1024 and 1100, or without weights their split-K segments of
+// 512) and where it does not (519 and 520: 129 and 130 keys a stream; the last 76 keys of
+// 1100), masked keys (P·V's open keys fewer than a tile) and none, E and Ev apart.
 TEST(F16Kernel, DecodeWithConstantStreamSpacingGivesTheBitsOfTheGeneralLoops) {
   const std::pair<int, int> dims[] = {{128, 128}, {64, 64}, {128, 64}, {64, 35}, {67, 128}};
   uint32_t seed = 700;
-  for (int lk : {kKeyTile, kKeyTile + 7, kKeyTile + 8, 2 * kKeyTile, 1100})
+  for (int lk : {kKeyTile, kKeyTile + 3, kKeyTile + 7, kKeyTile + 8, 2 * kKeyTile, 1100})
     for (auto [e, ev] : dims)
       for (bool masked : {false, true}) {  // masked: with weights; else none, split-K from 513 keys
         F16Case c;
