@@ -94,7 +94,7 @@ struct F16FiniteElements {
   v128_t load4(const uint16_t* p) const { return f16x4_load_finite_as_f32(p, c); }
   float scalar(uint16_t h) const { return f16_to_f32(h); }
 };
-// The same halves read as value·2^-112: 3 instructions per 4 halves, or 5 per 8 (load8). The
+// The same halves read as value·2^-112: 3 instructions per 4 halves, or 6 per 8 (load8). The
 // 2^112 goes into the other factor: q_tile = (scale·q)·2^112 and p·2^112 in P·V. Both products
 // are then the same real numbers as with the widened halves, so every rounding, and the
 // result, is bitwise the same, provided (scale·q)·2^112 stays finite: |scale·q| < 2^16 for

@@ -24,8 +24,10 @@
 //   upper 16 bits := (h >>arithmetic 3) & 0x8FFF   s, then 000, then e and m9..m3
 //   lower 16 bits := h << 13                        m2..m0, then zeros
 // and interleaving the eight upper halves with the eight lower ones gives the 32-bit lanes of
-// halves 0..3 and 4..7: 5 instructions on 8 halves (a load, two shifts, an AND, two shuffles),
-// where two 4-lane loads take 6 (each a widening load, a shift, an AND).
+// halves 0..3 and 4..7: a load and 5 operations on 8 halves (two shifts, an AND, two
+// shuffles), where two 4-lane loads take two widening loads and 4 operations (a shift and an
+// AND each), and on x86 each widening load is itself a load and a shuffle: 6 operations on 8
+// halves against 8.
 //
 // Narrowing (f32_to_f16, scalar, and f32x4_to_f16_bits, the same four lanes at once, for
 // the appends of long prompts): round to nearest, ties to even. Finite values beyond the
