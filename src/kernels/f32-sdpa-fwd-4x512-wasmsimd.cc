@@ -537,7 +537,8 @@ inline uint32_t touch_row(const RowPrefetch<Elem>& v, int32_t j) {
 // With K/V in L2 the same or within 10% (float16 one row, 8 streams: 0.9× the speed of 2).
 // On an AMD EPYC Zen 5 (family 26, model 2), relaxed build, float16 one row, each step from
 // main memory: 4 streams of 2 chains took 0.72–0.77× the time of 8 streams of 1 (H32 or Hkv8,
-// 4096 and 8192 keys; two threads 0.80–0.82×), 2 streams 0.78–0.84×; with K/V in L2 0.90–0.99×.
+// 4096 and 8192 keys; two threads 0.80–0.82×), 2 streams (of 4 chains, halves widened 4 at a
+// time) 0.78–0.84×; with K/V in L2 0.90–0.99×.
 // Float16 MHA was in 8 streams until then; 4 streams have not been measured on the Intel host,
 // where the 8 streams (of 1 chain, before halves were widened 8 at a time) took about 0.9× the
 // time of 4.
