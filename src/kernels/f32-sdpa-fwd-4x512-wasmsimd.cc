@@ -111,13 +111,51 @@ struct F16FiniteScaledElements {
   float scalar(uint16_t h) const { return f16_to_f32(h) * kReadScale; }  // exact: at least 2^-136
 };
 
-// Whether Src has load8 (8 elements as two vectors, with fewer instructions than two load4s).
-// Used by the float16 MHA decode's loops with a constant stream spacing (score_keys_in_streams,
-// add_value_rows: with K/V in L2, 0.89–0.93× the step's time on an Intel Xeon, family 6 model
-// 167) and by P·V's column blocks (pv_block, GQA's tiles: 0.93–0.98×). GQA's scoring (4 rows ×
-// 2 streams) in 8-dim steps took 1.05–1.14× the time (4 vectors of K live per step, not 2).
+// Whether Src has load8 (8 elements as two vectors, with fewer instructions than two load4s),
+// and a load8_even_odd with fewer still. load8 serves P·V's column blocks (pv_block, GQA's
+// tiles: 0.93–0.98× the time); GQA's scoring (4 rows × 2 streams) in 8-dim steps took
+// 1.05–1.14× the time (4 vectors of K live per step, not 2). The float16 MHA decode's loops
+// with a constant stream spacing (score_keys_in_streams, add_value_rows) took load8 too
+// (with K/V in L2, 0.89–0.93× the step's time of load4s on an Intel Xeon, family 6 model 167)
+// until load8_even_odd.
 template <typename Src>
 constexpr bool kLoadsEight = std::is_same_v<Src, F16FiniteScaledElements>;
+
+// The float16 MHA decode (one query row per tile, halves read in place in memory order:
+// score_keys_in_streams, add_value_parts) takes each block of 8 dims as its even dims (0, 2, 4,
+// 6) and its odd dims (1, 3, 5, 7): F16FiniteScaledElements reads them with shifts and ANDs
+// (f16x8_load_finite_even_odd_as_f32_times_2_minus_112), where dims 0..3 and 4..7 take two
+// shuffles too. Scoring's two chains are then the even and the odd dims, for
+// every reader of halves (the other readers shuffle two 4-dim loads): one key's score has the
+// same bits whichever reader and loop scores it. The one place that says when.
+template <typename Elem>
+constexpr bool even_odd_dims(int rows) {
+  return std::is_same_v<Elem, uint16_t> && rows == 1;
+}
+
+// The 8 elements at p as *even (0, 2, 4, 6) and *odd (1, 3, 5, 7).
+template <typename Src>
+inline void load8_even_odd(const Src& src, const typename Src::Elem* p, v128_t* even, v128_t* odd) {
+  if constexpr (std::is_same_v<Src, F16FiniteScaledElements>) {
+    f16x8_load_finite_even_odd_as_f32_times_2_minus_112(p, src.c, even, odd);
+  } else {
+    const v128_t first = src.load4(p), second = src.load4(p + 4);
+    *even = wasm_i32x4_shuffle(first, second, 0, 2, 4, 6);
+    *odd = wasm_i32x4_shuffle(first, second, 1, 3, 5, 7);
+  }
+}
+
+// x[0 .. 8) in even-odd order (x0 x2 x4 x6 x1 x3 x5 x7) at to, and back.
+inline void store_even_odd(const float* x, float* to) {
+  const v128_t first = wasm_v128_load(x), second = wasm_v128_load(x + 4);
+  wasm_v128_store(to, wasm_i32x4_shuffle(first, second, 0, 2, 4, 6));
+  wasm_v128_store(to + 4, wasm_i32x4_shuffle(first, second, 1, 3, 5, 7));
+}
+inline void store_in_order(const float* even_odd, float* to) {
+  const v128_t even = wasm_v128_load(even_odd), odd = wasm_v128_load(even_odd + 4);
+  wasm_v128_store(to, wasm_i32x4_shuffle(even, odd, 0, 4, 1, 5));
+  wasm_v128_store(to + 4, wasm_i32x4_shuffle(even, odd, 2, 6, 3, 7));
+}
 
 // v[0 .. kVecs) = the 4·kVecs elements at row, 8 at a time where Src has load8 (the same values).
 template <int kVecs, typename Src>
@@ -574,12 +612,14 @@ bool with_constant_spacing(int64_t spacing, const Run& run) {
 // scores[r][j] = q_r · k_j for kRows query rows and keys j < key_count, K read in place in
 // memory order (stride k_stride) as kStreams streams (see kDecodeStreams), then the last
 // key_count % kStreams keys one at a time. Each row keeps kChains partial sums per key (dims
-// [4c, 4c + 4) mod 4·kChains go to chain c), summed 0 + 1 + … in order, then across lanes
+// [4c, 4c + 4) mod 4·kChains go to chain c; for even_odd_dims, of each 8-dim block the even
+// dims to chain 0 and the odd to chain 1), summed 0 + 1 + … in order, then across lanes
 // (reduce_4x4 for 4 rows, else hsum), then the last E % 4 dims: every key gets the same
 // operations whatever stream it is read in, so one key's score has the same bits in any
 // tile position and for any thread count.
 // q_blocks holds the kRows rows' first E4 = E & ~3 dims by 4-dim blocks, [E4/4][kRows][4]
-// (Scratch::q_blocks): the rows' vectors for one block are adjacent, so every q load of the
+// (Scratch::q_blocks; for even_odd_dims, each 8-dim block of the one row as its even dims,
+// then its odd dims): the rows' vectors for one block are adjacent, so every q load of the
 // loop is a constant offset from one pointer. (With a pointer per row, row-major, V8 computed
 // every load's address with an instruction of its own: GQA decode Hq32 Hkv8 E128, 4 rows per
 // tile, took 1.11× the time at 2048 keys and 0.96–1.11× at 8192, same bits.) q (row-major,
@@ -615,34 +655,34 @@ void score_keys_in_streams(const Src& src, const float* q_blocks, const float* q
     // kChains in one step is dims d + 4b: row r's vector at qd + (b·kRows + r)·4.
     const Elem* const k0_end = kd[0] + e_chains;
     const float* qd = q_blocks;
-    if constexpr (kLoadsEight<Src> && kSpacing != 0) {
-      // 8 dims a step, each stream's halves widened 8 at a time: dims 0..3 of the step go to
-      // chain 0 and 4..7 to chain kChains - 1 (the same chain when there is one), as in the
-      // loop below, whose steps are 4·kChains dims (the same bits).
-      static_assert(kRows == 1 && kChains <= 2, "the float16 MHA decode's loop (with_constant_spacing)");
-      const Elem* const k0_end8 = kd[0] + e_chains / 8 * 8;
+    if constexpr (even_odd_dims<Elem>(kRows)) {
+      // 8 dims a step: q_blocks holds each 8-dim block as its even dims, then its odd dims
+      // (prepare_query_tile); a key's even dims go to chain 0, its odd dims to chain 1.
+      static_assert(kChains == 2 && kStep == 8, "the float16 MHA decode's two chains (even_odd_dims)");
 #pragma clang loop unroll(disable)
-      for (; kd[0] != k0_end8; kd[0] += 8, qd += 8) {
-        const v128_t q_first = wasm_v128_load(qd), q_second = wasm_v128_load(qd + 4);
+      for (; kd[0] != k0_end; qd += 8) {
+        const v128_t q_even = wasm_v128_load(qd), q_odd = wasm_v128_load(qd + 4);
         for (int n = 0; n < kStreams; n++) {
-          v128_t vk[2];
-          load_row_vectors<2>(src, kd[0] + n * kSpacing, vk);
-          a[n][0][0] = f32x4_madd(q_first, vk[0], a[n][0][0]);
-          a[n][0][kChains - 1] = f32x4_madd(q_second, vk[1], a[n][0][kChains - 1]);
+          v128_t even, odd;
+          load8_even_odd(src, kSpacing != 0 ? kd[0] + n * kSpacing : kd[n], &even, &odd);
+          a[n][0][0] = f32x4_madd(q_even, even, a[n][0][0]);
+          a[n][0][1] = f32x4_madd(q_odd, odd, a[n][0][1]);
         }
+        for (int n = 0; n < (kSpacing != 0 ? 1 : kStreams); n++) kd[n] += 8;
       }
-    }
+    } else {
 #pragma clang loop unroll(disable)
-    for (; kd[0] != k0_end; qd += kStep * kRows) {
-      for (int c = 0; c < kChains; c++) {
-        v128_t vk[kStreams];
-        for (int n = 0; n < kStreams; n++) vk[n] = src.load4((kSpacing != 0 ? kd[0] + n * kSpacing : kd[n]) + 4 * c);
-        for (int r = 0; r < kRows; r++) {
-          const v128_t vq = wasm_v128_load(qd + (c * kRows + r) * 4);
-          for (int n = 0; n < kStreams; n++) a[n][r][c] = f32x4_madd(vq, vk[n], a[n][r][c]);
+      for (; kd[0] != k0_end; qd += kStep * kRows) {
+        for (int c = 0; c < kChains; c++) {
+          v128_t vk[kStreams];
+          for (int n = 0; n < kStreams; n++) vk[n] = src.load4((kSpacing != 0 ? kd[0] + n * kSpacing : kd[n]) + 4 * c);
+          for (int r = 0; r < kRows; r++) {
+            const v128_t vq = wasm_v128_load(qd + (c * kRows + r) * 4);
+            for (int n = 0; n < kStreams; n++) a[n][r][c] = f32x4_madd(vq, vk[n], a[n][r][c]);
+          }
         }
+        for (int n = 0; n < (kSpacing != 0 ? 1 : kStreams); n++) kd[n] += kStep;
       }
-      for (int n = 0; n < (kSpacing != 0 ? 1 : kStreams); n++) kd[n] += kStep;
     }
     for (int32_t d = e_chains; d < e4; d += 4) {
       for (int n = 0; n < kStreams; n++) {
@@ -836,20 +876,22 @@ inline void add_value_rows(const Src& src, const float* probs, const typename Sr
   for (int n = 0; n < kKeys; n++) p[n] = wasm_f32x4_splat(probs[n]), v[n] = rows[n];
   float* o = acc;
   if constexpr (kLoadsEight<Src> && kSpacing != 0) {
-    // 8 columns a pass, each row's halves widened 8 at a time: per column the multiply-adds of
-    // the passes below, in their order (the same bits). Then those passes take the rest.
+    // 8 columns a pass, each row's halves read as even and odd columns (load8_even_odd), into
+    // acc's 8-column blocks kept in even-odd order (add_value_parts): per column the
+    // multiply-adds of the passes below, in their order (the same bits). Then those passes
+    // take the rest, in column order.
     static_assert(kVecs <= 2, "the passes below must end where these do or later");
     float* const o_end8 = acc + c4 / 8 * 8;
 #pragma clang loop unroll(disable)
     for (; o != o_end8; o += 8, v[0] += 8) {
-      v128_t first = wasm_v128_load(o), second = wasm_v128_load(o + 4);
+      v128_t even = wasm_v128_load(o), odd = wasm_v128_load(o + 4);
       for (int n = 0; n < kKeys; n++) {
-        v128_t vv[2];
-        load_row_vectors<2>(src, v[0] + n * kSpacing, vv);
-        first = f32x4_madd(p[n], vv[0], first);
-        second = f32x4_madd(p[n], vv[1], second);
+        v128_t v_even, v_odd;
+        load8_even_odd(src, v[0] + n * kSpacing, &v_even, &v_odd);
+        even = f32x4_madd(p[n], v_even, even);
+        odd = f32x4_madd(p[n], v_odd, odd);
       }
-      wasm_v128_store(o, first), wasm_v128_store(o + 4, second);
+      wasm_v128_store(o, even), wasm_v128_store(o + 4, odd);
     }
   }
   float* const o_end = acc + c4 / (4 * kVecs) * (4 * kVecs);
@@ -877,14 +919,23 @@ inline void add_value_rows(const Src& src, const float* probs, const typename Sr
 // acc[0 .. c4) += Σ_{i < part} Σ_{n < kStreams} probs[n·part + i]·V[n·part + i][0 .. c4): the
 // keys [0, kStreams·part) of pv_row_in_order, read as kStreams streams. One function per
 // spacing (see with_constant_spacing), so that V8 allocates each loop's registers on its own.
+// With a constant spacing, add_value_rows keeps acc's first c4 / 8 blocks of 8 columns in
+// even-odd order (store_even_odd) while it adds, and they go back to column order here.
 template <int kStreams, int64_t kSpacing, typename Src>
 __attribute__((noinline)) void add_value_parts(const Src& src, const float* probs, const typename Src::Elem* value,
                                                int64_t v_stride, int32_t part, int32_t c4, float* acc) {
+  constexpr bool kEvenOdd = kLoadsEight<Src> && kSpacing != 0;
+  if constexpr (kEvenOdd) {
+    for (float* o = acc; o != acc + c4 / 8 * 8; o += 8) store_even_odd(o, o);
+  }
   for (int32_t i = 0; i < part; i++) {
     float p[kStreams];
     const typename Src::Elem* rows[kStreams];
     for (int n = 0; n < kStreams; n++) p[n] = probs[n * part + i], rows[n] = value + (n * part + i) * v_stride;
     add_value_rows<kStreams, kSpacing>(src, p, rows, c4, acc);
+  }
+  if constexpr (kEvenOdd) {
+    for (float* o = acc; o != acc + c4 / 8 * 8; o += 8) store_in_order(o, o);
   }
 }
 
@@ -1162,7 +1213,11 @@ void prepare_query_tile(const Problem& p, const RowTile& rt, bool packed_key, bo
     }
   } else if (in_memory_order) {  // q_blocks[d/4][r][d%4] = q_tile[r][d] for the real rows
     const int32_t e4 = E & ~3;
-    for (int32_t d = 0; d < e4; d += 4) {
+    int32_t d = 0;
+    if (even_odd_dims<typename Src::Elem>(rt.rows)) {
+      for (; d + 8 <= E; d += 8) store_even_odd(s.q_tile + d, s.q_blocks + d);
+    }
+    for (; d < e4; d += 4) {
       for (int r = 0; r < rt.rows; r++) {
         wasm_v128_store(s.q_blocks + d * rt.rows + r * 4, wasm_v128_load(s.q_tile + r * E + d));
       }

@@ -206,6 +206,38 @@ TEST(F16Widening, EightHalvesAtOnceGiveTheBitsOfTwoFourHalfLoadsForEveryPattern)
   }
 }
 
+TEST(F16Widening, EvenAndOddHalvesGiveTheBitsOfTheFourHalfLoadForEveryPatternAndNeighbour) {
+  // f16x8_load_finite_even_odd_as_f32_times_2_minus_112 (the float16 MHA decode's loops): its
+  // even vector must hold halves 0, 2, 4, 6 and its odd vector 1, 3, 5, 7, each with the bits
+  // the 4-lane form gives that half, for all 65536 patterns (Inf and NaN included), every
+  // pattern through each of the 8 positions beside varied neighbours (the patterns in a
+  // permuted order: each 32-bit lane holds two halves, and neither may leak into the other),
+  // at every 2-byte alignment.
+  struct alignas(16) Buffer { uint16_t h[65536 + 16]; };
+  const auto buffer = std::make_unique<Buffer>();
+  const F16Constants c = make_f16_constants();
+  for (int misalign = 0; misalign < 8; misalign++) {
+    uint16_t* const patterns = buffer->h + misalign;
+    for (uint32_t i = 0; i < 65536; i++) patterns[i] = static_cast<uint16_t>(i * 40503u);  // odd factor: a permutation
+    for (uint32_t phase = 0; phase < 8; phase++) {
+      for (uint32_t i = phase; i + 8 <= 65536; i += 8) {
+        v128_t even, odd;
+        f16x8_load_finite_even_odd_as_f32_times_2_minus_112(patterns + i, c, &even, &odd);
+        alignas(16) uint32_t got[8];
+        wasm_v128_store(got, even), wasm_v128_store(got + 4, odd);
+        for (int lane = 0; lane < 8; lane++) {
+          const int half = lane < 4 ? 2 * lane : 2 * (lane - 4) + 1;
+          const uint16_t* const at = patterns + i + half;
+          alignas(16) uint32_t want[4];
+          wasm_v128_store(want, f16x4_load_finite_as_f32_times_2_minus_112(at, c));
+          ASSERT_EQ(got[lane], want[0]) << std::hex << "half 0x" << *at << std::dec
+                                        << " position " << half << " misalign " << misalign;
+        }
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // 1b. Narrowing: f32_to_f16 against a nearest-half search.
 // ---------------------------------------------------------------------------------------
