@@ -111,13 +111,15 @@ struct F16FiniteScaledElements {
   float scalar(uint16_t h) const { return f16_to_f32(h) * kReadScale; }  // exact: at least 2^-136
 };
 
-// Whether Src has load8 (8 elements as two vectors, with fewer instructions than two load4s),
-// and a load8_even_odd with fewer still. load8 serves P·V's column blocks (pv_block, GQA's
-// tiles: 0.93–0.98× the time); GQA's scoring (4 rows × 2 streams) in 8-dim steps took
-// 1.05–1.14× the time (4 vectors of K live per step, not 2). The float16 MHA decode's loops
-// with a constant stream spacing (score_keys_in_streams, add_value_rows) took load8 too
-// (with K/V in L2, 0.89–0.93× the step's time of load4s on an Intel Xeon, family 6 model 167)
-// until load8_even_odd.
+// Whether Src has load8 (8 elements as two vectors, with fewer instructions than two load4s;
+// its halves are also what load8_even_odd reads without shuffles). load8 serves P·V's column
+// blocks (pv_block, GQA's tiles: 0.93–0.98× the time; in even-odd order, the accumulators
+// rearranged around the loop, 1.17× from main memory on the Zen 5 host); GQA's scoring (4 rows
+// × 2 streams) in 8-dim steps took 1.05–1.14× the time (4 vectors of K live per step, not 2).
+// The float16 MHA decode's loops with a constant stream spacing (score_keys_in_streams,
+// add_value_rows) took load8 too (with K/V in L2, 0.89–0.93× the step's time of load4s on an
+// Intel Xeon, family 6 model 167) until load8_even_odd (0.91–0.97× on an AMD EPYC Zen 5,
+// family 26 model 2).
 template <typename Src>
 constexpr bool kLoadsEight = std::is_same_v<Src, F16FiniteScaledElements>;
 

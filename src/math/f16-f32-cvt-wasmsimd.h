@@ -38,7 +38,8 @@
 // operations on 8 halves too (three shifts and two ANDs), which took 0.91–0.97× the time of the
 // interleaving form in the float16 MHA decode (relaxed build, AMD EPYC Zen 5, family 26 model 2).
 // (Two overlapping loads, at p and p - 1 half, each shifted and masked, are 4 operations, but
-// the load at p - 1 crosses a cache line once in four: 0.95–1.05× the time there.)
+// took 0.95–1.05× the time there; the load at p - 1 crosses a cache line once in four, and
+// reads the 2 bytes before the first row.)
 //
 // Narrowing (f32_to_f16, scalar, and f32x4_to_f16_bits, the same four lanes at once, for
 // the appends of long prompts): round to nearest, ties to even. Finite values beyond the
