@@ -172,30 +172,34 @@ TEST(F16Widening, ScaledWideningIsTheValueTimes2ToTheMinus112ForEveryPatternButI
   });
 }
 
-TEST(F16Widening, EightHalvesAtOnceGiveTheBitsOfTwoFourHalfLoadsForEveryPattern) {
-  // f16x8_load_finite_as_f32_times_2_minus_112 (the float16 decode's loops) builds the same
-  // integer function of each half in 16-bit lanes: its two vectors must have the bits of the
-  // 4-lane form at p and p + 4 for all 65536 patterns (Inf and NaN included: both forms leave
-  // them to the caller), every pattern through each of the 8 lanes, at every 2-byte alignment;
-  // and for every finite half, the bits of value·2^-112 (the oracle of the 4-lane form too).
+// An 8-half load (load8(p, c, &first, &second)) against the 4-lane form: lane l of first, then
+// of second, must have the bits f16x4_load_finite_as_f32_times_2_minus_112 gives the half at
+// p + half_of_lane(l), for all 65536 patterns (Inf and NaN included: both forms leave them to
+// the caller), every pattern through each of the 8 positions, at every 2-byte alignment; and
+// for every finite half, the bits of value·2^-112 (the oracle of the 4-lane form too). The
+// patterns lie in memory in the order i·order (odd order: a permutation), so that with order
+// != 1 each half has varied neighbours.
+template <typename Load8, typename HalfOfLane>
+void expect_eight_halves_match_the_four_half_load(Load8 load8, HalfOfLane half_of_lane, uint32_t order) {
   struct alignas(16) Buffer { uint16_t h[65536 + 16]; };
   const auto buffer = std::make_unique<Buffer>();
   const F16Constants c = make_f16_constants();
   for (int misalign = 0; misalign < 8; misalign++) {
     uint16_t* const patterns = buffer->h + misalign;
-    for (uint32_t i = 0; i < 65536; i++) patterns[i] = static_cast<uint16_t>(i);
+    for (uint32_t i = 0; i < 65536; i++) patterns[i] = static_cast<uint16_t>(i * order);
     for (uint32_t phase = 0; phase < 8; phase++) {
       for (uint32_t i = phase; i + 8 <= 65536; i += 8) {
         v128_t first, second;
-        f16x8_load_finite_as_f32_times_2_minus_112(patterns + i, c, &first, &second);
-        alignas(16) uint32_t got[8], want[8];
+        load8(patterns + i, c, &first, &second);
+        alignas(16) uint32_t got[8];
         wasm_v128_store(got, first), wasm_v128_store(got + 4, second);
-        wasm_v128_store(want, f16x4_load_finite_as_f32_times_2_minus_112(patterns + i, c));
-        wasm_v128_store(want + 4, f16x4_load_finite_as_f32_times_2_minus_112(patterns + i + 4, c));
         for (int lane = 0; lane < 8; lane++) {
-          const uint16_t h = static_cast<uint16_t>(i + lane);
-          ASSERT_EQ(got[lane], want[lane]) << std::hex << "half 0x" << h << std::dec << " lane " << lane
-                                           << " misalign " << misalign;
+          const int half = half_of_lane(lane);
+          const uint16_t h = patterns[i + half];
+          alignas(16) uint32_t want[4];
+          wasm_v128_store(want, f16x4_load_finite_as_f32_times_2_minus_112(patterns + i + half, c));
+          ASSERT_EQ(got[lane], want[0]) << std::hex << "half 0x" << h << std::dec << " position " << half
+                                        << " misalign " << misalign;
           if ((h & 0x7C00) != 0x7C00) {
             const float scaled = static_cast<float>(std::ldexp(half_value(h), -112));
             ASSERT_EQ(got[lane], bits_of(scaled)) << std::hex << "half 0x" << h;
@@ -206,36 +210,20 @@ TEST(F16Widening, EightHalvesAtOnceGiveTheBitsOfTwoFourHalfLoadsForEveryPattern)
   }
 }
 
+TEST(F16Widening, EightHalvesAtOnceGiveTheBitsOfTwoFourHalfLoadsForEveryPattern) {
+  // f16x8_load_finite_as_f32_times_2_minus_112 (GQA's P·V, pv_block) builds the same integer
+  // function of each half in 16-bit lanes: halves 0..3, then 4..7.
+  expect_eight_halves_match_the_four_half_load(f16x8_load_finite_as_f32_times_2_minus_112,
+                                               [](int lane) { return lane; }, 1);
+}
+
 TEST(F16Widening, EvenAndOddHalvesGiveTheBitsOfTheFourHalfLoadForEveryPatternAndNeighbour) {
-  // f16x8_load_finite_even_odd_as_f32_times_2_minus_112 (the float16 MHA decode's loops): its
-  // even vector must hold halves 0, 2, 4, 6 and its odd vector 1, 3, 5, 7, each with the bits
-  // the 4-lane form gives that half, for all 65536 patterns (Inf and NaN included), every
-  // pattern through each of the 8 positions beside varied neighbours (the patterns in a
-  // permuted order: each 32-bit lane holds two halves, and neither may leak into the other),
-  // at every 2-byte alignment.
-  struct alignas(16) Buffer { uint16_t h[65536 + 16]; };
-  const auto buffer = std::make_unique<Buffer>();
-  const F16Constants c = make_f16_constants();
-  for (int misalign = 0; misalign < 8; misalign++) {
-    uint16_t* const patterns = buffer->h + misalign;
-    for (uint32_t i = 0; i < 65536; i++) patterns[i] = static_cast<uint16_t>(i * 40503u);  // odd factor: a permutation
-    for (uint32_t phase = 0; phase < 8; phase++) {
-      for (uint32_t i = phase; i + 8 <= 65536; i += 8) {
-        v128_t even, odd;
-        f16x8_load_finite_even_odd_as_f32_times_2_minus_112(patterns + i, c, &even, &odd);
-        alignas(16) uint32_t got[8];
-        wasm_v128_store(got, even), wasm_v128_store(got + 4, odd);
-        for (int lane = 0; lane < 8; lane++) {
-          const int half = lane < 4 ? 2 * lane : 2 * (lane - 4) + 1;
-          const uint16_t* const at = patterns + i + half;
-          alignas(16) uint32_t want[4];
-          wasm_v128_store(want, f16x4_load_finite_as_f32_times_2_minus_112(at, c));
-          ASSERT_EQ(got[lane], want[0]) << std::hex << "half 0x" << *at << std::dec
-                                        << " position " << half << " misalign " << misalign;
-        }
-      }
-    }
-  }
+  // f16x8_load_finite_even_odd_as_f32_times_2_minus_112 (the float16 MHA decode's loops): halves
+  // 0, 2, 4, 6, then 1, 3, 5, 7. Each 32-bit lane of its load holds two halves, and neither may
+  // leak into the other: so the patterns in a permuted order (each beside varied neighbours).
+  expect_eight_halves_match_the_four_half_load(f16x8_load_finite_even_odd_as_f32_times_2_minus_112,
+                                               [](int lane) { return lane < 4 ? 2 * lane : 2 * (lane - 4) + 1; },
+                                               40503u);
 }
 
 // ---------------------------------------------------------------------------------------
