@@ -18,9 +18,9 @@
 // (m != 0, payload kept) with the sign kept. Every one of the 65536 patterns is checked
 // against the scalar form in tests/cpp/f16-kv-test.cc.
 //
-// Eight lanes at once (f16x8_load_finite_as_f32_times_2_minus_112, for the float16 decode's
-// loops), the same bits as two 4-lane loads, made in 16-bit lanes before they are paired up:
-// bits is
+// Eight lanes at once (f16x8_load_finite_as_f32_times_2_minus_112, for P·V by column blocks,
+// pv_block: the GQA decode), the same bits as two 4-lane loads, made in 16-bit lanes before
+// they are paired up: bits is
 //   upper 16 bits := (h >>arithmetic 3) & 0x8FFF   s, then 000, then e and m9..m3
 //   lower 16 bits := h << 13                        m2..m0, then zeros
 // and interleaving the eight upper halves with the eight lower ones gives the 32-bit lanes of
