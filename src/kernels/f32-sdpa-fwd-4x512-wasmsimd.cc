@@ -35,7 +35,10 @@
 // several far-apart streams side by side keep more of it in flight (score_keys_in_streams,
 // kDecodeStreams: 2 to 8 parts of the tile). With one query row (MHA), P·V then streams V the
 // same way (pv_row_in_order); with more rows, each V row is touched as its key is scored, and
-// P·V (column blocks, fewer instructions per row) finds the tile in cache.
+// P·V (column blocks, fewer instructions per row) finds the tile in cache. A float16 MHA
+// decode's split-K segments (one tile each) read whole groups of 4 tiles interleaved, so that
+// each stream runs through a quarter of the group rather than of one tile
+// (interleaved_first_key, KeyValueSource::stream_keys).
 // K/V just copied in are still in cache: there four keys at a time take fewer instructions
 // (score_tile_4_keys).
 //
@@ -587,6 +590,20 @@ constexpr int kDecodeStreams = kRows == 1 ? (sizeof(Elem) == sizeof(float) ? 2 :
 template <typename Elem, int kRows>
 constexpr int kDecodeChains = kRows == 1 ? 8 / kDecodeStreams<Elem, 1> : 1;
 
+// Interleaved groups (interleaved_first_key): the float16 MHA decode's split-K segments, one
+// tile each, read as kInterleavedTiles at a time, so that each of the kDecodeStreams streams
+// runs through a quarter of the group (kInterleavedStreamKeys keys, 128 KiB at E = 128) rather
+// than through a quarter of one tile (32 KiB): segment u of group g takes, of each quarter n,
+// its u-th slice of kKeyTile / kDecodeStreams keys. On an AMD EPYC Zen 5 (family 26, model 2)
+// a read in 4 streams ran faster the longer each stream ran (with 16 MiB tiles 1.3× as fast as
+// with the decode's 128 KiB ones, in a fast phase of the host), and a step of MHA H32 from main
+// memory took, alternating builds in one process, 0.93–0.95× the time at E128 (4096 and 8192
+// positions, relaxed build, one thread), 0.81–0.84× at E64, 0.88–0.98× on two threads,
+// 0.92–0.94× in the portable build; with K/V in L2 or L3 0.97–1.00×. Groups of 8 tiles gained
+// no more (in a throwaway form of the same reading order).
+constexpr int32_t kInterleavedTiles = 4;
+constexpr int32_t kInterleavedStreamKeys = kInterleavedTiles * kKeyTile / kDecodeStreams<uint16_t, 1>;
+
 // The float16 cache's MHA decode (its usual reader, F16FiniteScaledElements, one row per
 // tile, kDecodeStreams streams) steps one pointer instead of one per stream, in scoring and in
 // P·V, when the spacing of the streams (part·stride elements) is a whole 512-key tile's for
@@ -606,6 +623,9 @@ bool with_constant_spacing(int64_t spacing, const Run& run) {
     constexpr int64_t kPart = kKeyTile / kDecodeStreams<uint16_t, 1>;  // keys per stream
     if (spacing == kPart * 128) return run(std::integral_constant<int64_t, kPart * 128>{}), true;
     if (spacing == kPart * 64) return run(std::integral_constant<int64_t, kPart * 64>{}), true;
+    constexpr int64_t kInterleaved = kInterleavedStreamKeys;  // a tile of an interleaved group
+    if (spacing == kInterleaved * 128) return run(std::integral_constant<int64_t, kInterleaved * 128>{}), true;
+    if (spacing == kInterleaved * 64) return run(std::integral_constant<int64_t, kInterleaved * 64>{}), true;
   }
   (void)spacing, (void)run;
   return false;
@@ -633,8 +653,8 @@ bool with_constant_spacing(int64_t spacing, const Run& run) {
 // constant offsets from it, the same operations on the same elements.
 template <int kRows, int kStreams, int kChains, int64_t kSpacing = 0, typename Src>
 void score_keys_in_streams(const Src& src, const float* q_blocks, const float* q, const typename Src::Elem* k,
-                           int64_t k_stride, int32_t key_count, int32_t head_dim, float* scores,
-                           const RowPrefetch<typename Src::Elem>& v_prefetch, uint32_t* sink) {
+                           int64_t k_stride, int32_t key_count, int32_t stream_keys, int32_t head_dim,
+                           float* scores, const RowPrefetch<typename Src::Elem>& v_prefetch, uint32_t* sink) {
   using Elem = typename Src::Elem;
   static_assert(kRows * kStreams * kChains <= 8, "at most 8 accumulators: more spill (see kDecodeStreams)");
   constexpr int32_t kStep = 4 * kChains;
@@ -642,13 +662,15 @@ void score_keys_in_streams(const Src& src, const float* q_blocks, const float* q
   const int32_t e_chains = e4 / kStep * kStep;
   const v128_t zero = wasm_f32x4_splat(0.0f);
   const int32_t part = key_count / kStreams;
+  // Key j of stream n is column n·part + j of the scores, in memory key row n·apart + j.
+  const int32_t apart = stream_keys != 0 ? stream_keys : part;
+  assert(stream_keys == 0 || kStreams * part == key_count);
   uint32_t touched = 0;
-  // Key j of stream n is key n·part + j.
   for (int32_t j = 0; j < part; j++) {
     v128_t a[kStreams][kRows][kChains];
     const Elem* kd[kStreams];
     for (int n = 0; n < kStreams; n++) {
-      kd[n] = k + (n * part + j) * k_stride;
+      kd[n] = k + (n * apart + j) * k_stride;
       for (int r = 0; r < kRows; r++) {
         for (int c = 0; c < kChains; c++) a[n][r][c] = zero;
       }
@@ -688,7 +710,7 @@ void score_keys_in_streams(const Src& src, const float* q_blocks, const float* q
     }
     for (int32_t d = e_chains; d < e4; d += 4) {
       for (int n = 0; n < kStreams; n++) {
-        const v128_t vk = src.load4(k + (n * part + j) * k_stride + d);
+        const v128_t vk = src.load4(k + (n * apart + j) * k_stride + d);
         for (int r = 0; r < kRows; r++) {
           a[n][r][0] = f32x4_madd(wasm_v128_load(q_blocks + (d * kRows + r * 4)), vk, a[n][r][0]);
         }
@@ -713,17 +735,17 @@ void score_keys_in_streams(const Src& src, const float* q_blocks, const float* q
     // Rolled: unrolled, each stream's copy of the scalar tail added about 1 kB of wasm.
 #pragma clang loop unroll(disable)
     for (int n = 0; n < kStreams; n++) {
-      const int32_t key = n * part + j;
-      const Elem* const kr = k + key * k_stride;
+      const int32_t column = n * part + j, row = n * apart + j;
+      const Elem* const kr = k + row * k_stride;
       for (int r = 0; r < kRows; r++) {
         const float* qr = q + r * head_dim;
         float dot = dots[n][r];
         for (int32_t d = e4; d < head_dim; d++) dot += qr[d] * src.scalar(kr[d]);
-        scores[r * kKeyTile + key] = dot;
+        scores[r * kKeyTile + column] = dot;
       }
-      // V row `key` is read from main memory here, its loads overlapping the next keys'
+      // V row `row` is read from main memory here, its loads overlapping the next keys'
       // arithmetic (nothing when v_prefetch has no elements).
-      touched ^= touch_row(v_prefetch, key);
+      touched ^= touch_row(v_prefetch, row);
     }
   }
   *sink ^= touched;
@@ -731,7 +753,7 @@ void score_keys_in_streams(const Src& src, const float* q_blocks, const float* q
   if constexpr (kStreams > 1) {
     if (done < key_count) {
       const RowPrefetch<Elem> rest{v_prefetch.row + done * v_prefetch.stride, v_prefetch.stride, v_prefetch.elems};
-      score_keys_in_streams<kRows, 1, kChains>(src, q_blocks, q, k + done * k_stride, k_stride, key_count - done,
+      score_keys_in_streams<kRows, 1, kChains>(src, q_blocks, q, k + done * k_stride, k_stride, key_count - done, 0,
                                               head_dim, scores + done, rest, sink);
     }
   }
@@ -739,34 +761,36 @@ void score_keys_in_streams(const Src& src, const float* q_blocks, const float* q
 
 template <int kRows, typename Src>
 void score_rows_in_place(const Src& src, const float* q_blocks, const float* q_tile, const typename Src::Elem* key,
-                         int64_t k_stride, int32_t key_count, int32_t head_dim, float* scores,
+                         int64_t k_stride, int32_t key_count, int32_t stream_keys, int32_t head_dim, float* scores,
                          const RowPrefetch<typename Src::Elem>& v, uint32_t* sink) {
   using Elem = typename Src::Elem;
   constexpr int kStreams = kDecodeStreams<Elem, kRows>;
   constexpr int kChains = kDecodeChains<Elem, kRows>;
   const auto run = [&](auto spacing) {
-    score_keys_in_streams<kRows, kStreams, kChains, decltype(spacing)::value>(src, q_blocks, q_tile, key, k_stride,
-                                                                             key_count, head_dim, scores, v, sink);
+    score_keys_in_streams<kRows, kStreams, kChains, decltype(spacing)::value>(
+        src, q_blocks, q_tile, key, k_stride, key_count, stream_keys, head_dim, scores, v, sink);
   };
-  if (!with_constant_spacing<Src, kRows>(key_count / kStreams * k_stride, run)) run(std::integral_constant<int64_t, 0>{});
+  const int64_t apart = stream_keys != 0 ? stream_keys : key_count / kStreams;
+  if (!with_constant_spacing<Src, kRows>(apart * k_stride, run)) run(std::integral_constant<int64_t, 0>{});
 }
+
 
 // scores[r][c] = q_tile[r] · k_{c} for r < rows and c < key_count, K rows read in place
 // (row stride k_stride elements, E contiguous). Columns from key_count on are set to 0; they
 // are blocked (key_count is where the rows' key limits end).
 template <typename Src>
 void score_tile_in_place(const Src& src, const float* q_blocks, const float* q_tile, int32_t rows,
-                         const typename Src::Elem* key, int64_t k_stride, int32_t key_count, int32_t head_dim,
-                         float* scores, const RowPrefetch<typename Src::Elem>& v, uint32_t* sink) {
+                         const typename Src::Elem* key, int64_t k_stride, int32_t key_count, int32_t stream_keys,
+                         int32_t head_dim, float* scores, const RowPrefetch<typename Src::Elem>& v, uint32_t* sink) {
   // Through a table, as accumulate_pv: inlined into score_tile_from, the streamed loops made
   // V8 allocate the packed Q·Kᵀ loop's registers worse there (portable build, prefill (b):
   // 1.25× the time in Node 20).
   using ScoreRows = void (*)(const Src&, const float*, const float*, const typename Src::Elem*, int64_t, int32_t,
-                             int32_t, float*, const RowPrefetch<typename Src::Elem>&, uint32_t*);
+                             int32_t, int32_t, float*, const RowPrefetch<typename Src::Elem>&, uint32_t*);
   static ScoreRows const kByRows[kQueryTile] = {score_rows_in_place<1, Src>, score_rows_in_place<2, Src>,
                                                 score_rows_in_place<3, Src>, score_rows_in_place<4, Src>};
   assert(rows >= 1 && rows <= kQueryTile);
-  kByRows[rows - 1](src, q_blocks, q_tile, key, k_stride, key_count, head_dim, scores, v, sink);
+  kByRows[rows - 1](src, q_blocks, q_tile, key, k_stride, key_count, stream_keys, head_dim, scores, v, sink);
   const int32_t cols = round_up(key_count, kKeyGroup);  // the columns read afterwards
   for (int32_t r = 0; r < rows; r++) std::fill(scores + r * kKeyTile + key_count, scores + r * kKeyTile + cols, 0.0f);
 }
@@ -925,7 +949,8 @@ inline void add_value_rows(const Src& src, const float* probs, const typename Sr
 // even-odd order (store_even_odd) while it adds, and they go back to column order here.
 template <int kStreams, int64_t kSpacing, typename Src>
 __attribute__((noinline)) void add_value_parts(const Src& src, const float* probs, const typename Src::Elem* value,
-                                               int64_t v_stride, int32_t part, int32_t c4, float* acc) {
+                                               int64_t v_stride, int32_t part, int32_t apart, int32_t c4,
+                                               float* acc) {
   constexpr bool kEvenOdd = kLoadsEight<Src> && kSpacing != 0;
   if constexpr (kEvenOdd) {
     for (float* o = acc; o != acc + c4 / 8 * 8; o += 8) store_even_odd(o, o);
@@ -933,7 +958,7 @@ __attribute__((noinline)) void add_value_parts(const Src& src, const float* prob
   for (int32_t i = 0; i < part; i++) {
     float p[kStreams];
     const typename Src::Elem* rows[kStreams];
-    for (int n = 0; n < kStreams; n++) p[n] = probs[n * part + i], rows[n] = value + (n * part + i) * v_stride;
+    for (int n = 0; n < kStreams; n++) p[n] = probs[n * part + i], rows[n] = value + (n * apart + i) * v_stride;
     add_value_rows<kStreams, kSpacing>(src, p, rows, c4, acc);
   }
   if constexpr (kEvenOdd) {
@@ -964,17 +989,23 @@ constexpr bool pv_streams_value(int32_t rows) { return rows == 1; }
 
 template <typename Src>
 void pv_row_in_order(const Src& src, const float* probs, const typename Src::Elem* value, int64_t v_stride,
-                     int32_t cols, int32_t open_count, int32_t key_count, float alpha, float* acc) {
+                     int32_t cols, int32_t open_count, int32_t key_count, int32_t stream_keys, float alpha,
+                     float* acc) {
   using Elem = typename Src::Elem;
   const int32_t c4 = cols & ~3;
   const v128_t alpha_v = wasm_f32x4_splat(alpha);
   for (int32_t c = 0; c < c4; c += 4) wasm_v128_store(acc + c, wasm_f32x4_mul(wasm_v128_load(acc + c), alpha_v));
   constexpr int kStreams = kDecodeStreams<Elem, 1>;
   const int32_t part = open_count / kStreams;
+  // Column n·part + i of probs is V row n·apart + i (see KeyValueSource::stream_keys).
+  const int32_t apart = stream_keys != 0 ? stream_keys : part;
+  assert(stream_keys == 0 || (kStreams * part == key_count && open_count == key_count && c4 == cols));
   const auto add_parts = [&](auto spacing) {
-    add_value_parts<kStreams, decltype(spacing)::value>(src, probs, value, v_stride, part, c4, acc);
+    add_value_parts<kStreams, decltype(spacing)::value>(src, probs, value, v_stride, part, apart, c4, acc);
   };
-  if (!with_constant_spacing<Src, 1>(part * v_stride, add_parts)) add_parts(std::integral_constant<int64_t, 0>{});
+  if (!with_constant_spacing<Src, 1>(int64_t{apart} * v_stride, add_parts)) {
+    add_parts(std::integral_constant<int64_t, 0>{});
+  }
   for (int32_t j = kStreams * part; j < key_count; j++) {
     if (j >= open_count && probs[j] == 0.0f) continue;
     const Elem* const row[1] = {value + j * v_stride};
@@ -1125,8 +1156,14 @@ struct KeyValueSource {
   int64_t value_stride;       // in place: elements between consecutive keys
   int32_t value_cols;         // packed: Ev8; in place: Ev
   int32_t first_key;          // the key the in-place pointers start at: 0, or a streamed segment's first
+                              // (for an interleaved group's segment, its first key: see stream_keys)
   bool in_memory_order;       // in place: p.read_kv_in_order (score_tile_in_place, else score_tile_4_keys)
   int64_t value_block_floats = 0;  // packed: floats between its 8-column blocks
+  // In place, one row's decode (score_keys_in_streams, pv_row_in_order): 0 for a tile of
+  // contiguous keys, whose kStreams streams are key_count / kStreams keys apart; else a
+  // segment of an interleaved group, whose tile's column n·part + i is the key stream_keys·n + i
+  // rows past key_row(the tile's first key) (interleaved_first_key).
+  int32_t stream_keys = 0;
   const Elem* key_row(int32_t j) const { return key + (j - first_key) * key_stride; }
   const Elem* value_row(int32_t j) const { return value + (j - first_key) * value_stride; }
 };
@@ -1145,7 +1182,8 @@ void score_tile_from(const KeyValueSource<Src>& kv, const float* q_tile, const f
     // streams V itself (pv_row_in_order): then an empty prefetch (no elements).
     uint32_t sink = 0;
     const int32_t touched_cols = pv_streams_value(rows) ? 0 : kv.value_cols;
-    score_tile_in_place(kv.src, q_blocks, q_tile, rows, kv.key_row(j0), kv.key_stride, key_count, head_dim, scores,
+    score_tile_in_place(kv.src, q_blocks, q_tile, rows, kv.key_row(j0), kv.key_stride, key_count, kv.stream_keys,
+                        head_dim, scores,
                         RowPrefetch<typename Src::Elem>{kv.value_row(j0), kv.value_stride, touched_cols}, &sink);
     volatile uint32_t keep = sink;  // the touched values are "used": their loads stay
     (void)keep;
@@ -1175,7 +1213,7 @@ void accumulate_pv_from(const KeyValueSource<Src>& kv, float* probs, int32_t j0,
     }
     if (kv.in_memory_order && pv_streams_value(rows)) {
       pv_row_in_order(kv.src, probs, kv.value_row(j0), kv.value_stride, kv.value_cols, open_count, key_count,
-                      wasm_f32x4_extract_lane(alpha, 0), acc);
+                      kv.stream_keys, wasm_f32x4_extract_lane(alpha, 0), acc);
       return;
     }
     accumulate_pv(kv.src, probs, kv.value_row(j0), kv.value_stride, kv.value_cols, rows, open_count, key_count,
@@ -1384,6 +1422,27 @@ float* partial_row(const Problem& p, const KernelWork& w, int32_t f) {
          static_cast<size_t>((f - w.row_begin) % kQueryTile) * (tile_floats / kQueryTile);
 }
 
+// The key whose row the in-place pointers of an interleaved group's segment start at (stream
+// 0's first key), or -1 when the work reads its keys in order. A segment is read interleaved
+// when it is one tile of split-K decode of one query row per KV head (MHA), K/V float16 stored
+// whole in memory order (a KV cache), and its whole group of kInterleavedTiles tiles is open
+// to the row: within Lk, the batch's key length and the causal frontier, no mask (which would
+// need the keys in order), E and Ev multiples of 4 (no column goes to the scalar loops). The
+// choice depends on the problem and the segment only, never on the reader of the halves or the
+// thread count: kFloat16 and kFloat16Finite, one thread or many, give the same bits.
+int32_t interleaved_first_key(const Problem& p, const KernelWork& w, const RowLimits& limit_of) {
+  constexpr int32_t kGroupKeys = kInterleavedTiles * kKeyTile;
+  constexpr int32_t kSlice = kKeyTile / kDecodeStreams<uint16_t, 1>;
+  if (!is_half(p.kv_type) || p.q_heads != p.kv_heads || p.q_len != 1 || w.partials == nullptr || w.pack ||
+      w.stored_from != 0 || !p.read_kv_in_order || p.mask_kind != MaskKind::kNone || p.head_dim % 4 != 0 ||
+      p.value_dim % 4 != 0 || w.key_end - w.key_begin != kKeyTile) {
+    return -1;
+  }
+  const int32_t group_begin = w.key_begin / kGroupKeys * kGroupKeys;
+  if (p.kv_len - group_begin < kGroupKeys || limit_of(0) - group_begin < kGroupKeys) return -1;
+  return group_begin + (w.key_begin - group_begin) / kKeyTile * kSlice;
+}
+
 template <typename Src>
 void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
   assert(p.head_dim >= 1 && p.value_dim >= 1 && p.q_len >= 1 && p.kv_len >= 1);
@@ -1413,6 +1472,11 @@ void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
   const Elem* value = static_cast<const Elem*>(p.value) + w.b * p.v_stride_b + w.kv_head * p.v_stride_h;
   KeyValueSource<Src> kv{src,   nullptr,      key,         p.k_stride_l, nullptr,
                          value, p.v_stride_l, p.value_dim, w.stored_from, p.read_kv_in_order};
+  if (const int32_t first = interleaved_first_key(p, w, limit_of); first >= 0) {
+    kv.key = key + first * p.k_stride_l, kv.value = value + first * p.v_stride_l;
+    kv.first_key = w.key_begin;  // key_row(key_begin): stream 0's first row
+    kv.stream_keys = kInterleavedStreamKeys;
+  }
   if (w.pack) {
     // Pack only the keys some row of this call may attend.
     int32_t packed_keys = 0;

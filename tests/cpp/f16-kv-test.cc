@@ -896,6 +896,56 @@ TEST(F16Kernel, DecodeWithConstantStreamSpacingGivesTheBitsOfTheGeneralLoops) {
       }
 }
 
+// MHA decode of halves in memory order: split-K segments whose whole group of
+// kInterleavedTiles tiles (2048 keys) the row attends are read interleaved, each stream
+// running through a quarter of the group (interleaved_first_key in the kernel). The reference
+// within 2e-5; kFloat16 and kFloat16Finite, one thread and two, bitwise equal; at contexts with
+// whole groups and a partial one, with E and Ev of 64 or 128 (constant stream spacings),
+// other multiples of 4 (the general loops) and not (never interleaved), a batch whose key
+// length ends inside a group, a causal frontier inside a group, softcap. And the path is
+// taken: the same problem with an all-zero float mask, which keeps every group in key order,
+// gives other bits (the tiles hold other keys, so their maxima and sums round differently).
+TEST(F16Kernel, DecodeReadsWholeOpenGroupsOfTilesInterleaved) {
+  const std::pair<int, int> dims[] = {{128, 128}, {64, 64}, {128, 64}, {68, 36}, {67, 35}};
+  uint32_t seed = 900;
+  for (int lk : {2048, 2 * 2048 + 515})
+    for (auto [e, ev] : dims)
+      for (int variant = 0; variant < 3; variant++) {
+        F16Case c;
+        c.B = 2, c.Hq = 2, c.Hkv = 2, c.Lq = 1, c.Lk = lk, c.E = e, c.Ev = ev, c.weights = false, c.seed = seed++;
+        if (variant == 1) c.key_lengths = {lk, lk > 4096 ? 2048 + 700 : 1500};  // batch 1: a group cut
+        if (variant == 2) c.causal = true, c.offsets = {lk - 1, lk - 1400}, c.softcap = 5.0f;
+        F16Harness exact(c);
+        exact.p.read_kv_in_order = true;
+        F16Harness finite(c);
+        finite.p.read_kv_in_order = true;
+        finite.p.kv_type = KvType::kFloat16Finite;
+        ASSERT_EQ(exact.run(), Status::kOk) << c.describe();
+        ASSERT_EQ(finite.run(), Status::kOk) << c.describe();
+        finite.expect_matches_reference();
+        EXPECT_TRUE(same_bits(finite.out, exact.out)) << c.describe();
+        F16Harness two_threads(c);
+        two_threads.p.read_kv_in_order = true;
+        two_threads.p.kv_type = KvType::kFloat16Finite;
+        ThreadPool pool(2);
+        ASSERT_EQ(two_threads.run(&pool), Status::kOk) << c.describe();
+        EXPECT_TRUE(same_bits(finite.out, two_threads.out)) << c.describe();
+        if (e % 4 == 0 && ev % 4 == 0) {
+          F16Harness in_key_order(c);
+          in_key_order.p.read_kv_in_order = true;
+          in_key_order.p.kv_type = KvType::kFloat16Finite;
+          in_key_order.mask.assign(size_t(c.B) * c.Lq * c.Lk, 0.0f);
+          in_key_order.p.mask_kind = MaskKind::kFloat;
+          in_key_order.p.mask = in_key_order.mask.data();
+          in_key_order.p.mask_stride_b = int64_t(c.Lq) * c.Lk, in_key_order.p.mask_stride_q = c.Lk;
+          in_key_order.p.mask_stride_k = 1;
+          ASSERT_EQ(in_key_order.run(), Status::kOk) << c.describe();
+          in_key_order.expect_matches_reference();
+          EXPECT_FALSE(same_bits(finite.out, in_key_order.out)) << c.describe() << ": not read interleaved";
+        }
+      }
+}
+
 TEST(F16Kernel, ValidateRejectsAnUnknownKvType) {
   F16Case c;
   F16Harness h(c);

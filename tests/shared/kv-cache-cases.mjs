@@ -38,7 +38,8 @@ export function positions(t, a, b) {
 /**
  * The cases: { name, shape: { B, Hq, Hkv, E, Ev }, steps (positions appended per step), dtype,
  * grow (bytes of another cache allocated after the second step, so the memory grows
- * mid-sequence) }.
+ * mid-sequence), queryRows (optional: after each step only the last min(n, queryRows) of the n
+ * new positions attend, which keeps the reference cheap for long appends) }.
  */
 export const CACHE_CASES = [
   { name: 'MHA H4 E64, float32', shape: { B: 1, Hq: 4, Hkv: 4, E: 64, Ev: 64 }, steps: [37, 1, 1, 3, 129, 1, 400, 1], dtype: 'float32' },
@@ -47,6 +48,12 @@ export const CACHE_CASES = [
     steps: [20, 1, 300, 1, 1], dtype: 'float32', grow: 64 * 2 ** 20 },
   { name: 'B2 MQA Hq4 Hkv1 E16, float16, memory grows mid-sequence', shape: { B: 2, Hq: 4, Hkv: 1, E: 16, Ev: 8 },
     steps: [9, 1, 1, 50, 1], dtype: 'float16', grow: 64 * 2 ** 20 },
+  // Decode steps past 2048 positions: the kernel reads a whole group of 4 key tiles in interleaved
+  // streams (src/kernels/f32-sdpa-fwd-4x512-wasmsimd.cc, interleaved_first_key).
+  { name: 'MHA H2 E16, float16, decode steps past a whole group of 2048 positions', shape: { B: 1, Hq: 2, Hkv: 2, E: 16, Ev: 16 },
+    steps: [2049, 1, 2], dtype: 'float16', queryRows: 1 },
+  { name: 'B2 MHA H1 E32 Ev8, float16, decode steps past a whole group of 2048 positions', shape: { B: 2, Hq: 1, Hkv: 1, E: 32, Ev: 8 },
+    steps: [2100, 1], dtype: 'float16', queryRows: 1 },
 ];
 
 /**
@@ -55,12 +62,14 @@ export const CACHE_CASES = [
  */
 export async function runCacheCases(attn, cases = CACHE_CASES) {
   const results = [];
-  for (const [index, { name, shape, steps, dtype, grow }] of cases.entries()) {
+  for (const [index, { name, shape, steps, dtype, grow, queryRows }] of cases.entries()) {
     const { B, Hq, Hkv, E, Ev } = shape;
     const total = steps.reduce((a, b) => a + b, 0);
     const seed = 700 + index;
     const k = noiseTensor([B, Hkv, total, E], seed, 1), v = noiseTensor([B, Hkv, total, Ev], seed, 2);
     const half = (t) => ({ data: Float32Array.from(t.data, roundToHalf), dims: t.dims });
+    // What the reference reads: the values as stored (rounded to halves once, not every step).
+    const kStored = dtype === 'float16' ? half(k) : k, vStored = dtype === 'float16' ? half(v) : v;
     const cache = await attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: total, dtype });
     let other = null;
     const hashes = [];
@@ -73,11 +82,11 @@ export async function runCacheCases(attn, cases = CACHE_CASES) {
         if (grow && s === 1) {
           other = await attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 256, maxLength: grow / 2048 });
         }
-        const query = noiseTensor([B, Hq, n, E], seed, 10 + s);
+        const rows = Math.min(n, queryRows ?? n);  // the last `rows` new positions attend
+        const query = noiseTensor([B, Hq, rows, E], seed, 10 + s);
         const got = await cache.attend(query);
-        let key = positions(k, 0, length), value = positions(v, 0, length);
-        if (dtype === 'float16') key = half(key), value = half(value);
-        const ref = referenceSdpa(query, key, value, { isCausal: true, causalOffset: length - n });
+        const key = positions(kStored, 0, length), value = positions(vStored, 0, length);
+        const ref = referenceSdpa(query, key, value, { isCausal: true, causalOffset: length - rows });
         worstError = Math.max(worstError, maxRelError(got.output.data, ref.output));
         hashes.push(bitsHash(got.output.data));
       }
