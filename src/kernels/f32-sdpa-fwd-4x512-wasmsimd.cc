@@ -599,8 +599,9 @@ constexpr int kDecodeChains = kRows == 1 ? 8 / kDecodeStreams<Elem, 1> : 1;
 // with the decode's 128 KiB ones, in a fast phase of the host), and a step of MHA H32 from main
 // memory took, alternating builds in one process, 0.93–0.95× the time at E128 (4096 and 8192
 // positions, relaxed build, one thread), 0.81–0.84× at E64, 0.88–0.98× on two threads,
-// 0.92–0.94× in the portable build; with K/V in L2 or L3 0.97–1.00×. Groups of 8 tiles gained
-// no more (in a throwaway form of the same reading order).
+// 0.93–0.95× in the portable build (once 1.01×); with K/V in L2 or L3 0.97–1.00×. Groups of 8
+// tiles gained no more (in a throwaway form of the same reading order). Not measured on the
+// other hosts.
 constexpr int32_t kInterleavedTiles = 4;
 constexpr int32_t kInterleavedStreamKeys = kInterleavedTiles * kKeyTile / kDecodeStreams<uint16_t, 1>;
 
