@@ -597,8 +597,8 @@ constexpr int kDecodeChains = kRows == 1 ? 8 / kDecodeStreams<Elem, 1> : 1;
 // its u-th slice of kKeyTile / kDecodeStreams keys. On an AMD EPYC Zen 5 (family 26, model 2)
 // a read in 4 streams ran faster the longer each stream ran (with 16 MiB tiles 1.3× as fast as
 // with the decode's 128 KiB ones, in a fast phase of the host), and a step of MHA H32 from main
-// memory took, alternating builds in one process, 0.93–0.95× the time at E128 (4096 and 8192
-// positions, relaxed build, one thread), 0.81–0.84× at E64, 0.88–0.98× on two threads,
+// memory took, alternating builds in one process, 0.93–0.96× the time at E128 (4096 and 8192
+// positions, relaxed build, one thread), 0.83–0.95× at E64, 0.88–0.98× on two threads,
 // 0.93–0.95× in the portable build (once 1.01×); with K/V in L2 or L3 0.97–1.00×. Groups of 8
 // tiles gained no more (in a throwaway form of the same reading order). Not measured on the
 // other hosts.
