@@ -121,7 +121,7 @@ struct F16FiniteScaledElements {
 // × 2 streams) in 8-dim steps took 1.05–1.14× the time (4 vectors of K live per step, not 2).
 // The float16 MHA decode's loops with a constant stream spacing (score_keys_in_streams,
 // add_value_rows) took load8 too (with K/V in L2, 0.89–0.93× the step's time of load4s on an
-// Intel Xeon, family 6 model 167) until load8_even_odd (0.91–0.97× on an AMD EPYC Zen 5,
+// Intel Xeon, family 6 model 167) until load8_even_odd (0.91–0.99× on an AMD EPYC Zen 5,
 // family 26 model 2).
 template <typename Src>
 constexpr bool kLoadsEight = std::is_same_v<Src, F16FiniteScaledElements>;

@@ -35,7 +35,7 @@
 // in bits 31..28, e and m in 27..13) and the low half's top 13 bits in bits 12..0, which the
 // AND with 0x8FFFE000 clears with the sign copies: the bits of h_{2i+1}. (lane << 16) first
 // makes the low half the high one (and zeros below it): the bits of h_{2i}. A load and 5
-// operations on 8 halves too (three shifts and two ANDs), which took 0.91–0.97× the time of the
+// operations on 8 halves too (three shifts and two ANDs), which took 0.91–0.99× the time of the
 // interleaving form in the float16 MHA decode (relaxed build, AMD EPYC Zen 5, family 26 model 2).
 // (Two overlapping loads, at p and p - 1 half, each shifted and masked, are 4 operations, but
 // took 0.95–1.05× the time there; the load at p - 1 crosses a cache line once in four, and
