@@ -138,23 +138,27 @@ constexpr bool even_odd_dims(int rows) {
   return std::is_same_v<Elem, uint16_t> && rows == 1;
 }
 
+// Elements 0..3 in first and 4..7 in second as *even (0, 2, 4, 6) and *odd (1, 3, 5, 7).
+inline void split_even_odd(v128_t first, v128_t second, v128_t* even, v128_t* odd) {
+  *even = wasm_i32x4_shuffle(first, second, 0, 2, 4, 6);
+  *odd = wasm_i32x4_shuffle(first, second, 1, 3, 5, 7);
+}
+
 // The 8 elements at p as *even (0, 2, 4, 6) and *odd (1, 3, 5, 7).
 template <typename Src>
 inline void load8_even_odd(const Src& src, const typename Src::Elem* p, v128_t* even, v128_t* odd) {
   if constexpr (std::is_same_v<Src, F16FiniteScaledElements>) {
     f16x8_load_finite_even_odd_as_f32_times_2_minus_112(p, src.c, even, odd);
   } else {
-    const v128_t first = src.load4(p), second = src.load4(p + 4);
-    *even = wasm_i32x4_shuffle(first, second, 0, 2, 4, 6);
-    *odd = wasm_i32x4_shuffle(first, second, 1, 3, 5, 7);
+    split_even_odd(src.load4(p), src.load4(p + 4), even, odd);
   }
 }
 
 // x[0 .. 8) in even-odd order (x0 x2 x4 x6 x1 x3 x5 x7) at to, and back.
 inline void store_even_odd(const float* x, float* to) {
-  const v128_t first = wasm_v128_load(x), second = wasm_v128_load(x + 4);
-  wasm_v128_store(to, wasm_i32x4_shuffle(first, second, 0, 2, 4, 6));
-  wasm_v128_store(to + 4, wasm_i32x4_shuffle(first, second, 1, 3, 5, 7));
+  v128_t even, odd;
+  split_even_odd(wasm_v128_load(x), wasm_v128_load(x + 4), &even, &odd);
+  wasm_v128_store(to, even), wasm_v128_store(to + 4, odd);
 }
 inline void store_in_order(const float* even_odd, float* to) {
   const v128_t even = wasm_v128_load(even_odd), odd = wasm_v128_load(even_odd + 4);
@@ -889,6 +893,11 @@ void pv_columns_scalar(const Src& src, const float* probs, const typename Src::E
   }
 }
 
+// Whether add_value_rows (and add_value_parts around it) keep acc's 8-column blocks in
+// even-odd order: for halves read by load8_even_odd with one pointer (a constant spacing).
+template <typename Src, int64_t kSpacing>
+constexpr bool kValueBlocksEvenOdd = kLoadsEight<Src> && kSpacing != 0;
+
 // acc[0 .. c4) += Σ_n probs[n]·rows[n][0 .. c4) for kKeys V rows, c4 a multiple of 4, n in
 // order (the same operations per column as kKeys passes of one key). kSpacing: 0, or
 // rows[n] - rows[0] = n·kSpacing known at compile time (with_constant_spacing): one pointer
@@ -902,7 +911,7 @@ inline void add_value_rows(const Src& src, const float* probs, const typename Sr
   const Elem* v[kKeys];
   for (int n = 0; n < kKeys; n++) p[n] = wasm_f32x4_splat(probs[n]), v[n] = rows[n];
   float* o = acc;
-  if constexpr (kLoadsEight<Src> && kSpacing != 0) {
+  if constexpr (kValueBlocksEvenOdd<Src, kSpacing>) {
     // 8 columns a pass, each row's halves read as even and odd columns (load8_even_odd), into
     // acc's 8-column blocks kept in even-odd order (add_value_parts): per column the
     // multiply-adds of the passes below, in their order (the same bits). Then those passes
@@ -952,7 +961,7 @@ template <int kStreams, int64_t kSpacing, typename Src>
 __attribute__((noinline)) void add_value_parts(const Src& src, const float* probs, const typename Src::Elem* value,
                                                int64_t v_stride, int32_t part, int32_t apart, int32_t c4,
                                                float* acc) {
-  constexpr bool kEvenOdd = kLoadsEight<Src> && kSpacing != 0;
+  constexpr bool kEvenOdd = kValueBlocksEvenOdd<Src, kSpacing>;
   if constexpr (kEvenOdd) {
     for (float* o = acc; o != acc + c4 / 8 * 8; o += 8) store_even_odd(o, o);
   }
