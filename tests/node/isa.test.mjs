@@ -4,6 +4,7 @@
 // this run must have picked). Both builds are within the suite's tolerance of the float64
 // reference; they may differ from each other in the last bits (a fused multiply-add rounds once),
 // and each is bitwise the same on one and two threads.
+import { readFileSync } from 'node:fs';
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import { bitsHash, REFERENCE_CASES, REFERENCE_TOL, runReferenceCases } from '../shared/reference-cases.mjs';
 
@@ -35,6 +36,20 @@ test('createAttention picks the relaxed build where the engine runs it; relaxedS
       asked.dispose();
     }
   }
+});
+
+test('the shipped builds carry no function names: a page downloads code, not a "name" section', async () => {
+  // The relaxed builds are linked without Binaryen, which strips the names from the portable
+  // ones; scripts/strip-wasm-names.mjs drops them after the link (44-52 kB each). The engine's
+  // own parser reads the sections. Relaxed builds compile only where the engine runs them.
+  const builds = ['sdpa', 'sdpa-mt', ...(engineRunsRelaxed ? ['sdpa-relaxed', 'sdpa-mt-relaxed'] : [])];
+  const sections = {};
+  for (const build of builds) {
+    const module = await WebAssembly.compile(readFileSync(new URL(`../../dist/wasm/${build}.wasm`, import.meta.url)));
+    expect(WebAssembly.Module.exports(module).length).toBeGreaterThan(0);  // compiled a real build
+    sections[build] = WebAssembly.Module.customSections(module, 'name').length;
+  }
+  expect(sections).toEqual(Object.fromEntries(builds.map((build) => [build, 0])));
 });
 
 /** Each reference case's output (and weights) bits, hashed. */
