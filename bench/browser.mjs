@@ -10,6 +10,9 @@
 // the same build), warm-up, then timed runs alternating Node and Chromium round by round (a
 // Node run, a Chromium run, ...) so both see the same phases of this shared machine; medians.
 // Target (the relaxed-SIMD issue): each build in Chromium within 10% of its Node speed.
+// Then decoding from a KV cache the same way (cacheDecodeRows): one token attending to a cache
+// of MHA (d) (H32, 4096 positions) and GQA (Hq32 Hkv8, 8192 positions), E128, float32 and
+// float16, both builds, each cache filled with the same seeded keys and values on both sides.
 //   node bench/browser.mjs [--quick] [--json PATH]
 import { spawn } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -18,6 +21,7 @@ import { fileURLToPath } from 'node:url';
 import { chromium } from '@playwright/test';
 import { createAttention } from 'sdpa-wasm';
 import { noiseTensor } from '../web/seeded.mjs';
+import { DECODE_SHAPES } from './decode.mjs';
 import { describeHostCpu, hostCpu } from './host.mjs';
 import { describe, SHAPES } from './shapes.mjs';
 
@@ -26,6 +30,12 @@ const SHAPE_IDS = ['b', 'c', 'e', 'd'];
 const BUILDS = [['relaxed-simd', true], ['simd128', false]];
 /** Chromium may be at most this much slower than Node for the same build (the issue's target). */
 const BROWSER_VS_NODE_TARGET = 1.10;
+/** The cache decodes timed in both: (d)'s MHA cache and the GQA one at 8192 positions (decode.mjs). */
+const DECODE_CASES = [['MHA', 4096], ['GQA', 8192]].flatMap(([kind, context]) => {
+  const shape = DECODE_SHAPES.find((s) => s.kind === kind);
+  if (!shape.contexts.includes(context)) throw new Error(`decode.mjs has no ${kind} context ${context}`);
+  return ['float32', 'float16'].map((dtype) => ({ kind, B: shape.B, Hq: shape.Hq, Hkv: shape.Hkv, E: shape.E, context, dtype }));
+});
 
 const median = (xs) => {
   const s = [...xs].sort((a, b) => a - b);
@@ -35,6 +45,12 @@ const median = (xs) => {
 /** The shape's seeded Q, K, V (the page builds the same from the same seeds). */
 const inputs = (s) => ({
   q: noiseTensor([s.B, s.H, s.Lq, s.E], 7, 1), k: noiseTensor([s.B, s.Hkv, s.Lk, s.E], 7, 2), v: noiseTensor([s.B, s.Hkv, s.Lk, s.E], 7, 3),
+});
+
+/** A decode case's seeded cache contents and query (the page builds the same from the same seeds). */
+const decodeInputs = (c) => ({
+  k: noiseTensor([c.B, c.Hkv, c.context, c.E], 8, 1), v: noiseTensor([c.B, c.Hkv, c.context, c.E], 8, 2),
+  q: noiseTensor([c.B, c.Hq, 1, c.E], 8, 3),
 });
 
 function bitsEqual(a, b) {
@@ -88,6 +104,25 @@ export async function runBrowserBench({ quick = false, log = console.log } = {})
           this.attn[isa].sdpa(q, k, v, { isCausal: this.causal, out: this.out });
           return performance.now() - t0;
         },
+        // One cache at a time (up to 128 MiB), in the given build's instance.
+        setCache(c, isa) {
+          this.cache?.dispose();
+          this.inputs = null;
+          const { k, v, q } = { k: noiseTensor([c.B, c.Hkv, c.context, c.E], 8, 1), v: noiseTensor([c.B, c.Hkv, c.context, c.E], 8, 2), q: noiseTensor([c.B, c.Hq, 1, c.E], 8, 3) };
+          this.cache = this.attn[isa].createKVCache({ batch: c.B, kvHeads: c.Hkv, headDim: c.E, maxLength: c.context, dtype: c.dtype });
+          this.cache.append(k, v);
+          this.query = q;
+          this.out = new Float32Array(q.data.length);
+        },
+        step() {
+          const t0 = performance.now();
+          this.cache.attend(this.query, { out: this.out });
+          return performance.now() - t0;
+        },
+        dropCache() {
+          this.cache?.dispose();
+          this.cache = null;
+        },
       };
     });
     const pageIsas = await page.evaluate(() => Object.values(window.__bench.attn).map((a) => a.isa));
@@ -109,24 +144,9 @@ export async function runBrowserBench({ quick = false, log = console.log } = {})
           return Array.from(window.__bench.out);
         }, isa));
         const sameBits = bitsEqual(fromPage, out);
-        const runNode = () => {
-          const t0 = performance.now();
-          node[isa].sdpa(x.q, x.k, x.v, { isCausal: s.causal, out });
-          return performance.now() - t0;
-        };
-        const runPage = () => page.evaluate((b) => window.__bench.run(b), isa);
-        for (let w = 0; w < settings.warmups; w++) { runNode(); await runPage(); }
-        const times = { node: [], chromium: [] };
-        const start = performance.now();
-        while (times.node.length < settings.minRuns || performance.now() - start < settings.minSeconds * 1000) {
-          times.node.push(runNode());
-          times.chromium.push(await runPage());
-          if (times.node.length >= 200) break;
-        }
-        const row = {
-          shape: s.id, describe: describe(s), isa, runs: times.node.length, sameBits,
-          nodeMs: median(times.node), chromiumMs: median(times.chromium),
-        };
+        const runNode = () => timed(() => node[isa].sdpa(x.q, x.k, x.v, { isCausal: s.causal, out }));
+        const timing = await alternate(runNode, () => page.evaluate((b) => window.__bench.run(b), isa), settings);
+        const row = { shape: s.id, describe: describe(s), isa, sameBits, ...timing };
         row.chromiumVsNode = row.chromiumMs / row.nodeMs;
         row.met = row.chromiumVsNode <= BROWSER_VS_NODE_TARGET;
         rows.push(row);
@@ -135,17 +155,84 @@ export async function runBrowserBench({ quick = false, log = console.log } = {})
           `(${row.runs} runs each${sameBits ? ', outputs bitwise equal' : ', OUTPUTS DIFFER'})`);
       }
     }
+    const decodeRows = await cacheDecodeRows(page, node, settings, log);
     for (const a of Object.values(node)) a.dispose();
     log('browser targets: each build in Chromium within 10% of its Node speed (Chromium ÷ Node ≤ 1.10):');
     for (const r of rows) log(`  ${r.met ? 'met    ' : 'NOT met'}  (${r.shape}) ${r.isa}: ${r.chromiumVsNode.toFixed(2)}×`);
+    for (const r of decodeRows) log(`  ${r.met ? 'met    ' : 'NOT met'}  ${r.label} ${r.isa}: ${r.chromiumVsNode.toFixed(2)}×`);
     return {
       date: new Date().toISOString(), host, node: process.versions.node, chromium: chromiumVersion, quick, settings,
-      target: { chromiumVsNodeAtMost: BROWSER_VS_NODE_TARGET }, rows,
+      target: { chromiumVsNodeAtMost: BROWSER_VS_NODE_TARGET }, rows, decodeRows,
     };
   } finally {
     await browser.close();
     server.stop();
   }
+}
+
+/** Runs f() and returns its wall time in ms. */
+function timed(f) {
+  const t0 = performance.now();
+  f();
+  return performance.now() - t0;
+}
+
+/**
+ * Medians of `runNode` and `runPage` timed alternately, round by round (after warm-up), so that
+ * both see the same phases of the machine.
+ */
+async function alternate(runNode, runPage, settings) {
+  for (let w = 0; w < settings.warmups; w++) { runNode(); await runPage(); }
+  const times = { node: [], chromium: [] };
+  const start = performance.now();
+  while (times.node.length < settings.minRuns || performance.now() - start < settings.minSeconds * 1000) {
+    times.node.push(runNode());
+    times.chromium.push(await runPage());
+    if (times.node.length >= 200) break;
+  }
+  return { runs: times.node.length, nodeMs: median(times.node), chromiumMs: median(times.chromium) };
+}
+
+/**
+ * DECODE_CASES in Node and in the page, each build: a cache filled with the same seeded keys
+ * and values on both sides, one token's attend() timed (from the cache's memory: (d)'s caches
+ * are 64 and 128 MiB, the GQA ones 32 and 64 MiB, all larger than this host's L3 or nearly,
+ * and each step reads the whole cache). The first step's output must be bitwise equal.
+ */
+async function cacheDecodeRows(page, node, settings, log) {
+  const rows = [];
+  log('decode from a KV cache (attend() of one token, one thread), Node and Chromium:');
+  for (const c of DECODE_CASES) {
+    const x = decodeInputs(c);
+    for (const [isa] of BUILDS) {
+      const cache = node[isa].createKVCache({ batch: c.B, kvHeads: c.Hkv, headDim: c.E, maxLength: c.context, dtype: c.dtype });
+      try {
+        cache.append(x.k, x.v);
+        const out = new Float32Array(x.q.data.length);
+        const runNode = () => timed(() => cache.attend(x.q, { out }));
+        await page.evaluate(([shape, build]) => window.__bench.setCache(shape, build), [c, isa]);
+        runNode();
+        const fromPage = new Float32Array(await page.evaluate(() => {
+          window.__bench.step();
+          return Array.from(window.__bench.out);
+        }));
+        const sameBits = bitsEqual(fromPage, out);
+        const timing = await alternate(runNode, () => page.evaluate(() => window.__bench.step()), settings);
+        const label = `${c.kind} ${c.context} ${c.dtype}`;
+        const row = { ...c, label, isa, cacheBytes: cache.byteLength, sameBits, ...timing };
+        row.chromiumVsNode = row.chromiumMs / row.nodeMs;
+        row.met = row.chromiumVsNode <= BROWSER_VS_NODE_TARGET;
+        rows.push(row);
+        log(`  ${label.padEnd(18)} (${(row.cacheBytes / 2 ** 20).toFixed(0)} MiB) ${isa.padEnd(13)} Node ${row.nodeMs.toFixed(2).padStart(6)} ms  ` +
+          `Chromium ${row.chromiumMs.toFixed(2).padStart(6)} ms  Chromium ÷ Node ${row.chromiumVsNode.toFixed(2)}×  ` +
+          `(${row.runs} runs each${sameBits ? ', outputs bitwise equal' : ', OUTPUTS DIFFER'})`);
+      } finally {
+        cache.dispose();
+        await page.evaluate(() => window.__bench.dropCache());
+      }
+    }
+  }
+  return rows;
 }
 
 // --- standalone ------------------------------------------------------------------------------
