@@ -2,7 +2,7 @@
 // .wasm files in place; every other section is copied byte for byte.
 //   node scripts/strip-wasm-names.mjs FILE.wasm...
 // The relaxed-SIMD builds need it: they are linked without Binaryen (CMakeLists.txt says why),
-// which is what strips the names from the portable builds, and wasm-ld keeps them: 44–52 kB
+// which is what strips the names from the portable builds, and wasm-ld keeps them: 44–53 kB
 // of each relaxed .wasm a page would download. wasm-ld's --strip-all would drop them too, but
 // also the target_features section Emscripten reads after the link (EMCC_READ_METADATA=python).
 // Configure with -DSDPA_WASM_NAMES=ON to keep them (V8's profiler then names the functions).
@@ -53,15 +53,13 @@ function withoutNameSection(bytes, file = 'wasm') {
   return { bytes: Buffer.concat(kept), removed };
 }
 
-if (import.meta.url === `file://${process.argv[1]}`) {
-  const files = process.argv.slice(2);
-  if (files.length === 0) {
-    console.error('usage: node scripts/strip-wasm-names.mjs FILE.wasm...');
-    process.exit(2);
-  }
-  for (const file of files) {
-    const { bytes, removed } = withoutNameSection(readFileSync(file), file);
-    if (removed > 0) writeFileSync(file, bytes);
-    console.error(`strip-wasm-names: ${file}: ${removed} bytes of names removed, ${bytes.length} left`);
-  }
+const files = process.argv.slice(2);
+if (files.length === 0) {
+  console.error('usage: node scripts/strip-wasm-names.mjs FILE.wasm...');
+  process.exit(2);
+}
+for (const file of files) {
+  const { bytes, removed } = withoutNameSection(readFileSync(file), file);
+  if (removed > 0) writeFileSync(file, bytes);
+  console.error(`strip-wasm-names: ${file}: ${removed} bytes of names removed, ${bytes.length} left`);
 }

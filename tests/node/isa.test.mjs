@@ -40,7 +40,7 @@ test('createAttention picks the relaxed build where the engine runs it; relaxedS
 
 test('the shipped builds carry no function names: a page downloads code, not a "name" section', async () => {
   // The relaxed builds are linked without Binaryen, which strips the names from the portable
-  // ones; scripts/strip-wasm-names.mjs drops them after the link (44-52 kB each). The engine's
+  // ones; scripts/strip-wasm-names.mjs drops them after the link (44-53 kB each). The engine's
   // own parser reads the sections. Relaxed builds compile only where the engine runs them.
   const builds = ['sdpa', 'sdpa-mt', ...(engineRunsRelaxed ? ['sdpa-relaxed', 'sdpa-mt-relaxed'] : [])];
   const sections = {};
