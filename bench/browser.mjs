@@ -34,7 +34,7 @@ const BROWSER_VS_NODE_TARGET = 1.10;
 const DECODE_CASES = [['MHA', 4096], ['GQA', 8192]].flatMap(([kind, context]) => {
   const shape = DECODE_SHAPES.find((s) => s.kind === kind);
   if (!shape.contexts.includes(context)) throw new Error(`decode.mjs has no ${kind} context ${context}`);
-  return ['float32', 'float16'].map((dtype) => ({ kind, B: shape.B, Hq: shape.Hq, Hkv: shape.Hkv, E: shape.E, context, dtype }));
+  return ['float32', 'float16'].map((dtype) => ({ kind, B: shape.B, Hq: shape.Hq, Hkv: shape.Hkv, E: shape.E, context, dtype, seed: 8 }));
 });
 
 const median = (xs) => {
@@ -47,10 +47,10 @@ const inputs = (s) => ({
   q: noiseTensor([s.B, s.H, s.Lq, s.E], 7, 1), k: noiseTensor([s.B, s.Hkv, s.Lk, s.E], 7, 2), v: noiseTensor([s.B, s.Hkv, s.Lk, s.E], 7, 3),
 });
 
-/** A decode case's seeded cache contents and query (the page builds the same from the same seeds). */
+/** A decode case's seeded cache contents and query (the page's setCache builds the same). */
 const decodeInputs = (c) => ({
-  k: noiseTensor([c.B, c.Hkv, c.context, c.E], 8, 1), v: noiseTensor([c.B, c.Hkv, c.context, c.E], 8, 2),
-  q: noiseTensor([c.B, c.Hq, 1, c.E], 8, 3),
+  k: noiseTensor([c.B, c.Hkv, c.context, c.E], c.seed, 1), v: noiseTensor([c.B, c.Hkv, c.context, c.E], c.seed, 2),
+  q: noiseTensor([c.B, c.Hq, 1, c.E], c.seed, 3),
 });
 
 function bitsEqual(a, b) {
@@ -108,7 +108,8 @@ export async function runBrowserBench({ quick = false, log = console.log } = {})
         setCache(c, isa) {
           this.cache?.dispose();
           this.inputs = null;
-          const { k, v, q } = { k: noiseTensor([c.B, c.Hkv, c.context, c.E], 8, 1), v: noiseTensor([c.B, c.Hkv, c.context, c.E], 8, 2), q: noiseTensor([c.B, c.Hq, 1, c.E], 8, 3) };
+          const k = noiseTensor([c.B, c.Hkv, c.context, c.E], c.seed, 1), v = noiseTensor([c.B, c.Hkv, c.context, c.E], c.seed, 2);
+          const q = noiseTensor([c.B, c.Hq, 1, c.E], c.seed, 3);
           this.cache = this.attn[isa].createKVCache({ batch: c.B, kvHeads: c.Hkv, headDim: c.E, maxLength: c.context, dtype: c.dtype });
           this.cache.append(k, v);
           this.query = q;
