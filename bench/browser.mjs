@@ -12,7 +12,9 @@
 // Target (the relaxed-SIMD issue): each build in Chromium within 10% of its Node speed.
 // Then decoding from a KV cache the same way (cacheDecodeRows): one token attending to a cache
 // of MHA (d) (H32, 4096 positions) and GQA (Hq32 Hkv8, 8192 positions), E128, float32 and
-// float16, both builds, each cache filled with the same seeded keys and values on both sides.
+// float16, both builds, one and two threads, each cache filled with the same seeded keys and
+// values on both sides, on a second page served cross-origin isolated (the threaded builds need
+// SharedArrayBuffer; the page's timer then has 5 µs resolution instead of 0.1 ms).
 //   node bench/browser.mjs [--quick] [--json PATH]
 import { spawn } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
@@ -60,8 +62,9 @@ function bitsEqual(a, b) {
   return true;
 }
 
-function startServer() {
-  const server = spawn(process.execPath, [`${ROOT}scripts/serve.mjs`, '--port', '0', '--no-isolation'], { stdio: ['ignore', 'pipe', 'inherit'] });
+function startServer({ isolation = false } = {}) {
+  const args = [`${ROOT}scripts/serve.mjs`, '--port', '0', ...(isolation ? [] : ['--no-isolation'])];
+  const server = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'inherit'] });
   return new Promise((resolveUrl, reject) => {
     server.on('error', reject);
     server.stdout.on('data', (d) => {
@@ -104,26 +107,6 @@ export async function runBrowserBench({ quick = false, log = console.log } = {})
           this.attn[isa].sdpa(q, k, v, { isCausal: this.causal, out: this.out });
           return performance.now() - t0;
         },
-        // One cache at a time (up to 128 MiB), in the given build's instance.
-        setCache(c, isa) {
-          this.cache?.dispose();
-          this.inputs = null;
-          const k = noiseTensor([c.B, c.Hkv, c.context, c.E], c.seed, 1), v = noiseTensor([c.B, c.Hkv, c.context, c.E], c.seed, 2);
-          const q = noiseTensor([c.B, c.Hq, 1, c.E], c.seed, 3);
-          this.cache = this.attn[isa].createKVCache({ batch: c.B, kvHeads: c.Hkv, headDim: c.E, maxLength: c.context, dtype: c.dtype });
-          this.cache.append(k, v);
-          this.query = q;
-          this.out = new Float32Array(q.data.length);
-        },
-        step() {
-          const t0 = performance.now();
-          this.cache.attend(this.query, { out: this.out });
-          return performance.now() - t0;
-        },
-        dropCache() {
-          this.cache?.dispose();
-          this.cache = null;
-        },
       };
     });
     const pageIsas = await page.evaluate(() => Object.values(window.__bench.attn).map((a) => a.isa));
@@ -156,11 +139,12 @@ export async function runBrowserBench({ quick = false, log = console.log } = {})
           `(${row.runs} runs each${sameBits ? ', outputs bitwise equal' : ', OUTPUTS DIFFER'})`);
       }
     }
-    const decodeRows = await cacheDecodeRows(page, node, settings, log);
     for (const a of Object.values(node)) a.dispose();
+    await page.close();
+    const decodeRows = await cacheDecodeRows(browser, settings, log);
     log('browser targets: each build in Chromium within 10% of its Node speed (Chromium ÷ Node ≤ 1.10):');
     for (const r of rows) log(`  ${r.met ? 'met    ' : 'NOT met'}  (${r.shape}) ${r.isa}: ${r.chromiumVsNode.toFixed(2)}×`);
-    for (const r of decodeRows) log(`  ${r.met ? 'met    ' : 'NOT met'}  ${r.label} ${r.isa}: ${r.chromiumVsNode.toFixed(2)}×`);
+    for (const r of decodeRows) log(`  ${r.met ? 'met    ' : 'NOT met'}  ${r.label} ${r.isa} ${r.threads}t: ${r.chromiumVsNode.toFixed(2)}×`);
     return {
       date: new Date().toISOString(), host, node: process.versions.node, chromium: chromiumVersion, quick, settings,
       target: { chromiumVsNodeAtMost: BROWSER_VS_NODE_TARGET }, rows, decodeRows,
@@ -195,45 +179,99 @@ async function alternate(runNode, runPage, settings) {
 }
 
 /**
- * DECODE_CASES in Node and in the page, each build: a cache filled with the same seeded keys
- * and values on both sides, one token's attend() timed (from the cache's memory: (d)'s caches
- * are 64 and 128 MiB, the GQA ones 32 and 64 MiB, all larger than this host's L3 or nearly,
- * and each step reads the whole cache). The first step's output must be bitwise equal.
+ * DECODE_CASES in Node and in a cross-origin isolated page, each build, one and two threads: a
+ * cache filled with the same seeded keys and values on both sides, one token's attend() timed
+ * (from the cache's memory: (d)'s caches are 64 and 128 MiB, the GQA ones 32 and 64 MiB, all
+ * larger than this host's L3 or nearly, and each step reads the whole cache). The first step's
+ * output must be bitwise equal (one and two threads give the same bits by construction).
  */
-async function cacheDecodeRows(page, node, settings, log) {
-  const rows = [];
-  log('decode from a KV cache (attend() of one token, one thread), Node and Chromium:');
-  for (const c of DECODE_CASES) {
-    const x = decodeInputs(c);
-    for (const [isa] of BUILDS) {
-      const cache = node[isa].createKVCache({ batch: c.B, kvHeads: c.Hkv, headDim: c.E, maxLength: c.context, dtype: c.dtype });
-      try {
-        cache.append(x.k, x.v);
-        const out = new Float32Array(x.q.data.length);
-        const runNode = () => timed(() => cache.attend(x.q, { out }));
-        await page.evaluate(([shape, build]) => window.__bench.setCache(shape, build), [c, isa]);
-        runNode();
-        const fromPage = new Float32Array(await page.evaluate(() => {
-          window.__bench.step();
-          return Array.from(window.__bench.out);
-        }));
-        const sameBits = bitsEqual(fromPage, out);
-        const timing = await alternate(runNode, () => page.evaluate(() => window.__bench.step()), settings);
-        const label = `${c.kind} ${c.context} ${c.dtype}`;
-        const row = { ...c, label, isa, cacheBytes: cache.byteLength, sameBits, ...timing };
-        row.chromiumVsNode = row.chromiumMs / row.nodeMs;
-        row.met = row.chromiumVsNode <= BROWSER_VS_NODE_TARGET;
-        rows.push(row);
-        log(`  ${label.padEnd(18)} (${(row.cacheBytes / 2 ** 20).toFixed(0)} MiB) ${isa.padEnd(13)} Node ${row.nodeMs.toFixed(2).padStart(6)} ms  ` +
-          `Chromium ${row.chromiumMs.toFixed(2).padStart(6)} ms  Chromium ÷ Node ${row.chromiumVsNode.toFixed(2)}×  ` +
-          `(${row.runs} runs each${sameBits ? ', outputs bitwise equal' : ', OUTPUTS DIFFER'})`);
-      } finally {
-        cache.dispose();
-        await page.evaluate(() => window.__bench.dropCache());
+async function cacheDecodeRows(browser, settings, log) {
+  const threadCounts = [1, 2];
+  const server = await startServer({ isolation: true });
+  const page = await browser.newPage();
+  const node = {};
+  try {
+    await page.goto(`${server.url}tests/browser/harness.html`);
+    // The page's side: one instance per (build, threads), one cache at a time (up to 128 MiB).
+    await page.evaluate(async ([builds, threadCounts]) => {
+      if (!crossOriginIsolated) throw new Error('the decode page is not cross-origin isolated');
+      const { createAttention } = await import('/dist/index.js');
+      const { noiseTensor } = await import('/web/seeded.mjs');
+      const attn = {};
+      for (const [isa, relaxedSimd] of builds) {
+        for (const threads of threadCounts) attn[`${isa} ${threads}`] = await createAttention({ threads, relaxedSimd });
+      }
+      window.__decode = {
+        attn,
+        setCache(c, instance) {
+          this.cache?.dispose();
+          const k = noiseTensor([c.B, c.Hkv, c.context, c.E], c.seed, 1), v = noiseTensor([c.B, c.Hkv, c.context, c.E], c.seed, 2);
+          this.query = noiseTensor([c.B, c.Hq, 1, c.E], c.seed, 3);
+          this.cache = this.attn[instance].createKVCache({ batch: c.B, kvHeads: c.Hkv, headDim: c.E, maxLength: c.context, dtype: c.dtype });
+          this.cache.append(k, v);
+          this.out = new Float32Array(this.query.data.length);
+        },
+        step() {
+          const t0 = performance.now();
+          this.cache.attend(this.query, { out: this.out });
+          return performance.now() - t0;
+        },
+        dropCache() {
+          this.cache?.dispose();
+          this.cache = null;
+        },
+      };
+    }, [BUILDS, threadCounts]);
+    const pageInstances = await page.evaluate(() => Object.entries(window.__decode.attn).map(([k, a]) => `${k}: ${a.isa} ${a.threads}`));
+    for (const [isa, relaxedSimd] of BUILDS) {
+      for (const threads of threadCounts) {
+        const a = await createAttention({ threads, relaxedSimd });
+        node[`${isa} ${threads}`] = a;
+        if (a.isa !== isa || a.threads !== threads) throw new Error(`Node gave ${a.isa} on ${a.threads} threads for ${isa} on ${threads}`);
+        if (!pageInstances.includes(`${isa} ${threads}: ${isa} ${threads}`)) throw new Error(`Chromium's instances: ${pageInstances.join(', ')}`);
       }
     }
+    const rows = [];
+    log(`decode from a KV cache (attend() of one token), Node and Chromium (a cross-origin isolated page):`);
+    for (const c of DECODE_CASES) {
+      const x = decodeInputs(c);
+      for (const [isa] of BUILDS) {
+        for (const threads of threadCounts) {
+          const instance = `${isa} ${threads}`;
+          const cache = node[instance].createKVCache({ batch: c.B, kvHeads: c.Hkv, headDim: c.E, maxLength: c.context, dtype: c.dtype });
+          try {
+            cache.append(x.k, x.v);
+            const out = new Float32Array(x.q.data.length);
+            const runNode = () => timed(() => cache.attend(x.q, { out }));
+            await page.evaluate(([shape, name]) => window.__decode.setCache(shape, name), [c, instance]);
+            runNode();
+            const fromPage = new Float32Array(await page.evaluate(() => {
+              window.__decode.step();
+              return Array.from(window.__decode.out);
+            }));
+            const sameBits = bitsEqual(fromPage, out);
+            const timing = await alternate(runNode, () => page.evaluate(() => window.__decode.step()), settings);
+            const label = `${c.kind} ${c.context} ${c.dtype}`;
+            const row = { ...c, label, isa, threads, cacheBytes: cache.byteLength, sameBits, ...timing };
+            row.chromiumVsNode = row.chromiumMs / row.nodeMs;
+            row.met = row.chromiumVsNode <= BROWSER_VS_NODE_TARGET;
+            rows.push(row);
+            log(`  ${label.padEnd(17)} (${String(Math.round(row.cacheBytes / 2 ** 20)).padStart(3)} MiB) ${isa.padEnd(13)} ${threads}t  ` +
+              `Node ${row.nodeMs.toFixed(2).padStart(6)} ms  Chromium ${row.chromiumMs.toFixed(2).padStart(6)} ms  ` +
+              `Chromium ÷ Node ${row.chromiumVsNode.toFixed(2)}×  (${row.runs} runs each${sameBits ? ', outputs bitwise equal' : ', OUTPUTS DIFFER'})`);
+          } finally {
+            cache.dispose();
+            await page.evaluate(() => window.__decode.dropCache());
+          }
+        }
+      }
+    }
+    return rows;
+  } finally {
+    for (const a of Object.values(node)) a.dispose();
+    await page.close();
+    server.stop();
   }
-  return rows;
 }
 
 // --- standalone ------------------------------------------------------------------------------
