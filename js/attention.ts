@@ -37,15 +37,20 @@ export class Attention {
     this.isa = handle.isa;
   }
 
+  #live(fn: string): ModuleHandle {
+    if (this.#handle === null) throw new Error(`${fn}: this Attention instance has been disposed`);
+    return this.#handle;
+  }
+
   /**
    * softmax(query·keyᵀ·scale + mask)·value. Inputs are never modified; the same inputs give
    * bitwise-identical outputs. Throws TypeError/RangeError on bad input (the instance stays
    * usable).
    */
   sdpa(query: Tensor, key: Tensor, value: Tensor, options?: SdpaOptions): SdpaResult {
-    const handle = this.#handle;
-    if (handle === null) throw new Error('sdpa: this Attention instance has been disposed');
+    this.#live('sdpa');
     const p = plan(query, key, value, options);
+    const handle = this.#live('sdpa');  // again: the arguments' getters may have disposed it
     const engines = {
       main: handle.module, threads: handle.threads, single: this.#streamHandle?.module ?? null, account: this.#account,
     };
@@ -63,9 +68,9 @@ export class Attention {
    */
   sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
     options?: SdpaBackwardOptions): SdpaBackwardResult {
-    const handle = this.#handle;
-    if (handle === null) throw new Error('sdpaBackward: this Attention instance has been disposed');
+    this.#live('sdpaBackward');
     const bp = planBackward(query, key, value, gradOutput, options);
+    const handle = this.#live('sdpaBackward');  // again: the arguments' getters may have disposed it
     return runBackward(new CallMemory(handle.module, this.#account, 'sdpaBackward'), handle.threads, bp,
       query.data, key.data, value.data);
   }
@@ -79,9 +84,9 @@ export class Attention {
    * Disposing the instance disposes its caches.
    */
   createKVCache(options: KVCacheOptions): KVCache {
-    const handle = this.#handle;
-    if (handle === null) throw new Error('createKVCache: this Attention instance has been disposed');
+    this.#live('createKVCache');
     const shape = checkCacheOptions(options);
+    const handle = this.#live('createKVCache');  // again: the options' getters may have disposed it
     const cache = new KVCache(handle.module, this.#account, handle.threads, shape, (c) => this.#caches.delete(c));
     this.#caches.add(cache);
     return cache;
@@ -93,8 +98,7 @@ export class Attention {
    * its live KV caches: a call's blocks are freed whether it succeeds or throws.
    */
   memory(): MemoryInfo {
-    const handle = this.#handle;
-    if (handle === null) throw new Error('memory: this Attention instance has been disposed');
+    const handle = this.#live('memory');
     const modules = [handle.module, ...(this.#streamHandle === null ? [] : [this.#streamHandle.module])];
     return {
       bytesInUse: this.#account.bytesInUse,

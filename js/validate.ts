@@ -61,6 +61,10 @@ export interface Plan {
   out: Float32Array | null;
 }
 
+/** float32's largest finite value and least positive (subnormal) one. */
+const FLOAT32_MAX = 3.4028234663852886e38;
+const FLOAT32_MIN_POSITIVE = 1.401298464324817e-45;
+
 const tag = (x: unknown) => Object.prototype.toString.call(x).slice(8, -1);
 
 export function describe(x: unknown): string {
@@ -94,27 +98,41 @@ export function checkOptionNames(fn: string, options: unknown, known: readonly s
       throw new TypeError(`${fn}: unknown option "${name}"; known options: ${known.join(', ')}`);
     }
   }
-  return options as Record<string, unknown>;
+  // A copy, each option read once: a getter runs before any check, never between a check
+  // and the use of what it checked.
+  const copy: Record<string, unknown> = {};
+  for (const name of known) {
+    const x = (options as Record<string, unknown>)[name];
+    if (x !== undefined) copy[name] = x;
+  }
+  return copy;
 }
 
+/**
+ * A tensor's dims, checked, as a copy read once (each element and the length exactly one
+ * time, so a getter cannot pass the checks with one value and be used with another; a hole in a
+ * sparse array reads as undefined and is rejected).
+ */
 function checkDims(fn: string, name: string, dims: unknown, minRank: number, maxRank: number): number[] {
   if (!Array.isArray(dims)) {
     throw new TypeError(`${fn}: ${name}.dims must be an array of positive integers, got ${describe(dims)}`);
   }
-  if (dims.length < minRank || dims.length > maxRank) {
-    throw new RangeError(
-      `${fn}: ${name}.dims must have rank ${minRank}..${maxRank}, got [${dims.join(', ')}] (rank ${dims.length})`);
+  const rank = dims.length;
+  const copy: unknown[] = [];
+  for (let axis = 0; axis < rank; axis++) copy.push(dims[axis]);
+  const shown = () => `[${copy.map((d) => (typeof d === 'number' ? String(d) : describe(d))).join(', ')}]`;
+  if (rank < minRank || rank > maxRank) {
+    throw new RangeError(`${fn}: ${name}.dims must have rank ${minRank}..${maxRank}, got ${shown()} (rank ${rank})`);
   }
-  dims.forEach((d, axis) => {
+  copy.forEach((d, axis) => {
     if (typeof d !== 'number') {
-      throw new TypeError(`${fn}: ${name}.dims[${axis}] must be a number, got ${describe(d)} in [${dims.join(', ')}]`);
+      throw new TypeError(`${fn}: ${name}.dims[${axis}] must be a number, got ${describe(d)} in ${shown()}`);
     }
     if (!Number.isInteger(d) || d < 1 || d > 0x7fffffff) {
-      throw new RangeError(
-        `${fn}: ${name}.dims[${axis}] must be a positive integer, got ${describe(d)} in [${dims.join(', ')}]`);
+      throw new RangeError(`${fn}: ${name}.dims[${axis}] must be a positive integer, got ${describe(d)} in ${shown()}`);
     }
   });
-  return dims as number[];
+  return copy as number[];
 }
 
 /**
@@ -122,13 +140,13 @@ function checkDims(fn: string, name: string, dims: unknown, minRank: number, max
  * `{ transfer: true }`): it then reads as length 0. Engines without ArrayBuffer.prototype.detached
  * cannot tell that from an empty buffer, so both count.
  */
-function detachedOrEmpty(view: ArrayBufferView): boolean {
+export function detachedOrEmpty(view: ArrayBufferView): boolean {
   const buffer = view.buffer as ArrayBuffer & { detached?: boolean };
   return buffer.detached === true || buffer.byteLength === 0;
 }
 
 /** The message for a typed array read where its buffer has been detached. */
-function detachedMessage(fn: string, name: string, needs: string): string {
+export function detachedMessage(fn: string, name: string, needs: string): string {
   return `${fn}: ${name} has no elements: its ArrayBuffer is detached (transferred, e.g. to a worker with ` +
     `{ transfer: true }) or empty; ${needs}`;
 }
@@ -369,14 +387,22 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
   let scale = 1 / Math.sqrt(E);
   if (o.scale !== undefined) {
     if (typeof o.scale !== 'number') throw new TypeError(`${fn}: options.scale must be a number, got ${describe(o.scale)}`);
-    if (!Number.isFinite(o.scale)) throw new RangeError(`${fn}: options.scale must be a finite number, got ${o.scale}`);
+    // The kernel computes in float32: a finite number beyond its range would be Infinity there.
+    if (!Number.isFinite(Math.fround(o.scale))) {
+      throw new RangeError(`${fn}: options.scale must be a finite number within float32's range ` +
+        `(|scale| <= ${FLOAT32_MAX}), got ${o.scale}`);
+    }
     scale = o.scale;
   }
   let softcap = 0;
   if (o.softcap !== undefined) {
     if (typeof o.softcap !== 'number') throw new TypeError(`${fn}: options.softcap must be a number, got ${describe(o.softcap)}`);
-    if (!(o.softcap > 0) || !Number.isFinite(o.softcap)) {
-      throw new RangeError(`${fn}: options.softcap must be a finite number > 0 (omit it to turn softcap off), got ${o.softcap}`);
+    // In float32 (the kernel's type) too: a softcap below float32's least positive number
+    // would be 0 there, which means "off", and one beyond its range Infinity.
+    const asFloat32 = Math.fround(o.softcap);
+    if (!(asFloat32 > 0) || !Number.isFinite(asFloat32)) {
+      throw new RangeError(`${fn}: options.softcap must be a number > 0 within float32's range ` +
+        `(${FLOAT32_MIN_POSITIVE} to ${FLOAT32_MAX}; omit it to turn softcap off), got ${o.softcap}`);
     }
     softcap = o.softcap;
   }

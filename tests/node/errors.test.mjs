@@ -123,6 +123,35 @@ describe('dispose', () => {
   });
 });
 
+describe('arguments read through getters (user code running inside a call)', () => {
+  test('each option and each dims element is read once: a getter cannot pass the checks and change afterwards', () => {
+    const reads = { scale: 0, lq: 0 };
+    const dims = [B, Hq, Lq, E];
+    Object.defineProperty(dims, 2, { get: () => (reads.lq++ === 0 ? Lq : 100000), enumerable: true });
+    const options = { get scale() { return reads.scale++ === 0 ? 0.5 : NaN; } };
+    const query = q();
+    const got = attn.sdpa(t(query.data, dims), k(), v(), options);
+    expect(reads).toEqual({ scale: 1, lq: 1 });
+    expect(got.output.dims).toEqual([B, Hq, Lq, Ev]);
+    expect(maxRelError(got.output.data, referenceSdpa(query, k(), v(), { scale: 0.5 }).output)).toBeLessThanOrEqual(2e-5);
+  });
+
+  test.each([1, 2])('a getter disposing the instance (%i threads): sdpa, sdpaBackward and createKVCache throw, nothing runs', async (threads) => {
+    for (const call of [
+      (instance, options) => instance.sdpa(q(), k(), v(), options),
+      (instance, options) => instance.sdpaBackward(q(), k(), v(), randomTensor([B, Hq, Lq, Ev], 9), options),
+    ]) {
+      const instance = await createAttention({ threads });
+      const options = { get scale() { instance.dispose(); return 0.5; } };
+      expect(() => call(instance, options)).toThrow(/has been disposed/);
+    }
+    const instance = await createAttention({ threads });
+    const options = { batch: 1, kvHeads: 1, headDim: 4, get maxLength() { instance.dispose(); return 8; } };
+    expect(() => instance.createKVCache(options)).toThrow(/createKVCache: this Attention instance has been disposed/);
+    expectStillWorks();
+  });
+});
+
 // 2.3 GB of weights: more than the 2 GiB the wasm memory may grow to, but less than 4 GiB.
 const hugeWeightsCall = () => {
   const n = 24000;

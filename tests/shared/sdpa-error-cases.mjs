@@ -39,6 +39,8 @@ export function sdpaErrorCases(api) {
       [/value\.dims\[2\]/, /positive integer/, has(`got ${-Lk}`)]],
     ['query.dims non-integer', () => api.sdpa(t(q().data, [B, Hq, Lq, 2.5]), k(), v()), RangeError,
       [/query\.dims\[3\]/, /got 2\.5/]],
+    ['query.dims with a hole (a sparse array)', () => api.sdpa(t(q().data, [B, , Lq, E]), k(), v()), TypeError,
+      [/query\.dims\[1\] must be a number/, /got undefined/, has(`[${B}, undefined, ${Lq}, ${E}]`)]],
     ['query.dims NaN', () => api.sdpa(t(q().data, [NaN, Hq, Lq, E]), k(), v()), RangeError, [/query\.dims\[0\]/, /got NaN/]],
     ['query.data length != product of dims', () => api.sdpa(t(q().data.subarray(1), [B, Hq, Lq, E]), k(), v()), RangeError,
       [/query\.data\.length/, has(`= ${B * Hq * Lq * E}`), has(`got ${B * Hq * Lq * E - 1}`)]],
@@ -130,6 +132,13 @@ export function sdpaErrorCases(api) {
     ['softcap negative', () => api.sdpa(q(), k(), v(), { softcap: -2 }), RangeError, [/options\.softcap/, /got -2/]],
     ['softcap NaN', () => api.sdpa(q(), k(), v(), { softcap: NaN }), RangeError, [/options\.softcap/, /got NaN/]],
     ['softcap Infinity', () => api.sdpa(q(), k(), v(), { softcap: Infinity }), RangeError, [/options\.softcap/, /got Infinity/]],
+    // Finite in JavaScript, not in float32 (the kernel's type): Infinity there, or a softcap of 0 ("off").
+    ['scale beyond float32', () => api.sdpa(q(), k(), v(), { scale: 1e39 }), RangeError,
+      [/options\.scale/, /float32's range/, /got 1e\+39/]],
+    ['softcap beyond float32', () => api.sdpa(q(), k(), v(), { softcap: 1e39 }), RangeError,
+      [/options\.softcap/, /float32's range/, /got 1e\+39/]],
+    ['softcap below float32\'s least positive number', () => api.sdpa(q(), k(), v(), { softcap: 1e-46 }), RangeError,
+      [/options\.softcap/, /float32's range/, /1\.401298464324817e-45/, /got 1e-46/]],
     ['softcap a string', () => api.sdpa(q(), k(), v(), { softcap: '5' }), TypeError, [/options\.softcap/, /"5"/]],
 
     // out.
