@@ -11,7 +11,8 @@ import { KV_TYPE, runResident } from './strategies.js';
 import type { SdpaModule } from './wasm/sdpa.mjs';
 import type { KVCacheOptions, KVTensor, SdpaOptions, SdpaResult } from './types.js';
 import {
-  checkLayout, checkOptionNames, checkTensor, describe, dimsMismatch, isInt32Array, isUint16Array, planAttend,
+  checkLayout, checkOptionNames, checkTensor, describe, detachedMessage, detachedOrEmpty, dimsMismatch, isInt32Array,
+  isUint16Array, planAttend,
   type CacheOperands, type Operand,
 } from './validate.js';
 
@@ -56,7 +57,7 @@ export function checkCacheOptions(options: unknown): KVCacheShape {
   };
   const batch = size('batch'), kvHeads = size('kvHeads'), headDim = size('headDim');
   const valueDim = size('valueDim', headDim), maxLength = size('maxLength');
-  const dtype = o.dtype ?? 'float32';
+  const dtype = o.dtype === undefined ? 'float32' : o.dtype;
   if (typeof dtype !== 'string') {
     throw new TypeError(`${fn}: options.dtype must be 'float32' or 'float16', got ${describe(dtype)}`);
   }
@@ -122,7 +123,10 @@ export function checkReorder(batch: number, indices: unknown): Int32Array {
     throw new TypeError(`${fn}: indices must be an Int32Array of length B = ${batch} (e.g. Int32Array.from(beams)), ` +
       `got ${describe(indices)}`);
   }
-  const idx = Int32Array.from(indices);
+  if (indices.length === 0 && detachedOrEmpty(indices)) {
+    throw new RangeError(detachedMessage(fn, 'indices', `it must have length B = ${batch}`));
+  }
+  const idx = new Int32Array(indices);  // the typed array's elements, read once (no iterator)
   if (idx.length !== batch) throw new RangeError(`${fn}: indices must have length B = ${batch}, got ${idx.length}`);
   idx.forEach((i, b) => {
     if (i < 0 || i >= batch) throw new RangeError(`${fn}: indices[${b}] must be a batch index in [0, ${batch}), got ${i}`);
@@ -212,6 +216,10 @@ export class KVCache extends KVCacheShapeInfo {
   // Whether a float16 cache may hold an Inf or NaN half (exponent 31) among its positions:
   // until then the kernel widens with the cheaper conversion (KvType kFloat16Finite).
   #maybeInfNaN = false;
+  // Counts the changes of the stored positions (append, truncate, reorder, reset, dispose). A
+  // call reads its arguments first, and their getters run user code, which may use this very
+  // cache: the call then checks nothing changed meanwhile (#unchangedSince).
+  #version = 0;
   readonly #onDispose: (cache: KVCache) => void;
 
   /** @internal Use attn.createKVCache(). */
@@ -252,6 +260,15 @@ export class KVCache extends KVCacheShapeInfo {
     return this.#module;
   }
 
+  /** #live(), and that the cache is as it was at `version`: after reading a call's arguments. */
+  #unchangedSince(fn: string, version: number): SdpaModule {
+    const module = this.#live(fn);
+    if (this.#version !== version) {
+      throw new Error(`${fn}: the cache was changed while this call read its arguments (by a getter); nothing was done`);
+    }
+    return module;
+  }
+
   /**
    * Stores the K/V of `Lnew` new positions after the `length` stored ones, for every batch:
    * `key` [B, Hkv, Lnew, E], `value` [B, Hkv, Lnew, Ev] (or [B, Lnew, Hkv, ·] with
@@ -262,8 +279,10 @@ export class KVCache extends KVCacheShapeInfo {
    */
   append(key: KVTensor, value: KVTensor, options?: { layout?: 'bhsd' | 'bshd' }): void {
     const fn = 'KVCache.append';
-    const module = this.#live(fn);
+    this.#live(fn);
+    const version = this.#version;
     const { k, v, layout } = checkAppend(this, this.#length, key, value, options);
+    const module = this.#unchangedSince(fn, version);
     const memory = new CallMemory(module, this.#account, fn);
     try {
       // One staging buffer serves both writes (requested before either, so a refusal leaves
@@ -281,6 +300,7 @@ export class KVCache extends KVCacheShapeInfo {
         this.#storedInfNaN(module, this.#values, this.valueDim, k.L);
     }
     this.#length += k.L;
+    this.#version++;
   }
 
   /** Whether positions [length, length + count) of a float16 storage hold an Inf or NaN half. */
@@ -369,8 +389,11 @@ export class KVCache extends KVCacheShapeInfo {
    * overridable. With nothing stored every row is empty: exact zeros.
    */
   attend(query: { data: Float32Array; dims: readonly number[] }, options?: SdpaOptions): SdpaResult {
-    const module = this.#live('KVCache.attend');
+    const fn = 'KVCache.attend';
+    this.#live(fn);
+    const version = this.#version;
     const p = planAttend(query, cacheOperands(this, this.#length), options);
+    const module = this.#unchangedSince(fn, version);
     if (p.kvLen === 0) {
       const output = p.out !== null ? p.out.subarray(0, p.outputSize).fill(0) : new Float32Array(p.outputSize);
       const result: SdpaResult = { output: { data: p.out !== null && p.out.length === p.outputSize ? p.out : output, dims: p.outputDims } };
@@ -388,6 +411,7 @@ export class KVCache extends KVCacheShapeInfo {
     this.#live('KVCache.truncate');
     checkTruncate(this.#length, n);
     this.#length = n;
+    this.#version++;
     if (n === 0) this.#maybeInfNaN = false;
   }
 
@@ -404,6 +428,7 @@ export class KVCache extends KVCacheShapeInfo {
     const idx = checkReorder(this.batch, indices);
     const steps = reorderSteps(idx);
     if (steps.length === 0 || this.#length === 0) return;
+    this.#version++;
     const eb = ELEMENT_BYTES[this.dtype];
     const planeBytes = [this.headDim * eb, this.valueDim * eb];  // a position's bytes, keys then values
     const saves = steps.some(([, to]) => to === SAVED);
@@ -429,6 +454,7 @@ export class KVCache extends KVCacheShapeInfo {
   reset(): void {
     this.#live('KVCache.reset');
     this.#length = 0;
+    this.#version++;
     this.#maybeInfNaN = false;
   }
 
@@ -437,6 +463,7 @@ export class KVCache extends KVCacheShapeInfo {
     const module = this.#module;
     if (module === null) return;
     this.#module = null;
+    this.#version++;
     freeLongLived(module, this.#account, this.#storage);
     this.#length = 0;
     this.#onDispose(this);

@@ -119,6 +119,60 @@ describe('disposal', () => {
   });
 });
 
+describe('a cache used by a getter of its own call\'s arguments', () => {
+  test('disposed meanwhile: append and attend throw, and write or read nothing (another cache got its memory)', () => {
+    for (const call of [
+      (c, options) => c.append(k(1, 30), v(1, 31), options),
+      (c, options) => c.attend(q(), options),
+    ]) {
+      const cache = freshCache();
+      let other;
+      const options = {
+        get layout() {
+          cache.dispose();
+          other = freshCache();  // may take the freed storage
+          return 'bhsd';
+        },
+      };
+      const expected = freshCache();
+      try {
+        expect(() => call(cache, options)).toThrow(/KVCache\.\w+: this KVCache has been disposed/);
+        expect(other.length).toBe(STORED);
+        expect(other.attend(q()).output.data).toEqual(expected.attend(q()).output.data);
+      } finally {
+        other.dispose();
+        expected.dispose();
+      }
+    }
+  });
+
+  test('changed meanwhile (appended, truncated): the call throws and does nothing more; the change stays', () => {
+    const cache = freshCache();
+    try {
+      // A getter appending MAX - STORED positions: the outer append, checked against the
+      // length before, would pass maxLength.
+      const fill = { get layout() { cache.append(k(MAX - STORED, 32), v(MAX - STORED, 33)); return 'bhsd'; } };
+      expect(() => cache.append(k(3, 34), v(3, 35), fill)).toThrow(/KVCache\.append: the cache was changed while this call read its arguments/);
+      expect(cache.length).toBe(MAX);
+      const rewind = { get layout() { cache.truncate(4); return 'bhsd'; } };
+      expect(() => cache.attend(q(), rewind)).toThrow(/KVCache\.attend: the cache was changed/);
+      expect(cache.length).toBe(4);
+      expect(cache.attend(q()).output.dims).toEqual([B, Hq, 2, Ev]);
+    } finally {
+      cache.dispose();
+    }
+  });
+
+  test('the instance disposed by a getter during attend (2 threads): an error, not a hang', async () => {
+    const instance = await createAttention({ threads: 2 });
+    const cache = instance.createKVCache(CACHE_OPTIONS);
+    cache.append(k(STORED, 4), v(STORED, 5));
+    const options = { get scale() { instance.dispose(); return 0.5; } };
+    expect(() => cache.attend(q(), options)).toThrow(/KVCache\.attend: this KVCache has been disposed/);
+    expect(cache.disposed).toBe(true);
+  });
+});
+
 describe('no leaks', () => {
   test.each([1, 2])('threads %p: 1,400 mixed calls (valid and failing) leave the heap bytes in use as they were', async (threads) => {
     const instance = await createAttention({ threads });

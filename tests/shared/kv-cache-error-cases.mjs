@@ -8,6 +8,11 @@ import { randomTensor } from '../node/reference.mjs';
 // The cache the cases start from: B 2, Hkv 2, E 8, Ev 6, 10 positions stored of 16.
 export const B = 2, Hkv = 2, Hq = 4, E = 8, Ev = 6, MAX = 16;
 const t = (data, dims) => ({ data, dims });
+/** `array` with its buffer detached (transferred away), as after a worker call with { transfer: true }. */
+const detached = (array) => {
+  structuredClone(array.buffer, { transfer: [array.buffer] });
+  return array;
+};
 export const k = (L = 3, seed = 1) => randomTensor([B, Hkv, L, E], seed);
 export const v = (L = 3, seed = 2) => randomTensor([B, Hkv, L, Ev], seed);
 export const q = (Lq = 2, H = Hq, D = E) => randomTensor([B, H, Lq, D], 3);
@@ -30,6 +35,8 @@ export const createCacheErrorCases = (api) => [
     [/options\.valueDim/, /-1/]],
   ['dtype bfloat16', () => api.createKVCache({ batch: 1, kvHeads: 1, headDim: 4, maxLength: 4, dtype: 'bfloat16' }), RangeError,
     [/options\.dtype/, /'float32' or 'float16'/, /"bfloat16"/]],
+  ['dtype null', () => api.createKVCache({ batch: 1, kvHeads: 1, headDim: 4, maxLength: 4, dtype: null }), TypeError,
+    [/options\.dtype must be 'float32' or 'float16', got null$/]],
   ['dtype a number', () => api.createKVCache({ batch: 1, kvHeads: 1, headDim: 4, maxLength: 4, dtype: 16 }), TypeError,
     [/options\.dtype must be 'float32' or 'float16', got 16$/]],
   // 32 heads × 128 dims × 2 (K and V) × 4 bytes × 2^20 positions = 32 GiB.
@@ -81,5 +88,7 @@ export const CACHE_ERROR_CASES = [
   ['reorder: missing indices', (c) => c.reorder(), TypeError, [/indices must be an Int32Array/, /undefined/]],
   ['reorder: length', (c) => c.reorder(new Int32Array([1, 0, 0])), RangeError, [/indices must have length B = 2, got 3/]],
   ['reorder: an index past the batches', (c) => c.reorder(new Int32Array([0, 2])), RangeError, [/indices\[1\] must be a batch index in \[0, 2\), got 2/]],
+  ['reorder: detached indices', (c) => c.reorder(detached(new Int32Array([1, 0]))), RangeError,
+    [/KVCache\.reorder: indices has no elements/, /detached/, /length B = 2/]],
   ['reorder: a negative index', (c) => c.reorder(new Int32Array([-1, 0])), RangeError, [/indices\[0\]/, /got -1/]],
 ];
