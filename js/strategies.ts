@@ -52,8 +52,16 @@ export interface Engines {
 
 type Strategy = 'copied' | 'streamed-decode' | 'streamed-prefill';
 
-function overlaps(a: Float32Array, b: Float32Array): boolean {
-  return a.buffer === b.buffer && a.byteOffset < b.byteOffset + b.byteLength && b.byteOffset < a.byteOffset + a.byteLength;
+const isShared = (buffer: ArrayBufferLike) => Object.prototype.toString.call(buffer) === '[object SharedArrayBuffer]';
+
+/**
+ * Whether two arrays may share memory: ranges that overlap in one buffer, or any two different
+ * SharedArrayBuffer objects, which may be views of the same memory (structuredClone or
+ * postMessage of one, a grown shared WebAssembly.Memory) in a way JavaScript cannot see.
+ */
+function mayOverlap(a: Float32Array, b: Float32Array): boolean {
+  if (a.buffer !== b.buffer) return isShared(a.buffer) && isShared(b.buffer);
+  return a.byteOffset < b.byteOffset + b.byteLength && b.byteOffset < a.byteOffset + a.byteLength;
 }
 
 /** Which way sdpa() runs a problem; each gives bitwise the same result. */
@@ -63,13 +71,13 @@ export function chooseSdpaStrategy(engines: Engines, p: Plan, q: Float32Array, k
     engines.main.readsKeysInPlace(problemArg(engines.main, describeProblem(p)))) {
     return 'streamed-decode';
   }
-  // One (batch, KV head)'s Q rows, K, V and output. Not streamed when `out` shares memory
+  // One (batch, KV head)'s Q rows, K, V and output. Not streamed when `out` may share memory
   // with an input: a pair's output would overwrite inputs of pairs not yet copied in (the
   // whole copy-in comes first otherwise).
   const pairBytes = 4 * ((p.qHeads / p.kvHeads) * (p.q.h + p.o.h) + p.k.h + p.v.h);
   if (engines.threads === 1 && p.batch * p.kvHeads > 1 &&
     q.byteLength + k.byteLength + v.byteLength >= PREFILL_STREAM_MIN_BYTES && pairBytes <= PREFILL_STREAM_MAX_PAIR_BYTES &&
-    (p.out === null || ![q, k, v].some((input) => overlaps(input, p.out as Float32Array)))) {
+    (p.out === null || ![q, k, v].some((input) => mayOverlap(input, p.out as Float32Array)))) {
     return 'streamed-prefill';
   }
   return 'copied';

@@ -441,8 +441,9 @@ describe('inputs in unusual memory', () => {
       ['copied', { B: 2, Hq: 4, Hkv: 2, Lq: 5, Lk: 9, E: 8, Ev: 8 }],
       // K + V >= 4 MiB with Lq = 1: the streamed decode.
       ['streamed decode', { B: 1, Hq: 4, Hkv: 2, Lq: 1, Lk: 4096, E: 64, Ev: 64 }],
-      // One-thread prefill of >= 2 MiB in pairs of <= 1 MiB: streamed unless out overlaps an input.
-      ['prefill that would stream', { B: 1, Hq: 4, Hkv: 4, Lq: 512, Lk: 512, E: 64, Ev: 64 }],
+      // One-thread prefill of >= 2 MiB (here 2.25 MiB) in pairs of <= 1 MiB: streamed unless out
+      // overlaps an input.
+      ['prefill that would stream', { B: 1, Hq: 6, Hkv: 6, Lq: 512, Lk: 512, E: 64, Ev: 64 }],
     ];
     for (const [, dims] of cases) {
       const p = smallProblem(13, dims);
@@ -460,6 +461,20 @@ describe('inputs in unusual memory', () => {
         attn.sdpa(p.query, p.key, value, { out: viewOfValue });
         expectBitwiseEqual(viewOfValue, expected);
       }
+    }
+    // out over the query's memory through another SharedArrayBuffer object (structuredClone of
+    // a SharedArrayBuffer shares its memory; JavaScript cannot see that the two overlap): one
+    // head further on, so that a pair's output written early would overwrite the next pair's query.
+    {
+      const p = smallProblem(17, cases[2][1]);
+      const expected = attn.sdpa(p.query, p.key, p.value).output.data;
+      const sab = new SharedArrayBuffer(p.query.data.byteLength + 512 * 64 * 4);
+      const query = t(new Float32Array(sab, 0, p.query.data.length), p.query.dims);
+      query.data.set(p.query.data);
+      const out = new Float32Array(structuredClone(sab), 512 * 64 * 4, expected.length);
+      expect(out.buffer).not.toBe(query.data.buffer);
+      attn.sdpa(query, p.key, p.value, { out });
+      expectBitwiseEqual(out, expected);
     }
     // cache.attend with out = the query's array.
     const cache = attn.createKVCache({ batch: 1, kvHeads: 2, headDim: 8, maxLength: 32 });
