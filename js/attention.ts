@@ -6,7 +6,7 @@ import { runBackward } from './backward.js';
 import { CallMemory, MemoryAccount } from './memory.js';
 import { runSdpa } from './strategies.js';
 import type {
-  AttentionOptions, KVCacheOptions, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaOptions, SdpaResult, Tensor,
+  AttentionOptions, KVCacheOptions, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaOptions, SdpaResult, SdpaResultWith, Tensor,
 } from './types.js';
 import { checkAttentionOptions, DEFAULT_MAX_THREADS, plan, planBackward } from './validate.js';
 
@@ -29,7 +29,11 @@ export class Attention {
   readonly #account: MemoryAccount;
 
   /** @internal Use createAttention(). */
-  constructor(handle: ModuleHandle, streamHandle: ModuleHandle | null, maxMemoryBytes?: number) {
+  static create(handle: ModuleHandle, streamHandle: ModuleHandle | null, maxMemoryBytes?: number): Attention {
+    return new Attention(handle, streamHandle, maxMemoryBytes);
+  }
+
+  private constructor(handle: ModuleHandle, streamHandle: ModuleHandle | null, maxMemoryBytes?: number) {
     this.#handle = handle;
     this.#streamHandle = streamHandle;
     this.#account = new MemoryAccount(maxMemoryBytes);
@@ -47,6 +51,10 @@ export class Attention {
    * bitwise-identical outputs. Throws TypeError/RangeError on bad input (the instance stays
    * usable).
    */
+  sdpa(query: Tensor, key: Tensor, value: Tensor, options: SdpaOptions & { returnWeights: true; returnLogSumExp: true }): SdpaResultWith<'weights' | 'logSumExp'>;
+  sdpa(query: Tensor, key: Tensor, value: Tensor, options: SdpaOptions & { returnWeights: true }): SdpaResultWith<'weights'>;
+  sdpa(query: Tensor, key: Tensor, value: Tensor, options: SdpaOptions & { returnLogSumExp: true }): SdpaResultWith<'logSumExp'>;
+  sdpa(query: Tensor, key: Tensor, value: Tensor, options?: SdpaOptions): SdpaResult;
   sdpa(query: Tensor, key: Tensor, value: Tensor, options?: SdpaOptions): SdpaResult {
     this.#live('sdpa');
     const p = plan(query, key, value, options);
@@ -87,7 +95,7 @@ export class Attention {
     this.#live('createKVCache');
     const shape = checkCacheOptions(options);
     const handle = this.#live('createKVCache');  // again: the options' getters may have disposed it
-    const cache = new KVCache(handle.module, this.#account, handle.threads, shape, (c) => this.#caches.delete(c));
+    const cache = KVCache.create(handle.module, this.#account, handle.threads, shape, (c) => this.#caches.delete(c));
     this.#caches.add(cache);
     return cache;
   }
@@ -144,10 +152,10 @@ export async function createAttention(options: AttentionOptions = {}): Promise<A
   const isa: Isa = relaxedSimd === false ? 'simd128' : defaultIsa();
   const wanted = threads ?? Math.min(await hardwareThreads(), DEFAULT_MAX_THREADS);
   const handle = await acquireModule(threadsAvailable() ? wanted : 1, isa);
-  if (handle.threads === 1) return new Attention(handle, null, maxMemoryBytes);
+  if (handle.threads === 1) return Attention.create(handle, null, maxMemoryBytes);
   try {
     // The same instruction set: results stay bitwise the same for any thread count.
-    return new Attention(handle, await acquireModule(1, isa), maxMemoryBytes);
+    return Attention.create(handle, await acquireModule(1, isa), maxMemoryBytes);
   } catch (error) {
     handle.release();
     throw error;

@@ -11,12 +11,15 @@
 //   const worker = await createAttentionWorker();
 //   const { output } = await worker.sdpa(query, key, value, { isCausal: true, transfer: true });
 //   await worker.dispose();
+// The public classes are disposable (Symbol.dispose, Symbol.asyncDispose): their types need
+// this library whatever the user's `lib` setting.
+/// <reference lib="esnext.disposable" preserve="true" />
 export { Attention, createAttention, DEFAULT_MAX_THREADS, MAX_THREADS } from './attention.js';
-export { KVCache, KVCacheShapeInfo, type KVCacheDType } from './kv-cache.js';
+export { KVCache, KVCacheShapeInfo, type KVCacheDType, type KVCacheShape } from './kv-cache.js';
 export {
   AttentionWorker, createAttentionWorker, WorkerKVCache, type WorkerCallOptions, type WorkerSdpaOptions,
 } from './worker.js';
 export type { Isa } from './loader.js';
 export type {
-  AttentionOptions, KVCacheOptions, KVTensor, MaskTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaOptions, SdpaResult, Tensor,
+  AttentionOptions, KVCacheOptions, KVTensor, MaskTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaOptions, SdpaResult, SdpaResultWith, Tensor,
 } from './types.js';

@@ -9,7 +9,7 @@
 import { allocateLongLived, type Allocation, CallMemory, freeLongLived, type MemoryAccount } from './memory.js';
 import { KV_TYPE, runResident } from './strategies.js';
 import type { SdpaModule } from './wasm/sdpa.mjs';
-import type { KVCacheOptions, KVTensor, SdpaOptions, SdpaResult } from './types.js';
+import type { KVCacheOptions, KVTensor, SdpaOptions, SdpaResult, SdpaResultWith, Tensor } from './types.js';
 import {
   checkLayout, checkOptionNames, checkTensor, describe, detachedMessage, detachedOrEmpty, dimsMismatch, isInt32Array,
   isUint16Array, planAttend,
@@ -19,7 +19,7 @@ import {
 export type KVCacheDType = 'float32' | 'float16';
 
 const CACHE_OPTION_NAMES = ['batch', 'kvHeads', 'headDim', 'valueDim', 'maxLength', 'dtype'] as const;
-const APPEND_OPTION_NAMES = ['layout'] as const;
+export const APPEND_OPTION_NAMES = ['layout'] as const;
 const ELEMENT_BYTES: Record<KVCacheDType, number> = { float32: 4, float16: 2 };
 /** Appends are copied in through a staging buffer of at most this many bytes (rows at a time). */
 const STAGING_BYTES = 2 ** 20;
@@ -194,7 +194,7 @@ export abstract class KVCacheShapeInfo {
   /** Bytes of wasm memory the storage takes (keys and values), allocated at creation. */
   readonly byteLength: number;
 
-  constructor(shape: KVCacheShape) {
+  protected constructor(shape: KVCacheShape) {
     this.batch = shape.batch;
     this.kvHeads = shape.kvHeads;
     this.headDim = shape.headDim;
@@ -223,7 +223,12 @@ export class KVCache extends KVCacheShapeInfo {
   readonly #onDispose: (cache: KVCache) => void;
 
   /** @internal Use attn.createKVCache(). */
-  constructor(module: SdpaModule, account: MemoryAccount, threads: number, shape: KVCacheShape,
+  static create(module: SdpaModule, account: MemoryAccount, threads: number, shape: KVCacheShape,
+    onDispose: (cache: KVCache) => void): KVCache {
+    return new KVCache(module, account, threads, shape, onDispose);
+  }
+
+  private constructor(module: SdpaModule, account: MemoryAccount, threads: number, shape: KVCacheShape,
     onDispose: (cache: KVCache) => void) {
     super(shape);
     const bytes = cacheBytes(shape);
@@ -388,7 +393,11 @@ export class KVCache extends KVCacheShapeInfo {
    * `causalOffset` = length − Lq (the last Lq positions are the query's own), both
    * overridable. With nothing stored every row is empty: exact zeros.
    */
-  attend(query: { data: Float32Array; dims: readonly number[] }, options?: SdpaOptions): SdpaResult {
+  attend(query: Tensor, options: SdpaOptions & { returnWeights: true; returnLogSumExp: true }): SdpaResultWith<'weights' | 'logSumExp'>;
+  attend(query: Tensor, options: SdpaOptions & { returnWeights: true }): SdpaResultWith<'weights'>;
+  attend(query: Tensor, options: SdpaOptions & { returnLogSumExp: true }): SdpaResultWith<'logSumExp'>;
+  attend(query: Tensor, options?: SdpaOptions): SdpaResult;
+  attend(query: Tensor, options?: SdpaOptions): SdpaResult {
     const fn = 'KVCache.attend';
     this.#live(fn);
     const version = this.#version;

@@ -15,9 +15,9 @@ export interface MaskTensor {
 }
 
 export interface SdpaOptions {
-  /** Multiplies Q·Kᵀ. Any finite number; default `1/sqrt(E)`. */
+  /** Multiplies Q·Kᵀ. A finite number within float32's range; default `1/sqrt(E)`. */
   scale?: number;
-  /** > 0: scores become `softcap·tanh(s/softcap)`, after scaling and before any mask. */
+  /** > 0 (and within float32's range): scores become `softcap·tanh(s/softcap)`, after scaling and before any mask. */
   softcap?: number;
   /** Additive (float) or boolean (uint8) mask, broadcast to `[B, Hq, Lq, Lk]`. */
   attnMask?: MaskTensor;
@@ -54,6 +54,12 @@ export interface SdpaResult {
   /** `[..., Hq, Lq]` (dense, whatever the layout), present when `returnLogSumExp` was set. */
   logSumExp?: Tensor;
 }
+
+/**
+ * The result of a call that set `returnWeights` and/or `returnLogSumExp` to `true`: those
+ * members are then always present (the types of sdpa() and attend() pick it from the options).
+ */
+export type SdpaResultWith<Requested extends 'weights' | 'logSumExp'> = SdpaResult & { [Name in Requested]-?: Tensor };
 
 /** sdpaBackward's options: sdpa's score options (the same values as the forward call's), and `saved`. */
 export interface SdpaBackwardOptions extends Omit<SdpaOptions, 'returnWeights' | 'returnLogSumExp' | 'out'> {

@@ -9,12 +9,12 @@
 import { MAX_WASM_BYTES } from './memory.js';
 import type { AttentionOptions, MaskTensor, SdpaOptions } from './types.js';
 
-const OPTION_NAMES = [
+export const OPTION_NAMES = [
   'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'keyLengths',
   'returnWeights', 'returnLogSumExp', 'out', 'layout',
 ] as const;
 /** sdpaBackward's options: the score pipeline's, and `saved`. */
-const BACKWARD_OPTION_NAMES = [
+export const BACKWARD_OPTION_NAMES = [
   'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'keyLengths', 'layout', 'saved',
 ] as const;
 

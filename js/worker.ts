@@ -20,12 +20,16 @@
 // arrays do not reach a queued call.
 import type { Isa } from './loader.js';
 import {
-  cacheOperands, checkAppend, checkCacheOptions, checkReorder, checkTruncate, KVCacheShapeInfo, type KVCacheShape,
+  APPEND_OPTION_NAMES, cacheOperands, checkAppend, checkCacheOptions, checkReorder, checkTruncate, KVCacheShapeInfo,
+  type KVCacheShape,
 } from './kv-cache.js';
 import type {
-  AttentionOptions, KVCacheOptions, KVTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaOptions, SdpaResult, Tensor,
+  AttentionOptions, KVCacheOptions, KVTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaOptions, SdpaResult,
+  SdpaResultWith, Tensor,
 } from './types.js';
-import { checkAttentionOptions, checkOptionNames, describe, plan, planAttend, planBackward } from './validate.js';
+import {
+  BACKWARD_OPTION_NAMES, checkAttentionOptions, checkOptionNames, describe, OPTION_NAMES, plan, planAttend, planBackward,
+} from './validate.js';
 import { errorFromWire, READY, transferList, type Op, type Reply, type Request } from './worker-protocol.js';
 
 /** What every worker call takes besides the direct API's options. */
@@ -300,9 +304,11 @@ function typedArrays(args: Record<string, unknown>): unknown[] {
 /**
  * Takes the caller's typed arrays when a call is made: copies (only the view's elements), or
  * with `transfer`, moves their buffers (zero copy; the caller's arrays are then detached).
- * Two arrays over one buffer stay over one moved buffer. A SharedArrayBuffer cannot move: copied.
- * Moving detaches every view of a buffer at once, so views to move are only noted by take()
- * (with their offset and length, unreadable once detached) and moved together by done().
+ * Two arrays over one buffer stay over one moved buffer. A buffer that cannot move is copied
+ * (only the views' elements), the caller's arrays left as they are: a SharedArrayBuffer, and
+ * one that cannot be detached (a WebAssembly.Memory's, Node's Buffer pool). Moving detaches
+ * every view of a buffer at once, so views to move are only noted by tensor() (with their
+ * offset and length, unreadable once detached) and moved together by done().
  */
 class Taker {
   readonly #toMove: { holder: Record<string, unknown>; view: TypedArray; offset: number; length: number }[] = [];
@@ -327,12 +333,21 @@ class Taker {
     return taken;
   }
 
-  /** Options: a copy of the plain object, its mask and per-batch arrays copied; `out` kept (results land in it). */
-  options(options: unknown): unknown {
+  /**
+   * Options as the direct API reads them (checkOptionNames): each of the call's `known` names
+   * read once, by property access (so inherited and non-enumerable ones count), and any other
+   * own name kept, unread, for the checks to reject; without the worker-only `signal` and
+   * `transfer`. Masks and per-batch arrays copied; `out` kept (results land in it).
+   */
+  options(options: unknown, known: readonly string[]): unknown {
     if (options === null || typeof options !== 'object' || Array.isArray(options)) return options;
     const copy: Record<string, unknown> = {};
     for (const name of Object.keys(options)) {
+      if (!known.includes(name) && !WORKER_OPTION_NAMES.includes(name)) copy[name] = undefined;
+    }
+    for (const name of known) {
       const value = (options as Record<string, unknown>)[name];
+      if (value === undefined) continue;
       copy[name] = name === 'attnMask' ? this.tensor(value, false)
         : name === 'saved' ? this.saved(value)
         : name === 'out' ? value : this.copy(value);
@@ -347,22 +362,46 @@ class Taker {
     return { output: this.tensor(output, false), logSumExp: this.tensor(logSumExp, false) };
   }
 
-  /** Moves the noted buffers (each once) and points the taken tensors at the moved ones. */
-  done(): void {
-    if (this.#toMove.length === 0) return;
-    const moved = new Map<ArrayBufferLike, ArrayBuffer>();
+  /**
+   * Moves the noted buffers (each once) and points the taken tensors at the moved ones; those
+   * whose buffer cannot move are copied. Nothing moves for a call already cancelled (`signal`
+   * aborted): it will not run, and the caller keeps its arrays.
+   */
+  done(signal: AbortSignal | undefined): void {
+    const moved = new Map<ArrayBufferLike, ArrayBuffer | null>();  // null: cannot move
     for (const { view } of this.#toMove) {
-      if (!moved.has(view.buffer)) moved.set(view.buffer, view.buffer as ArrayBuffer);
+      if (!moved.has(view.buffer)) moved.set(view.buffer, signal?.aborted ? null : moveBuffer(view.buffer as ArrayBuffer));
     }
-    const buffers = [...moved.keys()] as ArrayBuffer[];
-    const clones = structuredClone(buffers, { transfer: buffers }) as ArrayBuffer[];
-    buffers.forEach((buffer, i) => moved.set(buffer, clones[i]));
     for (const { holder, view, offset, length } of this.#toMove) {
       const View = view.constructor as new (buffer: ArrayBuffer, offset: number, length: number) => TypedArray;
-      holder.data = new View(moved.get(view.buffer) as ArrayBuffer, offset, length);
+      const to = moved.get(view.buffer);
+      holder.data = to ? new View(to, offset, length) : view.slice();
     }
   }
 }
+
+/** Buffers found not to detach when moved: copied from then on without trying (a wasm memory's stays one object until it grows). */
+const cannotDetach = new WeakSet<ArrayBuffer>();
+
+/**
+ * `buffer`'s contents in a new ArrayBuffer, `buffer` detached (zero copy); or null, `buffer`
+ * untouched, if it cannot be detached: a browser's structuredClone throws for those, Node's
+ * copies all of them (then discarded: one wasted copy per such buffer, remembered).
+ */
+function moveBuffer(buffer: ArrayBuffer): ArrayBuffer | null {
+  if (cannotDetach.has(buffer)) return null;
+  try {
+    const clone = structuredClone(buffer, { transfer: [buffer] });
+    if (buffer.byteLength === 0) return clone;  // detached: moved (no empty buffer is taken to move)
+  } catch {
+    // DataCloneError: not transferable
+  }
+  cannotDetach.add(buffer);
+  return null;
+}
+
+/** The options every worker call takes besides the direct API's. */
+const WORKER_OPTION_NAMES: readonly string[] = ['signal', 'transfer'];
 
 type TypedArray = Float32Array | Uint16Array | Uint8Array | Int32Array;
 const tag = (x: unknown) => Object.prototype.toString.call(x).slice(8, -1);
@@ -372,18 +411,16 @@ const isTypedArray = (x: unknown): x is TypedArray => ArrayBuffer.isView(x) && t
  * The worker-only options (signal, transfer) checked and split from the direct API's, which
  * are checked later by the direct API's own checks.
  */
-function splitCallOptions(fn: string, options: unknown): { rest: unknown; signal?: AbortSignal; transfer: boolean } {
-  if (options === null || typeof options !== 'object' || Array.isArray(options)) return { rest: options, transfer: false };
-  const { signal, transfer, ...rest } = options as WorkerCallOptions & Record<string, unknown>;
+function splitCallOptions(fn: string, options: unknown): { signal?: AbortSignal; transfer: boolean } {
+  if (options === null || typeof options !== 'object' || Array.isArray(options)) return { transfer: false };
+  const { signal, transfer } = options as WorkerCallOptions;
   if (signal !== undefined && !isAbortSignal(signal)) {
     throw new TypeError(`${fn}: options.signal must be an AbortSignal, got ${describe(signal)}`);
   }
   if (transfer !== undefined && typeof transfer !== 'boolean') {
     throw new TypeError(`${fn}: options.transfer must be a boolean, got ${describe(transfer)}`);
   }
-  const hadOwn = (name: string) => Object.prototype.hasOwnProperty.call(options, name);
-  // Nothing worker-only: the caller's object itself, so a non-plain object meets the same checks.
-  return { rest: hadOwn('signal') || hadOwn('transfer') ? rest : options, signal, transfer: transfer ?? false };
+  return { signal, transfer: transfer ?? false };
 }
 
 /** The options of a call that takes no direct-API options: only `signal`. */
@@ -447,9 +484,15 @@ export class AttentionWorker {
   readonly #caches = new Set<WorkerKVCache>();
   #nextCache = 1;
   #disposing: Promise<void> | null = null;
+  /** How it ended, for the messages of later calls. */
+  #ended: 'disposed' | 'terminated' | null = null;
 
   /** @internal Use createAttentionWorker(). */
-  constructor(channel: Channel, info: WorkerInfo) {
+  static create(channel: Channel, info: WorkerInfo): AttentionWorker {
+    return new AttentionWorker(channel, info);
+  }
+
+  private constructor(channel: Channel, info: WorkerInfo) {
     this.#channel = channel;
     this.threads = info.threads;
     this.simd = info.simd;
@@ -462,7 +505,7 @@ export class AttentionWorker {
   }
 
   #check(fn: string): void {
-    if (this.#disposing !== null) throw new Error(`${fn}: this AttentionWorker has been disposed`);
+    if (this.#ended !== null) throw new Error(`${fn}: this AttentionWorker has been ${this.#ended}`);
     if (this.#channel.dead !== null) throw this.#channel.dead;
   }
 
@@ -471,14 +514,20 @@ export class AttentionWorker {
    * rejections). Inputs are copied when called, or moved with `{ transfer: true }`; `out`
    * receives the output when the call completes; `{ signal }` cancels it while it waits.
    */
+  sdpa(query: Tensor, key: Tensor, value: Tensor,
+    options: WorkerSdpaOptions & { returnWeights: true; returnLogSumExp: true }): Promise<SdpaResultWith<'weights' | 'logSumExp'>>;
+  sdpa(query: Tensor, key: Tensor, value: Tensor, options: WorkerSdpaOptions & { returnWeights: true }): Promise<SdpaResultWith<'weights'>>;
+  sdpa(query: Tensor, key: Tensor, value: Tensor, options: WorkerSdpaOptions & { returnLogSumExp: true }): Promise<SdpaResultWith<'logSumExp'>>;
+  sdpa(query: Tensor, key: Tensor, value: Tensor, options?: WorkerSdpaOptions): Promise<SdpaResult>;
   sdpa(query: Tensor, key: Tensor, value: Tensor, options?: WorkerSdpaOptions): Promise<SdpaResult> {
     return settle(() => {
       this.#check('sdpa');
-      const { rest, signal, transfer } = splitCallOptions('sdpa', options);
+      const { signal, transfer } = splitCallOptions('sdpa', options);
       const take = new Taker(transfer);
       const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
-      const o = take.options(rest);
-      take.done();
+      const o = take.options(options, OPTION_NAMES);
+      this.#check('sdpa');  // again: the arguments' getters may have disposed it (then nothing moves)
+      take.done(signal);
       return this.#channel.call('sdpa', () => {
         plan(q, k, v, o);
         return { query: q, key: k, value: v, options: sendable(o) };
@@ -494,12 +543,13 @@ export class AttentionWorker {
     options?: SdpaBackwardOptions & WorkerCallOptions): Promise<SdpaBackwardResult> {
     return settle(() => {
       this.#check('sdpaBackward');
-      const { rest, signal, transfer } = splitCallOptions('sdpaBackward', options);
+      const { signal, transfer } = splitCallOptions('sdpaBackward', options);
       const take = new Taker(transfer);
       const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
       const go = take.tensor(gradOutput, true);
-      const o = take.options(rest);
-      take.done();
+      const o = take.options(options, BACKWARD_OPTION_NAMES);
+      this.#check('sdpaBackward');  // again: the arguments' getters may have disposed it (then nothing moves)
+      take.done(signal);
       return this.#channel.call('sdpaBackward', () => {
         planBackward(q, k, v, go, o);
         return { query: q, key: k, value: v, gradOutput: go, options: o };
@@ -515,8 +565,10 @@ export class AttentionWorker {
       const { signal } = signalOnly('createKVCache', callOptions);
       const id = this.#nextCache++;
       return this.#channel.call('createKVCache', () => ({ cache: id, options: { ...shape } }), () => {
-        const cache = new WorkerKVCache(this.#channel, id, shape, (c) => this.#caches.delete(c));
-        this.#caches.add(cache);
+        const cache = WorkerKVCache.create(this.#channel, id, shape, (c) => this.#caches.delete(c));
+        // Created while dispose() waited for the calls made before it: disposed with the others.
+        if (this.#ended !== null) cache.markDisposed();
+        else this.#caches.add(cache);
         return cache;
       }, signal);
     });
@@ -538,6 +590,7 @@ export class AttentionWorker {
    */
   dispose(): Promise<void> {
     if (this.#disposing !== null) return this.#disposing;
+    this.#ended = 'disposed';
     for (const cache of this.#caches) cache.markDisposed();
     this.#caches.clear();
     const ended = new Error('sdpa-wasm: this AttentionWorker has been disposed');
@@ -552,10 +605,13 @@ export class AttentionWorker {
    * must not finish; dispose() lets the calls already made complete.
    */
   terminate(): Promise<void> {
+    this.#ended = 'terminated';
     for (const cache of this.#caches) cache.markDisposed();
     this.#caches.clear();
-    this.#disposing ??= this.#channel.terminate(new Error('sdpa-wasm: the attention worker was terminated'));
-    return this.#disposing;
+    // Also after dispose(): the calls it was letting complete reject now.
+    const stopped = this.#channel.terminate(new Error('sdpa-wasm: the attention worker was terminated'));
+    this.#disposing ??= stopped;
+    return stopped;
   }
 
   [Symbol.asyncDispose](): Promise<void> {
@@ -578,7 +634,11 @@ export class WorkerKVCache extends KVCacheShapeInfo {
   readonly #onDispose: (cache: WorkerKVCache) => void;
 
   /** @internal Use worker.createKVCache(). */
-  constructor(channel: Channel, id: number, shape: KVCacheShape, onDispose: (cache: WorkerKVCache) => void) {
+  static create(channel: Channel, id: number, shape: KVCacheShape, onDispose: (cache: WorkerKVCache) => void): WorkerKVCache {
+    return new WorkerKVCache(channel, id, shape, onDispose);
+  }
+
+  private constructor(channel: Channel, id: number, shape: KVCacheShape, onDispose: (cache: WorkerKVCache) => void) {
     super(shape);
     this.#shape = shape;
     this.#channel = channel;
@@ -629,10 +689,11 @@ export class WorkerKVCache extends KVCacheShapeInfo {
     return settle(() => {
       const fn = 'KVCache.append';
       this.#check(fn);
-      const { rest, signal, transfer } = splitCallOptions(fn, options);
+      const { signal, transfer } = splitCallOptions(fn, options);
       const take = new Taker(transfer);
-      const k = take.tensor(key, true), v = take.tensor(value, true), o = take.options(rest);
-      take.done();
+      const k = take.tensor(key, true), v = take.tensor(value, true), o = take.options(options, APPEND_OPTION_NAMES);
+      this.#check(fn);  // again: the arguments' getters may have disposed it (then nothing moves)
+      take.done(signal);
       return this.#call('append', () => {
         this.#expected += checkAppend(this.#shape, this.#expected, k, v, o).k.L;
         return { key: k, value: v, options: o };
@@ -641,14 +702,19 @@ export class WorkerKVCache extends KVCacheShapeInfo {
   }
 
   /** KVCache.attend() in the worker: causal, bottom-right aligned, by default. */
+  attend(query: Tensor, options: WorkerSdpaOptions & { returnWeights: true; returnLogSumExp: true }): Promise<SdpaResultWith<'weights' | 'logSumExp'>>;
+  attend(query: Tensor, options: WorkerSdpaOptions & { returnWeights: true }): Promise<SdpaResultWith<'weights'>>;
+  attend(query: Tensor, options: WorkerSdpaOptions & { returnLogSumExp: true }): Promise<SdpaResultWith<'logSumExp'>>;
+  attend(query: Tensor, options?: WorkerSdpaOptions): Promise<SdpaResult>;
   attend(query: Tensor, options?: WorkerSdpaOptions): Promise<SdpaResult> {
     return settle(() => {
       const fn = 'KVCache.attend';
       this.#check(fn);
-      const { rest, signal, transfer } = splitCallOptions(fn, options);
+      const { signal, transfer } = splitCallOptions(fn, options);
       const take = new Taker(transfer);
-      const q = take.tensor(query, true), o = take.options(rest);
-      take.done();
+      const q = take.tensor(query, true), o = take.options(options, OPTION_NAMES);
+      this.#check(fn);  // again: the arguments' getters may have disposed it (then nothing moves)
+      take.done(signal);
       return this.#call('attend', () => {
         planAttend(q, cacheOperands(this.#shape, this.#expected), o);
         return { query: q, options: sendable(o) };
@@ -725,7 +791,7 @@ export async function createAttentionWorker(options: AttentionOptions = {}): Pro
     // them then sees what createAttention would).
     const init = Object.fromEntries(Object.entries(checked).filter(([, value]) => value !== undefined));
     const info = await channel.call('init', () => ({ options: init }), (value) => value as WorkerInfo);
-    return new AttentionWorker(channel, info);
+    return AttentionWorker.create(channel, info);
   } catch (error) {
     await channel.terminate(error instanceof Error ? error : new Error(String(error)));
     throw error;

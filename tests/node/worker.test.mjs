@@ -95,6 +95,78 @@ describe('results: bitwise the direct API', () => {
     expect(shared.length).toBe(n);
   });
 
+  test('transfer: a buffer that cannot be detached (a WebAssembly.Memory\'s, Node\'s Buffer pool) is copied, the caller\'s arrays left as they are', async () => {
+    const [B, H, L, E] = [1, 2, 9, 8];
+    const n = B * H * L * E;
+    const q = noiseTensor([B, H, L, E], 11, 1), k = noiseTensor([B, H, L, E], 11, 2), v = noiseTensor([B, H, L, E], 11, 3);
+    const expected = hashOf(attn.sdpa(q, k, v, { isCausal: true }));
+    // The query inside another module's wasm memory (64 KiB), the key in Node's Buffer pool.
+    const memory = new WebAssembly.Memory({ initial: 1 });
+    const inWasm = new Float32Array(memory.buffer, 4096, n);
+    inWasm.set(q.data);
+    const pooled = Buffer.allocUnsafe(4 * n);
+    expect(pooled.buffer.byteLength).toBe(Buffer.poolSize);  // really the pool's
+    const inPool = new Float32Array(pooled.buffer, pooled.byteOffset, n);
+    inPool.set(k.data);
+    // What reaches the worker: only the views' elements (not a copy of the whole 64 KiB memory
+    // or 8 KiB pool, which is what moving them would send where they cannot be detached).
+    const raw = worker[RAW_WORKER];
+    const sent = [];
+    const post = raw.postMessage;
+    raw.postMessage = function (message, transfer) {
+      for (const { op, args } of message) if (op === 'sdpa') sent.push([args.query.data.buffer.byteLength, args.key.data.buffer.byteLength]);
+      return post.call(this, message, transfer);
+    };
+    try {
+      for (let call = 0; call < 2; call++) {  // the second time without trying to move them
+        const got = await worker.sdpa({ data: inWasm, dims: q.dims }, { data: inPool, dims: k.dims }, { data: v.data.slice(), dims: v.dims },
+          { isCausal: true, transfer: true });
+        expect(hashOf(got)).toBe(expected);
+        expect(memory.buffer.byteLength).toBe(65536);
+        expect(bitsHash(inWasm)).toBe(bitsHash(q.data));
+        expect(bitsHash(inPool)).toBe(bitsHash(k.data));
+      }
+    } finally {
+      raw.postMessage = post;
+    }
+    expect(sent).toEqual([[4 * n, 4 * n], [4 * n, 4 * n]]);
+  });
+
+  test('options are read as the direct API reads them: inherited, non-enumerable and getter options count', async () => {
+    const { query, key, value } = REFERENCE_CASES[2].make();
+    const inherited = Object.create({ isCausal: true, scale: 0.25 });
+    const hidden = Object.defineProperty({}, 'isCausal', { value: true, enumerable: false });
+    class Options { get isCausal() { return true; } }
+    const causal = hashOf(attn.sdpa(query, key, value, { isCausal: true, scale: 0.25 }));
+    expect(hashOf(attn.sdpa(query, key, value, inherited))).toBe(causal);
+    expect(hashOf(await worker.sdpa(query, key, value, inherited))).toBe(causal);
+    for (const options of [hidden, new Options()]) {
+      const direct = hashOf(attn.sdpa(query, key, value, options));
+      expect(hashOf(await worker.sdpa(query, key, value, options))).toBe(direct);
+      expect(direct).not.toBe(hashOf(attn.sdpa(query, key, value)));
+    }
+    // With the worker-only options beside them, and in the backward pass.
+    const withSignal = Object.assign(Object.create({ isCausal: true, scale: 0.25 }), { signal: new AbortController().signal, transfer: false });
+    expect(hashOf(await worker.sdpa(query, key, value, withSignal))).toBe(causal);
+    const grad = noiseTensor(attn.sdpa(query, key, value).output.dims, 11, 4);
+    const backward = (r) => bitsHash(r.dQuery.data) + bitsHash(r.dKey.data) + bitsHash(r.dValue.data);
+    expect(backward(await worker.sdpaBackward(query, key, value, grad, Object.create({ isCausal: true }))))
+      .toBe(backward(attn.sdpaBackward(query, key, value, grad, { isCausal: true })));
+    // An unknown name inherited is not read (as the direct API), an own one is refused.
+    expect(hashOf(await worker.sdpa(query, key, value, Object.create({ causal: true })))).toBe(hashOf(attn.sdpa(query, key, value)));
+    expect((await errorOf(() => worker.sdpa(query, key, value, { causal: true })))?.message)
+      .toBe((await errorOf(() => attn.sdpa(query, key, value, { causal: true })))?.message);
+  });
+
+  test('a call cancelled before it is made (signal already aborted) leaves the caller\'s arrays with transfer: true', async () => {
+    const { query, key, value } = REFERENCE_CASES[1].make();
+    const error = await errorOf(() => worker.sdpa(query, key, value, { transfer: true, signal: AbortSignal.abort() }));
+    expect(error?.name).toBe('AbortError');
+    expect([query.data.length, key.data.length, value.data.length]).toEqual([
+      REFERENCE_CASES[1].make().query.data.length, REFERENCE_CASES[1].make().key.data.length, REFERENCE_CASES[1].make().value.data.length]);
+    expect(hashOf(await worker.sdpa(query, key, value))).toBe(hashOf(attn.sdpa(query, key, value)));
+  });
+
   test('inputs are taken when the call is made: changing them afterwards does not reach a queued call', async () => {
     const { query, key, value } = longProblem();
     const small = REFERENCE_CASES[2].make();
@@ -426,6 +498,51 @@ describe('the worker\'s end', () => {
     expect(error?.message).toBe('sdpa: this AttentionWorker has been disposed');
     expect((await errorOf(() => cache.attend(cacheQ())))?.message).toBe('KVCache.attend: this KVCache has been disposed');
     expect(typeof b[Symbol.asyncDispose]).toBe('function');
+  });
+
+  test('terminate() after dispose() still stops at once: the calls dispose() was letting finish reject; later calls say terminated', async () => {
+    const a = await createAttentionWorker({ threads: 1 });
+    const { query, key, value } = longProblem();
+    const pending = [a.sdpa(query, key, value), a.sdpa(query, key, value), a.sdpa(query, key, value)].map((p) => errorOf(() => p));
+    const disposing = a.dispose();
+    await a.terminate();
+    for (const error of await Promise.all(pending)) expect(error?.message).toBe('sdpa-wasm: the attention worker was terminated');
+    await disposing;
+    expect((await errorOf(() => a.sdpa(query, key, value)))?.message).toBe('sdpa: this AttentionWorker has been terminated');
+  });
+
+  test('a cache whose createKVCache() was waiting when dispose() was called is disposed with the others', async () => {
+    const a = await createAttentionWorker({ threads: 1 });
+    const { query, key, value } = longProblem();
+    const running = a.sdpa(query, key, value);
+    const creating = a.createKVCache({ ...CACHE_OPTIONS });
+    const disposing = a.dispose();
+    const cache = await creating;
+    expect(cache.disposed).toBe(true);
+    expect((await errorOf(() => cache.append(cacheK(1), cacheV(1))))?.message).toBe('KVCache.append: this KVCache has been disposed');
+    await running;
+    await disposing;
+  });
+
+  test('a getter that disposes the cache during append/attend: the direct API\'s error, and nothing moved', async () => {
+    /** The call `op` on `cache` with a tensor whose dims getter runs `dispose`; and that tensor's data. */
+    const callWith = (cache, op, dispose, options) => {
+      const t = op === 'append' ? cacheK(1) : cacheQ(1);
+      const tensor = { data: t.data, get dims() { dispose(); return t.dims; } };
+      const call = op === 'append' ? () => cache.append(tensor, cacheV(1), options) : () => cache.attend(tensor, options);
+      return { call, data: t.data };
+    };
+    for (const op of ['append', 'attend']) {
+      const direct = attn.createKVCache({ ...CACHE_OPTIONS });
+      const expected = await errorOf(callWith(direct, op, () => direct.dispose()).call);
+      expect(expected?.message).toBe(`KVCache.${op}: this KVCache has been disposed`);
+      const cache = await worker.createKVCache({ ...CACHE_OPTIONS });
+      const viaWorker = callWith(cache, op, () => void cache.dispose(), { transfer: true });
+      const error = await errorOf(viaWorker.call);
+      expect(error?.constructor).toBe(expected.constructor);
+      expect(error?.message).toBe(expected.message);
+      expect(viaWorker.data.length).toBeGreaterThan(0);  // not moved
+    }
   });
 
   test.each([
