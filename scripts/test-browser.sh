@@ -2,7 +2,8 @@
 # Browser and packaging tests, with Playwright in the system Chromium (/usr/bin/chromium):
 #   - the demo page (web/) driven through its controls, its numbers checked against Node;
 #   - the ONNX conformance and float64 reference cases run inside Chromium;
-#   - npm pack, then examples/node, examples/vite (vite build) and examples/plain-html
+#   - npm pack, then examples/node, examples/typescript (tsc), examples/vite (vite build),
+#     examples/webpack and examples/plain-html
 #     installed from the tarball in temporary directories.
 # Expects dist/ to be built (npm run build). Extra arguments go to `playwright test`.
 # Screenshots: test-results/screenshots/. Exits non-zero on any failure.

@@ -1,6 +1,7 @@
 // The package as users get it: `npm pack`, then the examples install the tarball into
 // temporary copies outside the repository (so nothing resolves to the source tree):
 //   examples/node/        the quickstart and generate scripts, run with Node;
+//   examples/typescript/  a strict TypeScript consumer: compiled against the types, then run;
 //   examples/vite/        a Vite app: `vite build`, then the built site in Chromium;
 //   examples/plain-html/  a static page with an import map, in Chromium.
 import { test, expect } from '@playwright/test';
@@ -159,6 +160,25 @@ test('Node: examples/node/quickstart.mjs, generate.mjs and worker.mjs run from t
   expect(viaWorker.stdout).toMatch(/^worker: output dims \[1, 16, 2048, 64\], \d+ ms, threads 1; our query\.data\.length is now 0 \(transferred\)$/m);
   expect(viaWorker.stdout).toMatch(/timer fired \d+ times meanwhile \(not blocked\)/);
   expect(viaWorker.stdout).toContain('direct call on the main thread: bitwise equal');
+});
+
+test('TypeScript: examples/typescript compiles (strict; nodenext and bundler resolution; no Node or disposable lib) against the tarball\'s types, and runs', async () => {
+  const app = await copyExample('typescript');
+  await npmInstall(app, tarball);
+  const tsc = join(app, 'node_modules', '.bin', 'tsc');
+  // src/type-checks.ts: what the types must refuse (@ts-expect-error lines: unused ones fail).
+  await run(tsc, ['-p', 'tsconfig.json'], { cwd: app });
+  await run(tsc, ['-p', 'tsconfig.bundler.json'], { cwd: app });
+  const { stdout } = await run(process.execPath, ['dist/main.js'], { cwd: app, timeout: 60_000 });
+  const lines = stdout.trim().split('\n');
+  expect(lines).toEqual([
+    'output dims [1, 4, 64, 32], logSumExp dims [1, 4, 64]',
+    'weights row 5 sums to 1.000000, keys after 5 get 0',
+    'dKey dims [1, 4, 64, 32]; from saved vs recomputed: max difference 0',
+    'KV cache: length 64, 65536 bytes; last row vs sdpa: max difference < 1e-5',
+    'worker: bitwise equal to the direct call',
+  ]);
+  console.log(`TypeScript example from the tarball:\n  ${lines.join('\n  ')}`);
 });
 
 test('Vite: examples/vite builds with vite build, emits the .wasm as an asset, and runs in Chromium', async ({ page }) => {

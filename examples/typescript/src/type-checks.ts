@@ -1,0 +1,57 @@
+// What the package's types accept and refuse, checked by compiling (never run): each
+// `@ts-expect-error` line must be an error, or tsc fails with "Unused '@ts-expect-error'".
+import {
+  Attention, AttentionWorker, KVCache, WorkerKVCache, type SdpaOptions, type SdpaResult, type Tensor,
+} from 'sdpa-wasm';
+
+export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCache, q: Tensor, k: Tensor, v: Tensor): void {
+  // Results: `weights` / `logSumExp` present exactly when requested with a literal `true`.
+  const plain: SdpaResult = attn.sdpa(q, k, v, { isCausal: true });
+  // @ts-expect-error weights may be absent when not requested
+  plain.weights.data;
+  const withWeights: Float32Array = attn.sdpa(q, k, v, { returnWeights: true }).weights.data;
+  const withLse: Float32Array = attn.sdpa(q, k, v, { returnLogSumExp: true }).logSumExp.data;
+  const both = attn.sdpa(q, k, v, { returnWeights: true, returnLogSumExp: true, layout: 'bshd' });
+  const fromCache: Float32Array = cache.attend(q, { returnWeights: true }).weights.data;
+  const options: SdpaOptions = { returnWeights: true };
+  // @ts-expect-error a non-literal SdpaOptions may not have asked for weights
+  attn.sdpa(q, k, v, options).weights.data;
+  void worker.sdpa(q, k, v, { returnWeights: true, transfer: true }).then((r) => r.weights.data);
+  void worker.sdpa(q, k, v, { returnLogSumExp: true }).then((r) => r.logSumExp.dims);
+  attn.sdpaBackward(q, k, v, q, { saved: { output: both.output, logSumExp: both.logSumExp } });
+
+  // Options the runtime refuses.
+  // @ts-expect-error unknown option name
+  attn.sdpa(q, k, v, { causal: true });
+  // @ts-expect-error layout is 'bhsd' or 'bshd'
+  attn.sdpa(q, k, v, { layout: 'bsdh' });
+  // @ts-expect-error keyLengths is an Int32Array
+  attn.sdpa(q, k, v, { keyLengths: [3] });
+  // @ts-expect-error Float64Array data
+  attn.sdpa({ data: new Float64Array(8), dims: [8] }, k, v);
+  // @ts-expect-error transfer is the worker's option only
+  attn.sdpa(q, k, v, { transfer: true });
+  // @ts-expect-error returnWeights does not apply to the backward pass
+  attn.sdpaBackward(q, k, v, q, { returnWeights: true });
+  // @ts-expect-error dtype is 'float32' or 'float16'
+  attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 8, maxLength: 4, dtype: 'bfloat16' });
+  // @ts-expect-error reorder takes an Int32Array
+  cache.reorder([0]);
+  // @ts-expect-error length is read-only
+  cache.length = 0;
+
+  // Instances come from the factories only (the constructors would throw).
+  // @ts-expect-error private constructor: use createAttention()
+  new Attention();
+  // @ts-expect-error private constructor: use attn.createKVCache()
+  new KVCache();
+  // @ts-expect-error private constructor: use createAttentionWorker()
+  new AttentionWorker();
+  // @ts-expect-error private constructor: use worker.createKVCache()
+  new WorkerKVCache();
+
+  // Disposable without the user's lib naming Symbol.dispose (the package's types bring it).
+  const dispose: () => void = attn[Symbol.dispose];
+  const disposeAsync: () => Promise<void> = worker[Symbol.asyncDispose];
+  void [withWeights, withLse, fromCache, dispose, disposeAsync];
+}
