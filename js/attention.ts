@@ -62,7 +62,7 @@ export class Attention {
     const engines = {
       main: handle.module, threads: handle.threads, single: this.#streamHandle?.module ?? null, account: this.#account,
     };
-    return runSdpa(engines, p, query.data, key.data, value.data);
+    return runSdpa(engines, p, p.queryData, p.keyData, p.valueData);  // the arrays the checks read
   }
 
   /**
@@ -80,7 +80,7 @@ export class Attention {
     const bp = planBackward(query, key, value, gradOutput, options);
     const handle = this.#live('sdpaBackward');  // again: the arguments' getters may have disposed it
     return runBackward(new CallMemory(handle.module, this.#account, 'sdpaBackward'), handle.threads, bp,
-      query.data, key.data, value.data);
+      bp.forward.queryData, bp.forward.keyData, bp.forward.valueData);
   }
 
   /**

@@ -411,7 +411,7 @@ export class KVCache extends KVCacheShapeInfo {
       return result;
     }
     const kvType = this.dtype === 'float32' ? KV_TYPE.float32 : this.#maybeInfNaN ? KV_TYPE.float16 : KV_TYPE.float16Finite;
-    return runResident(new CallMemory(module, this.#account, 'KVCache.attend'), this.#threads, p, (query as { data: Float32Array }).data,
+    return runResident(new CallMemory(module, this.#account, 'KVCache.attend'), this.#threads, p, p.queryData,
       { key: this.#keys, value: this.#values, kvType });
   }
 

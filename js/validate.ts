@@ -52,6 +52,8 @@ export interface Plan {
   mask: null | {
     kind: 'float' | 'bool';
     data: Float32Array | Uint8Array;
+    /** The elements its dims need (data.length when checked). */
+    size: number;
     strides: [number, number, number, number];  // over [B, Hq, Lq, Lk], 0 = broadcast
   };
   causal: boolean;
@@ -59,6 +61,14 @@ export interface Plan {
   causalOffsets: Int32Array | null;
   keyLengths: Int32Array | null;
   out: Float32Array | null;
+  /** query.data as the checks read it (once): what the call computes with. */
+  queryData: Float32Array;
+}
+
+/** A checked sdpa() call: the plan, with key.data and value.data as the checks read them. */
+export interface SdpaPlan extends Plan {
+  keyData: Float32Array;
+  valueData: Float32Array;
 }
 
 /** float32's largest finite value and least positive (subnormal) one. */
@@ -250,7 +260,7 @@ function checkMask(fn: string, mask: unknown, target: [number, number, number, n
     strides[axis] = size === 1 ? 0 : stride;
     stride *= size;
   }
-  return { kind, data, strides };
+  return { kind, data, size: data.length, strides };
 }
 
 function checkBoolean(fn: string, name: string, x: unknown, fallback: boolean): boolean {
@@ -260,15 +270,47 @@ function checkBoolean(fn: string, name: string, x: unknown, fallback: boolean): 
 }
 
 /** sdpa(query, key, value, options). */
-export function plan(query: unknown, key: unknown, value: unknown, options: unknown): Plan {
+export function plan(query: unknown, key: unknown, value: unknown, options: unknown): SdpaPlan {
   const fn = 'sdpa';
-  return planTensors(fn, query, key, value, checkOptionNames(fn, options, OPTION_NAMES) as SdpaOptions).plan;
+  const p = planTensors(fn, query, key, value, checkOptionNames(fn, options, OPTION_NAMES) as SdpaOptions).plan;
+  checkArraysKept(fn, planArrays(p));
+  return p;
+}
+
+/** A typed array a call's checks accepted, its name in messages, and the elements it must still have. */
+type CheckedArray = [name: string, view: ArrayBufferView & { length: number }, needs: number];
+
+/** The arrays of a plan (inputs, mask, out) with the elements each must keep. */
+function planArrays(p: Plan | SdpaPlan): CheckedArray[] {
+  const kv = p.batch * p.kvHeads * p.kvLen;
+  const arrays: CheckedArray[] = [['query.data', p.queryData, p.batch * p.qHeads * p.qLen * p.headDim]];
+  if ('keyData' in p) arrays.push(['key.data', p.keyData, kv * p.headDim], ['value.data', p.valueData, kv * p.valueDim]);
+  if (p.mask !== null) arrays.push(['options.attnMask.data', p.mask.data, p.mask.size]);
+  if (p.out !== null) arrays.push(['options.out', p.out, p.outputSize]);
+  return arrays;
+}
+
+/**
+ * Once every argument has been read: the arrays the checks accepted still hold what was
+ * checked. A getter read after an array (a later tensor's dims, a mask's, gradOutput's) may
+ * have detached its buffer, or shrunk a resizable one; the kernel must never read fewer
+ * elements than were checked.
+ */
+function checkArraysKept(fn: string, arrays: CheckedArray[]): void {
+  for (const [name, view, needs] of arrays) {
+    if (view.length >= needs) continue;
+    if (view.length === 0 && detachedOrEmpty(view)) {
+      throw new RangeError(`${fn}: ${name}'s buffer was detached while the call read its arguments (by a getter); nothing was done`);
+    }
+    throw new RangeError(`${fn}: ${name} shrank from ${needs} to ${view.length} elements while the call read its arguments ` +
+      '(a resizable buffer resized by a getter); nothing was done');
+  }
 }
 
 /** A checked sdpaBackward() call: the forward's plan and the backward's own operands. */
 export interface BackwardPlan {
   /** The forward's problem (with its log-sum-exp). */
-  forward: Plan;
+  forward: SdpaPlan;
   gradOutput: Float32Array;
   /** options.saved, checked: the forward's output and log-sum-exp. */
   saved: { output: Float32Array; logSumExp: Float32Array } | null;
@@ -288,6 +330,7 @@ export function planBackward(query: unknown, key: unknown, value: unknown, gradO
   const o = checkOptionNames(fn, options, BACKWARD_OPTION_NAMES) as SdpaOptions & { saved?: unknown };
   const { saved: savedOption, ...forwardOptions } = o;
   const { plan: forward, q, k, v } = planTensors(fn, query, key, value, { ...forwardOptions, returnLogSumExp: true });
+  const arrays = planArrays(forward);
   const go = checkTensor(fn, 'gradOutput', gradOutput, forward.layout);
   if (!sameDims(go.dims, forward.outputDims)) {
     throw new RangeError(
@@ -304,18 +347,26 @@ export function planBackward(query: unknown, key: unknown, value: unknown, gradO
       throw new RangeError(
         `${fn}: options.saved.output.dims must equal the output's dims [${forward.outputDims.join(', ')}], got [${out.dims.join(', ')}]`);
     }
-    if (logSumExp === null || typeof logSumExp !== 'object' || !isFloat32Array((logSumExp as { data?: unknown }).data)) {
+    if (logSumExp === null || typeof logSumExp !== 'object') {
       throw new TypeError(`${fn}: options.saved.logSumExp must be a tensor { data: Float32Array, dims }, got ${describe(logSumExp)}`);
     }
-    const lse = logSumExp as { data: Float32Array; dims: unknown };
+    // Each read once (a getter cannot pass the checks with one value and be used with another).
+    const { data: lseData, dims: lseDimsGiven } = logSumExp as { data?: unknown; dims?: unknown };
+    if (!isFloat32Array(lseData)) {
+      throw new TypeError(`${fn}: options.saved.logSumExp must be a tensor { data: Float32Array, dims }, got ${describe(logSumExp)}`);
+    }
     const lseDims = forward.lseDims as number[];
-    if (!Array.isArray(lse.dims) || !sameDims(lse.dims, lseDims) || lse.data.length !== forward.lseSize) {
+    const given = Array.isArray(lseDimsGiven) ? Array.from(lseDimsGiven) : null;
+    if (given === null || !sameDims(given, lseDims) || lseData.length !== forward.lseSize) {
       throw new RangeError(
         `${fn}: options.saved.logSumExp must have dims [${lseDims.join(', ')}] and ${forward.lseSize} elements, ` +
-        `got dims ${Array.isArray(lse.dims) ? `[${lse.dims.join(', ')}]` : describe(lse.dims)} and ${lse.data.length} elements`);
+        `got dims ${given !== null ? `[${given.join(', ')}]` : describe(lseDimsGiven)} and ${lseData.length} elements`);
     }
-    saved = { output: out.data, logSumExp: lse.data };
+    saved = { output: out.data, logSumExp: lseData };
+    arrays.push(['options.saved.output.data', out.data, forward.outputSize], ['options.saved.logSumExp.data', lseData, forward.lseSize]);
   }
+  arrays.push(['gradOutput.data', go.data, forward.outputSize]);
+  checkArraysKept(fn, arrays);
   return { forward, gradOutput: go.data, saved, queryDims: q.dims, keyDims: k.dims, valueDims: v.dims };
 }
 
@@ -336,8 +387,11 @@ function planTensors(fn: string, query: unknown, key: unknown, value: unknown, o
     throw new RangeError(
       `${fn}: query heads Hq = ${q.H} must be a multiple of key/value heads Hkv = ${k.H} (grouped-query attention)`);
   }
-  const plan = planOptions(fn, layout, q, { kvHeads: k.H, kvLen: k.L, valueDim: v.D, k: k.strides, v: v.strides },
-    o, { causal: false, causalOffset: 0 });
+  const plan: SdpaPlan = {
+    ...planOptions(fn, layout, q, { kvHeads: k.H, kvLen: k.L, valueDim: v.D, k: k.strides, v: v.strides },
+      o, { causal: false, causalOffset: 0 }),
+    keyData: k.data, valueData: v.data,
+  };
   return { plan, q, k, v };
 }
 
@@ -367,9 +421,11 @@ export function planAttend(query: unknown, cache: CacheOperands, options: unknow
     throw new RangeError(
       `${fn}: query heads Hq = ${q.H} must be a multiple of the cache's heads Hkv = ${cache.kvHeads} (grouped-query attention)`);
   }
-  return planOptions(fn, layout, q,
+  const p = planOptions(fn, layout, q,
     { kvHeads: cache.kvHeads, kvLen: cache.length, valueDim: cache.valueDim, k: cache.k, v: cache.v },
     o, { causal: true, causalOffset: cache.length - q.L });
+  checkArraysKept(fn, planArrays(p));
+  return p;
 }
 
 interface KeyValueShape {
@@ -440,10 +496,11 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
     if (o.keyLengths.length !== B) {
       throw new RangeError(`${fn}: options.keyLengths must have length B = ${B}, got ${o.keyLengths.length}`);
     }
-    o.keyLengths.forEach((n, b) => {
+    // A copy, checked: a getter read later (sdpaBackward's gradOutput, saved) cannot change it.
+    keyLengths = o.keyLengths.slice();
+    keyLengths.forEach((n, b) => {
       if (n < 0 || n > Lk) throw new RangeError(`${fn}: options.keyLengths[${b}] must be in [0, Lk = ${Lk}], got ${n}`);
     });
-    keyLengths = o.keyLengths;
   }
 
   const returnWeights = checkBoolean(fn, 'options.returnWeights', o.returnWeights, false);
@@ -474,7 +531,7 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
     outputDims, outputSize,
     weightsDims, weightsSize: returnWeights ? B * Hq * Lq * Lk : 0,
     lseDims, lseSize: returnLogSumExp ? B * Hq * Lq : 0,
-    scale, softcap, mask, causal, causalOffset, causalOffsets, keyLengths, out,
+    scale, softcap, mask, causal, causalOffset, causalOffsets, keyLengths, out, queryData: q.data,
   };
 }
 

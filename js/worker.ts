@@ -375,7 +375,7 @@ class Taker {
     for (const { holder, view, offset, length } of this.#toMove) {
       const View = view.constructor as new (buffer: ArrayBuffer, offset: number, length: number) => TypedArray;
       const to = moved.get(view.buffer);
-      holder.data = to ? new View(to, offset, length) : view.slice();
+      holder.data = to ? new View(to, offset, length) : this.copy(view);  // (a view detached meanwhile: kept, for the checks' message)
     }
   }
 }
@@ -389,7 +389,7 @@ const cannotDetach = new WeakSet<ArrayBuffer>();
  * copies all of them (then discarded: one wasted copy per such buffer, remembered).
  */
 function moveBuffer(buffer: ArrayBuffer): ArrayBuffer | null {
-  if (cannotDetach.has(buffer)) return null;
+  if (cannotDetach.has(buffer) || buffer.byteLength === 0) return null;  // (0: detached meanwhile, by a getter)
   try {
     const clone = structuredClone(buffer, { transfer: [buffer] });
     if (buffer.byteLength === 0) return clone;  // detached: moved (no empty buffer is taken to move)

@@ -136,6 +136,76 @@ describe('arguments read through getters (user code running inside a call)', () 
     expect(maxRelError(got.output.data, referenceSdpa(query, k(), v(), { scale: 0.5 }).output)).toBeLessThanOrEqual(2e-5);
   });
 
+  test('each tensor\'s data is read once: the array the checks accepted is the one computed with', () => {
+    for (const which of [0, 1, 2]) {
+      const inputs = [q(), k(), v()];
+      const checked = inputs[which];
+      let reads = 0;
+      const other = new Float32Array(checked.data.length * 10).fill(1e30);
+      const tricky = { get data() { return reads++ === 0 ? checked.data : other; }, dims: checked.dims };
+      const args = inputs.map((x, i) => (i === which ? tricky : x));
+      const got = attn.sdpa(...args, { isCausal: true });
+      expect(reads).toBe(1);
+      expect(Array.from(got.output.data)).toEqual(Array.from(attn.sdpa(...inputs, { isCausal: true }).output.data));
+    }
+    const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: Lk });
+    cache.append(k(), v());
+    const query = q();
+    let reads = 0;
+    const step = cache.attend({ get data() { return reads++ === 0 ? query.data : new Float32Array(query.data.length * 4); }, dims: query.dims });
+    expect(reads).toBe(1);
+    expect(Array.from(step.output.data)).toEqual(Array.from(cache.attend(query).output.data));
+    cache.dispose();
+  });
+
+  test('an array the checks accepted, detached or shrunk by a getter read after it: a RangeError naming it, nothing runs', () => {
+    const detach = (x) => void structuredClone(x.buffer, { transfer: [x.buffer] });
+    // sdpa: key's dims getter detaches query.data.
+    const query = q();
+    expectError(() => attn.sdpa(query, later(k(), () => detach(query.data)), v()), RangeError,
+      [/^sdpa: query\.data's buffer was detached while the call read its arguments \(by a getter\); nothing was done$/]);
+    // A resizable buffer shrunk: value.data's, by the mask's dims getter.
+    const value = v();
+    const resizable = new ArrayBuffer(value.data.byteLength, { maxByteLength: value.data.byteLength });
+    const tracking = new Float32Array(resizable);
+    tracking.set(value.data);
+    const mask = later({ data: new Uint8Array(Lk).fill(1), dims: [Lk] }, () => resizable.resize(8));
+    expectError(() => attn.sdpa(q(), k(), { data: tracking, dims: value.dims }, { attnMask: mask }), RangeError,
+      [has(`sdpa: value.data shrank from ${value.data.length} to 2 elements while the call read its arguments`)]);
+    // attend: the mask's dims getter detaches query.data.
+    const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: Lk });
+    cache.append(k(), v());
+    const query2 = q();
+    expectError(() => cache.attend(query2, { attnMask: later({ data: new Uint8Array(Lk).fill(1), dims: [Lk] }, () => detach(query2.data)) }),
+      RangeError, [/^KVCache\.attend: query\.data's buffer was detached/]);
+    expect(cache.length).toBe(Lk);
+    cache.dispose();
+    // sdpaBackward: gradOutput's dims getter detaches key.data; saved.output's detaches gradOutput.data.
+    const key = k();
+    expectError(() => attn.sdpaBackward(q(), key, v(), later(randomTensor([B, Hq, Lq, Ev], 9), () => detach(key.data))), RangeError,
+      [/^sdpaBackward: key\.data's buffer was detached/]);
+    const forward = attn.sdpa(q(), k(), v(), { returnLogSumExp: true });
+    const grad = randomTensor([B, Hq, Lq, Ev], 9);
+    const saved = { output: later(forward.output, () => detach(grad.data)), logSumExp: forward.logSumExp };
+    expectError(() => attn.sdpaBackward(q(), k(), v(), grad, { saved }), RangeError, [/^sdpaBackward: gradOutput\.data's buffer was detached/]);
+  });
+
+  test('sdpaBackward: keyLengths are copied when checked (a later getter cannot change them); saved.logSumExp read once', () => {
+    const keyLengths = new Int32Array([5, 3]);
+    const expected = attn.sdpaBackward(q(), k(), v(), randomTensor([B, Hq, Lq, Ev], 9), { keyLengths });
+    const grad = later(randomTensor([B, Hq, Lq, Ev], 9), () => keyLengths.fill(1 << 30));
+    const got = attn.sdpaBackward(q(), k(), v(), grad, { keyLengths });
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(Array.from(got[name].data)).toEqual(Array.from(expected[name].data));
+    expectStillWorks();
+
+    const forward = attn.sdpa(q(), k(), v(), { returnLogSumExp: true });
+    let reads = 0;
+    const lse = forward.logSumExp;
+    const logSumExp = { get data() { reads++; return lse.data; }, get dims() { reads++; return lse.dims; } };
+    attn.sdpaBackward(q(), k(), v(), randomTensor([B, Hq, Lq, Ev], 9), { saved: { output: forward.output, logSumExp } });
+    expect(reads).toBe(2);
+  });
+
   test.each([1, 2])('a getter disposing the instance (%i threads): sdpa, sdpaBackward and createKVCache throw, nothing runs', async (threads) => {
     for (const call of [
       (instance, options) => instance.sdpa(q(), k(), v(), options),
@@ -151,6 +221,9 @@ describe('arguments read through getters (user code running inside a call)', () 
     expectStillWorks();
   });
 });
+
+/** `tensor` with a dims getter that runs `action` first. */
+const later = (tensor, action) => ({ data: tensor.data, get dims() { action(); return tensor.dims; } });
 
 // 2.3 GB of weights: more than the 2 GiB the wasm memory may grow to, but less than 4 GiB.
 const hugeWeightsCall = () => {
