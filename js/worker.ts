@@ -408,10 +408,10 @@ const tag = (x: unknown) => Object.prototype.toString.call(x).slice(8, -1);
 const isTypedArray = (x: unknown): x is TypedArray => ArrayBuffer.isView(x) && tag(x) !== 'DataView';
 
 /**
- * The worker-only options (signal, transfer) checked and split from the direct API's, which
- * are checked later by the direct API's own checks.
+ * The worker-only options (signal, transfer), checked. The others are the direct API's: taken
+ * by Taker.options() (without these two) and checked by the direct API's own checks.
  */
-function splitCallOptions(fn: string, options: unknown): { signal?: AbortSignal; transfer: boolean } {
+function workerCallOptions(fn: string, options: unknown): { signal?: AbortSignal; transfer: boolean } {
   if (options === null || typeof options !== 'object' || Array.isArray(options)) return { transfer: false };
   const { signal, transfer } = options as WorkerCallOptions;
   if (signal !== undefined && !isAbortSignal(signal)) {
@@ -426,7 +426,7 @@ function splitCallOptions(fn: string, options: unknown): { signal?: AbortSignal;
 /** The options of a call that takes no direct-API options: only `signal`. */
 function signalOnly(fn: string, options: unknown): { signal?: AbortSignal } {
   checkOptionNames(fn, options, ['signal']);
-  return splitCallOptions(fn, options);
+  return workerCallOptions(fn, options);
 }
 
 function isAbortSignal(x: unknown): x is AbortSignal {
@@ -522,7 +522,7 @@ export class AttentionWorker {
   sdpa(query: Tensor, key: Tensor, value: Tensor, options?: WorkerSdpaOptions): Promise<SdpaResult> {
     return settle(() => {
       this.#check('sdpa');
-      const { signal, transfer } = splitCallOptions('sdpa', options);
+      const { signal, transfer } = workerCallOptions('sdpa', options);
       const take = new Taker(transfer);
       const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
       const o = take.options(options, OPTION_NAMES);
@@ -543,7 +543,7 @@ export class AttentionWorker {
     options?: SdpaBackwardOptions & WorkerCallOptions): Promise<SdpaBackwardResult> {
     return settle(() => {
       this.#check('sdpaBackward');
-      const { signal, transfer } = splitCallOptions('sdpaBackward', options);
+      const { signal, transfer } = workerCallOptions('sdpaBackward', options);
       const take = new Taker(transfer);
       const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
       const go = take.tensor(gradOutput, true);
@@ -689,7 +689,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
     return settle(() => {
       const fn = 'KVCache.append';
       this.#check(fn);
-      const { signal, transfer } = splitCallOptions(fn, options);
+      const { signal, transfer } = workerCallOptions(fn, options);
       const take = new Taker(transfer);
       const k = take.tensor(key, true), v = take.tensor(value, true), o = take.options(options, APPEND_OPTION_NAMES);
       this.#check(fn);  // again: the arguments' getters may have disposed it (then nothing moves)
@@ -710,7 +710,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
     return settle(() => {
       const fn = 'KVCache.attend';
       this.#check(fn);
-      const { signal, transfer } = splitCallOptions(fn, options);
+      const { signal, transfer } = workerCallOptions(fn, options);
       const take = new Taker(transfer);
       const q = take.tensor(query, true), o = take.options(options, OPTION_NAMES);
       this.#check(fn);  // again: the arguments' getters may have disposed it (then nothing moves)
