@@ -553,7 +553,7 @@ export function checkAttentionOptions(fn: string, options: unknown): AttentionOp
   const { threads, relaxedSimd, maxMemoryBytes } = options as AttentionOptions;
   if (threads !== undefined) {
     if (typeof threads !== 'number') {
-      throw new TypeError(`${fn}: options.threads must be a number, got ${String(threads)}`);
+      throw new TypeError(`${fn}: options.threads must be a number, got ${describe(threads)}`);
     }
     if (!Number.isInteger(threads) || threads < 1 || threads > MAX_THREADS) {
       throw new RangeError(`${fn}: options.threads must be an integer in [1, ${MAX_THREADS}], got ${threads}`);

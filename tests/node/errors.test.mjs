@@ -72,6 +72,7 @@ describe('createAttention() options', () => {
     [{ threads: 1.5 }, RangeError, [/options\.threads/, /got 1\.5/]],
     [{ threads: -2 }, RangeError, [/options\.threads/, /got -2/]],
     [{ threads: NaN }, RangeError, [/options\.threads/, /got NaN/]],
+    [{ threads: '2' }, TypeError, [/options\.threads must be a number/, /got "2"/]],
     [null, TypeError, [/createAttention: options must be an object/, /got null/]],
     [4, TypeError, [/createAttention: options must be an object/, /got 4/]],
   ])('createAttention(%p) rejects', async (options, Cls, patterns) => {
