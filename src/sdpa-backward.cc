@@ -28,7 +28,8 @@ Status validate_backward(const BackwardProblem& p) {
 namespace {
 
 // The work, in parallel loops (every item's result is the same whatever the thread):
-//   1. D_i = dO_i·O_i: items (batch, query head)
+//   1. RowStats (D_i = dO_i·O_i, and the shift and log_sum that rebuild p, recomputed for rows
+//      whose lse is too coarse): items (batch, KV head, block of flat query rows)
 //   then, with enough (batch, KV head) pairs to keep every thread busy (or one thread):
 //   2. dK, dV and dQ: items (batch, KV head), the fused kernel (scores computed once)
 //   else (few pairs, more threads: e.g. one long head):
@@ -37,7 +38,8 @@ namespace {
 //      (each row's sum over keys is in one item), so their count may follow the threads.
 // Both ways run the same operations on every gradient element in the same order (the fused
 // kernel is the dK/dV kernel's key blocks plus the dQ kernel's per-tile sums): the same bits.
-// Scratch: delta [B, Hq, Lq], then per thread the scratch of the kernels used.
+// Scratch: RowStats' delta, shift and log_sum [B, Hq, Lq] each, then per thread the scratch of
+// the kernels used.
 constexpr int32_t kMinRowBlock = 16;
 constexpr int32_t kItemsPerThread = 4;
 
@@ -48,7 +50,7 @@ struct BackwardPlan {
   bool fused;           // step 2 by pairs with the fused kernel, else steps 2 and 3
   int32_t row_blocks;   // per pair
   int32_t block_rows;   // a multiple of kQueryTile
-  uint64_t delta_floats;
+  uint64_t stats_floats;  // each of RowStats' three arrays
   uint64_t per_thread;
 };
 
@@ -66,24 +68,38 @@ BackwardPlan plan_backward(const BackwardProblem& bp, int32_t threads) {
   w.block_rows = round_up((w.rows + w.row_blocks - 1) / w.row_blocks, kQueryTile);
   w.row_blocks = (w.rows + w.block_rows - 1) / w.block_rows;
   w.fused = threads == 1 || w.pairs >= kItemsPerThread * threads;
-  w.delta_floats = (static_cast<uint64_t>(p.batch) * p.q_heads * p.q_len + 3) / 4 * 4;
-  w.per_thread = w.fused ? sdpa_f32_bwd_fused_4x64__wasmsimd_scratch(bp)
-                         : std::max(sdpa_f32_bwd_dkdv_4x64__wasmsimd_scratch(bp), sdpa_f32_bwd_dq_4x64__wasmsimd_scratch(bp));
+  w.stats_floats = (static_cast<uint64_t>(p.batch) * p.q_heads * p.q_len + 3) / 4 * 4;
+  w.per_thread = std::max(sdpa_f32_bwd_row_stats_4x64__wasmsimd_scratch(bp),
+                          w.fused ? sdpa_f32_bwd_fused_4x64__wasmsimd_scratch(bp)
+                                  : std::max(sdpa_f32_bwd_dkdv_4x64__wasmsimd_scratch(bp),
+                                             sdpa_f32_bwd_dq_4x64__wasmsimd_scratch(bp)));
   return w;
 }
 
 struct BackwardWork {
   const BackwardProblem* p;
   BackwardPlan plan;
-  float* delta;    // [B, Hq, Lq]
+  RowStats stats;   // [B, Hq, Lq] each
   float* scratch;  // [threads][per_thread]
 };
 
-void delta_item(void* context, int32_t item, int32_t /*thread*/) {
+// Flat rows [row_begin, row_end) of a pair: block `item / pairs` of pair `item % pairs`, the
+// last blocks first (under a causal mask they attend the most keys).
+struct RowBlock {
+  int32_t b, kv_head, row_begin, row_end;
+};
+RowBlock row_block(const BackwardWork& w, int32_t item) {
+  const int32_t kv_heads = w.p->forward.kv_heads;
+  const int32_t block = w.plan.row_blocks - 1 - item / w.plan.pairs, pair = item % w.plan.pairs;
+  const int32_t row_begin = block * w.plan.block_rows;
+  return {pair / kv_heads, pair % kv_heads, row_begin, std::min(w.plan.rows, row_begin + w.plan.block_rows)};
+}
+
+void row_stats_item(void* context, int32_t item, int32_t thread) {
   const BackwardWork& w = *static_cast<const BackwardWork*>(context);
-  const Problem& p = w.p->forward;
-  const int32_t b = item / p.q_heads, h = item % p.q_heads;
-  sdpa_f32_bwd_delta(*w.p, b, h, w.delta + (static_cast<size_t>(b) * p.q_heads + h) * p.q_len);
+  const RowBlock rb = row_block(w, item);
+  sdpa_f32_bwd_row_stats_4x64__wasmsimd(*w.p, rb.b, rb.kv_head, rb.row_begin, rb.row_end, w.stats,
+                                        w.scratch + static_cast<size_t>(thread) * w.plan.per_thread);
 }
 
 void dkdv_item(void* context, int32_t item, int32_t thread) {
@@ -91,23 +107,20 @@ void dkdv_item(void* context, int32_t item, int32_t thread) {
   const Problem& p = w.p->forward;
   const int32_t pair = item / w.plan.key_blocks, block = item % w.plan.key_blocks;
   sdpa_f32_bwd_dkdv_ukernel_4x64__wasmsimd(*w.p, pair / p.kv_heads, pair % p.kv_heads, block * kBackwardKeyTile,
-                                           w.delta, w.scratch + static_cast<size_t>(thread) * w.plan.per_thread);
+                                           w.stats, w.scratch + static_cast<size_t>(thread) * w.plan.per_thread);
 }
 
 void fused_item(void* context, int32_t pair, int32_t thread) {
   const BackwardWork& w = *static_cast<const BackwardWork*>(context);
   const Problem& p = w.p->forward;
-  sdpa_f32_bwd_fused_ukernel_4x64__wasmsimd(*w.p, pair / p.kv_heads, pair % p.kv_heads, w.delta,
+  sdpa_f32_bwd_fused_ukernel_4x64__wasmsimd(*w.p, pair / p.kv_heads, pair % p.kv_heads, w.stats,
                                             w.scratch + static_cast<size_t>(thread) * w.plan.per_thread);
 }
 
 void dq_item(void* context, int32_t item, int32_t thread) {
   const BackwardWork& w = *static_cast<const BackwardWork*>(context);
-  const Problem& p = w.p->forward;
-  // Last blocks first: under a causal mask they attend the most keys.
-  const int32_t block = w.plan.row_blocks - 1 - item / w.plan.pairs, pair = item % w.plan.pairs;
-  const int32_t row_begin = block * w.plan.block_rows, row_end = std::min(w.plan.rows, row_begin + w.plan.block_rows);
-  sdpa_f32_bwd_dq_ukernel_4x64__wasmsimd(*w.p, pair / p.kv_heads, pair % p.kv_heads, row_begin, row_end, w.delta,
+  const RowBlock rb = row_block(w, item);
+  sdpa_f32_bwd_dq_ukernel_4x64__wasmsimd(*w.p, rb.b, rb.kv_head, rb.row_begin, rb.row_end, w.stats,
                                          w.scratch + static_cast<size_t>(thread) * w.plan.per_thread);
 }
 
@@ -115,7 +128,7 @@ void dq_item(void* context, int32_t item, int32_t thread) {
 
 uint64_t backward_scratch_floats(const BackwardProblem& p, int32_t threads) {
   const BackwardPlan w = plan_backward(p, threads);
-  return w.delta_floats + w.per_thread * static_cast<uint64_t>(threads);
+  return 3 * w.stats_floats + w.per_thread * static_cast<uint64_t>(threads);
 }
 
 Status backward(const BackwardProblem& p, float* scratch, uint64_t scratch_size, ThreadPool* pool) {
@@ -123,9 +136,10 @@ Status backward(const BackwardProblem& p, float* scratch, uint64_t scratch_size,
   if (status != Status::kOk) return status;
   const int32_t threads = pool != nullptr ? pool->threads() : 1;
   if (scratch == nullptr || scratch_size < backward_scratch_floats(p, threads)) return Status::kBadScratch;
-  BackwardWork w{&p, plan_backward(p, threads), scratch, nullptr};
-  w.scratch = scratch + w.plan.delta_floats;
-  run_tasks(pool, p.forward.batch * p.forward.q_heads, delta_item, &w);
+  BackwardWork w{&p, plan_backward(p, threads), {}, nullptr};
+  w.stats = {scratch, scratch + w.plan.stats_floats, scratch + 2 * w.plan.stats_floats};
+  w.scratch = scratch + 3 * w.plan.stats_floats;
+  run_tasks(pool, w.plan.pairs * w.plan.row_blocks, row_stats_item, &w);
   if (w.plan.fused) {
     run_tasks(pool, w.plan.pairs, fused_item, &w);
   } else {

@@ -16,6 +16,9 @@
 //   dq_i  += scale · Σ_j dr_j · k_j
 //   dk_j  += scale · dr_j · q_i                      (summed over rows, and over the query
 //                                                     heads sharing the KV head)
+// p_j is rebuilt from the saved lse where float32 holds it finely enough (|lse| <= 16); past
+// that (huge scores, a finite mask of -1e9 over a whole row) from the row's own maximum score m
+// and log Σ exp(s_j - m), recomputed (src/kernels/sdpa-bwd-kernels.h, RowStats).
 // The mask gets no gradient. A blocked key has p_j = 0 exactly and is skipped, not multiplied
 // by 0 (NaN in padding cannot leak); a row with nothing to attend (lse = -inf) contributes
 // nothing and gets dq_i = 0; a key no row attends gets dk_j = dv_j = 0.
@@ -54,7 +57,8 @@ struct BackwardProblem {
 // (kNullPointer) and strides (kBadStride).
 Status validate_backward(const BackwardProblem& p);
 
-// Floats of scratch that backward() needs on `threads` threads: the rows' D_i, and per
+// Floats of scratch that backward() needs on `threads` threads: the rows' RowStats (3 floats
+// each: D_i and the two that rebuild p), and per
 // thread the larger of the two passes' needs (the dQ pass packs one head's K and V:
 // O(Lk·(E + Ev))).
 uint64_t backward_scratch_floats(const BackwardProblem& p, int32_t threads = 1);

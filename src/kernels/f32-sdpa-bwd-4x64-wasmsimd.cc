@@ -1,10 +1,14 @@
 // Attention backward (FlashAttention-2 style), 128-bit wasm SIMD. Tiles: 4 query rows × 64
 // keys (kQueryTile × kBackwardKeyTile, src/tiles.h). The math is in src/sdpa-backward.h.
 //
-// Per (row tile, key tile) both kernels recompute, from Q, K, V, dO and the forward's lse:
+// First, per query row, RowStats (sdpa-bwd-kernels.h): D = dO·O, and the shift and log_sum that
+// rebuild p: the forward's lse (shift = lse, log_sum = 0), or, where a float32 lse is too coarse
+// for that, the row's maximum score m and log(Σ exp(s - m)) recomputed from the scores below.
+// Then per (row tile, key tile) the gradient kernels recompute, from Q, K, V and dO:
 //   s[4][64]  = (scale·Q)·Kᵀ, finished as the forward does (softcap, mask, blocked → -inf)
 //   dp[4][64] = dO·Vᵀ
-//   p  = exp(min(s - lse, 0))     s <= max_j s_j <= lse = max + log(Σ exp(s - max)) in exact
+//   p  = exp(min((s - shift) - log_sum, 0))
+//                                 s <= m <= shift + log_sum = m + log(Σ exp(s - m)) in exact
 //                                 arithmetic; the min() absorbs rounding, so p <= 1
 //   ds = p·(dp - D)·(1 - t²)      t = tanh(r / softcap) when softcap > 0, else the factor is 1;
 //                                 ds := 0 wherever p == 0 (blocked, or flushed by exp), so a
@@ -71,7 +75,7 @@ struct RowTile {
   int32_t h[kQueryTile] = {}, i[kQueryTile] = {};
   int32_t limit[kQueryTile] = {};  // row r may attend keys j < limit[r]
   int32_t keys_end = 0;            // max over rows of limit[r]
-  float lse[kQueryTile] = {}, delta[kQueryTile] = {};
+  float shift[kQueryTile] = {}, log_sum[kQueryTile] = {}, delta[kQueryTile] = {};  // RowStats
 };
 
 int32_t row_limit(const Problem& p, int32_t b, int32_t i) {
@@ -82,7 +86,7 @@ int32_t row_limit(const Problem& p, int32_t b, int32_t i) {
 }
 
 RowTile make_row_tile(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t f0, int32_t row_end,
-                      const float* delta) {
+                      const RowStats& stats) {
   const Problem& p = bp.forward;
   const int32_t group = p.q_heads / p.kv_heads;
   RowTile rt;
@@ -93,10 +97,11 @@ RowTile make_row_tile(const BackwardProblem& bp, int32_t b, int32_t kv_head, int
     rt.h[r] = kv_head * group + f / p.q_len;
     rt.i[r] = f % p.q_len;
     const int64_t row = (static_cast<int64_t>(b) * p.q_heads + rt.h[r]) * p.q_len + rt.i[r];
-    rt.lse[r] = bp.logsumexp[row];
-    rt.delta[r] = delta[row];
-    // A row with nothing to attend (lse = -inf) contributes nothing: no keys.
-    rt.limit[r] = rt.lse[r] == kNegInf ? 0 : row_limit(p, b, rt.i[r]);
+    rt.shift[r] = stats.shift[row];
+    rt.log_sum[r] = stats.log_sum[row];
+    rt.delta[r] = stats.delta[row];
+    // A row with nothing to attend (shift = lse = -inf) contributes nothing: no keys.
+    rt.limit[r] = rt.shift[r] == kNegInf ? 0 : row_limit(p, b, rt.i[r]);
     rt.keys_end = std::max(rt.keys_end, rt.limit[r]);
   }
   return rt;
@@ -149,7 +154,7 @@ static_assert(alignof(RowTile) <= alignof(float), "row tiles live in float scrat
 
 // Query rows of one (batch, KV head) made ready for the kernels, tile by tile: 4T consecutive
 // flat rows (from a multiple of 4) as T row tiles, each with its statistics and operands:
-//   tiles                       [T]          RowTile: lse, D, key limits
+//   tiles                       [T]          RowTile: RowStats, key limits
 //   q_rows [4T][E], go_rows [4T][Ev]         scale·q and dO, zero rows for padding
 //   q_cols [T][E][4], go_cols [T][Ev][4]     the same, interleaved per tile (score_4x8_packed)
 //   q_nonfinite, go_nonfinite   [4T]         holds_nonfinite of each row (accumulate_transposed)
@@ -176,10 +181,10 @@ struct PreparedRows {
 // Prepares flat rows [f_begin, f_end) of (b, kv_head) (f_begin a multiple of 4; rows of the
 // pair: row_end) into `out`, which holds round_up(f_end - f_begin, 4) / 4 tiles.
 void prepare_rows(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t f_begin, int32_t f_end,
-                  int32_t row_end, const float* delta, const PreparedRows& out) {
+                  int32_t row_end, const RowStats& stats, const PreparedRows& out) {
   const int32_t E = bp.forward.head_dim, Ev = bp.forward.value_dim;
   for (int32_t f0 = f_begin, t = 0; f0 < f_end; f0 += kQueryTile, t++) {
-    RowTile* rt = new (out.tiles + t) RowTile(make_row_tile(bp, b, kv_head, f0, row_end, delta));
+    RowTile* rt = new (out.tiles + t) RowTile(make_row_tile(bp, b, kv_head, f0, row_end, stats));
     const RowOperands o = out.operands(t, E, Ev);
     load_row_operands(bp, *rt, o);
     for (int r = 0; r < kQueryTile; r++) {
@@ -207,20 +212,20 @@ void pack_rows(const float* src, int64_t stride, int32_t count, int32_t dim, flo
   }
 }
 
-// One (row tile, key tile) of keys [j0, j0 + count): s and dp computed, then turned into
-// p (in s) and ds (in dp), as the file's opening comment says. Returns the first column
-// that is blocked for some real row (columns before it are open for every row).
-// Columns [count, round_up(count, 8)) and padding rows end with p = ds = 0.
-int32_t probabilities_and_ds(const BackwardProblem& bp, const RowTile& rt, const RowOperands& o,
-                             const float* k_packed, const float* v_packed, int32_t j0, int32_t count,
-                             float* s, float* dp, float* tanh_r, const ExpConstants& ec) {
+// The scores s[4][kTile] of one (row tile, key tile) of keys [j0, j0 + count), computed from
+// the tile's scale·Q and K packed from key j0 on, and finished in the forward's order: softcap
+// (t = tanh(r / softcap) kept in tanh_r), mask, blocked → -inf. Columns [count, round_up(count,
+// 8)) and padding rows end -inf. Returns the first column that is blocked for some real row
+// (columns before it are open for every row). Row statistics and gradients both take their
+// scores from here: the same bits.
+int32_t finished_scores(const BackwardProblem& bp, const RowTile& rt, const RowOperands& o, const float* k_packed,
+                        int32_t j0, int32_t count, float* s, float* tanh_r) {
   const Problem& p = bp.forward;
   const int32_t cols = round_up(count, kKeyGroup);
   score_4x8_packed<kTile>(o.q_cols, k_packed, p.head_dim, cols, s);
-  score_4x8_packed<kTile>(o.go_cols, v_packed, p.value_dim, cols, dp);
 
-  // Finish the scores in the forward's order; blocked → -inf. Scalar: per element a few
-  // compares (and a tanh with softcap) against the 2·(E + Ev) multiply-adds above.
+  // Scalar: per element a few compares (and a tanh with softcap) against the E multiply-adds
+  // above.
   int32_t open_cols = cols;
   const bool capped = p.softcap > 0.0f;
   const float cap = p.softcap;
@@ -268,24 +273,42 @@ int32_t probabilities_and_ds(const BackwardProblem& bp, const RowTile& rt, const
       row[c] = score + bias;
     }
   }
+  return open_cols;
+}
+
+// One (row tile, key tile) of keys [j0, j0 + count): s (finished_scores) and dp computed, then
+// turned into p (in s) and ds (in dp), as the file's opening comment says. Returns
+// finished_scores' first blocked column. Columns [count, round_up(count, 8)) and padding rows
+// end with p = ds = 0.
+int32_t probabilities_and_ds(const BackwardProblem& bp, const RowTile& rt, const RowOperands& o,
+                             const float* k_packed, const float* v_packed, int32_t j0, int32_t count,
+                             float* s, float* dp, float* tanh_r, const ExpConstants& ec) {
+  const Problem& p = bp.forward;
+  const int32_t cols = round_up(count, kKeyGroup);
+  const int32_t open_cols = finished_scores(bp, rt, o, k_packed, j0, count, s, tanh_r);
+  score_4x8_packed<kTile>(o.go_cols, v_packed, p.value_dim, cols, dp);
+  const bool capped = p.softcap > 0.0f;
 
   const v128_t zero = wasm_f32x4_splat(0.0f);
   for (int r = 0; r < kQueryTile; r++) {
     float* s_row = s + r * kTile;
     float* dp_row = dp + r * kTile;
-    // A row with no keys (padding, or lse = -inf) has only -inf scores: shift by 0, not by
+    // A row with no keys (padding, or shift = -inf) has only -inf scores: shift by 0, not by
     // -inf (-inf - -inf would be NaN).
-    const float lse = r < rt.rows && rt.limit[r] > 0 ? rt.lse[r] : 0.0f;
-    const v128_t vlse = wasm_f32x4_splat(lse), vdelta = wasm_f32x4_splat(r < rt.rows ? rt.delta[r] : 0.0f);
-    // A NaN lse (the row attends a NaN or +Inf score) makes p NaN for the keys it attends,
+    const bool attends = r < rt.rows && rt.limit[r] > 0;
+    const float shift = attends ? rt.shift[r] : 0.0f, log_sum = attends ? rt.log_sum[r] : 0.0f;
+    const v128_t vshift = wasm_f32x4_splat(shift), vlog_sum = wasm_f32x4_splat(log_sum);
+    const v128_t vdelta = wasm_f32x4_splat(r < rt.rows ? rt.delta[r] : 0.0f);
+    // A NaN shift (the row attends a NaN or +Inf score) makes p NaN for the keys it attends,
     // and -inf - NaN is NaN too: its blocked keys are set back to p = 0.
-    const bool nan_lse = std::isnan(lse);
+    const bool nan_shift = std::isnan(shift);
     for (int32_t c = 0; c < cols; c += 4) {
-      // p = exp(min(s - lse, 0)): exactly 0 for s = -inf.
+      // p = exp(min((s - shift) - log_sum, 0)): exactly 0 for s = -inf. With log_sum = 0 (the
+      // forward's lse) x - 0 = x: the bits of exp(min(s - lse, 0)).
       const v128_t sv = wasm_v128_load(s_row + c);
-      const v128_t x = wasm_f32x4_pmin(wasm_f32x4_sub(sv, vlse), zero);
+      const v128_t x = wasm_f32x4_pmin(wasm_f32x4_sub(wasm_f32x4_sub(sv, vshift), vlog_sum), zero);
       v128_t prob = exp_nonpositive(x, ec);
-      if (nan_lse) prob = wasm_v128_andnot(prob, wasm_f32x4_eq(sv, wasm_f32x4_splat(kNegInf)));
+      if (nan_shift) prob = wasm_v128_andnot(prob, wasm_f32x4_eq(sv, wasm_f32x4_splat(kNegInf)));
       v128_t ds = wasm_f32x4_mul(prob, wasm_f32x4_sub(wasm_v128_load(dp_row + c), vdelta));
       // ds := 0 where p == 0 (and p·NaN would be NaN).
       ds = wasm_v128_andnot(ds, wasm_f32x4_eq(prob, zero));
@@ -447,22 +470,34 @@ struct Scratch {
   PreparedRows rows;
 };
 
-enum class KernelKind { kDkDv, kDq, kFused };
+enum class KernelKind { kRowStats, kDkDv, kDq, kFused };
 
 uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch* out) {
   const Problem& p = bp.forward;
   const uint64_t E = p.head_dim, Ev = p.value_dim;
   const bool dq = kind == KernelKind::kDq, fused = kind == KernelKind::kFused;
+  const bool stats = kind == KernelKind::kRowStats;  // k_packed (one tile), one row tile, s, tanh_r
   const uint64_t keys = dq ? static_cast<uint64_t>(round_up(p.kv_len, kTile)) : kTile;
-  const uint64_t G = dq ? kQueryTile : kGroupRows;
+  const uint64_t G = dq || stats ? kQueryTile : kGroupRows;
   const uint64_t pair_rows = static_cast<uint64_t>(p.q_heads / p.kv_heads) * p.q_len;
   const uint64_t pair_tiles = (pair_rows + kQueryTile - 1) / kQueryTile;
   const uint64_t T = fused ? pair_tiles : G / kQueryTile;
   const uint64_t flag_floats = (T * kQueryTile + sizeof(float) - 1) / sizeof(float);  // uint8_t flags
-  const uint64_t sizes[15] = {keys * E,         keys * Ev,           T * kRowTileFloats, 4 * T * E, 4 * T * E,
-                              4 * T * Ev,       4 * T * Ev,          flag_floats,        flag_floats,
-                              G * kTile,        G * kTile,           4 * kTile,          dq ? 4 * E : kTile * E,
-                              dq ? 0 : kTile * Ev, fused ? 4 * T * E : 0};
+  const uint64_t sizes[15] = {keys * E,
+                              stats ? 0 : keys * Ev,
+                              T * kRowTileFloats,
+                              4 * T * E,
+                              4 * T * E,
+                              4 * T * Ev,
+                              4 * T * Ev,
+                              flag_floats,
+                              flag_floats,
+                              G * kTile,
+                              stats ? 0 : G * kTile,
+                              4 * kTile,
+                              stats ? 0 : dq ? 4 * E : kTile * E,
+                              stats || dq ? 0 : kTile * Ev,
+                              fused ? 4 * T * E : 0};
   float* parts[15];
   const uint64_t total = carve(base, sizes, parts);
   if (out != nullptr) {
@@ -482,7 +517,7 @@ uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch
 // group of rows is prepared here, into s.rows.
 // Each row tile's p and ds are computed over its own keys (the dQ kernel's count) and its
 // columns up to the group's count are zero-filled (blocked), so dK/dV see the group as a block.
-void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t key_begin, const float* delta,
+void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t key_begin, const RowStats& stats,
                 const Scratch& s, const ExpConstants& ec, const PreparedRows* prepared, float* dq_all) {
   const Problem& p = bp.forward;
   const int32_t E = p.head_dim, Ev = p.value_dim;
@@ -500,7 +535,7 @@ void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t k
   int32_t packed_keys = 0;
   for (int32_t f0 = 0, t = 0; f0 < rows; f0 += kQueryTile, t++) {
     packed_keys = std::max(packed_keys, keys_of(prepared != nullptr ? prepared->tiles[t]
-                                                                    : make_row_tile(bp, b, kv_head, f0, rows, delta)));
+                                                                    : make_row_tile(bp, b, kv_head, f0, rows, stats)));
   }
   if (packed_keys > 0) {
     pack_rows(key, p.k_stride_l, packed_keys, E, s.k_packed);
@@ -508,7 +543,7 @@ void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t k
     for (int32_t g0 = 0; g0 < rows; g0 += kGroupRows) {
       const int32_t g_end = std::min(rows, g0 + kGroupRows);
       const int32_t g_tiles = (g_end - g0 + kQueryTile - 1) / kQueryTile;
-      if (prepared == nullptr) prepare_rows(bp, b, kv_head, g0, g_end, rows, delta, s.rows);
+      if (prepared == nullptr) prepare_rows(bp, b, kv_head, g0, g_end, rows, stats, s.rows);
       const PreparedRows g = prepared != nullptr ? prepared->from_tile(g0 / kQueryTile, E, Ev) : s.rows;
       int32_t group_cols = 0;  // columns of p and ds the group defines: its most keys, rounded to 8
       for (int32_t t = 0; t < g_tiles; t++) group_cols = std::max(group_cols, round_up(keys_of(g.tiles[t]), kKeyGroup));
@@ -561,14 +596,109 @@ void write_dq(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t row
 
 }  // namespace
 
-void sdpa_f32_bwd_delta(const BackwardProblem& bp, int32_t b, int32_t h, float* delta) {
+namespace {
+
+// Whether a row's statistics are recomputed rather than taken from its lse (RowStats).
+bool lse_too_coarse(float lse) { return std::isfinite(lse) && std::fabs(lse) > kExactLseLimit; }
+
+// Row r of the tile's shift = m = max_j s_j and log_sum = log(l), l = Σ_j exp(s_j - m), over
+// its keys [0, limit), one key tile at a time in order (the gradient kernels' tiles and
+// scores):
+//   tile maximum mt = -inf     the tile has no key of the row: m and l unchanged
+//   mt > m                     new maximum: l *= exp(m - mt) (0 while m = -inf), m = mt
+//   then                       l += Σ_tile exp(s - m), each term in [0, 1], the maximum's 1
+// so l >= 1 once a key is seen, and log_sum >= 0.
+void recompute_row_stats(const BackwardProblem& bp, int32_t kv_head, const RowTile& rt, uint8_t recompute_rows,
+                         const Scratch& s, const ExpConstants& ec, const RowStats& stats) {
   const Problem& p = bp.forward;
-  for (int32_t i = 0; i < p.q_len; i++) {
+  const int32_t E = p.head_dim, Ev = p.value_dim;
+  const float* key = static_cast<const float*>(p.key) + rt.b * p.k_stride_b + kv_head * p.k_stride_h;
+  const RowOperands operands = s.rows.operands(0, E, Ev);
+  load_row_operands(bp, rt, operands);
+  float m[kQueryTile], l[kQueryTile];
+  int32_t keys_end = 0;
+  for (int r = 0; r < kQueryTile; r++) {
+    m[r] = kNegInf;
+    l[r] = 0.0f;
+    if (recompute_rows >> r & 1) keys_end = std::max(keys_end, rt.limit[r]);
+  }
+  const v128_t zero = wasm_f32x4_splat(0.0f);
+  for (int32_t j0 = 0; j0 < keys_end; j0 += kTile) {
+    const int32_t count = std::min(kTile, keys_end - j0);
+    const int32_t cols = round_up(count, kKeyGroup);
+    pack_rows(key + static_cast<int64_t>(j0) * p.k_stride_l, p.k_stride_l, count, E, s.k_packed);
+    finished_scores(bp, rt, operands, s.k_packed, j0, count, s.s, s.tanh_r);
+    for (int r = 0; r < kQueryTile; r++) {
+      if (!(recompute_rows >> r & 1)) continue;
+      const float* row = s.s + r * kTile;
+      v128_t vmax = wasm_f32x4_splat(kNegInf);
+      for (int32_t c = 0; c < cols; c += 4) vmax = wasm_f32x4_pmax(vmax, wasm_v128_load(row + c));
+      const float tile_max = std::max(std::max(wasm_f32x4_extract_lane(vmax, 0), wasm_f32x4_extract_lane(vmax, 1)),
+                                      std::max(wasm_f32x4_extract_lane(vmax, 2), wasm_f32x4_extract_lane(vmax, 3)));
+      if (tile_max == kNegInf) continue;  // no key of the row in this tile: m, l unchanged
+      if (tile_max > m[r]) {              // new maximum: rescale what was summed
+        l[r] *= std::exp(m[r] - tile_max);
+        m[r] = tile_max;
+      }
+      const v128_t vm = wasm_f32x4_splat(m[r]);
+      v128_t vsum = zero;
+      for (int32_t c = 0; c < cols; c += 4) {
+        vsum = wasm_f32x4_add(vsum, exp_nonpositive(wasm_f32x4_pmin(wasm_f32x4_sub(wasm_v128_load(row + c), vm), zero), ec));
+      }
+      l[r] += (wasm_f32x4_extract_lane(vsum, 0) + wasm_f32x4_extract_lane(vsum, 1)) +
+              (wasm_f32x4_extract_lane(vsum, 2) + wasm_f32x4_extract_lane(vsum, 3));
+    }
+  }
+  // Only a finite maximum replaces the lse. The scores here can overflow where the forward's
+  // did not (q·k summed in another order): m = +inf (and l = NaN from inf - inf) would make p
+  // NaN even for blocked keys; such a row (or one whose l is NaN from a NaN score) keeps its lse.
+  for (int r = 0; r < kQueryTile; r++) {
+    if (!(recompute_rows >> r & 1) || !std::isfinite(m[r]) || !std::isfinite(l[r])) continue;
+    const int64_t row = (static_cast<int64_t>(rt.b) * p.q_heads + rt.h[r]) * p.q_len + rt.i[r];
+    stats.shift[row] = m[r];
+    stats.log_sum[row] = std::log(l[r]);
+  }
+}
+
+}  // namespace
+
+uint64_t sdpa_f32_bwd_row_stats_4x64__wasmsimd_scratch(const BackwardProblem& p) {
+  return layout(p, KernelKind::kRowStats, nullptr, nullptr);
+}
+
+void sdpa_f32_bwd_row_stats_4x64__wasmsimd(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t row_begin,
+                                           int32_t row_end, const RowStats& stats, float* scratch_base) {
+  const Problem& p = bp.forward;
+  assert(row_begin % kQueryTile == 0);
+  const int32_t group = p.q_heads / p.kv_heads;
+  // D_i = dO_i · O_i, and the forward's lse as shift (log_sum = 0), for every row.
+  for (int32_t f = row_begin; f < row_end; f++) {
+    const int32_t h = kv_head * group + f / p.q_len, i = f % p.q_len;
+    const int64_t row = (static_cast<int64_t>(b) * p.q_heads + h) * p.q_len + i;
     const float* o = p.output + b * p.o_stride_b + h * p.o_stride_h + static_cast<int64_t>(i) * p.o_stride_l;
     const float* go = bp.grad_output + b * bp.go_stride_b + h * bp.go_stride_h + static_cast<int64_t>(i) * bp.go_stride_l;
     float sum = 0.0f;
     for (int32_t c = 0; c < p.value_dim; c++) sum += o[c] * go[c];
-    delta[i] = sum;
+    stats.delta[row] = sum;
+    stats.shift[row] = bp.logsumexp[row];
+    stats.log_sum[row] = 0.0f;
+  }
+  // Rows whose lse is too coarse to rebuild p from: recomputed, a row tile at a time.
+  Scratch s;
+  const ExpConstants ec = make_exp_constants();
+  bool laid_out = false;
+  for (int32_t f0 = row_begin; f0 < row_end; f0 += kQueryTile) {
+    const RowTile rt = make_row_tile(bp, b, kv_head, f0, row_end, stats);
+    uint8_t recompute_rows = 0;
+    for (int r = 0; r < rt.rows; r++) {
+      if (rt.limit[r] > 0 && lse_too_coarse(rt.shift[r])) recompute_rows |= static_cast<uint8_t>(1 << r);
+    }
+    if (recompute_rows == 0) continue;
+    if (!laid_out) {
+      layout(bp, KernelKind::kRowStats, scratch_base, &s);
+      laid_out = true;
+    }
+    recompute_row_stats(bp, kv_head, rt, recompute_rows, s, ec, stats);
   }
 }
 
@@ -579,17 +709,17 @@ uint64_t sdpa_f32_bwd_dq_4x64__wasmsimd_scratch(const BackwardProblem& p) { retu
 uint64_t sdpa_f32_bwd_fused_4x64__wasmsimd_scratch(const BackwardProblem& p) { return layout(p, KernelKind::kFused, nullptr, nullptr); }
 
 void sdpa_f32_bwd_dkdv_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b, int32_t kv_head,
-                                              int32_t key_begin, const float* delta, float* scratch_base) {
+                                              int32_t key_begin, const RowStats& stats, float* scratch_base) {
   [[maybe_unused]] const Problem& p = bp.forward;  // for the asserts
   assert(p.kv_type == KvType::kFloat32);
   assert(key_begin >= 0 && key_begin < p.kv_len && key_begin % kTile == 0);
   Scratch s;
   layout(bp, KernelKind::kDkDv, scratch_base, &s);
-  dkdv_block(bp, b, kv_head, key_begin, delta, s, make_exp_constants(), nullptr, nullptr);
+  dkdv_block(bp, b, kv_head, key_begin, stats, s, make_exp_constants(), nullptr, nullptr);
 }
 
 void sdpa_f32_bwd_fused_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b, int32_t kv_head,
-                                               const float* delta, float* scratch_base) {
+                                               const RowStats& stats, float* scratch_base) {
   const Problem& p = bp.forward;
   assert(p.kv_type == KvType::kFloat32);
   Scratch s;
@@ -597,15 +727,15 @@ void sdpa_f32_bwd_fused_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_
   const ExpConstants ec = make_exp_constants();
   const int32_t rows = p.q_heads / p.kv_heads * p.q_len;
   std::fill(s.dq_all, s.dq_all + static_cast<size_t>(round_up(rows, kQueryTile)) * p.head_dim, 0.0f);
-  prepare_rows(bp, b, kv_head, 0, rows, rows, delta, s.rows);
+  prepare_rows(bp, b, kv_head, 0, rows, rows, stats, s.rows);
   for (int32_t key_begin = 0; key_begin < p.kv_len; key_begin += kTile) {
-    dkdv_block(bp, b, kv_head, key_begin, delta, s, ec, &s.rows, s.dq_all);
+    dkdv_block(bp, b, kv_head, key_begin, stats, s, ec, &s.rows, s.dq_all);
   }
   write_dq(bp, b, kv_head, 0, rows, s.dq_all);
 }
 
 void sdpa_f32_bwd_dq_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b, int32_t kv_head,
-                                            int32_t row_begin, int32_t row_end, const float* delta,
+                                            int32_t row_begin, int32_t row_end, const RowStats& stats,
                                             float* scratch_base) {
   const Problem& p = bp.forward;
   assert(p.kv_type == KvType::kFloat32);
@@ -618,13 +748,13 @@ void sdpa_f32_bwd_dq_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b
 
   int32_t packed_keys = 0;
   for (int32_t f0 = row_begin; f0 < row_end; f0 += kQueryTile) {
-    packed_keys = std::max(packed_keys, make_row_tile(bp, b, kv_head, f0, row_end, delta).keys_end);
+    packed_keys = std::max(packed_keys, make_row_tile(bp, b, kv_head, f0, row_end, stats).keys_end);
   }
   pack_rows(key, p.k_stride_l, packed_keys, E, s.k_packed);
   pack_rows(value, p.v_stride_l, packed_keys, Ev, s.v_packed);
 
   for (int32_t f0 = row_begin; f0 < row_end; f0 += kQueryTile) {
-    const RowTile rt = make_row_tile(bp, b, kv_head, f0, row_end, delta);
+    const RowTile rt = make_row_tile(bp, b, kv_head, f0, row_end, stats);
     std::fill(s.acc0, s.acc0 + kQueryTile * E, 0.0f);
     const RowOperands operands = s.rows.operands(0, E, Ev);
     if (rt.keys_end > 0) load_row_operands(bp, rt, operands);

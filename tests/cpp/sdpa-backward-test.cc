@@ -188,6 +188,41 @@ TEST(Backward, SoftcapScaleAndLargeLogits) {
   }
 }
 
+// Scores far from zero: a float32 lse of size |lse| carries an error of ulp(lse)/2, and at
+// |lse| >= 2^24·log(Lk) loses log(Lk) entirely, so p rebuilt as exp(s - lse) would be 1 for
+// each of Lk tied scores. Such rows rebuild p from their own maximum and sum instead
+// (RowStats in src/kernels/sdpa-bwd-kernels.h). The reference works in doubles throughout.
+TEST(Backward, ScoresFarFromZeroRebuildProbabilitiesFromTheRowsOwnMaximum) {
+  // Rows of tied scores far from zero: q = 0 on every other row, so that its scores are
+  // exactly the row's float mask (-1e9 is how Hugging Face masks padding): p is uniform, its
+  // gradients those of a plain average. The other rows have scores of their own plus 0.5.
+  for (float bias : {-1e2f, -1e4f, -1e9f, -3.4e38f}) {
+    Case c;
+    c.B = 1, c.Hq = 2, c.Hkv = 1, c.Lq = 5, c.Lk = 70, c.E = 16, c.Ev = 8, c.seed = 7;
+    c.mask_kind = MaskKind::kFloat, c.mask_dims = {c.Hq, c.Lq, 1};
+    Harness h(c);
+    for (int row = 0; row < c.Hq * c.Lq; row += 2) std::fill_n(h.q.begin() + row * c.E, c.E, 0.0f);
+    for (int row = 0; row < c.Hq * c.Lq; row++) h.mask_f[size_t(row)] = row % 2 == 0 ? bias : 0.5f;
+    h.run(1);
+    h.expect_matches_reference();
+    h.run(2);  // the split path: the same statistics
+    h.expect_matches_reference();
+  }
+  // Huge logits (scores ~1e3 .. 1e7): nearly one-hot rows, with and without softcap; Lk past
+  // one key tile so that the maximum moves between tiles.
+  for (float input_scale : {1e2f, 1e3f, 1e4f}) {
+    for (float softcap : {0.0f, 5e4f}) {
+      Case c;
+      c.B = 1, c.Hq = 2, c.Hkv = 1, c.Lq = 9, c.Lk = 131, c.E = 16, c.Ev = 8, c.scale = 1.0f;
+      c.input_scale = input_scale, c.softcap = softcap, c.seed = uint32_t(input_scale) + uint32_t(softcap);
+      Harness h(c);
+      for (float& x : h.k) x *= input_scale;
+      h.run(1);
+      h.expect_matches_reference();
+    }
+  }
+}
+
 TEST(Backward, FullyMaskedRowsGetExactZeros) {
   Case c;
   c.B = 1, c.Hq = 2, c.Lq = 6, c.Lk = 20, c.E = 8, c.Ev = 8;

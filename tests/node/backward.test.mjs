@@ -184,6 +184,46 @@ describe('paths and threads give the same bits', () => {
   });
 });
 
+describe('scores far from zero: p rebuilt from the row\'s own maximum, not from a coarse float32 lse', () => {
+  // A float32 lse = m + log(l) loses log(l) once |m| ≥ 2^24·log(l): rebuilt as exp(s - lse),
+  // each of a row's tied scores at -1e9 would get p = 1 instead of 1/Lk (gradients Lk times
+  // too large). Rows whose q is 0 score exactly their float mask's value: tied, uniform p.
+  test.each([-1e2, -1e4, -1e9, -3.4e38])('rows of tied scores at %p (a finite mask over the row), saved and not, 1 and 2 threads', (bias) => {
+    const Hq = 2, Lq = 6, Lk = 70, E = 16;
+    const p = problem({ Hq, Lq, Lk, E, Ev: 8, seed: 50 });
+    const mask = new Float32Array(Hq * Lq);  // [Hq, Lq, 1]: one value per row
+    for (let row = 0; row < Hq * Lq; row++) {
+      if (row % 2 === 0) p.query.data.fill(0, row * E, (row + 1) * E);
+      mask[row] = row % 2 === 0 ? bias : 0.5;
+    }
+    const options = { attnMask: t(mask, [Hq, Lq, 1]) };
+    const got = expectGradientsMatch(attn, p, options);
+    const fwd = attn.sdpa(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+    const saved = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, saved: fwd });
+    const two = attn2.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    for (const name of ['dQuery', 'dKey', 'dValue']) {
+      expect(sameBits(saved[name].data, got[name].data)).toBe(true);
+      expect(sameBits(two[name].data, got[name].data)).toBe(true);
+    }
+  });
+
+  // Scores of ~1e4 .. 1e8: the backward's scores may differ from the forward's by an ulp of
+  // |s|, which exp(s - lse) would turn into p = e^-8 for a one-hot row's key. dV = Σ_rows p·dO
+  // depends on p alone and is checked; dQ and dK (p·(dp - D) times k or q of size 1e2 .. 1e4,
+  // D cancelling dp) are ill-conditioned there: float32 scores already differ from float64
+  // ones by more than their tolerance allows (the relaxed build's fused multiply-adds by other
+  // amounts than the portable build's).
+  test.each([1e2, 1e3, 1e4])('huge logits (q and k times %p): nearly one-hot rows, Lk past a key tile', (size) => {
+    for (const E of [16, 64]) {
+      const p = problem({ Hq: 2, Lq: 9, Lk: 131, E, Ev: 8, seed: size + E });
+      for (const x of [p.query.data, p.key.data]) x.forEach((v, i) => { x[i] = v * size; });
+      const got = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { scale: 1 });
+      const ref = referenceSdpaBackward(p.query, p.key, p.value, p.gradOutput, { scale: 1 });
+      expect(maxRelError(got.dValue.data, ref.dValue)).toBeLessThanOrEqual(TOL);
+    }
+  });
+});
+
 test('fully masked rows get exact-zero dQ; keys no row attends get exact-zero dK and dV', () => {
   const p = problem({ Hq: 2, Lq: 6, Lk: 20, seed: 30 });
   const { dQuery, dKey, dValue } = expectGradientsMatch(attn, p, { isCausal: true, causalOffset: -3 });
