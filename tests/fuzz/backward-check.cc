@@ -2,6 +2,7 @@
 #include "backward-check.h"
 
 #include "attention-check.h"
+#include "kernels/sdpa-bwd-kernels.h"
 
 namespace sdpa_fuzz {
 
@@ -54,6 +55,13 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
   std::vector<bool> key_clean(keys_total, true);
   std::vector<double> dk_bound(keys_total * static_cast<size_t>(E), 0.0), dv_bound(keys_total * static_cast<size_t>(Ev), 0.0);
   std::vector<double> key_tiny_factor(keys_total, 0.0);
+
+  // Case 4, per (b, KV head) and column: whether every row attending a key sums its p to one,
+  // Σ_i dO_ic over those rows, and the bound.
+  const size_t pairs_total = static_cast<size_t>(B * Hkv);
+  std::vector<bool> pair_sums(pairs_total, true);
+  std::vector<double> go_sum(pairs_total * static_cast<size_t>(Ev), 0.0), go_abs_sum(pairs_total * static_cast<size_t>(Ev), 0.0),
+      go_sum_bound(pairs_total * static_cast<size_t>(Ev), 0.0);
 
   std::vector<int64_t> keys;
   std::vector<double> score, score_error, cap_error;
@@ -125,6 +133,7 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
           score_error.push_back(error);
           cap_error.push_back(cap);
         }
+        const bool finite_row = clean;  // finite operands and scores, in range (case 4)
         double err_s = 0.0, err_cap = 0.0, max_score = -kInf, max_lower = -kInf;
         if (clean) {
           for (size_t n = 0; n < keys.size(); n++) {
@@ -152,6 +161,23 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
         const double big = std::max({G, go_abs_max, 2 * G * k_abs_max_row, 2 * G * q_abs_max,
                                      2 * G * abs_scale * std::max(k_abs_max_row, q_abs_max)});
         if (!(big * static_cast<double>(Lk + group * Lq) < kFloatMax / 16)) clean = false;
+
+        // Case 4: does this row's p sum to one in the kernel, and within what?
+        const size_t pair = static_cast<size_t>(b * Hkv + kvh);
+        const float lse = bp.logsumexp[(b * Hq + h) * Lq + i];
+        const bool recomputed = std::isfinite(lse) && std::fabs(lse) > sdpa::kExactLseLimit;
+        if (finite_row && (clean || recomputed)) {
+          const double row_error = recomputed ? static_cast<double>(keys.size() + 8) * 4 * kEps
+                                              : 2 * tol + 4 * err_s + 16 * kEps * (1 + std::fabs(max_score));
+          for (int64_t c = 0; c < Ev; c++) {
+            go_sum[pair * Ev + c] += go[c];
+            go_abs_sum[pair * Ev + c] += std::fabs(static_cast<double>(go[c]));
+            go_sum_bound[pair * Ev + c] +=
+                std::fabs(static_cast<double>(go[c])) * (row_error + static_cast<double>(group * Lq + 2) * 2 * kEps);
+          }
+        } else {
+          pair_sums[pair] = false;
+        }
 
         if (!clean) {
           for (int64_t j : keys) key_clean[static_cast<size_t>((b * Hkv + kvh) * Lk + j)] = false;
@@ -223,6 +249,26 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
                      "key (b%lld kvh%lld j%lld): d_value[%lld] = %.9g, reference %.9g, |diff| %.3g > allowed %.3g",
                      (long long)b, (long long)kvh, (long long)j, (long long)c, g, want, std::fabs(g - want), allowed);
         }
+      }
+    }
+  }
+
+  // Case 4: Σ_j dV_jc = Σ_i dO_ic over the rows that attend a key.
+  for (int64_t b = 0; b < B; b++) {
+    for (int64_t kvh = 0; kvh < Hkv; kvh++) {
+      const size_t pair = static_cast<size_t>(b * Hkv + kvh);
+      if (!pair_sums[pair]) continue;
+      for (int64_t c = 0; c < Ev; c++) {
+        // Far from overflow: every partial sum of dV (and their sum here) is within Σ_i |dO_ic|.
+        if (!(go_abs_sum[pair * Ev + c] < kFloatMax / 16)) continue;
+        double got = 0.0;
+        for (int64_t j = 0; j < Lk; j++) got += bp.d_value[b * bp.dv_stride_b + kvh * bp.dv_stride_h + j * bp.dv_stride_l + c];
+        const double want = go_sum[pair * Ev + c];
+        const double allowed = go_sum_bound[pair * Ev + c] + 64 * static_cast<double>(Lk + group * Lq) * 0x1p-149;
+        FUZZ_CHECK(p, std::isfinite(got) && std::fabs(got - want) <= allowed,
+                   "(b%lld kvh%lld): sum over keys of d_value[%lld] = %.9g, but the rows' probabilities sum to one: "
+                   "sum of their d_output %.9g, |diff| %.3g > allowed %.3g",
+                   (long long)b, (long long)kvh, (long long)c, got, want, std::fabs(got - want), allowed);
       }
     }
   }

@@ -37,6 +37,18 @@
 //      These are bounds in terms of magnitudes, not of |ref|: a gradient is a difference
 //      (dp_j - D_i) and may be much smaller than its terms.
 //
+//   4. Probabilities that sum to one, however large the scores: dV_j = Σ_i p_ij·dO_i, so for
+//      each (batch, KV head) and column c, Σ_j dV_jc = Σ_i dO_ic over the rows i that attend
+//      a key, when each such row's p sums to 1 in the kernel. That holds, with no conditioning
+//      needed, for a row whose q, dO and attended k are finite with finite scores in range, and
+//      which is clean (its p within rel_i of the reference's) or has a finite forward lse with
+//      |lse| > kExactLseLimit (src/kernels/sdpa-bwd-kernels.h: the kernel recomputes its
+//      maximum and sum, so Σ_j p_ij = 1 within (|A_i| + 8)·4·2^-24). A (batch, KV head) with
+//      any other row attending something is not checked, nor a column with Σ_i |dO_ic| near
+//      FLT_MAX (the sums overflow). Bound: Σ_i |dO_ic|·(that row's
+//      error + (rows + 2)·2·2^-24) + tiny. It catches what the conditioning of case 2 lets
+//      through: tied scores at -1e9 rebuilt from a float32 lse that has lost log Σ.
+//
 // And every gradient element is written (the buffers hold a sentinel NaN before the call),
 // and nothing else (the padding of the output tensors).
 #pragma once
