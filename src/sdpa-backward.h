@@ -16,9 +16,10 @@
 //   dq_i  += scale · Σ_j dr_j · k_j
 //   dk_j  += scale · dr_j · q_i                      (summed over rows, and over the query
 //                                                     heads sharing the KV head)
-// p_j is rebuilt from the saved lse where float32 holds it finely enough (|lse| <= 16); past
-// that (huge scores, a finite mask of -1e9 over a whole row) from the row's own maximum score m
-// and log Σ exp(s_j - m), recomputed (src/kernels/sdpa-bwd-kernels.h, RowStats).
+// p_j is rebuilt from the saved lse where float32 makes that precise enough; for a row with
+// |lse| > 16, or whose scores' terms are large (|scale|·‖q‖₂·max ‖k‖₂ > 64: huge logits,
+// large q and k nearly orthogonal), from the row's own maximum score m and log Σ exp(s_j - m),
+// recomputed (src/kernels/sdpa-bwd-kernels.h, RowStats).
 // The mask gets no gradient. A blocked key has p_j = 0 exactly and is skipped, not multiplied
 // by 0 (NaN in padding cannot leak); a row with nothing to attend (lse = -inf) contributes
 // nothing and gets dq_i = 0; a key no row attends gets dk_j = dv_j = 0.

@@ -80,7 +80,8 @@ struct Problem {
   // Optional [B, Hq, Lq], dense: each row's log-sum-exp of its scores, log Σ_j exp(s_j)
   // (computed as m + log l from the online softmax's maximum m and sum l), -inf for a row
   // with nothing to attend. What the backward pass recomputes the probabilities from
-  // (src/sdpa-backward.h): p_j = exp(s_j - lse).
+  // (src/sdpa-backward.h): p_j = exp(s_j - lse), for the rows where float32 makes that
+  // precise enough (src/kernels/sdpa-bwd-kernels.h, RowStats).
   float* logsumexp = nullptr;
 
   // A hint for the decode path (K/V read in place), which never changes the result's value

@@ -465,8 +465,9 @@ void accumulate_dq(const float* ds, const float* key, int64_t k_stride, int32_t 
 //   s, dp [G][kTile], tanh_r [4][kTile]    p and ds of a group of G rows (kGroupRows; dQ: 4)
 //   dk_acc [kTile][E], dv_acc [kTile][Ev]   (dK/dV, fused)  |  dq_acc [4][E]  (dQ kernel)
 //   dq_all [4T][E]                          (fused kernel: every row's dQ over all key blocks)
+//   key_norm_max [Lk]                       (row statistics: max_{j' <= j} ‖k_j'‖₂)
 struct Scratch {
-  float *k_packed, *v_packed, *s, *dp, *tanh_r, *acc0, *acc1, *dq_all;
+  float *k_packed, *v_packed, *s, *dp, *tanh_r, *acc0, *acc1, *dq_all, *key_norm_max;
   PreparedRows rows;
 };
 
@@ -476,14 +477,15 @@ uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch
   const Problem& p = bp.forward;
   const uint64_t E = p.head_dim, Ev = p.value_dim;
   const bool dq = kind == KernelKind::kDq, fused = kind == KernelKind::kFused;
-  const bool stats = kind == KernelKind::kRowStats;  // k_packed (one tile), one row tile, s, tanh_r
+  // kRowStats: k_packed (one tile), one row tile, s, tanh_r, and key_norm_max [Lk]
+  const bool stats = kind == KernelKind::kRowStats;
   const uint64_t keys = dq ? static_cast<uint64_t>(round_up(p.kv_len, kTile)) : kTile;
   const uint64_t G = dq || stats ? kQueryTile : kGroupRows;
   const uint64_t pair_rows = static_cast<uint64_t>(p.q_heads / p.kv_heads) * p.q_len;
   const uint64_t pair_tiles = (pair_rows + kQueryTile - 1) / kQueryTile;
   const uint64_t T = fused ? pair_tiles : G / kQueryTile;
   const uint64_t flag_floats = (T * kQueryTile + sizeof(float) - 1) / sizeof(float);  // uint8_t flags
-  const uint64_t sizes[15] = {keys * E,
+  const uint64_t sizes[16] = {keys * E,
                               stats ? 0 : keys * Ev,
                               T * kRowTileFloats,
                               4 * T * E,
@@ -497,15 +499,16 @@ uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch
                               4 * kTile,
                               stats ? 0 : dq ? 4 * E : kTile * E,
                               stats || dq ? 0 : kTile * Ev,
-                              fused ? 4 * T * E : 0};
-  float* parts[15];
+                              fused ? 4 * T * E : 0,
+                              stats ? static_cast<uint64_t>(p.kv_len) : 0};
+  float* parts[16];
   const uint64_t total = carve(base, sizes, parts);
   if (out != nullptr) {
     out->k_packed = parts[0], out->v_packed = parts[1];
     out->rows = PreparedRows{reinterpret_cast<RowTile*>(parts[2]), parts[3], parts[4], parts[5], parts[6],
                              reinterpret_cast<uint8_t*>(parts[7]), reinterpret_cast<uint8_t*>(parts[8])};
     out->s = parts[9], out->dp = parts[10], out->tanh_r = parts[11];
-    out->acc0 = parts[12], out->acc1 = parts[13], out->dq_all = parts[14];
+    out->acc0 = parts[12], out->acc1 = parts[13], out->dq_all = parts[14], out->key_norm_max = parts[15];
   }
   return total;
 }
@@ -598,8 +601,25 @@ void write_dq(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t row
 
 namespace {
 
-// Whether a row's statistics are recomputed rather than taken from its lse (RowStats).
-bool lse_too_coarse(float lse) { return std::isfinite(lse) && std::fabs(lse) > kExactLseLimit; }
+// ‖x‖₂ of `dim` floats, summed in double, as a float (NaN if x holds one).
+float row_norm(const float* x, int32_t dim) {
+  double sum = 0.0;
+  for (int32_t d = 0; d < dim; d++) sum += static_cast<double>(x[d]) * x[d];
+  return static_cast<float>(std::sqrt(sum));
+}
+
+// Whether a row with forward lse `lse`, keys j < limit, query q and max_{j < limit} ‖k_j‖₂ =
+// key_norm_max gets its statistics recomputed rather than taken from its lse (RowStats). A NaN
+// norm (NaN in q or in every key's row) compares false: the lse then decides alone.
+bool recomputes_stats(const Problem& p, float lse, int32_t limit, const float* q, float key_norm_max) {
+  if (limit == 0 || !std::isfinite(lse)) return false;
+  if (std::fabs(lse) > kExactLseLimit) return true;
+  return std::fabs(static_cast<double>(p.scale)) * row_norm(q, p.head_dim) * key_norm_max > kExactScoreTerms;
+}
+
+const float* query_row(const Problem& p, int32_t b, int32_t h, int32_t i) {
+  return p.query + b * p.q_stride_b + h * p.q_stride_h + static_cast<int64_t>(i) * p.q_stride_l;
+}
 
 // Row r of the tile's shift = m = max_j s_j and log_sum = log(l), l = Σ_j exp(s_j - m), over
 // its keys [0, limit), one key tile at a time in order (the gradient kernels' tiles and
@@ -662,6 +682,15 @@ void recompute_row_stats(const BackwardProblem& bp, int32_t kv_head, const RowTi
 
 }  // namespace
 
+bool sdpa_f32_bwd_row_stats_recomputed(const BackwardProblem& bp, int32_t b, int32_t h, int32_t i, float lse) {
+  const Problem& p = bp.forward;
+  const int32_t limit = row_limit(p, b, i);
+  const float* key = static_cast<const float*>(p.key) + b * p.k_stride_b + h / (p.q_heads / p.kv_heads) * p.k_stride_h;
+  float key_norm_max = 0.0f;  // as the kernel's running maximum, in key order
+  for (int32_t j = 0; j < limit; j++) key_norm_max = std::fmax(key_norm_max, row_norm(key + j * p.k_stride_l, p.head_dim));
+  return recomputes_stats(p, lse, limit, query_row(p, b, h, i), key_norm_max);
+}
+
 uint64_t sdpa_f32_bwd_row_stats_4x64__wasmsimd_scratch(const BackwardProblem& p) {
   return layout(p, KernelKind::kRowStats, nullptr, nullptr);
 }
@@ -683,21 +712,29 @@ void sdpa_f32_bwd_row_stats_4x64__wasmsimd(const BackwardProblem& bp, int32_t b,
     stats.shift[row] = bp.logsumexp[row];
     stats.log_sum[row] = 0.0f;
   }
-  // Rows whose lse is too coarse to rebuild p from: recomputed, a row tile at a time.
+  // Rows whose lse is too coarse, or whose scores' terms too large, to rebuild p from the lse:
+  // recomputed, a row tile at a time. The running maximum of the key norms, key_norm_max[j] =
+  // max_{j' <= j} ‖k_j'‖₂, is made once for the block's rows (up to their largest key limit).
   Scratch s;
+  layout(bp, KernelKind::kRowStats, scratch_base, &s);
   const ExpConstants ec = make_exp_constants();
-  bool laid_out = false;
+  const float* key = static_cast<const float*>(p.key) + b * p.k_stride_b + kv_head * p.k_stride_h;
+  int32_t normed_keys = 0;
   for (int32_t f0 = row_begin; f0 < row_end; f0 += kQueryTile) {
     const RowTile rt = make_row_tile(bp, b, kv_head, f0, row_end, stats);
+    for (; normed_keys < rt.keys_end; normed_keys++) {
+      const float norm = row_norm(key + normed_keys * p.k_stride_l, p.head_dim);
+      s.key_norm_max[normed_keys] = normed_keys == 0 ? std::fmax(0.0f, norm) : std::fmax(s.key_norm_max[normed_keys - 1], norm);
+    }
     uint8_t recompute_rows = 0;
     for (int r = 0; r < rt.rows; r++) {
-      if (rt.limit[r] > 0 && lse_too_coarse(rt.shift[r])) recompute_rows |= static_cast<uint8_t>(1 << r);
+      const int32_t limit = rt.limit[r];
+      if (recomputes_stats(p, rt.shift[r], limit, query_row(p, b, rt.h[r], rt.i[r]),
+                           limit > 0 ? s.key_norm_max[limit - 1] : 0.0f)) {
+        recompute_rows |= static_cast<uint8_t>(1 << r);
+      }
     }
     if (recompute_rows == 0) continue;
-    if (!laid_out) {
-      layout(bp, KernelKind::kRowStats, scratch_base, &s);
-      laid_out = true;
-    }
     recompute_row_stats(bp, kv_head, rt, recompute_rows, s, ec, stats);
   }
 }

@@ -13,20 +13,29 @@ namespace sdpa {
 //   shift, log_sum: the kernels rebuild p_j = exp((s_j - shift_i) - log_sum_i); shift = -inf
 //             marks a row with nothing to attend.
 // From the forward's lse: shift = lse, log_sum = 0, so p_j = exp(s_j - lse) as saved. That is
-// only as precise as the float32 lse: lse = m + log(l) carries an error up to ulp(lse)/2, and
-// the scores recomputed here may differ from the forward's by a few ulps of |s|, both relative
-// errors of every p_j. Past |lse| = 2^4 that error would pass 1e-6, and at |lse| ≥ 2^24·log(l)
-// log(l) vanishes altogether (a row of Lk tied scores at -1e9, a fully masked row of a finite
-// -1e9 mask, gets p_j = 1 instead of 1/Lk). A row with a finite |lse| > kExactLseLimit therefore gets
-// its statistics recomputed from this pass's own scores: shift = m = max_j s_j and
-// log_sum = log(Σ_j exp(s_j - m)), so s_j - shift is exact for the maximum and p sums to 1
-// whatever the size of the scores.
+// only as precise as two things, each a relative error of every p_j:
+//   - the float32 lse = m + log(l), off by up to ulp(lse)/2: 2^-21 at |lse| = 16, and at
+//     |lse| ≥ 2^24·log(l) log(l) vanishes altogether (a row of Lk tied scores at -1e9, a fully
+//     masked row of a finite -1e9 mask, gets p_j = 1 instead of 1/Lk);
+//   - the scores recomputed here, which may differ from the forward's (q·k summed in another
+//     order) by a few ulps of the size of their terms, |scale|·Σ_d |q_d·k_d| <= |scale|·‖q‖₂·‖k‖₂
+//     (Cauchy–Schwarz): large q and k nearly orthogonal give small scores with large errors.
+// So a row with a finite lse and |lse| > kExactLseLimit, or |scale|·‖q_i‖₂·max_{j < its key
+// limit} ‖k_j‖₂ > kExactScoreTerms, gets its statistics recomputed from this pass's own scores:
+// shift = m = max_j s_j and log_sum = log(Σ_j exp(s_j - m)), so s_j - shift is exact for the
+// maximum and p sums to 1 whatever the size of the scores (and the forward's lse is not used).
+// Below both limits the two errors stay under about 2^-21 + 64·2^-24·(a few) ≈ 1e-5.
 struct RowStats {
   float* delta;
   float* shift;
   float* log_sum;
 };
 constexpr float kExactLseLimit = 16.0f;
+constexpr double kExactScoreTerms = 64.0;
+
+// Whether row i of (b, h) gets its RowStats recomputed (as above), for `lse`, the forward's.
+// Also the fuzz oracle's way to know which rows' probabilities sum to one.
+bool sdpa_f32_bwd_row_stats_recomputed(const BackwardProblem& p, int32_t b, int32_t h, int32_t i, float lse);
 
 // Floats of scratch one call of each kernel needs (any 4-byte alignment).
 uint64_t sdpa_f32_bwd_row_stats_4x64__wasmsimd_scratch(const BackwardProblem& p);

@@ -165,7 +165,8 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
         // Case 4: does this row's p sum to one in the kernel, and within what?
         const size_t pair = static_cast<size_t>(b * Hkv + kvh);
         const float lse = bp.logsumexp[(b * Hq + h) * Lq + i];
-        const bool recomputed = std::isfinite(lse) && std::fabs(lse) > sdpa::kExactLseLimit;
+        const bool recomputed = sdpa::sdpa_f32_bwd_row_stats_recomputed(bp, static_cast<int32_t>(b), static_cast<int32_t>(h),
+                                                                       static_cast<int32_t>(i), lse);
         if (finite_row && (clean || recomputed)) {
           const double row_error = recomputed ? static_cast<double>(keys.size() + 8) * 4 * kEps
                                               : 2 * tol + 4 * err_s + 16 * kEps * (1 + std::fabs(max_score));

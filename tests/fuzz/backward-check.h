@@ -41,9 +41,10 @@
 //      each (batch, KV head) and column c, Σ_j dV_jc = Σ_i dO_ic over the rows i that attend
 //      a key, when each such row's p sums to 1 in the kernel. That holds, with no conditioning
 //      needed, for a row whose q, dO and attended k are finite with finite scores in range, and
-//      which is clean (its p within rel_i of the reference's) or has a finite forward lse with
-//      |lse| > kExactLseLimit (src/kernels/sdpa-bwd-kernels.h: the kernel recomputes its
-//      maximum and sum, so Σ_j p_ij = 1 within (|A_i| + 8)·4·2^-24). A (batch, KV head) with
+//      which is clean (its p within rel_i of the reference's) or has its maximum and sum
+//      recomputed by the kernel (sdpa_f32_bwd_row_stats_recomputed, src/kernels/sdpa-bwd-
+//      kernels.h: |lse| or the size of its scores' terms past a limit), so Σ_j p_ij = 1 within
+//      (|A_i| + 8)·4·2^-24. A (batch, KV head) with
 //      any other row attending something is not checked, nor a column with Σ_i |dO_ic| near
 //      FLT_MAX (the sums overflow). Bound: Σ_i |dO_ic|·(that row's
 //      error + (rows + 2)·2·2^-24) + tiny. It catches what the conditioning of case 2 lets
