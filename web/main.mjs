@@ -45,7 +45,7 @@ for (const form of document.querySelectorAll('form')) form.addEventListener('sub
 
 const intValue = (el, lo, hi) => {
   const v = Math.round(Number(el.value));
-  const clamped = Number.isFinite(v) ? Math.min(hi, Math.max(lo, v)) : lo;
+  const clamped = Number.isNaN(v) ? lo : Math.min(hi, Math.max(lo, v));  // ±Infinity: hi or lo
   return clamped;
 };
 /**
@@ -54,7 +54,7 @@ const intValue = (el, lo, hi) => {
  */
 function clampOnChange(el, lo, hi) {
   el.addEventListener('change', () => {
-    const v = String(intValue(el, lo, hi));
+    const v = String(intValue(el, lo, typeof hi === 'function' ? hi() : hi));
     if (el.value !== v) el.value = v;
   });
 }
@@ -90,9 +90,11 @@ try {
   byTestId('env-simd').textContent = attn.simd ? 'on' : 'off';
   byTestId('env-isa').textContent = attn.isa === 'relaxed-simd' ? 'relaxed (FMA)' : '128-bit';
   byTestId('env-isolated').textContent = demo.crossOriginIsolated ? 'yes' : 'no';
-  // The long jobs' worker, on the same number of threads. It loads while the quick panels are
+  // The long jobs' worker, on one thread fewer than the page's instance where it has more than
+  // one: the page's thread keeps a core (README, "Off the main thread"), so a long job on
+  // every other core does not take its frames. It loads while the quick panels are
   // computed below, and is awaited before the page reports ready.
-  workerStarting = createAttentionWorker({ threads: attn.threads });
+  workerStarting = createAttentionWorker({ threads: Math.max(1, attn.threads - 1) });
 } catch (error) {
   failedToStart('sdpa-wasm', error);
 }
@@ -180,7 +182,6 @@ function computeHeatmap() {
     if (p.source === 'text' && L > 0) hm.seqLen.value = String(L);
     padding = Math.min(p.padding, L);
     hm.padding.max = String(L);
-    if (p.padding !== padding) hm.padding.value = String(padding);
     syncHeadOptions(p.heads, p.head);
     if (p.softcapError !== null) throw new RangeError(p.softcapError);
 
@@ -354,7 +355,7 @@ for (const el of [hm.source, hm.text, hm.seqLen, hm.dk, hm.heads, hm.head, hm.ca
 }
 clampOnChange(hm.seqLen, 1, 128);
 clampOnChange(hm.seed, 0, 4294967295);
-clampOnChange(hm.padding, 0, 128);
+clampOnChange(hm.padding, 0, () => hmState?.L ?? 128);  // at most the current length
 
 // ── 2. Why √d_k ───────────────────────────────────────────────────────────────────────────
 const DKS = [16, 32, 64, 128, 256, 512];
@@ -633,6 +634,8 @@ class BenchStopped extends Error {
   }
 }
 let benchStop = false;
+/** True while the inputs worker compares the two outputs (every call timed: Stop lets it end). */
+let benchComparing = false;
 /** The rates of the last completed run on this page (for the estimate), or null. */
 let benchRates = null;
 
@@ -783,7 +786,7 @@ function showBenchEstimate() {
     (plan.compareJs ? ` and ${plan.jsReps} plain-JavaScript one${plan.jsReps > 1 ? 's' : ''}` : '') +
     `: about ${durationText(seconds)}` + (plan.compareJs && jsS > 0.5 * seconds ? ` (${durationText(jsS)} of it plain JavaScript)` : '') +
     (benchRates ? ' at the rates the last run here measured.' : ` at a typical ${rates.wasm} GFLOP/s for sdpa-wasm and ${rates.js} for plain JavaScript.`) +
-    (long ? ' A long run: Stop ends it early.' : '');
+    (long ? ' A long run: Stop ends it after the sdpa-wasm call in flight.' : '');
   el.classList.toggle('warn', long);
   demo.benchEstimate = { flop: plan.flop, bytes: plan.bytes, seconds, long };
 }
@@ -795,8 +798,11 @@ async function runBenchmark() {
     // plain-JS one's time; its worker is shared with the other panels).
     benchStop = true;
     bn.run.textContent = 'Stopping…';
+    bn.phase.textContent = 'stopping: the sdpa-wasm call in flight ends first';
     cutPlainCall();
-    if (benchInputs?.busy) benchInputs.terminate(new BenchStopped());
+    // The making and copying of inputs is cut short; the comparison of outputs already timed
+    // is not (the run then reports what it measured).
+    if (benchInputs?.busy && !benchComparing) benchInputs.terminate(new BenchStopped());
     return;
   }
   if (!beginLongJob('bench')) return;
@@ -867,7 +873,13 @@ async function runBenchmark() {
       }
       bn.phase.textContent = 'comparing the two outputs (in a worker)';
       // The outputs are moved to the inputs worker, which compares them.
-      const { maxDifference } = await inputs.request('compare', { a: wasmOut, b: jsOut }, [wasmOut.buffer, jsOut.buffer]);
+      benchComparing = true;
+      let maxDifference;
+      try {
+        ({ maxDifference } = await inputs.request('compare', { a: wasmOut, b: jsOut }, [wasmOut.buffer, jsOut.buffer]));
+      } finally {
+        benchComparing = false;
+      }
       result.jsMs = median(jsTimes);
       result.jsGflops = flop / (result.jsMs * 1e6);
       result.jsTimes = jsTimes;
@@ -1176,10 +1188,10 @@ byTestId('tr-model').textContent =
   'q or k rather than q/√d_k or k/√d_k, which at these sizes more than makes up for the saturated softmax, so the ' +
   'weights get large steps in directions that hardly change a one-hot row. The outcome depends on the learning rate ' +
   '(measured with seed 1, 300 steps, the relaxed-SIMD build, final losses of the d_k = 256 heads with and without the ' +
-  'factor): 0.041 and 0.020 at rate 0.1 and 0.013 and 0.010 at 0.3, where the unscaled head is ahead (its larger weight ' +
-  'gradients act as larger steps); 0.0052 and 0.19 at 1; 0.0024 and 1.9 (stuck) at 3. The best of these rates gives ' +
-  '0.0024 with the factor, 0.010 without. The unscaled heads\' paths are chaotic: the portable build\'s other last bits ' +
-  'take them elsewhere (0.27 instead of 0.19 at rate 1), where the scaled heads end the same on both.';
+  'factor): 0.041 and 0.019 at rate 0.1, where the unscaled head is ahead (its larger weight gradients act as larger ' +
+  'steps); 0.013 and 0.013 at 0.3; 0.0052 and 0.15 at 1; 0.0024 and 1.8 (stuck) at 3. The best of these rates gives ' +
+  '0.0024 with the factor, 0.013 without. The unscaled heads\' paths are chaotic: the portable build\'s other last bits ' +
+  'take them elsewhere (0.13 instead of 0.15 at rate 1), where the scaled heads end the same on both.';
 
 const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
 const expText = (x) => (Number.isFinite(x) ? x.toExponential(2) : String(x));
