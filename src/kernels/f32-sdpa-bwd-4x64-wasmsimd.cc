@@ -85,6 +85,11 @@ int32_t row_limit(const Problem& p, int32_t b, int32_t i) {
   return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1, 0, valid_keys));
 }
 
+// Query row i of (b, h).
+const float* query_row(const Problem& p, int32_t b, int32_t h, int32_t i) {
+  return p.query + b * p.q_stride_b + h * p.q_stride_h + static_cast<int64_t>(i) * p.q_stride_l;
+}
+
 RowTile make_row_tile(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t f0, int32_t row_end,
                       const RowStats& stats) {
   const Problem& p = bp.forward;
@@ -123,8 +128,7 @@ void load_row_operands(const BackwardProblem& bp, const RowTile& rt, const RowOp
     float* q = o.q_rows + r * E;
     float* go = o.go_rows + r * Ev;
     if (r < rt.rows) {
-      const float* q_src = p.query + rt.b * p.q_stride_b + rt.h[r] * p.q_stride_h +
-                           static_cast<int64_t>(rt.i[r]) * p.q_stride_l;
+      const float* q_src = query_row(p, rt.b, rt.h[r], rt.i[r]);
       const float* go_src = bp.grad_output + rt.b * bp.go_stride_b + rt.h[r] * bp.go_stride_h +
                             static_cast<int64_t>(rt.i[r]) * bp.go_stride_l;
       for (int32_t d = 0; d < E; d++) q[d] = q_src[d] * p.scale;
@@ -615,10 +619,6 @@ bool recomputes_stats(const Problem& p, float lse, int32_t limit, const float* q
   if (limit == 0 || !std::isfinite(lse)) return false;
   if (std::fabs(lse) > kExactLseLimit) return true;
   return std::fabs(static_cast<double>(p.scale)) * row_norm(q, p.head_dim) * key_norm_max > kExactScoreTerms;
-}
-
-const float* query_row(const Problem& p, int32_t b, int32_t h, int32_t i) {
-  return p.query + b * p.q_stride_b + h * p.q_stride_h + static_cast<int64_t>(i) * p.q_stride_l;
 }
 
 // Row r of the tile's shift = m = max_j s_j and log_sum = log(l), l = Σ_j exp(s_j - m), over
