@@ -73,7 +73,8 @@ namespace {
 //   into segments of kSegmentKeys (split-K) whose partial (m, l, o) are merged afterwards,
 //   every row tile of a segment computed while its keys are in cache. The segments
 //   depend on Lk only, never on the thread count, so results are bitwise identical for any
-//   number of threads.
+//   number of threads. Weights, which need each row's final (m, l), are a third pass over the
+//   same segments after the merge (the output has the same bits with or without them).
 constexpr int32_t kMinBlockRows = 16;
 constexpr int32_t kItemsPerThread = 4;
 constexpr int32_t kSegmentKeys = 512;
@@ -101,6 +102,7 @@ struct WorkPlan {
   int32_t block_rows;    // a multiple of kQueryTile
   uint64_t per_thread;      // kernel scratch per thread
   uint64_t partial_floats;  // per (pair, segment): the row tiles' partial state
+  bool split_weights;       // split-K with weights: the merge keeps each row's (m, l)
 };
 
 WorkPlan plan_work(const Problem& p, int32_t threads) {
@@ -109,7 +111,7 @@ WorkPlan plan_work(const Problem& p, int32_t threads) {
   w.rows = p.q_heads / p.kv_heads * p.q_len;
   const int32_t row_tiles = (w.rows + kQueryTile - 1) / kQueryTile;
   w.in_place = row_tiles <= kDecodeMaxRowTiles;
-  w.segments = w.in_place && p.weights == nullptr ? (p.kv_len + kSegmentKeys - 1) / kSegmentKeys : 1;
+  w.segments = w.in_place ? (p.kv_len + kSegmentKeys - 1) / kSegmentKeys : 1;
   w.blocks = 1;
   if (w.segments == 1 && threads > 1) {
     const int32_t wanted = (kItemsPerThread * threads + w.pairs - 1) / w.pairs;
@@ -119,6 +121,7 @@ WorkPlan plan_work(const Problem& p, int32_t threads) {
   w.blocks = (w.rows + w.block_rows - 1) / w.block_rows;
   w.per_thread = sdpa_f32_fwd_4x512__wasmsimd_scratch(p, !w.in_place);
   w.partial_floats = static_cast<uint64_t>(row_tiles) * sdpa_f32_fwd_4x512__wasmsimd_partial_floats(p);
+  w.split_weights = w.segments > 1 && p.weights != nullptr;
   return w;
 }
 
@@ -126,22 +129,30 @@ uint64_t partials_total(const WorkPlan& w) {
   return w.segments > 1 ? static_cast<uint64_t>(w.pairs) * w.segments * w.partial_floats : 0;
 }
 
+// Floats of the rows' final (m, l) that split-K weights need: [pairs][rows][2], far less
+// than the partials. Reserved for any split-K, weights or not: scratch_floats() must not
+// depend on the pointers (callers size the scratch before the addresses are known).
+uint64_t row_stats_total(const WorkPlan& w) {
+  return w.segments > 1 ? static_cast<uint64_t>(w.pairs) * w.rows * 2 : 0;
+}
+
 // The kernel call for one split-K segment of a pair's keys, all of its rows; `partials` is
-// the pair's [segments][partial_floats]. (b, kv_head) are set by the caller.
+// the pair's [segments][partial_floats] (null for the weights pass). (b, kv_head) are set by the caller.
 KernelWork segment_work(const Problem& p, const WorkPlan& w, int32_t segment, float* partials) {
   KernelWork kw;
   kw.row_begin = 0, kw.row_end = w.rows;
   kw.key_begin = segment * kSegmentKeys;
   kw.key_end = std::min(p.kv_len, kw.key_begin + kSegmentKeys);
-  kw.partials = partials + static_cast<size_t>(segment) * w.partial_floats;
+  kw.partials = partials == nullptr ? nullptr : partials + static_cast<size_t>(segment) * w.partial_floats;
   return kw;
 }
 
 struct ForwardWork {
   const Problem* p;
   WorkPlan plan;
-  float* scratch;   // [threads][per_thread]
-  float* partials;  // [pairs][segments][partial_floats]
+  float* scratch;    // [threads][per_thread]
+  float* partials;   // [pairs][segments][partial_floats]
+  float* row_stats;  // [pairs][rows][2]: (m, l) of each row, with split_weights
 };
 
 void forward_item(void* context, int32_t item, int32_t thread) {
@@ -168,11 +179,28 @@ void forward_item(void* context, int32_t item, int32_t thread) {
   sdpa_f32_fwd_ukernel_4x512__wasmsimd(p, kw, fw.scratch + static_cast<size_t>(thread) * w.per_thread);
 }
 
+float* pair_row_stats(const ForwardWork& fw, int32_t pair) {
+  return fw.row_stats == nullptr ? nullptr : fw.row_stats + static_cast<size_t>(pair) * fw.plan.rows * 2;
+}
+
 void merge_item(void* context, int32_t pair, int32_t /*thread*/) {
   const ForwardWork& fw = *static_cast<const ForwardWork*>(context);
   const Problem& p = *fw.p;
   sdpa_f32_fwd_merge_partials(p, pair / p.kv_heads, pair % p.kv_heads, fw.plan.rows, fw.plan.segments,
-                              fw.partials + static_cast<size_t>(pair) * fw.plan.segments * fw.plan.partial_floats);
+                              fw.partials + static_cast<size_t>(pair) * fw.plan.segments * fw.plan.partial_floats,
+                              pair_row_stats(fw, pair));
+}
+
+// Split-K weights: the weights of one segment's keys for all of the pair's rows.
+void weights_item(void* context, int32_t item, int32_t thread) {
+  const ForwardWork& fw = *static_cast<const ForwardWork*>(context);
+  const Problem& p = *fw.p;
+  const WorkPlan& w = fw.plan;
+  const int32_t pair = item / w.segments;
+  KernelWork kw = segment_work(p, w, item % w.segments, nullptr);
+  kw.b = pair / p.kv_heads, kw.kv_head = pair % p.kv_heads;
+  sdpa_f32_fwd_weights_4x512__wasmsimd(p, kw, pair_row_stats(fw, pair),
+                                       fw.scratch + static_cast<size_t>(thread) * w.per_thread);
 }
 
 }  // namespace
@@ -181,7 +209,7 @@ bool reads_keys_in_place(const Problem& p) { return plan_work(p, 1).in_place; }
 
 uint64_t scratch_floats(const Problem& p, int32_t threads) {
   const WorkPlan w = plan_work(p, threads);
-  return w.per_thread * static_cast<uint64_t>(threads) + partials_total(w);
+  return w.per_thread * static_cast<uint64_t>(threads) + partials_total(w) + row_stats_total(w);
 }
 
 Status forward(const Problem& p, float* scratch, uint64_t scratch_size, ThreadPool* pool) {
@@ -190,14 +218,16 @@ Status forward(const Problem& p, float* scratch, uint64_t scratch_size, ThreadPo
   const int32_t threads = pool != nullptr ? pool->threads() : 1;
   if (scratch == nullptr || scratch_size < scratch_floats(p, threads)) return Status::kBadScratch;
 
-  ForwardWork fw{&p, plan_work(p, threads), scratch, nullptr};
+  ForwardWork fw{&p, plan_work(p, threads), scratch, nullptr, nullptr};
   fw.partials = scratch + fw.plan.per_thread * static_cast<size_t>(threads);
+  if (fw.plan.split_weights) fw.row_stats = fw.partials + partials_total(fw.plan);
   const int32_t items = fw.plan.pairs * (fw.plan.segments > 1 ? fw.plan.segments : fw.plan.blocks);
   const double multiply_adds = static_cast<double>(p.batch) * p.q_heads * p.q_len * p.kv_len *
                               (p.head_dim + p.value_dim);
   if (multiply_adds < kMinParallelMultiplyAdds) pool = nullptr;
   run_tasks(pool, items, forward_item, &fw);
   if (fw.plan.segments > 1) run_tasks(pool, fw.plan.pairs, merge_item, &fw);
+  if (fw.plan.split_weights) run_tasks(pool, items, weights_item, &fw);
   return Status::kOk;
 }
 

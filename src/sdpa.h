@@ -135,7 +135,9 @@ bool reads_keys_in_place(const Problem& p);
 
 // Number of floats of scratch that forward() needs on `threads` threads: per thread, the
 // packed K/V of one head (O(Lk·(E + Ev)); none on the decode path, which reads K/V in place)
-// plus O(tile) for the rest, and the split-K partial states; never O(Lq·Lk).
+// plus O(tile) for the rest, the split-K partial states and each row's final (m, l) for the
+// weights; never O(Lq·Lk). It depends on the shapes alone, not on which pointers are set, so a
+// caller may size the scratch before it has the addresses.
 // 64-bit even in wasm32, where a 32-bit size_t could wrap around for huge problems.
 uint64_t scratch_floats(const Problem& p, int32_t threads = 1);
 

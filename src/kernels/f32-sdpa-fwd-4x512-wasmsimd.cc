@@ -11,7 +11,9 @@
 // exp flushes weights under 2^-64 (of the row maximum's 1) to exact zeros, so no subnormal
 // number is ever made (src/math/f32-vexp-nonpositive-rr1-p5-wasmsimd.h).
 // Independent partial results (m, l, o) over disjoint key ranges merge exactly the same way
-// (split-K, for decoding: see merge_partials).
+// (split-K, for decoding: see merge_partials). The weights exp(s - m) / l need each row's
+// final m and l: a pass of their own after the online softmax, or after the merge, scores the
+// keys again (write_row_tile_weights).
 //
 // The rows of a tile are "flat rows" f = (h - first head of the KV group)·Lq + i: the query
 // rows of all heads sharing one KV head (GQA), so that a decode step (Lq = 1) with 4 query
@@ -800,6 +802,50 @@ void prepare_query_tile(const Problem& p, const RowTile& rt, bool packed_key, bo
   }
 }
 
+// weights[i][j] = exp(s_ij - m_i) / l_i for the keys [key_begin, key_end) of one row tile
+// (key_begin a multiple of kKeyTile), given each row's final maximum m (lane r of row_max)
+// and 1 / l (inv_sum[r]: 0 for a row that attended nothing), recomputing the scores tile by
+// tile: zeros for blocked keys, skipped tiles and empty rows. m is the maximum of these very
+// scores (one key's score has the same bits whichever pass or loop scores it), so every
+// exponent s - m is <= 0. The query rows are prepared here unless query_ready says the caller
+// has (attend_row_tile, after its online softmax). K is read again; V is not touched.
+template <typename Src>
+void write_row_tile_weights(const Problem& p, const RowTile& rt, const KeyValueSource<Src>& kv, int32_t key_begin,
+                            int32_t key_end, v128_t row_max, const float* inv_sum, bool query_ready,
+                            const Scratch& s, const ExpConstants& ec) {
+  assert(key_begin % kKeyTile == 0 && key_begin < key_end && key_end <= p.kv_len);
+  // Scoring in place touches each tile's V rows for a later P·V (score_tile_from); here there
+  // is none: an empty prefetch.
+  KeyValueSource<Src> keys = kv;
+  keys.value_cols = 0;
+  // A row still at -inf attended nothing: shift by 0, as the online softmax does.
+  const v128_t neg_inf = wasm_f32x4_splat(kNegInf);
+  const v128_t final_shift = wasm_v128_bitselect(wasm_f32x4_splat(0.0f), row_max, wasm_f32x4_eq(row_max, neg_inf));
+  for (int32_t j0 = key_begin; j0 < key_end; j0 += kKeyTile) {
+    const int32_t cols = std::min(kKeyTile, key_end - j0);
+    const TileBias tile =
+        j0 < rt.keys_end ? build_bias(p, rt, j0, s.bias) : TileBias{TileKind::kAllBlocked, 0, 0, 0};
+    if (tile.kind == TileKind::kAllBlocked) {
+      std::fill(s.scores, s.scores + kQueryTile * kKeyTile, 0.0f);
+    } else {
+      if (!query_ready) {
+        prepare_query_tile<Src>(p, rt, keys.packed_key != nullptr, keys.in_memory_order, s);
+        query_ready = true;
+      }
+      score_tile_from(keys, s.q_tile, s.q_cols, s.q_blocks, rt.rows, j0, std::min(kKeyTile, rt.keys_end - j0), p.head_dim,
+                      s.scores);
+      finish_scores(p, rt, j0, tile.kind, kKeyTile, s.bias, s.scores);
+      exponentiate_tile(s.scores, rt.rows, kKeyTile, final_shift, ec);
+    }
+    for (int r = 0; r < rt.rows; r++) {
+      float* dst = p.weights +
+                   ((static_cast<int64_t>(rt.b) * p.q_heads + rt.h[r]) * p.q_len + rt.i[r]) * p.kv_len + j0;
+      const float* src = s.scores + r * kKeyTile;
+      for (int32_t c = 0; c < cols; c++) dst[c] = src[c] * inv_sum[r];
+    }
+  }
+}
+
 // The online softmax of one row tile over keys [key_begin, rt.keys_end), then its output:
 // the normalised rows (and weights) when `partial` is null, else the unnormalised state
 // (m, l, o) of each row for merge_partials.
@@ -893,30 +939,7 @@ void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<S
   }
 
   if (p.weights == nullptr) return;
-  // weights[i][j] = exp(s_ij - m_i) / l_i, recomputing the scores tile by tile with the
-  // final m and l; zeros for blocked keys, skipped tiles and empty rows.
-  assert(key_begin == 0);
-  prepare_query();
-  const v128_t final_shift =
-      wasm_v128_bitselect(zero, running_max, wasm_f32x4_eq(running_max, neg_inf));
-  for (int32_t j0 = 0; j0 < p.kv_len; j0 += kKeyTile) {
-    const int32_t cols = std::min(kKeyTile, p.kv_len - j0);
-    const TileBias tile =
-        j0 < rt.keys_end ? build_bias(p, rt, j0, s.bias) : TileBias{TileKind::kAllBlocked, 0, 0, 0};
-    if (tile.kind == TileKind::kAllBlocked) {
-      std::fill(s.scores, s.scores + kQueryTile * kKeyTile, 0.0f);
-    } else {
-      score_tile_from(kv, s.q_tile, s.q_cols, s.q_blocks, rt.rows, j0, std::min(kKeyTile, rt.keys_end - j0), E, s.scores);
-      finish_scores(p, rt, j0, tile.kind, kKeyTile, s.bias, s.scores);
-      exponentiate_tile(s.scores, rt.rows, kKeyTile, final_shift, ec);
-    }
-    for (int r = 0; r < rt.rows; r++) {
-      float* dst = p.weights +
-                   ((static_cast<int64_t>(rt.b) * p.q_heads + rt.h[r]) * p.q_len + rt.i[r]) * p.kv_len + j0;
-      const float* src = s.scores + r * kKeyTile;
-      for (int32_t c = 0; c < cols; c++) dst[c] = src[c] * inv_sum[r];
-    }
-  }
+  write_row_tile_weights(p, rt, kv, 0, p.kv_len, running_max, inv_sum, query_ready, s, ec);
 }
 
 // Keys this batch may attend, and the causal frontier: row i may attend keys j < limit(i).
@@ -978,8 +1001,10 @@ int32_t interleaved_first_key(const Problem& p, const KernelWork& w, const RowLi
   return group_begin + (w.key_begin - group_begin) / kKeyTile * kSlice;
 }
 
-template <typename Src>
-void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
+// Sets up one call's scratch and K/V source (packing K/V if asked) and calls
+// row_tile_action(rt, f0, kv, s, ec) for each row tile of the work, f0 its first flat row.
+template <typename Src, typename RowTileAction>
+void for_each_row_tile(const Problem& p, const KernelWork& w, float* scratch_base, RowTileAction row_tile_action) {
   assert(p.head_dim >= 1 && p.value_dim >= 1 && p.q_len >= 1 && p.kv_len >= 1);
   assert(p.q_heads % p.kv_heads == 0);
   assert(w.b >= 0 && w.b < p.batch && w.kv_head >= 0 && w.kv_head < p.kv_heads);
@@ -988,7 +1013,6 @@ void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
   assert(0 <= w.key_begin && w.key_begin % kKeyTile == 0 && w.key_begin < w.key_end && w.key_end <= p.kv_len);
   assert(!w.pack || (w.key_begin == 0 && w.partials == nullptr));
   assert(w.stored_from <= w.key_begin && (!w.pack || w.stored_from == 0));
-  assert(w.partials == nullptr || p.weights == nullptr);
   assert(scratch_base != nullptr);
 
   const RowLimits limit_of = row_limits(p, w.b);
@@ -1034,9 +1058,38 @@ void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
       rt.limit[r] = r < rt.rows ? limit_of_flat(f) : 0;
       rt.keys_end = std::max(rt.keys_end, rt.limit[r]);
     }
-    float* partial = w.partials == nullptr ? nullptr : partial_row(p, w, f0);
-    attend_row_tile(p, rt, kv, w.key_begin, partial, s, ec);
+    row_tile_action(rt, f0, static_cast<const KeyValueSource<Src>&>(kv), static_cast<const Scratch&>(s), ec);
   }
+}
+
+// The online softmax of the work's row tiles (attend_row_tile).
+template <typename Src>
+void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
+  for_each_row_tile<Src>(p, w, scratch_base,
+                         [&](const RowTile& rt, int32_t f0, const KeyValueSource<Src>& kv, const Scratch& s,
+                             const ExpConstants& ec) {
+                           float* partial = w.partials == nullptr ? nullptr : partial_row(p, w, f0);
+                           attend_row_tile(p, rt, kv, w.key_begin, partial, s, ec);
+                         });
+}
+
+// The weights of the work's keys for its row tiles, from the rows' final (m, l) in
+// row_stats, [row_end - row_begin][2] from row_begin (write_row_tile_weights).
+template <typename Src>
+void run_weights_work(const Problem& p, const KernelWork& w, const float* row_stats, float* scratch_base) {
+  for_each_row_tile<Src>(
+      p, w, scratch_base,
+      [&](const RowTile& rt, int32_t f0, const KeyValueSource<Src>& kv, const Scratch& s, const ExpConstants& ec) {
+        float maxima[kQueryTile], inv_sum[kQueryTile];
+        for (int r = 0; r < kQueryTile; r++) {
+          maxima[r] = kNegInf, inv_sum[r] = 0.0f;  // padding rows: attend nothing
+          if (r >= rt.rows) continue;
+          const float* stats = row_stats + 2 * static_cast<size_t>(f0 - w.row_begin + r);
+          maxima[r] = stats[0];
+          inv_sum[r] = stats[1] == 0.0f ? 0.0f : 1.0f / stats[1];  // as attend_row_tile's
+        }
+        write_row_tile_weights(p, rt, kv, w.key_begin, w.key_end, wasm_v128_load(maxima), inv_sum, false, s, ec);
+      });
 }
 
 // Whether some row of the work may attend some key of [key_begin, key_end): a key before the
@@ -1113,6 +1166,35 @@ bool query_fits_scaled_halves(const Problem& p, const KernelWork& w) {
 
 }  // namespace
 
+namespace {
+
+template <typename T>
+struct ReaderTag {
+  using type = T;
+};
+
+// Calls run(ReaderTag<Src>{}) with the reader Src of K/V elements for this problem and work:
+// float32, or float16 widened (read as value·2^-112 where the queries allow it:
+// query_fits_scaled_halves). The choice depends on the problem and the work's rows only, so an
+// attend call and a weights call over the same rows read alike (and every reader gives a key's
+// score the same bits).
+template <typename Run>
+void with_element_reader(const Problem& p, const KernelWork& w, const Run& run) {
+  if (p.kv_type == KvType::kFloat16Finite) {
+    if (!w.pack && query_fits_scaled_halves(p, w)) {
+      run(ReaderTag<F16FiniteScaledElements>{});
+    } else {
+      run(ReaderTag<F16FiniteElements>{});
+    }
+  } else if (p.kv_type == KvType::kFloat16) {
+    run(ReaderTag<F16Elements>{});
+  } else {
+    run(ReaderTag<F32Elements>{});
+  }
+}
+
+}  // namespace
+
 void sdpa_f32_fwd_ukernel_4x512__wasmsimd(const Problem& p, const KernelWork& w, float* scratch) {
   // A split-K segment no row attends (past every row's key length or causal frontier, or
   // blocked by the mask: outside a sliding window) costs only this check and its empty
@@ -1121,21 +1203,19 @@ void sdpa_f32_fwd_ukernel_4x512__wasmsimd(const Problem& p, const KernelWork& w,
     write_empty_partials(p, w);
     return;
   }
-  if (p.kv_type == KvType::kFloat16Finite) {
-    if (!w.pack && query_fits_scaled_halves(p, w)) {
-      run_work<F16FiniteScaledElements>(p, w, scratch);
-    } else {
-      run_work<F16FiniteElements>(p, w, scratch);
-    }
-  } else if (p.kv_type == KvType::kFloat16) {
-    run_work<F16Elements>(p, w, scratch);
-  } else {
-    run_work<F32Elements>(p, w, scratch);
-  }
+  with_element_reader(p, w, [&](auto tag) { run_work<typename decltype(tag)::type>(p, w, scratch); });
+}
+
+void sdpa_f32_fwd_weights_4x512__wasmsimd(const Problem& p, const KernelWork& w, const float* row_stats,
+                                          float* scratch) {
+  assert(p.weights != nullptr && row_stats != nullptr && w.partials == nullptr);
+  with_element_reader(p, w, [&](auto tag) {
+    run_weights_work<typename decltype(tag)::type>(p, w, row_stats, scratch);
+  });
 }
 
 void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, int32_t rows,
-                                 int32_t segments, const float* partials) {
+                                 int32_t segments, const float* partials, float* row_stats) {
   // partials: [segments][ceil(rows / 4)][4][2 + Ev8], each row (m_s, l_s, o_s) over segment s.
   // With m = max_s m_s, the whole row is l = Σ_s exp(m_s - m)·l_s, o = Σ_s exp(m_s - m)·o_s;
   // segments with m_s = -inf are skipped (their exp would be NaN when m is -inf too): they
@@ -1180,6 +1260,7 @@ void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, i
         for (int32_t c = 0; c < Ev; c++) dst[c] += scale * part[2 + c];
       }
     }
+    if (row_stats != nullptr) row_stats[2 * f] = m, row_stats[2 * f + 1] = l;
     if (l == 0.0f) continue;  // every key of the row blocked: exact zeros
     const float inv_l = 1.0f / l;
     for (int32_t c = 0; c < Ev; c++) dst[c] *= inv_l;

@@ -17,10 +17,11 @@ struct KernelWork {
   int32_t key_begin = 0, key_end = 0;  // key_begin a multiple of kKeyTile; key_end <= Lk
   // Pack K/V into scratch first (worth it when many row tiles reuse them), or read in place.
   bool pack = false;
-  // Null: write output rows (and weights, which need the whole key range). Else a split-K
-  // segment: write each row's unnormalised (m, l, o) here, partial_floats(p) per row tile,
-  // for sdpa_f32_fwd_merge_partials (a row that attends nothing in the segment may leave o
-  // unwritten: with m = -inf its o is never read).
+  // Null: write output rows (and weights when p.weights is set, over the whole key range).
+  // Else a split-K segment: write each row's unnormalised (m, l, o) here, partial_floats(p)
+  // per row tile, for sdpa_f32_fwd_merge_partials (a row that attends nothing in the segment
+  // may leave o unwritten: with m = -inf its o is never read); no weights, which need the
+  // rows' final (m, l): sdpa_f32_fwd_weights_4x512__wasmsimd writes them after the merge.
   float* partials = nullptr;
   // Without pack: the key the K/V pointers of (b, kv_head) start at. 0 for the whole head;
   // key_begin for a streamed segment, whose keys alone were copied in (sdpa.h).
@@ -39,8 +40,16 @@ uint64_t sdpa_f32_fwd_4x512__wasmsimd_partial_floats(const Problem& p);
 void sdpa_f32_fwd_ukernel_4x512__wasmsimd(const Problem& p, const KernelWork& work, float* scratch);
 
 // Output rows [0, rows) of one (batch, KV head) from `segments` split-K calls' partials,
-// laid out [segments][row tiles][partial_floats / 4 per row].
+// laid out [segments][row tiles][partial_floats / 4 per row]. When row_stats is non-null, also
+// each row's final (m, l) there, [rows][2], for the weights.
 void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, int32_t rows,
-                                 int32_t segments, const float* partials);
+                                 int32_t segments, const float* partials, float* row_stats = nullptr);
+
+// The weights (p.weights) of keys [key_begin, key_end) for flat rows [row_begin, row_end) of
+// one (batch, KV head) (work.partials null): exp(s_ij - m_i) / l_i from
+// each row's final (m, l), row_stats [row_end - row_begin][2] as the merge writes them, the
+// scores recomputed. Scratch as for sdpa_f32_fwd_ukernel_4x512__wasmsimd.
+void sdpa_f32_fwd_weights_4x512__wasmsimd(const Problem& p, const KernelWork& work, const float* row_stats,
+                                          float* scratch);
 
 }  // namespace sdpa

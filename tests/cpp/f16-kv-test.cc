@@ -930,6 +930,19 @@ TEST(F16Kernel, DecodeReadsWholeOpenGroupsOfTilesInterleaved) {
         ThreadPool pool(2);
         ASSERT_EQ(two_threads.run(&pool), Status::kOk) << c.describe();
         EXPECT_TRUE(same_bits(finite.out, two_threads.out)) << c.describe();
+        // With weights (for two of the dims, to keep the test short): the segments are still
+        // read interleaved and the output keeps its bits; the weights pass scores the keys in
+        // key order, and the weights match the reference.
+        if ((e == 128 && ev == 128) || (e == 68 && ev == 36)) {
+          F16Case weighted_case = c;
+          weighted_case.weights = true;
+          F16Harness weighted(weighted_case);
+          weighted.p.read_kv_in_order = true;
+          weighted.p.kv_type = KvType::kFloat16Finite;
+          ASSERT_EQ(weighted.run(&pool), Status::kOk) << c.describe();
+          weighted.expect_matches_reference();
+          EXPECT_TRUE(same_bits(finite.out, weighted.out)) << c.describe() << ": with weights";
+        }
         if (e % 4 == 0 && ev % 4 == 0) {
           F16Harness in_key_order(c);
           in_key_order.p.read_kv_in_order = true;

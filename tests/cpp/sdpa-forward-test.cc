@@ -275,8 +275,8 @@ TEST(SdpaForward, DeterministicAndInputsUntouched) {
 }
 
 TEST(SdpaForward, DecodeReadsKeysInPlaceAndSplitsThemIntoSegments) {
-  // At most kDecodeMaxRowTiles row tiles per KV head: K/V are read in place, and without
-  // weights the keys are split into 512-key segments merged afterwards. Cover one and several
+  // At most kDecodeMaxRowTiles row tiles per KV head: K/V are read in place, and the keys
+  // are split into 512-key segments merged afterwards. Cover one and several
   // segments, a segment edge (511..513), GQA groups filling 1..8 rows (scored in place two
   // rows at a time, then the odd one) and up to 32 rows (8 row tiles, the last one partial
   // with 14 heads), a head dim that is not whole vectors, and everything that blocks keys.
@@ -302,6 +302,61 @@ TEST(SdpaForward, DecodeReadsKeysInPlaceAndSplitsThemIntoSegments) {
   Harness h(c);
   ASSERT_EQ(h.run(), Status::kOk);
   for (int e = 0; e < c.Ev; e++) EXPECT_EQ(h.output_at(0, 0, 0, e), 0.0f);
+}
+
+TEST(SdpaForward, DecodeWeightsLeaveTheOutputBitsUnchanged) {
+  // Split-K decode with weights: the segments are merged first, then a pass over the same
+  // segments writes each key's weight from its row's final (m, l). The output (and the
+  // log-sum-exp) must have the bits of the same call without weights, on one thread and
+  // three; the weights must match the reference (a row's weights sum to 1 within it), be zero
+  // for blocked keys and empty rows, and be the same bits for any thread count.
+  uint32_t seed = 5000;
+  for (int lk : {511, 512, 513, 1100, 2053})
+    for (auto hh : {std::pair<int, int>{1, 1}, {4, 1}, {6, 2}, {14, 1}})
+      for (int lq : {1, 2})
+        for (int variant = 0; variant < 3; variant++) {
+          Case c;
+          c.B = 2, c.Hq = hh.first, c.Hkv = hh.second, c.Lq = lq, c.Lk = lk, c.E = 20, c.Ev = 13, c.seed = seed++;
+          if (variant == 1) c.causal = true, c.offsets = {lk - lq - 600, lk - lq}, c.key_lengths = {lk, lk / 2};
+          if (variant == 2) {
+            c.mask_kind = MaskKind::kFloat, c.mask_dims = {c.B, 1, lq, lk}, c.mask_block_fraction = 0.5;
+            c.bshd = true, c.softcap = 3.0f;
+          }
+          Harness with_weights(c);
+          ASSERT_TRUE(reads_keys_in_place(with_weights.p)) << c.describe();
+          Problem sized_without_addresses = with_weights.p;  // as the bindings' callers size it
+          sized_without_addresses.weights = nullptr;
+          EXPECT_EQ(scratch_floats(sized_without_addresses, 3), scratch_floats(with_weights.p, 3)) << c.describe();
+          std::vector<float> lse_with(size_t(c.B) * c.Hq * c.Lq, kNaN), lse_without = lse_with;
+          with_weights.p.logsumexp = lse_with.data();
+          ASSERT_EQ(with_weights.run(), Status::kOk) << c.describe();
+          with_weights.expect_matches_reference();
+          Case no_weights_case = c;
+          no_weights_case.weights = false;
+          Harness without(no_weights_case);
+          without.p.logsumexp = lse_without.data();
+          ASSERT_EQ(without.run(), Status::kOk) << c.describe();
+          EXPECT_EQ(0, std::memcmp(without.out.data(), with_weights.out.data(), without.out.size() * sizeof(float)))
+              << c.describe();
+          EXPECT_EQ(0, std::memcmp(lse_without.data(), lse_with.data(), lse_with.size() * sizeof(float)))
+              << c.describe();
+          ThreadPool pool(3);
+          Harness threaded(c);
+          std::vector<float> scratch(scratch_floats(threaded.p, 3));
+          ASSERT_EQ(forward(threaded.p, scratch.data(), scratch.size(), &pool), Status::kOk) << c.describe();
+          EXPECT_EQ(0, std::memcmp(threaded.out.data(), with_weights.out.data(), threaded.out.size() * sizeof(float)))
+              << c.describe();
+          EXPECT_EQ(0, std::memcmp(threaded.weights.data(), with_weights.weights.data(),
+                                   threaded.weights.size() * sizeof(float)))
+              << c.describe();
+        }
+  // A row whose every key is blocked in every segment: zero output and zero weights.
+  Case c;
+  c.Lq = 1, c.Lk = 1500, c.causal = true, c.offsets = {-1};
+  Harness h(c);
+  ASSERT_EQ(h.run(), Status::kOk);
+  for (int e = 0; e < c.Ev; e++) EXPECT_EQ(h.output_at(0, 0, 0, e), 0.0f);
+  for (float w : h.weights) EXPECT_EQ(w, 0.0f);
 }
 
 // Runs h.p as a streamed decode: each segment's keys alone copied into a buffer of their
@@ -376,7 +431,7 @@ TEST(SdpaForward, SegmentCallsRejectWhatTheyCannotDo) {
   EXPECT_EQ(merge_segments(p, partials.data()), Status::kBadSegment);
   p = h.p;
   std::vector<float> weights(size_t(c.Hq) * c.Lk);
-  p.weights = weights.data();  // weights need every key at once
+  p.weights = weights.data();  // the streamed calls write no weights
   EXPECT_EQ(segment(p, 0), Status::kBadSegment);
   p = h.p;
   p.q_len = kDecodeMaxRowTiles + 1;  // 4 heads: more row tiles than a decode reads in place

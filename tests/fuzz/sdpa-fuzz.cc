@@ -23,7 +23,8 @@
 //
 // Besides the reference comparison, results that the contract says are bitwise identical
 // are compared bitwise: any thread count, kFloat16Finite against kFloat16 on data without
-// Inf/NaN halves, and the split-K path against forward(). One input in eight is turned
+// Inf/NaN halves, the output with weights against without, and the split-K path against
+// forward(). One input in eight is turned
 // into an invalid problem (one field broken: a size, a pointer, a stride, the scale, ...),
 // which must return the Status validate() documents and write nothing.
 #include <fuzzer/FuzzedDataProvider.h>
@@ -371,9 +372,21 @@ void run(const uint8_t* data, size_t size) {
     check_same(p, other.weights, buf.weights, "weights, kFloat16 against kFloat16Finite");
     check_same(p, other.logsumexp, buf.logsumexp, "logsumexp, kFloat16 against kFloat16Finite");
   }
-  if (p.batch == 1 && p.kv_heads == 1 && p.weights == nullptr && sdpa::reads_keys_in_place(p)) {
-    check_segments(p, buf, buf.output);
-  } else if (extra_checks & 4) {
+  if ((extra_checks & 16) && p.weights != nullptr) {  // weights or not: the same output bits
+    Problem without_weights = p;
+    without_weights.weights = nullptr;
+    const Result other = run_forward(without_weights, buf, threads, 0);
+    check_same(p, other.output, buf.output, "output without weights against with");
+    check_same(p, other.logsumexp, buf.logsumexp, "logsumexp without weights against with");
+  }
+  const bool one_pair_decode = p.batch == 1 && p.kv_heads == 1 && sdpa::reads_keys_in_place(p);
+  if (one_pair_decode) {
+    // The streamed calls write no weights; forward()'s output has the same bits either way.
+    Problem streamed = p;
+    streamed.weights = nullptr;
+    check_segments(streamed, buf, buf.output);
+  }
+  if ((extra_checks & 4) && (!one_pair_decode || p.weights != nullptr)) {
     // Not a single (batch, KV head) decode without weights: the split-K calls refuse it.
     std::vector<float> partials(16), scratch(16);
     const Status seg = sdpa::forward_segment(p, 0, partials.data(), scratch.data(), scratch.size());

@@ -116,7 +116,7 @@ describe('token-by-token decoding equals attention over the whole history', () =
     }
   });
 
-  test('one and two threads give bitwise the same outputs, float32 and float16, GQA and MHA', () => {
+  test('one and two threads give bitwise the same outputs, float32 and float16, GQA and MHA, with weights or not', () => {
     // GQA (4 query rows per tile) and MHA (one row per tile: the float16 tiles read in 8
     // streams, float32 in 2), each past 512 keys (split-K segments) and, for the single tokens
     // after the long chunk, 4e6 multiply-adds (the pool's threshold), with key counts that are
@@ -133,6 +133,14 @@ describe('token-by-token decoding equals attention over the whole history', () =
         const shape = { ...heads, E: 128, steps: [37, 1, 3, 1000, 1, 1], dtype, seed: 5 };
         const one = decode(attn, shape), two = decode(attn2, shape);
         one.results.forEach((r, s) => expect(firstDifference(two.results[s].got.output.data, r.got.output.data)).toBe(-1));
+        // With weights (written after the key segments are merged): the same output bits, and
+        // the same weights on one and two threads.
+        const weighted = { ...shape, options: () => ({ returnWeights: true }) };
+        const oneWeighted = decode(attn, weighted), twoWeighted = decode(attn2, weighted);
+        oneWeighted.results.forEach((r, s) => {
+          expect(firstDifference(r.got.output.data, one.results[s].got.output.data)).toBe(-1);
+          expect(firstDifference(twoWeighted.results[s].got.weights.data, r.got.weights.data)).toBe(-1);
+        });
       }
     }
   });

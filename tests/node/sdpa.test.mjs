@@ -717,14 +717,19 @@ describe('decode shapes: few query rows per KV head, long keys', () => {
     for (const Lk of LKS) {
       const seed = Hq * 100000 + Hkv * 10000 + Lq * 1000 + Lk;
       const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, seed);
-      check(q, k, v);
-      check(q, k, v, { returnWeights: true });
+      const plain = check(q, k, v);
+      const weighted = check(q, k, v, { returnWeights: true });
+      // The weights are written after the key segments are merged: the output keeps its bits
+      // (the call with weights runs forward() on copies, the one without streams segments).
+      expectBitwiseEqual(weighted.got.output.data, plain.got.output.data);
       check(q, k, v, { isCausal: true, causalOffset: Lk - Lq });
       // Only the first keys visible: later key segments attend nothing.
       check(q, k, v, { isCausal: true, causalOffset: Math.min(40, Lk) - Lq });
       check(q, k, v, { keyLengths: new Int32Array([Lk, Math.floor(Lk / 3)]) });
       check(q, k, v, { attnMask: floatMask([1, Hq, 1, Lk], seed + 1), softcap: 3 });
-      check(q, k, v, { attnMask: boolMask([B, Hq, Lq, Lk], seed + 2, 0.5), scale: 0.9 });
+      const masked = { attnMask: boolMask([B, Hq, Lq, Lk], seed + 2, 0.5), scale: 0.9 };
+      const maskedPlain = check(q, k, v, masked);
+      expectBitwiseEqual(check(q, k, v, { ...masked, returnWeights: true }).got.output.data, maskedPlain.got.output.data);
     }
   });
 
