@@ -307,9 +307,9 @@ TEST(SdpaForward, DecodeReadsKeysInPlaceAndSplitsThemIntoSegments) {
 TEST(SdpaForward, DecodeWeightsLeaveTheOutputBitsUnchanged) {
   // Split-K decode with weights: the segments are merged first, then a pass over the same
   // segments writes each key's weight from its row's final (m, l). The output (and the
-  // log-sum-exp) must have the bits of the same call without weights, on one thread and
-  // three; the weights must match the reference (a row's weights sum to 1 within it), be zero
-  // for blocked keys and empty rows, and be the same bits for any thread count.
+  // log-sum-exp) must have the bits of the same call without weights; the weights must match
+  // the reference (a row's weights sum to 1 within it), be zero for blocked keys and empty
+  // rows, and be the same bits for any thread count.
   uint32_t seed = 5000;
   for (int lk : {511, 512, 513, 1100, 2053})
     for (auto hh : {std::pair<int, int>{1, 1}, {4, 1}, {6, 2}, {14, 1}})
@@ -340,16 +340,34 @@ TEST(SdpaForward, DecodeWeightsLeaveTheOutputBitsUnchanged) {
               << c.describe();
           EXPECT_EQ(0, std::memcmp(lse_without.data(), lse_with.data(), lse_with.size() * sizeof(float)))
               << c.describe();
-          ThreadPool pool(3);
-          Harness threaded(c);
-          std::vector<float> scratch(scratch_floats(threaded.p, 3));
-          ASSERT_EQ(forward(threaded.p, scratch.data(), scratch.size(), &pool), Status::kOk) << c.describe();
-          EXPECT_EQ(0, std::memcmp(threaded.out.data(), with_weights.out.data(), threaded.out.size() * sizeof(float)))
-              << c.describe();
-          EXPECT_EQ(0, std::memcmp(threaded.weights.data(), with_weights.weights.data(),
-                                   threaded.weights.size() * sizeof(float)))
-              << c.describe();
         }
+  // Threads: problems above the size under which forward() stays on the calling thread (4e6
+  // multiply-adds, src/sdpa.cc), so the segments' three passes run on the pool's threads.
+  for (int variant = 0; variant < 3; variant++) {
+    Case c;
+    c.B = 2, c.Hq = 8, c.Hkv = 2, c.Lq = 1, c.Lk = 5000, c.E = 64, c.Ev = 64, c.seed = seed++;
+    if (variant == 1) c.causal = true, c.offsets = {-1, 4000}, c.key_lengths = {5000, 2100};
+    if (variant == 2) c.mask_kind = MaskKind::kBool, c.mask_dims = {c.B, c.Hq, 1, c.Lk}, c.mask_block_fraction = 0.5;
+    ASSERT_GT(double(c.B) * c.Hq * c.Lq * c.Lk * (c.E + c.Ev), 4e6);
+    Harness single(c);
+    ASSERT_EQ(single.run(), Status::kOk) << c.describe();
+    single.expect_matches_reference();
+    Case no_weights_case = c;
+    no_weights_case.weights = false;
+    Harness without(no_weights_case);
+    ASSERT_EQ(without.run(), Status::kOk) << c.describe();
+    EXPECT_EQ(0, std::memcmp(without.out.data(), single.out.data(), single.out.size() * sizeof(float))) << c.describe();
+    for (int threads : {2, 3}) {
+      ThreadPool pool(threads);
+      Harness threaded(c);
+      std::vector<float> scratch(scratch_floats(threaded.p, threads));
+      ASSERT_EQ(forward(threaded.p, scratch.data(), scratch.size(), &pool), Status::kOk) << c.describe();
+      EXPECT_EQ(0, std::memcmp(threaded.out.data(), single.out.data(), single.out.size() * sizeof(float)))
+          << c.describe() << " threads " << threads;
+      EXPECT_EQ(0, std::memcmp(threaded.weights.data(), single.weights.data(), single.weights.size() * sizeof(float)))
+          << c.describe() << " threads " << threads;
+    }
+  }
   // A row whose every key is blocked in every segment: zero output and zero weights.
   Case c;
   c.Lq = 1, c.Lk = 1500, c.causal = true, c.offsets = {-1};
