@@ -137,7 +137,8 @@ uint64_t row_stats_total(const WorkPlan& w) {
 }
 
 // The kernel call for one split-K segment of a pair's keys, all of its rows; `partials` is
-// the pair's [segments][partial_floats] (null for the weights pass). (b, kv_head) are set by the caller.
+// the pair's [segments][partial_floats] (null for the weights pass). (b, kv_head) are set by
+// the caller.
 KernelWork segment_work(const Problem& p, const WorkPlan& w, int32_t segment, float* partials) {
   KernelWork kw;
   kw.row_begin = 0, kw.row_end = w.rows;

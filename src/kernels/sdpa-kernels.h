@@ -46,9 +46,9 @@ void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, i
                                  int32_t segments, const float* partials, float* row_stats = nullptr);
 
 // The weights (p.weights) of keys [key_begin, key_end) for flat rows [row_begin, row_end) of
-// one (batch, KV head) (work.partials null): exp(s_ij - m_i) / l_i from
-// each row's final (m, l), row_stats [row_end - row_begin][2] as the merge writes them, the
-// scores recomputed. Scratch as for sdpa_f32_fwd_ukernel_4x512__wasmsimd.
+// one (batch, KV head) (work.partials null): exp(s_ij - m_i) / l_i from each row's final
+// (m, l), row_stats [row_end - row_begin][2] as the merge writes them, the scores recomputed.
+// Scratch as for sdpa_f32_fwd_ukernel_4x512__wasmsimd.
 void sdpa_f32_fwd_weights_4x512__wasmsimd(const Problem& p, const KernelWork& work, const float* row_stats,
                                           float* scratch);
 
