@@ -204,6 +204,21 @@ void weights_item(void* context, int32_t item, int32_t thread) {
                                        fw.scratch + static_cast<size_t>(thread) * w.per_thread);
 }
 
+// Split-K with weights: one item per pair runs the pair's segments, their merge, then its
+// weights, on one thread, so that the weights pass rescores keys the segments have just brought
+// into cache. Over all pairs, three passes (segments, merges, weights) re-read the keys from
+// main memory: 1.06–1.08× the time of a decode step with weights (MHA 4096 E128) on one
+// thread and 1.13× on two (float32 cache), in A/B runs on the AMD EPYC Zen 5 host (family 26,
+// model 2); a pool run per pair over its segments took 1.18× on two threads (two waits per
+// pair). Parallel over pairs, as the unsplit decode with weights was.
+void pair_with_weights_item(void* context, int32_t pair, int32_t thread) {
+  const ForwardWork& fw = *static_cast<const ForwardWork*>(context);
+  const int32_t segments = fw.plan.segments;
+  for (int32_t segment = 0; segment < segments; segment++) forward_item(context, pair * segments + segment, thread);
+  merge_item(context, pair, thread);
+  for (int32_t segment = 0; segment < segments; segment++) weights_item(context, pair * segments + segment, thread);
+}
+
 }  // namespace
 
 bool reads_keys_in_place(const Problem& p) { return plan_work(p, 1).in_place; }
@@ -226,9 +241,12 @@ Status forward(const Problem& p, float* scratch, uint64_t scratch_size, ThreadPo
   const double multiply_adds = static_cast<double>(p.batch) * p.q_heads * p.q_len * p.kv_len *
                               (p.head_dim + p.value_dim);
   if (multiply_adds < kMinParallelMultiplyAdds) pool = nullptr;
+  if (fw.plan.split_weights) {
+    run_tasks(pool, fw.plan.pairs, pair_with_weights_item, &fw);
+    return Status::kOk;
+  }
   run_tasks(pool, items, forward_item, &fw);
   if (fw.plan.segments > 1) run_tasks(pool, fw.plan.pairs, merge_item, &fw);
-  if (fw.plan.split_weights) run_tasks(pool, items, weights_item, &fw);
   return Status::kOk;
 }
 

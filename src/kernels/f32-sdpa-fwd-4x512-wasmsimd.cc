@@ -810,7 +810,7 @@ void prepare_query_tile(const Problem& p, const RowTile& rt, bool packed_key, bo
 // exponent s - m is <= 0. The query rows are prepared here unless query_ready says the caller
 // has (attend_row_tile, after its online softmax). K is read again; V is not touched.
 template <typename Src>
-void write_row_tile_weights(const Problem& p, const RowTile& rt, const KeyValueSource<Src>& kv, int32_t key_begin,
+__attribute__((noinline)) void write_row_tile_weights(const Problem& p, const RowTile& rt, const KeyValueSource<Src>& kv, int32_t key_begin,
                             int32_t key_end, v128_t row_max, const float* inv_sum, bool query_ready,
                             const Scratch& s, const ExpConstants& ec) {
   assert(key_begin % kKeyTile == 0 && key_begin < key_end && key_end <= p.kv_len);
@@ -849,8 +849,11 @@ void write_row_tile_weights(const Problem& p, const RowTile& rt, const KeyValueS
 // The online softmax of one row tile over keys [key_begin, rt.keys_end), then its output:
 // the normalised rows (and weights) when `partial` is null, else the unnormalised state
 // (m, l, o) of each row for merge_partials.
+// Not inlined into run_work, which also runs the weights pass: inlined there, the four readers'
+// copies made the relaxed build 8.7 kB larger; the A/B runs of prefill and decode timed the two
+// forms alike (0.97–1.02×).
 template <typename Src>
-void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<Src>& kv,
+__attribute__((noinline)) void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<Src>& kv,
                      int32_t key_begin, float* partial, const Scratch& s, const ExpConstants& ec) {
   const int32_t E = p.head_dim, Ev = p.value_dim, ev8 = value_cols_padded(p);
   // The query rows in the forms the scoring reads, made before the first tile that is scored
@@ -1001,10 +1004,12 @@ int32_t interleaved_first_key(const Problem& p, const KernelWork& w, const RowLi
   return group_begin + (w.key_begin - group_begin) / kKeyTile * kSlice;
 }
 
-// Sets up one call's scratch and K/V source (packing K/V if asked) and calls
-// row_tile_action(rt, f0, kv, s, ec) for each row tile of the work, f0 its first flat row.
-template <typename Src, typename RowTileAction>
-void for_each_row_tile(const Problem& p, const KernelWork& w, float* scratch_base, RowTileAction row_tile_action) {
+// One call of the kernel: sets up the scratch and the K/V source (packing K/V if asked), then
+// for each row tile of the work either its online softmax (attend_row_tile: row_stats null)
+// or, after a split-K merge, its weights from the rows' final (m, l) in row_stats,
+// [row_end - row_begin][2] from row_begin (write_row_tile_weights).
+template <typename Src>
+void run_work(const Problem& p, const KernelWork& w, const float* row_stats, float* scratch_base) {
   assert(p.head_dim >= 1 && p.value_dim >= 1 && p.q_len >= 1 && p.kv_len >= 1);
   assert(p.q_heads % p.kv_heads == 0);
   assert(w.b >= 0 && w.b < p.batch && w.kv_head >= 0 && w.kv_head < p.kv_heads);
@@ -1058,38 +1063,21 @@ void for_each_row_tile(const Problem& p, const KernelWork& w, float* scratch_bas
       rt.limit[r] = r < rt.rows ? limit_of_flat(f) : 0;
       rt.keys_end = std::max(rt.keys_end, rt.limit[r]);
     }
-    row_tile_action(rt, f0, static_cast<const KeyValueSource<Src>&>(kv), static_cast<const Scratch&>(s), ec);
+    if (row_stats == nullptr) {
+      float* partial = w.partials == nullptr ? nullptr : partial_row(p, w, f0);
+      attend_row_tile(p, rt, kv, w.key_begin, partial, s, ec);
+      continue;
+    }
+    float maxima[kQueryTile], inv_sum[kQueryTile];
+    for (int r = 0; r < kQueryTile; r++) {
+      maxima[r] = kNegInf, inv_sum[r] = 0.0f;  // padding rows: attend nothing
+      if (r >= rt.rows) continue;
+      const float* stats = row_stats + 2 * static_cast<size_t>(f0 - w.row_begin + r);
+      maxima[r] = stats[0];
+      inv_sum[r] = stats[1] == 0.0f ? 0.0f : 1.0f / stats[1];  // as attend_row_tile's
+    }
+    write_row_tile_weights(p, rt, kv, w.key_begin, w.key_end, wasm_v128_load(maxima), inv_sum, false, s, ec);
   }
-}
-
-// The online softmax of the work's row tiles (attend_row_tile).
-template <typename Src>
-void run_work(const Problem& p, const KernelWork& w, float* scratch_base) {
-  for_each_row_tile<Src>(p, w, scratch_base,
-                         [&](const RowTile& rt, int32_t f0, const KeyValueSource<Src>& kv, const Scratch& s,
-                             const ExpConstants& ec) {
-                           float* partial = w.partials == nullptr ? nullptr : partial_row(p, w, f0);
-                           attend_row_tile(p, rt, kv, w.key_begin, partial, s, ec);
-                         });
-}
-
-// The weights of the work's keys for its row tiles, from the rows' final (m, l) in
-// row_stats, [row_end - row_begin][2] from row_begin (write_row_tile_weights).
-template <typename Src>
-void run_weights_work(const Problem& p, const KernelWork& w, const float* row_stats, float* scratch_base) {
-  for_each_row_tile<Src>(
-      p, w, scratch_base,
-      [&](const RowTile& rt, int32_t f0, const KeyValueSource<Src>& kv, const Scratch& s, const ExpConstants& ec) {
-        float maxima[kQueryTile], inv_sum[kQueryTile];
-        for (int r = 0; r < kQueryTile; r++) {
-          maxima[r] = kNegInf, inv_sum[r] = 0.0f;  // padding rows: attend nothing
-          if (r >= rt.rows) continue;
-          const float* stats = row_stats + 2 * static_cast<size_t>(f0 - w.row_begin + r);
-          maxima[r] = stats[0];
-          inv_sum[r] = stats[1] == 0.0f ? 0.0f : 1.0f / stats[1];  // as attend_row_tile's
-        }
-        write_row_tile_weights(p, rt, kv, w.key_begin, w.key_end, wasm_v128_load(maxima), inv_sum, false, s, ec);
-      });
 }
 
 // Whether some row of the work may attend some key of [key_begin, key_end): a key before the
@@ -1203,14 +1191,14 @@ void sdpa_f32_fwd_ukernel_4x512__wasmsimd(const Problem& p, const KernelWork& w,
     write_empty_partials(p, w);
     return;
   }
-  with_element_reader(p, w, [&](auto tag) { run_work<typename decltype(tag)::type>(p, w, scratch); });
+  with_element_reader(p, w, [&](auto tag) { run_work<typename decltype(tag)::type>(p, w, nullptr, scratch); });
 }
 
 void sdpa_f32_fwd_weights_4x512__wasmsimd(const Problem& p, const KernelWork& w, const float* row_stats,
                                           float* scratch) {
   assert(p.weights != nullptr && row_stats != nullptr && w.partials == nullptr);
   with_element_reader(p, w, [&](auto tag) {
-    run_weights_work<typename decltype(tag)::type>(p, w, row_stats, scratch);
+    run_work<typename decltype(tag)::type>(p, w, row_stats, scratch);
   });
 }
 

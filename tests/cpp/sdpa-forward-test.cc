@@ -342,7 +342,8 @@ TEST(SdpaForward, DecodeWeightsLeaveTheOutputBitsUnchanged) {
               << c.describe();
         }
   // Threads: problems above the size under which forward() stays on the calling thread (4e6
-  // multiply-adds, src/sdpa.cc), so the segments' three passes run on the pool's threads.
+  // multiply-adds, src/sdpa.cc), so the pairs (each: its segments, merge, weights) run on the
+  // pool's threads.
   for (int variant = 0; variant < 3; variant++) {
     Case c;
     c.B = 2, c.Hq = 8, c.Hkv = 2, c.Lq = 1, c.Lk = 5000, c.E = 64, c.Ev = 64, c.seed = seed++;
