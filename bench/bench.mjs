@@ -66,12 +66,13 @@ settings.coreProbeMs = quick ? 100 : 150;  // a window of the two-worker peak pr
 // The project's two-thread targets (README): on shape (c), sdpa-wasm on two threads >= 1.7x
 // its own one-thread speed and >= 1.4x faster than onnxruntime-web on two threads.
 const TWO_THREAD_TARGETS = { shape: 'c', speedup: 1.7, vsOrt: 1.4 };
-// The one-thread targets: on (b) and (c) >= 1.55x onnxruntime-web and >= 80% of the SIMD peak;
+// The one-thread targets: on (b) and (c) >= 1.55x onnxruntime-web and >= 80% of the SIMD peak
+// (the core's issue), >= 75% of it (the relaxed-SIMD issue's target for the portable build);
 // causal (e), (f) >= 1.9x faster than the non-causal run at the same N ((b), (c)); decode (d),
 // (g) >= 2x onnxruntime-web.
 const ONE_THREAD_TARGETS = {
   vsOrt: { b: 1.55, c: 1.55, d: 2, g: 2 },
-  peak: { b: 0.8, c: 0.8 },
+  peak: { b: [0.8, 0.75], c: [0.8, 0.75] },
   causalSpeedup: { e: ['b', 1.9], f: ['c', 1.9] },
   // The relaxed-SIMD build (FMA), where this Node runs it: against onnxruntime-web and the FMA peak.
   relaxedVsOrt: { b: 2.2, c: 2.2 },
@@ -451,8 +452,8 @@ function twoThreadSummary(e) {
   }
   if (e.id === TWO_THREAD_TARGETS.shape) {
     t.targets = {
-      speedup: { target: TWO_THREAD_TARGETS.speedup, value: t.sdpaSpeedup, met: t.sdpaSpeedup !== null && t.sdpaSpeedup >= TWO_THREAD_TARGETS.speedup },
-      vsOrt2t: { target: TWO_THREAD_TARGETS.vsOrt, value: t.sdpa2tVsOrt2t, met: t.sdpa2tVsOrt2t !== null && t.sdpa2tVsOrt2t >= TWO_THREAD_TARGETS.vsOrt },
+      speedup: { target: TWO_THREAD_TARGETS.speedup, value: t.sdpaSpeedup, met: t.sdpaSpeedup === null ? null : t.sdpaSpeedup >= TWO_THREAD_TARGETS.speedup },
+      vsOrt2t: { target: TWO_THREAD_TARGETS.vsOrt, value: t.sdpa2tVsOrt2t, met: t.sdpa2tVsOrt2t === null ? null : t.sdpa2tVsOrt2t >= TWO_THREAD_TARGETS.vsOrt },
     };
   }
   return t;
@@ -582,7 +583,7 @@ const oneThreadTargets = [];
   const byId = Object.fromEntries(results.map((e) => [e.id, e]));
   const ok = (e, name) => (e?.peers[name]?.status === 'ok' ? e.peers[name] : null);
   const check = (what, value, target, ceiling = null) =>
-    oneThreadTargets.push({ what, value, target, met: value !== null && value >= target, ...(ceiling ? { ceiling } : {}) });
+    oneThreadTargets.push({ what, value, target, met: value === null ? null : value >= target, ...(ceiling ? { ceiling } : {}) });
   // A prefill's ratio to onnxruntime-web if the whole call (both matmuls, nothing else: no softmax,
   // no copies) ran at the score micro-kernel's rate (tileGflops) in this run: its ceiling on this host.
   const ceiling = (e, tileGflops) => {
@@ -592,26 +593,35 @@ const oneThreadTargets = [];
   for (const [id, target] of Object.entries(ONE_THREAD_TARGETS.vsOrt)) {
     if (byId[id]) check(`(${id}) ÷ onnxruntime-web`, byId[id].ratios?.['onnxruntime-web'] ?? null, target, ceiling(byId[id], limits.scoreTileGflops));
   }
-  for (const [id, target] of Object.entries(ONE_THREAD_TARGETS.peak)) {
-    if (byId[id]) check(`(${id}) of the peak`, ok(byId[id], 'sdpa-wasm')?.fractionOfPeak ?? null, target);
+  for (const [id, targets] of Object.entries(ONE_THREAD_TARGETS.peak)) {
+    for (const target of targets) {
+      if (byId[id]) check(`(${id}) of the peak`, ok(byId[id], 'sdpa-wasm')?.fractionOfPeak ?? null, target);
+    }
   }
-  // The relaxed-SIMD build (issue: relaxed builds), where this Node runs it.
+  // The relaxed-SIMD build (issue: relaxed builds), where this Node runs it: a build that did not
+  // load here (no relaxed SIMD in this Node) is not measured, so it has no target line.
+  const relaxedRan = (e) => e?.peers['sdpa-wasm-relaxed'] && !e.peers['sdpa-wasm-relaxed'].reason?.startsWith('peer failed to load');
   for (const [id, target] of Object.entries(ONE_THREAD_TARGETS.relaxedVsOrt)) {
     const e = byId[id], r = ok(e, 'sdpa-wasm-relaxed'), o = ok(e, 'onnxruntime-web');
-    if (e && e.peers['sdpa-wasm-relaxed']) {
+    if (relaxedRan(e)) {
       check(`(${id}) relaxed build ÷ onnxruntime-web`, r && o ? o.medianMs / r.medianMs : null, target, ceiling(e, limits.fmaScoreTileGflops));
     }
   }
   for (const [id, target] of Object.entries(ONE_THREAD_TARGETS.relaxedPeak)) {
     const e = byId[id];
-    if (e && e.peers['sdpa-wasm-relaxed']) check(`(${id}) relaxed build of the FMA peak`, ok(e, 'sdpa-wasm-relaxed')?.fractionOfPeak ?? null, target);
+    if (relaxedRan(e)) check(`(${id}) relaxed build of the FMA peak`, ok(e, 'sdpa-wasm-relaxed')?.fractionOfPeak ?? null, target);
   }
-  // The causal speed-up from the same rounds (sdpa-wasm-not-causal on the causal shape); the
-  // ratio of the two shapes' medians, measured minutes apart, only when that is missing.
+  // The causal speed-up from the same rounds: the not-causal twin (sdpa-wasm-not-causal on the
+  // causal shape, an sdpa(…, { out }) call) against the causal shape's own sdpa(…, { out })
+  // variant, the same call (not the faster of its two variants, which would bias the causal
+  // time down); the ratio of the two shapes' medians, measured minutes apart, only when the
+  // twin is missing.
   for (const [id, [base, target]] of Object.entries(ONE_THREAD_TARGETS.causalSpeedup)) {
-    const sameRounds = byId[id]?.ratios?.['sdpa-wasm-not-causal'];
-    if (sameRounds) {
-      check(`(${id}) faster than not causal, same rounds`, sameRounds, target);
+    const twin = ok(byId[id], 'sdpa-wasm-not-causal');
+    const causalOut = (byId[id]?.peers['sdpa-wasm']?.variants ?? [byId[id]?.peers['sdpa-wasm']])
+      .find((v) => v?.status === 'ok' && v.variant === 'sdpa(…, { out })');
+    if (twin && causalOut) {
+      check(`(${id}) faster than not causal, same rounds`, twin.medianMs / causalOut.medianMs, target);
     } else if (byId[id] && byId[base]) {
       const c = ok(byId[id], 'sdpa-wasm'), n = ok(byId[base], 'sdpa-wasm');
       check(`(${id}) faster than (${base})`, c && n ? n.medianMs / c.medianMs : null, target);
@@ -620,7 +630,7 @@ const oneThreadTargets = [];
   if (oneThreadTargets.length) {
     const fmt = (t) => (t.what.endsWith('peak') ? `${(100 * t.value).toFixed(0)}% (>= ${100 * t.target}%)` : `${fmtX(t.value)} (>= ${t.target}×)`);
     const bound = (t) => (t.ceiling ? ` (ceiling ${fmtX(t.ceiling)}${t.ceiling < t.target ? ': out of reach on this host' : ''})` : '');
-    console.log(`  targets, one thread: ${oneThreadTargets.map((t) => `${t.what} ${t.value === null ? '-' : fmt(t)} ${t.met ? 'met' : 'NOT met'}${bound(t)}`).join('; ')}`);
+    console.log(`  targets, one thread: ${oneThreadTargets.map((t) => `${t.what} ${t.value === null ? 'not measured' : `${fmt(t)} ${t.met ? 'met' : 'NOT met'}`}${bound(t)}`).join('; ')}`);
     if (oneThreadTargets.some((t) => t.ceiling)) {
       console.log(`  ceiling: the ratio if the whole call ran at the score micro-kernel's rate in this run (mul+add ` +
         `${limits.scoreTileGflops.toFixed(1)}${limits.fmaScoreTileGflops ? `, relaxed_madd ${limits.fmaScoreTileGflops.toFixed(1)}` : ''} GFLOP/s: ` +
@@ -648,8 +658,9 @@ if (twoThreadResults.length) {
   const target = twoThreadResults.find((e) => e.twoThreads.targets);
   if (target) {
     const { speedup, vsOrt2t } = target.twoThreads.targets;
-    console.log(`  targets on (${target.id}) ${target.name}: sdpa-wasm-2t >= ${speedup.target}× its one-thread speed: ${fmtX(speedup.value)} ` +
-      `${speedup.met ? 'met' : 'NOT met'}; >= ${vsOrt2t.target}× onnxruntime-web-2t: ${fmtX(vsOrt2t.value)} ${vsOrt2t.met ? 'met' : 'NOT met'}`);
+    const verdict = (t) => (t.met === null ? 'not measured' : `${fmtX(t.value)} ${t.met ? 'met' : 'NOT met'}`);
+    console.log(`  targets on (${target.id}) ${target.name}: sdpa-wasm-2t >= ${speedup.target}× its one-thread speed: ${verdict(speedup)}; ` +
+      `>= ${vsOrt2t.target}× onnxruntime-web-2t: ${verdict(vsOrt2t)}`);
   } else {
     console.log(`  targets on (${TWO_THREAD_TARGETS.shape}): not measured in this run`);
   }
