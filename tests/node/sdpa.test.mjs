@@ -956,14 +956,20 @@ describe('thread counts', () => {
   test('threads 1, 2 and 3 give bitwise-identical results, all matching the reference', async () => {
     const instances = await Promise.all([1, 2, 3].map((threads) => createAttention({ threads })));
     try {
+      // All but the tiny fourth case are above the 4e6 multiply-adds (B·Hq·Lq·Lk·(E + Ev))
+      // under which a call stays on the calling thread (src/sdpa.cc), so the pool does the work.
       const cases = [
-        [{ B: 1, Hq: 1, Lq: 300, Lk: 300, E: 16, Ev: 8 }, { isCausal: true, returnWeights: true }],
-        [{ B: 2, Hq: 6, Hkv: 2, Lq: 70, Lk: 45, E: 9, Ev: 5 }, { attnMask: floatMask([70, 45], 271), keyLengths: new Int32Array([45, 30]) }],
+        [{ B: 2, Hq: 1, Lq: 300, Lk: 300, E: 16, Ev: 8 }, { isCausal: true, returnWeights: true }],
+        [{ B: 2, Hq: 6, Hkv: 2, Lq: 70, Lk: 450, E: 9, Ev: 5 }, { attnMask: floatMask([70, 450], 271), keyLengths: new Int32Array([450, 300]) }],
         [{ B: 3, Hq: 2, Hkv: 1, Lq: 129, Lk: 257, E: 32, Ev: 32 }, { isCausal: true, causalOffset: new Int32Array([-5, 128, 0]), softcap: 6 }],
         [{ B: 1, Hq: 1, Lq: 3, Lk: 64, E: 4, Ev: 4 }, {}],
-        [{ B: 2, Hq: 8, Hkv: 1, Lq: 1, Lk: 2100, E: 16, Ev: 16 }, { keyLengths: new Int32Array([2100, 700]) }],
-        [{ B: 1, Hq: 4, Hkv: 2, Lq: 2, Lk: 1500, E: 8, Ev: 8 }, { isCausal: true, causalOffset: 1000 }],
+        [{ B: 2, Hq: 8, Hkv: 1, Lq: 1, Lk: 2100, E: 64, Ev: 64 }, { keyLengths: new Int32Array([2100, 700]) }],
+        [{ B: 2, Hq: 8, Hkv: 1, Lq: 1, Lk: 2100, E: 64, Ev: 64 }, { keyLengths: new Int32Array([2100, 700]), returnWeights: true }],
+        [{ B: 1, Hq: 16, Hkv: 2, Lq: 2, Lk: 1500, E: 64, Ev: 64 }, { isCausal: true, causalOffset: 1000 }],
       ];
+      for (const [d] of cases.filter((_, i) => i !== 3)) {
+        expect(d.B * d.Hq * d.Lq * d.Lk * (d.E + d.Ev)).toBeGreaterThan(4e6);
+      }
       for (const [dims, options] of cases) {
         const { q, k, v } = problem(dims, 270 + dims.Lq);
         const results = instances.map((instance) => instance.sdpa(q, k, v, options));
