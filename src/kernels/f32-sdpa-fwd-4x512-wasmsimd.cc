@@ -1152,10 +1152,6 @@ bool query_fits_scaled_halves(const Problem& p, const KernelWork& w) {
   return !wasm_v128_any_true(too_large);
 }
 
-}  // namespace
-
-namespace {
-
 template <typename T>
 struct ReaderTag {
   using type = T;
