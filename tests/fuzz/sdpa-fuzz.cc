@@ -24,9 +24,9 @@
 // Besides the reference comparison, results that the contract says are bitwise identical
 // are compared bitwise: any thread count, kFloat16Finite against kFloat16 on data without
 // Inf/NaN halves, the output with weights against without, and the split-K path against
-// forward(). One input in eight is turned
-// into an invalid problem (one field broken: a size, a pointer, a stride, the scale, ...),
-// which must return the Status validate() documents and write nothing.
+// forward(). One input in eight is turned into an invalid problem (one field broken: a size,
+// a pointer, a stride, the scale, ...), which must return the Status validate() documents and
+// write nothing.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
