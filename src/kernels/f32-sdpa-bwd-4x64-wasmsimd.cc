@@ -50,6 +50,10 @@ constexpr int kTile = kBackwardKeyTile;
 // accumulator of dK/dV then stays in a register over 16 rows instead of being loaded and stored
 // for every row tile.
 constexpr int kGroupRows = 4 * kQueryTile;
+// Rows whose statistics the row statistics kernel recomputes together: each 64-key tile of K is
+// packed once for them all (packing, scalar, cost about as much as scoring it for one row tile).
+constexpr int kStatsGroupRows = 16 * kQueryTile;
+constexpr int kStatsGroupTiles = kStatsGroupRows / kQueryTile;
 
 uint64_t align4(uint64_t n) { return (n + 3) / 4 * 4; }
 
@@ -465,8 +469,10 @@ void accumulate_dq(const float* ds, const float* key, int64_t k_stride, int32_t 
 //   k_packed  [keys/8][E][8], v_packed [keys/8][Ev][8]   keys: one tile (dK/dV and fused
 //                                                        kernels), or round_up(Lk, tile) (dQ kernel)
 //   rows      PreparedRows of T tiles: every row of the pair (fused kernel), a group of
-//             kGroupRows rows (dK/dV kernel), one tile (dQ kernel)
-//   s, dp [G][kTile], tanh_r [4][kTile]    p and ds of a group of G rows (kGroupRows; dQ: 4)
+//             kGroupRows rows (dK/dV kernel), one tile (dQ kernel), a group of kStatsGroupRows
+//             rows (row statistics)
+//   s, dp [G][kTile], tanh_r [4][kTile]    p and ds of a group of G rows (kGroupRows; dQ: 4),
+//                                          the scores of one row tile (row statistics: G = 4)
 //   dk_acc [kTile][E], dv_acc [kTile][Ev]   (dK/dV, fused)  |  dq_acc [4][E]  (dQ kernel)
 //   dq_all [4T][E]                          (fused kernel: every row's dQ over all key blocks)
 //   key_norm_max [Lk]                       (row statistics: max_{j' <= j} ‖k_j'‖₂)
@@ -481,13 +487,13 @@ uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch
   const Problem& p = bp.forward;
   const uint64_t E = p.head_dim, Ev = p.value_dim;
   const bool dq = kind == KernelKind::kDq, fused = kind == KernelKind::kFused;
-  // kRowStats: k_packed (one tile), one row tile, s, tanh_r, and key_norm_max [Lk]
+  // kRowStats: k_packed (one tile), a group of row tiles, s, tanh_r, and key_norm_max [Lk]
   const bool stats = kind == KernelKind::kRowStats;
   const uint64_t keys = dq ? static_cast<uint64_t>(round_up(p.kv_len, kTile)) : kTile;
   const uint64_t G = dq || stats ? kQueryTile : kGroupRows;
   const uint64_t pair_rows = static_cast<uint64_t>(p.q_heads / p.kv_heads) * p.q_len;
   const uint64_t pair_tiles = (pair_rows + kQueryTile - 1) / kQueryTile;
-  const uint64_t T = fused ? pair_tiles : G / kQueryTile;
+  const uint64_t T = fused ? pair_tiles : stats ? kStatsGroupTiles : G / kQueryTile;
   const uint64_t flag_floats = (T * kQueryTile + sizeof(float) - 1) / sizeof(float);  // uint8_t flags
   const uint64_t sizes[16] = {keys * E,
                               stats ? 0 : keys * Ev,
@@ -621,62 +627,78 @@ bool recomputes_stats(const Problem& p, float lse, int32_t limit, const float* q
   return std::fabs(static_cast<double>(p.scale)) * row_norm(q, p.head_dim) * key_norm_max > kExactScoreTerms;
 }
 
-// Row r of the tile's shift = m = max_j s_j and log_sum = log(l), l = Σ_j exp(s_j - m), over
-// its keys [0, limit), one key tile at a time in order (the gradient kernels' tiles and
-// scores):
+// The statistics of the rows marked in `recompute` (bit r of recompute[t]: row r of tile t),
+// for the group's row tiles in s.rows (tiles [0, tile_count), the marked ones with their
+// operands loaded): row (t, r)'s shift = m = max_j s_j and log_sum = log(l), l = Σ_j exp(s_j - m),
+// over its keys [0, limit), one key tile at a time in order:
 //   tile maximum mt = -inf     the tile has no key of the row: m and l unchanged
 //   mt > m                     new maximum: l *= exp(m - mt) (0 while m = -inf), m = mt
 //   then                       l += Σ_tile exp(s - m), each term in [0, 1], the maximum's 1
-// so l >= 1 once a key is seen, and log_sum >= 0.
-void recompute_row_stats(const BackwardProblem& bp, int32_t kv_head, const RowTile& rt, uint8_t recompute_rows,
-                         const Scratch& s, const ExpConstants& ec, const RowStats& stats) {
+// so l >= 1 once a key is seen, and log_sum >= 0. Each tile of K is packed once for the group;
+// each row tile scores it over its own keys (up to the largest limit of its marked rows), so a
+// row's scores and sums do not depend on the rows it is grouped with.
+void recompute_row_stats(const BackwardProblem& bp, int32_t b, int32_t kv_head, const uint8_t* recompute,
+                         int32_t tile_count, const Scratch& s, const ExpConstants& ec, const RowStats& stats) {
   const Problem& p = bp.forward;
   const int32_t E = p.head_dim, Ev = p.value_dim;
-  const float* key = static_cast<const float*>(p.key) + rt.b * p.k_stride_b + kv_head * p.k_stride_h;
-  const RowOperands operands = s.rows.operands(0, E, Ev);
-  load_row_operands(bp, rt, operands);
-  float m[kQueryTile], l[kQueryTile];
+  const float* key = static_cast<const float*>(p.key) + b * p.k_stride_b + kv_head * p.k_stride_h;
+  float m[kStatsGroupRows], l[kStatsGroupRows];
+  int32_t tile_keys[kStatsGroupTiles];  // keys tile t scores: the largest limit of its marked rows
   int32_t keys_end = 0;
-  for (int r = 0; r < kQueryTile; r++) {
-    m[r] = kNegInf;
-    l[r] = 0.0f;
-    if (recompute_rows >> r & 1) keys_end = std::max(keys_end, rt.limit[r]);
+  for (int32_t t = 0; t < tile_count; t++) {
+    tile_keys[t] = 0;
+    for (int r = 0; r < kQueryTile; r++) {
+      m[t * kQueryTile + r] = kNegInf;
+      l[t * kQueryTile + r] = 0.0f;
+      if (recompute[t] >> r & 1) tile_keys[t] = std::max(tile_keys[t], s.rows.tiles[t].limit[r]);
+    }
+    keys_end = std::max(keys_end, tile_keys[t]);
   }
   const v128_t zero = wasm_f32x4_splat(0.0f);
   for (int32_t j0 = 0; j0 < keys_end; j0 += kTile) {
-    const int32_t count = std::min(kTile, keys_end - j0);
-    const int32_t cols = round_up(count, kKeyGroup);
-    pack_rows(key + static_cast<int64_t>(j0) * p.k_stride_l, p.k_stride_l, count, E, s.k_packed);
-    finished_scores(bp, rt, operands, s.k_packed, j0, count, s.s, s.tanh_r);
-    for (int r = 0; r < kQueryTile; r++) {
-      if (!(recompute_rows >> r & 1)) continue;
-      const float* row = s.s + r * kTile;
-      v128_t vmax = wasm_f32x4_splat(kNegInf);
-      for (int32_t c = 0; c < cols; c += 4) vmax = wasm_f32x4_pmax(vmax, wasm_v128_load(row + c));
-      const float tile_max = std::max(std::max(wasm_f32x4_extract_lane(vmax, 0), wasm_f32x4_extract_lane(vmax, 1)),
-                                      std::max(wasm_f32x4_extract_lane(vmax, 2), wasm_f32x4_extract_lane(vmax, 3)));
-      if (tile_max == kNegInf) continue;  // no key of the row in this tile: m, l unchanged
-      if (tile_max > m[r]) {              // new maximum: rescale what was summed
-        l[r] *= std::exp(m[r] - tile_max);
-        m[r] = tile_max;
+    pack_rows(key + static_cast<int64_t>(j0) * p.k_stride_l, p.k_stride_l, std::min(kTile, keys_end - j0), E,
+              s.k_packed);
+    for (int32_t t = 0; t < tile_count; t++) {
+      if (tile_keys[t] <= j0) continue;  // no marked row of the tile attends these keys
+      const int32_t count = std::min(kTile, tile_keys[t] - j0);
+      const int32_t cols = round_up(count, kKeyGroup);
+      finished_scores(bp, s.rows.tiles[t], s.rows.operands(t, E, Ev), s.k_packed, j0, count, s.s, s.tanh_r);
+      for (int r = 0; r < kQueryTile; r++) {
+        if (!(recompute[t] >> r & 1)) continue;
+        float& row_m = m[t * kQueryTile + r];
+        float& row_l = l[t * kQueryTile + r];
+        const float* row = s.s + r * kTile;
+        v128_t vmax = wasm_f32x4_splat(kNegInf);
+        for (int32_t c = 0; c < cols; c += 4) vmax = wasm_f32x4_pmax(vmax, wasm_v128_load(row + c));
+        const float tile_max = std::max(std::max(wasm_f32x4_extract_lane(vmax, 0), wasm_f32x4_extract_lane(vmax, 1)),
+                                        std::max(wasm_f32x4_extract_lane(vmax, 2), wasm_f32x4_extract_lane(vmax, 3)));
+        if (tile_max == kNegInf) continue;  // no key of the row in this tile: m, l unchanged
+        if (tile_max > row_m) {             // new maximum: rescale what was summed
+          row_l *= std::exp(row_m - tile_max);
+          row_m = tile_max;
+        }
+        const v128_t vm = wasm_f32x4_splat(row_m);
+        v128_t vsum = zero;
+        for (int32_t c = 0; c < cols; c += 4) {
+          vsum = wasm_f32x4_add(vsum, exp_nonpositive(wasm_f32x4_pmin(wasm_f32x4_sub(wasm_v128_load(row + c), vm), zero), ec));
+        }
+        row_l += (wasm_f32x4_extract_lane(vsum, 0) + wasm_f32x4_extract_lane(vsum, 1)) +
+                 (wasm_f32x4_extract_lane(vsum, 2) + wasm_f32x4_extract_lane(vsum, 3));
       }
-      const v128_t vm = wasm_f32x4_splat(m[r]);
-      v128_t vsum = zero;
-      for (int32_t c = 0; c < cols; c += 4) {
-        vsum = wasm_f32x4_add(vsum, exp_nonpositive(wasm_f32x4_pmin(wasm_f32x4_sub(wasm_v128_load(row + c), vm), zero), ec));
-      }
-      l[r] += (wasm_f32x4_extract_lane(vsum, 0) + wasm_f32x4_extract_lane(vsum, 1)) +
-              (wasm_f32x4_extract_lane(vsum, 2) + wasm_f32x4_extract_lane(vsum, 3));
     }
   }
   // Only a finite maximum replaces the lse. The scores here can overflow where the forward's
   // did not (q·k summed in another order): m = +inf (and l = NaN from inf - inf) would make p
   // NaN even for blocked keys; such a row (or one whose l is NaN from a NaN score) keeps its lse.
-  for (int r = 0; r < kQueryTile; r++) {
-    if (!(recompute_rows >> r & 1) || !std::isfinite(m[r]) || !std::isfinite(l[r])) continue;
-    const int64_t row = (static_cast<int64_t>(rt.b) * p.q_heads + rt.h[r]) * p.q_len + rt.i[r];
-    stats.shift[row] = m[r];
-    stats.log_sum[row] = std::log(l[r]);
+  for (int32_t t = 0; t < tile_count; t++) {
+    const RowTile& rt = s.rows.tiles[t];
+    for (int r = 0; r < kQueryTile; r++) {
+      const float row_m = m[t * kQueryTile + r], row_l = l[t * kQueryTile + r];
+      if (!(recompute[t] >> r & 1) || !std::isfinite(row_m) || !std::isfinite(row_l)) continue;
+      const int64_t row = (static_cast<int64_t>(rt.b) * p.q_heads + rt.h[r]) * p.q_len + rt.i[r];
+      stats.shift[row] = row_m;
+      stats.log_sum[row] = std::log(row_l);
+    }
   }
 }
 
@@ -713,29 +735,38 @@ void sdpa_f32_bwd_row_stats_4x64__wasmsimd(const BackwardProblem& bp, int32_t b,
     stats.log_sum[row] = 0.0f;
   }
   // Rows whose lse is too coarse, or whose scores' terms too large, to rebuild p from the lse:
-  // recomputed, a row tile at a time. The running maximum of the key norms, key_norm_max[j] =
-  // max_{j' <= j} ‖k_j'‖₂, is made once for the block's rows (up to their largest key limit).
+  // recomputed, kStatsGroupRows rows at a time. The running maximum of the key norms,
+  // key_norm_max[j] = max_{j' <= j} ‖k_j'‖₂, is made once for the block's rows (up to their
+  // largest key limit).
   Scratch s;
   layout(bp, KernelKind::kRowStats, scratch_base, &s);
   const ExpConstants ec = make_exp_constants();
+  const int32_t E = p.head_dim, Ev = p.value_dim;
   const float* key = static_cast<const float*>(p.key) + b * p.k_stride_b + kv_head * p.k_stride_h;
   int32_t normed_keys = 0;
-  for (int32_t f0 = row_begin; f0 < row_end; f0 += kQueryTile) {
-    const RowTile rt = make_row_tile(bp, b, kv_head, f0, row_end, stats);
-    for (; normed_keys < rt.keys_end; normed_keys++) {
-      const float norm = row_norm(key + normed_keys * p.k_stride_l, p.head_dim);
-      s.key_norm_max[normed_keys] = normed_keys == 0 ? std::fmax(0.0f, norm) : std::fmax(s.key_norm_max[normed_keys - 1], norm);
-    }
-    uint8_t recompute_rows = 0;
-    for (int r = 0; r < rt.rows; r++) {
-      const int32_t limit = rt.limit[r];
-      if (recomputes_stats(p, rt.shift[r], limit, query_row(p, b, rt.h[r], rt.i[r]),
-                           limit > 0 ? s.key_norm_max[limit - 1] : 0.0f)) {
-        recompute_rows |= static_cast<uint8_t>(1 << r);
+  for (int32_t g0 = row_begin; g0 < row_end; g0 += kStatsGroupRows) {
+    const int32_t g_end = std::min(row_end, g0 + kStatsGroupRows);
+    uint8_t recompute[kStatsGroupTiles] = {};  // bit r: row r of tile t is recomputed
+    bool any = false;
+    int32_t t = 0;
+    for (int32_t f0 = g0; f0 < g_end; f0 += kQueryTile, t++) {
+      const RowTile& rt = *new (s.rows.tiles + t) RowTile(make_row_tile(bp, b, kv_head, f0, row_end, stats));
+      for (; normed_keys < rt.keys_end; normed_keys++) {
+        const float norm = row_norm(key + normed_keys * p.k_stride_l, p.head_dim);
+        s.key_norm_max[normed_keys] =
+            normed_keys == 0 ? std::fmax(0.0f, norm) : std::fmax(s.key_norm_max[normed_keys - 1], norm);
       }
+      for (int r = 0; r < rt.rows; r++) {
+        const int32_t limit = rt.limit[r];
+        if (recomputes_stats(p, rt.shift[r], limit, query_row(p, b, rt.h[r], rt.i[r]),
+                             limit > 0 ? s.key_norm_max[limit - 1] : 0.0f)) {
+          recompute[t] |= static_cast<uint8_t>(1 << r);
+        }
+      }
+      if (recompute[t] != 0) load_row_operands(bp, rt, s.rows.operands(t, E, Ev));
+      any = any || recompute[t] != 0;
     }
-    if (recompute_rows == 0) continue;
-    recompute_row_stats(bp, kv_head, rt, recompute_rows, s, ec, stats);
+    if (any) recompute_row_stats(bp, b, kv_head, recompute, t, s, ec, stats);
   }
 }
 

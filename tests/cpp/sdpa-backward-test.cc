@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/sdpa-bwd-kernels.h"
 #include "parallel/thread-pool.h"
 #include "reference/sdpa-reference.h"
 #include "sdpa-backward.h"
@@ -220,6 +221,55 @@ TEST(Backward, ScoresFarFromZeroRebuildProbabilitiesFromTheRowsOwnMaximum) {
       h.run(1);
       h.expect_matches_reference();
     }
+  }
+}
+
+// The row statistics kernel recomputes the rows that need it in groups of row tiles (each key
+// tile packed once per group). Three kinds of rows, interleaved across tiles: rows that keep
+// their lse; rows with q 12 times larger (|scale|·‖q‖₂·max ‖k‖₂ > 64: recomputed, nearly
+// one-hot); rows with q = 0 under a float mask of their own far from zero (-1e4 and below:
+// |lse| > 16, recomputed, their scores tied at the row's bias, p uniform over its causal
+// limit). So a row given another row's statistics gets p off by far more than the tolerance.
+// Each (batch, KV head) has 141 rows: three groups of 64 rows or fewer, with rows of three
+// heads; on 2 and 3 threads the row blocks (72 and 48 rows) cut the groups elsewhere.
+TEST(Backward, RowStatisticsOfManyRowsRecomputedTogether) {
+  Case c;
+  c.B = 2, c.Hq = 6, c.Hkv = 2, c.Lq = 47, c.Lk = 150, c.E = 16, c.Ev = 12, c.seed = 11;
+  c.causal = true, c.offsets = {c.Lk - c.Lq, 20};
+  c.mask_kind = MaskKind::kFloat, c.mask_dims = {c.Hq, c.Lq, 1};
+  auto make = [&c] {
+    auto h = std::make_unique<Harness>(c);
+    for (int row = 0; row < c.Hq * c.Lq; row++) {  // mask rows [Hq, Lq]
+      h->mask_f[size_t(row)] = row % 3 == 2 ? -1e4f - 37.25f * float(row % 29) : 0.25f;
+    }
+    for (int b = 0; b < c.B; b++) {
+      for (int row = 0; row < c.Hq * c.Lq; row++) {  // Q rows [B, Hq, Lq]
+        float* q = h->q.data() + (size_t(b) * c.Hq * c.Lq + row) * c.E;
+        for (int d = 0; d < c.E; d++) q[d] = row % 3 == 1 ? 12.0f * q[d] : row % 3 == 2 ? 0.0f : q[d];
+      }
+    }
+    return h;
+  };
+  const std::unique_ptr<Harness> one = make();
+  one->run(1);
+  one->expect_matches_reference();
+  int recomputed = 0, kept = 0;
+  for (int b = 0; b < c.B; b++) {
+    for (int h = 0; h < c.Hq; h++) {
+      for (int i = 0; i < c.Lq; i++) {
+        const float lse = one->lse[size_t((b * c.Hq + h) * c.Lq + i)];
+        (sdpa_f32_bwd_row_stats_recomputed(one->bp, b, h, i, lse) ? recomputed : kept)++;
+      }
+    }
+  }
+  EXPECT_GT(recomputed, c.B * c.Hq * c.Lq / 2);  // about two rows in three
+  EXPECT_GT(kept, c.B * c.Hq * c.Lq / 4);
+  for (int threads : {2, 3}) {
+    const std::unique_ptr<Harness> many = make();
+    many->run(threads);
+    EXPECT_EQ(std::memcmp(many->dq.data(), one->dq.data(), one->dq.size() * 4), 0) << threads;
+    EXPECT_EQ(std::memcmp(many->dk.data(), one->dk.data(), one->dk.size() * 4), 0) << threads;
+    EXPECT_EQ(std::memcmp(many->dv.data(), one->dv.data(), one->dv.size() * 4), 0) << threads;
   }
 }
 
