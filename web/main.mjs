@@ -110,6 +110,8 @@ const hm = {
 };
 let hmState = null;
 let hover = { i: 0, j: 0 };
+/** Whether the canvas had the keyboard focus when its map was cleared (hiding it moves the focus to the page). */
+let canvasFocusLost = false;
 const FLOAT32_MAX = 3.4028234663852886e38, FLOAT32_MIN_POSITIVE = 1.401298464324817e-45;
 
 /**
@@ -224,6 +226,7 @@ function computeHeatmap() {
 
 /** No map to show (no tokens, or an error): the canvas, legend and readout are emptied, not left showing the last map. */
 function clearHeatmapFigure() {
+  if (document.activeElement === hm.canvas) canvasFocusLost = true;
   hm.canvas.hidden = true;
   hm.legend.hidden = true;
   $('hm-cell').textContent = '–';
@@ -251,6 +254,10 @@ function renderHeatmap() {
   }
   hm.canvas.hidden = false;
   hm.legend.hidden = false;
+  // A map is back: the focus returns to it if it left only because the canvas was hidden (it
+  // is still on the page, not moved elsewhere meanwhile).
+  if (canvasFocusLost && (document.activeElement === null || document.activeElement === document.body)) hm.canvas.focus();
+  canvasFocusLost = false;
   const w = result.weights.data.subarray(p.head * L * L, (p.head + 1) * L * L);
   let wmax = 0;
   for (const x of w) if (x > wmax) wmax = x;

@@ -707,7 +707,7 @@ test('heatmap: a softcap outside float32\'s range is said in the panel, not thro
   expect(errors).toEqual([]);
 });
 
-test('heatmap: a text with no tokens empties the map and readout; the length field stays valid', async ({ page }) => {
+test('heatmap: a text with no tokens empties the map and readout; the length field stays valid; the keyboard focus returns with the map', async ({ page }) => {
   const errors = await openDemo(page);
   await setHeatmapControls(page, { source: 'text', text: 'the cat sat' });
   await expect(page.getByTestId('heatmap-canvas')).toBeVisible();
@@ -724,6 +724,27 @@ test('heatmap: a text with no tokens empties the map and readout; the length fie
   await setHeatmapControls(page, { source: 'random' });
   expect(await page.evaluate(() => window.__demo.heatmap.L)).toBe(shown);
   await expect(page.getByTestId('heatmap-canvas')).toBeVisible();
+  // A script that empties the text while the map has the keyboard focus hides the canvas, and
+  // the focus falls to the page; tokens again give it back to the map (nothing else took it).
+  await setHeatmapControls(page, { source: 'text', text: 'the cat sat' });
+  await page.getByTestId('heatmap-canvas').focus();
+  const setText = (text) => recompute(page, 'heatmap', () => page.evaluate((t) => {
+    const field = document.querySelector('[data-testid=ctl-text]');
+    field.value = t;
+    field.dispatchEvent(new Event('input'));
+  }, text));
+  await setText('');
+  await expect(page.getByTestId('heatmap-canvas')).toBeHidden();
+  expect(await page.evaluate(() => document.activeElement === document.body)).toBe(true);
+  await setText('the dog');
+  await expect(page.getByTestId('heatmap-canvas')).toBeFocused();
+  await page.getByTestId('heatmap-canvas').press('ArrowRight');
+  await expect(page.getByTestId('hover-cell')).toHaveText(/^query 0 “the” → key 1 “dog”: weight /);
+  // Focus moved elsewhere while the map was hidden stays where it went.
+  await setText('');
+  await page.getByTestId('ctl-seed').focus();
+  await setText('a b');
+  await expect(page.getByTestId('ctl-seed')).toBeFocused();
   expect(errors).toEqual([]);
 });
 
