@@ -472,7 +472,10 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
   let causalOffset = causal ? clamp(defaults.causalOffset) : 0;
   let causalOffsets: Int32Array | null = null;
   if (o.causalOffset !== undefined) {
-    if (!causal) throw new TypeError(`${fn}: options.causalOffset is only meaningful with options.isCausal: true`);
+    if (!causal) {
+      const given = o.isCausal === undefined ? `undefined (default ${defaults.causal})` : describe(o.isCausal);
+      throw new TypeError(`${fn}: options.causalOffset is only meaningful with options.isCausal: true, got options.isCausal ${given}`);
+    }
     if (typeof o.causalOffset === 'number') {
       if (!Number.isInteger(o.causalOffset)) {
         throw new RangeError(`${fn}: options.causalOffset must be an integer, got ${o.causalOffset}`);

@@ -262,22 +262,22 @@ describe('bad input: TypeError or RangeError naming the argument; the instance k
   const p = problem({ B: 1, Hq: 2, Hkv: 1, Lq: 3, Lk: 5, E: 4, Ev: 6, seed: 40 });
   const forward = () => attn.sdpa(p.query, p.key, p.value, { returnLogSumExp: true });
   test.each([
-    ['gradOutput missing', () => attn.sdpaBackward(p.query, p.key, p.value), TypeError, /sdpaBackward: gradOutput must be a tensor/],
+    ['gradOutput missing', () => attn.sdpaBackward(p.query, p.key, p.value), TypeError, /^sdpaBackward: gradOutput must be a tensor .*, got undefined$/],
     ['gradOutput of the wrong dims', () => attn.sdpaBackward(p.query, p.key, p.value, randomTensor([1, 2, 3, 4], 1)), RangeError,
       /sdpaBackward: gradOutput\.dims must equal the output's dims \[1, 2, 3, 6\], got \[1, 2, 3, 4\]/],
     ['gradOutput a Float64Array', () => attn.sdpaBackward(p.query, p.key, p.value, t(new Float64Array(36), [1, 2, 3, 6])), TypeError,
       /sdpaBackward: gradOutput\.data must be a Float32Array, got Float64Array/],
     ['returnWeights (not a backward option)', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { returnWeights: true }), TypeError,
       /sdpaBackward: unknown option "returnWeights"/],
-    ['saved not an object', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { saved: 3 }), TypeError, /options\.saved must be/],
+    ['saved not an object', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { saved: 3 }), TypeError, /^sdpaBackward: options\.saved must be \{ output, logSumExp \}.*, got 3$/],
     ['saved.output of the wrong dims', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { saved: { output: randomTensor([1, 2, 3, 5], 1), logSumExp: forward().logSumExp } }),
-      RangeError, /options\.saved\.output\.dims must equal the output's dims \[1, 2, 3, 6\]/],
+      RangeError, /options\.saved\.output\.dims must equal the output's dims \[1, 2, 3, 6\], got \[1, 2, 3, 5\]$/],
     ['saved.logSumExp of the wrong dims', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { saved: { output: forward().output, logSumExp: randomTensor([1, 2, 4], 1) } }),
       RangeError, /options\.saved\.logSumExp must have dims \[1, 2, 3\] and 6 elements, got dims \[1, 2, 4\] and 8 elements/],
     ['saved.logSumExp missing', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { saved: { output: forward().output } }),
-      TypeError, /options\.saved\.logSumExp must be a tensor/],
-    ['a bad scale', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { scale: NaN }), RangeError, /sdpaBackward: options\.scale must be a finite number/],
-    ['returnLogSumExp not a boolean', () => attn.sdpa(p.query, p.key, p.value, { returnLogSumExp: 1 }), TypeError, /sdpa: options\.returnLogSumExp must be a boolean/],
+      TypeError, /^sdpaBackward: options\.saved\.logSumExp must be a tensor .*, got undefined$/],
+    ['a bad scale', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { scale: NaN }), RangeError, /^sdpaBackward: options\.scale must be a finite number.*, got NaN$/],
+    ['returnLogSumExp not a boolean', () => attn.sdpa(p.query, p.key, p.value, { returnLogSumExp: 1 }), TypeError, /^sdpa: options\.returnLogSumExp must be a boolean, got 1$/],
   ])('%s', (_, call, Cls, pattern) => {
     let error;
     try {

@@ -55,6 +55,16 @@ describe('createKVCache rejects bad options before allocating', () => {
     }
     expect(error?.constructor).toBe(Cls);
     for (const pattern of patterns) expect(error.message).toMatch(pattern);
+    // Nothing allocated, and the instance still makes caches that attend right.
+    expect(attn.memory().bytesInUse).toBe(0);
+    const cache = freshCache();
+    try {
+      const ref = referenceSdpa(q(), k(STORED, 4), v(STORED, 5), { isCausal: true, causalOffset: STORED - 2 });
+      expect(maxRelError(cache.attend(q()).output.data, ref.output)).toBeLessThanOrEqual(2e-5);
+    } finally {
+      cache.dispose();
+    }
+    expect(attn.memory().bytesInUse).toBe(0);
   });
 });
 

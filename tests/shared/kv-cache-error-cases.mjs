@@ -74,14 +74,14 @@ export const CACHE_ERROR_CASES = [
   ['attend: keyLengths beyond the stored length', (c) => c.attend(q(1), { keyLengths: new Int32Array([10, 11]) }), RangeError,
     [/keyLengths\[1\]/, /\[0, Lk = 10\]/, /got 11/]],
   ['attend: causalOffset without isCausal', (c) => c.attend(q(1), { isCausal: false, causalOffset: 3 }), TypeError,
-    [/causalOffset is only meaningful/]],
+    [/^KVCache\.attend: options\.causalOffset is only meaningful with options\.isCausal: true, got options\.isCausal false$/]],
   ['attend: out too small', (c) => c.attend(q(1), { out: new Float32Array(3) }), RangeError, [/options\.out is too small/, /needs 48/]],
-  ['attend: softcap 0', (c) => c.attend(q(1), { softcap: 0 }), RangeError, [/softcap/]],
+  ['attend: softcap 0', (c) => c.attend(q(1), { softcap: 0 }), RangeError, [/KVCache\.attend: options\.softcap must be a number > 0/, /got 0$/]],
   ['attend: unknown option', (c) => c.attend(q(1), { causal: true }), TypeError, [/unknown option "causal"/]],
   // truncate
   ['truncate: beyond length', (c) => c.truncate(11), RangeError, [/KVCache\.truncate/, /\[0, length = 10\]/, /got 11/]],
-  ['truncate: negative', (c) => c.truncate(-1), RangeError, [/got -1/]],
-  ['truncate: fractional', (c) => c.truncate(2.5), RangeError, [/got 2\.5/]],
+  ['truncate: negative', (c) => c.truncate(-1), RangeError, [/^KVCache\.truncate: n must be an integer in \[0, length = 10\], got -1$/]],
+  ['truncate: fractional', (c) => c.truncate(2.5), RangeError, [/^KVCache\.truncate: n must be an integer in \[0, length = 10\], got 2\.5$/]],
   ['truncate: a string', (c) => c.truncate('3'), TypeError, [/must be an integer/, /"3"/]],
   // reorder
   ['reorder: a plain array', (c) => c.reorder([1, 0]), TypeError, [/KVCache\.reorder/, /indices must be an Int32Array of length B = 2/, /Array/]],

@@ -102,6 +102,10 @@ export function sdpaErrorCases(api) {
       [/options\.keyLengths\[0\]/, has(`Lk = ${Lk}`), has(`got ${Lk + 1}`)]],
 
     // causalOffset / isCausal.
+    ['causalOffset without isCausal', () => api.sdpa(q(), k(), v(), { causalOffset: 2 }), TypeError,
+      [/^sdpa: options\.causalOffset is only meaningful with options\.isCausal: true, got options\.isCausal undefined \(default false\)$/]],
+    ['causalOffset with isCausal false', () => api.sdpa(q(), k(), v(), { isCausal: false, causalOffset: 2 }), TypeError,
+      [/options\.causalOffset is only meaningful/, /got options\.isCausal false$/]],
     ['causalOffset Int32Array of wrong length', () => api.sdpa(q(), k(), v(), { isCausal: true, causalOffset: new Int32Array(B + 1) }), RangeError,
       [/options\.causalOffset/, has(`length B = ${B}`), has(`got length ${B + 1}`)]],
     ['causalOffset 1.5', () => api.sdpa(q(), k(), v(), { isCausal: true, causalOffset: 1.5 }), RangeError,
