@@ -11,7 +11,7 @@ import * as loader from '../../dist/loader.js';
 import { reorderSteps, SAVED } from '../../dist/kv-cache.js';
 import { positions, roundToHalf, runCacheCases } from '../shared/kv-cache-cases.mjs';
 import { adapt, halfToFloat, loadCase, loadIndex, mismatches, onnxOutputDims, TOL as ONNX_TOL } from '../shared/onnx-cases.mjs';
-import { maxRelError, mulberry32, randn, randomTensor, referenceSdpa } from './reference.mjs';
+import { maxRelError, mulberry32, randn, randomTensor, referenceLogSumExp, referenceSdpa } from './reference.mjs';
 
 const TOL = 2e-5;
 
@@ -77,9 +77,9 @@ function decode(instance, { B = 1, Hq, Hkv, E, Ev = E, steps, dtype = 'float32',
 
 /** Each step against the reference on the history so far (bottom-right causal unless overridden). */
 function expectMatchesReference({ k, v, results }, { halves = false, tol = TOL } = {}) {
+  if (halves) k = roundedToHalves(k), v = roundedToHalves(v);
   for (const { got, query, length, n, opts } of results) {
-    let key = positions(k, 0, length), value = positions(v, 0, length);
-    if (halves) key = roundedToHalves(key), value = roundedToHalves(value);
+    const key = positions(k, 0, length), value = positions(v, 0, length);
     const refOptions = { isCausal: true, causalOffset: length - n, ...opts };
     if (refOptions.isCausal === false) delete refOptions.causalOffset;
     const ref = referenceSdpa(query, key, value, refOptions);
@@ -90,11 +90,20 @@ function expectMatchesReference({ k, v, results }, { halves = false, tol = TOL }
       expect(got.weights.dims).toEqual(ref.weightsDims);
       expect(maxRelError(got.weights.data, ref.weights)).toBeLessThanOrEqual(tol);
     }
+    if (opts.returnLogSumExp) {  // [B, Hq, Lq]; -Infinity for a row with nothing to attend
+      const lse = referenceLogSumExp(query, key, value, refOptions);
+      expect(got.logSumExp.dims).toEqual(ref.outputDims.slice(0, 3));
+      for (let r = 0; r < lse.length; r++) {
+        if (lse[r] === -Infinity) expect(got.logSumExp.data[r]).toBe(-Infinity);
+        else expect(Math.abs(got.logSumExp.data[r] - lse[r])).toBeLessThanOrEqual(tol * (1 + Math.abs(lse[r])));
+      }
+    }
   }
 }
 
-// A prompt of 37, single tokens, and chunks of 3 to 300 positions.
-const STEPS = [37, 1, 1, 3, 1, 17, 1, 300, 1, 1, 128, 1];
+// A prompt of 37, single tokens, and chunks of 3 to 300 positions, past one 512-key segment:
+// the last chunk and tokens attend 517 to 519 positions (a decode splits them into 512 + 7).
+const STEPS = [37, 1, 1, 3, 1, 17, 1, 300, 1, 1, 128, 1, 25, 1, 1];
 
 // ---------------------------------------------------------------------------------------------
 
@@ -103,7 +112,7 @@ describe('token-by-token decoding equals attention over the whole history', () =
     ['MHA H8, E 64', { Hq: 8, Hkv: 8, E: 64 }],
     ['GQA Hq32 Hkv8, E 128', { Hq: 32, Hkv: 8, E: 128 }],
     ['GQA Hq32 Hkv8, E 64, Ev 96', { Hq: 32, Hkv: 8, E: 64, Ev: 96 }],
-    ['MQA Hq6 Hkv1, E 128, Ev 40, B 2', { B: 2, Hq: 6, Hkv: 1, E: 128, Ev: 40 }],
+    ['MQA Hq6 Hkv1, E 128, Ev 40, B 2, with weights', { B: 2, Hq: 6, Hkv: 1, E: 128, Ev: 40, options: () => ({ returnWeights: true }) }],
   ])('%s: float32 cache within 2e-5 of the reference, and of sdpa() on the concatenated K/V', (_, shape) => {
     const run = decode(attn, { ...shape, steps: STEPS, seed: 3 });
     expectMatchesReference(run);
@@ -156,7 +165,7 @@ describe('token-by-token decoding equals attention over the whole history', () =
     }));
   });
 
-  test('every sdpa option through attend: masks, softcap, scale, weights, out, layout bshd', () => {
+  test('every sdpa option through attend: masks, softcap, scale, weights, log-sum-exp, out, layout bshd', () => {
     const B = 2, Hq = 8, Hkv = 2, E = 32, Ev = 24;
     const shape = { B, Hq, Hkv, E, Ev, steps: [37, 1, 4, 129] };
     const masks = [
@@ -168,6 +177,15 @@ describe('token-by-token decoding equals attention over the whole history', () =
       expectMatchesReference(decode(attn, { ...shape, options: (length, n) => ({ attnMask: mask(length, n), returnWeights: true }) }));
     }
     expectMatchesReference(decode(attn, { ...shape, options: () => ({ softcap: 2.5, scale: 0.3 }) }));
+    // The log-sum-exp, with weights or not, a row fully masked (-Infinity) among them; and the
+    // output has the bits of the call without it.
+    const blockFirstRow = (length, n) => ({ data: Uint8Array.from({ length: n * length }, (_, i) => (i < length ? 0 : 1)), dims: [n, length] });
+    for (const returnWeights of [false, true]) {
+      const withLse = decode(attn, { ...shape, options: (length, n) => ({ attnMask: blockFirstRow(length, n), returnLogSumExp: true, returnWeights }) });
+      expectMatchesReference(withLse);
+      const without = decode(attn, { ...shape, options: (length, n) => ({ attnMask: blockFirstRow(length, n) }) });
+      withLse.results.forEach((r, s) => expect(bits(r.got.output.data)).toEqual(bits(without.results[s].got.output.data)));
+    }
 
     // out: the output lands in the caller's buffer (a view of its start when larger).
     const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: 64 });
@@ -411,7 +429,7 @@ describe('the shared cache cases (also run in Chromium)', () => {
 describe('float16 cache', () => {
   test.each([
     ['GQA Hq32 Hkv8, E 128', { Hq: 32, Hkv: 8, E: 128 }],
-    ['MHA H4, E 64, Ev 72', { Hq: 4, Hkv: 4, E: 64, Ev: 72 }],
+    ['MHA H4, E 64, Ev 72, with weights', { Hq: 4, Hkv: 4, E: 64, Ev: 72, options: () => ({ returnWeights: true }) }],
   ])('%s: within 2e-5 of the reference on float16-rounded K/V (the rounding is the only error)', (_, shape) => {
     expectMatchesReference(decode(attn, { ...shape, steps: STEPS, dtype: 'float16', seed: 9 }), { halves: true });
   });

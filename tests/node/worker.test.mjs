@@ -26,7 +26,8 @@ afterAll(async () => {
   await worker.dispose();
 });
 
-const hashOf = (result) => bitsHash(result.output.data) + (result.weights ? bitsHash(result.weights.data) : '');
+const hashOf = (result) => bitsHash(result.output.data) + (result.weights ? bitsHash(result.weights.data) : '') +
+  (result.logSumExp ? `lse ${result.logSumExp.dims} ${bitsHash(result.logSumExp.data)}` : '');
 /** The error a call throws or rejects with (undefined if none). */
 async function errorOf(call) {
   try {
@@ -195,6 +196,15 @@ describe('results: bitwise the direct API', () => {
     expect(Array.from(longer.subarray(size))).toEqual(Array(7).fill(-1));
   });
 
+  test('returnLogSumExp: the log-sum-exp comes back with the output, bitwise the direct call\'s', async () => {
+    const query = noiseTensor([2, 4, 5, 8], 33, 1), key = noiseTensor([2, 2, 9, 8], 33, 2), value = noiseTensor([2, 2, 9, 6], 33, 3);
+    for (const options of [{ returnLogSumExp: true }, { returnLogSumExp: true, returnWeights: true, isCausal: true, causalOffset: -2 }]) {
+      const through = await worker.sdpa(query, key, value, options);
+      expect(through.logSumExp.dims).toEqual([2, 4, 5]);
+      expect(hashOf(through)).toBe(hashOf(attn.sdpa(query, key, value, options)));
+    }
+  });
+
   test('a worker on two threads gives the same bits', async () => {
     const two = await createAttentionWorker({ threads: 2 });
     try {
@@ -243,6 +253,8 @@ describe('the KV cache through the worker', () => {
         { isCausal: false, attnMask: { data: Uint8Array.from({ length: 18 }, (_, j) => (j % 3 ? 1 : 0)), dims: [18] } },
         { keyLengths: Int32Array.of(18, 7), returnWeights: true },
         { causalOffset: Int32Array.of(4, -1), softcap: 3, scale: 0.7 },
+        { returnLogSumExp: true },
+        { keyLengths: Int32Array.of(18, 0), returnLogSumExp: true, returnWeights: true },  // batch 1: lse -Infinity
       ];
       for (const options of variants) {
         expect(hashOf(await remote.attend(query, options))).toBe(hashOf(direct.attend(query, options)));
