@@ -5,6 +5,7 @@ import { createAttention } from 'sdpa-wasm';
 import {
   maxRelError, mulberry32, randn, randomTensor, referenceProblem, referenceSdpa,
 } from './reference.mjs';
+import { roundToHalf } from '../shared/kv-cache-cases.mjs';
 
 const TOL = 2e-5;
 
@@ -760,10 +761,13 @@ describe('decode shapes: few query rows per KV head, long keys', () => {
     // broadcast over the heads (scanned once for a GQA group) and a float mask per head
     // (finite inside, -inf outside; narrower for some heads, and for others the 200 keys after
     // the window, which may lie in segments the group's earlier heads do not attend); NaN in K
-    // and V outside every head's window. sdpa() on one and two threads (bitwise) and a
-    // float32 KV cache's attend.
+    // and V outside every head's window. sdpa() on one and two threads (bitwise) and the attend
+    // of a float32 and of a float16 KV cache (against the reference on K/V rounded to halves:
+    // the storage's rounding is its only error).
     const B = 2, Hq = 8, Hkv = 2, Lq = 1, Lk = 2600, E = 16, Ev = 12;
     const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 290);
+    const toHalves = (t) => ({ data: Float32Array.from(t.data, roundToHalf), dims: t.dims });  // what a float16 cache holds
+    const kHalves = toHalves(k), vHalves = toHalves(v);
     const [one, two] = await Promise.all([createAttention({ threads: 1 }), createAttention({ threads: 2 })]);
     try {
       for (const [start, width] of [[0, 100], [700, 300], [1000, 100], [1536, 512], [2100, 500], [2599, 1]]) {
@@ -775,6 +779,7 @@ describe('decode shapes: few query rows per KV head, long keys', () => {
             t.data.fill(NaN, (bh * Lk + unionEnd) * D, (bh + 1) * Lk * D);
           }
         }
+        const kwHalves = toHalves(kw), vwHalves = toHalves(vw);
         const bool = { data: new Uint8Array(Lk).fill(1, start, end), dims: [Lk] };
         const float = floatMask([1, Hq, 1, Lk], 291 + start, 0);
         for (let h = 0; h < Hq; h++) {
@@ -788,13 +793,19 @@ describe('decode shapes: few query rows per KV head, long keys', () => {
           expect(allFinite(got.output.data)).toBe(true);
           const single = one.sdpa(q, kw, vw, { attnMask }).output.data;
           expectBitwiseEqual(two.sdpa(q, kw, vw, { attnMask }).output.data, single);
-          const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: Lk });
-          try {
-            cache.append(kw, vw);
-            const fromCache = cache.attend(q, { attnMask, isCausal: false }).output.data;
-            expect(maxRelError(fromCache, referenceSdpa(q, kw, vw, { attnMask }).output)).toBeLessThanOrEqual(TOL);
-          } finally {
-            cache.dispose();
+          // Float16 also without the NaN: a cache of finite halves is widened the cheaper way
+          // (KvType kFloat16Finite), one holding NaN the exact way.
+          const caches = [['float32', kw, vw, kw, vw], ['float16', kw, vw, kwHalves, vwHalves], ['float16', k, v, kHalves, vHalves]];
+          for (const [dtype, keys, values, storedKeys, storedValues] of caches) {
+            const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: Lk, dtype });
+            try {
+              cache.append(keys, values);
+              const fromCache = cache.attend(q, { attnMask, isCausal: false }).output.data;
+              const ref = referenceSdpa(q, storedKeys, storedValues, { attnMask }).output;
+              expect(maxRelError(fromCache, ref)).toBeLessThanOrEqual(TOL);
+            } finally {
+              cache.dispose();
+            }
           }
         }
       }
