@@ -53,11 +53,12 @@ export const normalTensor = (r, dims) => ({ data: randn(size(dims), r.u32()), di
 
 // ─── shapes ───────────────────────────────────────────────────────────────────────────────
 
-// The kernel's edges: query tiles of 4 rows, key tiles of 128, key groups of 8, decode segments
-// of 512. Most draws are small so hundreds of float64 references stay fast.
+// The kernel's edges (src/tiles.h): query tiles of 4 rows, key groups of 8, key tiles and decode
+// segments of 512 keys, 16 keys of a boolean mask read at a time. Most draws are small so
+// hundreds of float64 references stay fast.
 const Q_LENGTHS = [1, 1, 2, 3, 4, 5, 7, 8, 9, 13];
-const K_LENGTHS_SMALL = [1, 2, 3, 4, 5, 7, 8, 9, 11, 13, 16, 17];
-const K_LENGTHS_LARGE = [31, 32, 33, 61, 127, 128, 129, 131, 255, 256, 257, 383, 509, 512, 513];
+const K_LENGTHS_SMALL = [1, 2, 3, 4, 5, 7, 8, 9, 11, 13, 15, 16, 17];
+const K_LENGTHS_LARGE = [31, 32, 33, 61, 127, 131, 255, 257, 383, 509, 511, 512, 513, 1023, 1024, 1025];
 const HEAD_SIZES = [1, 2, 3, 4, 5, 7, 8, 9, 11, 16, 17, 32];
 const HEAD_SIZES_LARGE = [61, 64, 67, 128];
 
@@ -439,11 +440,7 @@ export function mutateOptions(r, fn, { B, Hq, Lq, Lk, outputSize }, options, { f
   return m;
 }
 
-/**
- * One random mutation of valid createKVCache() options: { desc, options, Cls, names }. (A dtype
- * that is not a string is left out: it is a RangeError, where the README's rule would make it a
- * TypeError; reported.)
- */
+/** One random mutation of valid createKVCache() options: { desc, options, Cls, names }. */
 export function mutateCacheOptions(r, options) {
   const kinds = [
     () => {
@@ -464,6 +461,10 @@ export function mutateCacheOptions(r, options) {
     () => {
       const bad = r.pick(['bfloat16', 'float64', 'FLOAT16', 'half', '']);
       return { desc: `options.dtype = '${bad}'`, options: { ...options, dtype: bad }, Cls: RangeError, names: ['options.dtype'] };
+    },
+    () => {
+      const bad = r.pick([null, 16, true]);
+      return { desc: `options.dtype = ${bad}`, options: { ...options, dtype: bad }, Cls: TypeError, names: ['options.dtype', `got ${bad}`] };
     },
     () => {
       const name = r.pick(['heads', 'length', 'type', 'layout', 'valueDims']);
