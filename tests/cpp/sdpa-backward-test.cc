@@ -282,13 +282,13 @@ TEST(Backward, FullyMaskedRowsGetExactZeros) {
   h.expect_matches_reference();
   for (int head = 0; head < 2; head++) {
     for (int i = 0; i < 3; i++) {
-      for (int d = 0; d < c.E; d++) EXPECT_EQ(h.dq[h.at(2, 6, 8, 0, head, i, d)], 0.0f);
+      for (int d = 0; d < c.E; d++) EXPECT_PRED1(test::is_plus_zero, h.dq[h.at(2, 6, 8, 0, head, i, d)]);
     }
   }
   // Keys no row attends (j > 5 - 3 = 2 for the last row) have exact-zero dK and dV.
   for (int j = 3; j < c.Lk; j++) {
-    for (int d = 0; d < c.E; d++) EXPECT_EQ(h.dk[h.at(1, 20, 8, 0, 0, j, d)], 0.0f);
-    for (int d = 0; d < c.Ev; d++) EXPECT_EQ(h.dv[h.at(1, 20, 8, 0, 0, j, d)], 0.0f);
+    for (int d = 0; d < c.E; d++) EXPECT_PRED1(test::is_plus_zero, h.dk[h.at(1, 20, 8, 0, 0, j, d)]);
+    for (int d = 0; d < c.Ev; d++) EXPECT_PRED1(test::is_plus_zero, h.dv[h.at(1, 20, 8, 0, 0, j, d)]);
   }
 }
 
@@ -406,8 +406,8 @@ TEST(Backward, NonFiniteRowOperandsDoNotReachKeysTheRowDoesNotAttend) {
           EXPECT_LE(relative_error(h.dk[h.at(1, 20, 8, 0, 0, j, d)], ref.d_key[n]), kTolerance) << which << " dK " << j;
           EXPECT_LE(relative_error(h.dv[h.at(1, 20, 8, 0, 0, j, d)], ref.d_value[n]), kTolerance) << which << " dV " << j;
           if (j >= c.Lq) {
-            EXPECT_EQ(h.dk[h.at(1, 20, 8, 0, 0, j, d)], 0.0f) << which;
-            EXPECT_EQ(h.dv[h.at(1, 20, 8, 0, 0, j, d)], 0.0f) << which;
+            EXPECT_PRED1(test::is_plus_zero, h.dk[h.at(1, 20, 8, 0, 0, j, d)]) << which;
+            EXPECT_PRED1(test::is_plus_zero, h.dv[h.at(1, 20, 8, 0, 0, j, d)]) << which;
           }
         }
       }

@@ -187,8 +187,8 @@ TEST(SdpaForward, FullyMaskedRowsAreExactZeros) {
   h.expect_matches_reference();
   for (int hh = 0; hh < 2; hh++)
     for (int e = 0; e < 8; e++) {
-      for (int i = 0; i < 3; i++) EXPECT_EQ(h.output_at(0, hh, i, e), 0.0f);
-      for (int i = 0; i < 6; i++) EXPECT_EQ(h.output_at(1, hh, i, e), 0.0f);
+      for (int i = 0; i < 3; i++) EXPECT_PRED1(test::is_plus_zero, h.output_at(0, hh, i, e));
+      for (int i = 0; i < 6; i++) EXPECT_PRED1(test::is_plus_zero, h.output_at(1, hh, i, e));
     }
 
   Case m;  // a bool mask row of all zeros, and key length 0
@@ -199,10 +199,10 @@ TEST(SdpaForward, FullyMaskedRowsAreExactZeros) {
   ASSERT_EQ(hm.run(), Status::kOk);
   hm.expect_matches_reference();
   for (int e = 0; e < m.Ev; e++) {
-    EXPECT_EQ(hm.output_at(0, 0, 2, e), 0.0f);
-    for (int i = 0; i < 5; i++) EXPECT_EQ(hm.output_at(1, 0, i, e), 0.0f);
+    EXPECT_PRED1(test::is_plus_zero, hm.output_at(0, 0, 2, e));
+    for (int i = 0; i < 5; i++) EXPECT_PRED1(test::is_plus_zero, hm.output_at(1, 0, i, e));
   }
-  for (int j = 0; j < 9; j++) EXPECT_EQ(hm.weights[2 * 9 + j], 0.0f);
+  for (int j = 0; j < 9; j++) EXPECT_PRED1(test::is_plus_zero, hm.weights[2 * 9 + j]);
 }
 
 TEST(SdpaForward, NanInBlockedKeysNeverReachesTheOutput) {
@@ -314,7 +314,7 @@ TEST(SdpaForward, DecodeReadsKeysInPlaceAndSplitsThemIntoSegments) {
   c.Lq = 1, c.Lk = 1500, c.causal = true, c.offsets = {-1}, c.weights = false;
   Harness h(c);
   ASSERT_EQ(h.run(), Status::kOk);
-  for (int e = 0; e < c.Ev; e++) EXPECT_EQ(h.output_at(0, 0, 0, e), 0.0f);
+  for (int e = 0; e < c.Ev; e++) EXPECT_PRED1(test::is_plus_zero, h.output_at(0, 0, 0, e));
 }
 
 TEST(SdpaForward, DecodeWeightsLeaveTheOutputBitsUnchanged) {
@@ -387,8 +387,8 @@ TEST(SdpaForward, DecodeWeightsLeaveTheOutputBitsUnchanged) {
   c.Lq = 1, c.Lk = 1500, c.causal = true, c.offsets = {-1};
   Harness h(c);
   ASSERT_EQ(h.run(), Status::kOk);
-  for (int e = 0; e < c.Ev; e++) EXPECT_EQ(h.output_at(0, 0, 0, e), 0.0f);
-  for (float w : h.weights) EXPECT_EQ(w, 0.0f);
+  for (int e = 0; e < c.Ev; e++) EXPECT_PRED1(test::is_plus_zero, h.output_at(0, 0, 0, e));
+  for (float w : h.weights) EXPECT_PRED1(test::is_plus_zero, w);
 }
 
 // Runs h.p as a streamed decode: each segment's keys alone copied into a buffer of their
@@ -519,11 +519,11 @@ TEST(SdpaForward, RowsWhoseScoresAreAllMinusInfAreExactZeros) {
       h.value_at(0, 0, 1, 3) = kNaN;
       ASSERT_EQ(h.run(), Status::kOk);
       for (int i = 0; i < lq; i++)
-        for (int e = 0; e < c.Ev; e++) EXPECT_EQ(h.output_at(0, 0, i, e), 0.0f) << c.describe() << " row " << i;
-      for (float w : h.weights) EXPECT_EQ(w, 0.0f) << c.describe();
+        for (int e = 0; e < c.Ev; e++) EXPECT_PRED1(test::is_plus_zero, h.output_at(0, 0, i, e)) << c.describe() << " row " << i;
+      for (float w : h.weights) EXPECT_PRED1(test::is_plus_zero, w) << c.describe();
       if (lq == 1) {
         const std::vector<float> streamed = run_streamed(h);
-        for (float o : streamed) EXPECT_EQ(o, 0.0f) << "streamed " << c.describe();
+        for (float o : streamed) EXPECT_PRED1(test::is_plus_zero, o) << "streamed " << c.describe();
       }
     }
 }

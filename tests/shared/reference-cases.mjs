@@ -110,12 +110,13 @@ export async function runReferenceCases(attn, cases = REFERENCE_CASES) {
     const weightsError = options.returnWeights ? maxRelError(got.weights.data, ref.weights) : null;
     const dimsOk = got.output.dims.join() === ref.outputDims.join() &&
       (!options.returnWeights || got.weights.dims.join() === ref.weightsDims.join());
-    // Where the reference is exactly 0 (rows with nothing to attend), so must sdpa-wasm be.
+    // Where the reference is exactly 0 (rows with nothing to attend), so must sdpa-wasm be: +0,
+    // not -0.
     let zeroRows = 0, zerosExact = true;
     for (let i = 0; i < ref.output.length; i++) {
       if (ref.output[i] === 0) {
         zeroRows++;
-        if (got.output.data[i] !== 0) zerosExact = false;
+        if (!Object.is(got.output.data[i], 0)) zerosExact = false;
       }
     }
     const ok = dimsOk && zerosExact && outputError <= REFERENCE_TOL &&
