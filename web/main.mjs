@@ -110,8 +110,14 @@ const hm = {
 };
 let hmState = null;
 let hover = { i: 0, j: 0 };
-/** Whether the canvas had the keyboard focus when its map was cleared (hiding it moves the focus to the page). */
+/**
+ * Whether the canvas had the keyboard focus when its map was cleared (hiding it drops the focus
+ * to the page), and no element has taken the focus since.
+ */
 let canvasFocusLost = false;
+document.addEventListener('focusin', (event) => {
+  if (event.target !== hm.canvas) canvasFocusLost = false;
+});
 const FLOAT32_MAX = 3.4028234663852886e38, FLOAT32_MIN_POSITIVE = 1.401298464324817e-45;
 
 /**
@@ -254,9 +260,11 @@ function renderHeatmap() {
   }
   hm.canvas.hidden = false;
   hm.legend.hidden = false;
-  // A map is back: the focus returns to it if it left only because the canvas was hidden (it
-  // is still on the page, not moved elsewhere meanwhile).
-  if (canvasFocusLost && (document.activeElement === null || document.activeElement === document.body)) hm.canvas.focus();
+  // A map is back: the focus returns to it if it left only because the canvas was hidden (no
+  // element has taken it since, and none has it now).
+  if (canvasFocusLost && (document.activeElement === null || document.activeElement === document.body)) {
+    hm.canvas.focus({ preventScroll: true });
+  }
   canvasFocusLost = false;
   const w = result.weights.data.subarray(p.head * L * L, (p.head + 1) * L * L);
   let wmax = 0;

@@ -470,7 +470,7 @@ void accumulate_dq(const float* ds, const float* key, int64_t k_stride, int32_t 
 //                                                        kernels), or round_up(Lk, tile) (dQ kernel)
 //   rows      PreparedRows of T tiles: every row of the pair (fused kernel), a group of
 //             kGroupRows rows (dK/dV kernel), one tile (dQ kernel), a group of kStatsGroupRows
-//             rows (row statistics)
+//             rows or the pair's rows if fewer (row statistics)
 //   s, dp [G][kTile], tanh_r [4][kTile]    p and ds of a group of G rows (kGroupRows; dQ: 4),
 //                                          the scores of one row tile (row statistics: G = 4)
 //   dk_acc [kTile][E], dv_acc [kTile][Ev]   (dK/dV, fused)  |  dq_acc [4][E]  (dQ kernel)
@@ -493,7 +493,7 @@ uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch
   const uint64_t G = dq || stats ? kQueryTile : kGroupRows;
   const uint64_t pair_rows = static_cast<uint64_t>(p.q_heads / p.kv_heads) * p.q_len;
   const uint64_t pair_tiles = (pair_rows + kQueryTile - 1) / kQueryTile;
-  const uint64_t T = fused ? pair_tiles : stats ? kStatsGroupTiles : G / kQueryTile;
+  const uint64_t T = fused ? pair_tiles : stats ? std::min<uint64_t>(kStatsGroupTiles, pair_tiles) : G / kQueryTile;
   const uint64_t flag_floats = (T * kQueryTile + sizeof(float) - 1) / sizeof(float);  // uint8_t flags
   const uint64_t sizes[16] = {keys * E,
                               stats ? 0 : keys * Ev,

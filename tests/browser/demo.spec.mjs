@@ -735,16 +735,23 @@ test('heatmap: a text with no tokens empties the map and readout; the length fie
   }, text));
   await setText('');
   await expect(page.getByTestId('heatmap-canvas')).toBeHidden();
-  expect(await page.evaluate(() => document.activeElement === document.body)).toBe(true);
+  await expect.poll(() => page.evaluate(() => document.activeElement === document.body)).toBe(true);
   await setText('the dog');
   await expect(page.getByTestId('heatmap-canvas')).toBeFocused();
   await page.getByTestId('heatmap-canvas').press('ArrowRight');
   await expect(page.getByTestId('hover-cell')).toHaveText(/^query 0 “the” → key 1 “dog”: weight /);
-  // Focus moved elsewhere while the map was hidden stays where it went.
+  // Focus moved elsewhere while the map was hidden stays where it went, and stays off the map
+  // even if it has left that element for the page since.
   await setText('');
   await page.getByTestId('ctl-seed').focus();
   await setText('a b');
   await expect(page.getByTestId('ctl-seed')).toBeFocused();
+  await page.getByTestId('heatmap-canvas').focus();
+  await setText('');
+  await page.getByTestId('ctl-seed').focus();
+  await page.evaluate(() => document.activeElement.blur());
+  await setText('a b c');
+  expect(await page.evaluate(() => document.activeElement === document.body)).toBe(true);
   expect(errors).toEqual([]);
 });
 

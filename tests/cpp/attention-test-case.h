@@ -42,6 +42,10 @@ struct AttentionCase {
   }
 };
 
+// +0 exactly (not -0): what the kernels write for rows and keys with nothing to attend. For
+// EXPECT_PRED1, which prints the value that fails.
+inline bool is_plus_zero(float x) { return x == 0.0f && !std::signbit(x); }
+
 // The seeded stream a case's data are drawn from.
 struct CaseRandom {
   std::mt19937 rng;
@@ -58,10 +62,6 @@ struct CaseRandom {
 
 // Dense Q [B, Hq, Lq, E] (times input_scale), K [B, Hkv, Lk, E], V [B, Hkv, Lk, Ev], drawn in
 // that order. (Dense in either layout: the sizes are the same.)
-// +0 exactly (not -0): what the kernels write for rows and keys with nothing to attend. For
-// EXPECT_PRED1, which prints the value that fails.
-inline bool is_plus_zero(float x) { return x == 0.0f && !std::signbit(x); }
-
 inline void draw_qkv(const AttentionCase& c, CaseRandom& random, std::vector<float>& q, std::vector<float>& k,
                      std::vector<float>& v) {
   random.fill(q, size_t(c.B) * c.Hq * c.Lq * c.E, c.input_scale);

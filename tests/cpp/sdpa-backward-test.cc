@@ -226,8 +226,8 @@ TEST(Backward, ScoresFarFromZeroRebuildProbabilitiesFromTheRowsOwnMaximum) {
 
 // The row statistics kernel recomputes the rows that need it in groups of row tiles (each key
 // tile packed once per group). Three kinds of rows, interleaved across tiles: rows that keep
-// their lse; rows with q 12 times larger (|scale|·‖q‖₂·max ‖k‖₂ > 64: recomputed, nearly
-// one-hot); rows with q = 0 under a float mask of their own far from zero (-1e4 and below:
+// their lse; rows with q 16 times larger (|scale|·‖q‖₂·max ‖k‖₂ ≈ 0.25·16·4·6 > 64: recomputed,
+// nearly one-hot); rows with q = 0 under a float mask of their own far from zero (-1e4 and below:
 // |lse| > 16, recomputed, their scores tied at the row's bias, p uniform over its causal
 // limit). So a row given another row's statistics gets p off by far more than the tolerance.
 // Each (batch, KV head) has 141 rows: three groups of 64 rows or fewer, with rows of three
@@ -245,7 +245,7 @@ TEST(Backward, RowStatisticsOfManyRowsRecomputedTogether) {
     for (int b = 0; b < c.B; b++) {
       for (int row = 0; row < c.Hq * c.Lq; row++) {  // Q rows [B, Hq, Lq]
         float* q = h->q.data() + (size_t(b) * c.Hq * c.Lq + row) * c.E;
-        for (int d = 0; d < c.E; d++) q[d] = row % 3 == 1 ? 12.0f * q[d] : row % 3 == 2 ? 0.0f : q[d];
+        for (int d = 0; d < c.E; d++) q[d] = row % 3 == 1 ? 16.0f * q[d] : row % 3 == 2 ? 0.0f : q[d];
       }
     }
     return h;

@@ -259,8 +259,8 @@ describe('no leaks: 10,000 mixed calls return bytesInUse and the module heap to 
     const big = randomTensor([1, 1, 300, 512], 1);  // Q, K, V of 600 KiB each
     const caches = [];
 
-    // Each round: a few direct sdpa calls, cache operations on a random live cache, and (every
-    // 10th round) a batch of worker calls. About 10 calls a round.
+    // Each round: a few direct sdpa and sdpaBackward calls, cache operations on a random live
+    // cache, and (every 10th round) a batch of worker calls. About 14 calls a round.
     const round = async (i) => {
       const p = smallProblem(i, { Lq: int(1, 6), Lk: int(1, 20) });
       await note(() => attn.sdpa(p.query, p.key, p.value, { returnWeights: i % 2 === 0, isCausal: i % 3 === 0 }));

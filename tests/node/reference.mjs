@@ -248,6 +248,22 @@ export function randomTensor(dims, seed) {
   return { data: randn(dims.reduce((a, b) => a * b, 1), seed), dims: [...dims] };
 }
 
+/**
+ * maxRelError for log-sum-exps: a row with nothing to attend must be -Infinity exactly (0 error
+ * where both are, Infinity where only one is).
+ */
+export function logSumExpError(got, ref) {
+  if (got.length !== ref.length) return Infinity;
+  let worst = 0;
+  for (let i = 0; i < ref.length; i++) {
+    const e = ref[i] === -Infinity || got[i] === -Infinity
+      ? (got[i] === ref[i] ? 0 : Infinity)
+      : abs(got[i] - ref[i]) / (1 + abs(ref[i]));
+    if (!(e <= worst)) worst = isNaNNumber(e) ? Infinity : e;
+  }
+  return worst;
+}
+
 /** max_i |got_i - ref_i| / (1 + |ref_i|); Infinity if lengths differ or anything is NaN. */
 export function maxRelError(got, ref) {
   if (got.length !== ref.length) return Infinity;

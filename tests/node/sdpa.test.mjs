@@ -5,7 +5,7 @@ import { createAttention } from 'sdpa-wasm';
 import {
   maxRelError, mulberry32, randn, randomTensor, referenceProblem, referenceSdpa,
 } from './reference.mjs';
-import { roundToHalf } from '../shared/kv-cache-cases.mjs';
+import { roundedToHalves } from '../shared/kv-cache-cases.mjs';
 
 const TOL = 2e-5;
 
@@ -766,8 +766,7 @@ describe('decode shapes: few query rows per KV head, long keys', () => {
     // the storage's rounding is its only error).
     const B = 2, Hq = 8, Hkv = 2, Lq = 1, Lk = 2600, E = 16, Ev = 12;
     const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 290);
-    const toHalves = (t) => ({ data: Float32Array.from(t.data, roundToHalf), dims: t.dims });  // what a float16 cache holds
-    const kHalves = toHalves(k), vHalves = toHalves(v);
+    const kHalves = roundedToHalves(k), vHalves = roundedToHalves(v);  // what a float16 cache holds
     const [one, two] = await Promise.all([createAttention({ threads: 1 }), createAttention({ threads: 2 })]);
     try {
       for (const [start, width] of [[0, 100], [700, 300], [1000, 100], [1536, 512], [2100, 500], [2599, 1]]) {
@@ -779,7 +778,7 @@ describe('decode shapes: few query rows per KV head, long keys', () => {
             t.data.fill(NaN, (bh * Lk + unionEnd) * D, (bh + 1) * Lk * D);
           }
         }
-        const kwHalves = toHalves(kw), vwHalves = toHalves(vw);
+        const kwHalves = roundedToHalves(kw), vwHalves = roundedToHalves(vw);
         const bool = { data: new Uint8Array(Lk).fill(1, start, end), dims: [Lk] };
         const float = floatMask([1, Hq, 1, Lk], 291 + start, 0);
         for (let h = 0; h < Hq; h++) {

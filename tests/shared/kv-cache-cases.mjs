@@ -27,6 +27,9 @@ export function roundToHalf(x) {
   return Math.sign(x) * r * ulp;
 }
 
+/** A tensor's values as a float16 cache stores them (each rounded by roundToHalf). */
+export const roundedToHalves = (t) => ({ data: Float32Array.from(t.data, roundToHalf), dims: t.dims });
+
 /** Positions [a, b) of a bhsd tensor [B, H, L, D]. */
 export function positions(t, a, b) {
   const [B, H, L, D] = t.dims;
@@ -67,9 +70,8 @@ export async function runCacheCases(attn, cases = CACHE_CASES) {
     const total = steps.reduce((a, b) => a + b, 0);
     const seed = 700 + index;
     const k = noiseTensor([B, Hkv, total, E], seed, 1), v = noiseTensor([B, Hkv, total, Ev], seed, 2);
-    const half = (t) => ({ data: Float32Array.from(t.data, roundToHalf), dims: t.dims });
     // What the reference reads: the values as stored (rounded to halves once, not every step).
-    const kStored = dtype === 'float16' ? half(k) : k, vStored = dtype === 'float16' ? half(v) : v;
+    const kStored = dtype === 'float16' ? roundedToHalves(k) : k, vStored = dtype === 'float16' ? roundedToHalves(v) : v;
     const cache = await attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: total, dtype });
     let other = null;
     const hashes = [];

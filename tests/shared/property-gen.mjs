@@ -53,12 +53,12 @@ export const normalTensor = (r, dims) => ({ data: randn(size(dims), r.u32()), di
 
 // ─── shapes ───────────────────────────────────────────────────────────────────────────────
 
-// The kernel's edges (src/tiles.h): query tiles of 4 rows, key groups of 8, key tiles and decode
-// segments of 512 keys, 16 keys of a boolean mask read at a time. Most draws are small so
-// hundreds of float64 references stay fast.
+// Around the kernels' edges (src/tiles.h: kQueryTile, kKeyGroup, kKeyTile and the decode
+// segments, kBackwardKeyTile; boolean masks are read 16 keys at a time): their multiples ± 1.
+// Most draws are small so hundreds of float64 references stay fast.
 const Q_LENGTHS = [1, 1, 2, 3, 4, 5, 7, 8, 9, 13];
 const K_LENGTHS_SMALL = [1, 2, 3, 4, 5, 7, 8, 9, 11, 13, 15, 16, 17];
-const K_LENGTHS_LARGE = [31, 32, 33, 61, 127, 131, 255, 257, 383, 509, 511, 512, 513, 1023, 1024, 1025];
+const K_LENGTHS_LARGE = [31, 32, 33, 61, 63, 64, 65, 127, 128, 129, 131, 255, 257, 383, 509, 511, 512, 513, 1023, 1024, 1025];
 const HEAD_SIZES = [1, 2, 3, 4, 5, 7, 8, 9, 11, 16, 17, 32];
 const HEAD_SIZES_LARGE = [61, 64, 67, 128];
 
