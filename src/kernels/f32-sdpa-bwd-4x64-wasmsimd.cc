@@ -51,7 +51,8 @@ constexpr int kTile = kBackwardKeyTile;
 // for every row tile.
 constexpr int kGroupRows = 4 * kQueryTile;
 // Rows whose statistics the row statistics kernel recomputes together: each 64-key tile of K is
-// packed once for them all (packing, scalar, cost about as much as scoring it for one row tile).
+// packed once for them all (packed per 4-row tile, the packing had cost about as much as the
+// scoring: see the performance log).
 constexpr int kStatsGroupRows = 16 * kQueryTile;
 constexpr int kStatsGroupTiles = kStatsGroupRows / kQueryTile;
 
@@ -198,24 +199,6 @@ void prepare_rows(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t
     for (int r = 0; r < kQueryTile; r++) {
       out.q_nonfinite[t * kQueryTile + r] = holds_nonfinite(o.q_rows + r * E, E);
       out.go_nonfinite[t * kQueryTile + r] = holds_nonfinite(o.go_rows + r * Ev, Ev);
-    }
-  }
-}
-
-// Rows [0, count) of a [L, D] operand (row stride `stride`) into [round_up(count, 8)/8][D][8],
-// zero columns past count.
-void pack_rows(const float* src, int64_t stride, int32_t count, int32_t dim, float* packed) {
-  const int32_t padded = round_up(count, kKeyGroup);
-  for (int32_t j0 = 0; j0 < padded; j0 += kKeyGroup) {
-    float* group = packed + static_cast<size_t>(j0) * dim;
-    for (int i = 0; i < kKeyGroup; i++) {
-      const int32_t j = j0 + i;
-      if (j < count) {
-        const float* row = src + j * stride;
-        for (int32_t d = 0; d < dim; d++) group[d * kKeyGroup + i] = row[d];
-      } else {
-        for (int32_t d = 0; d < dim; d++) group[d * kKeyGroup + i] = 0.0f;
-      }
     }
   }
 }
@@ -551,8 +534,8 @@ void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t k
                                                                     : make_row_tile(bp, b, kv_head, f0, rows, stats)));
   }
   if (packed_keys > 0) {
-    pack_rows(key, p.k_stride_l, packed_keys, E, s.k_packed);
-    pack_rows(value, p.v_stride_l, packed_keys, Ev, s.v_packed);
+    pack_key_groups(kF32Elements, key, p.k_stride_l, packed_keys, E, s.k_packed);
+    pack_key_groups(kF32Elements, value, p.v_stride_l, packed_keys, Ev, s.v_packed);
     for (int32_t g0 = 0; g0 < rows; g0 += kGroupRows) {
       const int32_t g_end = std::min(rows, g0 + kGroupRows);
       const int32_t g_tiles = (g_end - g0 + kQueryTile - 1) / kQueryTile;
@@ -656,8 +639,8 @@ void recompute_row_stats(const BackwardProblem& bp, int32_t b, int32_t kv_head, 
   }
   const v128_t zero = wasm_f32x4_splat(0.0f);
   for (int32_t j0 = 0; j0 < keys_end; j0 += kTile) {
-    pack_rows(key + static_cast<int64_t>(j0) * p.k_stride_l, p.k_stride_l, std::min(kTile, keys_end - j0), E,
-              s.k_packed);
+    pack_key_groups(kF32Elements, key + static_cast<int64_t>(j0) * p.k_stride_l, p.k_stride_l,
+                    std::min(kTile, keys_end - j0), E, s.k_packed);
     for (int32_t t = 0; t < tile_count; t++) {
       if (tile_keys[t] <= j0) continue;  // no marked row of the tile attends these keys
       const int32_t count = std::min(kTile, tile_keys[t] - j0);
@@ -818,8 +801,8 @@ void sdpa_f32_bwd_dq_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b
   for (int32_t f0 = row_begin; f0 < row_end; f0 += kQueryTile) {
     packed_keys = std::max(packed_keys, make_row_tile(bp, b, kv_head, f0, row_end, stats).keys_end);
   }
-  pack_rows(key, p.k_stride_l, packed_keys, E, s.k_packed);
-  pack_rows(value, p.v_stride_l, packed_keys, Ev, s.v_packed);
+  pack_key_groups(kF32Elements, key, p.k_stride_l, packed_keys, E, s.k_packed);
+  pack_key_groups(kF32Elements, value, p.v_stride_l, packed_keys, Ev, s.v_packed);
 
   for (int32_t f0 = row_begin; f0 < row_end; f0 += kQueryTile) {
     const RowTile rt = make_row_tile(bp, b, kv_head, f0, row_end, stats);

@@ -82,13 +82,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // kReadScale: what load4 and scalar return is the element's value times kReadScale, a power
 // of two; 1 but for F16FiniteScaledElements, whose readers multiply the other factor of every
 // product (the scaled query, the probability) by 1 / kReadScale instead (exact: see there).
-struct F32Elements {
-  using Elem = float;
-  static constexpr float kReadScale = 1.0f;
-  v128_t load4(const float* p) const { return wasm_v128_load(p); }
-  float scalar(float x) const { return x; }
-};
-constexpr F32Elements kF32Elements{};
+// F32Elements (float32 as they are) is in f32-tile-ops-wasmsimd.h: the backward packs with it.
 struct F16Elements {
   using Elem = uint16_t;
   static constexpr float kReadScale = 1.0f;
@@ -606,56 +600,6 @@ void accumulate_pv(const Src& src, const float* probs, const typename Src::Elem*
   kByRows[rows - 1](src, probs, value, v_stride, cols, open_count, key_count, alpha, acc, acc_stride, block_floats);
 }
 
-// K of one (batch, KV head), keys [0, key_count), into [groups][E][8]; zeros in the last
-// group's keys past key_count (tiles are scored in whole groups: score_tile_from). A whole
-// group is 8 key rows × E read 4 dims at a time and written as two transposed 4×4 blocks per
-// 4 dims (sequential stores; the scalar form scatters every float).
-// Float16 keys are widened as they are loaded.
-template <typename Src>
-void pack_key(const Src& src, const typename Src::Elem* key, int64_t stride_l, int32_t key_count,
-              int32_t head_dim, float* packed) {
-  static_assert(kKeyGroup == 8, "two 4×4 blocks per group");
-  const int32_t padded = round_up(key_count, kKeyGroup);
-  const int32_t e4 = head_dim & ~3;
-  for (int32_t j0 = 0; j0 < padded; j0 += kKeyGroup) {
-    float* group = packed + static_cast<size_t>(j0) * head_dim;  // [E][8]
-    const int32_t keys = std::clamp(key_count - j0, 0, kKeyGroup);
-    if (keys < kKeyGroup) {  // the last, partial group and the zero padding
-      for (int32_t d = 0; d < head_dim; d++) {
-        for (int i = 0; i < kKeyGroup; i++) {
-          group[d * kKeyGroup + i] = i < keys ? src.scalar(key[(j0 + i) * stride_l + d]) : 0.0f;
-        }
-      }
-      continue;
-    }
-    using Elem = typename Src::Elem;
-    const Elem* k0 = key + j0 * stride_l;
-    const Elem* k1 = k0 + stride_l;
-    const Elem* k2 = k1 + stride_l;
-    const Elem* k3 = k2 + stride_l;
-    const Elem* k4 = k3 + stride_l;
-    const Elem* k5 = k4 + stride_l;
-    const Elem* k6 = k5 + stride_l;
-    const Elem* k7 = k6 + stride_l;
-    for (int32_t d = 0; d < e4; d += 4) {
-      v128_t a0 = src.load4(k0 + d), a1 = src.load4(k1 + d);
-      v128_t a2 = src.load4(k2 + d), a3 = src.load4(k3 + d);
-      v128_t b0 = src.load4(k4 + d), b1 = src.load4(k5 + d);
-      v128_t b2 = src.load4(k6 + d), b3 = src.load4(k7 + d);
-      transpose4x4(a0, a1, a2, a3);  // a_t: dim d + t of keys 0..3
-      transpose4x4(b0, b1, b2, b3);  // b_t: dim d + t of keys 4..7
-      float* dst = group + d * kKeyGroup;
-      wasm_v128_store(dst, a0), wasm_v128_store(dst + 4, b0);
-      wasm_v128_store(dst + 8, a1), wasm_v128_store(dst + 12, b1);
-      wasm_v128_store(dst + 16, a2), wasm_v128_store(dst + 20, b2);
-      wasm_v128_store(dst + 24, a3), wasm_v128_store(dst + 28, b3);
-    }
-    for (int32_t d = e4; d < head_dim; d++) {
-      for (int i = 0; i < kKeyGroup; i++) group[d * kKeyGroup + i] = src.scalar(key[(j0 + i) * stride_l + d]);
-    }
-  }
-}
-
 // V of one (batch, KV head), keys [0, key_count), into 8-column blocks [Ev8/8][Lk][8]
 // (block_floats = Lk·8 apart), zeros in the columns past Ev. Float16 values are widened.
 // Whole blocks are two vector copies (element by element, packing took 1.1% of a V8 profile
@@ -1045,7 +989,7 @@ void run_work(const Problem& p, const KernelWork& w, const float* row_stats, flo
     // Pack only the keys some row of this call may attend.
     int32_t packed_keys = 0;
     for (int32_t f = w.row_begin; f < w.row_end; f++) packed_keys = std::max(packed_keys, limit_of_flat(f));
-    pack_key(src, key, p.k_stride_l, packed_keys, p.head_dim, s.packed_key);
+    pack_key_groups(src, key, p.k_stride_l, packed_keys, p.head_dim, s.packed_key);
     kv.packed_key = s.packed_key;
     pack_value(src, value, p.v_stride_l, packed_keys, p.value_dim, packed_value_block_floats(p), s.packed_value);
     kv.packed_value = s.packed_value, kv.value_cols = value_cols_padded(p);

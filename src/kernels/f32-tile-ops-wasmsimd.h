@@ -1,8 +1,10 @@
 // Register-level building blocks shared by the forward and backward attention kernels
 // (f32-sdpa-fwd-4x512-wasmsimd.cc, f32-sdpa-bwd-4x64-wasmsimd.cc): 4×4 transposes and
-// reductions, and the 4-row × 8-key score micro-kernel over K packed [groups][E][8].
+// reductions, the packing of K (and, in the backward, V) into key groups [groups][E][8], and the
+// 4-row × 8-key score micro-kernel over them.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -30,6 +32,67 @@ inline v128_t reduce_4x4(v128_t a0, v128_t a1, v128_t a2, v128_t a3) {
   const v128_t r01 = op(wasm_i32x4_shuffle(a0, a1, 0, 4, 1, 5), wasm_i32x4_shuffle(a0, a1, 2, 6, 3, 7));
   const v128_t r23 = op(wasm_i32x4_shuffle(a2, a3, 0, 4, 1, 5), wasm_i32x4_shuffle(a2, a3, 2, 6, 3, 7));
   return op(wasm_i32x4_shuffle(r01, r23, 0, 1, 4, 5), wasm_i32x4_shuffle(r01, r23, 2, 3, 6, 7));
+}
+
+// Float32 elements read as they are: the reader of pack_key_groups (and of the forward kernel's
+// loops, whose float16 readers, with the same members, are in f32-sdpa-fwd-4x512-wasmsimd.cc).
+// kReadScale: what load4 and scalar return is the element's value times this power of two.
+struct F32Elements {
+  using Elem = float;
+  static constexpr float kReadScale = 1.0f;
+  v128_t load4(const float* p) const { return wasm_v128_load(p); }
+  float scalar(float x) const { return x; }
+};
+constexpr F32Elements kF32Elements{};
+
+// Rows [0, count) of a [L, D] operand (rows `stride` elements apart, read by `src`: float16 is
+// widened as it is loaded) into key groups [round_up(count, 8)/8][D][8], the B operand of
+// score_4x8_packed; zeros in the last group's columns past count (scores are made in whole
+// groups). A whole group is 8 rows × D read 4 dims at a time and written as two transposed
+// 4×4 blocks per 4 dims (sequential stores; the scalar form scatters every float).
+template <typename Src>
+void pack_key_groups(const Src& src, const typename Src::Elem* rows, int64_t stride, int32_t count, int32_t dim,
+                     float* packed) {
+  static_assert(kKeyGroup == 8, "two 4×4 blocks per group");
+  const int32_t padded = round_up(count, kKeyGroup);
+  const int32_t d4 = dim & ~3;
+  for (int32_t j0 = 0; j0 < padded; j0 += kKeyGroup) {
+    float* group = packed + static_cast<size_t>(j0) * dim;  // [D][8]
+    const int32_t valid = std::clamp(count - j0, 0, kKeyGroup);
+    if (valid < kKeyGroup) {  // the last, partial group and the zero padding
+      for (int32_t d = 0; d < dim; d++) {
+        for (int i = 0; i < kKeyGroup; i++) {
+          group[d * kKeyGroup + i] = i < valid ? src.scalar(rows[(j0 + i) * stride + d]) : 0.0f;
+        }
+      }
+      continue;
+    }
+    using Elem = typename Src::Elem;
+    const Elem* r0 = rows + j0 * stride;
+    const Elem* r1 = r0 + stride;
+    const Elem* r2 = r1 + stride;
+    const Elem* r3 = r2 + stride;
+    const Elem* r4 = r3 + stride;
+    const Elem* r5 = r4 + stride;
+    const Elem* r6 = r5 + stride;
+    const Elem* r7 = r6 + stride;
+    for (int32_t d = 0; d < d4; d += 4) {
+      v128_t a0 = src.load4(r0 + d), a1 = src.load4(r1 + d);
+      v128_t a2 = src.load4(r2 + d), a3 = src.load4(r3 + d);
+      v128_t b0 = src.load4(r4 + d), b1 = src.load4(r5 + d);
+      v128_t b2 = src.load4(r6 + d), b3 = src.load4(r7 + d);
+      transpose4x4(a0, a1, a2, a3);  // a_t: dim d + t of rows 0..3
+      transpose4x4(b0, b1, b2, b3);  // b_t: dim d + t of rows 4..7
+      float* dst = group + d * kKeyGroup;
+      wasm_v128_store(dst, a0), wasm_v128_store(dst + 4, b0);
+      wasm_v128_store(dst + 8, a1), wasm_v128_store(dst + 12, b1);
+      wasm_v128_store(dst + 16, a2), wasm_v128_store(dst + 20, b2);
+      wasm_v128_store(dst + 24, a3), wasm_v128_store(dst + 28, b3);
+    }
+    for (int32_t d = d4; d < dim; d++) {
+      for (int i = 0; i < kKeyGroup; i++) group[d * kKeyGroup + i] = src.scalar(rows[(j0 + i) * stride + d]);
+    }
+  }
 }
 
 // scores[4][0 .. cols) = A[4][D] · B[0 .. cols)ᵀ, rows kScoreStride floats apart, with A
