@@ -10,6 +10,8 @@
 //   tfjs-wasm    TensorFlow.js's wasm backend (1 thread): the gradient of the per-head
 //                matMul/softmax/matMul forward (the form bench/peers/tfjs.mjs times) for the
 //                same dO, with the ops its autodiff runs (openTfjs): [N, N] matrices materialised
+//   scale 32     the same backward with every row's maximum and log-sum recomputed first (the
+//                path of unscaled heads and huge logits: RowStats, src/kernels/sdpa-bwd-kernels.h)
 // and (h) N = 32768 causal: sdpa-wasm's backward once, with the instance's peak wasm memory
 // (attn.memory().peakBytes: O(N), against the 4·N² = 4 GiB one score matrix needs), and
 // tfjs-wasm's attempt (it cannot hold the matrix in a wasm32 heap).
@@ -30,6 +32,7 @@ import { makeInputs, randomTensor } from './reference.mjs';
 import { SHAPES, describe, flops } from './shapes.mjs';
 
 export const BACKWARD_TARGETS = { vsForward: 0.5, vsTfjs: 2, shapes: ['b', 'c', 'e'] };
+const RECOMPUTED_SCALE = 32;
 const BIG_SHAPE = 'h';
 
 const median = (xs) => {
@@ -196,28 +199,36 @@ async function section({ quick, shapeIds, log }, held) {
       }
     }
     const runs = [];
+    // The same backward with scale RECOMPUTED_SCALE: every row then has its maximum and log-sum
+    // recomputed before the gradients (|scale|·‖q‖₂·max ‖k‖₂ > 64 whenever ‖q‖₂, ‖k_0‖₂ ≥ 1.5:
+    // rows of E = 64 uniform in [-0.5, 0.5) have norms of 2.31 ± 0.1), the path of unscaled
+    // heads and huge logits.
+    const recomputedOptions = { ...options, scale: RECOMPUTED_SCALE };
     for (const { label, attn } of instances) {
       const forward = attn.sdpa(inputs.q, inputs.k, inputs.v, { ...options, returnLogSumExp: true });
       const saved = { output: forward.output, logSumExp: forward.logSumExp };
       const g = attn.sdpaBackward(inputs.q, inputs.k, inputs.v, gradOutput, { ...options, saved });
       const error = reference ? Math.max(maxAbsDiff(g.dQuery.data, reference.dQuery), maxAbsDiff(g.dKey.data, reference.dKey),
         maxAbsDiff(g.dValue.data, reference.dValue)) : null;
+      const forward4 = attn.sdpa(inputs.q, inputs.k, inputs.v, { ...recomputedOptions, returnLogSumExp: true });
+      const saved4 = { output: forward4.output, logSumExp: forward4.logSumExp };
       runs.push({
         label, error,
         forward: () => attn.sdpa(inputs.q, inputs.k, inputs.v, options),
         backward: () => attn.sdpaBackward(inputs.q, inputs.k, inputs.v, gradOutput, { ...options, saved }),
-        times: { forward: [], backward: [] },
+        recomputed: () => attn.sdpaBackward(inputs.q, inputs.k, inputs.v, gradOutput, { ...recomputedOptions, saved: saved4 }),
+        times: { forward: [], backward: [], recomputed: [] },
       });
     }
     const tfjsRun = reference ? { times: [], run: () => tfjs.grads(s, inputs, dO) } : null;
 
     for (let w = 0; w < settings.warmups; w++) {
-      for (const r of runs) { r.forward(); r.backward(); }
+      for (const r of runs) { r.forward(); r.backward(); r.recomputed(); }
       if (tfjsRun && w === 0) tfjsRun.run();
     }
     for (let round = 0; round < settings.rounds; round++) {
       for (const r of runs) {
-        for (const kind of ['forward', 'backward']) {
+        for (const kind of ['forward', 'backward', 'recomputed']) {
           const start = performance.now();
           r[kind]();
           r.times[kind].push(performance.now() - start);
@@ -232,11 +243,12 @@ async function section({ quick, shapeIds, log }, held) {
     const tfjsMs = tfjsRun ? median(tfjsRun.times) : null;
     entry.tfjs = tfjsRun ? { medianMs: tfjsMs, gflops: 2.5 * F / (tfjsMs * 1e6), version: tfjs.version } : null;
     for (const r of runs) {
-      const fwdMs = median(r.times.forward), bwdMs = median(r.times.backward);
+      const fwdMs = median(r.times.forward), bwdMs = median(r.times.backward), recomputedMs = median(r.times.recomputed);
       entry.peers[r.label] = {
         forwardMs: fwdMs, backwardMs: bwdMs,
         forwardGflops: F / (fwdMs * 1e6), backwardGflops: 2.5 * F / (bwdMs * 1e6),
         vsForward: 2.5 * fwdMs / bwdMs, vsTfjs: tfjsMs ? tfjsMs / bwdMs : null, maxAbsErrorVsTfjs: r.error,
+        recomputedMs, recomputedVsBackward: recomputedMs / bwdMs,
       };
     }
     results.push(entry);
@@ -244,7 +256,8 @@ async function section({ quick, shapeIds, log }, held) {
     for (const [label, p] of Object.entries(entry.peers)) {
       log(`    ${label.padEnd(16)} forward ${fmt(p.forwardMs)} ms ${fmt(p.forwardGflops)} GFLOP/s; backward ${fmt(p.backwardMs)} ms ` +
         `${fmt(p.backwardGflops)} GFLOP/s = ${fmt(100 * p.vsForward, 0)}% of the forward's, ${fmt(p.vsTfjs, 2)}× tfjs-wasm` +
-        `${p.maxAbsErrorVsTfjs === null ? '' : `; max |Δ| vs tfjs ${p.maxAbsErrorVsTfjs.toExponential(1)}`}`);
+        `${p.maxAbsErrorVsTfjs === null ? '' : `; max |Δ| vs tfjs ${p.maxAbsErrorVsTfjs.toExponential(1)}`}` +
+        `; scale ${RECOMPUTED_SCALE} (every row's statistics recomputed) ${fmt(p.recomputedMs)} ms = ${fmt(p.recomputedVsBackward, 2)}× the time`);
     }
   }
 
