@@ -40,6 +40,8 @@ namespace {
 // kernel is the dK/dV kernel's key blocks plus the dQ kernel's per-tile sums): the same bits.
 // Scratch: RowStats' delta, shift and log_sum [B, Hq, Lq] each, then per thread the scratch of
 // the kernels used.
+// The forward's split policy (src/sdpa.cc: kMinBlockRows, kItemsPerThread), with values of its
+// own: each pass is tuned by itself.
 constexpr int32_t kMinRowBlock = 16;
 constexpr int32_t kItemsPerThread = 4;
 

@@ -17,19 +17,23 @@
 //   dk_j  += scale · dr_j · q_i                      (summed over rows, and over the query
 //                                                     heads sharing the KV head)
 // p_j is rebuilt from the saved lse where float32 makes that precise enough; for a row with
-// |lse| > 16, or whose scores' terms are large (|scale|·‖q‖₂·max ‖k‖₂ > 64: huge logits,
-// large q and k nearly orthogonal), from the row's own maximum score m and log Σ exp(s_j - m),
-// recomputed (src/kernels/sdpa-bwd-kernels.h, RowStats).
+// |lse| > kExactLseLimit, or whose scores' terms are large (|scale|·‖q‖₂·max ‖k‖₂ >
+// kExactScoreTerms: huge logits, large q and k nearly orthogonal), from the row's own maximum
+// score m and log Σ exp(s_j - m), recomputed (src/kernels/sdpa-bwd-kernels.h, RowStats, where
+// both limits are defined).
 // The mask gets no gradient. A blocked key has p_j = 0 exactly and is skipped, not multiplied
 // by 0 (NaN in padding cannot leak); a row with nothing to attend (lse = -inf) contributes
 // nothing and gets dq_i = 0; a key no row attends gets dk_j = dv_j = 0.
 //
-// Work (FlashAttention-2's loop orders, without atomics): dK and dV by (batch, KV head,
-// block of kBackwardKeyTile keys), each item looping over every query row of the KV group;
-// dQ by (batch, KV head, block of query rows), each looping over the keys. Both recompute
-// the scores and probabilities tile by tile from Q, K and lse (O(N) memory, never Lq×Lk).
-// Every gradient element is summed in one item, in a fixed order: bitwise identical results
-// for any number of threads.
+// Work (FlashAttention-2's loop orders, without atomics), after the rows' statistics: with
+// one thread, or enough (batch, KV head) pairs for every thread, one fused item per pair runs
+// its key blocks in order, computing the scores and probabilities of each tile once for dK,
+// dV and dQ; else dK and dV by (batch, KV head, block of kBackwardKeyTile keys), each item
+// looping over every query row of the KV group, and dQ by (batch, KV head, block of query
+// rows), each looping over the keys, both recomputing the scores and probabilities tile by
+// tile from Q, K and lse. O(N) memory, never Lq×Lk. Every gradient element is summed in one
+// item, in the same fixed order either way: bitwise identical results for any number of
+// threads.
 #pragma once
 
 #include <cstdint>
@@ -59,9 +63,9 @@ struct BackwardProblem {
 Status validate_backward(const BackwardProblem& p);
 
 // Floats of scratch that backward() needs on `threads` threads: the rows' RowStats (3 floats
-// each: D_i and the two that rebuild p), and per
-// thread the larger of the two passes' needs (the dQ pass packs one head's K and V:
-// O(Lk·(E + Ev))).
+// each: D_i and the two that rebuild p), and per thread the largest need of the kernels used:
+// the fused kernel holds every row of a pair and its dQ, O((Hq/Hkv)·Lq·(E + Ev)); the dQ pass
+// packs one head's K and V, O(Lk·(E + Ev)); the row statistics keep max ‖k_j‖₂, O(Lk).
 uint64_t backward_scratch_floats(const BackwardProblem& p, int32_t threads = 1);
 
 // Writes d_query, d_key and d_value (every element). `scratch` holds at least

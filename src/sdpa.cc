@@ -265,7 +265,8 @@ namespace {
 Status check_segmentable(const Problem& p) {
   const Status status = validate(p);
   if (status != Status::kOk) return status;
-  if (p.batch != 1 || p.kv_heads != 1 || p.weights != nullptr || !plan_work(p, 1).in_place) {
+  if (p.batch != 1 || p.kv_heads != 1 || p.weights != nullptr || !plan_work(p, 1).in_place ||
+      (is_half(p.kv_type) && p.read_kv_in_order)) {
     return Status::kBadSegment;
   }
   return Status::kOk;
@@ -282,6 +283,7 @@ Status forward_segment(const Problem& p, int32_t segment, float* partials, float
   // The same kernel call as forward_item's for this segment, with K/V starting at its keys.
   KernelWork kw = segment_work(p, plan_work(p, 1), segment, partials);
   kw.stored_from = kw.key_begin;
+  kw.stored_alone = true;
   sdpa_f32_fwd_ukernel_4x512__wasmsimd(p, kw, scratch);
   return Status::kOk;
 }

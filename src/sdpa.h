@@ -21,8 +21,8 @@
 //   s  = scale · (q_i · k_j)
 //   s  = softcap · tanh(s / softcap)                     if softcap > 0
 //   s  = s + mask[b, h, i, j]                            float mask (may be -inf)
-//   s  = -inf  where bool mask == 0, where j >= key_length[b],
-//              or (causal) where j > i + causal_offset[b]
+//   s  = -inf  where bool mask == 0, where j >= key_lengths[b],
+//              or (causal) where j > i + offset (causal_offsets[b], or causal_offset for every b)
 // Output row i = Σ_j softmax_j(s) · v_j. A row whose every key is blocked (-inf) has no
 // softmax; its output (and weights) are exact zeros.
 #pragma once
@@ -87,7 +87,8 @@ struct Problem {
   // A hint for the decode path (K/V read in place), which never changes the result's value
   // beyond float rounding and never depends on the thread count: true when K/V come from main
   // memory rather than the core's caches (a KV cache's storage, read once per step). Keys
-  // are then read one at a time in memory order, which the hardware prefetcher streams; V
+  // are then read in memory order, as a few far-apart streams the hardware prefetcher follows
+  // (float16 MHA: each stream's keys from a whole group of tiles, interleaved); V
   // rows too, key after key, in P·V (one query row per KV head), or touched as their keys are
   // scored (more rows); false (K/V just copied in, still in cache): four keys at a time, fewer
   // instructions per key.
@@ -107,7 +108,7 @@ enum class Status : int32_t {
   kBadKvType = 9,       // kv_type is not a KvType
   kBadMaskKind = 10,    // mask_kind is not a MaskKind
   kBadSegment = 8,      // forward_segment()/merge_segments() on a problem they do not take,
-                        // or a segment index outside [0, segment_count(p))
+                        // a segment index outside [0, segment_count(p)), or partials null
 };
 
 const char* status_name(Status status);
@@ -157,7 +158,9 @@ Status forward(const Problem& p, float* scratch, uint64_t scratch_size, ThreadPo
 //       K = segment_keys(); forward_segment(p, s, …)
 //   merge_segments(p, partials)
 // p is one (batch, KV head): batch == 1 and kv_heads == 1 (point query/output/mask at the
-// pair's first query head), on the decode path (reads_keys_in_place(p)), without weights.
+// pair's first query head), on the decode path (reads_keys_in_place(p)), without weights, and
+// not float16 read in order (forward() reads those as a KV cache's, whose float16 MHA decode
+// takes each stream's keys from a whole group of tiles: a segment copied alone cannot).
 // For each call, p.key and p.value point at the segment's first key, with the problem's
 // strides (k_stride_b/h and v_stride_b/h are not used). The segments are forward()'s own
 // split-K segments, merged in the same order: the output is bitwise identical to forward().

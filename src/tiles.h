@@ -5,7 +5,8 @@ namespace sdpa {
 
 // Query rows processed together: 4 rows × 8 keys (2 vectors) = 8 accumulators in Q·Kᵀ,
 // 4 rows × 8 value columns = 8 accumulators in P·V. With the operands that is 11-12 live
-// v128 registers, under the 16 that V8 gives wasm on x86 (more spill: PERF-NOTES).
+// v128 registers, under the 16 that V8 gives wasm on x86 (more spill: register tiles of 6×8
+// and 8×8 ran 13–35% slower than 4×8 in a micro-kernel, in the team's wasm SIMD measurements).
 constexpr int kQueryTile = 4;
 // Keys per tile of the online softmax (scores of one tile live in scratch, never Lq×Lk).
 // Per tile there is fixed work (row maxima, α, the rescale of the output accumulators), and
@@ -30,8 +31,8 @@ constexpr int kKeyGroup = 8;
 // Value/output columns per P·V block (two vectors); Ev is padded to a multiple of this.
 constexpr int kValueBlock = 8;
 
-// Row tiles per KV head up to which forward() reads K/V in place, one 512-key segment at a
-// time for all the rows (each row tile after the first finds the segment in the core's L2),
+// Row tiles per KV head up to which forward() reads K/V in place, one segment of keys
+// (kSegmentKeys, src/sdpa.cc) at a time for all the rows (each row tile after the first finds the segment in the core's L2),
 // instead of packing them once per call as for a prompt: up to 32 query rows per KV head,
 // e.g. one token with 14 query heads per KV head, or 8 heads and 4 tokens. In alternating
 // A/B runs against 2 (AMD EPYC Zen 4, cold, E64 Hkv2 Lk8192 unless said): 3 or 4 tiles
@@ -40,8 +41,9 @@ constexpr int kValueBlock = 8;
 constexpr int kDecodeMaxRowTiles = 8;
 
 // Keys per tile of the backward pass (src/sdpa-backward.h): the dK/dV items' key blocks and
-// the dQ pass's key tiles. Per tile it keeps scores, dP and probabilities of 4 rows, and in
-// the dK/dV pass the block's K, V (packed) and its dK, dV accumulators: 4·64·(E + Ev) bytes.
+// the dQ pass's key tiles. Per tile it keeps the scores, dP and probabilities of its rows (4 in
+// the dQ pass, 16 in the dK/dV pass), and in the dK/dV pass the block's K, V (packed) and its
+// dK, dV accumulators: 2·4·64·(E + Ev) bytes.
 constexpr int kBackwardKeyTile = 64;
 
 static_assert(kKeyTile % kKeyGroup == 0, "a key tile is whole key groups");

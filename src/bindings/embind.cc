@@ -255,7 +255,8 @@ class SegmentStream {
 };
 
 // KV cache writes (src/kv-cache.h): rows [B, H, L, D] from `src` into `dst`, both with
-// element strides; types are sdpa::KvType values (0 float32, 1 float16).
+// element strides; types are sdpa::KvType values (0 float32, 1 float16, 2 float16 known to
+// hold no Inf or NaN).
 int32_t copy_rows(uint32_t dst, int32_t dst_type, double dst_b, double dst_h, double dst_l, uint32_t src,
                   int32_t src_type, double src_b, double src_h, double src_l, int32_t batch, int32_t heads,
                   int32_t rows, int32_t dim) {

@@ -21,7 +21,7 @@
 // dq += ds·K as the dQ kernel would: one computation of s and dp instead of two, the same bits.
 //
 // Both products with a packed operand, s and dp, are score_4x8_packed (f32-tile-ops-wasmsimd.h):
-// A interleaved [D][4] (q_cols, do_cols) against B packed [keys/8][D][8] (K, V).
+// A interleaved [D][4] (q_cols, go_cols) against B packed [keys/8][D][8] (K, V).
 //
 // Blocked keys never reach the arithmetic as values: the scores of blocked keys are -inf
 // before exp (p = 0 exactly), ds is selected to 0 where p == 0, and where a key's row of K
@@ -456,7 +456,7 @@ void accumulate_dq(const float* ds, const float* key, int64_t k_stride, int32_t 
 //             rows or the pair's rows if fewer (row statistics)
 //   s, dp [G][kTile], tanh_r [4][kTile]    p and ds of a group of G rows (kGroupRows; dQ: 4),
 //                                          the scores of one row tile (row statistics: G = 4)
-//   dk_acc [kTile][E], dv_acc [kTile][Ev]   (dK/dV, fused)  |  dq_acc [4][E]  (dQ kernel)
+//   acc0: dK [kTile][E], acc1: dV [kTile][Ev]  (dK/dV, fused)  |  acc0: dQ [4][E]  (dQ kernel)
 //   dq_all [4T][E]                          (fused kernel: every row's dQ over all key blocks)
 //   key_norm_max [Lk]                       (row statistics: max_{j' <= j} ‖k_j'‖₂)
 struct Scratch {
@@ -481,18 +481,18 @@ uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch
   const uint64_t sizes[16] = {keys * E,
                               stats ? 0 : keys * Ev,
                               T * kRowTileFloats,
-                              4 * T * E,
-                              4 * T * E,
-                              4 * T * Ev,
-                              4 * T * Ev,
+                              kQueryTile * T * E,
+                              kQueryTile * T * E,
+                              kQueryTile * T * Ev,
+                              kQueryTile * T * Ev,
                               flag_floats,
                               flag_floats,
                               G * kTile,
                               stats ? 0 : G * kTile,
-                              4 * kTile,
-                              stats ? 0 : dq ? 4 * E : kTile * E,
+                              kQueryTile * kTile,
+                              stats ? 0 : dq ? kQueryTile * E : kTile * E,
                               stats || dq ? 0 : kTile * Ev,
-                              fused ? 4 * T * E : 0,
+                              fused ? kQueryTile * T * E : 0,
                               stats ? static_cast<uint64_t>(p.kv_len) : 0};
   float* parts[16];
   const uint64_t total = carve(base, sizes, parts);

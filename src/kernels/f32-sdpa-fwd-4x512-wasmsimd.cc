@@ -11,7 +11,7 @@
 // exp flushes weights under 2^-64 (of the row maximum's 1) to exact zeros, so no subnormal
 // number is ever made (src/math/f32-vexp-nonpositive-rr1-p5-wasmsimd.h).
 // Independent partial results (m, l, o) over disjoint key ranges merge exactly the same way
-// (split-K, for decoding: see merge_partials). The weights exp(s - m) / l need each row's
+// (split-K, for decoding: see sdpa_f32_fwd_merge_partials). The weights exp(s - m) / l need each row's
 // final m and l: a pass of their own after the online softmax, or after the merge, scores the
 // keys again (write_row_tile_weights).
 //
@@ -35,7 +35,7 @@
 // from main memory (a KV cache's storage, p.read_kv_in_order) scores keys in memory order
 // (score_tile_in_place): only sequential streams keep the hardware prefetcher ahead, and
 // several far-apart streams side by side keep more of it in flight (score_keys_in_streams,
-// kDecodeStreams: 2 to 8 parts of the tile). With one query row (MHA), P·V then streams V the
+// kDecodeStreams: 2 to 4 parts of the tile). With one query row (MHA), P·V then streams V the
 // same way (pv_row_in_order); with more rows, each V row is touched as its key is scored, and
 // P·V (column blocks, fewer instructions per row) finds the tile in cache. A float16 MHA
 // decode's split-K segments (one tile each) read whole groups of 4 tiles interleaved, so that
@@ -276,10 +276,10 @@ int64_t mask_row_of(const Problem& p, int32_t b, int32_t h, int32_t i) {
 
 // One row of a tile's bias from the mask: bias_row[c] for c < allowed_end is the mask's value
 // at key j0 + c (a float mask's value; 0 or -inf for a boolean one), -inf from allowed_end on.
-// Returns the first column whose bias is -inf (allowed_end if none before it) and one past the
-// last column whose bias is not (0 if none). A mask contiguous along keys (mask_stride_k == 1,
-// the usual layout) is read 16 keys (boolean) or 4 keys (float) at a time; the values are the
-// same as one at a time.
+// Returns the first column whose bias is -inf (allowed_end if none before it), one past the
+// last column whose bias is not (0 if none) and the first such column (kKeyTile if none). A
+// mask contiguous along keys (mask_stride_k == 1, the usual layout) is read 16 keys (boolean)
+// or 4 keys (float) at a time; the values are the same as one at a time.
 struct MaskedRow {
   int32_t first_blocked;
   int32_t attended_end;   // one past the last allowed column; 0: none allowed
@@ -792,7 +792,7 @@ __attribute__((noinline)) void write_row_tile_weights(const Problem& p, const Ro
 
 // The online softmax of one row tile over keys [key_begin, rt.keys_end), then its output:
 // the normalised rows (and weights) when `partial` is null, else the unnormalised state
-// (m, l, o) of each row for merge_partials.
+// (m, l, o) of each row for sdpa_f32_fwd_merge_partials.
 // Not inlined into run_work, which also runs the weights pass: inlined there, the four readers'
 // copies made the relaxed build 8.7 kB larger; the A/B runs of prefill and decode timed the two
 // forms alike (0.97–1.02×).
@@ -930,7 +930,8 @@ float* partial_row(const Problem& p, const KernelWork& w, int32_t f) {
 // The key whose row the in-place pointers of an interleaved group's segment start at (stream
 // 0's first key), or -1 when the work reads its keys in order. A segment is read interleaved
 // when it is one tile of split-K decode of one query row per KV head (MHA), K/V float16 stored
-// whole in memory order (a KV cache), and its whole group of kInterleavedTiles tiles is open
+// whole in memory order (a KV cache; not a streamed segment, whose buffer holds its own keys
+// alone: stored_alone), and its whole group of kInterleavedTiles tiles is open
 // to the row: within Lk, the batch's key length and the causal frontier, no mask (which would
 // need the keys in order), E and Ev multiples of 4 (no column goes to the scalar loops). The
 // choice depends on the problem and the segment only, never on the reader of the halves or the
@@ -939,7 +940,7 @@ int32_t interleaved_first_key(const Problem& p, const KernelWork& w, const RowLi
   constexpr int32_t kGroupKeys = kInterleavedTiles * kKeyTile;
   constexpr int32_t kSlice = kKeyTile / kDecodeStreams<uint16_t, 1>;
   if (!is_half(p.kv_type) || p.q_heads != p.kv_heads || p.q_len != 1 || w.partials == nullptr || w.pack ||
-      w.stored_from != 0 || !p.read_kv_in_order || p.mask_kind != MaskKind::kNone || p.head_dim % 4 != 0 ||
+      w.stored_alone || !p.read_kv_in_order || p.mask_kind != MaskKind::kNone || p.head_dim % 4 != 0 ||
       p.value_dim % 4 != 0 || w.key_end - w.key_begin != kKeyTile) {
     return -1;
   }
@@ -962,6 +963,7 @@ void run_work(const Problem& p, const KernelWork& w, const float* row_stats, flo
   assert(0 <= w.key_begin && w.key_begin % kKeyTile == 0 && w.key_begin < w.key_end && w.key_end <= p.kv_len);
   assert(!w.pack || (w.key_begin == 0 && w.partials == nullptr));
   assert(w.stored_from <= w.key_begin && (!w.pack || w.stored_from == 0));
+  assert(!w.stored_alone || (w.stored_from == w.key_begin && !w.pack));
   assert(scratch_base != nullptr);
 
   const RowLimits limit_of = row_limits(p, w.b);

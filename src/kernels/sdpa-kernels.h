@@ -26,6 +26,9 @@ struct KernelWork {
   // Without pack: the key the K/V pointers of (b, kv_head) start at. 0 for the whole head;
   // key_begin for a streamed segment, whose keys alone were copied in (sdpa.h).
   int32_t stored_from = 0;
+  // K/V hold the keys [key_begin, key_end) alone (a streamed segment, segment 0 included): no
+  // key outside them may be read.
+  bool stored_alone = false;
 };
 
 // Floats of scratch one call needs: with KernelWork::pack, room for the packed K/V of one

@@ -170,7 +170,7 @@ inline v128_t f32x4_to_f16_bits(v128_t x, const F32ToF16Constants& c) {
 }
 
 // Constants of the SIMD widening, built once per kernel call and passed by reference (V8
-// may rematerialise vector constants that clang can see inside loops: PERF-NOTES).
+// may rematerialise vector constants that clang can see inside loops: see make_exp_constants).
 struct F16Constants {
   v128_t keep;           // 0x8FFFFFFF: sign, the exponent field's low 5 bits, mantissa
   v128_t keep16;         // 0x8FFF in each 16-bit lane: keep's upper half, for 8 lanes at once

@@ -909,6 +909,45 @@ TEST(F16Kernel, FiniteHalvesGiveTheSameBitsAsTheExactWideningForExtremeValuesAnd
   EXPECT_GE(rows_checked, rows * 3 / 4) << rows_checked << " of " << rows;
 }
 
+// The streamed decode (sdpa.h: forward_segment, merge_segments) over float16 K/V: each segment's
+// halves copied alone into a buffer of exactly its size (ASan catches a read outside it),
+// kFloat16 and kFloat16Finite, MHA past a whole group of 4 tiles: the bits of forward(). Read
+// in order, forward() takes each stream's keys from the group's 4 tiles (interleaved), which a
+// segment copied alone cannot: forward_segment refuses such a problem.
+TEST(F16Kernel, StreamedSegmentsOfHalvesMatchForwardBitwise) {
+  uint32_t seed = 800;
+  for (int lk : {2048, 2053, 4100})
+    for (KvType type : {KvType::kFloat16, KvType::kFloat16Finite}) {
+      F16Case c;
+      c.Lk = lk, c.E = 64, c.Ev = 64, c.weights = false, c.seed = seed++;
+      F16Harness h(c);
+      h.p.kv_type = type;
+      ASSERT_TRUE(reads_keys_in_place(h.p)) << c.describe();
+      ASSERT_EQ(h.run(), Status::kOk);
+      h.expect_matches_reference();
+      Problem p = h.p;
+      std::vector<float> out(h.out.size(), kNaN);
+      p.output = out.data();
+      std::vector<float> partials(segment_partials_floats(p), kNaN);
+      std::vector<float> scratch(segment_scratch_floats(p));
+      for (int s = 0; s < segment_count(p); s++) {
+        const int begin = s * segment_keys(), end = std::min(p.kv_len, begin + segment_keys());
+        const std::vector<uint16_t> keys(h.k.begin() + begin * p.k_stride_l, h.k.begin() + end * p.k_stride_l);
+        const std::vector<uint16_t> values(h.v.begin() + begin * p.v_stride_l, h.v.begin() + end * p.v_stride_l);
+        p.key = keys.data(), p.value = values.data();
+        Problem in_order = p;
+        in_order.read_kv_in_order = true;
+        EXPECT_EQ(forward_segment(in_order, s, partials.data(), scratch.data(), scratch.size()), Status::kBadSegment);
+        ASSERT_EQ(forward_segment(p, s, partials.data(), scratch.data(), scratch.size()), Status::kOk);
+      }
+      Problem in_order = p;
+      in_order.read_kv_in_order = true;
+      EXPECT_EQ(merge_segments(in_order, partials.data()), Status::kBadSegment);
+      ASSERT_EQ(merge_segments(p, partials.data()), Status::kOk);
+      EXPECT_TRUE(same_bits(out, h.out)) << c.describe() << " type " << int(type);
+    }
+}
+
 // MHA decode of kFloat16Finite halves with E or Ev of 64 or 128: over a tile of 512 to 515 keys
 // the 4 streams of scoring (and of P·V, when no key of the tile is masked), 128 keys each, are
 // then a compile-time spacing apart (with_constant_spacing), one pointer stepped. The same
