@@ -379,7 +379,10 @@ void run(const uint8_t* data, size_t size) {
     check_same(p, other.output, buf.output, "output without weights against with");
     check_same(p, other.logsumexp, buf.logsumexp, "logsumexp without weights against with");
   }
-  const bool one_pair_decode = p.batch == 1 && p.kv_heads == 1 && sdpa::reads_keys_in_place(p);
+  // What the streamed calls take (sdpa.h): one (batch, KV head) on the decode path, not float16
+  // read in order.
+  const bool one_pair_decode = p.batch == 1 && p.kv_heads == 1 && sdpa::reads_keys_in_place(p) &&
+                               !(sdpa::is_half(p.kv_type) && p.read_kv_in_order);
   if (one_pair_decode) {
     // The streamed calls write no weights; forward()'s output has the same bits either way.
     Problem streamed = p;
@@ -387,7 +390,8 @@ void run(const uint8_t* data, size_t size) {
     check_segments(streamed, buf, buf.output);
   }
   if ((extra_checks & 4) && (!one_pair_decode || p.weights != nullptr)) {
-    // Not a single (batch, KV head) decode without weights: the split-K calls refuse it.
+    // Not a single (batch, KV head) decode without weights (or float16 read in order): the
+    // split-K calls refuse it.
     std::vector<float> partials(16), scratch(16);
     const Status seg = sdpa::forward_segment(p, 0, partials.data(), scratch.data(), scratch.size());
     FUZZ_CHECK(p, seg == Status::kBadSegment, "forward_segment() took a problem it does not take: %s",
