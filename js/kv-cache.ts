@@ -11,8 +11,8 @@ import { KV_TYPE, runResident } from './strategies.js';
 import type { SdpaModule } from './wasm/sdpa.mjs';
 import type { KVCacheOptions, KVTensor, SdpaOptions, SdpaResult, SdpaResultWith, Tensor } from './types.js';
 import {
-  checkLayout, checkOptionNames, checkTensor, describe, detachedMessage, detachedOrEmpty, dimsMismatch, isInt32Array,
-  isUint16Array, planAttend,
+  checkArraysKept, checkHeadDim, checkLayout, checkOptionNames, checkTensor, describe, detachedMessage, detachedOrEmpty,
+  dimsMismatch, isInt32Array, isUint16Array, lengthOf, outputOf, planAttend,
   type CacheOperands, type Operand,
 } from './validate.js';
 
@@ -57,6 +57,8 @@ export function checkCacheOptions(options: unknown): KVCacheShape {
   };
   const batch = size('batch'), kvHeads = size('kvHeads'), headDim = size('headDim');
   const valueDim = size('valueDim', headDim), maxLength = size('maxLength');
+  checkHeadDim(fn, 'options.headDim', headDim);
+  checkHeadDim(fn, 'options.valueDim', valueDim);
   const dtype = o.dtype === undefined ? 'float32' : o.dtype;
   if (typeof dtype !== 'string') {
     throw new TypeError(`${fn}: options.dtype must be 'float32' or 'float16', got ${describe(dtype)}`);
@@ -101,6 +103,8 @@ export function checkAppend(shape: KVCacheShape, length: number, key: unknown, v
     throw new RangeError(`${fn}: appending ${k.L} positions to the ${length} stored would pass maxLength = ` +
       `${shape.maxLength}; nothing was appended`);
   }
+  // After every getter of the arguments: the arrays still hold the elements their dims need.
+  checkArraysKept(fn, [['key.data', k.data, k.B * k.H * k.L * k.D], ['value.data', v.data, v.B * v.H * v.L * v.D]]);
   return { k, v, layout };
 }
 
@@ -123,7 +127,7 @@ export function checkReorder(batch: number, indices: unknown): Int32Array {
     throw new TypeError(`${fn}: indices must be an Int32Array of length B = ${batch} (e.g. Int32Array.from(beams)), ` +
       `got ${describe(indices)}`);
   }
-  if (indices.length === 0 && detachedOrEmpty(indices)) {
+  if (lengthOf(indices) === 0 && detachedOrEmpty(indices)) {
     throw new RangeError(detachedMessage(fn, 'indices', `it must have length B = ${batch}`));
   }
   const idx = new Int32Array(indices);  // the typed array's elements, read once (no iterator)
@@ -404,8 +408,8 @@ export class KVCache extends KVCacheShapeInfo {
     const p = planAttend(query, cacheOperands(this, this.#length), options);
     const module = this.#unchangedSince(fn, version);
     if (p.kvLen === 0) {
-      const output = p.out !== null ? p.out.subarray(0, p.outputSize).fill(0) : new Float32Array(p.outputSize);
-      const result: SdpaResult = { output: { data: p.out !== null && p.out.length === p.outputSize ? p.out : output, dims: p.outputDims } };
+      const output = p.out !== null ? p.out.fill(0) : new Float32Array(p.outputSize);
+      const result: SdpaResult = { output: { data: p.out !== null ? outputOf(p) : output, dims: p.outputDims } };
       if (p.weightsDims !== null) result.weights = { data: new Float32Array(0), dims: p.weightsDims };
       if (p.lseDims !== null) result.logSumExp = { data: new Float32Array(p.lseSize).fill(-Infinity), dims: p.lseDims };
       return result;

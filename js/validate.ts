@@ -60,7 +60,10 @@ export interface Plan {
   causalOffset: number;
   causalOffsets: Int32Array | null;
   keyLengths: Int32Array | null;
+  /** The output's part of options.out: a view of exactly outputSize floats (ownView), or null. */
   out: Float32Array | null;
+  /** options.out as given: what the call returns when it is exactly the output. */
+  outGiven: Float32Array | null;
   /** query.data as the checks read it (once): what the call computes with. */
   queryData: Float32Array;
 }
@@ -80,7 +83,10 @@ const tag = (x: unknown) => Object.prototype.toString.call(x).slice(8, -1);
 export function describe(x: unknown): string {
   if (x === null) return 'null';
   if (Array.isArray(x)) return `Array(${x.length})`;
-  if (ArrayBuffer.isView(x)) return `${tag(x)}(${(x as { length?: number }).length ?? ''})`;
+  if (ArrayBuffer.isView(x)) {  // a typed array's own type and length (viewTag, lengthOf below)
+    const name = viewTag(x);
+    return name === undefined ? tag(x) : `${name as string}(${lengthOf(x)})`;
+  }
   if (typeof x === 'object') return tag(x) === 'Object' ? 'an object' : tag(x);
   if (typeof x === 'string') return JSON.stringify(x);
   if (typeof x === 'bigint') return `${x}n (a BigInt)`;
@@ -88,10 +94,29 @@ export function describe(x: unknown): string {
 }
 
 // Tag-based checks work across realms (iframes, Jest's vm contexts), unlike instanceof. A typed
-// array's tag is its @@toStringTag (what Object.prototype.toString reports too), read without
-// building a string: these run several times per call.
-const viewTag = (x: unknown): unknown =>
-  ArrayBuffer.isView(x) ? (x as { [Symbol.toStringTag]?: unknown })[Symbol.toStringTag] : undefined;
+// array's tag and length are read with TypedArray.prototype's own getters, captured at load: they
+// read the view's internal slots, so no property set on the object itself (an own `length` or
+// Symbol.toStringTag) can stand in for them, and the checks see what a copy into wasm memory
+// (HEAPF32.set) will read.
+const typedArrayPrototype = Object.getPrototypeOf(Int8Array.prototype) as object;
+const typedArrayGetter = (key: PropertyKey) => Object.getOwnPropertyDescriptor(typedArrayPrototype, key)!.get!;
+const typedArrayName = typedArrayGetter(Symbol.toStringTag);
+const typedArrayLength = typedArrayGetter('length');
+const typedArrayBuffer = typedArrayGetter('buffer');
+const typedArrayByteOffset = typedArrayGetter('byteOffset');
+const viewTag = (x: unknown): unknown => (ArrayBuffer.isView(x) ? typedArrayName.call(x) : undefined);
+/** A typed array's element count, from its internal slot (not a property the object may carry). */
+export const lengthOf = (view: ArrayBufferView): number => typedArrayLength.call(view) as number;
+const VIEW_TYPES = { Float32Array, Uint16Array, Uint8Array } as const;
+/**
+ * A new view of a checked typed array's elements (the same memory), with nothing of the
+ * caller's object but its internal slots: what the call copies and sizes its allocations
+ * from, whatever properties (length, byteLength, buffer, set, …) the object itself carries.
+ */
+function ownView<T extends Float32Array | Uint16Array | Uint8Array>(view: T, length = lengthOf(view)): T {
+  const Type = VIEW_TYPES[typedArrayName.call(view) as keyof typeof VIEW_TYPES];
+  return new Type(typedArrayBuffer.call(view) as ArrayBuffer, typedArrayByteOffset.call(view) as number, length) as T;
+}
 export const isFloat32Array = (x: unknown): x is Float32Array => viewTag(x) === 'Float32Array';
 export const isUint16Array = (x: unknown): x is Uint16Array => viewTag(x) === 'Uint16Array';
 const isUint8Array = (x: unknown): x is Uint8Array => viewTag(x) === 'Uint8Array';
@@ -163,7 +188,7 @@ export function detachedMessage(fn: string, name: string, needs: string): string
 
 function checkSize(fn: string, name: string, dims: number[], data: ArrayBufferView & { length: number }): void {
   const size = dims.reduce((a, b) => a * b, 1);
-  const length = data.length;
+  const length = lengthOf(data);
   if (length === 0 && size > 0 && detachedOrEmpty(data)) {
     throw new RangeError(detachedMessage(fn, `${name}.data`, `dims [${dims.join(', ')}] need ${size} elements`));
   }
@@ -206,12 +231,23 @@ export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd'
   }
   const d = checkDims(fn, name, dims, 2, 4);
   checkSize(fn, name, d, data);
+  const own = ownView(data);
   // Missing axes are 1: rank 3 is [H, L, E] ([L, H, E] for bshd), rank 2 is [L, E] in either
   // layout (one head: for bshd the missing H sits between L and E).
   const full = d.length === 2 && layout === 'bshd' ? [1, d[0], 1, d[1]] : [...Array(4 - d.length).fill(1), ...d];
   const [B, second, third, D] = full;
   const [H, L] = layout === 'bhsd' ? [second, third] : [third, second];
-  return { data, dims: d, B, H, L, D, strides: layoutStrides(layout, H, L, D) };
+  return { data: own, dims: d, B, H, L, D, strides: layoutStrides(layout, H, L, D) };
+}
+
+/** The largest head size E and value size Ev the kernel takes (sdpa::kMaxHeadDim, src/sdpa.h). */
+export const MAX_HEAD_DIM = 2 ** 20;
+
+/** A head size E or value size Ev (`what` names it) within the kernel's MAX_HEAD_DIM. */
+export function checkHeadDim(fn: string, what: string, d: number): void {
+  if (d > MAX_HEAD_DIM) {
+    throw new RangeError(`${fn}: ${what} must be at most ${MAX_HEAD_DIM} (2^20, the kernel's limit), got ${d}`);
+  }
 }
 
 export function checkLayout(fn: string, layout: unknown): 'bhsd' | 'bshd' {
@@ -260,7 +296,7 @@ function checkMask(fn: string, mask: unknown, target: [number, number, number, n
     strides[axis] = size === 1 ? 0 : stride;
     stride *= size;
   }
-  return { kind, data, size: data.length, strides };
+  return { kind, data: ownView(data), size: lengthOf(data), strides };
 }
 
 function checkBoolean(fn: string, name: string, x: unknown, fallback: boolean): boolean {
@@ -296,13 +332,14 @@ function planArrays(p: Plan | SdpaPlan): CheckedArray[] {
  * have detached its buffer, or shrunk a resizable one; the kernel must never read fewer
  * elements than were checked.
  */
-function checkArraysKept(fn: string, arrays: CheckedArray[]): void {
+export function checkArraysKept(fn: string, arrays: CheckedArray[]): void {
   for (const [name, view, needs] of arrays) {
-    if (view.length >= needs) continue;
-    if (view.length === 0 && detachedOrEmpty(view)) {
+    const length = lengthOf(view);
+    if (length >= needs) continue;
+    if (length === 0 && detachedOrEmpty(view)) {
       throw new RangeError(`${fn}: ${name}'s buffer was detached while the call read its arguments (by a getter); nothing was done`);
     }
-    throw new RangeError(`${fn}: ${name} shrank from ${needs} to ${view.length} elements while the call read its arguments ` +
+    throw new RangeError(`${fn}: ${name} shrank below the ${needs} elements checked while the call read its arguments ` +
       '(a resizable buffer resized by a getter); nothing was done');
   }
 }
@@ -357,13 +394,13 @@ export function planBackward(query: unknown, key: unknown, value: unknown, gradO
     }
     const lseDims = forward.lseDims as number[];
     const given = Array.isArray(lseDimsGiven) ? Array.from(lseDimsGiven) : null;
-    if (given === null || !sameDims(given, lseDims) || lseData.length !== forward.lseSize) {
+    if (given === null || !sameDims(given, lseDims) || lengthOf(lseData) !== forward.lseSize) {
       throw new RangeError(
         `${fn}: options.saved.logSumExp must have dims [${lseDims.join(', ')}] and ${forward.lseSize} elements, ` +
-        `got dims ${given !== null ? `[${given.join(', ')}]` : describe(lseDimsGiven)} and ${lseData.length} elements`);
+        `got dims ${given !== null ? `[${given.join(', ')}]` : describe(lseDimsGiven)} and ${lengthOf(lseData)} elements`);
     }
-    saved = { output: out.data, logSumExp: lseData };
-    arrays.push(['options.saved.output.data', out.data, forward.outputSize], ['options.saved.logSumExp.data', lseData, forward.lseSize]);
+    saved = { output: out.data, logSumExp: ownView(lseData) };
+    arrays.push(['options.saved.output.data', out.data, forward.outputSize], ['options.saved.logSumExp.data', saved.logSumExp, forward.lseSize]);
   }
   arrays.push(['gradOutput.data', go.data, forward.outputSize]);
   checkArraysKept(fn, arrays);
@@ -387,6 +424,8 @@ function planTensors(fn: string, query: unknown, key: unknown, value: unknown, o
     throw new RangeError(
       `${fn}: query heads Hq = ${q.H} must be a multiple of key/value heads Hkv = ${k.H} (grouped-query attention)`);
   }
+  checkHeadDim(fn, "the head size E (query.dims' last axis)", q.D);
+  checkHeadDim(fn, "the value size Ev (value.dims' last axis)", v.D);
   const plan: SdpaPlan = {
     ...planOptions(fn, layout, q, { kvHeads: k.H, kvLen: k.L, valueDim: v.D, k: k.strides, v: v.strides },
       o, { causal: false, causalOffset: 0 }),
@@ -482,10 +521,13 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
       }
       causalOffset = clamp(o.causalOffset);
     } else if (isInt32Array(o.causalOffset)) {
-      if (o.causalOffset.length !== B) {
-        throw new RangeError(`${fn}: options.causalOffset must have one offset per batch (length B = ${B}), got length ${o.causalOffset.length}`);
+      const length = lengthOf(o.causalOffset);
+      if (length !== B) {
+        throw new RangeError(`${fn}: options.causalOffset must have one offset per batch (length B = ${B}), got length ${length}`);
       }
-      causalOffsets = Int32Array.from(o.causalOffset, clamp);
+      // A copy of the elements themselves: new Int32Array(view) reads no property or iterator of
+      // the object.
+      causalOffsets = new Int32Array(o.causalOffset).map(clamp);
     } else {
       throw new TypeError(`${fn}: options.causalOffset must be an integer or an Int32Array of length B = ${B}, got ${describe(o.causalOffset)}`);
     }
@@ -496,11 +538,11 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
     if (!isInt32Array(o.keyLengths)) {
       throw new TypeError(`${fn}: options.keyLengths must be an Int32Array of length B = ${B}, got ${describe(o.keyLengths)}`);
     }
-    if (o.keyLengths.length !== B) {
-      throw new RangeError(`${fn}: options.keyLengths must have length B = ${B}, got ${o.keyLengths.length}`);
-    }
-    // A copy, checked: a getter read later (sdpaBackward's gradOutput, saved) cannot change it.
-    keyLengths = o.keyLengths.slice();
+    const length = lengthOf(o.keyLengths);
+    if (length !== B) throw new RangeError(`${fn}: options.keyLengths must have length B = ${B}, got ${length}`);
+    // A copy of the elements themselves, checked: a getter read later (sdpaBackward's
+    // gradOutput, saved) cannot change it, nor a property or iterator of the object stand in.
+    keyLengths = new Int32Array(o.keyLengths);
     keyLengths.forEach((n, b) => {
       if (n < 0 || n > Lk) throw new RangeError(`${fn}: options.keyLengths[${b}] must be in [0, Lk = ${Lk}], got ${n}`);
     });
@@ -512,16 +554,18 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
   // The output keeps the query's rank; its last axis is Ev.
   const outputDims = [...q.dims.slice(0, -1), Ev];
   const outputSize = B * Hq * Lq * Ev;
-  let out: Float32Array | null = null;
+  let out: Float32Array | null = null, outGiven: Float32Array | null = null;
   if (o.out !== undefined) {
     if (!isFloat32Array(o.out)) throw new TypeError(`${fn}: options.out must be a Float32Array, got ${describe(o.out)}`);
-    if (o.out.length < outputSize) {
-      if (o.out.length === 0 && detachedOrEmpty(o.out)) {
+    const outLength = lengthOf(o.out);
+    if (outLength < outputSize) {
+      if (outLength === 0 && detachedOrEmpty(o.out)) {
         throw new RangeError(detachedMessage(fn, 'options.out', `the output [${outputDims.join(', ')}] needs ${outputSize} floats`));
       }
-      throw new RangeError(`${fn}: options.out is too small: the output [${outputDims.join(', ')}] needs ${outputSize} floats, got ${o.out.length}`);
+      throw new RangeError(`${fn}: options.out is too small: the output [${outputDims.join(', ')}] needs ${outputSize} floats, got ${outLength}`);
     }
-    out = o.out;
+    out = ownView(o.out, outputSize);
+    outGiven = o.out;
   }
   // Weights are always [..., Hq, Lq, Lk] with the query's leading axes.
   const leading = q.dims.length === 4 ? [B, Hq] : q.dims.length === 3 ? [Hq] : [];
@@ -534,8 +578,17 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
     outputDims, outputSize,
     weightsDims, weightsSize: returnWeights ? B * Hq * Lq * Lk : 0,
     lseDims, lseSize: returnLogSumExp ? B * Hq * Lq : 0,
-    scale, softcap, mask, causal, causalOffset, causalOffsets, keyLengths, out, queryData: q.data,
+    scale, softcap, mask, causal, causalOffset, causalOffsets, keyLengths, out, outGiven, queryData: q.data,
   };
+}
+
+/**
+ * The output array a call with options.out returns: the caller's array when it is exactly the
+ * output, else the output's part of it (p.out, the same memory).
+ */
+export function outputOf(p: Plan): Float32Array {
+  const given = p.outGiven as Float32Array;
+  return lengthOf(given) === p.outputSize ? given : (p.out as Float32Array);
 }
 
 /** The most threads createAttention() uses unless asked for more. */

@@ -172,7 +172,7 @@ describe('arguments read through getters (user code running inside a call)', () 
     tracking.set(value.data);
     const mask = later({ data: new Uint8Array(Lk).fill(1), dims: [Lk] }, () => resizable.resize(8));
     expectError(() => attn.sdpa(q(), k(), { data: tracking, dims: value.dims }, { attnMask: mask }), RangeError,
-      [has(`sdpa: value.data shrank from ${value.data.length} to 2 elements while the call read its arguments`)]);
+      [has(`sdpa: value.data shrank below the ${value.data.length} elements checked while the call read its arguments`)]);
     // attend: the mask's dims getter detaches query.data.
     const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: Lk });
     cache.append(k(), v());
@@ -189,6 +189,83 @@ describe('arguments read through getters (user code running inside a call)', () 
     const grad = randomTensor([B, Hq, Lq, Ev], 9);
     const saved = { output: later(forward.output, () => detach(grad.data)), logSumExp: forward.logSumExp };
     expectError(() => attn.sdpaBackward(q(), k(), v(), grad, { saved }), RangeError, [/^sdpaBackward: gradOutput\.data's buffer was detached/]);
+  });
+
+  test('KVCache.append: an array detached or shrunk by a getter read after its checks is a RangeError; the cache is unchanged', () => {
+    const detach = (x) => void structuredClone(x.buffer, { transfer: [x.buffer] });
+    const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: 2 * Lk });
+    try {
+      cache.append(k(), v());
+      const before = cache.attend(q()).output.data;
+      const key = k();
+      expectError(() => cache.append(key, later(v(), () => detach(key.data))), RangeError,
+        [/^KVCache\.append: key\.data's buffer was detached while the call read its arguments \(by a getter\); nothing was done$/]);
+      // The value's dims getter shrinks the resizable buffer of the key's data, checked before.
+      const key2 = k();
+      const resizable = new ArrayBuffer(key2.data.byteLength, { maxByteLength: key2.data.byteLength });
+      const tracking = new Float32Array(resizable);
+      tracking.set(key2.data);
+      expectError(() => cache.append({ data: tracking, dims: key2.dims }, later(v(), () => resizable.resize(8))), RangeError,
+        [has(`KVCache.append: key.data shrank below the ${key2.data.length} elements checked while the call read its arguments`)]);
+      expect(cache.length).toBe(Lk);
+      expect(Array.from(cache.attend(q()).output.data)).toEqual(Array.from(before));
+    } finally {
+      cache.dispose();
+    }
+    expectStillWorks();
+  });
+
+  test('arrays carrying properties of their own (length, byteLength, buffer, an iterator) are read by their contents', () => {
+    const plain = { query: q(), key: k(), value: v() };
+    const options = { isCausal: true, causalOffset: new Int32Array([1, 2]), keyLengths: new Int32Array([7, 4]) };
+    const expected = attn.sdpa(plain.query, plain.key, plain.value, options).output.data;
+    // Own length and byteLength that understate the data: the call still copies and computes
+    // with every element (the allocations are sized by the contents, not by the properties).
+    const tamper = (t) => {
+      const data = t.data.slice();
+      Object.defineProperty(data, 'length', { value: 1 });
+      Object.defineProperty(data, 'byteLength', { value: 4 });
+      Object.defineProperty(data, 'byteOffset', { value: 1 << 20 });
+      Object.defineProperty(data, 'set', { value: () => { throw new Error('a method of the caller\'s object was called'); } });
+      return { data, dims: t.dims };
+    };
+    const offsets = new Int32Array([1, 2]);
+    offsets[Symbol.iterator] = function* () { yield 9; };  // Int32Array.from would read [9]
+    const got = attn.sdpa(tamper(plain.query), tamper(plain.key), tamper(plain.value),
+      { ...options, causalOffset: offsets, out: tamper({ data: new Float32Array(expected.length) }).data });
+    expect(Array.from(got.output.data)).toEqual(Array.from(expected));
+    // A length property cannot stand in for the elements: keyLengths of 1 element for B = 2.
+    const short = new Int32Array([7]);
+    Object.defineProperty(short, 'length', { value: B });
+    expectError(() => attn.sdpa(plain.query, plain.key, plain.value, { keyLengths: short }), RangeError,
+      [/^sdpa: options\.keyLengths must have length B = 2, got 1$/]);
+    // Nor a Symbol.toStringTag: a Float64Array stays a Float64Array.
+    const disguised = Float64Array.from(plain.query.data);
+    Object.defineProperty(disguised, Symbol.toStringTag, { value: 'Float32Array' });
+    expectError(() => attn.sdpa({ data: disguised, dims: plain.query.dims }, plain.key, plain.value), TypeError,
+      [/^sdpa: query\.data must be a Float32Array, got Float64Array/]);
+    expectStillWorks();
+  });
+
+  test('head sizes past the kernel\'s 2^20: a RangeError naming them (sdpa, sdpaBackward, createKVCache); 2^20 itself works', () => {
+    const big = 2 ** 20;
+    const one = (D, seed) => randomTensor([1, 1, 1, D], seed);
+    expectError(() => attn.sdpa(one(big + 1, 1), one(big + 1, 2), one(4, 3)), RangeError,
+      [/^sdpa: the head size E \(query\.dims' last axis\) must be at most 1048576 \(2\^20, the kernel's limit\), got 1048577$/]);
+    expectError(() => attn.sdpa(one(4, 1), one(4, 2), one(big + 1, 3)), RangeError,
+      [/^sdpa: the value size Ev \(value\.dims' last axis\) must be at most 1048576/, /got 1048577$/]);
+    expectError(() => attn.sdpaBackward(one(big + 1, 1), one(big + 1, 2), one(4, 3), one(4, 4)), RangeError,
+      [/^sdpaBackward: the head size E/, /got 1048577$/]);
+    expectError(() => attn.createKVCache({ batch: 1, kvHeads: 1, headDim: big + 1, maxLength: 1 }), RangeError,
+      [/^createKVCache: options\.headDim must be at most 1048576/, /got 1048577$/]);
+    expectError(() => attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 4, valueDim: big + 1, maxLength: 1 }), RangeError,
+      [/^createKVCache: options\.valueDim must be at most 1048576/, /got 1048577$/]);
+    // E = 2^20, one key: the output is that key's value row.
+    const query = one(big, 5), key = one(big, 6), value = one(3, 7);
+    const got = attn.sdpa(query, key, value).output.data;
+    expect(maxRelError(got, referenceSdpa(query, key, value).output)).toBeLessThanOrEqual(2e-5);
+    expect(attn.memory().bytesInUse).toBe(0);
+    expectStillWorks();
   });
 
   test('sdpaBackward: keyLengths are copied when checked (a later getter cannot change them); saved.logSumExp read once', () => {
