@@ -21,7 +21,10 @@ export type KVCacheDType = 'float32' | 'float16';
 const CACHE_OPTION_NAMES = ['batch', 'kvHeads', 'headDim', 'valueDim', 'maxLength', 'dtype'] as const;
 export const APPEND_OPTION_NAMES = ['layout'] as const;
 const ELEMENT_BYTES: Record<KVCacheDType, number> = { float32: 4, float16: 2 };
-/** Appends are copied in through a staging buffer of at most this many bytes (rows at a time). */
+/**
+ * Appends are copied in through a staging buffer of at most this many bytes (rows at a time),
+ * or of one position of every head when that alone is larger.
+ */
 const STAGING_BYTES = 2 ** 20;
 /**
  * Appends already in the storage's type and order are copied straight into it, one run of
@@ -321,19 +324,20 @@ export class KVCache extends KVCacheShapeInfo {
   // Rows [B, H, L, D] of `t` into the storage at positions [length, length + L). Already in
   // the storage's element type and [B, H, L, D] order, with runs of STRAIGHT_MIN_RUN_BYTES or
   // more: copied straight in, one run of rows per (batch, head). Otherwise through a staging
-  // buffer of at most STAGING_BYTES, a run of rows of one batch at a time, and the wasm side
-  // reorders and converts to float16 (copy_rows, src/kv-cache.h).
+  // buffer of at most STAGING_BYTES (or one position), a run of rows of one batch at a time,
+  // and the wasm side reorders and converts to float16 (copy_rows, src/kv-cache.h).
   #copiesStraight(t: Operand<Float32Array | Uint16Array>, layout: 'bhsd' | 'bshd'): boolean {
     const srcType = isUint16Array(t.data) ? KV_TYPE.float16 : KV_TYPE.float32;
     return layout === 'bhsd' && srcType === (this.dtype === 'float16' ? KV_TYPE.float16 : KV_TYPE.float32) &&
       t.L * t.D * t.data.BYTES_PER_ELEMENT >= STRAIGHT_MIN_RUN_BYTES;
   }
 
-  /** Rows of one batch staged at a time, and the staging bytes #write needs (0: none). */
+  /** Rows of one batch staged at a time: at least one. */
   #stagingRows(t: Operand<Float32Array | Uint16Array>): number {
     return Math.max(1, Math.min(t.L, Math.floor(STAGING_BYTES / (t.H * t.D * t.data.BYTES_PER_ELEMENT))));
   }
 
+  /** The staging bytes #write needs for `t` (0: none, copied straight in). */
   #stagingBytes(t: Operand<Float32Array | Uint16Array>, layout: 'bhsd' | 'bshd'): number {
     return this.#copiesStraight(t, layout) ? 0 : this.#stagingRows(t) * t.H * t.D * t.data.BYTES_PER_ELEMENT;
   }

@@ -65,7 +65,7 @@ export interface SdpaModule {
   segmentKeys(): number;
   /** Segments of a single-(batch, KV head) decode problem: ceil(Lk / segmentKeys()). */
   segmentCount(desc: number): number;
-  /** Floats of scratch one forwardSegment() call needs. */
+  /** Floats of scratch one SegmentStream.forward() call (C++ forward_segment) needs. */
   segmentScratchFloats(desc: number): number;
   /** Floats of partial state for all segments together. */
   segmentPartialsFloats(desc: number): number;
