@@ -1,11 +1,13 @@
 // The test problem shared by the forward and backward GoogleTest suites
 // (sdpa-forward-test.cc, sdpa-backward-test.cc): a Case described by shapes and options,
 // and the pieces of a harness that turn it into a Problem: the dimensions, the strides of
-// either layout, scale and softcap, and the mask, causal offsets and key lengths.
+// either layout, scale and softcap, and the mask, causal offsets and key lengths. Also the
+// streamed decode of a problem (run_streamed), float32 or float16 (f16-kv-test.cc).
 // A case's data come from one stream seeded by the case (CaseRandom), drawn in a fixed order:
 // Q, K, V (draw_qkv), whatever else the harness draws, then the mask (set_options).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -13,6 +15,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "sdpa.h"
 
@@ -142,6 +146,27 @@ inline void set_options(const AttentionCase& c, CaseRandom& random, OptionArrays
     arrays.key_lengths = c.key_lengths;
     p.key_lengths = arrays.key_lengths.data();
   }
+}
+
+// p (one (batch, KV head), on the decode path) run as the streamed decode of sdpa.h: each
+// segment's keys alone copied from k and v (Elem: float or uint16_t halves, rows with p's
+// strides, batch 0 and KV head 0) into buffers of exactly their size (ASan catches a read
+// outside them), forward_segment() on each, then merge_segments(). Returns the output.
+template <typename Elem>
+std::vector<float> run_streamed(Problem p, const std::vector<Elem>& k, const std::vector<Elem>& v, size_t output_size) {
+  std::vector<float> out(output_size, std::numeric_limits<float>::quiet_NaN());
+  p.output = out.data();
+  std::vector<float> partials(segment_partials_floats(p), std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> scratch(segment_scratch_floats(p));
+  for (int s = 0; s < segment_count(p); s++) {
+    const int begin = s * segment_keys(), end = std::min(p.kv_len, begin + segment_keys());
+    const std::vector<Elem> keys(k.begin() + begin * p.k_stride_l, k.begin() + (end - 1) * p.k_stride_l + p.head_dim);
+    const std::vector<Elem> values(v.begin() + begin * p.v_stride_l, v.begin() + (end - 1) * p.v_stride_l + p.value_dim);
+    p.key = keys.data(), p.value = values.data();
+    EXPECT_EQ(forward_segment(p, s, partials.data(), scratch.data(), scratch.size()), Status::kOk);
+  }
+  EXPECT_EQ(merge_segments(p, partials.data()), Status::kOk);
+  return out;
 }
 
 }  // namespace sdpa::test

@@ -391,27 +391,8 @@ TEST(SdpaForward, DecodeWeightsLeaveTheOutputBitsUnchanged) {
   for (float w : h.weights) EXPECT_PRED1(test::is_plus_zero, w);
 }
 
-// Runs h.p as a streamed decode: each segment's keys alone copied into a buffer of their
-// own (exactly their size, so ASan catches a read outside them), then merged.
-std::vector<float> run_streamed(const Harness& h) {
-  Problem p = h.p;
-  std::vector<float> out(h.out.size(), kNaN);
-  p.output = out.data();
-  std::vector<float> partials(segment_partials_floats(p), kNaN);
-  std::vector<float> scratch(segment_scratch_floats(p));
-  for (int s = 0; s < segment_count(p); s++) {
-    const int begin = s * segment_keys(), end = std::min(p.kv_len, begin + segment_keys());
-    // The segment's rows with the problem's row strides (b = 0, kv head 0).
-    const std::vector<float> keys(h.k.begin() + begin * p.k_stride_l,
-                                  h.k.begin() + (end - 1) * p.k_stride_l + p.head_dim);
-    const std::vector<float> values(h.v.begin() + begin * p.v_stride_l,
-                                    h.v.begin() + (end - 1) * p.v_stride_l + p.value_dim);
-    p.key = keys.data(), p.value = values.data();
-    EXPECT_EQ(forward_segment(p, s, partials.data(), scratch.data(), scratch.size()), Status::kOk);
-  }
-  EXPECT_EQ(merge_segments(p, partials.data()), Status::kOk);
-  return out;
-}
+// Runs h.p as a streamed decode (test::run_streamed).
+std::vector<float> run_streamed(const Harness& h) { return test::run_streamed(h.p, h.k, h.v, h.out.size()); }
 
 TEST(SdpaForward, StreamedSegmentsMatchForwardBitwise) {
   // The streamed decode (sdpa.h: forward_segment, merge_segments) computes forward()'s own
