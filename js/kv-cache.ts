@@ -12,7 +12,7 @@ import type { SdpaModule } from './wasm/sdpa.mjs';
 import type { KVCacheOptions, KVTensor, SdpaOptions, SdpaResult, SdpaResultWith, Tensor } from './types.js';
 import {
   checkArraysKept, checkHeadDim, checkLayout, checkOptionNames, checkTensor, describe, detachedMessage, detachedOrEmpty,
-  dimsMismatch, isInt32Array, isUint16Array, lengthOf, outputOf, planAttend,
+  dimsMismatch, isInt32Array, isUint16Array, lengthOf, planAttend,
   type CacheOperands, type Operand,
 } from './validate.js';
 
@@ -413,7 +413,7 @@ export class KVCache extends KVCacheShapeInfo {
     const module = this.#unchangedSince(fn, version);
     if (p.kvLen === 0) {
       const output = p.out !== null ? p.out.fill(0) : new Float32Array(p.outputSize);
-      const result: SdpaResult = { output: { data: p.out !== null ? outputOf(p) : output, dims: p.outputDims } };
+      const result: SdpaResult = { output: { data: p.outResult ?? output, dims: p.outputDims } };
       if (p.weightsDims !== null) result.weights = { data: new Float32Array(0), dims: p.weightsDims };
       if (p.lseDims !== null) result.logSumExp = { data: new Float32Array(p.lseSize).fill(-Infinity), dims: p.lseDims };
       return result;

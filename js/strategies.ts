@@ -14,7 +14,7 @@ import { problemAddressesArg, problemArg } from './kernel-args.js';
 import { CallMemory, COPY_PLACEMENT_SLACK, placeCopy, type MemoryAccount } from './memory.js';
 import type { ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 import type { SdpaResult } from './types.js';
-import { outputOf, type Plan } from './validate.js';
+import type { Plan } from './validate.js';
 
 const MASK_KIND = { float: 1, bool: 2 } as const;
 /** sdpa::KvType (src/sdpa.h): float16Finite = halves holding no Inf/NaN pattern (widened faster). */
@@ -148,7 +148,7 @@ function collectResult(memory: CallMemory, p: Plan, desc: ProblemDesc): SdpaResu
   let output: Float32Array;
   if (p.out !== null) {
     p.out.set(f32.subarray(at, at + p.outputSize));
-    output = outputOf(p);
+    output = p.outResult as Float32Array;
   } else {
     output = f32.slice(at, at + p.outputSize);
   }
@@ -352,7 +352,7 @@ export function runStreamedPrefill(memory: CallMemory, p: Plan, q: Float32Array,
       const from = pairDesc.output >>> 2;
       output.set(memory.heap.f32.subarray(from, from + pairOutputFloats), b * p.o.b + firstHead * p.o.h);
     }
-    return { output: { data: p.out !== null ? outputOf(p) : output, dims: p.outputDims } };
+    return { output: { data: p.outResult ?? output, dims: p.outputDims } };
   } finally {
     memory.free();
   }

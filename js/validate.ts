@@ -62,8 +62,11 @@ export interface Plan {
   keyLengths: Int32Array | null;
   /** The output's part of options.out: a view of exactly outputSize floats (ownView), or null. */
   out: Float32Array | null;
-  /** options.out as given: what the call returns when it is exactly the output. */
-  outGiven: Float32Array | null;
+  /**
+   * What a call with options.out returns (null without): the caller's array when it is exactly
+   * the output, else `out` (its start, the same memory).
+   */
+  outResult: Float32Array | null;
   /** query.data as the checks read it (once): what the call computes with. */
   queryData: Float32Array;
 }
@@ -554,7 +557,7 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
   // The output keeps the query's rank; its last axis is Ev.
   const outputDims = [...q.dims.slice(0, -1), Ev];
   const outputSize = B * Hq * Lq * Ev;
-  let out: Float32Array | null = null, outGiven: Float32Array | null = null;
+  let out: Float32Array | null = null, outResult: Float32Array | null = null;
   if (o.out !== undefined) {
     if (!isFloat32Array(o.out)) throw new TypeError(`${fn}: options.out must be a Float32Array, got ${describe(o.out)}`);
     const outLength = lengthOf(o.out);
@@ -565,7 +568,7 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
       throw new RangeError(`${fn}: options.out is too small: the output [${outputDims.join(', ')}] needs ${outputSize} floats, got ${outLength}`);
     }
     out = ownView(o.out, outputSize);
-    outGiven = o.out;
+    outResult = outLength === outputSize ? o.out : out;
   }
   // Weights are always [..., Hq, Lq, Lk] with the query's leading axes.
   const leading = q.dims.length === 4 ? [B, Hq] : q.dims.length === 3 ? [Hq] : [];
@@ -578,17 +581,8 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
     outputDims, outputSize,
     weightsDims, weightsSize: returnWeights ? B * Hq * Lq * Lk : 0,
     lseDims, lseSize: returnLogSumExp ? B * Hq * Lq : 0,
-    scale, softcap, mask, causal, causalOffset, causalOffsets, keyLengths, out, outGiven, queryData: q.data,
+    scale, softcap, mask, causal, causalOffset, causalOffsets, keyLengths, out, outResult, queryData: q.data,
   };
-}
-
-/**
- * The output array a call with options.out returns: the caller's array when it is exactly the
- * output, else the output's part of it (p.out, the same memory).
- */
-export function outputOf(p: Plan): Float32Array {
-  const given = p.outGiven as Float32Array;
-  return lengthOf(given) === p.outputSize ? given : (p.out as Float32Array);
 }
 
 /** The most threads createAttention() uses unless asked for more. */
