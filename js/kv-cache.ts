@@ -8,11 +8,12 @@
 // keyLengths to attend()).
 import { allocateLongLived, type Allocation, CallMemory, freeLongLived, type MemoryAccount } from './memory.js';
 import { KV_TYPE, runResident } from './strategies.js';
+import { detachedOrEmpty, isInt32Array, isUint16Array, lengthOf } from './typed-arrays.js';
 import type { SdpaModule } from './wasm/sdpa.mjs';
 import type { KVCacheOptions, KVTensor, SdpaOptions, SdpaResult, SdpaResultWith, Tensor } from './types.js';
 import {
-  checkArraysKept, checkHeadDim, checkLayout, checkOptionNames, checkTensor, describe, detachedMessage, detachedOrEmpty,
-  dimsMismatch, isInt32Array, isUint16Array, lengthOf, planAttend,
+  checkArraysKept, checkHeadDim, checkLayout, checkOptionNames, checkTensor, describe, detachedMessage, dimsMismatch,
+  planAttend,
   type CacheOperands, type Operand,
 } from './validate.js';
 
@@ -86,6 +87,24 @@ export function cacheBytes(s: KVCacheShape): { keys: number; values: number } {
 export function checkAppend(shape: KVCacheShape, length: number, key: unknown, value: unknown, options: unknown):
   { k: Operand<Float32Array | Uint16Array>; v: Operand<Float32Array | Uint16Array>; layout: 'bhsd' | 'bshd' } {
   const fn = 'KVCache.append';
+  const { k, v, layout } = checkAppendShapes(shape, key, value, options);
+  if (length + k.L > shape.maxLength) {
+    throw new RangeError(`${fn}: appending ${k.L} positions to the ${length} stored would pass maxLength = ` +
+      `${shape.maxLength}; nothing was appended`);
+  }
+  // After every getter of the arguments: the arrays still hold the elements their dims need.
+  checkArraysKept(fn, [['key.data', k.data, k.B * k.H * k.L * k.D], ['value.data', v.data, v.B * v.H * v.L * v.D]]);
+  return { k, v, layout };
+}
+
+/**
+ * The checks of KVCache.append(key, value, options) that hold whatever the cache's length: the
+ * option names, the layout, the tensors against the cache's shape and dtype. checkAppend runs them
+ * first; a worker's call runs them before it moves the tensors' buffers.
+ */
+export function checkAppendShapes(shape: KVCacheShape, key: unknown, value: unknown, options: unknown):
+  { k: Operand<Float32Array | Uint16Array>; v: Operand<Float32Array | Uint16Array>; layout: 'bhsd' | 'bshd' } {
+  const fn = 'KVCache.append';
   const o = checkOptionNames(fn, options, APPEND_OPTION_NAMES);
   const layout = checkLayout(fn, o.layout);
   const halves = shape.dtype === 'float16';
@@ -102,12 +121,6 @@ export function checkAppend(shape: KVCacheShape, length: number, key: unknown, v
   if (k.D !== shape.headDim) throw dimsMismatch(fn, layout, 'key', k, "the cache's head size E", shape.headDim, k.D);
   if (v.D !== shape.valueDim) throw dimsMismatch(fn, layout, 'value', v, "the cache's value size Ev", shape.valueDim, v.D);
   if (v.L !== k.L) throw dimsMismatch(fn, layout, 'value', v, "key's new positions Lnew", k.L, v.L);
-  if (length + k.L > shape.maxLength) {
-    throw new RangeError(`${fn}: appending ${k.L} positions to the ${length} stored would pass maxLength = ` +
-      `${shape.maxLength}; nothing was appended`);
-  }
-  // After every getter of the arguments: the arrays still hold the elements their dims need.
-  checkArraysKept(fn, [['key.data', k.data, k.B * k.H * k.L * k.D], ['value.data', v.data, v.B * v.H * v.L * v.D]]);
   return { k, v, layout };
 }
 

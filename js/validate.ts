@@ -7,6 +7,9 @@
 //   planAttend()  KVCache.attend(query, options): K/V are the cache's stored positions
 // Both end in planOptions(), so an option means the same everywhere.
 import { MAX_WASM_BYTES } from './memory.js';
+import {
+  detachedOrEmpty, isFloat32Array, isInt32Array, isUint16Array, isUint8Array, lengthOf, ownView, viewTag,
+} from './typed-arrays.js';
 import type { AttentionOptions, MaskTensor, SdpaOptions } from './types.js';
 
 export const OPTION_NAMES = [
@@ -86,9 +89,9 @@ const tag = (x: unknown) => Object.prototype.toString.call(x).slice(8, -1);
 export function describe(x: unknown): string {
   if (x === null) return 'null';
   if (Array.isArray(x)) return `Array(${x.length})`;
-  if (ArrayBuffer.isView(x)) {  // a typed array's own type and length (viewTag, lengthOf below)
+  if (ArrayBuffer.isView(x)) {  // a typed array's own type and length (from its internal slots)
     const name = viewTag(x);
-    return name === undefined ? tag(x) : `${name as string}(${lengthOf(x)})`;
+    return name === undefined ? tag(x) : `${name}(${lengthOf(x)})`;
   }
   if (typeof x === 'object') return tag(x) === 'Object' ? 'an object' : tag(x);
   if (typeof x === 'string') return JSON.stringify(x);
@@ -96,34 +99,6 @@ export function describe(x: unknown): string {
   return String(x);
 }
 
-// Tag-based checks work across realms (iframes, Jest's vm contexts), unlike instanceof. A typed
-// array's tag and length are read with TypedArray.prototype's own getters, captured at load: they
-// read the view's internal slots, so no property set on the object itself (an own `length` or
-// Symbol.toStringTag) can stand in for them, and the checks see what a copy into wasm memory
-// (HEAPF32.set) will read.
-const typedArrayPrototype = Object.getPrototypeOf(Int8Array.prototype) as object;
-const typedArrayGetter = (key: PropertyKey) => Object.getOwnPropertyDescriptor(typedArrayPrototype, key)!.get!;
-const typedArrayName = typedArrayGetter(Symbol.toStringTag);
-const typedArrayLength = typedArrayGetter('length');
-const typedArrayBuffer = typedArrayGetter('buffer');
-const typedArrayByteOffset = typedArrayGetter('byteOffset');
-const viewTag = (x: unknown): unknown => (ArrayBuffer.isView(x) ? typedArrayName.call(x) : undefined);
-/** A typed array's element count, from its internal slot (not a property the object may carry). */
-export const lengthOf = (view: ArrayBufferView): number => typedArrayLength.call(view) as number;
-const VIEW_TYPES = { Float32Array, Uint16Array, Uint8Array } as const;
-/**
- * A new view of a checked typed array's elements (the same memory), with nothing of the
- * caller's object but its internal slots: what the call copies and sizes its allocations
- * from, whatever properties (length, byteLength, buffer, set, …) the object itself carries.
- */
-function ownView<T extends Float32Array | Uint16Array | Uint8Array>(view: T, length = lengthOf(view)): T {
-  const Type = VIEW_TYPES[typedArrayName.call(view) as keyof typeof VIEW_TYPES];
-  return new Type(typedArrayBuffer.call(view) as ArrayBuffer, typedArrayByteOffset.call(view) as number, length) as T;
-}
-export const isFloat32Array = (x: unknown): x is Float32Array => viewTag(x) === 'Float32Array';
-export const isUint16Array = (x: unknown): x is Uint16Array => viewTag(x) === 'Uint16Array';
-const isUint8Array = (x: unknown): x is Uint8Array => viewTag(x) === 'Uint8Array';
-export const isInt32Array = (x: unknown): x is Int32Array => viewTag(x) === 'Int32Array';
 
 /** An options argument: undefined is {}; anything but a plain object, or an unknown name, is a TypeError. */
 export function checkOptionNames(fn: string, options: unknown, known: readonly string[]): Record<string, unknown> {
@@ -171,16 +146,6 @@ function checkDims(fn: string, name: string, dims: unknown, minRank: number, max
     }
   });
   return copy as number[];
-}
-
-/**
- * Whether a view's buffer is detached (transferred, e.g. by a worker call with
- * `{ transfer: true }`): it then reads as length 0. Engines without ArrayBuffer.prototype.detached
- * cannot tell that from an empty buffer, so both count.
- */
-export function detachedOrEmpty(view: ArrayBufferView): boolean {
-  const buffer = view.buffer as ArrayBuffer & { detached?: boolean };
-  return buffer.detached === true || buffer.byteLength === 0;
 }
 
 /** The message for a typed array read where its buffer has been detached. */
@@ -454,6 +419,22 @@ export interface CacheOperands {
  */
 export function planAttend(query: unknown, cache: CacheOperands, options: unknown): Plan {
   const fn = 'KVCache.attend';
+  const { o, layout, q } = checkAttendQuery(query, cache, options);
+  const p = planOptions(fn, layout, q,
+    { kvHeads: cache.kvHeads, kvLen: cache.length, valueDim: cache.valueDim, k: cache.k, v: cache.v },
+    o, { causal: true, causalOffset: cache.length - q.L });
+  checkArraysKept(fn, planArrays(p));
+  return p;
+}
+
+/**
+ * The checks of KVCache.attend(query, options) that hold whatever the cache's length: the option
+ * names, the layout, the query against the cache's B, Hkv and E, and options.out's size. planAttend
+ * runs them first; a worker's call runs them before it moves the query's buffer.
+ */
+export function checkAttendQuery(query: unknown, cache: Pick<CacheOperands, 'batch' | 'kvHeads' | 'headDim' | 'valueDim'>,
+  options: unknown): { o: SdpaOptions; layout: 'bhsd' | 'bshd'; q: Operand } {
+  const fn = 'KVCache.attend';
   const o = checkOptionNames(fn, options, OPTION_NAMES) as SdpaOptions;
   const layout = checkLayout(fn, o.layout);
   const q = checkTensor(fn, 'query', query, layout);
@@ -463,11 +444,29 @@ export function planAttend(query: unknown, cache: CacheOperands, options: unknow
     throw new RangeError(
       `${fn}: query heads Hq = ${q.H} must be a multiple of the cache's heads Hkv = ${cache.kvHeads} (grouped-query attention)`);
   }
-  const p = planOptions(fn, layout, q,
-    { kvHeads: cache.kvHeads, kvLen: cache.length, valueDim: cache.valueDim, k: cache.k, v: cache.v },
-    o, { causal: true, causalOffset: cache.length - q.L });
-  checkArraysKept(fn, planArrays(p));
-  return p;
+  checkOut(fn, o.out, q, cache.valueDim);
+  return { o, layout, q };
+}
+
+/**
+ * options.out for the output of query `q` and value size Ev ([..., Lq, Ev], the query's rank):
+ * the call's own view of its first outputSize floats, and what the call returns (the caller's
+ * array when it is exactly the output, else that view). Nulls without out.
+ */
+function checkOut(fn: string, given: unknown, q: Operand, Ev: number): Pick<Plan, 'outputDims' | 'outputSize' | 'out' | 'outResult'> {
+  const outputDims = [...q.dims.slice(0, -1), Ev];
+  const outputSize = q.B * q.H * q.L * Ev;
+  if (given === undefined) return { outputDims, outputSize, out: null, outResult: null };
+  if (!isFloat32Array(given)) throw new TypeError(`${fn}: options.out must be a Float32Array, got ${describe(given)}`);
+  const outLength = lengthOf(given);
+  if (outLength < outputSize) {
+    if (outLength === 0 && detachedOrEmpty(given)) {
+      throw new RangeError(detachedMessage(fn, 'options.out', `the output [${outputDims.join(', ')}] needs ${outputSize} floats`));
+    }
+    throw new RangeError(`${fn}: options.out is too small: the output [${outputDims.join(', ')}] needs ${outputSize} floats, got ${outLength}`);
+  }
+  const out = ownView(given, outputSize);
+  return { outputDims, outputSize, out, outResult: outLength === outputSize ? given : out };
 }
 
 interface KeyValueShape {
@@ -555,21 +554,7 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
   const returnLogSumExp = checkBoolean(fn, 'options.returnLogSumExp', o.returnLogSumExp, false);
 
   // The output keeps the query's rank; its last axis is Ev.
-  const outputDims = [...q.dims.slice(0, -1), Ev];
-  const outputSize = B * Hq * Lq * Ev;
-  let out: Float32Array | null = null, outResult: Float32Array | null = null;
-  if (o.out !== undefined) {
-    if (!isFloat32Array(o.out)) throw new TypeError(`${fn}: options.out must be a Float32Array, got ${describe(o.out)}`);
-    const outLength = lengthOf(o.out);
-    if (outLength < outputSize) {
-      if (outLength === 0 && detachedOrEmpty(o.out)) {
-        throw new RangeError(detachedMessage(fn, 'options.out', `the output [${outputDims.join(', ')}] needs ${outputSize} floats`));
-      }
-      throw new RangeError(`${fn}: options.out is too small: the output [${outputDims.join(', ')}] needs ${outputSize} floats, got ${outLength}`);
-    }
-    out = ownView(o.out, outputSize);
-    outResult = outLength === outputSize ? o.out : out;
-  }
+  const { outputDims, outputSize, out, outResult } = checkOut(fn, o.out, q, Ev);
   // Weights are always [..., Hq, Lq, Lk] with the query's leading axes.
   const leading = q.dims.length === 4 ? [B, Hq] : q.dims.length === 3 ? [Hq] : [];
   const weightsDims = returnWeights ? [...leading, Lq, Lk] : null;

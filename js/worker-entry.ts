@@ -51,7 +51,8 @@ function cache(id: unknown): KVCache {
 }
 
 /** A result and the buffers to transfer back with it (the output arrays are the worker's own). */
-const withBuffers = (result: SdpaResult) => ({ value: result, transfer: transferList([result.output.data, result.weights?.data]) });
+const withBuffers = (result: SdpaResult) =>
+  ({ value: result, transfer: transferList([result.output.data, result.weights?.data, result.logSumExp?.data]) });
 
 type Handled = { value: unknown; transfer?: ArrayBuffer[] };
 

@@ -9,6 +9,7 @@
 //                     { id, ok: false, error: { name, message } }      (output buffers transferred)
 //
 // Errors cross as name + message and are rebuilt as the same class on the calling side.
+import { bufferOf, byteLengthOf, isArrayBuffer, viewTag } from './typed-arrays.js';
 
 /** What the worker can do; each op's args and value are documented where it is handled. */
 export type Op =
@@ -46,15 +47,13 @@ export function errorFromWire({ name, message }: WireError): Error {
   return error;
 }
 
-const tag = (x: unknown) => Object.prototype.toString.call(x).slice(8, -1);
-
-/** The distinct ArrayBuffers (not SharedArrayBuffers) under the typed arrays in `views`. */
+/** The distinct ArrayBuffers (not SharedArrayBuffers, not detached or empty ones) under the typed arrays in `views`. */
 export function transferList(views: Iterable<unknown>): ArrayBuffer[] {
   const buffers = new Set<ArrayBuffer>();
   for (const view of views) {
-    if (ArrayBuffer.isView(view) && tag(view.buffer) === 'ArrayBuffer' && view.buffer.byteLength > 0) {
-      buffers.add(view.buffer as ArrayBuffer);
-    }
+    if (viewTag(view) === undefined) continue;
+    const buffer = bufferOf(view as ArrayBufferView);
+    if (isArrayBuffer(buffer) && byteLengthOf(buffer) > 0) buffers.add(buffer);
   }
   return [...buffers];
 }

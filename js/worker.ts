@@ -20,7 +20,7 @@
 // arrays do not reach a queued call.
 import type { Isa } from './loader.js';
 import {
-  APPEND_OPTION_NAMES, cacheOperands, checkAppend, checkCacheOptions, checkReorder, checkTruncate, KVCacheShapeInfo,
+  APPEND_OPTION_NAMES, cacheOperands, checkAppend, checkAppendShapes, checkCacheOptions, checkReorder, checkTruncate, KVCacheShapeInfo,
   type KVCacheShape,
 } from './kv-cache.js';
 import type {
@@ -28,7 +28,12 @@ import type {
   SdpaResultWith, Tensor,
 } from './types.js';
 import {
-  BACKWARD_OPTION_NAMES, checkAttentionOptions, checkOptionNames, describe, OPTION_NAMES, plan, planAttend, planBackward,
+  bufferOf, byteLengthOf, byteOffsetOf, copyOf, detachedOrEmpty, isApiTypedArray, isArrayBuffer, lengthOf, viewLike,
+  type TypedArray,
+} from './typed-arrays.js';
+import {
+  BACKWARD_OPTION_NAMES, checkAttendQuery, checkAttentionOptions, checkOptionNames, describe, OPTION_NAMES, plan, planAttend,
+  planBackward, type Plan,
 } from './validate.js';
 import { errorFromWire, READY, transferList, type Op, type Reply, type Request } from './worker-protocol.js';
 
@@ -132,7 +137,14 @@ interface Call {
   resolve(value: unknown): void;
   reject(error: unknown): void;
   signal: AbortSignal | undefined;
-  onAbort: (() => void) | null;
+  /** The request's id, once sent: its reply carries it. */
+  id: number;
+}
+
+/** The queued calls that share one AbortSignal, and the one listener on it. */
+interface SignalWatch {
+  calls: Set<Call>;
+  listener: () => void;
 }
 
 /**
@@ -146,6 +158,11 @@ class Channel {
   readonly #queue: Call[] = [];
   /** Sent, not yet answered, in the order the worker answers them. */
   readonly #inFlight: Call[] = [];
+  /**
+   * The queued calls by AbortSignal: one listener per signal however many calls share it (a
+   * page's Stop button may cover every call; a listener per call would pile up on the signal).
+   */
+  readonly #watched = new Map<AbortSignal, SignalWatch>();
   #nextId = 1;
   #ready = false;
   #pumpScheduled = false;
@@ -167,18 +184,8 @@ class Channel {
     return new Promise<T>((resolve, reject) => {
       if (this.#dead !== null) return reject(this.#dead);
       if (signal?.aborted) return reject(abortReason(signal));
-      const call: Call = { op, prepare, finish, settled, resolve: resolve as (value: unknown) => void, reject, signal, onAbort: null };
-      if (signal !== undefined) {
-        call.onAbort = () => {
-          const at = this.#queue.indexOf(call);
-          if (at < 0) return;  // sent (or settled): it runs to the end
-          this.#queue.splice(at, 1);
-          this.#unlisten(call);
-          reject(abortReason(signal));
-          this.#link.hold(this.#busy());
-        };
-        signal.addEventListener('abort', call.onAbort, { once: true });
-      }
+      const call: Call = { op, prepare, finish, settled, resolve: resolve as (value: unknown) => void, reject, signal, id: 0 };
+      if (signal !== undefined) this.#watch(call, signal);
       this.#queue.push(call);
       this.#link.hold(true);
       // Sent from a microtask, so the calls made in this synchronous stretch go together.
@@ -216,18 +223,20 @@ class Channel {
         try {
           args = call.prepare();
         } catch (error) {
-          this.#unlisten(call);
+          this.#unwatch(call);
           call.reject(error);
           continue;
         }
-        this.#unlisten(call);  // sent: no longer cancellable
-        batch.push({ id: this.#nextId++, op: call.op, args });
+        this.#unwatch(call);  // sent: no longer cancellable
+        call.id = this.#nextId++;
+        batch.push({ id: call.id, op: call.op, args });
         arrays.push(...typedArrays(args));
         this.#inFlight.push(call);
       }
       if (batch.length > 0) {
         try {
-          this.#link.post(batch, transferList(arrays));
+          // Only buffers a Taker made (copies) or moved: never one the caller still holds.
+          this.#link.post(batch, transferList(arrays).filter((buffer) => takenBuffers.has(buffer)));
         } catch (error) {  // not cloneable: the checks let something odd through
           for (const call of this.#inFlight.splice(0)) this.#fail(call, error);
         }
@@ -245,6 +254,11 @@ class Channel {
     const reply = message as Reply;
     const call = this.#inFlight.shift();
     if (call === undefined) return;
+    if (reply.id !== call.id) {  // the worker answers in order: anything else is a broken worker
+      this.#inFlight.unshift(call);
+      this.#die(new Error(`sdpa-wasm: the attention worker answered request ${String(reply.id)} where ${call.id} was due`));
+      return;
+    }
     if (reply.ok) {
       try {
         call.resolve(call.finish(reply.value));
@@ -260,14 +274,38 @@ class Channel {
 
   /** A sent call that will get no answer. */
   #fail(call: Call, error: unknown): void {
-    this.#unlisten(call);
     call.reject(error);
     call.settled?.();
   }
 
-  #unlisten(call: Call): void {
-    if (call.onAbort !== null) call.signal?.removeEventListener('abort', call.onAbort);
-    call.onAbort = null;
+  /** Notes a queued call under its signal: aborting the signal takes it (and the others waiting on it) off the queue. */
+  #watch(call: Call, signal: AbortSignal): void {
+    let watch = this.#watched.get(signal);
+    if (watch === undefined) {
+      const calls = new Set<Call>();
+      const listener = () => {
+        for (const waiting of [...calls]) {
+          const at = this.#queue.indexOf(waiting);
+          if (at >= 0) this.#queue.splice(at, 1);
+          this.#unwatch(waiting);
+          waiting.reject(abortReason(signal));
+        }
+        this.#link.hold(this.#busy());
+      };
+      watch = { calls, listener };
+      this.#watched.set(signal, watch);
+      signal.addEventListener('abort', listener, { once: true });
+    }
+    watch.calls.add(call);
+  }
+
+  /** The call leaves the queue (sent, rejected or aborted): no longer cancellable. */
+  #unwatch(call: Call): void {
+    if (call.signal === undefined) return;
+    const watch = this.#watched.get(call.signal);
+    if (watch === undefined || !watch.calls.delete(call) || watch.calls.size > 0) return;
+    call.signal.removeEventListener('abort', watch.listener);
+    this.#watched.delete(call.signal);
   }
 
   #die(error: Error): void {
@@ -275,7 +313,7 @@ class Channel {
     this.#dead = error;
     for (const call of this.#inFlight.splice(0)) this.#fail(call, error);
     for (const call of this.#queue.splice(0)) {  // never sent
-      this.#unlisten(call);
+      this.#unwatch(call);
       call.reject(error);
     }
     this.#link.hold(false);
@@ -302,16 +340,25 @@ function typedArrays(args: Record<string, unknown>): unknown[] {
 // ─── taking the inputs when a call is made ────────────────────────────────────────────────
 
 /**
+ * The buffers the calling side made (a Taker's copies) or moved from the caller: the only ones a
+ * request may transfer to the worker. A buffer the caller still holds is never transferred.
+ */
+const takenBuffers = new WeakSet<ArrayBufferLike>();
+
+/**
  * Takes the caller's typed arrays when a call is made: copies (only the view's elements), or
  * with `transfer`, moves their buffers (zero copy; the caller's arrays are then detached).
  * Two arrays over one buffer stay over one moved buffer. A buffer that cannot move is copied
  * (only the views' elements), the caller's arrays left as they are: a SharedArrayBuffer, and
  * one that cannot be detached (a WebAssembly.Memory's, Node's Buffer pool). Moving detaches
  * every view of a buffer at once, so views to move are only noted by tensor() (with their
- * offset and length, unreadable once detached) and moved together by done().
+ * buffer, offset and length, unreadable once detached) and moved together by done(), after the
+ * call's checks that do not depend on the calls before it (movesChecked).
+ * A typed array is read through its internal slots (typed-arrays.ts): its type, length, buffer
+ * and offset, never a property the caller's object carries, as the direct API's checks read it.
  */
 class Taker {
-  readonly #toMove: { holder: Record<string, unknown>; view: TypedArray; offset: number; length: number }[] = [];
+  readonly #toMove: { holder: Record<string, unknown>; view: TypedArray; buffer: ArrayBuffer; offset: number; length: number }[] = [];
   constructor(readonly transfer: boolean) {}
 
   /**
@@ -320,16 +367,23 @@ class Taker {
    * direct API sees (a detached buffer, or an empty view of a live one: different messages).
    */
   copy(x: unknown): unknown {
-    return isTypedArray(x) && x.length > 0 ? x.slice() : x;
+    if (!isApiTypedArray(x) || lengthOf(x) === 0) return x;
+    const taken = copyOf(x);
+    takenBuffers.add(bufferOf(taken));
+    return taken;
   }
 
   /** A tensor-like object: a new { data, dims } with its data taken, its dims copied; anything else as it is (for the checks' messages). */
   tensor(t: unknown, move: boolean): unknown {
     if (t === null || typeof t !== 'object') return t;
     const { data, dims } = t as { data?: unknown; dims?: unknown };
-    const movable = move && this.transfer && isTypedArray(data) && tag(data.buffer) === 'ArrayBuffer' && data.buffer.byteLength > 0;
-    const taken: Record<string, unknown> = { data: movable ? data : this.copy(data), dims: Array.isArray(dims) ? [...dims] : dims };
-    if (movable) this.#toMove.push({ holder: taken, view: data, offset: data.byteOffset, length: data.length });  // data replaced by done()
+    const buffer = isApiTypedArray(data) ? bufferOf(data) : null;
+    const movable = move && this.transfer && isArrayBuffer(buffer) && byteLengthOf(buffer) > 0;
+    const taken: Record<string, unknown> = { data: movable ? data : this.copy(data), dims: copyDims(dims) };
+    if (movable) {  // data replaced by done()
+      const view = data as TypedArray;
+      this.#toMove.push({ holder: taken, view, buffer: buffer as ArrayBuffer, offset: byteOffsetOf(view), length: lengthOf(view) });
+    }
     return taken;
   }
 
@@ -363,21 +417,49 @@ class Taker {
   }
 
   /**
+   * Before done(): `check` runs the call's checks that hold whatever the calls before it do
+   * (the direct API's, on the taken arguments), so that a call they reject moves nothing; and
+   * `out`, if given, must not be a view of a buffer about to move (the output could not land in
+   * it). The checks that depend on a cache's length at the call's turn run then, after the move.
+   */
+  movesChecked(fn: string, out: unknown, check: () => void): void {
+    if (this.#toMove.length === 0) return;
+    check();
+    if (!isApiTypedArray(out)) return;
+    const shared = this.#toMove.find(({ buffer }) => buffer === bufferOf(out));
+    if (shared !== undefined) {
+      throw new RangeError(`${fn}: options.out shares its ArrayBuffer with an input that { transfer: true } moves to the ` +
+        'worker, so the output could not be written into it; give out a buffer of its own, or leave transfer off. Nothing was moved');
+    }
+  }
+
+  /**
    * Moves the noted buffers (each once) and points the taken tensors at the moved ones; those
    * whose buffer cannot move are copied. Nothing moves for a call already cancelled (`signal`
    * aborted): it will not run, and the caller keeps its arrays.
    */
   done(signal: AbortSignal | undefined): void {
-    const moved = new Map<ArrayBufferLike, ArrayBuffer | null>();  // null: cannot move
-    for (const { view } of this.#toMove) {
-      if (!moved.has(view.buffer)) moved.set(view.buffer, signal?.aborted ? null : moveBuffer(view.buffer as ArrayBuffer));
+    const moved = new Map<ArrayBuffer, ArrayBuffer | null>();  // null: cannot move
+    for (const { buffer } of this.#toMove) {
+      if (!moved.has(buffer)) moved.set(buffer, signal?.aborted ? null : moveBuffer(buffer));
     }
-    for (const { holder, view, offset, length } of this.#toMove) {
-      const View = view.constructor as new (buffer: ArrayBuffer, offset: number, length: number) => TypedArray;
-      const to = moved.get(view.buffer);
-      holder.data = to ? new View(to, offset, length) : this.copy(view);  // (a view detached meanwhile: kept, for the checks' message)
+    for (const { holder, view, buffer, offset, length } of this.#toMove) {
+      const to = moved.get(buffer);
+      // A view no longer within its buffer (a getter shrank a resizable one) or detached
+      // meanwhile: kept as it is, for the checks' message.
+      const fits = to != null && offset + length * view.BYTES_PER_ELEMENT <= byteLengthOf(to);
+      holder.data = to == null ? this.copy(view) : fits ? viewLike(view, to, offset, length) : view;
     }
   }
+}
+
+/** A tensor's dims as the direct API's checks read them: the length once, then each element once (no iterator). */
+function copyDims(dims: unknown): unknown {
+  if (!Array.isArray(dims)) return dims;
+  const rank = dims.length;
+  const copy: unknown[] = [];
+  for (let axis = 0; axis < rank; axis++) copy.push(dims[axis]);
+  return copy;
 }
 
 /** Buffers found not to detach when moved: copied from then on without trying (a wasm memory's stays one object until it grows). */
@@ -389,10 +471,13 @@ const cannotDetach = new WeakSet<ArrayBuffer>();
  * copies all of them (then discarded: one wasted copy per such buffer, remembered).
  */
 function moveBuffer(buffer: ArrayBuffer): ArrayBuffer | null {
-  if (cannotDetach.has(buffer) || buffer.byteLength === 0) return null;  // (0: detached meanwhile, by a getter)
+  if (cannotDetach.has(buffer) || byteLengthOf(buffer) === 0) return null;  // (0: detached meanwhile, by a getter)
   try {
     const clone = structuredClone(buffer, { transfer: [buffer] });
-    if (buffer.byteLength === 0) return clone;  // detached: moved (no empty buffer is taken to move)
+    if (byteLengthOf(buffer) === 0) {  // detached: moved (no empty buffer is taken to move)
+      takenBuffers.add(clone);
+      return clone;
+    }
   } catch {
     // DataCloneError: not transferable
   }
@@ -402,10 +487,6 @@ function moveBuffer(buffer: ArrayBuffer): ArrayBuffer | null {
 
 /** The options every worker call takes besides the direct API's. */
 const WORKER_OPTION_NAMES: readonly string[] = ['signal', 'transfer'];
-
-type TypedArray = Float32Array | Uint16Array | Uint8Array | Int32Array;
-const tag = (x: unknown) => Object.prototype.toString.call(x).slice(8, -1);
-const isTypedArray = (x: unknown): x is TypedArray => ArrayBuffer.isView(x) && tag(x) !== 'DataView';
 
 /**
  * The worker-only options (signal, transfer), checked. The others are the direct API's: taken
@@ -434,17 +515,26 @@ function isAbortSignal(x: unknown): x is AbortSignal {
     typeof (x as AbortSignal).addEventListener === 'function';
 }
 
-/** The result from the worker, with the output copied into `out` when one was given (as the direct API does). */
-function deliver(value: unknown, out: unknown): SdpaResult {
+/**
+ * The result from the worker, with the output written into options.out when one was given, as
+ * the direct API does: through the call's own view of it (Plan.out) and returned as Plan.outResult.
+ */
+function deliver(value: unknown, p: Plan): SdpaResult {
   const result = value as SdpaResult;
-  if (out instanceof Float32Array || tag(out) === 'Float32Array') {
-    const target = out as Float32Array;
-    const size = result.output.data.length;
-    target.set(result.output.data);
-    result.output = { data: target.length === size ? target : target.subarray(0, size), dims: result.output.dims };
+  if (p.out === null) return result;
+  if (lengthOf(p.out) < p.outputSize) {
+    const how = detachedOrEmpty(p.out) ? 'was detached' : 'shrank (a resizable buffer)';
+    throw new RangeError(`${p.fn}: options.out's buffer ${how} while the call ran; the output ` +
+      `[${p.outputDims.join(', ')}] (${p.outputSize} floats) could not be written into it`);
   }
+  p.out.set(result.output.data);
+  result.output = { data: p.outResult!, dims: result.output.dims };
   return result;
 }
+
+/** options.out of the taken options (kept as the caller gave it), for movesChecked. */
+const outOf = (options: unknown): unknown =>
+  options !== null && typeof options === 'object' ? (options as { out?: unknown }).out : undefined;
 
 /** The options to send: what the checks accepted, without `out` (results come back in a new buffer). */
 function sendable(options: unknown): unknown {
@@ -527,11 +617,13 @@ export class AttentionWorker {
       const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
       const o = take.options(options, OPTION_NAMES);
       this.#check('sdpa');  // again: the arguments' getters may have disposed it (then nothing moves)
+      take.movesChecked('sdpa', outOf(o), () => plan(q, k, v, o));
       take.done(signal);
+      let checked: Plan;
       return this.#channel.call('sdpa', () => {
-        plan(q, k, v, o);
+        checked = plan(q, k, v, o);
         return { query: q, key: k, value: v, options: sendable(o) };
-      }, (result) => deliver(result, (o as SdpaOptions | undefined)?.out), signal);
+      }, (result) => deliver(result, checked), signal);
     });
   }
 
@@ -549,6 +641,7 @@ export class AttentionWorker {
       const go = take.tensor(gradOutput, true);
       const o = take.options(options, BACKWARD_OPTION_NAMES);
       this.#check('sdpaBackward');  // again: the arguments' getters may have disposed it (then nothing moves)
+      take.movesChecked('sdpaBackward', undefined, () => planBackward(q, k, v, go, o));
       take.done(signal);
       return this.#channel.call('sdpaBackward', () => {
         planBackward(q, k, v, go, o);
@@ -567,7 +660,7 @@ export class AttentionWorker {
       return this.#channel.call('createKVCache', () => ({ cache: id, options: { ...shape } }), () => {
         const cache = WorkerKVCache.create(this.#channel, id, shape, (c) => this.#caches.delete(c));
         // Created while dispose() waited for the calls made before it: disposed with the others.
-        if (this.#ended !== null) cache.markDisposed();
+        if (this.#ended !== null) cache.markDisposed(this.#ended);
         else this.#caches.add(cache);
         return cache;
       }, signal);
@@ -591,7 +684,7 @@ export class AttentionWorker {
   dispose(): Promise<void> {
     if (this.#disposing !== null) return this.#disposing;
     this.#ended = 'disposed';
-    for (const cache of this.#caches) cache.markDisposed();
+    for (const cache of this.#caches) cache.markDisposed('disposed');
     this.#caches.clear();
     const ended = new Error('sdpa-wasm: this AttentionWorker has been disposed');
     this.#disposing = this.#channel.call('dispose', () => ({}), () => undefined)
@@ -606,7 +699,7 @@ export class AttentionWorker {
    */
   terminate(): Promise<void> {
     this.#ended = 'terminated';
-    for (const cache of this.#caches) cache.markDisposed();
+    for (const cache of this.#caches) cache.markDisposed('terminated');
     this.#caches.clear();
     // Also after dispose(): the calls it was letting complete reject now.
     const stopped = this.#channel.terminate(new Error('sdpa-wasm: the attention worker was terminated'));
@@ -630,7 +723,8 @@ export class WorkerKVCache extends KVCacheShapeInfo {
   #expected = 0;
   /** Calls sent and not yet answered. */
   #unanswered = 0;
-  #disposed = false;
+  /** Why calls are refused: disposed (its own dispose() or its worker's), or its worker terminated. */
+  #ended: string | null = null;
   readonly #onDispose: (cache: WorkerKVCache) => void;
 
   /** @internal Use worker.createKVCache(). */
@@ -652,16 +746,17 @@ export class WorkerKVCache extends KVCacheShapeInfo {
   }
 
   get disposed(): boolean {
-    return this.#disposed;
+    return this.#ended !== null;
   }
 
-  /** @internal The worker was disposed or terminated. */
-  markDisposed(): void {
-    this.#disposed = true;
+  /** @internal The worker was disposed or terminated: length 0, as a disposed KVCache. */
+  markDisposed(how: 'disposed' | 'terminated'): void {
+    this.#ended ??= how === 'disposed' ? 'has been disposed' : 'has been disposed: its AttentionWorker was terminated';
+    this.#length = this.#expected = 0;
   }
 
   #check(fn: string): void {
-    if (this.#disposed) throw new Error(`${fn}: this KVCache has been disposed`);
+    if (this.#ended !== null) throw new Error(`${fn}: this KVCache ${this.#ended}`);
     if (this.#channel.dead !== null) throw this.#channel.dead;
   }
 
@@ -681,7 +776,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
   }
 
   #lengthFrom = (value: unknown) => {
-    this.#length = (value as { length: number }).length;
+    if (this.#ended === null) this.#length = (value as { length: number }).length;  // (a disposed cache stays at 0)
   };
 
   /** KVCache.append() in the worker. `{ transfer: true }` moves key's and value's buffers. */
@@ -693,6 +788,10 @@ export class WorkerKVCache extends KVCacheShapeInfo {
       const take = new Taker(transfer);
       const k = take.tensor(key, true), v = take.tensor(value, true), o = take.options(options, APPEND_OPTION_NAMES);
       this.#check(fn);  // again: the arguments' getters may have disposed it (then nothing moves)
+      take.movesChecked(fn, undefined, () => {
+        // More positions than maxLength fail whatever the calls before leave: the direct API's message, with today's length.
+        if (checkAppendShapes(this.#shape, k, v, o).k.L > this.maxLength) checkAppend(this.#shape, this.#expected, k, v, o);
+      });
       take.done(signal);
       return this.#call('append', () => {
         this.#expected += checkAppend(this.#shape, this.#expected, k, v, o).k.L;
@@ -714,11 +813,13 @@ export class WorkerKVCache extends KVCacheShapeInfo {
       const take = new Taker(transfer);
       const q = take.tensor(query, true), o = take.options(options, OPTION_NAMES);
       this.#check(fn);  // again: the arguments' getters may have disposed it (then nothing moves)
+      take.movesChecked(fn, outOf(o), () => checkAttendQuery(q, this.#shape, o));
       take.done(signal);
+      let checked: Plan;
       return this.#call('attend', () => {
-        planAttend(q, cacheOperands(this.#shape, this.#expected), o);
+        checked = planAttend(q, cacheOperands(this.#shape, this.#expected), o);
         return { query: q, options: sendable(o) };
-      }, (result) => deliver(result, (o as SdpaOptions | undefined)?.out), signal);
+      }, (result) => deliver(result, checked), signal);
     });
   }
 
@@ -763,13 +864,12 @@ export class WorkerKVCache extends KVCacheShapeInfo {
 
   /** Frees the storage in the worker (after the calls already made); later calls reject. Harmless twice. */
   dispose(): Promise<void> {
-    if (this.#disposed) return Promise.resolve();
-    this.#disposed = true;
+    if (this.#ended !== null) return Promise.resolve();
+    this.markDisposed('disposed');
     this.#onDispose(this);
     if (this.#channel.dead !== null) return Promise.resolve();
-    return this.#channel.call('disposeCache', () => ({ cache: this.#id }), () => {
-      this.#length = 0;
-    }).catch(() => undefined);  // a dead worker has freed everything
+    return this.#channel.call('disposeCache', () => ({ cache: this.#id }), () => undefined)
+      .catch(() => undefined);  // a dead worker has freed everything
   }
 
   [Symbol.asyncDispose](): Promise<void> {

@@ -2,7 +2,8 @@
 // bit for bit (sdpa over the shared reference cases, copied and transferred; the KV cache step
 // by step), the same errors (class and message) for every bad input of the direct API's tests,
 // calls resolving in the order they were made, abort of a queued call, a worker that dies or is
-// terminated rejecting every pending and later call, and a Node process that exits by itself.
+// terminated rejecting every pending and later call, a Node process that exits by itself, and
+// typed arrays carrying properties of their own read by their contents as the direct API reads them.
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
@@ -288,6 +289,208 @@ describe('the KV cache through the worker', () => {
     expect(error?.constructor).toBe(Error);
     expect(error.message).toBe('KVCache.attend: this KVCache has been disposed');
     await remote.dispose();  // twice is harmless
+  });
+});
+
+describe('typed arrays carrying properties of their own, and transfers a check rejects', () => {
+  /** A typed array's real length and its buffer's real byte length (TypedArray.prototype's and ArrayBuffer.prototype's getters). */
+  const realLength = (view) => Object.getOwnPropertyDescriptor(Object.getPrototypeOf(Int8Array.prototype), 'length').get.call(view);
+  const realBuffer = (view) => Object.getOwnPropertyDescriptor(Object.getPrototypeOf(Int8Array.prototype), 'buffer').get.call(view);
+  const realBytes = (view) => Object.getOwnPropertyDescriptor(ArrayBuffer.prototype, 'byteLength').get.call(realBuffer(view));
+  /**
+   * `t` with its data a copy carrying own length, byteOffset, buffer (`decoy`'s), slice,
+   * constructor and set, and dims with an own iterator: none of them must be read.
+   */
+  const tampered = (t, decoy) => {
+    const data = t.data.slice();
+    Object.defineProperty(data, 'length', { value: 0 });
+    Object.defineProperty(data, 'byteOffset', { value: 4 });
+    Object.defineProperty(data, 'buffer', { value: decoy.buffer });
+    Object.defineProperty(data, 'slice', { value: () => new Float32Array(realLength(data)).fill(7) });
+    Object.defineProperty(data, 'constructor', { value: Float64Array });
+    Object.defineProperty(data, 'set', { value: () => { throw new Error('a method of the caller\'s object was called'); } });
+    const dims = [...t.dims];
+    dims[Symbol.iterator] = function* () { yield 1; yield* t.dims; };
+    return { data, dims };
+  };
+
+  test('inputs are taken by their contents, copied or moved; no buffer the caller keeps is transferred', async () => {
+    const { query, key, value } = REFERENCE_CASES[2].make();
+    const keyLengths = Int32Array.of(3, 1);
+    const options = { ...REFERENCE_CASES[2].make().options };
+    const expected = hashOf(attn.sdpa(query, key, value, options));
+    for (const transfer of [false, true]) {
+      const decoy = new Float32Array(64);
+      const taken = [query, key, value].map((t) => tampered(t, decoy));
+      const got = await worker.sdpa(...taken, { ...options, transfer });
+      expect(hashOf(got)).toBe(expected);
+      expect(realBytes(decoy)).toBe(256);  // an own `buffer` property moves nothing
+      // Copied: the caller's buffers stay (an own length of 0 once let the buffer itself be sent);
+      // moved: detached.
+      expect(taken.map((t) => realLength(t.data))).toEqual(transfer ? [0, 0, 0] : [query, key, value].map((t) => t.data.length));
+    }
+    // keyLengths (always copied) with an own length of 0: the caller's array stays.
+    const cacheShape = { batch: 2, kvHeads: 1, headDim: 4, maxLength: 8 };
+    const cache = await worker.createKVCache(cacheShape);
+    try {
+      await cache.append(noiseTensor([2, 1, 5, 4], 41, 1), noiseTensor([2, 1, 5, 4], 41, 2));
+      Object.defineProperty(keyLengths, 'length', { value: 0 });
+      await cache.attend(noiseTensor([2, 1, 1, 4], 41, 3), { keyLengths });
+      expect(realLength(keyLengths)).toBe(2);
+      expect(Array.from(keyLengths.subarray(0, 2))).toEqual([3, 1]);
+    } finally {
+      await cache.dispose();
+    }
+  });
+
+  test('out carrying properties of its own still receives the output through the call\'s own view', async () => {
+    const { query, key, value, options } = REFERENCE_CASES[5].make();
+    const expected = attn.sdpa(query, key, value, options).output.data;
+    const size = expected.length;
+    const outs = {
+      'a set() that does nothing': (out) => Object.defineProperty(out, 'set', { value: () => {} }),
+      'an own length': (out) => Object.defineProperty(out, 'length', { value: 3 }),
+      'a length getter that throws': (out) => Object.defineProperty(out, 'length', { get: () => { throw new Error('read'); } }),
+      'a subarray() returning junk': (out) => Object.defineProperty(out, 'subarray', { value: () => Float32Array.of(42) }),
+      'Object.prototype as its prototype': (out) => Object.setPrototypeOf(out, Object.prototype),
+    };
+    for (const [name, tamper] of Object.entries(outs)) {
+      const out = tamper(new Float32Array(size));
+      const got = await worker.sdpa(query, key, value, { ...options, out });
+      expect([name, got.output.data === out]).toEqual([name, true]);
+      expect([name, bitsHash(new Float32Array(realBuffer(out), 0, size))]).toEqual([name, bitsHash(expected)]);
+    }
+    // A longer out: its first `size` floats, returned as a view of them.
+    const longer = Object.defineProperty(new Float32Array(size + 3).fill(-1), 'subarray', { value: () => Float32Array.of(42) });
+    const got = await worker.sdpa(query, key, value, { ...options, out: longer });
+    expect(got.output.data.buffer).toBe(longer.buffer);
+    expect(realLength(got.output.data)).toBe(size);
+    expect(bitsHash(got.output.data)).toBe(bitsHash(expected));
+  });
+
+  test('out detached while the call runs: a RangeError naming options.out; the worker keeps working', async () => {
+    const { query, key, value } = longProblem();
+    const out = new Float32Array(query.data.length);
+    const running = worker.sdpa(query, key, value, { out });
+    await null;  // sent
+    structuredClone(out.buffer, { transfer: [out.buffer] });
+    const error = await errorOf(() => running);
+    expect(error?.constructor).toBe(RangeError);
+    expect(error.message).toBe('sdpa: options.out\'s buffer was detached while the call ran; the output [1, 8, 1024, 64] ' +
+      '(524288 floats) could not be written into it');
+    const small = REFERENCE_CASES[1].make();
+    expect(hashOf(await worker.sdpa(small.query, small.key, small.value))).toBe(hashOf(attn.sdpa(small.query, small.key, small.value)));
+  });
+
+  test('with { transfer: true }, a call its checks reject moves nothing (the direct API\'s error)', async () => {
+    const make = () => REFERENCE_CASES[2].make();
+    /** [description, worker call, direct call, the tensors whose arrays must stay] */
+    // Each case: its options beyond { transfer: true } (which the direct call does not take).
+    const cases = [
+      ['an unknown option', (api, t, extra) => api.sdpa(t.query, t.key, t.value, { bogus: 1, ...extra })],
+      ['dims that do not match the data', (api, t, extra) => api.sdpa({ data: t.query.data, dims: [9, 9] }, t.key, t.value, extra)],
+      ['out too small', (api, t, extra) => api.sdpa(t.query, t.key, t.value, { out: new Float32Array(2), ...extra })],
+      ['keyLengths past Lk', (api, t, extra) => api.sdpa(t.query, t.key, t.value, { keyLengths: Int32Array.of(99), ...extra })],
+      ['sdpaBackward: gradOutput of the wrong shape', (api, t, extra) => api.sdpaBackward(t.query, t.key, t.value, noiseTensor([1, 1, 2, 2], 3, 4), extra)],
+    ];
+    for (const [name, call] of cases) {
+      const direct = await errorOf(() => call(attn, make(), {}));
+      const t = make();
+      const lengths = [t.query.data.length, t.key.data.length, t.value.data.length];
+      const error = await errorOf(() => call(worker, t, { transfer: true }));
+      expect([name, error?.constructor, error?.message]).toEqual([name, direct.constructor, direct.message]);
+      expect([name, t.query.data.length, t.key.data.length, t.value.data.length]).toEqual([name, ...lengths]);
+    }
+    // out over the query's buffer, which transfer would move: refused before anything moves.
+    const t = make();
+    const shared = new Float32Array(2 * t.query.data.length);  // the query, then room for the output [1, 2, 33, 64]
+    shared.set(t.query.data);
+    const query = { data: shared.subarray(0, t.query.data.length), dims: t.query.dims };
+    const error = await errorOf(() => worker.sdpa(query, t.key, t.value, { out: shared.subarray(t.query.data.length), transfer: true }));
+    expect(error?.constructor).toBe(RangeError);
+    expect(error.message).toMatch(/^sdpa: options\.out shares its ArrayBuffer with an input that \{ transfer: true \} moves to the worker/);
+    expect([shared.length, t.key.data.length]).toEqual([2 * t.query.data.length, make().key.data.length]);
+
+    // The cache: shape checks and Lnew > maxLength before moving; a check on the length at the
+    // call's turn after (the arrays have moved then, as documented).
+    const direct = attn.createKVCache({ ...CACHE_OPTIONS });
+    const cache = await worker.createKVCache({ ...CACHE_OPTIONS });
+    try {
+      direct.append(cacheK(STORED), cacheV(STORED));
+      await cache.append(cacheK(STORED), cacheV(STORED));
+      const cacheCases = [
+        ['append: a key of the wrong head size', (c, extra) => c.append(noiseTensor([2, 2, 3, 5], 3, 5), cacheV(3), extra)],
+        ['append: more positions than maxLength', (c, extra) => c.append(cacheK(17), cacheV(17), extra)],
+        ['attend: a query of the wrong head size', (c, extra) => c.attend(cacheQ(1, 4, 5), extra)],
+        ['attend: out too small', (c, extra) => c.attend(cacheQ(1), { out: new Float32Array(1), ...extra })],
+      ];
+      for (const [name, call] of cacheCases) {
+        const expected = await errorOf(() => call(direct, {}));
+        const arrays = [];
+        const spy = { append: (k, v, o) => { arrays.push(k.data, v.data); return cache.append(k, v, o); },
+          attend: (q, o) => { arrays.push(q.data); return cache.attend(q, o); } };
+        const error = await errorOf(() => call(spy, { transfer: true }));
+        expect([name, error?.constructor, error?.message]).toEqual([name, expected.constructor, expected.message]);
+        expect([name, arrays.every((a) => a.length > 0)]).toEqual([name, true]);
+      }
+      // 7 more positions fit maxLength 16 but not the 10 stored: checked at the call's turn, moved.
+      const key = cacheK(7), value = cacheV(7);
+      const expected = await errorOf(() => direct.append(cacheK(7), cacheV(7)));
+      const error = await errorOf(() => cache.append(key, value, { transfer: true }));
+      expect(error?.message).toBe(expected.message);
+      expect([key.data.length, value.data.length, cache.length]).toEqual([0, 0, STORED]);
+    } finally {
+      direct.dispose();
+      await cache.dispose();
+    }
+  });
+
+  test('a disposed cache reads length 0, also with calls in flight and after its worker was terminated (then saying so)', async () => {
+    const a = await createAttentionWorker({ threads: 1 });
+    const cache = await a.createKVCache({ ...CACHE_OPTIONS });
+    await cache.append(cacheK(3), cacheV(3));
+    const appending = cache.append(cacheK(2), cacheV(2));
+    const disposing = cache.dispose();
+    expect(cache.length).toBe(0);
+    await appending;
+    await disposing;
+    expect(cache.length).toBe(0);
+
+    const other = await a.createKVCache({ ...CACHE_OPTIONS });
+    await other.append(cacheK(4), cacheV(4));
+    await a.terminate();
+    expect([other.disposed, other.length]).toEqual([true, 0]);
+    expect((await errorOf(() => other.attend(cacheQ())))?.message)
+      .toBe('KVCache.attend: this KVCache has been disposed: its AttentionWorker was terminated');
+  });
+
+  test('calls sharing one AbortSignal put one listener on it, removed once none waits', async () => {
+    const { getEventListeners } = await import('node:events');
+    const warnings = [];
+    const onWarning = (warning) => warnings.push(warning.name);
+    process.on('warning', onWarning);
+    try {
+      const stop = new AbortController();
+      const { query, key, value } = longProblem();
+      const small = REFERENCE_CASES[1].make();
+      const running = worker.sdpa(query, key, value, { signal: stop.signal });
+      await null;  // sent: the next ones wait
+      const waiting = Array.from({ length: 12 }, () => worker.sdpa(small.query, small.key, small.value, { signal: stop.signal }));
+      expect(getEventListeners(stop.signal, 'abort')).toHaveLength(1);
+      const errors = Promise.all(waiting.map((p) => errorOf(() => p)));
+      stop.abort();
+      expect((await errors).map((e) => e?.name)).toEqual(Array(12).fill('AbortError'));
+      await running;
+      expect(getEventListeners(stop.signal, 'abort')).toHaveLength(0);
+      // Calls that were sent leave no listener behind either.
+      const keep = new AbortController();
+      await Promise.all(Array.from({ length: 12 }, () => worker.sdpa(small.query, small.key, small.value, { signal: keep.signal })));
+      expect(getEventListeners(keep.signal, 'abort')).toHaveLength(0);
+      await new Promise((resolve) => setImmediate(resolve));
+      expect(warnings).toEqual([]);
+    } finally {
+      process.off('warning', onWarning);
+    }
   });
 });
 

@@ -1,0 +1,85 @@
+// What a typed array or an ArrayBuffer is, read from the engine's internal slots: one place for
+// these reads, used by the checks (validate.ts) and by the worker's calling side (worker.ts).
+//
+// A caller's typed array is an object that may carry properties of its own: an own `length`,
+// `byteLength`, `buffer`, `byteOffset`, `Symbol.toStringTag`, `set`, `slice`, `constructor` or
+// iterator would stand in for the prototype's if read as properties. TypedArray.prototype's and
+// ArrayBuffer.prototype's getters, captured here at load, read the internal slots instead, and a
+// view made here over the same memory (ownView) carries nothing of the caller's object. Tag-based
+// checks also work across realms (iframes, Jest's vm contexts), unlike instanceof.
+
+const typedArrayPrototype = Object.getPrototypeOf(Int8Array.prototype) as object;
+const typedArrayGetter = (key: PropertyKey) => Object.getOwnPropertyDescriptor(typedArrayPrototype, key)!.get!;
+const typedArrayName = typedArrayGetter(Symbol.toStringTag);
+const typedArrayLength = typedArrayGetter('length');
+const typedArrayBuffer = typedArrayGetter('buffer');
+const typedArrayByteOffset = typedArrayGetter('byteOffset');
+const arrayBufferByteLength = Object.getOwnPropertyDescriptor(ArrayBuffer.prototype, 'byteLength')!.get!;
+const arrayBufferDetached = Object.getOwnPropertyDescriptor(ArrayBuffer.prototype, 'detached')?.get;  // not in Node 20
+
+/** The typed arrays the API takes: data, masks, raw halves, per-batch integers. */
+export type TypedArray = Float32Array | Uint16Array | Uint8Array | Int32Array;
+const VIEW_TYPES = { Float32Array, Uint16Array, Uint8Array, Int32Array } as const;
+type ViewTypeName = keyof typeof VIEW_TYPES;
+
+/** A typed array's type name ('Float32Array', …) from its internal slot; undefined for anything else (a DataView too). */
+export const viewTag = (x: unknown): string | undefined => (ArrayBuffer.isView(x) ? typedArrayName.call(x) as string | undefined : undefined);
+/** A typed array's element count, from its internal slot (0 once its buffer is detached). */
+export const lengthOf = (view: ArrayBufferView): number => typedArrayLength.call(view) as number;
+/** A typed array's buffer (ArrayBuffer or SharedArrayBuffer), from its internal slot. */
+export const bufferOf = (view: ArrayBufferView): ArrayBufferLike => typedArrayBuffer.call(view) as ArrayBufferLike;
+/** A typed array's byte offset into its buffer, from its internal slot. */
+export const byteOffsetOf = (view: ArrayBufferView): number => typedArrayByteOffset.call(view) as number;
+
+export const isFloat32Array = (x: unknown): x is Float32Array => viewTag(x) === 'Float32Array';
+export const isUint16Array = (x: unknown): x is Uint16Array => viewTag(x) === 'Uint16Array';
+export const isUint8Array = (x: unknown): x is Uint8Array => viewTag(x) === 'Uint8Array';
+export const isInt32Array = (x: unknown): x is Int32Array => viewTag(x) === 'Int32Array';
+/** One of the API's typed array types (TypedArray above). */
+export const isApiTypedArray = (x: unknown): x is TypedArray => (viewTag(x) ?? '') in VIEW_TYPES;
+
+/** Whether `x` is an ArrayBuffer (not a SharedArrayBuffer), by its internal slot. */
+export function isArrayBuffer(x: unknown): x is ArrayBuffer {
+  try {
+    arrayBufferByteLength.call(x);  // throws for anything else, a SharedArrayBuffer included
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** An ArrayBuffer's byte length, from its internal slot (0 once detached). */
+export const byteLengthOf = (buffer: ArrayBuffer): number => arrayBufferByteLength.call(buffer) as number;
+
+/**
+ * Whether a view's buffer is detached (transferred, e.g. by a worker call with
+ * `{ transfer: true }`): it then reads as length 0. Engines without ArrayBuffer.prototype.detached
+ * cannot tell that from an empty buffer, so both count.
+ */
+export function detachedOrEmpty(view: ArrayBufferView): boolean {
+  const buffer = bufferOf(view);
+  if (!isArrayBuffer(buffer)) return false;  // a SharedArrayBuffer cannot be detached
+  return arrayBufferDetached?.call(buffer) === true || byteLengthOf(buffer) === 0;
+}
+
+/**
+ * A new view of a typed array's elements [0, length) (the same memory), of its type, with
+ * nothing of the caller's object but its internal slots: what a call copies and sizes its
+ * allocations from, whatever properties the object itself carries.
+ */
+export function ownView<T extends TypedArray>(view: T, length = lengthOf(view)): T {
+  const Type = VIEW_TYPES[typedArrayName.call(view) as ViewTypeName];
+  return new Type(bufferOf(view) as ArrayBuffer, byteOffsetOf(view), length) as T;
+}
+
+/** A view of `length` elements of `view`'s type over `buffer` from `byteOffset` (a moved buffer). */
+export function viewLike<T extends TypedArray>(view: T, buffer: ArrayBuffer, byteOffset: number, length: number): T {
+  const Type = VIEW_TYPES[typedArrayName.call(view) as ViewTypeName];
+  return new Type(buffer, byteOffset, length) as T;
+}
+
+/** A copy of a typed array's elements in a new buffer of its own (no property of the object read). */
+export function copyOf<T extends TypedArray>(view: T): T {
+  const Type = VIEW_TYPES[typedArrayName.call(view) as ViewTypeName];
+  return new Type(ownView(view)) as T;
+}
