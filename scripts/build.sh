@@ -4,13 +4,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NODE_PATH=/usr/share/nodejs  # Emscripten 3.1.6 (Debian) finds acorn there
+# Both are set up by scripts/setup.sh (npm start and npm test run it first; npm run build does not).
+if ! command -v emcmake >/dev/null 2>&1 || [ ! -x node_modules/.bin/tsc ]; then
+  echo "build: Emscripten or node_modules (TypeScript) is missing: run npm run setup first" >&2
+  exit 1
+fi
 
 if [ ! -f build/wasm/CMakeCache.txt ]; then
   emcmake cmake -S . -B build/wasm -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CROSSCOMPILING_EMULATOR=/usr/bin/node >/dev/null
 fi
 cmake --build build/wasm -j2
-npx tsc -p tsconfig.json
+node_modules/.bin/tsc -p tsconfig.json
 cp js/wasm/sdpa.d.mts js/wasm/sdpa-mt.d.mts js/wasm/sdpa-relaxed.d.mts js/wasm/sdpa-mt-relaxed.d.mts dist/wasm/
 # sdpa-mt.worker.js is CommonJS; the package is "type": "module". Its Node branch requires
 # fs and worker_threads: the "browser" map tells bundlers (webpack) there is nothing to bundle.

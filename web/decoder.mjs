@@ -178,11 +178,12 @@ export class ToyDecoder {
       const t0 = performance.now();
       // Not awaited before attend(): through an AttentionWorker the two calls then travel as one
       // message (one round trip per layer); they still run in order. On a direct cache both are
-      // synchronous anyway.
+      // synchronous anyway. Awaited together, so that if both reject (a worker terminated
+      // mid-step) neither rejection goes unhandled.
       const appended = cache.append({ data: k, dims: [1, L, kvHeads, headDim] }, { data: v, dims: [1, L, kvHeads, headDim] }, { layout: 'bshd' });
       // Causal by default, aligned bottom-right: query row i sees the stored positions up to its own.
-      const a = (await cache.attend({ data: q, dims: [1, L, qHeads, headDim] }, { layout: 'bshd' })).output.data;
-      await appended;
+      const attended = cache.attend({ data: q, dims: [1, L, qHeads, headDim] }, { layout: 'bshd' });
+      const a = (await Promise.all([appended, attended]))[1].output.data;
       attentionMs += performance.now() - t0;
       const o = linear(a, L, qHeads * headDim, wo, dModel);
       for (let i = 0; i < x.length; i++) x[i] += o[i];
