@@ -20,12 +20,21 @@ const { values: args } = parseArgs({
   },
 });
 const VOCAB = 1024, D_MODEL = 512, LAYERS = 2, HQ = 8, HKV = 2, E = 64, PROMPT = 37;
-const context = Math.max(PROMPT, Number(args.context)), tokens = Math.max(1, Number(args.tokens));
-const dtype = args.dtype;
-if (!Number.isInteger(context) || !Number.isInteger(tokens) || !['float32', 'float16'].includes(dtype)) {
-  console.error('usage: node generate.mjs [--context N] [--tokens N] [--dtype float32|float16] [--threads N]');
+/** Exits with the usage line and what was wrong (status 2). */
+function usage(problem) {
+  console.error(`generate.mjs: ${problem}\nusage: node generate.mjs [--context N] [--tokens N] [--dtype float32|float16] [--threads N]`);
   process.exit(2);
 }
+/** --name's value as an integer >= min, or the usage line. */
+function integerArg(name, min) {
+  const value = Number(args[name]);
+  if (args[name].trim() === '' || !Number.isInteger(value) || value < min) usage(`--${name} must be an integer >= ${min}, got ${JSON.stringify(args[name])}`);
+  return value;
+}
+const context = integerArg('context', PROMPT), tokens = integerArg('tokens', 1);
+const threads = args.threads === undefined ? undefined : integerArg('threads', 1);
+const dtype = args.dtype;
+if (!['float32', 'float16'].includes(dtype)) usage(`--dtype must be float32 or float16, got ${JSON.stringify(dtype)}`);
 
 // ── Seeded random numbers and weights ──────────────────────────────────────────────────────
 let seed = 1;
@@ -79,7 +88,7 @@ function sample(logits, temperature = 0.5) {
 }
 
 // ── The caches: one per layer ──────────────────────────────────────────────────────────────
-const attn = await createAttention(args.threads ? { threads: Number(args.threads) } : {});
+const attn = await createAttention(threads === undefined ? {} : { threads });
 const maxLength = context + tokens;
 const caches = layers.map(() => attn.createKVCache({ batch: 1, kvHeads: HKV, headDim: E, valueDim: E, maxLength, dtype }));
 

@@ -1,4 +1,5 @@
-// The main job of `npm start`: attention in Node with sdpa-wasm, printed with its speed.
+// The main job of `npm start`: causal attention in Node with sdpa-wasm (its output and weights
+// printed), then the speed of the same shape without the mask.
 //   node examples/node/quickstart.mjs
 import { createAttention } from 'sdpa-wasm';
 

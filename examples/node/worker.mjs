@@ -12,16 +12,18 @@ const tensor = () => ({ data: Float32Array.from({ length: B * H * L * E }, rando
 const [query, key, value] = [tensor(), tensor(), tensor()];
 
 const worker = await createAttentionWorker({ threads: 1 });
+// transfer: true moves the buffers to the worker instead of copying them; the arrays passed are
+// then empty. Here they are copies (made before the clock starts), as the originals are used
+// again below.
+const copies = structuredClone({ query, key, value });
 let ticks = 0;
 const timer = setInterval(() => ticks++, 10);
 const t0 = performance.now();
-// transfer: true moves the three buffers to the worker (no copy); our arrays are then empty.
-const copies = structuredClone({ query, key, value });
 const { output } = await worker.sdpa(copies.query, copies.key, copies.value, { isCausal: true, transfer: true });
 const ms = performance.now() - t0;
 clearInterval(timer);
 console.log(`worker: output dims [${output.dims.join(', ')}], ${ms.toFixed(0)} ms, ` +
-  `threads ${worker.threads}; our query.data.length is now ${copies.query.data.length} (transferred)`);
+  `threads ${worker.threads}; the copies' query.data.length is now ${copies.query.data.length} (transferred)`);
 // A thread blocked for the whole call would see no tick (at most one, on its way out); how many
 // of the ms / 10 it sees depends on the machine's load, not on the package.
 console.log(`the main thread's 10 ms timer fired ${ticks} times meanwhile (${ticks > 1 ? 'not blocked' : 'BLOCKED'})`);

@@ -657,6 +657,26 @@ test('training: four heads trained through the worker; with 1/√d_k the d_k = 2
   expect(errors).toEqual([]);
 });
 
+test('training at learning rate 0.1: the summary says what the numbers show (here the unscaled head may end lower)', async ({ page }) => {
+  const errors = await openDemo(page);
+  await expect(page.getByTestId('tr-start')).toBeEnabled();
+  await page.getByTestId('tr-lr').selectOption('0.1');
+  await recompute(page, 'training', () => page.getByTestId('tr-start').click());
+  const losses = await page.evaluate(() => Object.fromEntries(window.__demo.training.runs.map((r) => [r.id, Array.from(r.losses)])));
+  const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
+  const final = Object.fromEntries(Object.entries(losses).map(([id, xs]) => [id, mean(xs.slice(-20))]));
+  const summary = await page.getByTestId('tr-summary').textContent();
+  expect(summary).toContain(`After ${TRAIN.steps} steps at learning rate 0.1:`);
+  // The d_k = 256 heads compared in the direction the losses go (within 5%: "about the same").
+  const ratio = final['dk256-unscaled'] / final['dk256-scaled'];
+  const word = ratio >= 1.05 ? `${ratio.toFixed(1)}× higher` : ratio <= 1 / 1.05 ? `${(1 / ratio).toFixed(1)}× lower` : 'about the same as';
+  expect(summary).toContain(`the unscaled one at ${final['dk256-unscaled'].toFixed(4)} (${word}; it `);
+  // "Stuck on wrong keys" only where the unscaled d_k = 16 head ends well above the scaled one.
+  if (final['dk16-unscaled'] <= 1.5 * final['dk16-scaled']) expect(summary).not.toContain('stuck');
+  console.log(`training at lr 0.1: final losses ${JSON.stringify(final)}`);
+  expect(errors).toEqual([]);
+});
+
 // ── Defects found by review, each with the test that showed it ────────────────────────────
 
 test('heatmap: a softcap outside float32\'s range is said in the panel, not thrown; sdpa-wasm errors show in each quick panel', async ({ page }) => {

@@ -3,6 +3,7 @@
 //   examples/node/        the quickstart and generate scripts, run with Node;
 //   examples/typescript/  a strict TypeScript consumer: compiled against the types, then run;
 //   examples/vite/        a Vite app: `vite build`, then the built site in Chromium;
+//   examples/webpack/     a webpack app: `webpack --mode production`, then the page in Chromium;
 //   examples/plain-html/  a static page with an import map, in Chromium.
 import { test, expect } from '@playwright/test';
 import { execFile } from 'node:child_process';
@@ -153,11 +154,18 @@ test('Node: examples/node/quickstart.mjs, generate.mjs and worker.mjs run from t
   expect(line(gen.stdout, 'tokens/s:')).toMatch(/^tokens\/s: \d+\.\d for the whole step/);
   // 2 layers, each [1, 2, 306, 64] keys + values in float16.
   expect(line(gen.stdout, 'cache:')).toContain(`length 306 of maxLength 306, 2 × ${2 * 306 * 128 * 2} bytes`);
+  // Bad arguments: the usage line and why, exit status 2 (never a silent substitute).
+  for (const [bad, why] of [[['--context', '1.5'], '--context must be an integer >= 37'], [['--tokens', '0'], '--tokens must be an integer >= 1'],
+    [['--threads', 'abc'], '--threads must be an integer >= 1'], [['--dtype', 'bf16'], "--dtype must be float32 or float16"]]) {
+    const refused = await run(process.execPath, ['generate.mjs', ...bad], { cwd: app }).then(() => null, (error) => error.message);
+    expect(refused).toContain(`generate.mjs: ${why}, got`);
+    expect(refused).toContain('usage: node generate.mjs');
+  }
 
   // worker.mjs: the package's worker script found through new URL(..., import.meta.url) in the
   // installed package, a transferred call, the same bits as the direct call, then Node exits.
   const viaWorker = await run(process.execPath, ['worker.mjs'], { cwd: app, timeout: 60_000 });
-  expect(viaWorker.stdout).toMatch(/^worker: output dims \[1, 16, 2048, 64\], \d+ ms, threads 1; our query\.data\.length is now 0 \(transferred\)$/m);
+  expect(viaWorker.stdout).toMatch(/^worker: output dims \[1, 16, 2048, 64\], \d+ ms, threads 1; the copies' query\.data\.length is now 0 \(transferred\)$/m);
   expect(viaWorker.stdout).toMatch(/timer fired \d+ times meanwhile \(not blocked\)/);
   expect(viaWorker.stdout).toContain('direct call on the main thread: bitwise equal');
 });
