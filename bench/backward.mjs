@@ -16,10 +16,12 @@
 // (attn.memory().peakBytes: O(N), against the 4·N² = 4 GiB one score matrix needs), and
 // tfjs-wasm's attempt (it cannot hold the matrix in a wasm32 heap).
 // The backward uses `saved` (the forward's output and log-sum-exp), as a training step would.
-// Every first result is checked: sdpa-wasm's gradients against tfjs's (float32 both, 1e-3), and
-// the two builds' against each other. Medians of timed rounds (each round runs every entry
-// once) after warm-up. Targets, printed met / NOT met, one thread, shapes b, c, e: backward
-// ≥ 50% of the forward's GFLOP/s, ≥ 2× tfjs-wasm's; (h) completes in O(N) memory.
+// Every first result is checked before timing: each instance's and tfjs's dQ, dK, dV on the
+// first and the last head against float64 gradients (referenceHeadGradients), max abs error
+// <= GRAD_RELATIVE_TOLERANCE × max |ref| for each; and each build's two-thread gradients bitwise
+// its one-thread ones. A wrong entry is timed but its targets are NOT met. Medians of timed rounds
+// (each round runs every entry once) after warm-up. Targets, printed met / NOT met, one thread,
+// shapes b, c, e: backward ≥ 50% of the forward's GFLOP/s, ≥ 2× tfjs-wasm's; (h) completes in O(N) memory.
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { spawn } from 'node:child_process';
 import os from 'node:os';
@@ -28,11 +30,15 @@ import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
 import { createAttention } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
-import { makeInputs, randomTensor } from './reference.mjs';
+import { makeInputs, randomTensor, referenceHeadGradients } from './reference.mjs';
 import { SHAPES, describe, flops } from './shapes.mjs';
 
 export const BACKWARD_TARGETS = { vsForward: 0.5, vsTfjs: 2, shapes: ['b', 'c', 'e'] };
 const RECOMPUTED_SCALE = 32;
+// The gradients' check: max abs error ≤ this × max |ref| on each of dQ, dK, dV of the heads
+// checked. float32 gradients here are within 2e-6 of it; a kernel that drops a term (D_i, the
+// scale, a key) is off by percents.
+const GRAD_RELATIVE_TOLERANCE = 1e-4;
 const BIG_SHAPE = 'h';
 
 const median = (xs) => {
@@ -108,13 +114,34 @@ async function openTfjs() {
   };
 }
 
-function maxAbsDiff(a, b) {
+/**
+ * dQ, dK, dV ([B·H, L, E] each) against the float64 gradients of the heads in `refs` (head index
+ * → referenceHeadGradients): the worst of the three errors as a fraction of each one's max |ref|.
+ */
+function gradientError(s, g, refs) {
   let worst = 0;
-  for (let i = 0; i < a.length; i++) {
-    const d = Math.abs(a[i] - b[i]);
-    if (!(d <= worst)) worst = Number.isNaN(d) ? Infinity : d;
+  for (const [head, ref] of refs) {
+    for (const [name, L] of [['dQuery', s.Lq], ['dKey', s.Lk], ['dValue', s.Lk]]) {
+      const got = g[name].subarray(head * L * s.E, (head + 1) * L * s.E), want = ref[name];
+      let err = 0, max = 0;
+      for (let i = 0; i < want.length; i++) {
+        const d = Math.abs(got[i] - want[i]);
+        err = Number.isNaN(d) ? Infinity : Math.max(err, d);
+        max = Math.max(max, Math.abs(want[i]));
+      }
+      worst = Math.max(worst, max > 0 ? err / max : err > 0 ? Infinity : 0);
+    }
   }
   return worst;
+}
+
+/** Whether two gradient results have the same bits. */
+function sameGradientBits(a, b) {
+  return ['dQuery', 'dKey', 'dValue'].every((name) => {
+    const x = new Uint32Array(a[name].buffer, a[name].byteOffset, a[name].length);
+    const y = new Uint32Array(b[name].buffer, b[name].byteOffset, b[name].length);
+    return x.length === y.length && x.every((bits, i) => bits === y[i]);
+  });
 }
 
 /**
@@ -189,15 +216,24 @@ async function section({ quick, shapeIds, log }, held) {
     const F = flops(s);
     const entry = { id, name: s.name, shape: describe(s), flops: F, peers: {} };
 
-    // Check first: every instance's gradients against tfjs's (and against each other's bits per build).
-    let reference = null;
+    // Check first: every instance's gradients and tfjs's against float64 ones on the first and
+    // the last head, and each build's two-thread bits against its one-thread ones.
+    const tRef = performance.now();
+    const refs = new Map([0, s.B * s.H - 1].map((head) =>
+      [head, referenceHeadGradients(s, inputs, dO, Math.floor(head / s.H), head % s.H)]));
+    log(`  (${id}) float64 gradients of heads ${[...refs.keys()].join(' and ')} in ${((performance.now() - tRef) / 1000).toFixed(1)} s`);
+    let tfjsGrads = null, tfjsError = null;
     if (tfjs) {
       try {
-        reference = tfjs.grads(s, inputs, dO);
+        tfjsGrads = tfjs.grads(s, inputs, dO);
+        tfjsError = gradientError(s, tfjsGrads, refs);
       } catch (e) {
         log(`  (${id}) tfjs-wasm failed: ${String(e?.message ?? e).slice(0, 200)}`);
       }
     }
+    const tfjsOk = tfjsError !== null && tfjsError <= GRAD_RELATIVE_TOLERANCE;
+    if (tfjsError !== null && !tfjsOk) log(`  (${id}) tfjs-wasm: WRONG: gradients ${tfjsError.toExponential(1)} of max |ref| off (> ${GRAD_RELATIVE_TOLERANCE}): not compared`);
+    const oneThread = new Map();  // isa → its one-thread gradients
     const runs = [];
     // The same backward with scale RECOMPUTED_SCALE: every row then has its maximum and log-sum
     // recomputed before the gradients (|scale|·‖q‖₂·max ‖k‖₂ > 64 whenever ‖q‖₂, ‖k_0‖₂ ≥ 1.5:
@@ -208,19 +244,24 @@ async function section({ quick, shapeIds, log }, held) {
       const forward = attn.sdpa(inputs.q, inputs.k, inputs.v, { ...options, returnLogSumExp: true });
       const saved = { output: forward.output, logSumExp: forward.logSumExp };
       const g = attn.sdpaBackward(inputs.q, inputs.k, inputs.v, gradOutput, { ...options, saved });
-      const error = reference ? Math.max(maxAbsDiff(g.dQuery.data, reference.dQuery), maxAbsDiff(g.dKey.data, reference.dKey),
-        maxAbsDiff(g.dValue.data, reference.dValue)) : null;
+      const grads = { dQuery: g.dQuery.data, dKey: g.dKey.data, dValue: g.dValue.data };
+      const error = gradientError(s, grads, refs);
+      if (attn.threads === 1) oneThread.set(attn.isa, grads);
+      const bitsAsOneThread = attn.threads === 1 || !oneThread.has(attn.isa) ? null : sameGradientBits(grads, oneThread.get(attn.isa));
+      const wrong = !(error <= GRAD_RELATIVE_TOLERANCE) ? `gradients ${error.toExponential(1)} of max |ref| off (> ${GRAD_RELATIVE_TOLERANCE})`
+        : bitsAsOneThread === false ? 'gradients not bitwise the one-thread ones' : null;
+      if (wrong) log(`  (${id}) ${label}: WRONG: ${wrong}`);
       const forward4 = attn.sdpa(inputs.q, inputs.k, inputs.v, { ...recomputedOptions, returnLogSumExp: true });
       const saved4 = { output: forward4.output, logSumExp: forward4.logSumExp };
       runs.push({
-        label, error,
+        label, error, wrong, bitsAsOneThread,
         forward: () => attn.sdpa(inputs.q, inputs.k, inputs.v, options),
         backward: () => attn.sdpaBackward(inputs.q, inputs.k, inputs.v, gradOutput, { ...options, saved }),
         recomputed: () => attn.sdpaBackward(inputs.q, inputs.k, inputs.v, gradOutput, { ...recomputedOptions, saved: saved4 }),
         times: { forward: [], backward: [], recomputed: [] },
       });
     }
-    const tfjsRun = reference ? { times: [], run: () => tfjs.grads(s, inputs, dO) } : null;
+    const tfjsRun = tfjsOk ? { times: [], run: () => tfjs.grads(s, inputs, dO) } : null;
 
     for (let w = 0; w < settings.warmups; w++) {
       for (const r of runs) { r.forward(); r.backward(); r.recomputed(); }
@@ -241,22 +282,26 @@ async function section({ quick, shapeIds, log }, held) {
       }
     }
     const tfjsMs = tfjsRun ? median(tfjsRun.times) : null;
-    entry.tfjs = tfjsRun ? { medianMs: tfjsMs, gflops: 2.5 * F / (tfjsMs * 1e6), version: tfjs.version } : null;
+    entry.tfjs = tfjsRun ? { medianMs: tfjsMs, gflops: 2.5 * F / (tfjsMs * 1e6), version: tfjs.version, errorVsFloat64: tfjsError }
+      : tfjsError !== null ? { wrong: true, errorVsFloat64: tfjsError, version: tfjs.version } : null;
     for (const r of runs) {
       const fwdMs = median(r.times.forward), bwdMs = median(r.times.backward), recomputedMs = median(r.times.recomputed);
       entry.peers[r.label] = {
         forwardMs: fwdMs, backwardMs: bwdMs,
         forwardGflops: F / (fwdMs * 1e6), backwardGflops: 2.5 * F / (bwdMs * 1e6),
-        vsForward: 2.5 * fwdMs / bwdMs, vsTfjs: tfjsMs ? tfjsMs / bwdMs : null, maxAbsErrorVsTfjs: r.error,
+        vsForward: 2.5 * fwdMs / bwdMs, vsTfjs: tfjsMs ? tfjsMs / bwdMs : null, errorVsFloat64: r.error,
+        bitsAsOneThread: r.bitsAsOneThread, wrong: r.wrong,
         recomputedMs, recomputedVsBackward: recomputedMs / bwdMs,
       };
     }
     results.push(entry);
-    log(`  (${id}) ${s.name} ${entry.shape}: tfjs-wasm ${fmt(tfjsMs, 0)} ms (${fmt(entry.tfjs?.gflops)} GFLOP/s)`);
+    log(`  (${id}) ${s.name} ${entry.shape}: tfjs-wasm ${fmt(tfjsMs, 0)} ms (${fmt(entry.tfjs?.gflops)} GFLOP/s` +
+      `${tfjsError === null ? '' : `; error vs float64 ${tfjsError.toExponential(1)} of max |ref|`})`);
     for (const [label, p] of Object.entries(entry.peers)) {
       log(`    ${label.padEnd(16)} forward ${fmt(p.forwardMs)} ms ${fmt(p.forwardGflops)} GFLOP/s; backward ${fmt(p.backwardMs)} ms ` +
         `${fmt(p.backwardGflops)} GFLOP/s = ${fmt(100 * p.vsForward, 0)}% of the forward's, ${fmt(p.vsTfjs, 2)}× tfjs-wasm` +
-        `${p.maxAbsErrorVsTfjs === null ? '' : `; max |Δ| vs tfjs ${p.maxAbsErrorVsTfjs.toExponential(1)}`}` +
+        `; error vs float64 ${p.errorVsFloat64.toExponential(1)} of max |ref|${p.bitsAsOneThread ? ', bitwise the one-thread gradients' : ''}` +
+        `${p.wrong ? ` (WRONG: ${p.wrong})` : ''}` +
         `; scale ${RECOMPUTED_SCALE} (every row's statistics recomputed) ${fmt(p.recomputedMs)} ms = ${fmt(p.recomputedVsBackward, 2)}× the time`);
     }
   }
@@ -295,13 +340,14 @@ async function section({ quick, shapeIds, log }, held) {
   const targets = [];
   for (const e of results.filter((x) => BACKWARD_TARGETS.shapes.includes(x.id))) {
     for (const [label, p] of Object.entries(e.peers).filter(([l]) => l.endsWith(' 1t'))) {
-      targets.push({ shape: e.id, build: label, vsForward: p.vsForward, vsForwardMet: p.vsForward >= BACKWARD_TARGETS.vsForward,
-        vsTfjs: p.vsTfjs, vsTfjsMet: p.vsTfjs !== null && p.vsTfjs >= BACKWARD_TARGETS.vsTfjs });
+      targets.push({ shape: e.id, build: label, wrong: p.wrong, vsForward: p.vsForward, vsForwardMet: !p.wrong && p.vsForward >= BACKWARD_TARGETS.vsForward,
+        vsTfjs: p.vsTfjs, vsTfjsMet: !p.wrong && p.vsTfjs !== null && p.vsTfjs >= BACKWARD_TARGETS.vsTfjs });
     }
   }
   for (const t of targets) {
     log(`  target (${t.shape}) ${t.build}: ≥ ${100 * BACKWARD_TARGETS.vsForward}% of the forward's GFLOP/s: ${fmt(100 * t.vsForward, 0)}% ` +
-      `${t.vsForwardMet ? 'met' : 'NOT met'}; ≥ ${BACKWARD_TARGETS.vsTfjs}× tfjs-wasm: ${fmt(t.vsTfjs, 2)}× ${t.vsTfjsMet ? 'met' : 'NOT met'}`);
+      `${t.vsForwardMet ? 'met' : 'NOT met'}; ≥ ${BACKWARD_TARGETS.vsTfjs}× tfjs-wasm: ${fmt(t.vsTfjs, 2)}× ${t.vsTfjsMet ? 'met' : 'NOT met'}` +
+      `${t.wrong ? ` (its gradients are WRONG: ${t.wrong})` : ''}`);
   }
   // O(N): the peak is within twice the eight [N, E] tensors (their copies in wasm memory plus
   // O(N·E) scratch), where one [N, N] matrix alone would be N/(8·E)·(N·E·4) bytes.
@@ -311,7 +357,7 @@ async function section({ quick, shapeIds, log }, held) {
   }
   const seconds = (performance.now() - t0) / 1000;
   log(`  load average before ${loadBefore.map((x) => x.toFixed(2)).join(' ')}, after ${os.loadavg().map((x) => x.toFixed(2)).join(' ')}; ${seconds.toFixed(0)} s`);
-  return { host, settings, targets: BACKWARD_TARGETS, shapes: results, big, targetResults: targets, seconds, tfjs: tfjs?.version ?? null };
+  return { host, settings: { ...settings, gradRelativeTolerance: GRAD_RELATIVE_TOLERANCE }, targets: BACKWARD_TARGETS, shapes: results, big, targetResults: targets, seconds, tfjs: tfjs?.version ?? null };
 }
 
 // Standalone: node bench/backward.mjs [--quick] [--json PATH] [--shapes b,e]

@@ -37,7 +37,7 @@ import { runDecode } from './decode.mjs';
 import { describeHostCpu, hostCpu } from './host.mjs';
 import { openCoreProbe, openFmaPeak, openLimits, openScoreTileProbe } from './limits.mjs';
 import { createRemotePeer } from './peers/remote.mjs';
-import { compare, makeInputs, referenceRows } from './reference.mjs';
+import { checkPassed, compare, makeInputs, referenceRows, relativeError, RELATIVE_TOLERANCE } from './reference.mjs';
 import { SHAPES, bytes, describe, flops, isDecode, usefulFlops } from './shapes.mjs';
 import { runBrowserBench } from './browser.mjs';
 import { runWorkerBench } from './worker.mjs';
@@ -60,7 +60,6 @@ const settings = quick
 settings.minWarmups = 2;                   // the check run is the first
 settings.maxWarmups = 100;
 settings.maxRuns = 200;
-settings.tolerance = 1e-3;                 // max abs error vs the float64 reference
 const WASM32_BYTES = 2 ** 32;              // a wasm32 memory cannot hold more
 settings.coreProbeMs = quick ? 100 : 150;  // a window of the two-worker peak probe (two per probe)
 // The project's two-thread targets (README): on shape (c), sdpa-wasm on two threads >= 1.7x
@@ -189,7 +188,7 @@ for (const m of PEER_MODULES) {
   }
 }
 const remotePeers = peers.filter((p) => p.remote && !p.failed);
-console.log(`check: max abs error vs a float64 reference <= ${settings.tolerance} before timing; ` +
+console.log(`check: max abs error vs a float64 reference <= ${RELATIVE_TOLERANCE} × its largest |value| before timing; ` +
   `warm-up: the check run, then runs until >= ${settings.warmSeconds} s (at least ${settings.minWarmups} in all; just the check run when it took > 1 s); ` +
   `timing: rounds of one run per (peer, graph), median of >= ${settings.minRuns} runs and >= ${settings.minSeconds} s; ` +
   `a (peer, graph, shape) is skipped when it would take > ${settings.maxRunSeconds} s a run or > ${settings.budgetSeconds} s in all` +
@@ -263,9 +262,9 @@ async function prepareVariant(peer, variant, s, inputs, ref) {
     r.firstRunMs = firstMs;
     console.log(`  [${s.id}] ${peer.name} / ${variant.label}: first run ${fmtDur(firstMs)}, ` +
       `max abs err ${r.check.maxAbsErr.toExponential(2)} over ${r.check.rowsChecked} rows (max |ref| ${r.check.maxAbsRef.toExponential(2)}) ` +
-      `${r.check.maxAbsErr <= settings.tolerance ? 'ok' : 'WRONG'}`);
-    if (!(r.check.maxAbsErr <= settings.tolerance)) {
-      return out({ ...r, status: 'wrong', reason: `check failed: max abs error ${r.check.maxAbsErr.toExponential(2)} > ${settings.tolerance}` });
+      `= ${relativeError(r.check).toExponential(1)} of it ${checkPassed(r.check) ? 'ok' : 'WRONG'}`);
+    if (!checkPassed(r.check)) {
+      return out({ ...r, status: 'wrong', reason: `check failed: max abs error ${r.check.maxAbsErr.toExponential(2)} > ${RELATIVE_TOLERANCE} × max |ref| ${r.check.maxAbsRef.toExponential(2)}` });
     }
     recordRate(peer, variant.label, s, firstMs);
     // The package under test (minRunsFloor set) keeps being timed with fewer runs rather than skipped.
@@ -412,12 +411,20 @@ for (const s of shapes) {
     const best = ok[0] ?? variants.find((v) => v.status === 'skipped' && v.singleRunMs) ?? variants[0];
     entry.peers[peer.name] = { ...best, threads: peer.threads, variants: variants.length > 1 ? variants : undefined };
   }
-  // One thread: every peer against sdpa-wasm.
-  const mine = entry.peers['sdpa-wasm'];
-  if (mine?.status === 'ok') {
+  // One thread: every peer against sdpa-wasm, with the same kind of call as the peers' (a new
+  // output array per call: ORT's session.run and tfjs allocate theirs), sdpa() (allocatingCall);
+  // the sdpa-wasm builds against each other with the same call too. The `{ out }` variant's
+  // ratios, reported beside them, are entry.ratiosWithOut.
+  const mine = allocatingCall(entry.peers['sdpa-wasm']);
+  const mineWithOut = withOutCall(entry.peers['sdpa-wasm']);
+  if (mine) {
     entry.ratios = {};
+    entry.ratiosWithOut = {};
     for (const [name, p] of Object.entries(entry.peers)) {
-      if (name !== 'sdpa-wasm' && p.threads === 1 && p.status === 'ok') entry.ratios[name] = p.medianMs / mine.medianMs;
+      if (name === 'sdpa-wasm' || p.threads !== 1 || p.status !== 'ok') continue;
+      const theirs = name.startsWith('sdpa-wasm') ? allocatingCall(p) ?? p : p;
+      entry.ratios[name] = theirs.medianMs / mine.medianMs;
+      if (mineWithOut) entry.ratiosWithOut[name] = p.medianMs / mineWithOut.medianMs;
     }
   }
   if (s.twoThreads) entry.twoThreads = twoThreadSummary(entry);
@@ -428,12 +435,23 @@ const totalSeconds = (performance.now() - t0All) / 1000;
 const coresEnd = await usableCores();
 await coreProbe?.close();
 
+/** A peer's ok variant `label` (its variants, or itself when it has one), or null. */
+function okVariant(p, label) {
+  return (p?.variants ?? [p]).find((v) => v?.status === 'ok' && (v.variant === label || (!p.variants && label === null))) ?? null;
+}
+/** sdpa-wasm's sdpa() call (a new output array per call, as the peers' calls), or null. */
+function allocatingCall(p) { return okVariant(p, 'sdpa()'); }
+/** sdpa-wasm's sdpa(…, { out }) call, or null. */
+function withOutCall(p) { return okVariant(p, 'sdpa(…, { out })'); }
+
 // Two threads against one, for a shape: each peer's 2-thread median against its own
 // 1-thread median (for onnxruntime-web: fastest correct graph against fastest correct graph,
 // and graph by graph), and sdpa-wasm-2t against onnxruntime-web-2t.
 function twoThreadSummary(e) {
   const ok = (p) => (p?.status === 'ok' ? p : null);
-  const [s1, s2, o1, o2] = ['sdpa-wasm', 'sdpa-wasm-2t', 'onnxruntime-web', 'onnxruntime-web-2t'].map((n) => ok(e.peers[n]));
+  // sdpa-wasm's one- and two-thread times from the same call, sdpa() (as the peers').
+  const [s1, s2] = ['sdpa-wasm', 'sdpa-wasm-2t'].map((n) => allocatingCall(e.peers[n]));
+  const [o1, o2] = ['onnxruntime-web', 'onnxruntime-web-2t'].map((n) => ok(e.peers[n]));
   const t = {
     sdpa1tMs: s1?.medianMs ?? null, sdpa2tMs: s2?.medianMs ?? null,
     sdpaSpeedup: s1 && s2 ? s1.medianMs / s2.medianMs : null,
@@ -504,8 +522,8 @@ console.log('');
 console.log(`%peak = unmasked FLOP/s ÷ the wasm SIMD mul+add peak: the median of the peak probes taken in the shape's own timed rounds, one a round ` +
   `(%best: ÷ the best peak of the whole run, ${limits.peakGflops.toFixed(1)} GFLOP/s); GFLOP/s counts 4·B·Hq·Lq·Lk·E even when causal; ` +
   `-2t rows: ÷ twice the peak; GB/s = (Q + K + V + output bytes) ÷ time, %copy = GB/s ÷ the ${limits.copyTrafficGBs.toFixed(1)} GB/s ` +
-  `read+write traffic of a one-thread wasm memory copy; sdpa÷peer = peer median ÷ sdpa-wasm median (> 1: sdpa-wasm faster; ` +
-  `-2t rows: onnxruntime-web-2t median ÷ sdpa-wasm-2t median)`);
+  `read+write traffic of a one-thread wasm memory copy; sdpa÷peer = peer median ÷ the median of sdpa-wasm's sdpa() call ` +
+  `(a new output array per call, as the peers' calls; > 1: sdpa-wasm faster; -2t rows: onnxruntime-web-2t median ÷ sdpa-wasm-2t's sdpa() median)`);
 for (const e of results) printShape(e);
 
 // ---------------------------------------------------------------------------------------------
@@ -560,7 +578,8 @@ function printShape(e) {
 
 const loadAfter = os.loadavg();
 console.log('');
-console.log(`summary, one thread: median ms (sdpa-wasm throughput ÷ peer throughput); sdpa-wasm as a fraction of the limit ` +
+console.log(`summary, one thread: median ms (sdpa-wasm throughput ÷ peer throughput; sdpa-wasm: its sdpa() call, a new output array per call ` +
+  `as the peers', the ratios' basis; with \`out\` in the shape's table); sdpa-wasm as a fraction of the limit ` +
   `(prefill: unmasked FLOP/s ÷ the median peak of the shape's rounds, and ÷ the run's best peak ${limits.peakGflops.toFixed(1)} GFLOP/s; ` +
   `decode: GB/s ÷ ${limits.copyTrafficGBs.toFixed(1)} GB/s copy traffic)`);
 const names = peers.filter((p) => !p.twoThreads && !p.causalTwin).map((p) => p.name);
@@ -568,7 +587,7 @@ console.log(`  ${'shape'.padEnd(20)}${names.map((n) => n.padStart(n === 'sdpa-wa
 for (const e of results) {
   const cells = names.map((n) => {
     const p = e.peers[n];
-    if (n === 'sdpa-wasm') return (p?.status === 'ok' ? fmtMs(p.medianMs) : p?.status ?? '').padStart(11);
+    if (n === 'sdpa-wasm') return (p?.status === 'ok' ? fmtMs((allocatingCall(p) ?? p).medianMs) : p?.status ?? '').padStart(11);
     if (p?.status === 'ok') return `${fmtMs(p.medianMs)} (${e.ratios ? `${e.ratios[n].toFixed(2)}×` : '?'})`.padStart(22);
     return (p?.status === 'skipped' && p.singleRunMs ? `${fmtMs(p.singleRunMs)} (1 run)` : p?.status ?? '').padStart(22);
   });
@@ -598,18 +617,19 @@ const oneThreadTargets = [];
       if (byId[id]) check(`(${id}) of the peak`, ok(byId[id], 'sdpa-wasm')?.fractionOfPeak ?? null, target);
     }
   }
-  // The relaxed-SIMD build (issue: relaxed builds), where this Node runs it: a build that did not
-  // load here (no relaxed SIMD in this Node) is not measured, so it has no target line.
-  const relaxedRan = (e) => e?.peers['sdpa-wasm-relaxed'] && !e.peers['sdpa-wasm-relaxed'].reason?.startsWith('peer failed to load');
+  // The relaxed-SIMD build (issue: relaxed builds), where this Node runs relaxed SIMD (the FMA
+  // peak probe ran): its target lines are printed, "not measured" if the build failed to load or
+  // run. Where the engine has no relaxed SIMD (Node 20 without the flag) there are none.
+  const engineRunsRelaxed = limits.fmaPeakGflops !== null;
   for (const [id, target] of Object.entries(ONE_THREAD_TARGETS.relaxedVsOrt)) {
-    const e = byId[id], r = ok(e, 'sdpa-wasm-relaxed'), o = ok(e, 'onnxruntime-web');
-    if (relaxedRan(e)) {
+    const e = byId[id], r = allocatingCall(e?.peers['sdpa-wasm-relaxed']), o = ok(e, 'onnxruntime-web');
+    if (e && engineRunsRelaxed) {
       check(`(${id}) relaxed build ÷ onnxruntime-web`, r && o ? o.medianMs / r.medianMs : null, target, ceiling(e, limits.fmaScoreTileGflops));
     }
   }
   for (const [id, target] of Object.entries(ONE_THREAD_TARGETS.relaxedPeak)) {
     const e = byId[id];
-    if (relaxedRan(e)) check(`(${id}) relaxed build of the FMA peak`, ok(e, 'sdpa-wasm-relaxed')?.fractionOfPeak ?? null, target);
+    if (e && engineRunsRelaxed) check(`(${id}) relaxed build of the FMA peak`, ok(e, 'sdpa-wasm-relaxed')?.fractionOfPeak ?? null, target);
   }
   // The causal speed-up from the same rounds: the not-causal twin (sdpa-wasm-not-causal on the
   // causal shape, an sdpa(…, { out }) call) against the causal shape's own sdpa(…, { out })
@@ -630,7 +650,7 @@ const oneThreadTargets = [];
   if (oneThreadTargets.length) {
     const fmt = (t) => (t.what.endsWith('peak') ? `${(100 * t.value).toFixed(0)}% (>= ${100 * t.target}%)` : `${fmtX(t.value)} (>= ${t.target}×)`);
     const bound = (t) => (t.ceiling ? ` (ceiling ${fmtX(t.ceiling)}${t.ceiling < t.target ? ': out of reach on this host' : ''})` : '');
-    console.log(`  targets, one thread: ${oneThreadTargets.map((t) => `${t.what} ${t.value === null ? 'not measured' : `${fmt(t)} ${t.met ? 'met' : 'NOT met'}`}${bound(t)}`).join('; ')}`);
+    console.log(`  targets, one thread (host ${describeHostCpu()}): ${oneThreadTargets.map((t) => `${t.what} ${t.value === null ? 'not measured' : `${fmt(t)} ${t.met ? 'met' : 'NOT met'}`}${bound(t)}`).join('; ')}`);
     if (oneThreadTargets.some((t) => t.ceiling)) {
       console.log(`  ceiling: the ratio if the whole call ran at the score micro-kernel's rate in this run (mul+add ` +
         `${limits.scoreTileGflops.toFixed(1)}${limits.fmaScoreTileGflops ? `, relaxed_madd ${limits.fmaScoreTileGflops.toFixed(1)}` : ''} GFLOP/s: ` +

@@ -7,9 +7,11 @@
 //     repository served by scripts/serve.mjs without isolation (the single-threaded builds),
 //     the same calls on the same seeded inputs (web/seeded.mjs).
 // Each (place, build, shape): one checked run (the browser's output must be bitwise Node's for
-// the same build), warm-up, then timed runs alternating Node and Chromium round by round (a
-// Node run, a Chromium run, ...) so both see the same phases of this shared machine; medians.
-// Target (the relaxed-SIMD issue): each build in Chromium within 10% of its Node speed.
+// the same build, and Node's within the float64 reference's tolerance, reference.mjs), warm-up,
+// then timed runs alternating Node and Chromium round by round (a Node run, a Chromium run, ...)
+// so both see the same phases of this shared machine; medians.
+// Target (the relaxed-SIMD issue): each build in Chromium within 10% of its Node speed, met only
+// where the checks passed.
 // Then decoding from a KV cache the same way (cacheDecodeRows): one token attending to a cache
 // of MHA (d) (H32, 4096 positions) and GQA (Hq32 Hkv8, 8192 positions), E128, float32 and
 // float16, both builds, one and two threads, each cache filled with the same seeded keys and
@@ -25,6 +27,7 @@ import { createAttention } from 'sdpa-wasm';
 import { noiseTensor } from '../web/seeded.mjs';
 import { DECODE_SHAPES } from './decode.mjs';
 import { describeHostCpu, hostCpu } from './host.mjs';
+import { checkPassed, compare, referenceRows, relativeError } from './reference.mjs';
 import { describe, SHAPES } from './shapes.mjs';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
@@ -118,6 +121,7 @@ export async function runBrowserBench({ quick = false, log = console.log } = {})
     }
     for (const s of shapes) {
       const x = inputs(s);
+      const ref = referenceRows(s, x);
       const out = new Float32Array(x.q.data.length);
       await page.evaluate((shape) => window.__bench.setShape(shape), s);
       for (const [isa] of BUILDS) {
@@ -128,21 +132,24 @@ export async function runBrowserBench({ quick = false, log = console.log } = {})
           return Array.from(window.__bench.out);
         }, isa));
         const sameBits = bitsEqual(fromPage, out);
+        // And Node's output (so Chromium's) against the float64 reference.
+        const check = compare(s, ref, out);
         const runNode = () => timed(() => node[isa].sdpa(x.q, x.k, x.v, { isCausal: s.causal, out }));
         const timing = await alternate(runNode, () => page.evaluate((b) => window.__bench.run(b), isa), settings);
-        const row = { shape: s.id, describe: describe(s), isa, sameBits, ...timing };
+        const row = { shape: s.id, describe: describe(s), isa, sameBits, relativeError: relativeError(check), correct: checkPassed(check), ...timing };
         row.chromiumVsNode = row.chromiumMs / row.nodeMs;
-        row.met = row.chromiumVsNode <= BROWSER_VS_NODE_TARGET;
+        row.met = sameBits && row.correct && row.chromiumVsNode <= BROWSER_VS_NODE_TARGET;
         rows.push(row);
         log(`  (${s.id}) ${describe(s).padEnd(30)} ${isa.padEnd(13)} Node ${row.nodeMs.toFixed(2).padStart(8)} ms  Chromium ` +
           `${row.chromiumMs.toFixed(2).padStart(8)} ms  Chromium ÷ Node ${row.chromiumVsNode.toFixed(2)}×  ` +
-          `(${row.runs} runs each${sameBits ? ', outputs bitwise equal' : ', OUTPUTS DIFFER'})`);
+          `(${row.runs} runs each${sameBits ? ', outputs bitwise equal' : ', OUTPUTS DIFFER'}, ` +
+          `${row.correct ? `within ${row.relativeError.toExponential(1)} of max |ref|` : `WRONG: ${row.relativeError.toExponential(1)} of max |ref| off`})`);
       }
     }
     for (const a of Object.values(node)) a.dispose();
     await page.close();
     const decodeRows = await cacheDecodeRows(browser, settings, log);
-    log('browser targets: each build in Chromium within 10% of its Node speed (Chromium ÷ Node ≤ 1.10):');
+    log(`browser targets (host ${describeHostCpu(host)}): each build in Chromium within 10% of its Node speed (Chromium ÷ Node ≤ 1.10), met only where the outputs were checked:`);
     for (const r of rows) log(`  ${r.met ? 'met    ' : 'NOT met'}  (${r.shape}) ${r.isa}: ${r.chromiumVsNode.toFixed(2)}×`);
     for (const r of decodeRows) log(`  ${r.met ? 'met    ' : 'NOT met'}  ${r.label} ${r.isa} ${r.threads}t: ${r.chromiumVsNode.toFixed(2)}×`);
     return {
@@ -254,7 +261,7 @@ async function cacheDecodeRows(browser, settings, log) {
             const label = `${c.kind} ${c.context} ${c.dtype}`;
             const row = { ...c, label, isa, threads, cacheBytes: cache.byteLength, sameBits, ...timing };
             row.chromiumVsNode = row.chromiumMs / row.nodeMs;
-            row.met = row.chromiumVsNode <= BROWSER_VS_NODE_TARGET;
+            row.met = sameBits && row.chromiumVsNode <= BROWSER_VS_NODE_TARGET;
             rows.push(row);
             log(`  ${label.padEnd(17)} (${String(Math.round(row.cacheBytes / 2 ** 20)).padStart(3)} MiB) ${isa.padEnd(13)} ${threads}t  ` +
               `Node ${row.nodeMs.toFixed(2).padStart(6)} ms  Chromium ${row.chromiumMs.toFixed(2).padStart(6)} ms  ` +

@@ -32,7 +32,7 @@ import { fileURLToPath } from 'node:url';
 import { createAttention } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
 import { openReadProbe } from './read-probe.mjs';
-import { compare, makeInputs, referenceRows } from './reference.mjs';
+import { checkPassed, compare, makeInputs, referenceRows, RELATIVE_TOLERANCE, roundedToHalves } from './reference.mjs';
 
 export const DECODE_SHAPES = [
   { kind: 'MHA', B: 1, Hq: 32, Hkv: 32, E: 128, contexts: [512, 2048, 4096, 8192, 32768] },
@@ -53,12 +53,15 @@ const MODULE_CACHE_BYTES = 2 ** 30;
 
 // The project's decode targets (the issue). (d) = MHA context 4096 (the main bench's shape d),
 // (f) = MHA context 8192.
+// The KV-cache issue's targets, each on a decode step as an application runs it: the new
+// token's K/V appended, then attend (the `step` entries: truncate + append 1 + attend). Until
+// 2026-12-03 they were judged on attend alone; the JSONs keep both (attendMs, stepMs).
 export const DECODE_TARGETS = {
   shapes: { d: { kind: 'MHA', context: 4096 }, f: { kind: 'MHA', context: 8192 } },
-  vsRead: 1.25,                                 // (d), (f), 1 thread: attend ≤ 1.25× the read of its bytes
-  vsOrt: { float32: 2.5, float16: 4.5 },        // (d), (f), 1 thread: ORT's best decode graph ÷ attend
-  float16: { minContext: 8192, speedup: 1.7 },  // 1 thread, every shape: f32 attend ÷ f16 attend
-  twoThreads: { context: 8192, speedup: 1.6, vsRead: 1.25 },  // 1t ÷ 2t ≥ 1.6, or ≤ 1.25× the 2-thread read
+  vsRead: 1.25,                                 // (d), (f), 1 thread: step ≤ 1.25× the read of its bytes
+  vsOrt: { float32: 2.5, float16: 4.5 },        // (d), (f), 1 thread: ORT's best decode graph ÷ step
+  float16: { minContext: 8192, speedup: 1.7 },  // 1 thread, every shape: f32 step ÷ f16 step
+  twoThreads: { context: 8192, speedup: 1.6, vsRead: 1.25 },  // 1t step ÷ 2t step ≥ 1.6, or ≤ 1.25× the 2-thread read
 };
 
 const median = (xs) => {
@@ -102,7 +105,6 @@ async function decodeSection({ quick = false, contexts = null, kinds = null, hot
   const settings = quick
     ? { warmSeconds: 0.1, minWarmups: 2, minRuns: 5, minSeconds: 0.25, maxRuns: 60, maxRunSeconds: 5, budgetSeconds: 10 }
     : { warmSeconds: 0.3, minWarmups: 3, minRuns: 11, minSeconds: 1.5, maxRuns: 200, maxRunSeconds: 10, budgetSeconds: 60 };
-  settings.tolerance = 1e-3;
   settings.evict = !hot;
   const t0All = performance.now();
   const host = hostCpu();
@@ -145,7 +147,7 @@ async function decodeSection({ quick = false, contexts = null, kinds = null, hot
   log(`sdpa-wasm ${pkg.version} (${isa} build, threads 1 and 2; build ${Object.entries(build).map(([f, t]) => `${f} ${t}`).join(', ')}); read probe: v128.load + i32x4.add over the same bytes, 1 thread and 2 (main + 1 worker); ` +
     (settings.evict ? `before every timed run, ${fmtMiB(probe.evictBytes)} MiB of other memory read on both threads (untimed), so each run starts from main memory` : '--hot: no eviction between runs') +
     (ortPeer ? `; onnxruntime-web ${ortPeer.version} (wasm, 1 thread)` : ''));
-  log(`check: max abs error vs the float64 reference <= ${settings.tolerance}; warm-up >= ${settings.warmSeconds} s and ${settings.minWarmups} runs; ` +
+  log(`check: max abs error vs the float64 reference <= ${RELATIVE_TOLERANCE} × its largest |value| (for a float16 cache, the reference of its K/V rounded to halves); warm-up >= ${settings.warmSeconds} s and ${settings.minWarmups} runs; ` +
     `timing: round-robin rounds (a new shuffled order every round), median of >= ${settings.minRuns} runs and >= ${settings.minSeconds} s per (shape, context); ` +
     `an entry is skipped when a run takes > ${settings.maxRunSeconds} s or ${settings.minRuns} runs > ${settings.budgetSeconds} s`);
 
@@ -177,9 +179,10 @@ async function decodeSection({ quick = false, contexts = null, kinds = null, hot
       if (e.check) {
         if (runner.toBhsd) output = runner.toBhsd(output);
         r.check = compare(s, ref, output);
-        if (!(r.check.maxAbsErr <= settings.tolerance)) {
-          log(`  ${e.name}: WRONG: max abs err ${r.check.maxAbsErr.toExponential(2)} > ${settings.tolerance}`);
-          return out({ ...r, status: 'wrong', reason: `check failed: max abs error ${r.check.maxAbsErr.toExponential(2)} > ${settings.tolerance}` });
+        if (!checkPassed(r.check)) {
+          const reason = `check failed: max abs error ${r.check.maxAbsErr.toExponential(2)} > ${RELATIVE_TOLERANCE} × max |ref| ${r.check.maxAbsRef.toExponential(2)}`;
+          log(`  ${e.name}: WRONG: ${reason}`);
+          return out({ ...r, status: 'wrong', reason });
         }
       }
       // A first run pays for growing memory (ORT's heap, page faults on fresh arrays): when it is
@@ -278,7 +281,9 @@ async function decodeSection({ quick = false, contexts = null, kinds = null, hot
       let t0 = performance.now();
       let inputs = makeInputs(s);
       const ref = referenceRows(s, inputs);
-      log(`  inputs and float64 reference (${ref.rows.length} rows) in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
+      // A float16 cache is checked against the reference of what it stores: K and V rounded to halves.
+      const ref16 = DTYPES.includes('float16') ? referenceRows(s, { q: inputs.q, k: roundedToHalves(inputs.k), v: roundedToHalves(inputs.v) }) : null;
+      log(`  inputs and float64 reference (${ref.rows.length} rows${ref16 ? ', and of K/V rounded to halves' : ''}) in ${((performance.now() - t0) / 1000).toFixed(1)} s`);
       // One token's K/V: the last stored position, appended again by the `step` entries.
       const lastPos = (x) => {
         const out = new Float32Array(sh.B * sh.Hkv * sh.E);
@@ -354,7 +359,7 @@ async function decodeSection({ quick = false, contexts = null, kinds = null, hot
         // Set-up, check and warm-up of each, then the rounds.
         const prepared = [];
         for (const e of entries) {
-          const p = await prepareEntry(e, s, ref);
+          const p = await prepareEntry(e, s, e.dtype === 'float16' ? ref16 : ref);
           if (!p.runner && p.result.status !== 'does not fit') log(`  ${e.name}: ${p.result.status.toUpperCase()}: ${p.result.reason}`);
           prepared.push(p);
         }
@@ -415,6 +420,9 @@ async function decodeSection({ quick = false, contexts = null, kinds = null, hot
           vsOrtBest: threads === 1 ? ratio(ortBest?.medianMs ?? null, ms) : null,
           vsOrtGqa: threads === 1 ? ratio(okMs(ortGqa), ms) : null,
           speedupOver1t: threads > 1 ? ratio(okMs(find('attend', dtype, 1)), ms) : null,
+          // The same for the step (append + attend): what the targets are judged on.
+          stepVsOrtBest: threads === 1 ? ratio(ortBest?.medianMs ?? null, okMs(step)) : null,
+          stepSpeedupOver1t: threads > 1 ? ratio(okMs(find('step', dtype, 1)), okMs(step)) : null,
           rounds: g.rounds,
           sameRoundsAsOtherDtype: g.dtypes.length === DTYPES.length,
         };
@@ -470,7 +478,7 @@ async function decodeSection({ quick = false, contexts = null, kinds = null, hot
 
   const targets = evaluateTargets(rows);
   log('');
-  log(`decode targets (d = MHA context 4096, f = MHA context 8192; attend-only times, medians of the same rounds unless noted):`);
+  log(`decode targets (host ${describeHostCpu(host)}; d = MHA context 4096, f = MHA context 8192; decode steps, append + attend, medians of the same rounds unless noted):`);
   for (const t of targets) log(`  ${t.met === null ? 'not measured' : t.met ? 'met    ' : 'NOT met'}  ${t.what}: ${t.detail}`);
 
   const loadAfter = os.loadavg();
@@ -513,7 +521,7 @@ function measureCallOverhead(attn, quick, log) {
       out.fill(NaN);
       call();
       const c = compare(s, ref, out);
-      if (!(c.maxAbsErr <= 1e-3)) throw new Error(`call overhead: ${name} is wrong (max abs error ${c.maxAbsErr})`);
+      if (!checkPassed(c)) throw new Error(`call overhead: ${name} is wrong (max abs error ${c.maxAbsErr}, max |ref| ${c.maxAbsRef})`);
     }
     const rounds = quick ? 5 : 15, perRound = 1000;
     const times = Object.fromEntries(Object.keys(calls).map((name) => [name, []]));
@@ -563,30 +571,31 @@ function evaluateTargets(rows) {
     for (const dtype of DTYPES) {
       const r = row(kind, context, dtype, 1);
       const label = `(${id}) ${kind} ${context} ${dtype} cache, 1 thread`;
-      if (!r || r.attendMs === null) {
-        add(`${label}: ≤ ${T.vsRead}× the read of its bytes`, null, null, r ? `${r.status}: ${r.reason}` : 'not in this run');
-        add(`${label}: ≥ ${T.vsOrt[dtype]}× onnxruntime-web`, null, null, r ? r.status : 'not in this run');
+      if (!r || r.stepMs === null) {
+        add(`${label}: a step ≤ ${T.vsRead}× the read of its bytes`, null, null, r ? `${r.status}: ${r.reason}` : 'not in this run');
+        add(`${label}: a step ≥ ${T.vsOrt[dtype]}× onnxruntime-web`, null, null, r ? r.status : 'not in this run');
         continue;
       }
-      add(`${label}: ≤ ${T.vsRead}× the read of its bytes`, r.vsRead, r.vsRead === null ? null : r.vsRead <= T.vsRead,
-        `attend ${fmtMs(r.attendMs)} ms ÷ read ${fmtMs(r.readMs)} ms = ${fmtX(r.vsRead)} (${r.gbs.toFixed(1)} vs ${r.readGbs?.toFixed(1) ?? '-'} GB/s)`);
-      add(`${label}: ≥ ${T.vsOrt[dtype]}× onnxruntime-web`, r.vsOrtBest, r.vsOrtBest === null ? null : r.vsOrtBest >= T.vsOrt[dtype],
-        r.vsOrtBest === null ? 'onnxruntime-web not measured' : `ORT ${fmtMs(r.ortBestMs)} ms (${r.ortBestGraph}) ÷ attend ${fmtMs(r.attendMs)} ms = ${fmtX(r.vsOrtBest)}`);
+      add(`${label}: a step ≤ ${T.vsRead}× the read of its bytes`, r.stepVsRead, r.stepVsRead === null ? null : r.stepVsRead <= T.vsRead,
+        `step ${fmtMs(r.stepMs)} ms ÷ read ${fmtMs(r.readMs)} ms = ${fmtX(r.stepVsRead)} (attend alone ${fmtX(r.vsRead)})`);
+      add(`${label}: a step ≥ ${T.vsOrt[dtype]}× onnxruntime-web`, r.stepVsOrtBest, r.stepVsOrtBest === null ? null : r.stepVsOrtBest >= T.vsOrt[dtype],
+        r.stepVsOrtBest === null ? 'onnxruntime-web not measured'
+          : `ORT ${fmtMs(r.ortBestMs)} ms (${r.ortBestGraph}) ÷ step ${fmtMs(r.stepMs)} ms = ${fmtX(r.stepVsOrtBest)} (attend alone ${fmtX(r.vsOrtBest)})`);
     }
   }
   for (const r16 of rows.filter((r) => r.dtype === 'float16' && r.threads === 1 && r.context >= T.float16.minContext)) {
     const r32 = row(r16.kind, r16.context, 'float32', 1);
-    const x = r32?.attendMs && r16.attendMs ? r32.attendMs / r16.attendMs : null;
-    add(`${r16.kind} ${r16.context} float16 ≥ ${T.float16.speedup}× faster than float32, 1 thread`, x, x === null ? null : x >= T.float16.speedup,
-      x === null ? 'not measured' : `${fmtMs(r32.attendMs)} ÷ ${fmtMs(r16.attendMs)} ms = ${fmtX(x)}${r16.sameRoundsAsOtherDtype ? '' : ' (rounds of their own: one dtype at a time at this size)'}`);
+    const x = r32?.stepMs && r16.stepMs ? r32.stepMs / r16.stepMs : null;
+    add(`${r16.kind} ${r16.context} float16 ≥ ${T.float16.speedup}× faster than float32, 1 thread (steps)`, x, x === null ? null : x >= T.float16.speedup,
+      x === null ? 'not measured' : `${fmtMs(r32.stepMs)} ÷ ${fmtMs(r16.stepMs)} ms = ${fmtX(x)}${r16.sameRoundsAsOtherDtype ? '' : ' (rounds of their own: one dtype at a time at this size)'}`);
   }
   for (const r2 of rows.filter((r) => r.threads === 2 && r.context === T.twoThreads.context)) {
-    const label = `${r2.kind} ${r2.context} ${r2.dtype}, 2 threads: ≥ ${T.twoThreads.speedup}× 1 thread or ≤ ${T.twoThreads.vsRead}× the 2-thread read`;
-    if (r2.attendMs === null) { add(label, null, null, `${r2.status}: ${r2.reason}`); continue; }
-    const a = r2.speedupOver1t, b = r2.vsRead;
+    const label = `${r2.kind} ${r2.context} ${r2.dtype}, 2 threads: a step ≥ ${T.twoThreads.speedup}× 1 thread's or ≤ ${T.twoThreads.vsRead}× the 2-thread read`;
+    if (r2.stepMs === null) { add(label, null, null, `${r2.status}: ${r2.reason}`); continue; }
+    const a = r2.stepSpeedupOver1t, b = r2.stepVsRead;
     const met = a === null && b === null ? null : (a !== null && a >= T.twoThreads.speedup) || (b !== null && b <= T.twoThreads.vsRead);
     add(label, { speedup: a, vsRead: b }, met, `${fmtX(a)} one thread's speed (${a !== null && a >= T.twoThreads.speedup ? 'met' : 'not met'}); ` +
-      `attend ${fmtMs(r2.attendMs)} ms ÷ 2-thread read ${fmtMs(r2.readMs)} ms = ${fmtX(b)} (${b !== null && b <= T.twoThreads.vsRead ? 'met' : 'not met'})` +
+      `step ${fmtMs(r2.stepMs)} ms ÷ 2-thread read ${fmtMs(r2.readMs)} ms = ${fmtX(b)} (${b !== null && b <= T.twoThreads.vsRead ? 'met' : 'not met'})` +
       (secondThreadIdle(r2) ? `; ${secondThreadIdleNote(r2)}` : ''));
   }
   return out;

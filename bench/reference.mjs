@@ -92,3 +92,90 @@ export function compare(s, ref, output) {
   });
   return { maxAbsErr, maxAbsRef, rowsChecked: ref.rows.length, rowsTotal: s.B * s.H * Lq };
 }
+
+/**
+ * The tolerance of every forward check: the max abs error over the rows checked must be at most
+ * RELATIVE_TOLERANCE × the largest |reference| value among them. The outputs are averages of V
+ * rows (uniform in [-0.5, 0.5)), so they are small (max |ref| 1e-2 .. 3e-2) and a fixed absolute
+ * bound would let wrong kernels through: uniform weights (Q·K ignored), scale 1/E for 1/√E, or the
+ * last 4 keys dropped all stay within 2.5e-3 on shapes (c), (d), (g). Those are 3–10% of max |ref|;
+ * float32 kernels here are within 1e-5 of it.
+ */
+export const RELATIVE_TOLERANCE = 1e-4;
+
+/** Whether a check (from compare) passed: RELATIVE_TOLERANCE × max |ref|, NaN failing. */
+export function checkPassed(check) {
+  return check.maxAbsErr <= RELATIVE_TOLERANCE * check.maxAbsRef;
+}
+
+/** A check's error as a fraction of max |ref|, for messages. */
+export function relativeError(check) {
+  return check.maxAbsRef > 0 ? check.maxAbsErr / check.maxAbsRef : Infinity;
+}
+
+/**
+ * `x` rounded to the nearest float16 (ties to even) and back: what a float16 KV cache stores
+ * (±65504 is the largest finite half; beyond it, ±Infinity).
+ */
+export function roundedToHalf(x) {
+  if (!Number.isFinite(x) || x === 0) return x;
+  const a = Math.abs(x);
+  let e = Math.max(-14, Math.floor(Math.log2(a)));   // normal halves: 2^-14 .. 65504
+  if (e > -14 && 2 ** e > a) e--;                     // log2 rounded up near a power of two
+  const ulp = 2 ** (e - 10);                          // 10 fraction bits (subnormals: 2^-24)
+  const q = a / ulp, f = Math.floor(q);               // exact: ulp is a power of two
+  const n = q - f > 0.5 || (q - f === 0.5 && f % 2 === 1) ? f + 1 : f;
+  const r = n * ulp;
+  return Math.sign(x) * (r > 65504 ? Infinity : r);
+}
+
+/** A tensor with every element rounded to float16 and back (float32 storage). */
+export function roundedToHalves(t) {
+  return { data: Float32Array.from(t.data, roundedToHalf), dims: t.dims };
+}
+
+/**
+ * The float64 gradients of head (b, h) of o = softmax(q·kᵀ/√E [causal])·v for dO, as
+ * sdpaBackward computes them: P_ij, D_i = Σ_c dO_ic·O_ic, dS_ij = P_ij·(dO_i·v_j − D_i),
+ * dQ_i = Σ_j dS_ij·k_j / √E, dK_j = Σ_i dS_ij·q_i / √E, dV_j = Σ_i P_ij·dO_i.
+ * Returns { dQuery [Lq·E], dKey [Lk·E], dValue [Lk·E] } for that head (MHA: Hq = Hkv).
+ */
+export function referenceHeadGradients(s, { q, k, v }, dO, b, h) {
+  const { Lq, Lk, E } = s;
+  const scale = 1 / Math.sqrt(E);
+  const qo = (b * s.H + h) * Lq * E, ko = (b * s.Hkv + h) * Lk * E;
+  const P = new Float64Array(Lq * Lk);
+  const dQuery = new Float64Array(Lq * E), dKey = new Float64Array(Lk * E), dValue = new Float64Array(Lk * E);
+  for (let i = 0; i < Lq; i++) {
+    const n = s.causal ? Math.min(i + 1, Lk) : Lk;
+    const p = P.subarray(i * Lk, i * Lk + n);
+    let max = -Infinity;
+    for (let j = 0; j < n; j++) {
+      let dot = 0;
+      for (let e = 0; e < E; e++) dot += q.data[qo + i * E + e] * k.data[ko + j * E + e];
+      p[j] = dot * scale;
+      max = Math.max(max, p[j]);
+    }
+    let sum = 0;
+    for (let j = 0; j < n; j++) { p[j] = Math.exp(p[j] - max); sum += p[j]; }
+    for (let j = 0; j < n; j++) p[j] /= sum;
+    // D_i = dO_i · O_i with O_i = Σ_j P_ij v_j, = Σ_j P_ij (dO_i · v_j); dS_ij = P_ij (dO_i · v_j − D_i).
+    const dp = new Float64Array(n);
+    let D = 0;
+    for (let j = 0; j < n; j++) {
+      let dot = 0;
+      for (let e = 0; e < E; e++) dot += dO[qo + i * E + e] * v.data[ko + j * E + e];
+      dp[j] = dot;
+      D += p[j] * dot;
+    }
+    for (let j = 0; j < n; j++) {
+      const ds = p[j] * (dp[j] - D) * scale;
+      for (let e = 0; e < E; e++) {
+        dQuery[i * E + e] += ds * k.data[ko + j * E + e];
+        dKey[j * E + e] += ds * q.data[qo + i * E + e];
+        dValue[j * E + e] += p[j] * dO[qo + i * E + e];
+      }
+    }
+  }
+  return { dQuery, dKey, dValue };
+}

@@ -45,7 +45,7 @@ import { Worker, isMainThread, parentPort, workerData } from 'node:worker_thread
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
 import { openReadProbe } from './read-probe.mjs';
-import { compare, makeInputs, referenceRows } from './reference.mjs';
+import { checkPassed, compare, makeInputs, referenceRows, RELATIVE_TOLERANCE } from './reference.mjs';
 import { SHAPES, describe } from './shapes.mjs';
 
 export const WORKER_SDPA_SHAPE = SHAPES.find((s) => s.id === 'a');
@@ -111,7 +111,6 @@ async function workerSection({ quick = false, threads = null, hot = false, log =
   const settings = quick
     ? { warmSeconds: 0.1, minWarmups: 3, minRuns: 11, minSeconds: 0.3, maxRuns: 100 }
     : { warmSeconds: 0.5, minWarmups: 5, minRuns: 41, minSeconds: 3, maxRuns: 400 };
-  settings.tolerance = 1e-3;
   settings.evict = !hot;
   const threadCounts = threads ?? WORKER_THREADS;
   const t0All = performance.now();
@@ -137,7 +136,7 @@ async function workerSection({ quick = false, threads = null, hot = false, log =
   log(`sdpa-wasm ${pkg.version} (build ${Object.entries(build).map(([f, t]) => `${f} ${t}`).join(', ')}); ` +
     `fresh input arrays for every call (cloned before the timed region, for the direct call too); no \`out\` (a new output array per call, direct and worker); ` +
     (probe ? `decode: before every timed run ${(probe.evictBytes / 2 ** 20).toFixed(0)} MiB of other memory read on both threads (untimed)` : 'decode: --hot, no eviction'));
-  log(`check: max abs error vs the float64 reference <= ${settings.tolerance}, and the worker's output bitwise the direct call's; ` +
+  log(`check: max abs error vs the float64 reference <= ${RELATIVE_TOLERANCE} × its largest |value|, and the worker's output bitwise the direct call's; ` +
     `warm-up >= ${settings.warmSeconds} s and ${settings.minWarmups} runs; timing: round-robin rounds (starting entry rotated), ` +
     `median of >= ${settings.minRuns} runs and >= ${settings.minSeconds} s (at most ${settings.maxRuns} rounds)`);
 
@@ -166,7 +165,7 @@ async function workerSection({ quick = false, threads = null, hot = false, log =
       if (e.check) {
         r.check = compare(s, ref, out);
         r.bitwiseDirect = direct === undefined ? null : sameBits(out, direct);
-        if (!(r.check.maxAbsErr <= settings.tolerance)) return { e, r: { ...r, status: 'wrong', reason: `check failed: max abs error ${r.check.maxAbsErr.toExponential(2)} > ${settings.tolerance}` } };
+        if (!checkPassed(r.check)) return { e, r: { ...r, status: 'wrong', reason: `check failed: max abs error ${r.check.maxAbsErr.toExponential(2)} > ${RELATIVE_TOLERANCE} × max |ref| ${r.check.maxAbsRef.toExponential(2)}` } };
         if (r.bitwiseDirect === false) return { e, r: { ...r, status: 'wrong', reason: 'the output is not bitwise the direct call\'s' }, out };
       }
       let warmups = 1;

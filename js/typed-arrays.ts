@@ -72,6 +72,9 @@ export function ownView<T extends TypedArray>(view: T, length = lengthOf(view)):
   return new Type(bufferOf(view) as ArrayBuffer, byteOffsetOf(view), length) as T;
 }
 
+/** The bytes of one element of a typed array's type (from its internal slot, not the object's BYTES_PER_ELEMENT). */
+export const elementBytesOf = (view: TypedArray): number => VIEW_TYPES[typedArrayName.call(view) as ViewTypeName].BYTES_PER_ELEMENT;
+
 /** A view of `length` elements of `view`'s type over `buffer` from `byteOffset` (a moved buffer). */
 export function viewLike<T extends TypedArray>(view: T, buffer: ArrayBuffer, byteOffset: number, length: number): T {
   const Type = VIEW_TYPES[typedArrayName.call(view) as ViewTypeName];

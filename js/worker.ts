@@ -28,7 +28,7 @@ import type {
   SdpaResultWith, Tensor,
 } from './types.js';
 import {
-  bufferOf, byteLengthOf, byteOffsetOf, copyOf, detachedOrEmpty, isApiTypedArray, isArrayBuffer, lengthOf, viewLike,
+  bufferOf, byteLengthOf, byteOffsetOf, copyOf, detachedOrEmpty, elementBytesOf, isApiTypedArray, isArrayBuffer, lengthOf, viewLike,
   type TypedArray,
 } from './typed-arrays.js';
 import {
@@ -447,7 +447,7 @@ class Taker {
       const to = moved.get(buffer);
       // A view no longer within its buffer (a getter shrank a resizable one) or detached
       // meanwhile: kept as it is, for the checks' message.
-      const fits = to != null && offset + length * view.BYTES_PER_ELEMENT <= byteLengthOf(to);
+      const fits = to != null && offset + length * elementBytesOf(view) <= byteLengthOf(to);
       holder.data = to == null ? this.copy(view) : fits ? viewLike(view, to, offset, length) : view;
     }
   }
