@@ -7,6 +7,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Node itself is not installed here (npm is already running this): it must be 20 or newer
+# (package.json's engines; Debian 12's own nodejs is 18, which npm would only warn about).
+node_major=$(node -p 'process.versions.node.split(".")[0]')
+if [ "$node_major" -lt 20 ]; then
+  echo "setup: Node $(node --version) is too old: sdpa-wasm needs Node 20 or newer (e.g. from nodejs.org or NodeSource)" >&2
+  exit 1
+fi
+
 need=()
 command -v emcc >/dev/null 2>&1 || need+=(emscripten)
 command -v clang++-19 >/dev/null 2>&1 || need+=(clang-19)
