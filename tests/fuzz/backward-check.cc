@@ -188,6 +188,13 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
 
         const double rel = 2 * tol + 4 * err_s + 16 * kEps * (1 + std::fabs(max_score));
         const double f = 2 * rel + 2 * tol + 4 * err_s + 2 * err_cap + static_cast<double>(E + Ev + Lk) * kEps;
+        // D = dO·O takes the forward's float32 O, whose elements below 2^-126 sit on the
+        // subnormal grid: each may be off by up to (Lk + 4)·2^-149 absolutely (each product,
+        // sum, rescale and the final 1/l rounding there), whatever G. A large dO multiplies that
+        // (a V column of subnormals under dO_c = 1e30: an error of the order of G itself), and
+        // every ds = p·(dp - D)·(1 - t²) of the row carries it, times |k| in dQ and |q| in dK.
+        double d_abs_error = 0.0;
+        for (int64_t c = 0; c < Ev; c++) d_abs_error += std::fabs(static_cast<double>(go[c])) * static_cast<double>(Lk + 4) * 0x1p-149;
         const double tiny = 64 * n_all * 0x1p-149 * std::max(1.0, abs_scale) *
                             std::max(1.0, G) * std::max({1.0, k_abs_max_row, q_abs_max});
         std::fill(dq_bound.begin(), dq_bound.end(), 0.0);
@@ -202,8 +209,8 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
           const bool flushable = pj < 0x1p-62;
           const double fk = flushable ? 2.0 : f, fv = flushable ? 1.0 : rel + static_cast<double>(group * Lq) * 2 * kEps;
           for (int64_t d = 0; d < E; d++) {
-            dq_bound[d] += fk * abs_scale * G * pj * std::fabs(static_cast<double>(k[d]));
-            dk_bound[key_at * E + d] += fk * abs_scale * G * pj * std::fabs(static_cast<double>(q[d]));
+            dq_bound[d] += abs_scale * pj * std::fabs(static_cast<double>(k[d])) * (fk * G + 2 * d_abs_error);
+            dk_bound[key_at * E + d] += abs_scale * pj * std::fabs(static_cast<double>(q[d])) * (fk * G + 2 * d_abs_error);
           }
           for (int64_t c = 0; c < Ev; c++) dv_bound[key_at * Ev + c] += fv * pj * std::fabs(static_cast<double>(go[c]));
         }
