@@ -209,6 +209,8 @@ async function section({ quick, shapeIds, log }, held) {
   const results = [];
   for (const id of ids.filter((x) => x !== BIG_SHAPE)) {
     const s = SHAPES.find((x) => x.id === id);
+    // The gradients' reference and tfjs's per-head graph take one KV head per query head.
+    if (s.Hkv !== s.H) throw new Error(`bench/backward.mjs: shape (${id}) is grouped-query (Hq ${s.H}, Hkv ${s.Hkv}); the backward section takes MHA shapes`);
     const inputs = makeInputs(s);
     const dO = randomTensor([s.B, s.H, s.Lq, s.E], 77).data;   // dO [B, H, Lq, E]
     const gradOutput = { data: dO, dims: [s.B, s.H, s.Lq, s.E] };

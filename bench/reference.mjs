@@ -148,10 +148,12 @@ export function roundedToHalves(t) {
  * The float64 gradients of head (b, h) of o = softmax(q·kᵀ/√E [causal])·v for dO, as
  * sdpaBackward computes them: P_ij, D_i = Σ_c dO_ic·O_ic, dS_ij = P_ij·(dO_i·v_j − D_i),
  * dQ_i = Σ_j dS_ij·k_j / √E, dK_j = Σ_i dS_ij·q_i / √E, dV_j = Σ_i P_ij·dO_i.
- * Returns { dQuery [Lq·E], dKey [Lk·E], dValue [Lk·E] } for that head (MHA: Hq = Hkv).
+ * Returns { dQuery [Lq·E], dKey [Lk·E], dValue [Lk·E] } for that head; MHA only (Hq = Hkv:
+ * with grouped heads a key's dK, dV sum over its group's heads).
  */
 export function referenceHeadGradients(s, { q, k, v }, dO, b, h) {
   const { Lq, Lk, E } = s;
+  if (s.Hkv !== s.H) throw new Error('referenceHeadGradients: MHA shapes only (Hq = Hkv)');
   const scale = 1 / Math.sqrt(E);
   const qo = (b * s.H + h) * Lq * E, ko = (b * s.Hkv + h) * Lk * E;
   const P = new Float64Array(Lq * Lk);
