@@ -1261,11 +1261,11 @@ function renderTraining() {
   }));
 }
 
-/** "x.x× higher" / "x.x× lower" / "about the same as" for `x` against `y` (within 5%: the same). */
-function comparedText(x, y, higher, lower) {
+/** "x.x× higher" / "x.x× lower" for `x` against `y`, or `same` within 5%. */
+function comparedText(x, y, higher, lower, same) {
   if (x >= 1.05 * y) return `${(x / y).toFixed(1)}× ${higher}`;
   if (x <= y / 1.05) return `${(y / x).toFixed(1)}× ${lower}`;
-  return 'about the same as';
+  return same;
 }
 
 // The summary says what this run's numbers show: the story the panel tells (the unscaled heads
@@ -1275,9 +1275,9 @@ function trainingSummary(runs, params) {
   const a = by['dk256-scaled'], b = by['dk256-unscaled'], c = by['dk16-scaled'], d = by['dk16-unscaled'];
   const reached = (s) => (s.firstBelow === null ? `never got below ${TRAIN_LOSS_BELOW}` : `first got below ${TRAIN_LOSS_BELOW} at step ${s.firstBelow}`);
   const dk256 = `at d_k = 256 the head with 1/√d_k ends at a loss of ${a.finalLoss.toFixed(4)} (${reached(a)}), the unscaled ` +
-    `one at ${b.finalLoss.toFixed(4)} (${comparedText(b.finalLoss, a.finalLoss, 'higher', 'lower')}; it ${reached(b)}). ` +
+    `one at ${b.finalLoss.toFixed(4)} (${comparedText(b.finalLoss, a.finalLoss, 'higher', 'lower', 'about the same')}; it ${reached(b)}). ` +
     `Over the first 30 steps the gradient through the unscaled softmax was ` +
-    `${comparedText(b.earlyScoreGrad, a.earlyScoreGrad, 'larger', 'smaller')} (‖∂L/∂s‖ ${expText(b.earlyScoreGrad)} against ` +
+    `${comparedText(b.earlyScoreGrad, a.earlyScoreGrad, 'larger', 'smaller', 'about as large')} (‖∂L/∂s‖ ${expText(b.earlyScoreGrad)} against ` +
     `${expText(a.earlyScoreGrad)}), with its rows' largest weight at ${b.firstMax.toFixed(2)} on average from step 1.`;
   // Stuck: one-hot rows on wrong keys, a loss well above the scaled head's, and less gradient.
   const stuck = d.finalMax > 0.9 && d.finalTarget < 0.9 && d.finalLoss > 1.5 * c.finalLoss && d.finalScoreGrad < c.finalScoreGrad;

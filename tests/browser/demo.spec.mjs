@@ -669,7 +669,7 @@ test('training at learning rate 0.1: the summary says what the numbers show (her
   expect(summary).toContain(`After ${TRAIN.steps} steps at learning rate 0.1:`);
   // The d_k = 256 heads compared in the direction the losses go (within 5%: "about the same").
   const ratio = final['dk256-unscaled'] / final['dk256-scaled'];
-  const word = ratio >= 1.05 ? `${ratio.toFixed(1)}× higher` : ratio <= 1 / 1.05 ? `${(1 / ratio).toFixed(1)}× lower` : 'about the same as';
+  const word = ratio >= 1.05 ? `${ratio.toFixed(1)}× higher` : ratio <= 1 / 1.05 ? `${(1 / ratio).toFixed(1)}× lower` : 'about the same';
   expect(summary).toContain(`the unscaled one at ${final['dk256-unscaled'].toFixed(4)} (${word}; it `);
   // "Stuck on wrong keys" only where the unscaled d_k = 16 head ends well above the scaled one.
   if (final['dk16-unscaled'] <= 1.5 * final['dk16-scaled']) expect(summary).not.toContain('stuck');
