@@ -51,9 +51,8 @@ const short = { float32: 'f32', float16: 'f16' };
  */
 const MODULE_CACHE_BYTES = 2 ** 30;
 
-// The project's decode targets (the issue). (d) = MHA context 4096 (the main bench's shape d),
-// (f) = MHA context 8192.
-// The KV-cache issue's targets, each on a decode step as an application runs it: the new
+// The KV-cache issue's decode targets. (d) = MHA context 4096 (the main bench's shape d),
+// (f) = MHA context 8192. Each is judged on a decode step as an application runs it: the new
 // token's K/V appended, then attend (the `step` entries: truncate + append 1 + attend). Until
 // 2026-12-03 they were judged on attend alone; the JSONs keep both (attendMs, stepMs).
 export const DECODE_TARGETS = {
