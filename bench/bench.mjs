@@ -437,7 +437,7 @@ await coreProbe?.close();
 
 /** A peer's ok variant `label` (its variants, or itself when it has one), or null. */
 function okVariant(p, label) {
-  return (p?.variants ?? [p]).find((v) => v?.status === 'ok' && (v.variant === label || (!p.variants && label === null))) ?? null;
+  return (p?.variants ?? [p]).find((v) => v?.status === 'ok' && v.variant === label) ?? null;
 }
 /** sdpa-wasm's sdpa() call (a new output array per call, as the peers' calls), or null. */
 function allocatingCall(p) { return okVariant(p, 'sdpa()'); }

@@ -32,7 +32,8 @@ import { fileURLToPath } from 'node:url';
 import { createAttention } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
 import { openReadProbe } from './read-probe.mjs';
-import { checkPassed, compare, makeInputs, referenceRows, RELATIVE_TOLERANCE, roundedToHalves } from './reference.mjs';
+import { roundedToHalves } from '../tests/shared/kv-cache-cases.mjs';  // the tests' float16 rounding, one rule for both
+import { checkPassed, compare, makeInputs, referenceRows, RELATIVE_TOLERANCE } from './reference.mjs';
 
 export const DECODE_SHAPES = [
   { kind: 'MHA', B: 1, Hq: 32, Hkv: 32, E: 128, contexts: [512, 2048, 4096, 8192, 32768] },

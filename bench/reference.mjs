@@ -113,37 +113,6 @@ export function relativeError(check) {
   return check.maxAbsRef > 0 ? check.maxAbsErr / check.maxAbsRef : Infinity;
 }
 
-const f32 = new Float32Array(1), u32 = new Uint32Array(f32.buffer);
-
-/**
- * `x`, a float32 value, rounded to the nearest float16 (ties to even) and back: what a float16 KV
- * cache stores (±65504 is the largest finite half; from 65520 on, ±Infinity). In float32 bits: a
- * normal half keeps 10 of the 23 fraction bits, so adding 0xfff plus the kept part's last bit and
- * clearing the 13 low bits rounds to nearest, ties to even (a carry into the exponent is right);
- * below 2^-14 halves are multiples of 2^-24.
- */
-export function roundedToHalf(x) {
-  f32[0] = x;
-  const bits = u32[0], abs = bits & 0x7fffffff;
-  if (abs >= 0x7f800000) return x;                    // ±Infinity, NaN
-  if (abs >= 0x38800000) {                            // |x| >= 2^-14: a normal half, or past 65504
-    const rounded = (abs + 0xfff + ((abs >> 13) & 1)) & ~0x1fff;
-    if (rounded > 0x477fe000) return x < 0 ? -Infinity : Infinity;
-    u32[0] = (bits & 0x80000000) | rounded;
-    return f32[0];
-  }
-  const q = Math.abs(x) * 2 ** 24, f = Math.floor(q);  // exact: a power-of-two scaling
-  const n = q - f > 0.5 || (q - f === 0.5 && f % 2 === 1) ? f + 1 : f;
-  return (x < 0 || Object.is(x, -0) ? -n : n) * 2 ** -24;
-}
-
-/** A tensor with every element rounded to float16 and back (float32 storage). */
-export function roundedToHalves(t) {
-  const out = new Float32Array(t.data.length);
-  for (let i = 0; i < out.length; i++) out[i] = roundedToHalf(t.data[i]);
-  return { data: out, dims: t.dims };
-}
-
 /**
  * The float64 gradients of head (b, h) of o = softmax(q·kᵀ/√E [causal])·v for dO, as
  * sdpaBackward computes them: P_ij, D_i = Σ_c dO_ic·O_ic, dS_ij = P_ij·(dO_i·v_j − D_i),

@@ -35,6 +35,9 @@ export const isFloat32Array = (x: unknown): x is Float32Array => viewTag(x) === 
 export const isUint16Array = (x: unknown): x is Uint16Array => viewTag(x) === 'Uint16Array';
 export const isUint8Array = (x: unknown): x is Uint8Array => viewTag(x) === 'Uint8Array';
 export const isInt32Array = (x: unknown): x is Int32Array => viewTag(x) === 'Int32Array';
+/** The constructor of a typed array's own type (one of TypedArray), from its internal slot. */
+const typeOf = (view: TypedArray) => VIEW_TYPES[typedArrayName.call(view) as ViewTypeName];
+
 /** One of the API's typed array types (TypedArray above). */
 export const isApiTypedArray = (x: unknown): x is TypedArray => (viewTag(x) ?? '') in VIEW_TYPES;
 
@@ -68,21 +71,18 @@ export function detachedOrEmpty(view: ArrayBufferView): boolean {
  * allocations from, whatever properties the object itself carries.
  */
 export function ownView<T extends TypedArray>(view: T, length = lengthOf(view)): T {
-  const Type = VIEW_TYPES[typedArrayName.call(view) as ViewTypeName];
-  return new Type(bufferOf(view) as ArrayBuffer, byteOffsetOf(view), length) as T;
+  return new (typeOf(view))(bufferOf(view) as ArrayBuffer, byteOffsetOf(view), length) as T;
 }
 
 /** The bytes of one element of a typed array's type (from its internal slot, not the object's BYTES_PER_ELEMENT). */
-export const elementBytesOf = (view: TypedArray): number => VIEW_TYPES[typedArrayName.call(view) as ViewTypeName].BYTES_PER_ELEMENT;
+export const elementBytesOf = (view: TypedArray): number => typeOf(view).BYTES_PER_ELEMENT;
 
 /** A view of `length` elements of `view`'s type over `buffer` from `byteOffset` (a moved buffer). */
 export function viewLike<T extends TypedArray>(view: T, buffer: ArrayBuffer, byteOffset: number, length: number): T {
-  const Type = VIEW_TYPES[typedArrayName.call(view) as ViewTypeName];
-  return new Type(buffer, byteOffset, length) as T;
+  return new (typeOf(view))(buffer, byteOffset, length) as T;
 }
 
 /** A copy of a typed array's elements in a new buffer of its own (no property of the object read). */
 export function copyOf<T extends TypedArray>(view: T): T {
-  const Type = VIEW_TYPES[typedArrayName.call(view) as ViewTypeName];
-  return new Type(ownView(view)) as T;
+  return new (typeOf(view))(ownView(view)) as T;
 }

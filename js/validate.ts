@@ -126,13 +126,24 @@ export function checkOptionNames(fn: string, options: unknown, known: readonly s
  * time, so a getter cannot pass the checks with one value and be used with another; a hole in a
  * sparse array reads as undefined and is rejected).
  */
+/**
+ * An array's elements as the checks read them: its length once, then each element once, by
+ * index (no iterator, so an own Symbol.iterator or a getter changes nothing between a read and
+ * its use). The worker takes a tensor's dims this way too.
+ */
+export function readOnce(array: readonly unknown[]): unknown[] {
+  const length = array.length;
+  const copy: unknown[] = [];
+  for (let at = 0; at < length; at++) copy.push(array[at]);
+  return copy;
+}
+
 function checkDims(fn: string, name: string, dims: unknown, minRank: number, maxRank: number): number[] {
   if (!Array.isArray(dims)) {
     throw new TypeError(`${fn}: ${name}.dims must be an array of positive integers, got ${describe(dims)}`);
   }
-  const rank = dims.length;
-  const copy: unknown[] = [];
-  for (let axis = 0; axis < rank; axis++) copy.push(dims[axis]);
+  const copy = readOnce(dims);
+  const rank = copy.length;
   const shown = () => `[${copy.map((d) => (typeof d === 'number' ? String(d) : describe(d))).join(', ')}]`;
   if (rank < minRank || rank > maxRank) {
     throw new RangeError(`${fn}: ${name}.dims must have rank ${minRank}..${maxRank}, got ${shown()} (rank ${rank})`);
@@ -429,8 +440,8 @@ export function planAttend(query: unknown, cache: CacheOperands, options: unknow
 
 /**
  * The checks of KVCache.attend(query, options) that hold whatever the cache's length: the option
- * names, the layout, the query against the cache's B, Hkv and E, and options.out's size. planAttend
- * runs them first; a worker's call runs them before it moves the query's buffer.
+ * names, the layout, the query against the cache's B, Hkv and E. planAttend runs them first; a
+ * worker's call runs them (and checkOut) before it moves the query's buffer.
  */
 export function checkAttendQuery(query: unknown, cache: Pick<CacheOperands, 'batch' | 'kvHeads' | 'headDim' | 'valueDim'>,
   options: unknown): { o: SdpaOptions; layout: 'bhsd' | 'bshd'; q: Operand } {
@@ -444,7 +455,6 @@ export function checkAttendQuery(query: unknown, cache: Pick<CacheOperands, 'bat
     throw new RangeError(
       `${fn}: query heads Hq = ${q.H} must be a multiple of the cache's heads Hkv = ${cache.kvHeads} (grouped-query attention)`);
   }
-  checkOut(fn, o.out, q, cache.valueDim);
   return { o, layout, q };
 }
 
@@ -453,7 +463,7 @@ export function checkAttendQuery(query: unknown, cache: Pick<CacheOperands, 'bat
  * the call's own view of its first outputSize floats, and what the call returns (the caller's
  * array when it is exactly the output, else that view). Nulls without out.
  */
-function checkOut(fn: string, given: unknown, q: Operand, Ev: number): Pick<Plan, 'outputDims' | 'outputSize' | 'out' | 'outResult'> {
+export function checkOut(fn: string, given: unknown, q: Operand, Ev: number): Pick<Plan, 'outputDims' | 'outputSize' | 'out' | 'outResult'> {
   const outputDims = [...q.dims.slice(0, -1), Ev];
   const outputSize = q.B * q.H * q.L * Ev;
   if (given === undefined) return { outputDims, outputSize, out: null, outResult: null };

@@ -32,8 +32,8 @@ import {
   type TypedArray,
 } from './typed-arrays.js';
 import {
-  BACKWARD_OPTION_NAMES, checkAttendQuery, checkAttentionOptions, checkOptionNames, describe, OPTION_NAMES, plan, planAttend,
-  planBackward, type Plan,
+  BACKWARD_OPTION_NAMES, checkAttendQuery, checkAttentionOptions, checkOptionNames, checkOut, describe, OPTION_NAMES, plan,
+  planAttend, planBackward, readOnce, type Plan,
 } from './validate.js';
 import { errorFromWire, READY, transferList, type Op, type Reply, type Request } from './worker-protocol.js';
 
@@ -379,7 +379,7 @@ class Taker {
     const { data, dims } = t as { data?: unknown; dims?: unknown };
     const buffer = isApiTypedArray(data) ? bufferOf(data) : null;
     const movable = move && this.transfer && isArrayBuffer(buffer) && byteLengthOf(buffer) > 0;
-    const taken: Record<string, unknown> = { data: movable ? data : this.copy(data), dims: copyDims(dims) };
+    const taken: Record<string, unknown> = { data: movable ? data : this.copy(data), dims: Array.isArray(dims) ? readOnce(dims) : dims };
     if (movable) {  // data replaced by done()
       const view = data as TypedArray;
       this.#toMove.push({ holder: taken, view, buffer: buffer as ArrayBuffer, offset: byteOffsetOf(view), length: lengthOf(view) });
@@ -451,15 +451,6 @@ class Taker {
       holder.data = to == null ? this.copy(view) : fits ? viewLike(view, to, offset, length) : view;
     }
   }
-}
-
-/** A tensor's dims as the direct API's checks read them: the length once, then each element once (no iterator). */
-function copyDims(dims: unknown): unknown {
-  if (!Array.isArray(dims)) return dims;
-  const rank = dims.length;
-  const copy: unknown[] = [];
-  for (let axis = 0; axis < rank; axis++) copy.push(dims[axis]);
-  return copy;
 }
 
 /** Buffers found not to detach when moved: copied from then on without trying (a wasm memory's stays one object until it grows). */
@@ -813,7 +804,10 @@ export class WorkerKVCache extends KVCacheShapeInfo {
       const take = new Taker(transfer);
       const q = take.tensor(query, true), o = take.options(options, OPTION_NAMES);
       this.#check(fn);  // again: the arguments' getters may have disposed it (then nothing moves)
-      take.movesChecked(fn, outOf(o), () => checkAttendQuery(q, this.#shape, o));
+      take.movesChecked(fn, outOf(o), () => {
+        const { q: query } = checkAttendQuery(q, this.#shape, o);
+        checkOut(fn, outOf(o), query, this.#shape.valueDim);
+      });
       take.done(signal);
       let checked: Plan;
       return this.#call('attend', () => {

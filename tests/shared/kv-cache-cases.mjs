@@ -27,8 +27,16 @@ export function roundToHalf(x) {
   return Math.sign(x) * r * ulp;
 }
 
-/** A tensor's values as a float16 cache stores them (each rounded by roundToHalf). */
-export const roundedToHalves = (t) => ({ data: Float32Array.from(t.data, roundToHalf), dims: t.dims });
+/**
+ * A tensor's values as a float16 cache stores them (each rounded by roundToHalf), filled in a
+ * loop: Float32Array.from(data, fn) first collects every value in a JS array, which runs out of
+ * heap for a cache of 2^27 values (the benchmark's, bench/decode.mjs).
+ */
+export function roundedToHalves(t) {
+  const data = new Float32Array(t.data.length);
+  for (let i = 0; i < data.length; i++) data[i] = roundToHalf(t.data[i]);
+  return { data, dims: t.dims };
+}
 
 /** Positions [a, b) of a bhsd tensor [B, H, L, D]. */
 export function positions(t, a, b) {
