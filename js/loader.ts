@@ -10,6 +10,7 @@
 // The files are located with `new URL(..., import.meta.url)` so that bundlers (Vite,
 // webpack, Rollup) see and copy them. Under Node, Emscripten's loader would try fetch() on
 // a file path, so the bytes are read from disk and handed over as wasmBinary.
+import { loaderScriptUrl, startsAsIs } from './cross-origin.js';
 import type { ModuleOverrides, SdpaModule } from './wasm/sdpa.mjs';
 
 /** The SIMD instruction set of a build. */
@@ -74,6 +75,8 @@ async function readNodeFile(url: URL): Promise<Uint8Array> {
   return readFile(url);
 }
 
+const THREADED_GLUE = './wasm/sdpa-mt.mjs';
+
 // The CommonJS globals Emscripten's Node code expects, for src/bindings/node-globals-pre.js
 // (the threaded glue must not await or import node: modules itself: bundlers put it in a
 // classic worker).
@@ -85,7 +88,8 @@ async function provideNodeGlobals(): Promise<void> {
   const { createRequire } = await import(/* @vite-ignore */ /* webpackIgnore: true */ moduleName);
   const { fileURLToPath } = await import(/* @vite-ignore */ /* webpackIgnore: true */ urlName);
   const { dirname } = await import(/* @vite-ignore */ /* webpackIgnore: true */ pathName);
-  const glue = new URL('./wasm/sdpa-mt.mjs', import.meta.url);
+  // Not a literal `new URL('…', import.meta.url)`: bundlers would copy the glue as an unused asset.
+  const glue = new URL(/* webpackIgnore: true */ THREADED_GLUE, import.meta.url);
   const filename = fileURLToPath(glue);
   registry[key] = { require: createRequire(glue), filename, dirname: dirname(filename) };
 }
@@ -93,7 +97,7 @@ async function provideNodeGlobals(): Promise<void> {
 function checkSimd(): void {
   if (typeof WebAssembly !== 'object' || !WebAssembly.validate(SIMD_PROBE)) {
     throw new Error(
-      'sdpa-wasm needs WebAssembly with 128-bit SIMD (Chrome/Edge 91+, Firefox 89+, Safari 16.4+, Node 16.4+); ' +
+      'sdpa-wasm needs WebAssembly with 128-bit SIMD (Chrome/Edge 91+, Firefox 89+, Safari 16.4+, Node 20+); ' +
       'this environment does not support it');
   }
 }
@@ -116,13 +120,27 @@ function retryable(load: () => Promise<SdpaModule>, forget: () => void): Promise
   });
 }
 
+/**
+ * The build's module, from its glue's factory. A failure names the build's file: Emscripten's
+ * own message (e.g. "Aborted(both async and sync fetching of the wasm failed)") does not.
+ */
+async function instantiate(create: Factory, overrides: ModuleOverrides, wasm: URL): Promise<SdpaModule> {
+  try {
+    return await create(overrides);
+  } catch (error) {
+    const reason = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
+    throw new Error(`sdpa-wasm: could not load its WebAssembly build ${wasm.href} (served with its glue, ` +
+      `the .mjs beside it, from where the package is): ${reason}`, { cause: error });
+  }
+}
+
 async function loadSingleThread(isa: Isa): Promise<SdpaModule> {
   const { wasm, glue } = BUILDS[isa].single;
   const overrides: ModuleOverrides = isNode && wasm.protocol === 'file:'
     ? { wasmBinary: await readNodeFile(wasm) }
     : { locateFile: () => wasm.href };
   const { default: create } = await glue();
-  return create(overrides);
+  return instantiate(create, overrides, wasm);
 }
 
 async function loadMultiThread(isa: Isa, threads: number): Promise<SdpaModule> {
@@ -131,7 +149,15 @@ async function loadMultiThread(isa: Isa, threads: number): Promise<SdpaModule> {
   const { default: create } = await glue();
   const overrides: ModuleOverrides & { sdpaWorkers: number } = { sdpaWorkers: threads - 1 };
   if (isNode && wasm.protocol === 'file:') overrides.wasmBinary = await readNodeFile(wasm);
-  const module = await create(overrides);
+  if (!startsAsIs(wasm)) {
+    // The package served from another origin: the pool's workers start through a loader
+    // script of this origin (cross-origin.ts), which loads the build's worker script, which
+    // imports the glue from mainScriptUrlOrBlob; the .wasm is fetched from where it is.
+    overrides.locateFile = (path) => (path.endsWith('.worker.js')
+      ? loaderScriptUrl(new URL(path, wasm), 'classic') : new URL(path, wasm).href);
+    overrides.mainScriptUrlOrBlob = new URL(wasm.pathname.replace(/\.wasm$/, '.mjs'), wasm).href;
+  }
+  const module = await instantiate(create, overrides, wasm);
   // Idle workers must not keep a Node process alive (dispose() terminates them anyway).
   if (isNode) for (const worker of module.PThread?.unusedWorkers ?? []) (worker as { unref?(): void }).unref?.();
   return module;

@@ -100,6 +100,19 @@ export function describe(x: unknown): string {
 }
 
 
+/**
+ * Whether `t` cannot be a tensor: not an object, or a typed array itself where { data, dims }
+ * was wanted (then `what` says so, as a user who passed `q.data` for `q` needs to read).
+ */
+function notATensor(t: unknown): boolean {
+  return t === null || typeof t !== 'object' || ArrayBuffer.isView(t);
+}
+
+/** What a value given for a tensor was, for a notATensor() message. */
+function tensorGot(t: unknown): string {
+  return ArrayBuffer.isView(t) ? `${describe(t)}, a bare array: pass it as { data, dims }` : describe(t);
+}
+
 /** An options argument: undefined is {}; anything but a plain object, or an unknown name, is a TypeError. */
 export function checkOptionNames(fn: string, options: unknown, known: readonly string[]): Record<string, unknown> {
   if (options === undefined) return {};
@@ -201,8 +214,8 @@ export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd'
 export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd' | 'bshd', halves?: false): Operand;
 export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd' | 'bshd', halves = false) {
   const kinds = halves ? 'Float32Array | Uint16Array' : 'Float32Array';
-  if (t === null || typeof t !== 'object') {
-    throw new TypeError(`${fn}: ${name} must be a tensor { data: ${kinds}, dims: number[] }, got ${describe(t)}`);
+  if (notATensor(t)) {
+    throw new TypeError(`${fn}: ${name} must be a tensor { data: ${kinds}, dims: number[] }, got ${tensorGot(t)}`);
   }
   const { data, dims } = t as { data?: unknown; dims?: unknown };
   if (!isFloat32Array(data) && !(halves && isUint16Array(data))) {
@@ -248,8 +261,8 @@ export function dimsMismatch(fn: string, layout: 'bhsd' | 'bshd', name: string, 
 }
 
 function checkMask(fn: string, mask: unknown, target: [number, number, number, number]): Plan['mask'] {
-  if (mask === null || typeof mask !== 'object') {
-    throw new TypeError(`${fn}: options.attnMask must be a tensor { data: Float32Array | Uint8Array, dims }, got ${describe(mask)}`);
+  if (notATensor(mask)) {
+    throw new TypeError(`${fn}: options.attnMask must be a tensor { data: Float32Array | Uint8Array, dims }, got ${tensorGot(mask)}`);
   }
   const { data, dims } = mask as Partial<MaskTensor>;
   let kind: 'float' | 'bool';
@@ -363,8 +376,8 @@ export function planBackward(query: unknown, key: unknown, value: unknown, gradO
       throw new RangeError(
         `${fn}: options.saved.output.dims must equal the output's dims [${forward.outputDims.join(', ')}], got [${out.dims.join(', ')}]`);
     }
-    if (logSumExp === null || typeof logSumExp !== 'object') {
-      throw new TypeError(`${fn}: options.saved.logSumExp must be a tensor { data: Float32Array, dims }, got ${describe(logSumExp)}`);
+    if (notATensor(logSumExp)) {
+      throw new TypeError(`${fn}: options.saved.logSumExp must be a tensor { data: Float32Array, dims }, got ${tensorGot(logSumExp)}`);
     }
     // Each read once (a getter cannot pass the checks with one value and be used with another).
     const { data: lseData, dims: lseDimsGiven } = logSumExp as { data?: unknown; dims?: unknown };

@@ -61,7 +61,7 @@ export class Taker {
 
   /** A tensor-like object: a new { data, dims } with its data taken, its dims copied; anything else as it is (for the checks' messages). */
   tensor(t: unknown, move: boolean): unknown {
-    if (t === null || typeof t !== 'object') return t;
+    if (t === null || typeof t !== 'object' || ArrayBuffer.isView(t)) return t;  // (a bare typed array: the checks refuse it)
     const { data, dims } = t as { data?: unknown; dims?: unknown };
     const buffer = isApiTypedArray(data) ? bufferOf(data) : null;
     const movable = move && this.transfer && isArrayBuffer(buffer) && byteLengthOf(buffer) > 0;

@@ -1,6 +1,7 @@
 // The calling side's link to the attention worker: starting it (a worker_threads Worker in
 // Node, a module Web Worker in a browser) and the queue of calls, sent to it in batches. What
 // each call sends is prepared by worker.ts, with the inputs taken by worker-args.ts.
+import { loaderScriptUrl, startsAsIs } from './cross-origin.js';
 import { isTaken } from './worker-args.js';
 import { errorFromWire, READY, transferList, type Op, type Reply, type Request } from './worker-protocol.js';
 
@@ -19,10 +20,12 @@ interface WorkerLink {
   readonly raw: unknown;
 }
 
-// The worker script, as written in the Node branch: bundlers look for the literal
-// `new Worker(new URL('./worker-entry.js', import.meta.url), { type: 'module' })` of the
-// browser branch and bundle the worker from it; a second literal URL would make them copy
-// the unbundled file as an asset.
+// The worker script, as written in the Node branch and for the origin check: bundlers look
+// for the literal `new Worker(new URL('./worker-entry.js', import.meta.url), { type: 'module' })`
+// of the browser branch and bundle the worker from it; a second literal URL would make them
+// copy the unbundled file as an asset. (In a bundle this URL may name no file, but its origin
+// is the bundle's, which is all the check reads; the loader path is for the unbundled package
+// served from elsewhere.)
 const WORKER_SCRIPT = './worker-entry.js';
 
 export async function startWorker(): Promise<WorkerLink> {
@@ -56,7 +59,11 @@ export async function startWorker(): Promise<WorkerLink> {
       raw: worker,
     };
   }
-  const worker = new Worker(new URL('./worker-entry.js', import.meta.url), { type: 'module' });
+  // From another origin (the package on a CDN) through a loader script of this one (cross-origin.ts).
+  const entry = new URL(/* webpackIgnore: true */ WORKER_SCRIPT, import.meta.url);
+  const worker = startsAsIs(entry)
+    ? new Worker(new URL('./worker-entry.js', import.meta.url), { type: 'module' })
+    : new Worker(loaderScriptUrl(entry, 'module'), { type: 'module' });
   return {
     post: (message, transfer) => worker.postMessage(message, transfer),
     onMessage: (handler) => worker.addEventListener('message', (event) => handler(event.data)),

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // A small static file server for the demo page and the browser tests (no dependencies).
 //
-//   node scripts/serve.mjs [--port 8080] [--host 127.0.0.1] [--root DIR] [--no-isolation]
+//   node scripts/serve.mjs [--port 8080] [--host 127.0.0.1] [--root DIR] [--no-isolation] [--cdn]
 //
 // Serves DIR (default: the repository root, so /web/, /dist/ and /tests/ are all reachable)
 // with the headers that make a page cross-origin isolated, which browsers require before they
@@ -12,6 +12,9 @@
 // --no-isolation leaves those three headers out (the page is then not cross-origin isolated),
 // to check the single-thread path. --port 0 picks a free port. "/" redirects to /web/ when
 // the root has a web/ folder. Prints the URL once it listens.
+// --cdn serves as a CDN does, for pages of other origins: every response readable from any
+// origin (Access-Control-Allow-Origin: *) and embeddable by cross-origin isolated pages
+// (Cross-Origin-Resource-Policy: cross-origin), to check the package loaded from elsewhere.
 import { createServer } from 'node:http';
 import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
@@ -39,7 +42,7 @@ const MIME = {
 
 function usage(message) {
   if (message) console.error(`serve: ${message}`);
-  console.error('usage: node scripts/serve.mjs [--port N] [--host H] [--root DIR] [--no-isolation]');
+  console.error('usage: node scripts/serve.mjs [--port N] [--host H] [--root DIR] [--no-isolation] [--cdn]');
   process.exit(2);
 }
 
@@ -49,6 +52,7 @@ function parseArgs(argv) {
     host: '127.0.0.1',
     root: fileURLToPath(new URL('..', import.meta.url)),
     isolation: true,
+    cdn: false,
   };
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
@@ -63,6 +67,7 @@ function parseArgs(argv) {
       case '--host': opts.host = value(); break;
       case '--root': opts.root = resolve(value()); break;
       case '--no-isolation': opts.isolation = false; break;
+      case '--cdn': opts.cdn = true; break;
       case '--help': case '-h': usage(); break;
       default: usage(`unknown argument ${arg}`);
     }
@@ -80,6 +85,10 @@ function headers(extra) {
     h['Cross-Origin-Opener-Policy'] = 'same-origin';
     h['Cross-Origin-Embedder-Policy'] = 'require-corp';
     h['Cross-Origin-Resource-Policy'] = 'same-origin';
+  }
+  if (opts.cdn) {
+    h['Access-Control-Allow-Origin'] = '*';
+    h['Cross-Origin-Resource-Policy'] = 'cross-origin';
   }
   return h;
 }

@@ -103,6 +103,8 @@ export interface SegmentStream {
 export interface ModuleOverrides {
   wasmBinary?: ArrayBuffer | Uint8Array;
   locateFile?: (path: string, prefix: string) => string;
+  /** The threaded builds: the glue's URL, which each pool worker imports (default: next to its worker script). */
+  mainScriptUrlOrBlob?: string;
 }
 
 export default function createSdpaModule(overrides?: ModuleOverrides): Promise<SdpaModule>;

@@ -272,6 +272,8 @@ describe('bad input: TypeError or RangeError naming the argument; the instance k
       RangeError, /options\.saved\.logSumExp must have dims \[1, 2, 3\] and 6 elements, got dims \[1, 2, 4\] and 8 elements/],
     ['saved.logSumExp missing', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { saved: { output: forward().output } }),
       TypeError, /^sdpaBackward: options\.saved\.logSumExp must be a tensor .*, got undefined$/],
+    ['saved.logSumExp a bare Float32Array', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { saved: { output: forward().output, logSumExp: forward().logSumExp.data } }),
+      TypeError, /^sdpaBackward: options\.saved\.logSumExp must be a tensor .*, got Float32Array\(6\), a bare array: pass it as \{ data, dims \}$/],
     ['a bad scale', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { scale: NaN }), RangeError, /^sdpaBackward: options\.scale must be a finite number.*, got NaN$/],
     ['returnLogSumExp not a boolean', () => attn.sdpa(p.query, p.key, p.value, { returnLogSumExp: 1 }), TypeError, /^sdpa: options\.returnLogSumExp must be a boolean, got 1$/],
   ])('%s', (_, call, Cls, pattern) => {

@@ -62,6 +62,8 @@ export const CACHE_ERROR_CASES = [
     [/key\.data must be a Float32Array for a float32 cache/, /Uint16Array/]],
   ['append: data length', (c) => c.append(t(new Float32Array(5), [B, Hkv, 1, E]), v(1)), RangeError, [/key\.data\.length/, /got 5/]],
   ['append: missing value', (c) => c.append(k(1)), TypeError, [/value must be a tensor/, /undefined/]],
+  ['append: key a bare Float32Array (its .data)', (c) => c.append(k(1).data, v(1)), TypeError,
+    [/key must be a tensor/, /, a bare array: pass it as \{ data, dims \}/]],
   ['append: unknown option', (c) => c.append(k(1), v(1), { causal: true }), TypeError, [/unknown option "causal"/, /layout/]],
   ['append: bad layout', (c) => c.append(k(1), v(1), { layout: 'nhwc' }), RangeError, [/options\.layout/, /"nhwc"/]],
   ['append: bshd dims read as [B, L, H, E]', (c) => c.append(k(1), v(1), { layout: 'bshd' }), RangeError, [/\[B, L, H, E\]/, /Hkv = 2, got 1/]],

@@ -22,6 +22,8 @@ export function sdpaErrorCases(api) {
     ['key null', () => api.sdpa(q(), null, v()), TypeError, [/key must be a tensor/, /got null/]],
     ['value missing (two arguments)', () => api.sdpa(q(), k()), TypeError, [/value must be a tensor/, /got undefined/]],
     ['query a number', () => api.sdpa(5, k(), v()), TypeError, [/query must be a tensor/, /got 5/]],
+    ['key a bare Float32Array (its .data)', () => api.sdpa(q(), k().data, v()), TypeError,
+      [/key must be a tensor/, has(`got Float32Array(${k().data.length}), a bare array: pass it as { data, dims }`)]],
     ['query.data a plain array', () => api.sdpa(t(Array.from(q().data), [B, Hq, Lq, E]), k(), v()), TypeError,
       [/query\.data/, /Float32Array/, has(`Array(${B * Hq * Lq * E})`)]],
     ['key.data a Float64Array', () => api.sdpa(q(), t(Float64Array.from(k().data), [B, Hkv, Lk, E]), v()), TypeError,
@@ -87,7 +89,7 @@ export function sdpaErrorCases(api) {
       [/options\.attnMask\.data/, has(`Uint8ClampedArray(${Lk})`)]],
     ['mask null', () => api.sdpa(q(), k(), v(), { attnMask: null }), TypeError, [/options\.attnMask/, /got null/]],
     ['mask a bare typed array', () => api.sdpa(q(), k(), v(), { attnMask: new Float32Array(Lk) }), TypeError,
-      [/options\.attnMask\.data/, /got undefined/]],
+      [/options\.attnMask must be a tensor/, has(`got Float32Array(${Lk}), a bare array: pass it as { data, dims }`)]],
 
     // keyLengths.
     ['keyLengths of wrong length', () => api.sdpa(q(), k(), v(), { keyLengths: new Int32Array([Lk, Lk, Lk]) }), RangeError,
