@@ -132,6 +132,11 @@ test('Node: examples/node/quickstart.mjs, generate.mjs and worker.mjs run from t
   await npmInstall(app, tarball);
   const { stdout: resolved } = await run(process.execPath, ['--input-type=module', '-e', "console.log(import.meta.resolve('sdpa-wasm'))"], { cwd: app });
   expect(resolved.trim()).toBe(pathToFileURL(join(app, 'node_modules', 'sdpa-wasm', 'dist', 'index.js')).href);
+  // Each of the four builds' .wasm is exported by name (for tools that copy or preload it).
+  const builds = ['sdpa', 'sdpa-mt', 'sdpa-relaxed', 'sdpa-mt-relaxed'];
+  const { stdout: wasmPaths } = await run(process.execPath, ['--input-type=module', '-e',
+    `for (const b of ${JSON.stringify(builds)}) console.log(import.meta.resolve('sdpa-wasm/' + b + '.wasm'))`], { cwd: app });
+  expect(wasmPaths.trim().split('\n')).toEqual(builds.map((b) => pathToFileURL(join(app, 'node_modules', 'sdpa-wasm', 'dist', 'wasm', `${b}.wasm`)).href));
 
   const fromTarball = await run(process.execPath, ['quickstart.mjs'], { cwd: app, timeout: 60_000 });
   const fromRepo = await run(process.execPath, ['examples/node/quickstart.mjs'], { cwd: ROOT, timeout: 60_000 });
@@ -200,6 +205,8 @@ test('Vite: examples/vite builds with vite build, emits the .wasm as an asset, a
   const assets = await readdir(join(app, 'dist', 'assets'));
   // The worker behind createAttentionWorker is bundled as a worker script of its own.
   expect(assets.some((f) => /^worker-entry-[\w-]+\.js$/.test(f))).toBe(true);
+  // No unbundled copy of a build's glue: it is imported (bundled into chunks), never located by URL.
+  expect(assets.filter((f) => f.endsWith('.mjs'))).toEqual([]);
   const wasmAssets = assets.filter((f) => f.endsWith('.wasm'));
   expect(wasmAssets.some((f) => /^sdpa-[\w-]+\.wasm$/.test(f) && !f.startsWith('sdpa-mt'))).toBe(true);
   // The bundle points at the emitted file with new URL(…, import.meta.url).
