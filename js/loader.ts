@@ -129,8 +129,7 @@ async function instantiate(create: Factory, overrides: ModuleOverrides, wasm: UR
     return await create(overrides);
   } catch (error) {
     const reason = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
-    throw new Error(`sdpa-wasm: could not load its WebAssembly build ${wasm.href} (served with its glue, ` +
-      `the .mjs beside it, from where the package is): ${reason}`, { cause: error });
+    throw new Error(`sdpa-wasm: could not load its WebAssembly build from ${wasm.href}: ${reason}`, { cause: error });
   }
 }
 

@@ -69,7 +69,7 @@ test('a build whose .wasm cannot be fetched: createAttention rejects with an Err
   });
   expect(failure).toEqual({
     name: 'Error',
-    message: expect.stringMatching(/^sdpa-wasm: could not load its WebAssembly build http:\/\/127\.0\.0\.1:\d+\/dist\/wasm\/sdpa-relaxed\.wasm /),
+    message: expect.stringMatching(/^sdpa-wasm: could not load its WebAssembly build from http:\/\/127\.0\.0\.1:\d+\/dist\/wasm\/sdpa-relaxed\.wasm: \w+/),
   });
   blocked = false;
   const works = await page.evaluate(async () => {
