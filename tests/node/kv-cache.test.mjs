@@ -241,6 +241,84 @@ describe('token-by-token decoding equals attention over the whole history', () =
     }
   });
 
+  // Prompts of different lengths in one batch, padded to the longest as Hugging Face pads them
+  // (left) or at their ends (right). Every append advances every batch, so after the prompt the
+  // padding sits between real positions, where keyLengths cannot describe it: a boolean key mask
+  // [B, 1, 1, length], 0 over each batch's padding, rebuilt each step (README, KV cache). Each
+  // sequence must then equal its own history alone (no padding) under the default causal
+  // alignment; padding K/V hold NaN, which must not reach any output.
+  test.each([['left'], ['right']])('prompts of different lengths, %s-padded: a key mask rebuilt each step; each sequence equals its own history alone', (side) => {
+    const B = 3, Hq = 4, Hkv = 2, E = 64, promptLengths = [37, 20, 5], P = 37, steps = [1, 1, 3, 1];
+    const total = P + steps.reduce((a, b) => a + b, 0);
+    const padOf = (b) => (side === 'left' ? [0, P - promptLengths[b]] : [promptLengths[b], P]);  // [from, to) in the cache
+    // Each sequence's own keys and values, prompt then generated positions: [1, Hkv, own length, E].
+    const own = promptLengths.map((n, b) => ({
+      k: randomTensor([1, Hkv, n + total - P, E], 100 + b), v: randomTensor([1, Hkv, n + total - P, E], 200 + b),
+    }));
+    // Batch b's rows [a, c) of its own positions, placed at cache positions [at, at + c - a) of t.
+    const place = (t, b, src, a, c, at) => {
+      const L = t.dims[2], srcL = src.dims[2];
+      for (let h = 0; h < Hkv; h++) {
+        t.data.set(src.data.subarray((h * srcL + a) * E, (h * srcL + c) * E), ((b * Hkv + h) * L + at) * E);
+      }
+    };
+    const batchTensor = (L, fill) => ({ data: new Float32Array(B * Hkv * L * E).fill(fill), dims: [B, Hkv, L, E] });
+    const keyMask = (length) => {
+      const mask = new Uint8Array(B * length).fill(1);
+      for (let b = 0; b < B; b++) mask.fill(0, b * length + padOf(b)[0], b * length + padOf(b)[1]);
+      return { data: mask, dims: [B, 1, 1, length] };
+    };
+    for (const dtype of ['float32', 'float16']) {
+      const halves = dtype === 'float16';
+      const ref = own.map(({ k, v }) => (halves ? { k: roundedToHalves(k), v: roundedToHalves(v) } : { k, v }));
+      const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, maxLength: total, dtype });
+      try {
+        // The prompt: each batch's real positions around its padding (NaN).
+        const pk = batchTensor(P, NaN), pv = batchTensor(P, NaN);
+        for (let b = 0; b < B; b++) {
+          const at = side === 'left' ? P - promptLengths[b] : 0;
+          place(pk, b, own[b].k, 0, promptLengths[b], at);
+          place(pv, b, own[b].v, 0, promptLengths[b], at);
+        }
+        cache.append(pk, pv);
+        // After each append: a query for the n newest positions, against each sequence alone.
+        const attendAndCheck = (n, generated) => {
+          const length = cache.length, isPrompt = length === P;
+          const query = randomTensor([B, Hq, n, E], 300 + length);
+          const got = cache.attend(query, { attnMask: keyMask(length) });
+          expect(got.output.data.every((x) => !Number.isNaN(x))).toBe(true);
+          const ofBatch = (t, b) => ({ data: t.data.slice(b * Hq * n * E, (b + 1) * Hq * n * E), dims: [1, Hq, n, E] });
+          for (let b = 0; b < B; b++) {
+            // The query rows that are sequence b's real positions, [first, last), and its own length.
+            const [first, last] = !isPrompt ? [0, n] : side === 'left' ? [P - promptLengths[b], P] : [0, promptLengths[b]];
+            const ownLength = promptLengths[b] + generated;
+            const alone = referenceSdpa(positions(ofBatch(query, b), first, last), positions(ref[b].k, 0, ownLength),
+              positions(ref[b].v, 0, ownLength), { isCausal: true, causalOffset: ownLength - (last - first) });
+            const error = maxRelError(positions(ofBatch(got.output, b), first, last).data, alone.output);
+            if (!(error <= TOL)) throw new Error(`${dtype}, batch ${b}, at length ${length}: error ${error} > ${TOL}`);
+            // Left padding: the padding's own query rows attend to nothing (exact zeros).
+            if (isPrompt && side === 'left') expect(positions(ofBatch(got.output, b), 0, first).data.every((x) => Object.is(x, 0))).toBe(true);
+          }
+        };
+        attendAndCheck(P, 0);
+        let generated = 0;
+        for (const n of steps) {
+          const nk = batchTensor(n, 0), nv = batchTensor(n, 0);
+          for (let b = 0; b < B; b++) {
+            const from = promptLengths[b] + generated;
+            place(nk, b, own[b].k, from, from + n, 0);
+            place(nv, b, own[b].v, from, from + n, 0);
+          }
+          cache.append(nk, nv);
+          generated += n;
+          attendAndCheck(n, generated);
+        }
+      } finally {
+        cache.dispose();
+      }
+    }
+  });
+
   test('truncate rewinds: a rejected draft, then other positions appended, equal the new history', () => {
     const Hq = 8, Hkv = 2, E = 64;
     const k = randomTensor([1, Hkv, 400, E], 21), v = randomTensor([1, Hkv, 400, E], 22);
