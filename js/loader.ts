@@ -8,7 +8,7 @@
 // every instance; a threaded one once per thread count (its pool of Web Workers /
 // worker_threads is sized at load time), released when the last instance using it is disposed.
 // The files are located with `new URL(..., import.meta.url)` so that bundlers (Vite,
-// webpack, Rollup) see and copy them. Under Node, Emscripten's loader would try fetch() on
+// webpack, Rollup) see and copy them. Under Node, Emscripten's loader would call fetch on
 // a file path, so the bytes are read from disk and handed over as wasmBinary.
 import { loaderScriptUrl, startsAsIs } from './cross-origin.js';
 import type { ModuleOverrides, SdpaModule } from './wasm/sdpa.mjs';
