@@ -6,7 +6,7 @@
 //   values [B, Hkv, maxLength, Ev]
 // Positions [0, length) are stored; every batch has the same length (ragged batches pass
 // keyLengths to attend()).
-import { allocateLongLived, type Allocation, CallMemory, freeLongLived, type MemoryAccount } from './memory.js';
+import { allocateLongLived, type Allocation, CallMemory, freeLongLived, heap, type MemoryAccount } from './memory.js';
 import { KV_TYPE, runResident } from './strategies.js';
 import { detachedOrEmpty, isInt32Array, isUint16Array, lengthOf } from './typed-arrays.js';
 import type { SdpaModule } from './wasm/sdpa.mjs';
@@ -131,6 +131,25 @@ export function checkTruncate(length: number, n: unknown): asserts n is number {
   if (!Number.isInteger(n) || n < 0 || n > length) {
     throw new RangeError(`${fn}: n must be an integer in [0, length = ${length}], got ${n}`);
   }
+}
+
+/**
+ * The checks of KVCache.remove(start, end) on a cache holding `length` positions: integers with
+ * 0 <= start <= end <= length. Returns the number of positions removed.
+ */
+export function checkRemove(length: number, start: unknown, end: unknown): number {
+  const fn = 'KVCache.remove';
+  for (const [name, x] of [['start', start], ['end', end]] as const) {
+    if (typeof x !== 'number') throw new TypeError(`${fn}: ${name} must be an integer, got ${describe(x)}`);
+  }
+  const [s, e] = [start as number, end as number];
+  if (!Number.isInteger(s) || s < 0 || s > length) {
+    throw new RangeError(`${fn}: start must be an integer in [0, length = ${length}], got ${s}`);
+  }
+  if (!Number.isInteger(e) || e < s || e > length) {
+    throw new RangeError(`${fn}: end must be an integer in [start = ${s}, length = ${length}], got ${e}`);
+  }
+  return e - s;
 }
 
 /**
@@ -443,6 +462,30 @@ export class KVCache extends KVCacheShapeInfo {
     this.#length = n;
     this.#version++;
     if (n === 0) this.#maybeInfNaN = false;
+  }
+
+  /**
+   * Removes positions [start, end) of every batch (0 <= start <= end <= length): the positions
+   * after them move down by end - start, in order, and `length` shrinks by as much. Drops the
+   * oldest positions of a sliding-window layer (remove(0, n)), or those after a kept prefix
+   * (remove(keep, keep + n)). The rows move inside wasm memory; no memory is allocated.
+   */
+  remove(start: number, end: number): void {
+    const module = this.#live('KVCache.remove');
+    const removed = checkRemove(this.#length, start, end);
+    if (removed === 0) return;
+    const eb = ELEMENT_BYTES[this.dtype];
+    const u8 = heap(module).u8;
+    [[this.#keys, this.headDim * eb], [this.#values, this.valueDim * eb]].forEach(([storage, rowBytes]) => {
+      // Each (batch, head)'s positions: storage [B, Hkv, maxLength, D].
+      for (let bh = 0; bh < this.batch * this.kvHeads; bh++) {
+        const first = storage + bh * this.maxLength * rowBytes;
+        u8.copyWithin(first + start * rowBytes, first + end * rowBytes, first + this.#length * rowBytes);
+      }
+    });
+    this.#length -= removed;
+    this.#version++;
+    if (this.#length === 0) this.#maybeInfNaN = false;
   }
 
   /**

@@ -85,6 +85,11 @@ async function handle({ op, args: a }: Request): Promise<Handled> {
       target.truncate(a.n as number);
       return { value: { length: target.length } };
     }
+    case 'remove': {  // { cache, start, end } → { length }
+      const target = cache(a.cache);
+      target.remove(a.start as number, a.end as number);
+      return { value: { length: target.length } };
+    }
     case 'reorder': {  // { cache, indices } → { length }
       const target = cache(a.cache);
       target.reorder(a.indices as Int32Array);

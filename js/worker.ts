@@ -24,7 +24,8 @@
 // starting the worker and the queue of calls.
 import type { Isa } from './loader.js';
 import {
-  APPEND_OPTION_NAMES, cacheOperands, checkAppend, checkAppendShapes, checkCacheOptions, checkReorder, checkTruncate, KVCacheShapeInfo,
+  APPEND_OPTION_NAMES, cacheOperands, checkAppend, checkAppendShapes, checkCacheOptions, checkRemove, checkReorder, checkTruncate,
+  KVCacheShapeInfo,
   type KVCacheShape,
 } from './kv-cache.js';
 import type {
@@ -335,6 +336,19 @@ export class WorkerKVCache extends KVCacheShapeInfo {
         checkTruncate(this.#expected, n);
         this.#expected = n;
         return { n };
+      }, this.#lengthFrom, signal);
+    });
+  }
+
+  /** KVCache.remove(start, end) in the worker: positions [start, end) removed, the later ones moved down. */
+  remove(start: number, end: number, options?: Pick<WorkerCallOptions, 'signal'>): Promise<void> {
+    return settle(() => {
+      const fn = 'KVCache.remove';
+      this.#check(fn);
+      const { signal } = signalOnly(fn, options);
+      return this.#call('remove', () => {
+        this.#expected -= checkRemove(this.#expected, start, end);
+        return { start, end };
       }, this.#lengthFrom, signal);
     });
   }

@@ -4,12 +4,13 @@
 // attend(), thread counts bitwise, wasm memory growing mid-sequence, the ONNX cases with
 // past_key/past_value through the cache, bad input and misuse, and leaks.
 import { readFile } from 'node:fs/promises';
-import { createAttention } from 'sdpa-wasm';
+import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 // The internal loader (not public API): gives the Emscripten module with HEAPU8 and heapBytesInUse.
 import * as loader from '../../dist/loader.js';
 // The reorder's copy plan (internal, not public API).
 import { reorderSteps, SAVED } from '../../dist/kv-cache.js';
 import { positions, roundedToHalves, roundToHalf, runCacheCases } from '../shared/kv-cache-cases.mjs';
+import { bitsHash } from '../shared/reference-cases.mjs';
 import { adapt, halfToFloat, loadCase, loadIndex, mismatches, onnxOutputDims, TOL as ONNX_TOL } from '../shared/onnx-cases.mjs';
 import { logSumExpError, maxRelError, mulberry32, randn, randomTensor, referenceLogSumExp, referenceSdpa } from './reference.mjs';
 
@@ -378,6 +379,104 @@ describe('token-by-token decoding equals attention over the whole history', () =
       }
     } finally {
       handle.release();
+    }
+  });
+});
+
+describe('remove(start, end): positions dropped, the later ones moved down', () => {
+  /** The positions `held` (indices into t's L axis) of a bhsd tensor t, in that order. */
+  function gather(t, held) {
+    const [B, H, L, D] = t.dims;
+    const data = new Float32Array(B * H * held.length * D);
+    for (let bh = 0; bh < B * H; bh++) {
+      held.forEach((from, to) => data.set(t.data.subarray((bh * L + from) * D, (bh * L + from + 1) * D), (bh * held.length + to) * D));
+    }
+    return { data, dims: [B, H, held.length, D] };
+  }
+
+  // A sequence of appends, removes and attends, against a model of which source positions the
+  // cache holds (`held`): a prompt, a sliding window of W kept by remove(0, ·) before each token,
+  // a kept prefix of 4 (attention sinks) with the range after it removed, a chunk of 3, a
+  // removal of the end (as truncate), and a no-op. Each attend equals the reference over the
+  // held positions with the default bottom-right alignment; one and two threads are bitwise
+  // equal.
+  test.each([['float32'], ['float16']])('%s: a sliding window, attention sinks, then appends go on; equal to the reference over what is held', (dtype) => {
+    const B = 2, Hq = 8, Hkv = 2, E = 64, Ev = 48, W = 40, total = 200;
+    const k = randomTensor([B, Hkv, total, E], 61), v = randomTensor([B, Hkv, total, Ev], 62);
+    const ref = dtype === 'float16' ? { k: roundedToHalves(k), v: roundedToHalves(v) } : { k, v };
+    const outputs = [];
+    for (const instance of [attn, attn2]) {
+      const cache = instance.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: 64, dtype });
+      const out = [];
+      try {
+        let next = 0, held = [];
+        const append = (n) => {
+          cache.append(positions(k, next, next + n), positions(v, next, next + n));
+          for (let i = 0; i < n; i++) held.push(next + i);
+          next += n;
+        };
+        const remove = (start, end) => {
+          cache.remove(start, end);
+          held = [...held.slice(0, start), ...held.slice(end)];
+          expect(cache.length).toBe(held.length);
+        };
+        const attend = (n, seed) => {
+          const query = randomTensor([B, Hq, n, E], seed);
+          const got = cache.attend(query, { returnWeights: true });
+          const want = referenceSdpa(query, gather(ref.k, held), gather(ref.v, held), { isCausal: true, causalOffset: held.length - n, returnWeights: true });
+          const error = Math.max(maxRelError(got.output.data, want.output), maxRelError(got.weights.data, want.weights));
+          if (!(error <= TOL)) throw new Error(`${dtype}: attend of ${n} rows holding [${held.join(',')}]: error ${error} > ${TOL}`);
+          out.push(got.output.data);
+        };
+        append(37);
+        attend(37, 1);
+        for (let step = 0; step < 30; step++) {  // a sliding window of W positions
+          if (held.length + 1 > W) remove(0, held.length + 1 - W);
+          append(1);
+          expect(cache.length).toBeLessThanOrEqual(W);
+          attend(1, 100 + step);
+        }
+        remove(4, 24);  // keep the first 4 (sinks), drop the next 20
+        append(3);
+        attend(3, 200);
+        remove(held.length - 2, held.length);  // the end: as truncate
+        remove(5, 5);                            // nothing
+        attend(2, 201);
+        remove(0, held.length);                  // everything: an empty cache gives zeros
+        expect(cache.attend(randomTensor([B, Hq, 1, E], 202)).output.data.every((x) => Object.is(x, 0))).toBe(true);
+        append(5);
+        attend(5, 203);
+      } finally {
+        cache.dispose();
+      }
+      outputs.push(out);
+    }
+    expect(outputs[1].map((o) => bitsHash(o))).toEqual(outputs[0].map((o) => bitsHash(o)));
+  });
+
+  test('the worker: the same lengths and bits as the direct cache', async () => {
+    const B = 1, Hq = 4, Hkv = 2, E = 32;
+    const k = randomTensor([B, Hkv, 30, E], 71), v = randomTensor([B, Hkv, 30, E], 72), query = randomTensor([B, Hq, 1, E], 73);
+    const worker = await createAttentionWorker({ threads: 1 });
+    try {
+      const direct = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, maxLength: 30 });
+      const remote = await worker.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, maxLength: 30 });
+      try {
+        for (const c of [direct, remote]) {
+          await c.append(k, v);
+          await c.remove(3, 17);
+        }
+        expect([direct.length, remote.length]).toEqual([16, 16]);
+        const [a, b] = [direct.attend(query), await remote.attend(query)];
+        expect(bitsHash(b.output.data)).toBe(bitsHash(a.output.data));
+        await expect(remote.remove(0, 17)).rejects.toThrow(new RangeError('KVCache.remove: end must be an integer in [start = 0, length = 16], got 17'));
+        expect(remote.length).toBe(16);
+      } finally {
+        direct.dispose();
+        await remote.dispose();
+      }
+    } finally {
+      await worker.dispose();
     }
   });
 });

@@ -12,7 +12,7 @@
 //                   unchanged. Tensors, masks, keyLengths, causalOffset and `out` are sometimes
 //                   views into larger buffers full of garbage (NaN, out-of-range integers).
 //                   KVCache: random append (float32, raw halves, bshd, rank 3) / truncate /
-//                   reset / attend sequences, float32 and float16 (reference on the
+//                   remove / reset / reorder / attend sequences, float32 and float16 (reference on the
 //                   half-rounded values), NaN in positions excluded by keyLengths.
 //                   createAttentionWorker(): bitwise the direct API's results (sdpa and cache),
 //                   also for cache calls made without awaiting (valid and invalid mixed), which
@@ -397,6 +397,29 @@ class CacheModel {
     if (n === 0) this.valueScale = 1;
   }
 
+  /** Positions [start, end) removed from every batch, the later ones moved down (KVCache.remove). */
+  remove(start, end) {
+    const { B, Hkv, E, Ev, max } = this;
+    for (let bh = 0; bh < B * Hkv; bh++) {
+      this.keys.copyWithin((bh * max + start) * E, (bh * max + end) * E, (bh * max + this.length) * E);
+      this.values.copyWithin((bh * max + start) * Ev, (bh * max + end) * Ev, (bh * max + this.length) * Ev);
+    }
+    this.length -= end - start;
+    // The first NaN of each batch, looked for again among what is left.
+    for (let b = 0; b < B; b++) {
+      this.firstNaN[b] = Infinity;
+      for (let h = 0; h < Hkv; h++) {
+        for (let l = 0; l < this.length && l < this.firstNaN[b]; l++) {
+          const row = (b * Hkv + h) * max + l;
+          if (this.keys.subarray(row * E, (row + 1) * E).some(Number.isNaN) || this.values.subarray(row * Ev, (row + 1) * Ev).some(Number.isNaN)) {
+            this.firstNaN[b] = l;
+          }
+        }
+      }
+    }
+    if (this.length === 0) this.valueScale = 1;
+  }
+
   /** Batch b takes what batch indices[b] held (KVCache.reorder: repeats and drops allowed). */
   reorder(indices) {
     const keyPlane = this.Hkv * this.max * this.E, valuePlane = this.Hkv * this.max * this.Ev;
@@ -720,7 +743,7 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
     });
   }, 60_000);
 
-  test(`KVCache: ${COUNTS.cache} random sequences of append / truncate / reset / reorder / attend (float32, float16) against the reference`, async () => {
+  test(`KVCache: ${COUNTS.cache} random sequences of append / truncate / remove / reset / reorder / attend (float32, float16) against the reference`, async () => {
     await runCases('cache', COUNTS.cache, (r, note) => {
       const shape = randomCacheShape(r);
       const steps = [`createKVCache ${JSON.stringify(shape)}`];
@@ -730,7 +753,7 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
       try {
         const ops = r.int(4, 10);
         for (let s = 0; s <= ops; s++) {
-          const op = s === ops ? 'attend' : r.pick(['append', 'append', 'append', 'attend', 'attend', 'attend', 'truncate', 'reset', 'reorder']);
+          const op = s === ops ? 'attend' : r.pick(['append', 'append', 'append', 'attend', 'attend', 'attend', 'truncate', 'remove', 'reset', 'reorder']);
           if (op === 'append' && model.length < model.max) {
             const a = randomAppend(r, model);
             steps.push(a.description);
@@ -742,6 +765,11 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
             steps.push(`truncate(${n})`);
             cache.truncate(n);
             model.truncate(n);
+          } else if (op === 'remove') {
+            const start = r.int(0, model.length), end = r.int(start, model.length);
+            steps.push(`remove(${start}, ${end})`);
+            cache.remove(start, end);
+            model.remove(start, end);
           } else if (op === 'reset') {
             steps.push('reset()');
             cache.reset();
@@ -843,7 +871,7 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
       try {
         const ops = r.int(4, 10);
         for (let s = 0; s <= ops; s++) {
-          const op = s === ops ? 'attend' : r.pick(['append', 'append', 'append', 'attend', 'attend', 'truncate', 'reset', 'reorder']);
+          const op = s === ops ? 'attend' : r.pick(['append', 'append', 'append', 'attend', 'attend', 'truncate', 'remove', 'reset', 'reorder']);
           if (op === 'append' && model.length < model.max) {
             const a = randomAppend(r, model);
             const transfer = r.chance(0.3);
@@ -859,6 +887,12 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
             direct.truncate(n);
             await remote.truncate(n);
             model.truncate(n);
+          } else if (op === 'remove') {
+            const start = r.int(0, model.length), end = r.int(start, model.length);
+            steps.push(`remove(${start}, ${end})`);
+            direct.remove(start, end);
+            await remote.remove(start, end);
+            model.remove(start, end);
           } else if (op === 'reset') {
             steps.push('reset()');
             direct.reset();

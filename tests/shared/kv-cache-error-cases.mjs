@@ -85,6 +85,15 @@ export const CACHE_ERROR_CASES = [
   ['truncate: negative', (c) => c.truncate(-1), RangeError, [/^KVCache\.truncate: n must be an integer in \[0, length = 10\], got -1$/]],
   ['truncate: fractional', (c) => c.truncate(2.5), RangeError, [/^KVCache\.truncate: n must be an integer in \[0, length = 10\], got 2\.5$/]],
   ['truncate: a string', (c) => c.truncate('3'), TypeError, [/must be an integer/, /"3"/]],
+  // remove
+  ['remove: end beyond length', (c) => c.remove(2, 11), RangeError, [/^KVCache\.remove: end must be an integer in \[start = 2, length = 10\], got 11$/]],
+  ['remove: end before start', (c) => c.remove(5, 4), RangeError, [/^KVCache\.remove: end must be an integer in \[start = 5, length = 10\], got 4$/]],
+  ['remove: negative start', (c) => c.remove(-1, 3), RangeError, [/^KVCache\.remove: start must be an integer in \[0, length = 10\], got -1$/]],
+  ['remove: start beyond length', (c) => c.remove(11, 11), RangeError, [/^KVCache\.remove: start must be an integer in \[0, length = 10\], got 11$/]],
+  ['remove: fractional end', (c) => c.remove(0, 2.5), RangeError, [/KVCache\.remove: end must be an integer/, /got 2\.5$/]],
+  ['remove: NaN start', (c) => c.remove(NaN, 2), RangeError, [/KVCache\.remove: start must be an integer/, /got NaN$/]],
+  ['remove: end missing', (c) => c.remove(0), TypeError, [/^KVCache\.remove: end must be an integer, got undefined$/]],
+  ['remove: start a string', (c) => c.remove('0', 2), TypeError, [/^KVCache\.remove: start must be an integer, got "0"$/]],
   // reorder
   ['reorder: a plain array', (c) => c.reorder([1, 0]), TypeError, [/KVCache\.reorder/, /indices must be an Int32Array of length B = 2/, /Array/]],
   ['reorder: missing indices', (c) => c.reorder(), TypeError, [/indices must be an Int32Array/, /undefined/]],
