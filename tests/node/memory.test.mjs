@@ -288,6 +288,7 @@ describe('no leaks: 10,000 mixed calls return bytesInUse and the module heap to 
       await note(() => cache.append(randomTensor([1, 2, n, 8], i), randomTensor([1, 2, n, 8], i + 1), i % 4 === 0 ? { layout: 'bshd' } : undefined));
       await note(() => cache.attend(q(int(1, 3), i), { returnWeights: i % 5 === 0 }));
       await note(() => cache.truncate(int(0, cache.length + 1)));  // may fail: past the length
+      await note(() => cache.remove(int(0, 2), int(1, cache.length + 1)));  // may fail: end before start or past the length
       if (int(0, 4) === 0) {
         const gone = caches.splice(int(0, caches.length - 1), 1)[0];
         gone.dispose();
