@@ -21,7 +21,6 @@ export interface WorkerCallOptions {
   transfer?: boolean;
 }
 
-
 /**
  * The buffers the calling side made (a Taker's copies) or moved from the caller: the only ones a
  * request may transfer to the worker. A buffer the caller still holds is never transferred.
