@@ -7,9 +7,11 @@
 // The loaded script keeps its own URL (its import.meta.url, its relative imports), so the glue
 // and the .wasm files are still found next to it. The other origin must allow the loads: CORS
 // headers (module scripts are always fetched with CORS), and on a cross-origin isolated page
-// Cross-Origin-Resource-Policy: cross-origin (or CORS). A Content-Security-Policy must then allow
-// `worker-src blob:` (README, "Bundlers and plain pages"). From the page's own origin, and in
-// Node, nothing changes: the worker starts from the script's URL itself.
+// Cross-Origin-Resource-Policy: cross-origin (or CORS). A page's Content-Security-Policy must
+// allow that origin in script-src (the modules), connect-src (the .wasm fetch) and worker-src,
+// with blob: there too (the loaders and the scripts they load are worker scripts): README,
+// "Bundlers and plain pages". From the page's own origin, and in Node, nothing changes: the
+// worker starts from the script's URL itself.
 
 /** Whether a worker can start from `url` as it is: same origin as this realm, or not a browser. */
 export function startsAsIs(url: URL): boolean {

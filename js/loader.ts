@@ -126,17 +126,61 @@ function retryable(load: () => Promise<SdpaModule>, forget: () => void): Promise
  */
 async function instantiate(create: Factory, overrides: ModuleOverrides, wasm: URL): Promise<SdpaModule> {
   try {
-    return await create(overrides);
+    const loading = create(overrides);
+    const poolFailed = poolFailure(overrides);
+    if (poolFailed === null) return await loading;
+    try {
+      return await Promise.race([loading, poolFailed]);
+    } catch (error) {
+      (overrides as Pick<SdpaModule, 'PThread'>).PThread?.terminateAllThreads();
+      throw error;
+    }
   } catch (error) {
-    const reason = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
-    throw new Error(`sdpa-wasm: could not load its WebAssembly build from ${wasm.href}: ${reason}`, { cause: error });
+    throw loadError(wasm, error);
   }
+}
+
+/** The error of a build that could not be loaded: it names the build's file, then why. */
+function loadError(wasm: URL, error: unknown): Error {
+  const reason = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
+  return new Error(`sdpa-wasm: could not load its WebAssembly build from ${wasm.href}: ${reason}`, { cause: error });
+}
+
+/** A build's bytes from disk (Node), or loadError(). */
+async function readBuild(wasm: URL): Promise<Uint8Array> {
+  try {
+    return await readNodeFile(wasm);
+  } catch (error) {
+    throw loadError(wasm, error);
+  }
+}
+
+/**
+ * In a browser, a promise that rejects when a worker of the threaded build's pool reports an
+ * error (its script could not be fetched or was blocked, e.g. by a Content-Security-Policy or the
+ * page's Cross-Origin-Embedder-Policy, or it threw): Emscripten's loader would wait for that
+ * worker forever. Null where there is no pool to watch (a single-threaded build; Node, whose
+ * workers read their files from disk). `module` is the object given to the glue's factory, which
+ * the glue fills in as it loads: the pool's workers are made while the factory runs.
+ */
+function poolFailure(module: ModuleOverrides): Promise<never> | null {
+  const workers = (module as Pick<SdpaModule, 'PThread'>).PThread?.unusedWorkers ?? [];
+  if (isNode || workers.length === 0) return null;
+  const failed = new Promise<never>((_, reject) => {
+    for (const worker of workers as Worker[]) {
+      worker.addEventListener('error', (event) => {
+        reject(new Error(`a worker of its thread pool failed: ${event.message || 'its script could not be loaded or threw'}`));
+      }, { once: true });
+    }
+  });
+  failed.catch(() => {});  // once the module has loaded, a later worker error is not this promise's to report
+  return failed;
 }
 
 async function loadSingleThread(isa: Isa): Promise<SdpaModule> {
   const { wasm, glue } = BUILDS[isa].single;
   const overrides: ModuleOverrides = isNode && wasm.protocol === 'file:'
-    ? { wasmBinary: await readNodeFile(wasm) }
+    ? { wasmBinary: await readBuild(wasm) }
     : { locateFile: () => wasm.href };
   const { default: create } = await glue();
   return instantiate(create, overrides, wasm);
@@ -147,7 +191,7 @@ async function loadMultiThread(isa: Isa, threads: number): Promise<SdpaModule> {
   const { wasm, glue } = BUILDS[isa].threaded;
   const { default: create } = await glue();
   const overrides: ModuleOverrides & { sdpaWorkers: number } = { sdpaWorkers: threads - 1 };
-  if (isNode && wasm.protocol === 'file:') overrides.wasmBinary = await readNodeFile(wasm);
+  if (isNode && wasm.protocol === 'file:') overrides.wasmBinary = await readBuild(wasm);
   if (!startsAsIs(wasm)) {
     // The package served from another origin: the pool's workers start through a loader
     // script of this origin (cross-origin.ts), which loads the build's worker script, which

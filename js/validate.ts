@@ -108,9 +108,9 @@ function notATensor(t: unknown): boolean {
   return t === null || typeof t !== 'object' || ArrayBuffer.isView(t);
 }
 
-/** What a value given for a tensor was, for a notATensor() message. */
+/** What a value given for a tensor was, for a notATensor() message (a typed array: how to pass it). */
 function tensorGot(t: unknown): string {
-  return ArrayBuffer.isView(t) ? `${describe(t)}, a bare array: pass it as { data, dims }` : describe(t);
+  return viewTag(t) !== undefined ? `${describe(t)}, a bare array: pass it as { data, dims }` : describe(t);
 }
 
 /** An options argument: undefined is {}; anything but a plain object, or an unknown name, is a TypeError. */

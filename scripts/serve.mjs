@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // A small static file server for the demo page and the browser tests (no dependencies).
 //
-//   node scripts/serve.mjs [--port 8080] [--host 127.0.0.1] [--root DIR] [--no-isolation] [--cdn]
+//   node scripts/serve.mjs [--port 8080] [--host 127.0.0.1] [--root DIR] [--no-isolation] [--cdn] [--csp POLICY]
 //
 // Serves DIR (default: the repository root, so /web/, /dist/ and /tests/ are all reachable)
 // with the headers that make a page cross-origin isolated, which browsers require before they
@@ -15,6 +15,7 @@
 // --cdn serves as a CDN does, for pages of other origins: every response readable from any
 // origin (Access-Control-Allow-Origin: *) and embeddable by cross-origin isolated pages
 // (Cross-Origin-Resource-Policy: cross-origin), to check the package loaded from elsewhere.
+// --csp POLICY sends Content-Security-Policy: POLICY with every response.
 import { createServer } from 'node:http';
 import { createReadStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
@@ -42,7 +43,7 @@ const MIME = {
 
 function usage(message) {
   if (message) console.error(`serve: ${message}`);
-  console.error('usage: node scripts/serve.mjs [--port N] [--host H] [--root DIR] [--no-isolation] [--cdn]');
+  console.error('usage: node scripts/serve.mjs [--port N] [--host H] [--root DIR] [--no-isolation] [--cdn] [--csp POLICY]');
   process.exit(2);
 }
 
@@ -53,6 +54,7 @@ function parseArgs(argv) {
     root: fileURLToPath(new URL('..', import.meta.url)),
     isolation: true,
     cdn: false,
+    csp: null,
   };
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i];
@@ -68,6 +70,7 @@ function parseArgs(argv) {
       case '--root': opts.root = resolve(value()); break;
       case '--no-isolation': opts.isolation = false; break;
       case '--cdn': opts.cdn = true; break;
+      case '--csp': opts.csp = value(); break;
       case '--help': case '-h': usage(); break;
       default: usage(`unknown argument ${arg}`);
     }
@@ -90,6 +93,7 @@ function headers(extra) {
     h['Access-Control-Allow-Origin'] = '*';
     h['Cross-Origin-Resource-Policy'] = 'cross-origin';
   }
+  if (opts.csp !== null) h['Content-Security-Policy'] = opts.csp;
   return h;
 }
 

@@ -54,13 +54,15 @@ export function bitDifferences(got, expected, limit = 5) {
 
 /**
  * Starts scripts/serve.mjs on a free port for `root` (isolation on unless told otherwise; `cdn`:
- * readable and embeddable from any origin, as a CDN serves).
+ * readable and embeddable from any origin, as a CDN serves; `csp`: a Content-Security-Policy on
+ * every response).
  * Returns { url, stop() }.
  */
-export function startServer(root, { isolation = true, cdn = false } = {}) {
+export function startServer(root, { isolation = true, cdn = false, csp = null } = {}) {
   const args = [join(ROOT, 'scripts', 'serve.mjs'), '--root', root, '--port', '0'];
   if (!isolation) args.push('--no-isolation');
   if (cdn) args.push('--cdn');
+  if (csp !== null) args.push('--csp', csp);
   const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   return new Promise((resolve, reject) => {
     let out = '';

@@ -59,6 +59,64 @@ for (const [label, base, isolated] of [['cross-origin isolated', ISOLATED, true]
   });
 }
 
+// A page's Content-Security-Policy for a package on a CDN: the CDN in script-src (the modules),
+// connect-src (the .wasm fetch) and worker-src with blob: (the loader scripts, and what they
+// load, are worker scripts), as the README says. Without blob:, the workers cannot start: both
+// calls reject, naming what failed, and neither hangs.
+test('imported from another origin under a Content-Security-Policy: runs with the README\'s policy; without blob: it rejects (no hang)', async ({ page }) => {
+  const cdnOrigin = new URL(cdn.url).origin;
+  const run = async (policy) => {
+    // The page's server sends the policy (a response Playwright fulfilled itself would lose the
+    // page's loopback address, and Chromium would then refuse its requests to the CDN).
+    const server = await startServer(ROOT, { csp: policy });
+    try {
+      await page.goto(`${server.url}/tests/browser/harness.html`);
+      return await page.evaluate(async (from) => {
+        const { createAttention, createAttentionWorker } = await import(`${from}/dist/index.js`);
+        const { runReferenceCases } = await import('/tests/shared/reference-cases.mjs');
+        const settle = (promise) => Promise.race([promise.then((value) => ({ value }), (error) => ({ error: error.message })),
+          new Promise((resolve) => setTimeout(() => resolve({ hung: true }), 20_000))]);
+        const failures = async (instance) => (await runReferenceCases(instance)).filter((c) => !c.ok).length;
+        const direct = await settle(createAttention({ threads: 2 }).then(async (attn) => {
+          const failed = await failures(attn);
+          attn.dispose();
+          return failed;
+        }));
+        const viaWorker = await settle(createAttentionWorker({ threads: 2 }).then(async (worker) => {
+          const failed = await failures(worker);
+          await worker.dispose();
+          return failed;
+        }));
+        return { direct, viaWorker };
+      }, cdn.url);
+    } finally {
+      await server.stop();
+    }
+  };
+  const base = `default-src 'self'; script-src 'self' ${cdnOrigin} 'wasm-unsafe-eval'; connect-src 'self' ${cdnOrigin}`;
+  expect(await run(`${base}; worker-src 'self' ${cdnOrigin} blob:`)).toEqual({ direct: { value: 0 }, viaWorker: { value: 0 } });
+  expect(await run(`${base}; worker-src 'self' ${cdnOrigin}`)).toEqual({
+    direct: { error: expect.stringMatching(/^sdpa-wasm: could not load its WebAssembly build from .*sdpa-mt-relaxed\.wasm: .*a worker of its thread pool failed/) },
+    viaWorker: { error: expect.stringMatching(/^sdpa-wasm: the attention worker failed: /) },
+  });
+});
+
+test('the threaded build\'s worker script cannot be fetched: createAttention rejects naming the build (no hang)', async ({ page, context }) => {
+  await context.route('**/dist/wasm/sdpa-mt-relaxed.worker.js', (route) => route.abort());
+  await page.goto(`${ISOLATED}/tests/browser/harness.html`);
+  const outcome = await page.evaluate(async () => {
+    const { createAttention } = await import('/dist/index.js');
+    return Promise.race([
+      createAttention({ threads: 2 }).then(() => ({ loaded: true }), (error) => ({ name: error.constructor.name, message: error.message })),
+      new Promise((resolve) => setTimeout(() => resolve({ hung: true }), 20_000)),
+    ]);
+  });
+  expect(outcome).toEqual({
+    name: 'Error',
+    message: expect.stringMatching(/^sdpa-wasm: could not load its WebAssembly build from http:\/\/127\.0\.0\.1:\d+\/dist\/wasm\/sdpa-mt-relaxed\.wasm: Error: a worker of its thread pool failed: /),
+  });
+});
+
 test('a build whose .wasm cannot be fetched: createAttention rejects with an Error naming the file; the next call retries', async ({ page, context }) => {
   let blocked = true;
   await context.route('**/dist/wasm/sdpa-relaxed.wasm', (route) => (blocked ? route.abort() : route.continue()));
