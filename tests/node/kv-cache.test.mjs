@@ -454,6 +454,48 @@ describe('remove(start, end): positions dropped, the later ones moved down', () 
     expect(outputs[1].map((o) => bitsHash(o))).toEqual(outputs[0].map((o) => bitsHash(o)));
   });
 
+  // The README's recipe for a sliding window of W over chunks of Lnew rows with a cache of room
+  // 2W: only when the next chunk would not fit, keep the newest W - 1 positions; a band mask
+  // keeps each row to its own window. Against the reference over the whole history with the
+  // window as a mask (what a cache holding everything computes).
+  test('a sliding window kept by remove() over chunks of 3 rows, room 2W: equal to windowed attention over the whole history', () => {
+    const B = 1, Hq = 4, Hkv = 2, E = 32, W = 8, Lnew = 3, chunks = 12, total = Lnew * chunks;
+    const k = randomTensor([B, Hkv, total, E], 81), v = randomTensor([B, Hkv, total, E], 82);
+    // A mask [rows, keys]: row i (history position firstRow + i) may attend key j (history
+    // position firstKey + j) when it is within the row's window: row - W < key <= row.
+    const band = (rows, firstRow, firstKey, keys) => {
+      const mask = new Uint8Array(rows * keys);
+      for (let i = 0; i < rows; i++) {
+        for (let j = 0; j < keys; j++) {
+          const row = firstRow + i, key = firstKey + j;
+          mask[i * keys + j] = key <= row && key > row - W ? 1 : 0;
+        }
+      }
+      return { data: mask, dims: [rows, keys] };
+    };
+    const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, maxLength: 2 * W });
+    try {
+      let removed = 0;  // positions removed from the front so far: cache position 0 is history position `removed`
+      for (let c = 0; c < chunks; c++) {
+        const from = c * Lnew;
+        if (cache.length + Lnew > cache.maxLength) {
+          const drop = cache.length - (W - 1);
+          cache.remove(0, drop);
+          removed += drop;
+        }
+        cache.append(positions(k, from, from + Lnew), positions(v, from, from + Lnew));
+        const query = randomTensor([B, Hq, Lnew, E], 900 + c);
+        const got = cache.attend(query, { attnMask: band(Lnew, from, removed, cache.length) });
+        const whole = referenceSdpa(query, positions(k, 0, from + Lnew), positions(v, 0, from + Lnew),
+          { attnMask: band(Lnew, from, 0, from + Lnew) });
+        expect(maxRelError(got.output.data, whole.output)).toBeLessThanOrEqual(TOL);
+      }
+      expect(removed).toBeGreaterThan(0);
+    } finally {
+      cache.dispose();
+    }
+  });
+
   test('the worker: the same lengths and bits as the direct cache', async () => {
     const B = 1, Hq = 4, Hkv = 2, E = 32;
     const k = randomTensor([B, Hkv, 30, E], 71), v = randomTensor([B, Hkv, 30, E], 72), query = randomTensor([B, Hq, 1, E], 73);

@@ -1004,6 +1004,15 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
             if (o.ok) model.truncate(to);
             expected.push(o);
           } else if (pick < 0.55) {
+            // Valid, or (1 in 4) past the length: the worker's checks must see the length the
+            // calls before it will leave.
+            const start = r.int(0, model.length), end = r.chance(0.75) ? r.int(start, model.length) : model.length + r.int(1, 3);
+            step = `remove(${start}, ${end})`;
+            call = (c) => c.remove(start, end);
+            const o = outcome(() => call(direct));
+            if (o.ok) model.remove(start, end);
+            expected.push(o);
+          } else if (pick < 0.6) {
             step = 'reset()';
             call = (c) => c.reset();
             expected.push(outcome(() => call(direct)));
@@ -1082,7 +1091,7 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
  */
 function randomInvalidCacheCall(r, model) {
   const { B, Hkv, E, Ev, max, length } = model;
-  const what = r.pick(['append', 'append', 'appendShape', 'attend', 'attend', 'attendShape', 'truncate', 'reorder']);
+  const what = r.pick(['append', 'append', 'appendShape', 'attend', 'attend', 'attendShape', 'truncate', 'remove', 'reorder']);
   const fnAppend = 'KVCache.append', fnAttend = 'KVCache.attend';
   const named = (m, fn) => ({ ...m, names: m.names[0] === `${fn}:` ? m.names : [`${fn}:`, ...m.names] });
   if (what === 'append' || what === 'appendShape') {
@@ -1151,6 +1160,20 @@ function randomInvalidCacheCall(r, model) {
       ['undefined', undefined, TypeError, [fn, 'indices must be an Int32Array']],
     ]);
     return { call: (c) => c.reorder(indices), mutation: { desc: `reorder: indices ${desc}`, Cls, names } };
+  }
+  if (what === 'remove') {
+    const fn = 'KVCache.remove:';
+    const start = r.int(0, length);
+    const [desc, from, to, Cls, names] = r.pick([
+      [`end ${length + 1} past length ${length}`, start, length + 1, RangeError, [fn, `end must be an integer in [start = ${start}, length = ${length}]`]],
+      [`end ${start - 1} before start ${start}`, start, start - 1, RangeError, [fn, 'end must be an integer in [start']],
+      [`start ${length + 1} past length ${length}`, length + 1, length + 1, RangeError, [fn, `start must be an integer in [0, length = ${length}]`]],
+      ['start 0.5', 0.5, length, RangeError, [fn, 'start must be an integer']],
+      ['end NaN', start, NaN, RangeError, [fn, 'end must be an integer']],
+      ['end missing', start, undefined, TypeError, [fn, 'end must be an integer, got undefined']],
+      ['start a string', '0', length, TypeError, [fn, 'start must be an integer, got "0"']],
+    ]);
+    return { call: (c) => c.remove(from, to), mutation: { desc: `remove: ${desc}`, Cls, names } };
   }
   const [n, Cls] = r.pick([[length + 1, RangeError], [length + r.int(2, 100), RangeError], [-1, RangeError], [0.5, RangeError],
     [NaN, RangeError], [Infinity, RangeError], ['1', TypeError], [undefined, TypeError], [null, TypeError], [1n, TypeError]]);
