@@ -299,6 +299,12 @@ export class KVCache extends KVCacheShapeInfo {
     return this.#storage.addresses.values;
   }
 
+  /** The keys' and the values' storage, each with the bytes of one position's row (E or Ev elements). */
+  #planes(): { storage: number; rowBytes: number }[] {
+    const eb = ELEMENT_BYTES[this.dtype];
+    return [{ storage: this.#keys, rowBytes: this.headDim * eb }, { storage: this.#values, rowBytes: this.valueDim * eb }];
+  }
+
   #live(fn: string): SdpaModule {
     if (this.#module === null) throw new Error(`${fn}: this KVCache has been disposed`);
     return this.#module;
@@ -474,9 +480,8 @@ export class KVCache extends KVCacheShapeInfo {
     const module = this.#live('KVCache.remove');
     const removed = checkRemove(this.#length, start, end);
     if (removed === 0) return;
-    const eb = ELEMENT_BYTES[this.dtype];
     const u8 = heap(module).u8;
-    [[this.#keys, this.headDim * eb], [this.#values, this.valueDim * eb]].forEach(([storage, rowBytes]) => {
+    this.#planes().forEach(({ storage, rowBytes }) => {
       // Each (batch, head)'s positions: storage [B, Hkv, maxLength, D].
       for (let bh = 0; bh < this.batch * this.kvHeads; bh++) {
         const first = storage + bh * this.maxLength * rowBytes;
@@ -502,15 +507,13 @@ export class KVCache extends KVCacheShapeInfo {
     const steps = reorderSteps(idx);
     if (steps.length === 0 || this.#length === 0) return;
     this.#version++;
-    const eb = ELEMENT_BYTES[this.dtype];
-    const planeBytes = [this.headDim * eb, this.valueDim * eb];  // a position's bytes, keys then values
+    const planes = this.#planes();
     const saves = steps.some(([, to]) => to === SAVED);
     const memory = new CallMemory(module, this.#account, fn);
     try {
-      const { saved } = memory.allocate({ saved: saves ? this.#length * Math.max(...planeBytes) : 0 });
+      const { saved } = memory.allocate({ saved: saves ? this.#length * Math.max(...planes.map((p) => p.rowBytes)) : 0 });
       const u8 = memory.heap.u8;  // no allocation below
-      [this.#keys, this.#values].forEach((storage, part) => {
-        const rowBytes = planeBytes[part];
+      planes.forEach(({ storage, rowBytes }) => {
         const bytes = this.#length * rowBytes;
         for (let h = 0; h < this.kvHeads; h++) {
           // Head h's first position of batch b: storage [B, Hkv, maxLength, D].
