@@ -102,7 +102,7 @@ export function describe(x: unknown): string {
 
 /**
  * Whether `t` cannot be a tensor: not an object, or a typed array itself where { data, dims }
- * was wanted (then `what` says so, as a user who passed `q.data` for `q` needs to read).
+ * was wanted (tensorGot() then says how to pass it, as a user who passed `q.data` for `q` needs).
  */
 function notATensor(t: unknown): boolean {
   return t === null || typeof t !== 'object' || ArrayBuffer.isView(t);
