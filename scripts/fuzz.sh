@@ -13,6 +13,8 @@
 # reached by 300 random 40-119 byte inputs (libFuzzer -set_cover_merge=1 -use_counters=0;
 # random bytes decode to random problems, see tests/fuzz/fuzz-values.h); regression-* are the
 # inputs that found bugs (and their minimised forms), kept so that they are rerun every time.
+# Before fuzzing, build/fuzz/cmake/fuzz_checker_cases runs the oracles' own regression cases
+# (tests/fuzz/checker-cases.cc: correct results an oracle once rejected).
 # A failing input is saved under build/fuzz/artifacts/; the script then exits non-zero,
 # printing the path and the command that reproduces it. At the end: one line per target
 # (executions, seconds, exec/s, corpus size, coverage) and build/fuzz/summary.json.
@@ -25,7 +27,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
     --seconds=*) seconds="${1#--seconds=}"; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
@@ -53,7 +55,11 @@ if [ ! -f "$out/cmake/CMakeCache.txt" ]; then
 fi
 cmake --build "$out/cmake" -j"$(nproc)" >"$out/build.log" 2>&1 || { cat "$out/build.log" >&2; echo "fuzz: build failed" >&2; exit 1; }
 build_seconds=$(( $(date +%s) - build_started ))
-echo "fuzz: built in ${build_seconds} s; fuzzing ${#targets[@]} target(s), ${seconds} s each" >&2
+echo "fuzz: built in ${build_seconds} s" >&2
+# The oracles' own regression cases first (tests/fuzz/checker-cases.cc): a correct result
+# they once rejected must pass.
+"$out/cmake/fuzz_checker_cases" >&2 || { echo "fuzz: an oracle rejects one of its regression cases (tests/fuzz/checker-cases.cc)" >&2; exit 1; }
+echo "fuzz: fuzzing ${#targets[@]} target(s), ${seconds} s each" >&2
 
 mkdir -p "$out/artifacts" "$out/logs"
 summary_lines=()

@@ -67,6 +67,12 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
   std::vector<double> score, score_error, cap_error;
   std::vector<double> v_abs_max(static_cast<size_t>(Ev)), dq_bound(static_cast<size_t>(E));
   const double n_all = static_cast<double>(Lk + group * Lq + E + Ev);
+  // The reference's gradients, this check's bounds and |got - want| are double sums of at
+  // most n_all terms: each is off by up to n_all·2^-53 of the sum of its terms' magnitudes,
+  // relative to a term's bound below, 4·n_all·2^-53 covers the three. Negligible beside the
+  // float errors, but not beside a flushed term's exact bound (p·|dO| = 1e10, a 1e-6 double
+  // rounding, next to a float term of 1e-3 allowed 1e-7: checker-cases.cc).
+  const double double_rounding = 4 * n_all * 0x1p-53;
   for (int64_t b = 0; b < B; b++) {
     for (int64_t h = 0; h < Hq; h++) {
       const int64_t kvh = h / group;
@@ -207,7 +213,8 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
           // The kernel's exp flushes p < 2^-63.5 to 0 (src/math/f32-vexp-nonpositive-rr1-p5-
           // wasmsimd.h): such a term (bounded by |scale|·p·2G·|k|, p·|dO|) may be dropped.
           const bool flushable = pj < 0x1p-62;
-          const double fk = flushable ? 2.0 : f, fv = flushable ? 1.0 : rel + static_cast<double>(group * Lq) * 2 * kEps;
+          const double fk = (flushable ? 2.0 : f) + 2 * double_rounding,  // |dp - D| ≤ 2G
+                       fv = (flushable ? 1.0 : rel + static_cast<double>(group * Lq) * 2 * kEps) + double_rounding;
           for (int64_t d = 0; d < E; d++) {
             dq_bound[d] += abs_scale * pj * std::fabs(static_cast<double>(k[d])) * (fk * G + 2 * d_abs_error);
             dk_bound[key_at * E + d] += abs_scale * pj * std::fabs(static_cast<double>(q[d])) * (fk * G + 2 * d_abs_error);
