@@ -68,10 +68,11 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
   std::vector<double> v_abs_max(static_cast<size_t>(Ev)), dq_bound(static_cast<size_t>(E));
   const double n_all = static_cast<double>(Lk + group * Lq + E + Ev);
   // The reference's gradients, this check's bounds and |got - want| are double sums of at
-  // most n_all terms: each is off by up to n_all·2^-53 of the sum of its terms' magnitudes,
-  // relative to a term's bound below, 4·n_all·2^-53 covers the three. Negligible beside the
-  // float errors, but not beside a flushed term's exact bound (p·|dO| = 1e10, a 1e-6 double
-  // rounding, next to a float term of 1e-3 allowed 1e-7: checker-cases.cc).
+  // most n_all terms: each is off by at most n_all·2^-53 times the sum of its terms'
+  // magnitudes; as a fraction of each term's bound below, 4·n_all·2^-53 covers all three.
+  // Negligible beside the float errors, but not beside a flushed term's exact bound (p·|dO|
+  // = 1e10, a 1e-6 double rounding, next to a float term of 1e-3 allowed 1e-7:
+  // checker-cases.cc).
   const double double_rounding = 4 * n_all * 0x1p-53;
   for (int64_t b = 0; b < B; b++) {
     for (int64_t h = 0; h < Hq; h++) {
