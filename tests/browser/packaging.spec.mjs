@@ -125,7 +125,7 @@ test('npm pack: the tarball holds the built JS, types, wasm, README and LICENSE 
   expect(packInfo.size).toBeLessThan(1 << 20);
 });
 
-test('Node: examples/node/quickstart.mjs, generate.mjs and worker.mjs run from the installed tarball', async () => {
+test('Node: examples/node/quickstart.mjs, generate.mjs, worker.mjs and commonjs.cjs run from the installed tarball', async () => {
   const app = join(work, 'node-app');
   await cp(join(ROOT, 'examples', 'node'), app, { recursive: true });
   await writeFile(join(app, 'package.json'), JSON.stringify({ name: 'sdpa-wasm-example-node', private: true, type: 'module' }, null, 2));
@@ -173,6 +173,15 @@ test('Node: examples/node/quickstart.mjs, generate.mjs and worker.mjs run from t
   expect(viaWorker.stdout).toMatch(/^worker: output dims \[1, 16, 2048, 64\], \d+ ms, threads 1; the copies' query\.data\.length is now 0 \(transferred\)$/m);
   expect(viaWorker.stdout).toMatch(/timer fired \d+ times meanwhile \(not blocked\)/);
   expect(viaWorker.stdout).toContain('direct call on the main thread: bitwise equal');
+
+  // commonjs.cjs: require('sdpa-wasm') from CommonJS (Node's require of ES modules), the direct
+  // API and the worker.
+  const viaRequire = await run(process.execPath, ['commonjs.cjs'], { cwd: app, timeout: 60_000 });
+  expect(viaRequire.stdout.trim().split('\n')).toEqual([
+    expect.stringMatching(/^require\('sdpa-wasm'\): output dims \[1, 2, 64, 32\], isa (simd128|relaxed-simd)$/),
+    'output row 0 = value row 0 (causal): true',
+    'worker: bitwise equal',
+  ]);
 });
 
 test('TypeScript: examples/typescript compiles (strict; nodenext and bundler resolution; no Node or disposable lib) against the tarball\'s types, and runs', async () => {
