@@ -42,3 +42,42 @@ for (const [label, base, isolated] of [['cross-origin isolated', ISOLATED, true]
       `${result.cases.length} cases, ${result.cases.reduce((a, c) => a + c.steps, 0)} steps, bit-identical to Node`);
   });
 }
+
+// Chromium has Float16Array (Node 20 does not): the README's way to append one to a float16
+// cache, a Uint16Array over its bytes, stores its halves as they are, so the cache holds what
+// appending the same values as float32 (exact in float16, so rounding keeps them) holds.
+test('a Float16Array appended through a Uint16Array view of its bytes: the same cache as its values as float32', async ({ page }) => {
+  await page.goto(`${PLAIN}/tests/browser/harness.html`);
+  const result = await page.evaluate(async () => {
+    const { createAttention } = await import('/dist/index.js');
+    const attn = await createAttention({ threads: 1 });
+    try {
+      const [B, H, L, E] = [1, 2, 37, 16];
+      let seed = 5;
+      const random = () => ((seed = (seed * 1664525 + 1013904223) >>> 0) / 2 ** 32) * 8 - 4;
+      const halves = () => Float16Array.from({ length: B * H * L * E }, random);
+      const [k16, v16] = [halves(), halves()];
+      const query = { data: Float32Array.from({ length: B * 4 * 1 * E }, random), dims: [B, 4, 1, E] };
+      const viaView = attn.createKVCache({ batch: B, kvHeads: H, headDim: E, maxLength: L, dtype: 'float16' });
+      const viaFloats = attn.createKVCache({ batch: B, kvHeads: H, headDim: E, maxLength: L, dtype: 'float16' });
+      const view = (f16) => new Uint16Array(f16.buffer, f16.byteOffset, f16.length);
+      viaView.append({ data: view(k16), dims: [B, H, L, E] }, { data: view(v16), dims: [B, H, L, E] });
+      viaFloats.append({ data: Float32Array.from(k16), dims: [B, H, L, E] }, { data: Float32Array.from(v16), dims: [B, H, L, E] });
+      const a = viaView.attend(query).output.data, b = viaFloats.attend(query).output.data;
+      let refused = null;
+      try {
+        viaView.append({ data: k16.subarray(0, B * H * E), dims: [B, H, 1, E] }, { data: view(v16).subarray(0, B * H * E), dims: [B, H, 1, E] });
+      } catch (error) {
+        refused = `${error.name}: ${error.message}`;
+      }
+      return { same: a.length === B * 4 * E && a.every((x, n) => Object.is(x, b[n])), finite: a.every(Number.isFinite), refused, length: viaView.length };
+    } finally {
+      attn.dispose();
+    }
+  });
+  expect(result.same).toBe(true);
+  expect(result.finite).toBe(true);
+  // The Float16Array itself is refused by name, and nothing is appended.
+  expect(result.refused).toMatch(/^TypeError: .*key\.data must be a Float32Array or a Uint16Array \(raw float16\), got Float16Array/);
+  expect(result.length).toBe(37);
+});
