@@ -4,6 +4,7 @@ import { checkCacheOptions, KVCache } from './kv-cache.js';
 import { acquireModule, defaultIsa, hardwareThreads, threadsAvailable, type Isa, type ModuleHandle } from './loader.js';
 import { runBackward } from './backward.js';
 import { CallMemory, MemoryAccount } from './memory.js';
+import { checkSaved, recalled, recordOf, remember } from './saved-forward.js';
 import { runSdpa } from './strategies.js';
 import type {
   AttentionOptions, KVCacheOptions, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaOptions, SdpaResult, SdpaResultWith, Tensor,
@@ -62,7 +63,11 @@ export class Attention {
     const engines = {
       main: handle.module, threads: handle.threads, single: this.#streamHandle?.module ?? null, account: this.#account,
     };
-    return runSdpa(engines, p, p.queryData, p.keyData, p.valueData);  // the arrays the checks read
+    const result = runSdpa(engines, p, p.queryData, p.keyData, p.valueData);  // the arrays the checks read
+    if (result.logSumExp !== undefined) {  // what sdpaBackward checks options.saved against
+      remember(result.logSumExp.data, recordOf(p, p.keyData, p.valueData, result.output.data, result.logSumExp.data));
+    }
+    return result;
   }
 
   /**
@@ -71,13 +76,19 @@ export class Attention {
    * with the inputs' dims. `options` are the forward call's score options (scale, softcap,
    * attnMask, isCausal, causalOffset, keyLengths, layout: the mask gets no gradient), and
    * optionally `saved: { output, logSumExp }` from sdpa(..., { returnLogSumExp: true }), else
-   * the forward is recomputed here (the same bits either way). Fully masked rows and keys no
+   * the forward is recomputed here (the same bits either way); a `saved` whose logSumExp array
+   * sdpa() returned is checked against that call (saved-forward.ts). Fully masked rows and keys no
    * row attends get exact zeros. Bitwise the same for any thread count.
    */
   sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
     options?: SdpaBackwardOptions): SdpaBackwardResult {
     this.#live('sdpaBackward');
     const bp = planBackward(query, key, value, gradOutput, options);
+    const recorded = bp.saved === null ? undefined : recalled(bp.saved.given);
+    if (bp.saved !== null && recorded !== undefined) {
+      const { forward: f, saved } = bp;
+      checkSaved('sdpaBackward', recorded, recordOf(f, f.keyData, f.valueData, saved.output, saved.logSumExp));
+    }
     const handle = this.#live('sdpaBackward');  // again: the arguments' getters may have disposed it
     return runBackward(new CallMemory(handle.module, this.#account, 'sdpaBackward'), handle.threads, bp,
       bp.forward.queryData, bp.forward.keyData, bp.forward.valueData);

@@ -65,7 +65,10 @@ export type SdpaResultWith<Requested extends 'weights' | 'logSumExp'> = SdpaResu
 export interface SdpaBackwardOptions extends Omit<SdpaOptions, 'returnWeights' | 'returnLogSumExp' | 'out'> {
   /**
    * The forward call's `output` and `logSumExp` (sdpa(..., { returnLogSumExp: true }) with the
-   * same inputs and options): used instead of recomputing the forward.
+   * same inputs and options): used instead of recomputing the forward. When `logSumExp.data` is
+   * the array that sdpa() returned (directly or through a worker), the call is checked against
+   * that forward: other options or shapes, or inputs or results changed since, are a RangeError
+   * naming the first difference. A copy of it is not checked.
    */
   saved?: { output: Tensor; logSumExp: Tensor };
 }

@@ -342,7 +342,12 @@ export interface BackwardPlan {
   forward: SdpaPlan;
   gradOutput: Float32Array;
   /** options.saved, checked: the forward's output and log-sum-exp. */
-  saved: { output: Float32Array; logSumExp: Float32Array } | null;
+  saved: {
+    output: Float32Array;
+    logSumExp: Float32Array;
+    /** The caller's logSumExp.data itself (its record, saved-forward.ts, is keyed by it). */
+    given: Float32Array;
+  } | null;
   queryDims: number[];
   keyDims: number[];
   valueDims: number[];
@@ -391,7 +396,7 @@ export function planBackward(query: unknown, key: unknown, value: unknown, gradO
         `${fn}: options.saved.logSumExp must have dims [${lseDims.join(', ')}] and ${forward.lseSize} elements, ` +
         `got dims ${given !== null ? `[${given.join(', ')}]` : describe(lseDimsGiven)} and ${lengthOf(lseData)} elements`);
     }
-    saved = { output: out.data, logSumExp: ownView(lseData) };
+    saved = { output: out.data, logSumExp: ownView(lseData), given: lseData };
     arrays.push(['options.saved.output.data', out.data, forward.outputSize], ['options.saved.logSumExp.data', saved.logSumExp, forward.lseSize]);
   }
   arrays.push(['gradOutput.data', go.data, forward.outputSize]);

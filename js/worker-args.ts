@@ -5,6 +5,7 @@ import {
   bufferOf, byteLengthOf, byteOffsetOf, copyOf, detachedOrEmpty, elementBytesOf, isApiTypedArray, isArrayBuffer, lengthOf, viewLike,
   type TypedArray,
 } from './typed-arrays.js';
+import { carryRecord } from './saved-forward.js';
 import type { SdpaResult } from './types.js';
 import { checkOptionNames, describe, readOnce, type Plan } from './validate.js';
 
@@ -55,6 +56,7 @@ export class Taker {
     if (!isApiTypedArray(x) || lengthOf(x) === 0) return x;
     const taken = copyOf(x);
     takenBuffers.add(bufferOf(taken));
+    carryRecord(x, taken);  // a saved logSumExp's record (saved-forward.ts) goes with its copy
     return taken;
   }
 

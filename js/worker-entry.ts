@@ -6,6 +6,7 @@
 // gets its exact error.
 import { createAttention, type Attention } from './attention.js';
 import type { KVCache } from './kv-cache.js';
+import { recalled, remember, type ForwardRecord } from './saved-forward.js';
 import type { SdpaResult } from './types.js';
 import { errorToWire, READY, transferList, type Reply, type Request } from './worker-protocol.js';
 
@@ -63,9 +64,16 @@ async function handle({ op, args: a }: Request): Promise<Handled> {
       attention ??= await createAttention(a.options as object);
       return { value: { threads: attention.threads, simd: attention.simd, isa: attention.isa } };
     }
-    case 'sdpa':  // { query, key, value, options } → SdpaResult
-      return withBuffers(live().sdpa(a.query as never, a.key as never, a.value as never, a.options as never));
-    case 'sdpaBackward': {  // { query, key, value, gradOutput, options } → SdpaBackwardResult
+    case 'sdpa': {  // { query, key, value, options } → { result: SdpaResult, record: ForwardRecord | undefined }
+      const { value: result, transfer } = withBuffers(live().sdpa(a.query as never, a.key as never, a.value as never, a.options as never));
+      // The record of a result with logSumExp (saved-forward.ts), for the calling side to keep.
+      return { value: { result, record: recalled(result.logSumExp?.data) }, transfer };
+    }
+    case 'sdpaBackward': {  // { query, key, value, gradOutput, options, record } → SdpaBackwardResult
+      // The record of the sdpa() call that returned options.saved's logSumExp, sent back by the
+      // calling side: kept for this copy of it, which the call then checks like the direct API.
+      const savedLogSumExp = (a.options as { saved?: { logSumExp?: { data?: Float32Array } } } | undefined)?.saved?.logSumExp?.data;
+      if (a.record !== undefined && savedLogSumExp !== undefined) remember(savedLogSumExp, a.record as ForwardRecord);
       const g = live().sdpaBackward(a.query as never, a.key as never, a.value as never, a.gradOutput as never, a.options as never);
       return { value: g, transfer: transferList([g.dQuery.data, g.dKey.data, g.dValue.data]) };
     }

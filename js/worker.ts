@@ -35,6 +35,7 @@ import type {
 import {
   BACKWARD_OPTION_NAMES, checkAttendQuery, checkAttentionOptions, checkOut, OPTION_NAMES, plan, planAttend, planBackward, type Plan,
 } from './validate.js';
+import { recalled, remember, type ForwardRecord } from './saved-forward.js';
 import { deliver, outOf, sendable, signalOnly, Taker, workerCallOptions, type WorkerCallOptions } from './worker-args.js';
 import { Channel, startWorker } from './worker-channel.js';
 import type { Op } from './worker-protocol.js';
@@ -123,7 +124,13 @@ export class AttentionWorker {
       return this.#channel.call('sdpa', () => {
         checked = plan(q, k, v, o);
         return { query: q, key: k, value: v, options: sendable(o) };
-      }, (result) => deliver(result, checked), signal);
+      }, (reply) => {
+        const { result, record } = reply as { result: SdpaResult; record: ForwardRecord | undefined };
+        const delivered = deliver(result, checked);
+        // Kept for sdpaBackward's check of options.saved (saved-forward.ts).
+        if (record !== undefined && delivered.logSumExp !== undefined) remember(delivered.logSumExp.data, record);
+        return delivered;
+      }, signal);
     });
   }
 
@@ -144,8 +151,9 @@ export class AttentionWorker {
       take.movesChecked('sdpaBackward', undefined, () => planBackward(q, k, v, go, o));
       take.done(signal);
       return this.#channel.call('sdpaBackward', () => {
-        planBackward(q, k, v, go, o);
-        return { query: q, key: k, value: v, gradOutput: go, options: o };
+        const { saved } = planBackward(q, k, v, go, o);
+        // The record of the sdpa() call whose logSumExp this is (Taker.copy kept it for the copy).
+        return { query: q, key: k, value: v, gradOutput: go, options: o, record: saved === null ? undefined : recalled(saved.given) };
       }, (result) => result as SdpaBackwardResult, signal);
     });
   }

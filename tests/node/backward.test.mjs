@@ -302,6 +302,95 @@ describe('bad input: TypeError or RangeError naming the argument; the instance k
   });
 });
 
+describe('options.saved is checked against the sdpa() call that returned it: a RangeError naming the first difference', () => {
+  const p = problem({ B: 2, Hq: 4, Hkv: 2, Lq: 9, Lk: 70, E: 8, Ev: 6, seed: 70 });
+  const mask = (j0) => ({ data: Uint8Array.from({ length: 70 }, (_, j) => Number(j % 7 !== j0)), dims: [70] });
+  const options = { isCausal: true, causalOffset: 61, softcap: 5, scale: 0.3, keyLengths: new Int32Array([70, 64]), attnMask: mask(3) };
+  const { causalOffset: _offset, ...notCausal } = { ...options, isCausal: false };
+  const { attnMask: _mask, ...noMask } = options;
+  const forward = () => attn.sdpa(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+  const backward = (instance, saved, q = p.query, k = p.key, v = p.value, o = options) =>
+    instance.sdpaBackward(q, k, v, p.gradOutput, { ...o, saved });
+  const longer = (t) => randomTensor([...t.dims.slice(0, 2), 71, t.dims[3]], 9);
+  const changed = (t) => {  // a copy of the tensor with one element changed (a parameter update)
+    const data = t.data.slice();
+    data[data.length >> 1] += 0.25;
+    return { data, dims: t.dims };
+  };
+  const there = 'differs from the sdpa\\(\\) call that returned options\\.saved: ';
+  const cases = [
+    ['isCausal', (f) => backward(attn, f, p.query, p.key, p.value, notCausal), `isCausal ${there}true there, false here`],
+    ['causalOffset', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, causalOffset: 60 }), `causalOffset ${there}61 there, 60 here`],
+    ['scale', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, scale: 0.25 }), `scale ${there}0\\.3 there, 0\\.25 here`],
+    ['softcap', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, softcap: 6 }), `softcap ${there}5 there, 6 here`],
+    ['keyLengths', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, keyLengths: new Int32Array([70, 63]) }),
+      `keyLengths ${there}\\[70, 64\\] there, \\[70, 63\\] here`],
+    ['attnMask left out', (f) => backward(attn, f, p.query, p.key, p.value, noMask), `attnMask ${there}bool, .* there, none here`],
+    ['another attnMask', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, attnMask: mask(4) }), `attnMask ${there}bool, strides .*hash`],
+    ['keys of another length', (f) => backward(attn, f, p.query, longer(p.key), longer(p.value), noMask),
+      `the shapes ${there}B 2, Hq 4, Hkv 2, Lq 9, Lk 70, E 8, Ev 6 there, B 2, Hq 4, Hkv 2, Lq 9, Lk 71, E 8, Ev 6 here`],
+    ['query changed since', (f) => backward(attn, f, changed(p.query)), 'query\\.data holds other values than in the sdpa\\(\\) call that returned options\\.saved \\(576 elements'],
+    ['key changed since', (f) => backward(attn, f, p.query, changed(p.key)), 'key\\.data holds other values'],
+    ['value changed since', (f) => backward(attn, f, p.query, p.key, changed(p.value)), 'value\\.data holds other values'],
+    ['output changed since', (f) => backward(attn, { output: changed(f.output), logSumExp: f.logSumExp }), 'options\\.saved\\.output\\.data holds other values'],
+    ['logSumExp changed since', (f) => {
+      f.logSumExp.data[3] += 1;
+      return backward(attn, f);
+    }, 'options\\.saved\\.logSumExp\\.data holds other values'],
+    ['output of another call', (f) => backward(attn, { output: attn.sdpa(changed(p.query), p.key, p.value, options).output, logSumExp: f.logSumExp }),
+      'options\\.saved\\.output\\.data holds other values'],
+  ];
+  test.each(cases)('%s', (_, call, pattern) => {
+    const recomputed = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    let error;
+    try {
+      call(forward());
+    } catch (e) {
+      error = e;
+    }
+    expect(error?.constructor).toBe(RangeError);
+    expect(error.message).toMatch(new RegExp(`^sdpaBackward: options\\.saved is not this call's forward: ${pattern}`));
+    expect(error.message).toMatch(/saved must be the output and logSumExp of sdpa\(\) with the same inputs and options, unchanged since/);
+    expect(attn.memory().bytesInUse).toBe(0);
+    // The instance keeps working: the right saved gives the recomputed gradients' bits.
+    const right = backward(attn, forward());
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(right[name].data, recomputed[name].data)).toBe(true);
+  });
+
+  test('a copy of the logSumExp (no record) is not checked: the right values give the recomputed bits', () => {
+    const f = forward();
+    const copy = { output: { data: f.output.data.slice(), dims: f.output.dims }, logSumExp: { data: f.logSumExp.data.slice(), dims: f.logSumExp.dims } };
+    const got = backward(attn, copy), recomputed = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(got[name].data, recomputed[name].data)).toBe(true);
+  });
+
+  test('through the worker: saved from its forward or from a direct one is checked there, with the direct API message', async () => {
+    const worker = await createAttentionWorker({ threads: 1 });
+    try {
+      const fromWorker = await worker.sdpa(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+      for (const [what, f] of [['worker forward', fromWorker], ['direct forward', forward()]]) {
+        const direct = (() => {
+          try {
+            backward(attn, forward(), p.query, p.key, p.value, { ...options, softcap: 6 });
+          } catch (e) {
+            return e;
+          }
+        })();
+        const got = await backward(worker, f, p.query, p.key, p.value, { ...options, softcap: 6 }).then(() => undefined, (e) => e);
+        expect([what, got?.constructor]).toEqual([what, RangeError]);
+        expect(got.message).toBe(direct.message);
+        const changedQuery = await backward(worker, f, changed(p.query)).then(() => undefined, (e) => e);
+        expect(changedQuery?.message).toMatch(/^sdpaBackward: options\.saved is not this call's forward: query\.data holds other values/);
+        const right = await backward(worker, f);
+        const recomputed = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+        for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(right[name].data, recomputed[name].data)).toBe(true);
+      }
+    } finally {
+      await worker.dispose();
+    }
+  });
+});
+
 describe('through createAttentionWorker', () => {
   let worker;
   beforeAll(async () => {
