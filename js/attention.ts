@@ -4,7 +4,7 @@ import { checkCacheOptions, KVCache } from './kv-cache.js';
 import { acquireModule, defaultIsa, hardwareThreads, threadsAvailable, type Isa, type ModuleHandle } from './loader.js';
 import { runBackward } from './backward.js';
 import { CallMemory, MemoryAccount } from './memory.js';
-import { checkSaved, recalled, recordOf, remember } from './saved-forward.js';
+import { checkSaved, inputsRecord, recalled, remember, resultsRecord } from './saved-forward.js';
 import { runSdpa } from './strategies.js';
 import type {
   AttentionOptions, KVCacheOptions, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaOptions, SdpaResult, SdpaResultWith, Tensor,
@@ -63,9 +63,11 @@ export class Attention {
     const engines = {
       main: handle.module, threads: handle.threads, single: this.#streamHandle?.module ?? null, account: this.#account,
     };
+    // What sdpaBackward checks options.saved against: the inputs before the call (out may be one).
+    const inputs = p.lseDims !== null ? inputsRecord(p, p.keyData, p.valueData) : null;
     const result = runSdpa(engines, p, p.queryData, p.keyData, p.valueData);  // the arrays the checks read
-    if (result.logSumExp !== undefined) {  // what sdpaBackward checks options.saved against
-      remember(result.logSumExp.data, recordOf(p, p.keyData, p.valueData, result.output.data, result.logSumExp.data));
+    if (inputs !== null && result.logSumExp !== undefined) {
+      remember(result.logSumExp.data, [...inputs, ...resultsRecord(p, result.output.data, result.logSumExp.data)]);
     }
     return result;
   }
@@ -84,10 +86,10 @@ export class Attention {
     options?: SdpaBackwardOptions): SdpaBackwardResult {
     this.#live('sdpaBackward');
     const bp = planBackward(query, key, value, gradOutput, options);
-    const recorded = bp.saved === null ? undefined : recalled(bp.saved.given);
-    if (bp.saved !== null && recorded !== undefined) {
-      const { forward: f, saved } = bp;
-      checkSaved('sdpaBackward', recorded, recordOf(f, f.keyData, f.valueData, saved.output, saved.logSumExp));
+    const { forward: f, saved } = bp;
+    const recorded = saved === null ? undefined : recalled(saved.given);  // saved's forward, if sdpa() returned it
+    if (saved !== null && recorded !== undefined) {
+      checkSaved('sdpaBackward', recorded, [...inputsRecord(f, f.keyData, f.valueData), ...resultsRecord(f, saved.output, saved.logSumExp)]);
     }
     const handle = this.#live('sdpaBackward');  // again: the arguments' getters may have disposed it
     return runBackward(new CallMemory(handle.module, this.#account, 'sdpaBackward'), handle.threads, bp,

@@ -32,57 +32,81 @@ export function carryRecord(from: TypedArray, to: TypedArray): void {
   if (record !== undefined) records.set(to, record);
 }
 
-const FNV_PRIME = 0x01000193;
+// MurmurHash3's (x86, 32-bit) word mixing: multiplies, rotations and an addition, so a change
+// in any bit of a word reaches every bit of the hash (plain xor-multiply hashing, FNV, lets a
+// word's high bits reach only the hash's high bits: two sign flips cancel).
+const C1 = 0xcc9e2d51, C2 = 0x1b873593;
+const rotl = (x: number, r: number) => (x << r) | (x >>> (32 - r));
+const mixWord = (h: number, word: number) =>
+  (Math.imul(rotl(h ^ Math.imul(rotl(Math.imul(word, C1), 15), C2), 13), 5) + 0xe6546b64) | 0;
+function finalMix(h: number): number {
+  h = Math.imul(h ^ (h >>> 16), 0x85ebca6b);
+  h = Math.imul(h ^ (h >>> 13), 0xc2b2ae35);
+  return (h ^ (h >>> 16)) >>> 0;
+}
 
 /**
  * A 32-bit hash of the first `count` elements of a typed array, with the count: equal contents,
- * equal hashes; other contents, another hash but with a chance of 2^-32. FNV-1a over 32-bit
- * words in four interleaved lanes (word n in lane n % 4: four multiply chains at once, about
- * 4x one chain's speed), then the byte tail, then the lanes folded together. Hashed for every
- * sdpa() with returnLogSumExp and sdpaBackward with saved: its inputs and results, O(N) beside
- * the kernel's O(N²).
+ * equal hashes (whatever the view's offset); other contents, another hash but with a chance of
+ * about 2^-32. MurmurHash3's mixing over 32-bit words in four interleaved lanes (word n in lane
+ * n % 4: four dependency chains at once), the last 0-3 bytes as one more word, then the lanes
+ * and the byte count folded and finalised. Hashed for every sdpa() with returnLogSumExp and
+ * sdpaBackward with saved: their inputs and results, O(N) beside the kernel's O(N²).
  */
 function contentsOf(view: TypedArray, count: number): string {
   const bytes = count * elementBytesOf(view);
   const offset = byteOffsetOf(view);
-  const words = offset % 4 === 0 ? new Int32Array(bufferOf(view), offset, bytes >>> 2) : new Int32Array(0);
-  let h0 = 0x811c9dc5, h1 = 0x050c5d1f, h2 = 0x2b3f6e7a, h3 = 0x6a09e667;
+  // A byte mask may start anywhere: hashed from an aligned copy, so that its words are the same.
+  const aligned = offset % 4 === 0 ? new Uint8Array(bufferOf(view), offset, bytes) : new Uint8Array(bufferOf(view), offset, bytes).slice();
+  const words = new Int32Array(aligned.buffer, aligned.byteOffset, bytes >>> 2);
+  let h0 = 0x9747b28c, h1 = 0x3c6ef372, h2 = 0xa54ff53a, h3 = 0x510e527f;
   let n = 0;
   for (; n + 4 <= words.length; n += 4) {
-    h0 = Math.imul(h0 ^ words[n], FNV_PRIME);
-    h1 = Math.imul(h1 ^ words[n + 1], FNV_PRIME);
-    h2 = Math.imul(h2 ^ words[n + 2], FNV_PRIME);
-    h3 = Math.imul(h3 ^ words[n + 3], FNV_PRIME);
+    h0 = mixWord(h0, words[n]);
+    h1 = mixWord(h1, words[n + 1]);
+    h2 = mixWord(h2, words[n + 2]);
+    h3 = mixWord(h3, words[n + 3]);
   }
-  for (; n < words.length; n++) h0 = Math.imul(h0 ^ words[n], FNV_PRIME);
-  const tail = new Uint8Array(bufferOf(view), offset, bytes);  // a byte mask's tail, or all of an unaligned view
-  for (let b = n * 4; b < bytes; b++) h1 = Math.imul(h1 ^ tail[b], FNV_PRIME);
-  const hash = Math.imul(Math.imul(Math.imul(h0 ^ h1, FNV_PRIME) ^ h2, FNV_PRIME) ^ h3, FNV_PRIME);
-  return `${count} elements, hash ${(hash >>> 0).toString(16).padStart(8, '0')}`;
+  for (; n < words.length; n++) h0 = mixWord(h0, words[n]);
+  let tail = 0;
+  for (let b = bytes - 1; b >= words.length * 4; b--) tail = (tail << 8) | aligned[b];
+  h1 = mixWord(h1, tail);
+  const hash = finalMix(mixWord(mixWord(mixWord(mixWord(finalMix(h0), finalMix(h1)), finalMix(h2)), finalMix(h3)), bytes));
+  return `${count} elements, hash ${hash.toString(16).padStart(8, '0')}`;
 }
 
-const perBatch = (x: Int32Array | null) => (x === null ? 'none' : `[${Array.from(x).join(', ')}]`);
+/** Per-batch values as the kernel uses them: `values` if given, else `fill` for every batch. */
+const perBatch = (values: Int32Array | null, B: number, fill: number) =>
+  `[${(values === null ? new Array<number>(B).fill(fill) : Array.from(values)).join(', ')}]`;
 
 /**
- * The record of a checked forward call (an sdpa() plan, or the forward of an sdpaBackward
- * plan) with its inputs as the call reads them and its output and log-sum-exp.
+ * The inputs' part of a forward call's record (an sdpa() plan, or the forward of an
+ * sdpaBackward plan), with its arrays as the call reads them: taken before the call runs, as
+ * `out` may be one of them. Options as the kernel uses them (scale and softcap in float32,
+ * per-batch offsets and key lengths spelt out), so that equivalent ways of writing them agree.
  */
-export function recordOf(p: Plan, key: Float32Array, value: Float32Array, output: Float32Array, logSumExp: Float32Array): ForwardRecord {
+export function inputsRecord(p: Plan, key: Float32Array, value: Float32Array): RecordEntry[] {
   const kv = p.batch * p.kvHeads * p.kvLen;
   const mask = p.mask === null ? 'none'
     : `${p.mask.kind}, strides over [B, Hq, Lq, Lk] [${p.mask.strides.join(', ')}], ${contentsOf(p.mask.data, p.mask.size)}`;
   return [
     ['the shapes', `B ${p.batch}, Hq ${p.qHeads}, Hkv ${p.kvHeads}, Lq ${p.qLen}, Lk ${p.kvLen}, E ${p.headDim}, Ev ${p.valueDim}`, false],
     ['layout', `'${p.layout}'`, false],
-    ['scale', String(p.scale), false],
-    ['softcap', String(p.softcap), false],
+    ['scale (in float32)', String(Math.fround(p.scale)), false],
+    ['softcap (in float32)', String(Math.fround(p.softcap)), false],
     ['isCausal', String(p.causal), false],
-    ['causalOffset', p.causal ? (p.causalOffsets !== null ? perBatch(p.causalOffsets) : String(p.causalOffset)) : 'none', false],
-    ['keyLengths', perBatch(p.keyLengths), false],
+    ['causalOffset', p.causal ? perBatch(p.causalOffsets, p.batch, p.causalOffset) : 'none', false],
+    ['keyLengths', perBatch(p.keyLengths, p.batch, p.kvLen), false],
     ['attnMask', mask, false],
     ['query.data', contentsOf(p.queryData, p.batch * p.qHeads * p.qLen * p.headDim), true],
     ['key.data', contentsOf(key, kv * p.headDim), true],
     ['value.data', contentsOf(value, kv * p.valueDim), true],
+  ];
+}
+
+/** The results' part of a forward call's record: its output and log-sum-exp. */
+export function resultsRecord(p: Plan, output: Float32Array, logSumExp: Float32Array): RecordEntry[] {
+  return [
     ['options.saved.output.data', contentsOf(output, p.outputSize), true],
     ['options.saved.logSumExp.data', contentsOf(logSumExp, p.lseSize), true],
   ];

@@ -320,9 +320,9 @@ describe('options.saved is checked against the sdpa() call that returned it: a R
   const there = 'differs from the sdpa\\(\\) call that returned options\\.saved: ';
   const cases = [
     ['isCausal', (f) => backward(attn, f, p.query, p.key, p.value, notCausal), `isCausal ${there}true there, false here`],
-    ['causalOffset', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, causalOffset: 60 }), `causalOffset ${there}61 there, 60 here`],
-    ['scale', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, scale: 0.25 }), `scale ${there}0\\.3 there, 0\\.25 here`],
-    ['softcap', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, softcap: 6 }), `softcap ${there}5 there, 6 here`],
+    ['causalOffset', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, causalOffset: 60 }), `causalOffset ${there}\\[61, 61\\] there, \\[60, 60\\] here`],
+    ['scale', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, scale: 0.25 }), `scale \\(in float32\\) ${there}0\\.30000001192092896 there, 0\\.25 here`],
+    ['softcap', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, softcap: 6 }), `softcap \\(in float32\\) ${there}5 there, 6 here`],
     ['keyLengths', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, keyLengths: new Int32Array([70, 63]) }),
       `keyLengths ${there}\\[70, 64\\] there, \\[70, 63\\] here`],
     ['attnMask left out', (f) => backward(attn, f, p.query, p.key, p.value, noMask), `attnMask ${there}bool, .* there, none here`],
@@ -332,6 +332,12 @@ describe('options.saved is checked against the sdpa() call that returned it: a R
     ['query changed since', (f) => backward(attn, f, changed(p.query)), 'query\\.data holds other values than in the sdpa\\(\\) call that returned options\\.saved \\(576 elements'],
     ['key changed since', (f) => backward(attn, f, p.query, changed(p.key)), 'key\\.data holds other values'],
     ['value changed since', (f) => backward(attn, f, p.query, p.key, changed(p.value)), 'value\\.data holds other values'],
+    ['two elements of query negated since (sign bits: a hash must mix them)', (f) => {
+      const data = p.query.data.slice();
+      data[3] = -data[3];
+      data[200] = -data[200];
+      return backward(attn, f, { data, dims: p.query.dims });
+    }, 'query\\.data holds other values'],
     ['output changed since', (f) => backward(attn, { output: changed(f.output), logSumExp: f.logSumExp }), 'options\\.saved\\.output\\.data holds other values'],
     ['logSumExp changed since', (f) => {
       f.logSumExp.data[3] += 1;
@@ -355,6 +361,36 @@ describe('options.saved is checked against the sdpa() call that returned it: a R
     // The instance keeps working: the right saved gives the recomputed gradients' bits.
     const right = backward(attn, forward());
     for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(right[name].data, recomputed[name].data)).toBe(true);
+  });
+
+  test('equivalent forms of the options are accepted: the values the kernel uses are compared', () => {
+    const recomputed = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    const { keyLengths: _lengths, ...allKeys } = options;
+    const pairs = [
+      // [the forward's options, the backward's]
+      [options, { ...options, causalOffset: new Int32Array([61, 61]), scale: Math.fround(0.3) }],
+      [{ ...allKeys, scale: undefined }, { ...allKeys, keyLengths: new Int32Array([70, 70]), scale: Math.fround(1 / Math.sqrt(8)) }],
+      // The mask at an odd byte offset in the forward, an aligned copy in the backward.
+      [{ ...options, attnMask: { data: new Uint8Array([7, ...options.attnMask.data]).subarray(1), dims: [70] } }, options],
+    ];
+    for (const [forwardOptions, backwardOptions] of pairs) {
+      const f = attn.sdpa(p.query, p.key, p.value, { ...forwardOptions, returnLogSumExp: true });
+      const got = backward(attn, f, p.query, p.key, p.value, backwardOptions);
+      const want = forwardOptions === pairs[1][0] ? attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, backwardOptions) : recomputed;
+      for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(got[name].data, want[name].data)).toBe(true);
+    }
+  });
+
+  test('`out` over an input: the record has the inputs as the forward read them', () => {
+    const square = problem({ B: 2, Hq: 4, Hkv: 2, Lq: 9, Lk: 70, E: 8, Ev: 8, seed: 71 });  // Ev = E: out can be query's array
+    const original = { data: square.query.data.slice(), dims: square.query.dims };
+    const f = attn.sdpa(square.query, square.key, square.value, { ...options, returnLogSumExp: true, out: square.query.data });
+    expect(sameBits(f.output.data, square.query.data)).toBe(true);  // the output is now in query's array
+    const go = randomTensor(square.query.dims, 72);
+    const call = (query) => attn.sdpaBackward(query, square.key, square.value, go, { ...options, saved: f });
+    expect(() => call(square.query)).toThrow(/^sdpaBackward: options\.saved is not this call's forward: query\.data holds other values/);
+    const got = call(original), want = attn.sdpaBackward(original, square.key, square.value, go, options);
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(got[name].data, want[name].data)).toBe(true);
   });
 
   test('a copy of the logSumExp (no record) is not checked: the right values give the recomputed bits', () => {
