@@ -136,7 +136,8 @@ export class AttentionWorker {
 
   /**
    * Attention.sdpaBackward() in the worker: the same gradients (bitwise) and errors. Query,
-   * key, value and gradOutput are copied, or moved with `{ transfer: true }`; `saved` is copied.
+   * key, value and gradOutput are copied, or moved with `{ transfer: true }`; `saved` is copied
+   * (and checked against the sdpa() call that returned it, as by the direct API).
    */
   sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
     options?: SdpaBackwardOptions & WorkerCallOptions): Promise<SdpaBackwardResult> {
