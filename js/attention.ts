@@ -4,7 +4,7 @@ import { checkCacheOptions, KVCache } from './kv-cache.js';
 import { acquireModule, defaultIsa, hardwareThreads, threadsAvailable, type Isa, type ModuleHandle } from './loader.js';
 import { runBackward } from './backward.js';
 import { CallMemory, MemoryAccount } from './memory.js';
-import { checkSaved, inputsRecord, recalled, remember, resultsRecord } from './saved-forward.js';
+import { checkSaved, inputsRecord, remember, resultsRecord } from './saved-forward.js';
 import { runSdpa } from './strategies.js';
 import type {
   AttentionOptions, KVCacheOptions, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaOptions, SdpaResult, SdpaResultWith, Tensor,
@@ -86,11 +86,7 @@ export class Attention {
     options?: SdpaBackwardOptions): SdpaBackwardResult {
     this.#live('sdpaBackward');
     const bp = planBackward(query, key, value, gradOutput, options);
-    const { forward: f, saved } = bp;
-    const recorded = saved === null ? undefined : recalled(saved.given);  // saved's forward, if sdpa() returned it
-    if (saved !== null && recorded !== undefined) {
-      checkSaved('sdpaBackward', recorded, [...inputsRecord(f, f.keyData, f.valueData), ...resultsRecord(f, saved.output, saved.logSumExp)]);
-    }
+    checkSaved('sdpaBackward', bp);  // saved against the sdpa() call that returned it, if one did
     const handle = this.#live('sdpaBackward');  // again: the arguments' getters may have disposed it
     return runBackward(new CallMemory(handle.module, this.#account, 'sdpaBackward'), handle.threads, bp,
       bp.forward.queryData, bp.forward.keyData, bp.forward.valueData);

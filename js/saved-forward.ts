@@ -13,7 +13,7 @@
 // worker sends a forward's record with the result, the calling side keeps it for the array it
 // returns, and sends it back with a backward call that passes that array.
 import { bufferOf, byteOffsetOf, elementBytesOf, type TypedArray } from './typed-arrays.js';
-import type { Plan } from './validate.js';
+import type { BackwardPlan, Plan } from './validate.js';
 
 /** One fact of a forward call: its name in messages, its value, and whether it is an array's contents (a hash). */
 export type RecordEntry = readonly [what: string, value: string, contents: boolean];
@@ -114,9 +114,13 @@ export function resultsRecord(p: Plan, output: Float32Array, logSumExp: Float32A
 
 /**
  * sdpaBackward's check of `saved` against the record of the sdpa() call that returned its
- * logSumExp: a RangeError naming the first difference.
+ * logSumExp (none for a logSumExp sdpa() did not return): a RangeError naming the first difference.
  */
-export function checkSaved(fn: string, recorded: ForwardRecord, current: ForwardRecord): void {
+export function checkSaved(fn: string, bp: BackwardPlan): void {
+  const { forward: f, saved } = bp;
+  const recorded = saved === null ? undefined : records.get(saved.given);
+  if (saved === null || recorded === undefined) return;
+  const current = [...inputsRecord(f, f.keyData, f.valueData), ...resultsRecord(f, saved.output, saved.logSumExp)];
   for (let n = 0; n < recorded.length; n++) {
     const [what, was, contents] = recorded[n];
     const now = current[n][1];
