@@ -22,6 +22,7 @@ Status validate_backward(const BackwardProblem& p) {
   for (int64_t stride : strides) {
     if (stride < 0) return Status::kBadStride;
   }
+  if (p.d_mask != nullptr && p.forward.mask_kind != MaskKind::kFloat) return Status::kBadMaskGrad;
   return Status::kOk;
 }
 
@@ -36,6 +37,10 @@ namespace {
 //   2. dK, dV: items (batch, KV head, key block of kBackwardKeyTile keys)
 //   3. dQ: items (batch, KV head, block of flat query rows); the blocks only split the rows
 //      (each row's sum over keys is in one item), so their count may follow the threads.
+// and then, with d_mask:
+//   4. the mask's gradient: items (the mask's batch, head, block of kMaskGradRows rows, block
+//      of kMaskGradKeys keys), each axis the mask broadcasts on whole in every item (its sum in
+//      one item), the blocks fixed: the same items for any number of threads.
 // Both ways run the same operations on every gradient element in the same order (the fused
 // kernel is the dK/dV kernel's key blocks plus the dQ kernel's per-tile sums): the same bits.
 // Scratch: RowStats' delta, shift and log_sum [B, Hq, Lq] each, then per thread the scratch of
@@ -52,6 +57,9 @@ struct BackwardPlan {
   bool fused;           // step 2 by pairs with the fused kernel, else steps 2 and 3
   int32_t row_blocks;   // per pair
   int32_t block_rows;   // a multiple of kQueryTile
+  // The mask gradient's items, per axis of [B, Hq, Lq, Lk]: 1 where the mask broadcasts (or no
+  // d_mask), else the axis's size (B, Hq) or its blocks (Lq, Lk).
+  int32_t mask_grad_blocks[4];
   uint64_t stats_floats;  // each of RowStats' three arrays
   uint64_t per_thread;
 };
@@ -70,11 +78,17 @@ BackwardPlan plan_backward(const BackwardProblem& bp, int32_t threads) {
   w.block_rows = round_up((w.rows + w.row_blocks - 1) / w.row_blocks, kQueryTile);
   w.row_blocks = (w.rows + w.block_rows - 1) / w.block_rows;
   w.fused = threads == 1 || w.pairs >= kItemsPerThread * threads;
+  const bool mask_grad = bp.d_mask != nullptr;
+  w.mask_grad_blocks[0] = mask_grad && p.mask_stride_b != 0 ? p.batch : 1;
+  w.mask_grad_blocks[1] = mask_grad && p.mask_stride_h != 0 ? p.q_heads : 1;
+  w.mask_grad_blocks[2] = mask_grad && p.mask_stride_q != 0 ? (p.q_len + kMaskGradRows - 1) / kMaskGradRows : 1;
+  w.mask_grad_blocks[3] = mask_grad && p.mask_stride_k != 0 ? (p.kv_len + kMaskGradKeys - 1) / kMaskGradKeys : 1;
   w.stats_floats = (static_cast<uint64_t>(p.batch) * p.q_heads * p.q_len + 3) / 4 * 4;
   w.per_thread = std::max(sdpa_f32_bwd_row_stats_4x64__wasmsimd_scratch(bp),
                           w.fused ? sdpa_f32_bwd_fused_4x64__wasmsimd_scratch(bp)
                                   : std::max(sdpa_f32_bwd_dkdv_4x64__wasmsimd_scratch(bp),
                                              sdpa_f32_bwd_dq_4x64__wasmsimd_scratch(bp)));
+  if (mask_grad) w.per_thread = std::max(w.per_thread, sdpa_f32_bwd_dmask_4x64__wasmsimd_scratch(bp));
   return w;
 }
 
@@ -126,6 +140,26 @@ void dq_item(void* context, int32_t item, int32_t thread) {
                                          w.scratch + static_cast<size_t>(thread) * w.plan.per_thread);
 }
 
+// Item = ((b·blocks_h + h)·blocks_q + row block)·blocks_k + key block, over the plan's
+// mask_grad_blocks (an axis of one block is whole: index 0, its full range).
+void mask_grad_item(void* context, int32_t item, int32_t thread) {
+  const BackwardWork& w = *static_cast<const BackwardWork*>(context);
+  const Problem& p = w.p->forward;
+  const int32_t* blocks = w.plan.mask_grad_blocks;
+  const int32_t key_block = item % blocks[3], row_block = item / blocks[3] % blocks[2];
+  const int32_t h = item / (blocks[3] * blocks[2]) % blocks[1], b = item / (blocks[3] * blocks[2] * blocks[1]);
+  const bool rows_split = p.mask_stride_q != 0, keys_split = p.mask_stride_k != 0;
+  MaskGradBlock block;
+  block.b = b;
+  block.h = h;
+  block.row_begin = rows_split ? row_block * kMaskGradRows : 0;
+  block.row_end = rows_split ? std::min(p.q_len, block.row_begin + kMaskGradRows) : p.q_len;
+  block.key_begin = keys_split ? key_block * kMaskGradKeys : 0;
+  block.key_end = keys_split ? std::min(p.kv_len, block.key_begin + kMaskGradKeys) : p.kv_len;
+  sdpa_f32_bwd_dmask_ukernel_4x64__wasmsimd(*w.p, block, w.stats,
+                                            w.scratch + static_cast<size_t>(thread) * w.plan.per_thread);
+}
+
 }  // namespace
 
 uint64_t backward_scratch_floats(const BackwardProblem& p, int32_t threads) {
@@ -147,6 +181,10 @@ Status backward(const BackwardProblem& p, float* scratch, uint64_t scratch_size,
   } else {
     run_tasks(pool, w.plan.pairs * w.plan.key_blocks, dkdv_item, &w);
     run_tasks(pool, w.plan.pairs * w.plan.row_blocks, dq_item, &w);
+  }
+  if (p.d_mask != nullptr) {
+    const int32_t* blocks = w.plan.mask_grad_blocks;
+    run_tasks(pool, blocks[0] * blocks[1] * blocks[2] * blocks[3], mask_grad_item, &w);
   }
   return Status::kOk;
 }

@@ -21,9 +21,12 @@
 // kExactScoreTerms: huge logits, large q and k nearly orthogonal), from the row's own maximum
 // score m and log Σ exp(s_j - m), recomputed (src/kernels/sdpa-bwd-kernels.h, RowStats, where
 // both limits are defined).
-// The mask gets no gradient. A blocked key has p_j = 0 exactly and is skipped, not multiplied
+// A float mask, added after the softcap, gets ds_j itself (when d_mask is given):
+//   dmask[b, h, i, j] += ds_j                        (summed over the axes it broadcasts on)
+// A bool mask gets none. A blocked key has p_j = 0 exactly and is skipped, not multiplied
 // by 0 (NaN in padding cannot leak); a row with nothing to attend (lse = -inf) contributes
-// nothing and gets dq_i = 0; a key no row attends gets dk_j = dv_j = 0.
+// nothing and gets dq_i = 0; a key no row attends gets dk_j = dv_j = 0; a blocked (b, h, i, j)
+// (mask -inf, causal, key length, an empty row) adds 0 to dmask.
 //
 // Work (FlashAttention-2's loop orders, without atomics), after the rows' statistics: with
 // one thread, or enough (batch, KV head) pairs for every thread, one fused item per pair runs
@@ -33,7 +36,10 @@
 // rows), each looping over the keys, both recomputing the scores and probabilities tile by
 // tile from Q, K and lse. O(N) memory, never Lq×Lk. Every gradient element is summed in one
 // item, in the same fixed order either way: bitwise identical results for any number of
-// threads.
+// threads. The mask's gradient, when asked for, is a pass of its own after those, by blocks of
+// the mask's own elements (its non-broadcast axes): each item recomputes p and ds of every
+// (b, h, i, j) that adds into its elements, in a fixed order, and writes them. It costs about
+// what the dQ pass costs (Q·Kᵀ and dO·Vᵀ once more), and no memory beyond the mask's size.
 #pragma once
 
 #include <cstdint>
@@ -56,19 +62,26 @@ struct BackwardProblem {
   int64_t dk_stride_b = 0, dk_stride_h = 0, dk_stride_l = 0;
   float* d_value = nullptr;  // [B, Hkv, Lk, Ev]
   int64_t dv_stride_b = 0, dv_stride_h = 0, dv_stride_l = 0;
+  // The float mask's gradient, or null for none. It has the mask's layout: element
+  // (b, h, i, j) at b·mask_stride_b + h·mask_stride_h + i·mask_stride_q + j·mask_stride_k, so an
+  // axis the mask broadcasts on (stride 0) is summed over. Distinct elements of the mask's own
+  // axes must not overlap (dense masks do not). Every element is written.
+  float* d_mask = nullptr;
 };
 
 // validate(forward), then: float32 K/V (else kBadKvType), the backward's pointers
-// (kNullPointer) and strides (kBadStride).
+// (kNullPointer) and strides (kBadStride), a d_mask only for a float mask (kBadMaskGrad).
 Status validate_backward(const BackwardProblem& p);
 
 // Floats of scratch that backward() needs on `threads` threads: the rows' RowStats (3 floats
 // each: D_i and the two that rebuild p), and per thread the largest need of the kernels used:
 // the fused kernel holds every row of a pair and its dQ, O((Hq/Hkv)·Lq·(E + Ev)); the dQ pass
-// packs one head's K and V, O(Lk·(E + Ev)); the row statistics keep max ‖k_j‖₂, O(Lk).
+// packs one head's K and V, O(Lk·(E + Ev)); the row statistics keep max ‖k_j‖₂, O(Lk); the
+// mask gradient packs a block of kMaskGradKeys keys, or all of a head's if the mask has no Lk
+// axis.
 uint64_t backward_scratch_floats(const BackwardProblem& p, int32_t threads = 1);
 
-// Writes d_query, d_key and d_value (every element). `scratch` holds at least
+// Writes d_query, d_key and d_value (every element), and d_mask if given. `scratch` holds at least
 // backward_scratch_floats(p, threads) floats, threads = pool ? pool->threads() : 1.
 Status backward(const BackwardProblem& p, float* scratch, uint64_t scratch_size, ThreadPool* pool = nullptr);
 

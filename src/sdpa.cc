@@ -23,6 +23,7 @@ const char* status_name(Status status) {
     case Status::kBadKvType: return "unknown key/value element type";
     case Status::kBadMaskKind: return "unknown mask kind";
     case Status::kBadSegment: return "not a single (batch, KV head) decode, or no such segment";
+    case Status::kBadMaskGrad: return "mask gradient asked for a mask that is not float";
   }
   return "unknown status";
 }

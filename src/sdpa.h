@@ -109,6 +109,8 @@ enum class Status : int32_t {
   kBadMaskKind = 10,    // mask_kind is not a MaskKind
   kBadSegment = 8,      // forward_segment()/merge_segments() on a problem they do not take,
                         // a segment index outside [0, segment_count(p)), or partials null
+  kBadMaskGrad = 11,    // backward() asked for the mask's gradient (d_mask) of a problem whose
+                        // mask is not MaskKind::kFloat
 };
 
 const char* status_name(Status status);

@@ -45,9 +45,17 @@ constexpr int kDecodeMaxRowTiles = 8;
 // the dQ pass, 16 in the dK/dV pass), and in the dK/dV pass the block's K, V (packed) and its
 // dK, dV accumulators: 2·4·64·(E + Ev) bytes.
 constexpr int kBackwardKeyTile = 64;
+// The blocks of the float mask's gradient that one work item of the backward writes: up to
+// kMaskGradRows query rows × kMaskGradKeys keys of the mask's own elements (an axis the mask
+// broadcasts on is whole in every item: its sum stays in one item). Each item packs its keys'
+// K and V once per (batch, head) that adds into it and scores them for each of its rows, so the
+// packing is 1/kMaskGradRows of the work.
+constexpr int kMaskGradRows = 64;
+constexpr int kMaskGradKeys = 4 * kBackwardKeyTile;
 
 static_assert(kKeyTile % kKeyGroup == 0, "a key tile is whole key groups");
 static_assert(kBackwardKeyTile % kKeyGroup == 0, "a backward key tile is whole key groups");
+static_assert(kMaskGradKeys % kBackwardKeyTile == 0, "a mask gradient block is whole backward key tiles");
 static_assert(kQueryTile == 4, "the row statistics use one 4-lane vector");
 
 constexpr int round_up(int n, int m) { return (n + m - 1) / m * m; }

@@ -19,6 +19,8 @@
 // scale at the end). Padding rows of a tile (r >= rows) have p = ds = 0. The fused kernel is the
 // dK/dV kernel over all key blocks of a (batch, KV head) in order, adding each tile's
 // dq += ds·K as the dQ kernel would: one computation of s and dp instead of two, the same bits.
+// The mask gradient kernel recomputes p and ds (not dr: the mask is added after the softcap)
+// for the (b, h, i, j) that map to its block of the mask's elements and adds ds into them.
 //
 // Both products with a packed operand, s and dp, are score_4x8_packed (f32-tile-ops-wasmsimd.h):
 // A interleaved [D][4] (q_cols, go_cols) against B packed [keys/8][D][8] (K, V).
@@ -267,18 +269,23 @@ int32_t finished_scores(const BackwardProblem& bp, const RowTile& rt, const RowO
   return open_cols;
 }
 
+// What probabilities_and_ds leaves in dp: the gradient of the scores before the softcap
+// (dr = ds·(1 - t²), for dQ and dK), or after it, where the mask is added (ds, for the mask).
+enum class ScoreGrad { kBeforeSoftcap, kAfterSoftcap };
+
 // One (row tile, key tile) of keys [j0, j0 + count): s (finished_scores) and dp computed, then
-// turned into p (in s) and ds (in dp), as the file's opening comment says. Returns
-// finished_scores' first blocked column. Columns [count, round_up(count, 8)) and padding rows
-// end with p = ds = 0.
+// turned into p (in s) and ds or dr (in dp, as `grad` says), as the file's opening comment
+// says. Returns finished_scores' first blocked column. Columns [count, round_up(count, 8)) and
+// padding rows end with p = ds = 0.
 int32_t probabilities_and_ds(const BackwardProblem& bp, const RowTile& rt, const RowOperands& o,
                              const float* k_packed, const float* v_packed, int32_t j0, int32_t count,
-                             float* s, float* dp, float* tanh_r, const ExpConstants& ec) {
+                             float* s, float* dp, float* tanh_r, const ExpConstants& ec,
+                             ScoreGrad grad = ScoreGrad::kBeforeSoftcap) {
   const Problem& p = bp.forward;
   const int32_t cols = round_up(count, kKeyGroup);
   const int32_t open_cols = finished_scores(bp, rt, o, k_packed, j0, count, s, tanh_r);
   score_4x8_packed<kTile>(o.go_cols, v_packed, p.value_dim, cols, dp);
-  const bool capped = p.softcap > 0.0f;
+  const bool capped = p.softcap > 0.0f && grad == ScoreGrad::kBeforeSoftcap;
 
   const v128_t zero = wasm_f32x4_splat(0.0f);
   for (int r = 0; r < kQueryTile; r++) {
@@ -459,20 +466,28 @@ void accumulate_dq(const float* ds, const float* key, int64_t k_stride, int32_t 
 //   acc0: dK [kTile][E], acc1: dV [kTile][Ev]  (dK/dV, fused)  |  acc0: dQ [4][E]  (dQ kernel)
 //   dq_all [4T][E]                          (fused kernel: every row's dQ over all key blocks)
 //   key_norm_max [Lk]                       (row statistics: max_{j' <= j} ‖k_j'‖₂)
+// The mask gradient kernel packs its block's keys (kMaskGradKeys, or round_up(Lk, tile) when
+// the mask has no Lk axis) and keeps one tile's rows, s, dp and tanh_r.
+
 struct Scratch {
   float *k_packed, *v_packed, *s, *dp, *tanh_r, *acc0, *acc1, *dq_all, *key_norm_max;
   PreparedRows rows;
 };
 
-enum class KernelKind { kRowStats, kDkDv, kDq, kFused };
+enum class KernelKind { kRowStats, kDkDv, kDq, kFused, kMaskGrad };
 
 uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch* out) {
   const Problem& p = bp.forward;
   const uint64_t E = p.head_dim, Ev = p.value_dim;
-  const bool dq = kind == KernelKind::kDq, fused = kind == KernelKind::kFused;
+  const bool fused = kind == KernelKind::kFused, mask_grad = kind == KernelKind::kMaskGrad;
+  // kMaskGrad: as kDq (one row tile, s, dp, tanh_r) but its own keys, and no accumulators
+  const bool dq = kind == KernelKind::kDq || mask_grad;
   // kRowStats: k_packed (one tile), a group of row tiles, s, tanh_r, and key_norm_max [Lk]
   const bool stats = kind == KernelKind::kRowStats;
-  const uint64_t keys = dq ? static_cast<uint64_t>(round_up(p.kv_len, kTile)) : kTile;
+  const uint64_t all_keys = static_cast<uint64_t>(round_up(p.kv_len, kTile));
+  const uint64_t keys = !dq ? kTile
+                        : !mask_grad || p.mask_stride_k == 0 ? all_keys
+                                                             : std::min<uint64_t>(kMaskGradKeys, all_keys);
   const uint64_t G = dq || stats ? kQueryTile : kGroupRows;
   const uint64_t pair_rows = static_cast<uint64_t>(p.q_heads / p.kv_heads) * p.q_len;
   const uint64_t pair_tiles = (pair_rows + kQueryTile - 1) / kQueryTile;
@@ -490,7 +505,7 @@ uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch
                               G * kTile,
                               stats ? 0 : G * kTile,
                               kQueryTile * kTile,
-                              stats ? 0 : dq ? kQueryTile * E : kTile * E,
+                              stats || mask_grad ? 0 : dq ? kQueryTile * E : kTile * E,
                               stats || dq ? 0 : kTile * Ev,
                               fused ? kQueryTile * T * E : 0,
                               stats ? static_cast<uint64_t>(p.kv_len) : 0};
@@ -783,6 +798,73 @@ void sdpa_f32_bwd_fused_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_
     dkdv_block(bp, b, kv_head, key_begin, stats, s, ec, &s.rows, s.dq_all);
   }
   write_dq(bp, b, kv_head, 0, rows, s.dq_all);
+}
+
+uint64_t sdpa_f32_bwd_dmask_4x64__wasmsimd_scratch(const BackwardProblem& p) {
+  return layout(p, KernelKind::kMaskGrad, nullptr, nullptr);
+}
+
+void sdpa_f32_bwd_dmask_ukernel_4x64__wasmsimd(const BackwardProblem& bp, const MaskGradBlock& block,
+                                               const RowStats& stats, float* scratch_base) {
+  const Problem& p = bp.forward;
+  assert(p.kv_type == KvType::kFloat32 && p.mask_kind == MaskKind::kFloat && bp.d_mask != nullptr);
+  assert(block.key_begin % kTile == 0 && block.key_begin < block.key_end && block.row_begin < block.row_end);
+  const int32_t E = p.head_dim, Ev = p.value_dim, group = p.q_heads / p.kv_heads;
+  Scratch s;
+  layout(bp, KernelKind::kMaskGrad, scratch_base, &s);
+  const ExpConstants ec = make_exp_constants();
+  // Broadcast axes (stride 0) are summed over: every (b, h, i, j) of the block's ranges adds
+  // into element (b·sb, h·sh, i·sq, j·sk), which is the block's own on such an axis.
+  const int64_t sb = p.mask_stride_b, sh = p.mask_stride_h, sq = p.mask_stride_q, sk = p.mask_stride_k;
+  float* const d_mask = bp.d_mask;
+  const int32_t rows_out = sq == 0 ? 1 : block.row_end - block.row_begin;
+  const int32_t keys_out = sk == 0 ? 1 : block.key_end - block.key_begin;
+  const int64_t block_at = block.b * sb + block.h * sh + (sq == 0 ? 0 : block.row_begin * sq) +
+                           (sk == 0 ? 0 : block.key_begin * sk);
+  for (int32_t i = 0; i < rows_out; i++) {
+    for (int32_t j = 0; j < keys_out; j++) d_mask[block_at + i * sq + j * sk] = 0.0f;
+  }
+  const int32_t b_begin = sb == 0 ? 0 : block.b, b_end = sb == 0 ? p.batch : block.b + 1;
+  const int32_t h_begin = sh == 0 ? 0 : block.h, h_end = sh == 0 ? p.q_heads : block.h + 1;
+  const RowOperands operands = s.rows.operands(0, E, Ev);
+  for (int32_t b = b_begin; b < b_end; b++) {
+    for (int32_t h = h_begin; h < h_end; h++) {
+      // The block's rows of head h are the flat rows [f_begin, f_end) of (b, kv_head).
+      const int32_t kv_head = h / group, f_begin = (h - kv_head * group) * p.q_len + block.row_begin,
+                    f_end = f_begin + (block.row_end - block.row_begin);
+      int32_t packed_end = block.key_begin;  // the block's keys some row of head h attends
+      for (int32_t f0 = f_begin; f0 < f_end; f0 += kQueryTile) {
+        packed_end = std::max(packed_end, std::min(block.key_end, make_row_tile(bp, b, kv_head, f0, f_end, stats).keys_end));
+      }
+      if (packed_end == block.key_begin) continue;  // none: every ds is 0
+      const float* key = static_cast<const float*>(p.key) + b * p.k_stride_b + kv_head * p.k_stride_h;
+      const float* value = static_cast<const float*>(p.value) + b * p.v_stride_b + kv_head * p.v_stride_h;
+      pack_key_groups(kF32Elements, key + static_cast<int64_t>(block.key_begin) * p.k_stride_l, p.k_stride_l,
+                      packed_end - block.key_begin, E, s.k_packed);
+      pack_key_groups(kF32Elements, value + static_cast<int64_t>(block.key_begin) * p.v_stride_l, p.v_stride_l,
+                      packed_end - block.key_begin, Ev, s.v_packed);
+      for (int32_t f0 = f_begin; f0 < f_end; f0 += kQueryTile) {
+        const RowTile rt = make_row_tile(bp, b, kv_head, f0, f_end, stats);
+        const int32_t tile_end = std::min(packed_end, rt.keys_end);
+        if (tile_end <= block.key_begin) continue;  // the tile's rows attend none of the block's keys
+        load_row_operands(bp, rt, operands);
+        for (int32_t j0 = block.key_begin; j0 < tile_end; j0 += kTile) {
+          const int32_t count = std::min(kTile, tile_end - j0);
+          const size_t packed_at = static_cast<size_t>(j0 - block.key_begin);
+          probabilities_and_ds(bp, rt, operands, s.k_packed + packed_at * E, s.v_packed + packed_at * Ev, j0, count,
+                               s.s, s.dp, s.tanh_r, ec, ScoreGrad::kAfterSoftcap);
+          // ds is 0 for blocked keys (and padding rows are not read): adding it changes nothing
+          // but the sign of a zero sum, as in every other order.
+          for (int r = 0; r < rt.rows; r++) {
+            float* out = d_mask + block_at + (sq == 0 ? 0 : (rt.i[r] - block.row_begin) * sq) +
+                         (sk == 0 ? 0 : (j0 - block.key_begin) * sk);
+            const float* ds = s.dp + r * kTile;
+            for (int32_t c = 0; c < count; c++) out[c * sk] += ds[c];
+          }
+        }
+      }
+    }
+  }
 }
 
 void sdpa_f32_bwd_dq_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b, int32_t kv_head,

@@ -58,6 +58,22 @@ void sdpa_f32_bwd_dkdv_ukernel_4x64__wasmsimd(const BackwardProblem& p, int32_t 
 void sdpa_f32_bwd_fused_ukernel_4x64__wasmsimd(const BackwardProblem& p, int32_t b, int32_t kv_head,
                                                const RowStats& stats, float* scratch);
 
+// One block of the float mask's gradient d_mask (BackwardProblem): its elements (b, h, i, j)
+// with i in [row_begin, row_end) and j in [key_begin, key_end) (key_begin a multiple of
+// kBackwardKeyTile). On an axis the mask broadcasts on (stride 0) the block's index is 0 and
+// its range the whole axis: b = 0 with a zero mask_stride_b, all batches summed; likewise h;
+// rows [0, Lq) with a zero mask_stride_q, written to i = 0; keys [0, Lk) with a zero
+// mask_stride_k, written to j = 0.
+struct MaskGradBlock {
+  int32_t b, h, row_begin, row_end, key_begin, key_end;
+};
+uint64_t sdpa_f32_bwd_dmask_4x64__wasmsimd_scratch(const BackwardProblem& p);
+
+// Writes every element of the block: the sum of ds over the (b, h, i, j) that map to it, added
+// in the order b, h, row tile, key tile, row, key (a fixed order of the block alone).
+void sdpa_f32_bwd_dmask_ukernel_4x64__wasmsimd(const BackwardProblem& p, const MaskGradBlock& block,
+                                               const RowStats& stats, float* scratch);
+
 // dQ of the flat rows [row_begin, row_end) of (b, kv_head).
 void sdpa_f32_bwd_dq_ukernel_4x64__wasmsimd(const BackwardProblem& p, int32_t b, int32_t kv_head,
                                             int32_t row_begin, int32_t row_end, const RowStats& stats,

@@ -122,6 +122,11 @@ std::vector<double> reference_logsumexp(const Problem& p) {
   return lse;
 }
 
+int64_t mask_elements(const Problem& p) {
+  return (p.batch - 1) * p.mask_stride_b + (p.q_heads - 1) * p.mask_stride_h +
+         static_cast<int64_t>(p.q_len - 1) * p.mask_stride_q + static_cast<int64_t>(p.kv_len - 1) * p.mask_stride_k + 1;
+}
+
 ReferenceGradients reference_backward(const BackwardProblem& bp) {
   const Problem& p = bp.forward;
   const int64_t B = p.batch, Hq = p.q_heads, Hkv = p.kv_heads, Lq = p.q_len, Lk = p.kv_len,
@@ -132,6 +137,7 @@ ReferenceGradients reference_backward(const BackwardProblem& bp) {
   g.d_query.assign(static_cast<size_t>(B * Hq * Lq * E), 0.0);
   g.d_key.assign(static_cast<size_t>(B * Hkv * Lk * E), 0.0);
   g.d_value.assign(static_cast<size_t>(B * Hkv * Lk * Ev), 0.0);
+  if (p.mask_kind == MaskKind::kFloat) g.d_mask.assign(static_cast<size_t>(mask_elements(p)), 0.0);
   std::vector<double> dp(static_cast<size_t>(Lk));
   for (int64_t b = 0; b < B; b++) {
     for (int64_t h = 0; h < Hq; h++) {
@@ -153,6 +159,10 @@ ReferenceGradients reference_backward(const BackwardProblem& bp) {
           if (prob[j] == 0.0) continue;
           const float* k = static_cast<const float*>(p.key) + b * p.k_stride_b + kvh * p.k_stride_h + j * p.k_stride_l;
           double dr = prob[j] * (dp[j] - delta);  // ∂L/∂s_j
+          if (!g.d_mask.empty()) {  // s_j = capped score + mask: ∂s_j/∂mask = 1
+            g.d_mask[static_cast<size_t>(b * p.mask_stride_b + h * p.mask_stride_h + i * p.mask_stride_q +
+                                         j * p.mask_stride_k)] += dr;
+          }
           if (p.softcap > 0.0f) {  // s = c·tanh(r/c): ∂s/∂r = 1 - tanh²(r/c)
             double dot = 0.0;
             for (int64_t d = 0; d < E; d++) dot += static_cast<double>(q[d]) * k[d];

@@ -18,10 +18,15 @@ std::vector<double> reference_logsumexp(const Problem& p);
 
 // The gradients of the backward problem's forward (its inputs and dO; not the forward's saved
 // O and lse, which the kernel uses: the reference derives everything from the definition),
-// dense: d_query [B, Hq, Lq, E], d_key [B, Hkv, Lk, E], d_value [B, Hkv, Lk, Ev].
+// dense: d_query [B, Hq, Lq, E], d_key [B, Hkv, Lk, E], d_value [B, Hkv, Lk, Ev]; and for a
+// float mask d_mask, laid out as the mask (element (b, h, i, j) at the mask's offset, summed
+// over its broadcast axes), mask_elements(p) long (empty without a float mask).
 struct ReferenceGradients {
-  std::vector<double> d_query, d_key, d_value;
+  std::vector<double> d_query, d_key, d_value, d_mask;
 };
 ReferenceGradients reference_backward(const BackwardProblem& p);
+
+// 1 + the largest offset of the mask's elements: (B - 1)·mask_stride_b + ... + (Lk - 1)·mask_stride_k + 1.
+int64_t mask_elements(const Problem& p);
 
 }  // namespace sdpa

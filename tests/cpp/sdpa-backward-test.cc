@@ -31,9 +31,15 @@ constexpr double kTolerance = 1e-4;  // max |got - ref| / (1 + |ref|)
 
 using Case = test::AttentionCase;
 
+// |got - ref| / (1 + |ref|), infinite for a got that is not finite.
+double relative_error(float got, double ref) {
+  return std::isfinite(got) ? std::abs(got - ref) / (1.0 + std::abs(ref)) : std::numeric_limits<double>::infinity();
+}
+
 struct Harness : test::OptionArrays {
   Case c;
   std::vector<float> q, k, v, out, lse, go, dq, dk, dv;
+  std::vector<float> dm;  // a float mask's gradient, laid out as the mask (mask_f)
   BackwardProblem bp;
 
   explicit Harness(const Case& cs) : c(cs) {
@@ -57,6 +63,10 @@ struct Harness : test::OptionArrays {
     bp.logsumexp = lse.data(), bp.grad_output = go.data();
     bp.d_query = dq.data(), bp.d_key = dk.data(), bp.d_value = dv.data();
     test::set_options(c, random, *this, p);
+    if (c.mask_kind == MaskKind::kFloat) {  // a float mask's gradient: every case asks for it
+      dm.assign(mask_f.size(), kNaN);
+      bp.d_mask = dm.data();
+    }
     if (!c.key_lengths.empty()) {
       // Padding past each batch's key length holds NaN: it must not reach any gradient.
       for (int b = 0; b < c.B; b++) {
@@ -113,6 +123,21 @@ struct Harness : test::OptionArrays {
     EXPECT_LE(error(dq, ref.d_query, c.Hq, c.Lq, c.E), kTolerance) << "dQ " << c.describe();
     EXPECT_LE(error(dk, ref.d_key, c.Hkv, c.Lk, c.E), kTolerance) << "dK " << c.describe();
     EXPECT_LE(error(dv, ref.d_value, c.Hkv, c.Lk, c.Ev), kTolerance) << "dV " << c.describe();
+    ASSERT_EQ(ref.d_mask.size(), dm.size()) << c.describe();
+    double worst = 0.0;
+    for (size_t n = 0; n < dm.size(); n++) worst = std::max(worst, relative_error(dm[n], ref.d_mask[n]));
+    EXPECT_LE(worst, kTolerance) << "dMask " << c.describe();
+  }
+
+  // Whether every gradient has the bits of `other`'s.
+  void expect_same_bits(const Harness& other, const std::string& what) const {
+    EXPECT_EQ(std::memcmp(dq.data(), other.dq.data(), dq.size() * 4), 0) << "dQ " << what;
+    EXPECT_EQ(std::memcmp(dk.data(), other.dk.data(), dk.size() * 4), 0) << "dK " << what;
+    EXPECT_EQ(std::memcmp(dv.data(), other.dv.data(), dv.size() * 4), 0) << "dV " << what;
+    ASSERT_EQ(dm.size(), other.dm.size());
+    if (!dm.empty()) {
+      EXPECT_EQ(std::memcmp(dm.data(), other.dm.data(), dm.size() * 4), 0) << "dMask " << what;
+    }
   }
 };
 
@@ -311,9 +336,7 @@ TEST(Backward, BitwiseIdenticalForAnyThreadCountAndSplit) {
     for (int threads : {2, 3, 5}) {
       Harness many(c);
       many.run(threads);
-      EXPECT_EQ(std::memcmp(many.dq.data(), one.dq.data(), one.dq.size() * 4), 0) << threads << " " << c.describe();
-      EXPECT_EQ(std::memcmp(many.dk.data(), one.dk.data(), one.dk.size() * 4), 0) << threads << " " << c.describe();
-      EXPECT_EQ(std::memcmp(many.dv.data(), one.dv.data(), one.dv.size() * 4), 0) << threads << " " << c.describe();
+      many.expect_same_bits(one, std::to_string(threads) + " " + c.describe());
     }
   }
 }
@@ -348,6 +371,73 @@ TEST(Backward, ReferenceGradientsMatchFiniteDifferences) {
   expect_fd(h.q, ref.d_query, "dQ");
   expect_fd(h.k, ref.d_key, "dK");
   expect_fd(h.v, ref.d_value, "dV");
+  expect_fd(h.mask_f, ref.d_mask, "dMask");
+  // The same for a mask broadcast over heads and rows: its gradient sums theirs.
+  Case broadcast = c;
+  broadcast.mask_dims = {1, 1, 5}, broadcast.seed = 10;
+  Harness hb(broadcast);
+  const ReferenceGradients ref_b = reference_backward(hb.bp);
+  ASSERT_EQ(ref_b.d_mask.size(), 5u);
+  std::swap(h.mask_f, hb.mask_f);  // expect_fd perturbs h; point its problem at the [5] mask
+  h.bp.forward.mask = h.mask_f.data();
+  h.bp.forward.mask_stride_q = 0;
+  const ReferenceGradients ref_h = reference_backward(h.bp);
+  expect_fd(h.mask_f, ref_h.d_mask, "dMask [Lk]");
+}
+
+// The float mask's gradient for a mask of each of the 16 broadcast shapes over [B, Hq, Lq, Lk]:
+// summed over the broadcast axes, against the reference; blocks of kMaskGradRows rows and
+// kMaskGradKeys keys cut by Lq = kMaskGradRows + 5 and Lk = kMaskGradKeys + 45; with causal
+// offsets, key lengths (NaN padding), softcap (the mask is added after it: ds, not dr), -inf
+// entries and GQA; bitwise the same on 1, 2 and 3 threads.
+TEST(Backward, MaskGradientOfEveryBroadcastShape) {
+  for (int shape = 0; shape < 16; shape++) {
+    Case c;
+    c.B = 2, c.Hq = 4, c.Hkv = 2, c.Lq = kMaskGradRows + 5, c.Lk = kMaskGradKeys + 45, c.E = 8, c.Ev = 5;
+    const int full[4] = {c.B, c.Hq, c.Lq, c.Lk};
+    c.mask_dims.clear();
+    for (int a = 0; a < 4; a++) c.mask_dims.push_back(shape >> (3 - a) & 1 ? full[a] : 1);
+    c.mask_kind = MaskKind::kFloat, c.mask_block_fraction = 0.1, c.seed = uint32_t(40 + shape);
+    c.softcap = shape % 3 == 0 ? 4.0f : 0.0f;
+    c.causal = shape % 2 == 0, c.offsets = {c.Lk - c.Lq, 20};
+    if (shape % 4 == 1) c.key_lengths = {c.Lk, 100};
+    Harness one(c);
+    one.run(1);
+    one.expect_matches_reference();
+    for (int threads : {2, 3}) {
+      Harness many(c);
+      many.run(threads);
+      many.expect_same_bits(one, std::to_string(threads) + " " + c.describe());
+    }
+  }
+}
+
+// Where nothing attends, the mask's gradient is exactly zero: -inf entries, keys past the
+// causal frontier or a key length, rows with nothing to attend.
+TEST(Backward, MaskGradientIsZeroWhereNothingAttends) {
+  Case c;
+  c.B = 2, c.Hq = 2, c.Hkv = 1, c.Lq = 6, c.Lk = 20, c.E = 8, c.Ev = 8;
+  c.causal = true, c.offsets = {-3, 5};  // batch 0: rows 0..2 attend nothing
+  c.key_lengths = {20, 7};
+  c.mask_kind = MaskKind::kFloat, c.mask_dims = {2, 2, 6, 20}, c.mask_block_fraction = 0.2, c.seed = 4;
+  Harness h(c);
+  h.run(1);
+  h.expect_matches_reference();
+  int zeros = 0;
+  for (int b = 0; b < c.B; b++) {
+    for (int head = 0; head < c.Hq; head++) {
+      for (int i = 0; i < c.Lq; i++) {
+        for (int j = 0; j < c.Lk; j++) {
+          const size_t n = size_t(((b * c.Hq + head) * c.Lq + i) * c.Lk + j);
+          const int limit = std::min(std::max(i + c.offsets[size_t(b)] + 1, 0), c.key_lengths[size_t(b)]);
+          if (j < limit && h.mask_f[n] != -kInf) continue;
+          EXPECT_PRED1(test::is_plus_zero, h.dm[n]) << b << " " << head << " " << i << " " << j;
+          zeros++;
+        }
+      }
+    }
+  }
+  EXPECT_GT(zeros, c.B * c.Hq * c.Lq * c.Lk / 2);
 }
 
 // The forward's log-sum-exp (Problem::logsumexp), on the prefill path and the split-K decode
@@ -377,9 +467,6 @@ TEST(Backward, ForwardLogSumExpOnEveryPath) {
 
 // Fuzzing findings (tests/fuzz/backward-fuzz.cc): a row's q, dO or lse that is not finite
 // reached keys the row does not attend, through 0·Inf and -inf - NaN = NaN.
-double relative_error(float got, double ref) {
-  return std::isfinite(got) ? std::abs(got - ref) / (1.0 + std::abs(ref)) : std::numeric_limits<double>::infinity();
-}
 
 // dV += pᵀ·dO multiplied p = 0 by a NaN dO (and dK += dsᵀ·(scale·Q) ds = 0 by an Inf q·scale):
 // a key the row does not attend got NaN. The row's own dQ may be NaN, nothing else.
@@ -468,6 +555,16 @@ TEST(Backward, RejectsWhatItDoesNotTake) {
   EXPECT_EQ(validate_backward(bad), Status::kBadStride);
   std::vector<float> scratch(1);
   EXPECT_EQ(backward(h.bp, scratch.data(), scratch.size()), Status::kBadScratch);
+  // A mask gradient without a float mask: none, or a bool one.
+  std::vector<float> dm(6);
+  bad = h.bp;
+  bad.d_mask = dm.data();
+  EXPECT_EQ(validate_backward(bad), Status::kBadMaskGrad);
+  Case bool_mask = c;
+  bool_mask.mask_kind = MaskKind::kBool, bool_mask.mask_dims = {2, 3};
+  Harness hb(bool_mask);
+  hb.bp.d_mask = dm.data();
+  EXPECT_EQ(validate_backward(hb.bp), Status::kBadMaskGrad);
 }
 
 }  // namespace
