@@ -1,4 +1,5 @@
-// sdpaBackward(): the gradients dQ, dK, dV (src/sdpa-backward.h) of a checked BackwardPlan.
+// sdpaBackward(): the gradients dQ, dK, dV (src/sdpa-backward.h) of a checked BackwardPlan,
+// and the float mask's (laid out as the mask, summed over its broadcast axes) when asked for.
 // One way of running it: Q, K, V and dO copied in, with the forward's output O and
 // log-sum-exp either copied in (options.saved) or computed first by forward() on the same
 // problem (the same bits as sdpa(..., { returnLogSumExp: true }) gives: its kernel, its
@@ -18,13 +19,17 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
   try {
     const desc = describeProblem(p);
     const grad: BackwardDesc = {
-      logsumexp: 0, gradOutput: 0, dQuery: 0, dKey: 0, dValue: 0,
+      logsumexp: 0, gradOutput: 0, dQuery: 0, dKey: 0, dValue: 0, dMask: 0,
       // dO and O share the output's strides; each gradient its input's.
       goStrideB: p.o.b, goStrideH: p.o.h, goStrideL: p.o.l,
       dqStrideB: p.q.b, dqStrideH: p.q.h, dqStrideL: p.q.l,
       dkStrideB: p.k.b, dkStrideH: p.k.h, dkStrideL: p.k.l,
       dvStrideB: p.v.b, dvStrideH: p.v.h, dvStrideL: p.v.l,
     };
+    // backward_scratch_floats counts the mask gradient's scratch when dMask is not 0: any
+    // address stands in for it until the allocation.
+    const maskSize = p.mask?.size ?? 0;
+    if (bp.maskGrad) grad.dMask = 1;
     // The forward (when O and lse are not saved) and the backward run one after the other:
     // one scratch block serves both.
     const backwardFloats = module.backwardScratchFloats(problemArg(module, desc), backwardArg(module, grad), threads);
@@ -34,11 +39,13 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
       query: q.byteLength, key: k.byteLength, value: v.byteLength, gradOutput: bp.gradOutput.byteLength,
       output: p.outputSize * 4, logSumExp: p.lseSize * 4,
       dQuery: q.length * 4, dKey: k.length * 4, dValue: v.length * 4,
+      dMask: bp.maskGrad ? maskSize * 4 : 0,
       scratch: scratchFloats * 4, ...smallInputBytes(p),
     });
     Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
     Object.assign(grad, {
       logsumexp: at.logSumExp, gradOutput: at.gradOutput, dQuery: at.dQuery, dKey: at.dKey, dValue: at.dValue,
+      dMask: bp.maskGrad ? at.dMask : 0,
     });
     // Heap views only after the last allocation.
     const { f32 } = memory.heap;
@@ -57,11 +64,13 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
       threads));
     const heap = memory.heap.f32;  // fresh views, as everywhere after a call
     const take = (address: number, length: number) => heap.slice(address >>> 2, (address >>> 2) + length);
-    return {
+    const result: SdpaBackwardResult = {
       dQuery: { data: take(at.dQuery, q.length), dims: bp.queryDims },
       dKey: { data: take(at.dKey, k.length), dims: bp.keyDims },
       dValue: { data: take(at.dValue, v.length), dims: bp.valueDims },
     };
+    if (bp.maskGrad && p.mask !== null) result.dAttnMask = { data: take(at.dMask, maskSize), dims: [...p.mask.dims] };
+    return result;
   } finally {
     memory.free();
   }

@@ -71,6 +71,13 @@ export interface SdpaBackwardOptions extends Omit<SdpaOptions, 'returnWeights' |
    * naming the first difference. A copy of it is not checked.
    */
   saved?: { output: Tensor; logSumExp: Tensor };
+  /**
+   * Also return `dAttnMask`, the gradient of an additive (Float32Array) `attnMask`: its dims,
+   * summed over the axes it broadcasts on; 0 where a key is blocked (-Infinity, causal, key
+   * length). One more pass over the scores (about the dQ pass's cost). Default false; true
+   * without a float mask is a TypeError.
+   */
+  returnMaskGrad?: boolean;
 }
 
 /** Gradients of a loss with respect to the inputs: each with its input's dims and layout. */
@@ -78,6 +85,8 @@ export interface SdpaBackwardResult {
   dQuery: Tensor;
   dKey: Tensor;
   dValue: Tensor;
+  /** With options.returnMaskGrad: the float attnMask's gradient, with the mask's dims. */
+  dAttnMask?: Tensor;
 }
 
 export interface AttentionOptions {

@@ -18,7 +18,7 @@ export const OPTION_NAMES = [
 ] as const;
 /** sdpaBackward's options: the score pipeline's, and `saved`. */
 export const BACKWARD_OPTION_NAMES = [
-  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'keyLengths', 'layout', 'saved',
+  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'keyLengths', 'layout', 'saved', 'returnMaskGrad',
 ] as const;
 
 /** Elements strides of a [B, H, L, D] view; D is contiguous. */
@@ -57,6 +57,8 @@ export interface Plan {
     data: Float32Array | Uint8Array;
     /** The elements its dims need (data.length when checked). */
     size: number;
+    /** Its dims as given (1 to 4 of them, right-aligned against [B, Hq, Lq, Lk]). */
+    dims: number[];
     strides: [number, number, number, number];  // over [B, Hq, Lq, Lk], 0 = broadcast
   };
   causal: boolean;
@@ -288,7 +290,7 @@ function checkMask(fn: string, mask: unknown, target: [number, number, number, n
     strides[axis] = size === 1 ? 0 : stride;
     stride *= size;
   }
-  return { kind, data: ownView(data), size: lengthOf(data), strides };
+  return { kind, data: ownView(data), size: lengthOf(data), dims: d, strides };
 }
 
 function checkBoolean(fn: string, name: string, x: unknown, fallback: boolean): boolean {
@@ -351,6 +353,8 @@ export interface BackwardPlan {
   queryDims: number[];
   keyDims: number[];
   valueDims: number[];
+  /** options.returnMaskGrad: the float mask's gradient is asked for (forward.mask is float). */
+  maskGrad: boolean;
 }
 
 function sameDims(a: readonly number[], b: readonly number[]): boolean {
@@ -361,9 +365,14 @@ function sameDims(a: readonly number[], b: readonly number[]): boolean {
 export function planBackward(query: unknown, key: unknown, value: unknown, gradOutput: unknown,
   options: unknown): BackwardPlan {
   const fn = 'sdpaBackward';
-  const o = checkOptionNames(fn, options, BACKWARD_OPTION_NAMES) as SdpaOptions & { saved?: unknown };
-  const { saved: savedOption, ...forwardOptions } = o;
+  const o = checkOptionNames(fn, options, BACKWARD_OPTION_NAMES) as SdpaOptions & { saved?: unknown; returnMaskGrad?: unknown };
+  const { saved: savedOption, returnMaskGrad, ...forwardOptions } = o;
   const { plan: forward, q, k, v } = planTensors(fn, query, key, value, { ...forwardOptions, returnLogSumExp: true });
+  const maskGrad = checkBoolean(fn, 'options.returnMaskGrad', returnMaskGrad, false);
+  if (maskGrad && forward.mask?.kind !== 'float') {
+    throw new TypeError(`${fn}: options.returnMaskGrad needs an additive options.attnMask (Float32Array data); got ` +
+      (forward.mask === null ? 'no attnMask' : 'a boolean one (Uint8Array data), which has no gradient'));
+  }
   const arrays = planArrays(forward);
   const go = checkTensor(fn, 'gradOutput', gradOutput, forward.layout);
   if (!sameDims(go.dims, forward.outputDims)) {
@@ -401,7 +410,7 @@ export function planBackward(query: unknown, key: unknown, value: unknown, gradO
   }
   arrays.push(['gradOutput.data', go.data, forward.outputSize]);
   checkArraysKept(fn, arrays);
-  return { forward, gradOutput: go.data, saved, queryDims: q.dims, keyDims: k.dims, valueDims: v.dims };
+  return { forward, gradOutput: go.data, saved, queryDims: q.dims, keyDims: k.dims, valueDims: v.dims, maskGrad };
 }
 
 function planTensors(fn: string, query: unknown, key: unknown, value: unknown, o: SdpaOptions) {

@@ -75,7 +75,9 @@ async function handle({ op, args: a }: Request): Promise<Handled> {
       const savedLogSumExp = (a.options as { saved?: { logSumExp?: { data?: Float32Array } } } | undefined)?.saved?.logSumExp?.data;
       if (a.record !== undefined && savedLogSumExp !== undefined) remember(savedLogSumExp, a.record as ForwardRecord);
       const g = live().sdpaBackward(a.query as never, a.key as never, a.value as never, a.gradOutput as never, a.options as never);
-      return { value: g, transfer: transferList([g.dQuery.data, g.dKey.data, g.dValue.data]) };
+      const moved = [g.dQuery.data, g.dKey.data, g.dValue.data];
+      if (g.dAttnMask !== undefined) moved.push(g.dAttnMask.data);
+      return { value: g, transfer: transferList(moved) };
     }
     case 'createKVCache': {  // { cache: id, options } → null
       caches.set(a.cache as number, live().createKVCache(a.options as never));

@@ -28,6 +28,8 @@ export interface ProblemDesc {
 /** Mirrors BackwardDesc in src/bindings/embind.cc: the backward pass's own operands (an argument block too). */
 export interface BackwardDesc {
   logsumexp: number; gradOutput: number; dQuery: number; dKey: number; dValue: number;
+  /** The float mask's gradient, laid out as the mask: 0 for none. */
+  dMask: number;
   goStrideB: number; goStrideH: number; goStrideL: number;
   dqStrideB: number; dqStrideH: number; dqStrideL: number;
   dkStrideB: number; dkStrideH: number; dkStrideL: number;
@@ -57,7 +59,7 @@ export interface SdpaModule {
   forward(desc: number, scratch: number, scratchFloats: number, threads: number): number;
   /** Floats of scratch backward() needs on `threads` threads. */
   backwardScratchFloats(desc: number, grad: number, threads: number): number;
-  /** dQ, dK, dV of `desc` (its output = the forward's O): a status (0 = ok). */
+  /** dQ, dK, dV (and dMask if given) of `desc` (its output = the forward's O): a status (0 = ok). */
   backward(desc: number, grad: number, scratch: number, scratchFloats: number, threads: number): number;
   /** Whether forward() reads K/V in place (the decode path: no packing). */
   readsKeysInPlace(desc: number): boolean;

@@ -78,7 +78,7 @@ sdpa::Problem to_problem(const ProblemDesc& d) {
 // The backward pass's own operands (src/sdpa-backward.h); the forward's are a ProblemDesc
 // (its `output` is the forward's output O, read).
 struct BackwardDesc {
-  uint32_t logsumexp, gradOutput, dQuery, dKey, dValue;
+  uint32_t logsumexp, gradOutput, dQuery, dKey, dValue, dMask;  // dMask: 0 for none
   int32_t goStrideB, goStrideH, goStrideL, dqStrideB, dqStrideH, dqStrideL;
   int32_t dkStrideB, dkStrideH, dkStrideL, dvStrideB, dvStrideH, dvStrideL;
 };
@@ -130,7 +130,7 @@ constexpr FieldLayout kBackwardFields[] = {
     SDPA_FIELD(BackwardDesc, goStrideH), SDPA_FIELD(BackwardDesc, goStrideL),  SDPA_FIELD(BackwardDesc, dqStrideB),
     SDPA_FIELD(BackwardDesc, dqStrideH), SDPA_FIELD(BackwardDesc, dqStrideL),  SDPA_FIELD(BackwardDesc, dkStrideB),
     SDPA_FIELD(BackwardDesc, dkStrideH), SDPA_FIELD(BackwardDesc, dkStrideL),  SDPA_FIELD(BackwardDesc, dvStrideB),
-    SDPA_FIELD(BackwardDesc, dvStrideH), SDPA_FIELD(BackwardDesc, dvStrideL),
+    SDPA_FIELD(BackwardDesc, dvStrideH), SDPA_FIELD(BackwardDesc, dvStrideL),  SDPA_FIELD(BackwardDesc, dMask),
 };
 #undef SDPA_FIELD
 // All fields are words: a struct as large as its listed fields has every field listed (the
@@ -178,6 +178,7 @@ sdpa::BackwardProblem to_backward(const ProblemDesc& d, const BackwardDesc& g) {
   p.dk_stride_b = g.dkStrideB, p.dk_stride_h = g.dkStrideH, p.dk_stride_l = g.dkStrideL;
   p.d_value = at<float>(g.dValue);
   p.dv_stride_b = g.dvStrideB, p.dv_stride_h = g.dvStrideH, p.dv_stride_l = g.dvStrideL;
+  p.d_mask = at<float>(g.dMask);
   return p;
 }
 

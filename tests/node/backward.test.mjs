@@ -1,7 +1,8 @@
 // attn.sdpaBackward() (issue #13): the gradients dQ, dK, dV against the float64 analytic
 // backward (reference.mjs, referenceSdpaBackward: written from softmax's Jacobian), and that
 // reference and the kernel against central finite differences of the float64 forward; over
-// tile edges, GQA, Lq ≠ Lk, Ev ≠ E, masks of every broadcast shape (masks get no gradient),
+// tile edges, GQA, Lq ≠ Lk, Ev ≠ E, masks of every broadcast shape (and a float mask's gradient,
+// options.returnMaskGrad, summed over its broadcast axes),
 // causal offsets, key lengths with NaN padding, softcap, scale, both layouts and ranks.
 // Also: sdpa(..., { returnLogSumExp }) against the reference; `saved` and recomputed paths
 // bitwise equal; one and two threads bitwise; through createAttentionWorker bitwise the direct
@@ -50,7 +51,21 @@ function expectGradientsMatch(instance, p, options = {}) {
   expect(maxRelError(got.dQuery.data, ref.dQuery)).toBeLessThanOrEqual(TOL);
   expect(maxRelError(got.dKey.data, ref.dKey)).toBeLessThanOrEqual(TOL);
   expect(maxRelError(got.dValue.data, ref.dValue)).toBeLessThanOrEqual(TOL);
+  if (options.returnMaskGrad) {
+    expect(got.dAttnMask.dims).toEqual(options.attnMask.dims);
+    expect(got.dAttnMask.data.length).toBe(ref.dAttnMask.length);
+    expect(maxRelError(got.dAttnMask.data, ref.dAttnMask)).toBeLessThanOrEqual(TOL);
+  } else {
+    expect(got.dAttnMask).toBeUndefined();
+  }
   return got;
+}
+
+/** A float mask of `dims` with entries uniform in [-1, 1), -Infinity with probability `blocked`. */
+function floatMask(dims, seed, blocked = 0) {
+  const random = mulberry32(seed);
+  const n = dims.reduce((a, b) => a * b, 1);
+  return t(Float32Array.from({ length: n }, () => (random() < blocked ? -Infinity : random() * 2 - 1)), dims);
 }
 
 describe('sdpaBackward against the float64 analytic backward', () => {
@@ -105,6 +120,100 @@ describe('sdpaBackward against the float64 analytic backward', () => {
   });
 });
 
+describe("the float mask's gradient (options.returnMaskGrad)", () => {
+  // The kernel's items are blocks of 64 rows × 256 keys of the mask (kMaskGradRows,
+  // kMaskGradKeys in src/tiles.h): Lq and Lk cross a block edge.
+  const B = 2, Hq = 4, Hkv = 2, Lq = 69, Lk = 301;
+  const full = [B, Hq, Lq, Lk];
+  const shapes = Array.from({ length: 16 }, (_, bits) => full.map((size, axis) => ((bits >> (3 - axis)) & 1 ? size : 1)));
+  test.each(shapes.map((dims, n) => [dims, n]))('4-d mask of dims %j: summed over its broadcast axes; 1 and 2 threads bitwise', (dims, n) => {
+    const p = problem({ B, Hq, Hkv, Lq, Lk, E: 8, Ev: 5, seed: 70 + n, layout: n % 3 === 0 ? 'bshd' : 'bhsd' });
+    const options = {
+      attnMask: floatMask(dims, n, 0.1), returnMaskGrad: true, layout: n % 3 === 0 ? 'bshd' : 'bhsd',
+      isCausal: n % 2 === 0, causalOffset: n % 2 === 0 ? Int32Array.of(Lk - Lq, 20) : undefined, softcap: n % 4 === 1 ? 4 : undefined,
+      keyLengths: n % 5 === 2 ? Int32Array.of(Lk, 100) : undefined,
+    };
+    const one = expectGradientsMatch(attn, p, options);
+    const two = attn2.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    for (const name of ['dQuery', 'dKey', 'dValue', 'dAttnMask']) expect(sameBits(two[name].data, one[name].data)).toBe(true);
+  });
+
+  test.each([[[Lk]], [[Lq, Lk]], [[Hq, 1, Lk]], [[Lq, 1]]])('ranks below 4, dims %j: the gradient has the mask\'s own dims', (dims) => {
+    const p = problem({ B, Hq, Hkv, Lq, Lk, E: 8, Ev: 5, seed: 90 + dims.length });
+    expectGradientsMatch(attn, p, { attnMask: floatMask(dims, dims.length, 0.1), returnMaskGrad: true });
+  });
+
+  test('exact zeros where nothing attends: -Infinity entries, past the causal frontier or a key length, empty rows', () => {
+    const p = problem({ B: 2, Hq: 2, Hkv: 1, Lq: 6, Lk: 20, seed: 95 });
+    const mask = floatMask([2, 2, 6, 20], 95, 0.2);
+    const causalOffset = Int32Array.of(-3, 5), keyLengths = Int32Array.of(20, 7);
+    const { dAttnMask } = expectGradientsMatch(attn, p, { attnMask: mask, returnMaskGrad: true, isCausal: true, causalOffset, keyLengths });
+    let zeros = 0, nonzeros = 0;
+    for (let n = 0; n < mask.data.length; n++) {
+      const j = n % 20, i = Math.floor(n / 20) % 6, b = Math.floor(n / 240);
+      const open = j < Math.min(Math.max(i + causalOffset[b] + 1, 0), keyLengths[b]) && mask.data[n] !== -Infinity;
+      if (open) {
+        nonzeros += dAttnMask.data[n] !== 0 ? 1 : 0;
+      } else {
+        expect(Object.is(dAttnMask.data[n], 0)).toBe(true);
+        zeros++;
+      }
+    }
+    expect(zeros).toBeGreaterThan(mask.data.length / 2);
+    expect(nonzeros).toBeGreaterThan(0);
+  });
+
+  test('saved and recomputed forward give the same bits; the worker too (the gradient transferred back)', async () => {
+    const p = problem({ B: 2, Hq: 4, Hkv: 2, Lq: 9, Lk: 70, E: 8, Ev: 6, seed: 96 });
+    const options = { attnMask: floatMask([4, 9, 70], 96, 0.1), isCausal: true, causalOffset: 61, softcap: 5 };
+    const recomputed = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, returnMaskGrad: true });
+    const forward = attn.sdpa(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+    const saved = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput,
+      { ...options, returnMaskGrad: true, saved: { output: forward.output, logSumExp: forward.logSumExp } });
+    const worker = await createAttentionWorker({ threads: 1 });
+    try {
+      const viaWorker = await worker.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, returnMaskGrad: true });
+      for (const result of [saved, viaWorker]) {
+        expect(result.dAttnMask.dims).toEqual([4, 9, 70]);
+        for (const name of ['dQuery', 'dKey', 'dValue', 'dAttnMask']) expect(sameBits(result[name].data, recomputed[name].data)).toBe(true);
+      }
+      const error = await worker.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { returnMaskGrad: true }).then(() => undefined, (e) => e);
+      expect(error.constructor).toBe(TypeError);
+      expect(error.message).toMatch(/^sdpaBackward: options\.returnMaskGrad needs an additive options\.attnMask/);
+    } finally {
+      worker.dispose();
+    }
+    // Without returnMaskGrad the other gradients have the same bits: the pass only adds.
+    const without = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(without[name].data, recomputed[name].data)).toBe(true);
+    expect(without.dAttnMask).toBeUndefined();
+    expect(attn.memory().bytesInUse).toBe(0);
+  });
+
+  test('a learnable bias: plain gradient descent on the mask alone lowers a loss', () => {
+    // Fit a [Lq, Lk] bias so that the output approaches a target: L = ½‖O - T‖², dO = O - T.
+    const p = problem({ Hq: 2, Lq: 5, Lk: 9, E: 4, Ev: 3, seed: 97 });
+    const target = randomTensor([1, 2, 5, 3], 98);
+    const bias = t(new Float32Array(5 * 9), [5, 9]);
+    const lossAndGrad = () => {
+      const { output } = attn.sdpa(p.query, p.key, p.value, { attnMask: bias });
+      const go = output.data.map((o, n) => o - target.data[n]);
+      const loss = go.reduce((sum, d) => sum + 0.5 * d * d, 0);
+      return { loss, go: t(go, output.dims) };
+    };
+    const first = lossAndGrad().loss;
+    let last = first;
+    for (let step = 0; step < 40; step++) {
+      const { loss, go } = lossAndGrad();
+      expect(loss).toBeLessThanOrEqual(last + 1e-6);
+      last = loss;
+      const { dAttnMask } = attn.sdpaBackward(p.query, p.key, p.value, go, { attnMask: bias, returnMaskGrad: true });
+      for (let n = 0; n < bias.data.length; n++) bias.data[n] -= 0.5 * dAttnMask.data[n];
+    }
+    expect(lossAndGrad().loss).toBeLessThan(0.8 * first);
+  });
+});
+
 describe('finite differences of the float64 forward', () => {
   // L(θ) = Σ dO ∘ sdpa(θ) in float64 (referenceSdpa reads Float64Array data as well); the
   // central difference (L(θ + h) - L(θ - h)) / 2h for every element of Q, K and V.
@@ -123,18 +232,27 @@ describe('finite differences of the float64 forward', () => {
   ];
   test.each(cases)('%s', (_, shape, options) => {
     const p = problem({ Lq: 3, Lk: 5, E: 3, Ev: 2, seed: 5, ...shape });
-    const got = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    const floatMask = options.attnMask?.data instanceof Float32Array;
+    const got = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, returnMaskGrad: floatMask });
     const ref = referenceSdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
     const h = 1e-6;
-    for (const [name, grad, refGrad] of [['query', got.dQuery.data, ref.dQuery], ['key', got.dKey.data, ref.dKey], ['value', got.dValue.data, ref.dValue]]) {
-      const x = Float64Array.from(p[name].data);
-      const q64 = { ...p, [name]: t(x, p[name].dims) };
+    const inputs = [['query', got.dQuery.data, ref.dQuery], ['key', got.dKey.data, ref.dKey], ['value', got.dValue.data, ref.dValue]];
+    if (floatMask) inputs.push(['attnMask', got.dAttnMask.data, ref.dAttnMask]);
+    for (const [name, grad, refGrad] of inputs) {
+      const tensor = name === 'attnMask' ? options.attnMask : p[name];
+      const x = Float64Array.from(tensor.data);
+      const [q64, options64] = name === 'attnMask'
+        ? [p, { ...options, attnMask: t(x, tensor.dims) }] : [{ ...p, [name]: t(x, tensor.dims) }, options];
       for (let n = 0; n < x.length; n++) {
+        if (x[n] === -Infinity) {  // a blocked key: no neighbourhood to difference in
+          expect(Object.is(grad[n], 0) && refGrad[n] === 0).toBe(true);
+          continue;
+        }
         const saved = x[n];
         x[n] = saved + h;
-        const up = loss(q64, options);
+        const up = loss(q64, options64);
         x[n] = saved - h;
-        const down = loss(q64, options);
+        const down = loss(q64, options64);
         x[n] = saved;
         const fd = (up - down) / (2 * h);
         expect(Math.abs(refGrad[n] - fd)).toBeLessThanOrEqual(1e-6 * (1 + Math.abs(fd)));
@@ -276,6 +394,14 @@ describe('bad input: TypeError or RangeError naming the argument; the instance k
       TypeError, /^sdpaBackward: options\.saved\.logSumExp must be a tensor .*, got Float32Array\(6\), a bare array: pass it as \{ data, dims \}$/],
     ['a bad scale', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { scale: NaN }), RangeError, /^sdpaBackward: options\.scale must be a finite number.*, got NaN$/],
     ['returnLogSumExp not a boolean', () => attn.sdpa(p.query, p.key, p.value, { returnLogSumExp: 1 }), TypeError, /^sdpa: options\.returnLogSumExp must be a boolean, got 1$/],
+    ['returnMaskGrad not a boolean', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { returnMaskGrad: 'yes' }), TypeError,
+      /^sdpaBackward: options\.returnMaskGrad must be a boolean, got "yes"$/],
+    ['returnMaskGrad without a mask', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { returnMaskGrad: true }), TypeError,
+      /^sdpaBackward: options\.returnMaskGrad needs an additive options\.attnMask \(Float32Array data\); got no attnMask$/],
+    ['returnMaskGrad with a bool mask', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput,
+      { returnMaskGrad: true, attnMask: t(Uint8Array.of(1, 0, 1, 1, 1), [5]) }), TypeError,
+    /^sdpaBackward: options\.returnMaskGrad needs an additive options\.attnMask \(Float32Array data\); got a boolean one \(Uint8Array data\), which has no gradient$/],
+    ['sdpa does not take returnMaskGrad', () => attn.sdpa(p.query, p.key, p.value, { returnMaskGrad: true }), TypeError, /^sdpa: unknown option "returnMaskGrad"/],
   ])('%s', (_, call, Cls, pattern) => {
     let error;
     try {

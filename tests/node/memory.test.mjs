@@ -260,7 +260,7 @@ describe('no leaks: 10,000 mixed calls return bytesInUse and the module heap to 
     const caches = [];
 
     // Each round: a few direct sdpa and sdpaBackward calls, cache operations on a random live
-    // cache, and (every 10th round) a batch of worker calls. About 14 calls a round.
+    // cache, and (every 10th round) a batch of worker calls. About 16 calls a round.
     const round = async (i) => {
       const p = smallProblem(i, { Lq: int(1, 6), Lk: int(1, 20) });
       await note(() => attn.sdpa(p.query, p.key, p.value, { returnWeights: i % 2 === 0, isCausal: i % 3 === 0 }));
@@ -273,6 +273,10 @@ describe('no leaks: 10,000 mixed calls return bytesInUse and the module heap to 
       const go = randomTensor([...p.query.dims.slice(0, 3), p.value.dims[3]], i + 3);
       const isCausal = i % 4 === 1;
       await note(() => attn.sdpaBackward(p.query, p.key, p.value, go, { isCausal }));
+      // The float mask's gradient: computed, and refused for a bool mask.
+      const Lk = p.key.dims[2];
+      await note(() => attn.sdpaBackward(p.query, p.key, p.value, go, { isCausal, attnMask: t(new Float32Array(Lk), [Lk]), returnMaskGrad: true }));
+      await note(() => attn.sdpaBackward(p.query, p.key, p.value, go, { attnMask: t(new Uint8Array(Lk).fill(1), [Lk]), returnMaskGrad: true }));
       await note(() => {
         const f = attn.sdpa(p.query, p.key, p.value, { isCausal, returnLogSumExp: true });
         return attn.sdpaBackward(p.query, p.key, p.value, go, { isCausal, saved: { output: f.output, logSumExp: f.logSumExp } });

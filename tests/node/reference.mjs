@@ -130,7 +130,10 @@ export function referenceProblem(query, key, value, options = {}) {
     ? ((b * Lq + i) * Hq + h) * Ev
     : ((b * Hq + h) * Lq + i) * Ev);
   const weightsOffset = (b, h, i) => ((b * Hq + h) * Lq + i) * Lk;
-  return { B, Hq, Hkv, Lq, Lk, E, Ev, layout, outputDims, weightsDims, outputOffset, weightsOffset, row, q, k, v, scale, softcap, group };
+  // Element of the mask (broadcast) at (b, h, i, j), or -1 without a float mask.
+  const floatMaskOffset = (b, h, i, j) => (mask && !boolMask
+    ? b * mStrides[0] + h * mStrides[1] + i * mStrides[2] + j * mStrides[3] : -1);
+  return { B, Hq, Hkv, Lq, Lk, E, Ev, layout, outputDims, weightsDims, outputOffset, weightsOffset, row, q, k, v, scale, softcap, group, floatMaskOffset };
 }
 
 /** Each row's log Σ_j exp(s_j), [..., Hq, Lq] dense (-Infinity for a row with nothing to attend). */
@@ -151,14 +154,16 @@ export function referenceLogSumExp(query, key, value, options = {}) {
  *   dp_j = dO_i·v_j,  D_i = Σ_j p_j·dp_j,  ds_j = p_j·(dp_j - D_i),
  *   dr_j = ds_j·(1 - tanh²(r_j/softcap)) with r_j = scale·q_i·k_j (softcap > 0), else ds_j,
  *   dq_i += scale·dr_j·k_j,  dk_j += scale·dr_j·q_i,  dv_j += p_j·dO_i
+ *   dmask[b, h, i, j] += ds_j   (a float mask, added after the softcap; summed where it broadcasts)
  * over the keys each row attends (p_j > 0). Returns Float64Arrays dQuery, dKey, dValue laid
- * out as query, key, value.
+ * out as query, key, value, and dAttnMask laid out as the mask (null without a float mask).
  */
 export function referenceSdpaBackward(query, key, value, gradOutput, options = {}) {
   const p = referenceProblem(query, key, value, options);
-  const { q, k, v, B, Hq, Lq, Lk, E, Ev, scale, softcap, group } = p;
+  const { q, k, v, B, Hq, Lq, Lk, E, Ev, scale, softcap, group, floatMaskOffset } = p;
   const go = view(gradOutput, p.layout);
   const dQuery = new F64(query.data.length), dKey = new F64(key.data.length), dValue = new F64(value.data.length);
+  const dAttnMask = floatMaskOffset(0, 0, 0, 0) < 0 ? null : new F64(options.attnMask.data.length);
   const dp = new F64(Lk);
   for (let b = 0; b < B; b++) {
     for (let h = 0; h < Hq; h++) {
@@ -178,6 +183,7 @@ export function referenceSdpaBackward(query, key, value, gradOutput, options = {
           if (weights[j] === 0) continue;
           const kj = k.at(b, kh, j), vj = v.at(b, kh, j);
           let dr = weights[j] * (dp[j] - delta);
+          if (dAttnMask) dAttnMask[floatMaskOffset(b, h, i, j)] += dr;
           if (softcap > 0) {
             let dot = 0;
             for (let d = 0; d < E; d++) dot += q.data[qi + d] * k.data[kj + d];
@@ -193,7 +199,7 @@ export function referenceSdpaBackward(query, key, value, gradOutput, options = {
       }
     }
   }
-  return { dQuery, dKey, dValue };
+  return { dQuery, dKey, dValue, dAttnMask };
 }
 
 /**

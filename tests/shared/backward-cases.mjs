@@ -23,7 +23,10 @@ export const BACKWARD_CASES = [
     ...problem(2, [1, 6, 9, 12], [1, 2, 131, 12], [1, 2, 131, 7], [1, 6, 9, 7]), options: { isCausal: true, causalOffset: 122 } }) },
   { name: 'Lq5 Lk40 E16, softcap 4, scale 0.2, float mask', make: () => ({
     ...problem(3, [1, 2, 5, 16], [1, 2, 40, 16], [1, 2, 40, 16], [1, 2, 5, 16]),
-    options: { softcap: 4, scale: 0.2, attnMask: { data: Float32Array.from({ length: 40 }, (_, j) => (j % 7 === 0 ? -Infinity : Math.sin(j))), dims: [40] } } }) },
+    options: { softcap: 4, scale: 0.2, attnMask: { data: Float32Array.from({ length: 40 }, (_, j) => (j % 7 === 0 ? -Infinity : Math.sin(j))), dims: [40] }, returnMaskGrad: true } }) },
+  { name: 'a learnable bias [2, 1, 70, 300] (its gradient), GQA Hq4 Hkv2, causal offset 230', make: () => ({
+    ...problem(6, [2, 4, 70, 8], [2, 2, 300, 8], [2, 2, 300, 8], [2, 4, 70, 8]),
+    options: { isCausal: true, causalOffset: 230, attnMask: noiseTensor([2, 1, 70, 300], 6, 5), returnMaskGrad: true } }) },
   { name: 'bshd B2 Lq3 Lk65 H2, key lengths 65 and 0', make: () => ({
     ...problem(4, [2, 3, 2, 8], [2, 65, 2, 8], [2, 65, 2, 8], [2, 3, 2, 8]), options: { layout: 'bshd', keyLengths: Int32Array.of(65, 0) } }) },
   { name: 'N200 E64 causal (several key tiles)', make: () => ({
@@ -32,7 +35,7 @@ export const BACKWARD_CASES = [
 
 /**
  * Runs every case on `attn` (an Attention, or an AttentionWorker: awaited). Returns
- * [{ name, errors: { dQuery, dKey, dValue }, ok, hash }].
+ * [{ name, errors: { dQuery, dKey, dValue, dAttnMask? }, ok, hash }].
  */
 export async function runBackwardCases(attn, cases = BACKWARD_CASES) {
   const results = [];
@@ -45,8 +48,15 @@ export async function runBackwardCases(attn, cases = BACKWARD_CASES) {
       dKey: maxRelError(got.dKey.data, ref.dKey),
       dValue: maxRelError(got.dValue.data, ref.dValue),
     };
+    let hash = bitsHash(got.dQuery.data) + bitsHash(got.dKey.data) + bitsHash(got.dValue.data);
+    if (options.returnMaskGrad) {
+      // NaN (not ok) when the gradient is missing or has other dims than the mask.
+      const dims = got.dAttnMask?.dims ?? [];
+      errors.dAttnMask = dims.join() === options.attnMask.dims.join() ? maxRelError(got.dAttnMask.data, ref.dAttnMask) : NaN;
+      hash += got.dAttnMask !== undefined ? bitsHash(got.dAttnMask.data) : 'none';
+    }
     const ok = Object.values(errors).every((e) => e <= BACKWARD_TOL);
-    results.push({ name, errors, ok, hash: bitsHash(got.dQuery.data) + bitsHash(got.dKey.data) + bitsHash(got.dValue.data) });
+    results.push({ name, errors, ok, hash });
   }
   return results;
 }
