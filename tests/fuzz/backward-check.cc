@@ -8,14 +8,15 @@ namespace sdpa_fuzz {
 
 namespace {
 
-// Written exactly where a [n0, n1, n2, n3] tensor's elements are.
+// Written exactly where a [n0, n1, n2, n3] tensor's elements are (strides s0 .. s3; an axis
+// of stride 0 is broadcast: its elements are one).
 void check_written(const Problem& p, const std::vector<float>& x, int64_t n0, int64_t n1, int64_t n2, int64_t n3,
-                   int64_t s0, int64_t s1, int64_t s2, const char* name) {
+                   int64_t s0, int64_t s1, int64_t s2, int64_t s3, const char* name) {
   std::vector<bool> is_element(x.size(), false);
   for (int64_t a = 0; a < n0; a++)
     for (int64_t b = 0; b < n1; b++)
       for (int64_t c = 0; c < n2; c++)
-        for (int64_t d = 0; d < n3; d++) is_element[static_cast<size_t>(a * s0 + b * s1 + c * s2 + d)] = true;
+        for (int64_t d = 0; d < n3; d++) is_element[static_cast<size_t>(a * s0 + b * s1 + c * s2 + d * s3)] = true;
   for (size_t at = 0; at < x.size(); at++) {
     FUZZ_CHECK(p, is_sentinel(x[at]) != is_element[at], "%s element %zu %s", name, at,
                is_element[at] ? "not written" : "written, but it is padding");
@@ -32,14 +33,19 @@ bool all_finite(const float* x, int64_t n) {
 }  // namespace
 
 void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& dq, const std::vector<float>& dk,
-                    const std::vector<float>& dv) {
+                    const std::vector<float>& dv, const std::vector<float>& dm) {
   const Problem& p = bp.forward;
   const int64_t B = p.batch, Hq = p.q_heads, Hkv = p.kv_heads, Lq = p.q_len, Lk = p.kv_len, E = p.head_dim,
                 Ev = p.value_dim;
   const int64_t group = Hq / Hkv;
-  check_written(p, dq, B, Hq, Lq, E, bp.dq_stride_b, bp.dq_stride_h, bp.dq_stride_l, "d_query");
-  check_written(p, dk, B, Hkv, Lk, E, bp.dk_stride_b, bp.dk_stride_h, bp.dk_stride_l, "d_key");
-  check_written(p, dv, B, Hkv, Lk, Ev, bp.dv_stride_b, bp.dv_stride_h, bp.dv_stride_l, "d_value");
+  check_written(p, dq, B, Hq, Lq, E, bp.dq_stride_b, bp.dq_stride_h, bp.dq_stride_l, 1, "d_query");
+  check_written(p, dk, B, Hkv, Lk, E, bp.dk_stride_b, bp.dk_stride_h, bp.dk_stride_l, 1, "d_key");
+  check_written(p, dv, B, Hkv, Lk, Ev, bp.dv_stride_b, bp.dv_stride_h, bp.dv_stride_l, 1, "d_value");
+  const bool mask_grad = bp.d_mask != nullptr;
+  if (mask_grad) {
+    FUZZ_CHECK(p, bp.d_mask == dm.data(), "check_backward: d_mask is not the given buffer");
+    check_written(p, dm, B, Hq, Lq, Lk, p.mask_stride_b, p.mask_stride_h, p.mask_stride_q, p.mask_stride_k, "d_mask");
+  }
 
   const sdpa::ReferenceGradients ref = sdpa::reference_backward(bp);
   std::vector<double> weights;
@@ -62,6 +68,14 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
   std::vector<bool> pair_sums(pairs_total, true);
   std::vector<double> go_sum(pairs_total * static_cast<size_t>(Ev), 0.0), go_abs_sum(pairs_total * static_cast<size_t>(Ev), 0.0),
       go_sum_bound(pairs_total * static_cast<size_t>(Ev), 0.0);
+
+  // Case 5, per element of the mask: the (row, key) terms mapping to it, whether all their
+  // rows are clean, the sum of the terms' bounds, Σ p·2G (for the float sum's rounding) and
+  // the largest tiny.
+  const size_t mask_total = mask_grad ? dm.size() : 0;
+  std::vector<int64_t> dm_terms(mask_total, 0);
+  std::vector<bool> dm_clean(mask_total, true);
+  std::vector<double> dm_bound(mask_total, 0.0), dm_magnitude(mask_total, 0.0), dm_tiny(mask_total, 0.0);
 
   std::vector<int64_t> keys;
   std::vector<double> score, score_error, cap_error;
@@ -190,6 +204,12 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
         if (!clean) {
           for (int64_t j : keys) key_clean[static_cast<size_t>((b * Hkv + kvh) * Lk + j)] = false;
           for (int64_t j : keys) attending[static_cast<size_t>((b * Hkv + kvh) * Lk + j)]++;
+          for (int64_t j : keys) {
+            if (!mask_grad) break;
+            const size_t m = static_cast<size_t>(mask_at(p, b, h, i, j));
+            dm_terms[m]++;
+            dm_clean[m] = false;
+          }
           continue;
         }
 
@@ -221,6 +241,13 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
             dk_bound[key_at * E + d] += abs_scale * pj * std::fabs(static_cast<double>(q[d])) * (fk * G + 2 * d_abs_error);
           }
           for (int64_t c = 0; c < Ev; c++) dv_bound[key_at * Ev + c] += fv * pj * std::fabs(static_cast<double>(go[c]));
+          if (mask_grad) {  // case 5: ds_ij itself
+            const size_t m = static_cast<size_t>(mask_at(p, b, h, i, j));
+            dm_terms[m]++;
+            dm_bound[m] += pj * (fk * G + 2 * d_abs_error);
+            dm_magnitude[m] += pj * 2 * G;
+            dm_tiny[m] = std::max(dm_tiny[m], tiny);
+          }
         }
         for (int64_t d = 0; d < E; d++) {
           const double g = got_dq[d], allowed = dq_bound[d] + tiny;
@@ -267,6 +294,26 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
         }
       }
     }
+  }
+
+  // Case 5: the float mask's gradient.
+  for (size_t m = 0; m < mask_total; m++) {
+    if (is_sentinel(dm[m])) continue;  // padding: check_written found every element written
+    const int64_t n = dm_terms[m];
+    if (n == 0) {
+      FUZZ_CHECK(p, dm[m] == 0.0f, "d_mask[%zu] = %a: no row attends a key mapping to it, not 0", m, dm[m]);
+      continue;
+    }
+    // Not checked: a term of a row that is not clean, or terms so large that the float sum
+    // (every partial sum within Σ p·2G) may overflow where each row's did not.
+    if (!dm_clean[m] || !(dm_magnitude[m] < kFloatMax / 16)) continue;
+    const double g = dm[m], want = ref.d_mask[m];
+    // The float sum's rounding also covers the reference's double sum of the n terms.
+    const double allowed = dm_bound[m] + static_cast<double>(n) * 2 * kEps * dm_magnitude[m] +
+                           static_cast<double>(n) * dm_tiny[m];
+    FUZZ_CHECK(p, std::isfinite(g) && std::fabs(g - want) <= allowed,
+               "d_mask[%zu] (%lld terms) = %.9g, reference %.9g, |diff| %.3g > allowed %.3g", m, (long long)n, g, want,
+               std::fabs(g - want), allowed);
   }
 
   // Case 4: Σ_j dV_jc = Σ_i dO_ic over the rows that attend a key.

@@ -50,8 +50,20 @@
 //      error + (rows + 2)·2·2^-24) + tiny. It catches what the conditioning of case 2 lets
 //      through: tied scores at -1e9 rebuilt from a float32 lse that has lost log Σ.
 //
+//   5. The float mask's gradient (when bp.d_mask is given): element m of the mask gets
+//      Σ ds_ij over the (b, h, i, j) that map to it (mask_at) and that row i attends.
+//      An element no attending (row, key) maps to is exactly zero. One that a row that is not
+//      clean maps to is not checked, nor one whose terms' magnitudes Σ p_ij·2·G_i come near
+//      FLT_MAX (its float sum may overflow). Else, with each term's bound as for dK without the
+//      |scale|·|q| factor (ds's own error: p_ij·(f_i·G_i + 2·D's subnormal error), or
+//      p_ij·2·G_i whole when p_ij < 2^-62) and the float32 sum of its n terms
+//      (n·2·2^-24·Σ p_ij·2·G_i):
+//        |got - ref| <= Σ terms' bounds + sum rounding + n·tiny
+//      (ds, not dr: the mask is added after the softcap; the f_i of case 3 still carries the
+//      softcap's err_r/c, so the bound is a little looser than it needs to be there).
+//
 // And every gradient element is written (the buffers hold a sentinel NaN before the call),
-// and nothing else (the padding of the output tensors).
+// and nothing else (the padding of the output tensors and of the mask).
 #pragma once
 
 #include <vector>
@@ -60,8 +72,9 @@
 
 namespace sdpa_fuzz {
 
-// Checks bp.d_query/d_key/d_value, which point into dq/dk/dv (the whole buffers).
+// Checks bp.d_query/d_key/d_value, which point into dq/dk/dv (the whole buffers), and
+// bp.d_mask, if given, which points to dm (the whole buffer, as large as the mask's).
 void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& dq, const std::vector<float>& dk,
-                    const std::vector<float>& dv);
+                    const std::vector<float>& dv, const std::vector<float>& dm = {});
 
 }  // namespace sdpa_fuzz

@@ -22,12 +22,14 @@
 //            them (and of every key those rows attend) may then be NaN, nothing else may.
 // Every buffer is allocated at its exact size, and every output filled with a sentinel NaN.
 //
+// With a float mask, half the inputs also ask for the mask's gradient (d_mask, as large as
+// the mask's buffer, its padding a sentinel too).
 // backward() runs on 1, 2 and 3 threads (B·Hkv ≤ 9 pairs: the fused per-pair kernel on one
 // thread, the dK/dV + dQ split on 2 and 3 threads unless pairs ≥ 4·threads): the results must
 // be bitwise equal (NaN payloads aside). One input in eight is made invalid (a null pointer,
 // a negative stride, a non-float32 kv_type, too little or no scratch, a bad shape, scale,
-// softcap or key length): backward() and validate_backward() must return the exact Status
-// and write nothing.
+// softcap or key length, a d_mask without a float mask): backward() and validate_backward()
+// must return the exact Status and write nothing.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -75,7 +77,7 @@ struct Buffers : OptionBuffers {
 };
 
 struct Gradients {
-  std::vector<float> dq, dk, dv;
+  std::vector<float> dq, dk, dv, dm;  // dm: empty without d_mask
 };
 
 // backward() with exactly the scratch it asks for (misaligned by 0-3 floats), on fresh
@@ -85,7 +87,9 @@ Gradients run_backward(BackwardProblem bp, const Gradients& sizes, int threads, 
   g.dq.assign(sizes.dq.size(), sentinel());
   g.dk.assign(sizes.dk.size(), sentinel());
   g.dv.assign(sizes.dv.size(), sentinel());
+  g.dm.assign(sizes.dm.size(), sentinel());
   bp.d_query = g.dq.data(), bp.d_key = g.dk.data(), bp.d_value = g.dv.data();
+  bp.d_mask = g.dm.empty() ? nullptr : g.dm.data();
   sdpa::ThreadPool* tp = pool(threads);
   const uint64_t need = sdpa::backward_scratch_floats(bp, tp != nullptr ? tp->threads() : 1);
   std::vector<float> scratch(static_cast<size_t>(need) + misalign);
@@ -105,9 +109,11 @@ FUZZ_NO_COVERAGE void check_same(const Problem& p, const std::vector<float>& a, 
 }
 
 // One field of a valid backward problem broken, and the Status it must give.
-Status corrupt(FuzzedDataProvider& in, BackwardProblem& bp, Buffers& buf, uint64_t& scratch_size, float*& scratch) {
+// spare_d_mask: a sentinel-filled buffer for a d_mask that must not be written.
+Status corrupt(FuzzedDataProvider& in, BackwardProblem& bp, Buffers& buf, uint64_t& scratch_size, float*& scratch,
+               float* spare_d_mask) {
   Problem& p = bp.forward;
-  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 16;
+  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 17;
   const uint8_t detail = in.ConsumeIntegral<uint8_t>();
   switch (which) {
     case 0: bp.logsumexp = nullptr; return Status::kNullPointer;
@@ -149,6 +155,15 @@ Status corrupt(FuzzedDataProvider& in, BackwardProblem& bp, Buffers& buf, uint64
     case 12: return break_scale(p, detail);
     case 13: return break_softcap(p, detail);
     case 14: return break_key_length(p, buf, detail);
+    case 15: {  // a mask gradient of a problem with no float mask: none, or a bool one
+      if (p.mask_kind == MaskKind::kFloat) p.mask_kind = detail % 2 == 0 ? MaskKind::kNone : MaskKind::kBool;
+      if (p.mask_kind == MaskKind::kBool && buf.mask_b.size() < buf.mask_f.size()) {
+        buf.mask_b.assign(buf.mask_f.size(), 1);  // the float mask's layout, as bytes
+        p.mask = buf.mask_b.data();
+      }
+      bp.d_mask = spare_d_mask;
+      return Status::kBadMaskGrad;
+    }
     default:
       scratch_size -= 1;
       return Status::kBadScratch;
@@ -238,16 +253,18 @@ void run(const uint8_t* data, size_t size) {
   bp.dv_stride_b = dv.b, bp.dv_stride_h = dv.h, bp.dv_stride_l = dv.l;
   Gradients sizes;
   sizes.dq.resize(dq.size), sizes.dk.resize(dk.size), sizes.dv.resize(dv.size);
+  if (p.mask_kind == MaskKind::kFloat && (invalid & 1) == 0) sizes.dm.resize(buf.mask_f.size());
 
   if (invalid >= 224) {  // one input in eight: a broken problem
     Gradients g;
     g.dq.assign(dq.size, sentinel()), g.dk.assign(dk.size, sentinel()), g.dv.assign(dv.size, sentinel());
+    g.dm.assign(std::max<size_t>(1, buf.mask_f.size()), sentinel());
     bp.d_query = g.dq.data(), bp.d_key = g.dk.data(), bp.d_value = g.dv.data();
     uint64_t scratch_size = sdpa::backward_scratch_floats(bp, 1);
     std::vector<float> scratch_buffer(static_cast<size_t>(scratch_size) + 1);
     float* scratch = scratch_buffer.data();
     BackwardProblem bad = bp;
-    const Status expected = corrupt(in, bad, buf, scratch_size, scratch);
+    const Status expected = corrupt(in, bad, buf, scratch_size, scratch, g.dm.data());
     const Status status = sdpa::backward(bad, scratch, scratch_size, nullptr);
     FUZZ_CHECK(bad.forward, status == expected, "backward() on a broken problem returned %s, not %s",
                sdpa::status_name(status), sdpa::status_name(expected));
@@ -259,6 +276,7 @@ void run(const uint8_t* data, size_t size) {
     for (float f : g.dq) FUZZ_CHECK(bad.forward, is_sentinel(f), "a broken problem wrote d_query");
     for (float f : g.dk) FUZZ_CHECK(bad.forward, is_sentinel(f), "a broken problem wrote d_key");
     for (float f : g.dv) FUZZ_CHECK(bad.forward, is_sentinel(f), "a broken problem wrote d_value");
+    for (float f : g.dm) FUZZ_CHECK(bad.forward, is_sentinel(f), "a broken problem wrote d_mask");
     return;
   }
 
@@ -268,11 +286,13 @@ void run(const uint8_t* data, size_t size) {
     check_same(p, other.dq, one.dq, "d_query", threads);
     check_same(p, other.dk, one.dk, "d_key", threads);
     check_same(p, other.dv, one.dv, "d_value", threads);
+    check_same(p, other.dm, one.dm, "d_mask", threads);
   }
   bp.d_query = const_cast<float*>(one.dq.data());
   bp.d_key = const_cast<float*>(one.dk.data());
   bp.d_value = const_cast<float*>(one.dv.data());
-  check_backward(bp, one.dq, one.dk, one.dv);
+  bp.d_mask = one.dm.empty() ? nullptr : const_cast<float*>(one.dm.data());
+  check_backward(bp, one.dq, one.dk, one.dv, one.dm);
 }
 
 }  // namespace

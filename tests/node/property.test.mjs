@@ -627,6 +627,8 @@ function randomBackwardCase(r) {
   do c = randomSdpaCase(r, { maxWork: 60_000 }); while (c.mode !== 'reference' || c.partlyPoisoned > 0);
   const { out: _out, returnWeights: _weights, ...options } = c.options;
   const { out: _refOut, returnWeights: _refWeights, ...refOptions } = c.refOptions;
+  // Half the float masks also get their gradient.
+  if (options.attnMask?.data instanceof Float32Array && r.chance(0.5)) options.returnMaskGrad = true;
   const { B, Hq, Lq, Ev } = c.shape;
   const outputDims = [...c.query.dims.slice(0, -1), Ev];
   const logicalGrad = normalTensor(r, [B, Hq, Lq, Ev]);
@@ -635,10 +637,20 @@ function randomBackwardCase(r) {
   return { ...c, options, refOptions, gradOutput, description: `backward of ${c.description}` };
 }
 
+/** The gradients a case returns: dQuery, dKey, dValue, and dAttnMask with returnMaskGrad. */
+const gradientNames = (c) => ['dQuery', 'dKey', 'dValue', ...(c.options.returnMaskGrad ? ['dAttnMask'] : [])];
+
 function checkGradients(got, c) {
   const ref = referenceSdpaBackward(c.query, c.refKey, c.refValue, c.gradOutput, c.refOptions);
-  for (const [name, tensor, refData, dims] of [['dQuery', got.dQuery, ref.dQuery, c.query.dims],
-    ['dKey', got.dKey, ref.dKey, c.key.dims], ['dValue', got.dValue, ref.dValue, c.value.dims]]) {
+  const checked = [['dQuery', got.dQuery, ref.dQuery, c.query.dims],
+    ['dKey', got.dKey, ref.dKey, c.key.dims], ['dValue', got.dValue, ref.dValue, c.value.dims]];
+  if (c.options.returnMaskGrad) {
+    if (!got.dAttnMask) throw new Error('returnMaskGrad: no dAttnMask');
+    checked.push(['dAttnMask', got.dAttnMask, ref.dAttnMask, c.options.attnMask.dims]);
+  } else if (got.dAttnMask !== undefined) {
+    throw new Error('dAttnMask without returnMaskGrad');
+  }
+  for (const [name, tensor, refData, dims] of checked) {
     expect(tensor.dims).toEqual([...dims]);
     const error = maxRelError(tensor.data, refData);
     if (!(error <= BACKWARD_TOL)) throw new Error(`${name}: max relative error ${error} > ${BACKWARD_TOL}`);
@@ -666,10 +678,13 @@ function randomInvalidBackward(r) {
     args[4] = { ...c.options, saved: bad };
     m = { desc: `options.saved = ${typeof bad === 'object' && bad !== null ? '{ output } without logSumExp' : String(bad)}`,
       Cls: TypeError, names: ['sdpaBackward:', 'options.saved'] };
-  } else {
+  } else if (what < 0.9 || c.options.attnMask?.data instanceof Float32Array) {
     const name = r.pick(['returnWeights', 'returnLogSumExp', 'out']);
     args[4] = { ...c.options, [name]: name === 'out' ? new Float32Array(4) : true };
     m = { desc: `options.${name} (not a backward option)`, Cls: TypeError, names: ['sdpaBackward:', `unknown option "${name}"`] };
+  } else {  // a mask gradient without a float mask (none, or a bool one)
+    args[4] = { ...c.options, returnMaskGrad: true };
+    m = { desc: 'returnMaskGrad without a float mask', Cls: TypeError, names: ['sdpaBackward:', 'options.returnMaskGrad', 'options.attnMask'] };
   }
   return { valid: c, args, mutation: m, description: `${c.description}; mutation: ${m.desc}` };
 }
@@ -722,11 +737,12 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
       if (cross < 0.3) {
         // The same bits on the other thread count, with the forward's saved output and
         // log-sum-exp, and (a third of those) through the worker.
-        const forward = other.sdpa(c.query, c.key, c.value, { ...c.options, returnLogSumExp: true });
+        const { returnMaskGrad: _maskGrad, ...forwardOptions } = c.options;
+        const forward = other.sdpa(c.query, c.key, c.value, { ...forwardOptions, returnLogSumExp: true });
         const saved = other.sdpaBackward(c.query, c.key, c.value, c.gradOutput,
           { ...c.options, saved: { output: forward.output, logSumExp: forward.logSumExp } });
         const remote = cross < 0.1 ? await worker.sdpaBackward(c.query, c.key, c.value, c.gradOutput, c.options) : null;
-        for (const name of ['dQuery', 'dKey', 'dValue']) {
+        for (const name of gradientNames(c)) {
           expectBitwiseEqual(saved[name].data, got[name].data, `threads ${other.threads}, saved: ${name}`);
           if (remote) expectBitwiseEqual(remote[name].data, got[name].data, `worker: ${name}`);
         }
