@@ -12,6 +12,9 @@
 //                same dO, with the ops its autodiff runs (openTfjs): [N, N] matrices materialised
 //   scale 32     the same backward with every row's maximum and log-sum recomputed first (the
 //                path of unscaled heads and huge logits: RowStats, src/kernels/sdpa-bwd-kernels.h)
+//   bias         (one thread) the backward with a float [N, N] attnMask shared by the heads (a
+//                learnable bias), without and with its gradient (returnMaskGrad): what the
+//                mask gradient's own pass costs
 // and (h) N = 32768 causal: sdpa-wasm's backward once, with the instance's peak wasm memory
 // (attn.memory().peakBytes: O(N), against the 4·N² = 4 GiB one score matrix needs), and
 // tfjs-wasm's attempt (it cannot hold the matrix in a wasm32 heap).
@@ -242,6 +245,8 @@ async function section({ quick, shapeIds, log }, held) {
     // rows of E = 64 uniform in [-0.5, 0.5) have norms of 2.31 ± 0.1), the path of unscaled
     // heads and huge logits.
     const recomputedOptions = { ...options, scale: RECOMPUTED_SCALE };
+    // The learnable bias: [N, N], small values (the scores stay near the plain problem's).
+    const bias = { data: randomTensor([s.Lq, s.Lk], 79).data.map((x) => 0.1 * x), dims: [s.Lq, s.Lk] };
     for (const { label, attn } of instances) {
       const forward = attn.sdpa(inputs.q, inputs.k, inputs.v, { ...options, returnLogSumExp: true });
       const saved = { output: forward.output, logSumExp: forward.logSumExp };
@@ -255,23 +260,34 @@ async function section({ quick, shapeIds, log }, held) {
       if (wrong) log(`  (${id}) ${label}: WRONG: ${wrong}`);
       const forward4 = attn.sdpa(inputs.q, inputs.k, inputs.v, { ...recomputedOptions, returnLogSumExp: true });
       const saved4 = { output: forward4.output, logSumExp: forward4.logSumExp };
-      runs.push({
+      const run = {
         label, error, wrong, bitsAsOneThread,
         forward: () => attn.sdpa(inputs.q, inputs.k, inputs.v, options),
         backward: () => attn.sdpaBackward(inputs.q, inputs.k, inputs.v, gradOutput, { ...options, saved }),
         recomputed: () => attn.sdpaBackward(inputs.q, inputs.k, inputs.v, gradOutput, { ...recomputedOptions, saved: saved4 }),
         times: { forward: [], backward: [], recomputed: [] },
-      });
+      };
+      if (attn.threads === 1) {
+        const biasedOptions = { ...options, attnMask: bias };
+        const forwardB = attn.sdpa(inputs.q, inputs.k, inputs.v, { ...biasedOptions, returnLogSumExp: true });
+        const savedB = { output: forwardB.output, logSumExp: forwardB.logSumExp };
+        run.biased = () => attn.sdpaBackward(inputs.q, inputs.k, inputs.v, gradOutput, { ...biasedOptions, saved: savedB });
+        run.biasGrad = () => attn.sdpaBackward(inputs.q, inputs.k, inputs.v, gradOutput, { ...biasedOptions, saved: savedB, returnMaskGrad: true });
+        Object.assign(run.times, { biased: [], biasGrad: [] });
+      }
+      runs.push(run);
     }
     const tfjsRun = tfjsOk ? { times: [], run: () => tfjs.grads(s, inputs, dO) } : null;
 
     for (let w = 0; w < settings.warmups; w++) {
-      for (const r of runs) { r.forward(); r.backward(); r.recomputed(); }
+      for (const r of runs) {
+        for (const kind of Object.keys(r.times)) r[kind]();
+      }
       if (tfjsRun && w === 0) tfjsRun.run();
     }
     for (let round = 0; round < settings.rounds; round++) {
       for (const r of runs) {
-        for (const kind of ['forward', 'backward', 'recomputed']) {
+        for (const kind of Object.keys(r.times)) {
           const start = performance.now();
           r[kind]();
           r.times[kind].push(performance.now() - start);
@@ -288,12 +304,14 @@ async function section({ quick, shapeIds, log }, held) {
       : tfjsError !== null ? { wrong: true, errorVsFloat64: tfjsError, version: tfjs.version } : null;
     for (const r of runs) {
       const fwdMs = median(r.times.forward), bwdMs = median(r.times.backward), recomputedMs = median(r.times.recomputed);
+      const biasedMs = r.biased ? median(r.times.biased) : null, biasGradMs = r.biased ? median(r.times.biasGrad) : null;
       entry.peers[r.label] = {
         forwardMs: fwdMs, backwardMs: bwdMs,
         forwardGflops: F / (fwdMs * 1e6), backwardGflops: 2.5 * F / (bwdMs * 1e6),
         vsForward: 2.5 * fwdMs / bwdMs, vsTfjs: tfjsMs ? tfjsMs / bwdMs : null, errorVsFloat64: r.error,
         bitsAsOneThread: r.bitsAsOneThread, wrong: r.wrong,
         recomputedMs, recomputedVsBackward: recomputedMs / bwdMs,
+        biasedMs, biasGradMs, biasGradVsBiased: r.biased ? biasGradMs / biasedMs : null,
       };
     }
     results.push(entry);
@@ -304,7 +322,9 @@ async function section({ quick, shapeIds, log }, held) {
         `${fmt(p.backwardGflops)} GFLOP/s = ${fmt(100 * p.vsForward, 0)}% of the forward's, ${fmt(p.vsTfjs, 2)}× tfjs-wasm` +
         `; error vs float64 ${p.errorVsFloat64.toExponential(1)} of max |ref|${p.bitsAsOneThread ? ', bitwise the one-thread gradients' : ''}` +
         `${p.wrong ? ` (WRONG: ${p.wrong})` : ''}` +
-        `; scale ${RECOMPUTED_SCALE} (every row's statistics recomputed) ${fmt(p.recomputedMs)} ms = ${fmt(p.recomputedVsBackward, 2)}× the time`);
+        `; scale ${RECOMPUTED_SCALE} (every row's statistics recomputed) ${fmt(p.recomputedMs)} ms = ${fmt(p.recomputedVsBackward, 2)}× the time` +
+        (p.biasedMs === null ? '' : `; with an [N, N] float bias ${fmt(p.biasedMs)} ms, and its gradient ${fmt(p.biasGradMs)} ms = ` +
+          `${fmt(p.biasGradVsBiased, 2)}× the time`));
     }
   }
 

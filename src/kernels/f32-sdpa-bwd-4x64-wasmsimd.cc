@@ -205,6 +205,36 @@ void prepare_rows(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t
   }
 }
 
+// Columns [0, c) of one score row finished with the mask row at `mask_at` (mask_stride_k == 1),
+// for c, the returned multiple of 4 not past allowed_end: score + bias, or -inf where the mask
+// blocks (a float -inf, a bool 0); open_cols lowered to the first blocked column among them.
+// The same values as finished_scores' loop one column at a time (the same additions).
+int32_t add_contiguous_mask(const Problem& p, int64_t mask_at, int32_t allowed_end, float* row, int32_t& open_cols) {
+  const v128_t neg_inf = wasm_f32x4_splat(kNegInf);
+  int32_t c = 0;
+  if (p.mask_kind == MaskKind::kFloat) {
+    const float* m = static_cast<const float*>(p.mask) + mask_at;
+    for (; c + 4 <= allowed_end; c += 4) {
+      const v128_t bias = wasm_v128_load(m + c);
+      const v128_t blocked = wasm_f32x4_eq(bias, neg_inf);
+      const uint32_t bits = wasm_i32x4_bitmask(blocked);
+      if (bits != 0) open_cols = std::min(open_cols, c + __builtin_ctz(bits));
+      wasm_v128_store(row + c, wasm_v128_bitselect(neg_inf, wasm_f32x4_add(wasm_v128_load(row + c), bias), blocked));
+    }
+  } else {
+    const uint8_t* m = static_cast<const uint8_t*>(p.mask) + mask_at;
+    for (; c + 4 <= allowed_end; c += 4) {
+      const v128_t blocked = wasm_i32x4_eq(wasm_i32x4_make(m[c], m[c + 1], m[c + 2], m[c + 3]), wasm_i32x4_splat(0));
+      const uint32_t bits = wasm_i32x4_bitmask(blocked);
+      if (bits != 0) open_cols = std::min(open_cols, c + __builtin_ctz(bits));
+      // + 0: a bool mask's bias, as one column at a time (-0 becomes +0 there too)
+      const v128_t score = wasm_f32x4_add(wasm_v128_load(row + c), wasm_f32x4_splat(0.0f));
+      wasm_v128_store(row + c, wasm_v128_bitselect(neg_inf, score, blocked));
+    }
+  }
+  return c;
+}
+
 // The scores s[4][kTile] of one (row tile, key tile) of keys [j0, j0 + count), computed from
 // the tile's scale·Q and K packed from key j0 on, and finished in the forward's order: softcap
 // (t = tanh(r / softcap) kept in tanh_r), mask, blocked → -inf. Columns [count, round_up(count,
@@ -240,7 +270,11 @@ int32_t finished_scores(const BackwardProblem& bp, const RowTile& rt, const RowO
     const int32_t allowed_end = std::clamp(rt.limit[r] - j0, 0, count);
     const int64_t mask_row = rt.b * p.mask_stride_b + rt.h[r] * p.mask_stride_h +
                              static_cast<int64_t>(rt.i[r]) * p.mask_stride_q;
-    for (int32_t c = 0; c < cols; c++) {
+    // A mask contiguous along keys, without softcap: 4 columns at a time, then one at a time.
+    int32_t c = !capped && p.mask_kind != MaskKind::kNone && p.mask_stride_k == 1
+                    ? add_contiguous_mask(p, mask_row + j0, allowed_end, row, open_cols)
+                    : 0;
+    for (; c < cols; c++) {
       bool blocked = c >= allowed_end;
       float bias = 0.0f;
       if (!blocked && p.mask_kind != MaskKind::kNone) {
@@ -859,7 +893,11 @@ void sdpa_f32_bwd_dmask_ukernel_4x64__wasmsimd(const BackwardProblem& bp, const 
             float* out = d_mask + block_at + (sq == 0 ? 0 : (rt.i[r] - block.row_begin) * sq) +
                          (sk == 0 ? 0 : (j0 - block.key_begin) * sk);
             const float* ds = s.dp + r * kTile;
-            for (int32_t c = 0; c < count; c++) out[c * sk] += ds[c];
+            int32_t c = 0;
+            if (sk == 1) {
+              for (; c + 4 <= count; c += 4) wasm_v128_store(out + c, wasm_f32x4_add(wasm_v128_load(out + c), wasm_v128_load(ds + c)));
+            }
+            for (; c < count; c++) out[c * sk] += ds[c];
           }
         }
       }
