@@ -9,8 +9,24 @@ import { backwardArg, problemArg } from './kernel-args.js';
 import { CallMemory } from './memory.js';
 import { check, copySmallInputs, describeProblem, smallInputBytes } from './strategies.js';
 import type { SdpaBackwardResult } from './types.js';
-import type { BackwardPlan } from './validate.js';
+import type { BackwardPlan, SdpaPlan } from './validate.js';
 import type { BackwardDesc } from './wasm/sdpa.mjs';
+
+/**
+ * The backward's own operands, addresses 0 until allocated: its keys in the module's order
+ * (src/bindings/embind.cc kBackwardFields), which kernel-args.ts reads in one pass.
+ */
+export function describeBackward(p: SdpaPlan): BackwardDesc {
+  return {
+    logsumexp: 0, gradOutput: 0, dQuery: 0, dKey: 0, dValue: 0,
+    // dO and O share the output's strides; each gradient its input's.
+    goStrideB: p.o.b, goStrideH: p.o.h, goStrideL: p.o.l,
+    dqStrideB: p.q.b, dqStrideH: p.q.h, dqStrideL: p.q.l,
+    dkStrideB: p.k.b, dkStrideH: p.k.h, dkStrideL: p.k.l,
+    dvStrideB: p.v.b, dvStrideH: p.v.h, dvStrideL: p.v.l,
+    dMask: 0,
+  };
+}
 
 export function runBackward(memory: CallMemory, threads: number, bp: BackwardPlan, q: Float32Array, k: Float32Array,
   v: Float32Array): SdpaBackwardResult {
@@ -18,14 +34,7 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
   const module = memory.module;
   try {
     const desc = describeProblem(p);
-    const grad: BackwardDesc = {
-      logsumexp: 0, gradOutput: 0, dQuery: 0, dKey: 0, dValue: 0, dMask: 0,
-      // dO and O share the output's strides; each gradient its input's.
-      goStrideB: p.o.b, goStrideH: p.o.h, goStrideL: p.o.l,
-      dqStrideB: p.q.b, dqStrideH: p.q.h, dqStrideL: p.q.l,
-      dkStrideB: p.k.b, dkStrideH: p.k.h, dkStrideL: p.k.l,
-      dvStrideB: p.v.b, dvStrideH: p.v.h, dvStrideL: p.v.l,
-    };
+    const grad = describeBackward(p);
     // backward_scratch_floats counts the mask gradient's scratch when dMask is not 0: any
     // address stands in for it until the allocation.
     const maskSize = p.mask?.size ?? 0;

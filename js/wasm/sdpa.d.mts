@@ -28,12 +28,12 @@ export interface ProblemDesc {
 /** Mirrors BackwardDesc in src/bindings/embind.cc: the backward pass's own operands (an argument block too). */
 export interface BackwardDesc {
   logsumexp: number; gradOutput: number; dQuery: number; dKey: number; dValue: number;
-  /** The float mask's gradient, laid out as the mask: 0 for none. */
-  dMask: number;
   goStrideB: number; goStrideH: number; goStrideL: number;
   dqStrideB: number; dqStrideH: number; dqStrideL: number;
   dkStrideB: number; dkStrideH: number; dkStrideL: number;
   dvStrideB: number; dvStrideH: number; dvStrideL: number;
+  /** The float mask's gradient, laid out as the mask: 0 for none. */
+  dMask: number;
 }
 
 /** One argument block of the module: where it is and each field's byte offset in it. */

@@ -78,9 +78,10 @@ sdpa::Problem to_problem(const ProblemDesc& d) {
 // The backward pass's own operands (src/sdpa-backward.h); the forward's are a ProblemDesc
 // (its `output` is the forward's output O, read).
 struct BackwardDesc {
-  uint32_t logsumexp, gradOutput, dQuery, dKey, dValue, dMask;  // dMask: 0 for none
+  uint32_t logsumexp, gradOutput, dQuery, dKey, dValue;
   int32_t goStrideB, goStrideH, goStrideL, dqStrideB, dqStrideH, dqStrideL;
   int32_t dkStrideB, dkStrideH, dkStrideL, dvStrideB, dvStrideH, dvStrideL;
+  uint32_t dMask;  // 0 for none
 };
 
 // The argument blocks. A call's ProblemDesc (and BackwardDesc) is not converted from a JS

@@ -500,8 +500,8 @@ void accumulate_dq(const float* ds, const float* key, int64_t k_stride, int32_t 
 //   acc0: dK [kTile][E], acc1: dV [kTile][Ev]  (dK/dV, fused)  |  acc0: dQ [4][E]  (dQ kernel)
 //   dq_all [4T][E]                          (fused kernel: every row's dQ over all key blocks)
 //   key_norm_max [Lk]                       (row statistics: max_{j' <= j} ‖k_j'‖₂)
-// The mask gradient kernel packs its block's keys (kMaskGradKeys, or round_up(Lk, tile) when
-// the mask has no Lk axis) and keeps one tile's rows, s, dp and tanh_r.
+// The mask gradient kernel packs kMaskGradKeys keys at a time and keeps one tile's rows, s,
+// dp and tanh_r.
 
 struct Scratch {
   float *k_packed, *v_packed, *s, *dp, *tanh_r, *acc0, *acc1, *dq_all, *key_norm_max;
@@ -519,9 +519,7 @@ uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch
   // kRowStats: k_packed (one tile), a group of row tiles, s, tanh_r, and key_norm_max [Lk]
   const bool stats = kind == KernelKind::kRowStats;
   const uint64_t all_keys = static_cast<uint64_t>(round_up(p.kv_len, kTile));
-  const uint64_t keys = !dq ? kTile
-                        : !mask_grad || p.mask_stride_k == 0 ? all_keys
-                                                             : std::min<uint64_t>(kMaskGradKeys, all_keys);
+  const uint64_t keys = !dq ? kTile : mask_grad ? std::min<uint64_t>(kMaskGradKeys, all_keys) : all_keys;
   const uint64_t G = dq || stats ? kQueryTile : kGroupRows;
   const uint64_t pair_rows = static_cast<uint64_t>(p.q_heads / p.kv_heads) * p.q_len;
   const uint64_t pair_tiles = (pair_rows + kQueryTile - 1) / kQueryTile;
@@ -866,38 +864,43 @@ void sdpa_f32_bwd_dmask_ukernel_4x64__wasmsimd(const BackwardProblem& bp, const 
       // The block's rows of head h are the flat rows [f_begin, f_end) of (b, kv_head).
       const int32_t kv_head = h / group, f_begin = (h - kv_head * group) * p.q_len + block.row_begin,
                     f_end = f_begin + (block.row_end - block.row_begin);
-      int32_t packed_end = block.key_begin;  // the block's keys some row of head h attends
+      int32_t keys_end = block.key_begin;  // the block's keys some row of head h attends
       for (int32_t f0 = f_begin; f0 < f_end; f0 += kQueryTile) {
-        packed_end = std::max(packed_end, std::min(block.key_end, make_row_tile(bp, b, kv_head, f0, f_end, stats).keys_end));
+        keys_end = std::max(keys_end, std::min(block.key_end, make_row_tile(bp, b, kv_head, f0, f_end, stats).keys_end));
       }
-      if (packed_end == block.key_begin) continue;  // none: every ds is 0
       const float* key = static_cast<const float*>(p.key) + b * p.k_stride_b + kv_head * p.k_stride_h;
       const float* value = static_cast<const float*>(p.value) + b * p.v_stride_b + kv_head * p.v_stride_h;
-      pack_key_groups(kF32Elements, key + static_cast<int64_t>(block.key_begin) * p.k_stride_l, p.k_stride_l,
-                      packed_end - block.key_begin, E, s.k_packed);
-      pack_key_groups(kF32Elements, value + static_cast<int64_t>(block.key_begin) * p.v_stride_l, p.v_stride_l,
-                      packed_end - block.key_begin, Ev, s.v_packed);
-      for (int32_t f0 = f_begin; f0 < f_end; f0 += kQueryTile) {
-        const RowTile rt = make_row_tile(bp, b, kv_head, f0, f_end, stats);
-        const int32_t tile_end = std::min(packed_end, rt.keys_end);
-        if (tile_end <= block.key_begin) continue;  // the tile's rows attend none of the block's keys
-        load_row_operands(bp, rt, operands);
-        for (int32_t j0 = block.key_begin; j0 < tile_end; j0 += kTile) {
-          const int32_t count = std::min(kTile, tile_end - j0);
-          const size_t packed_at = static_cast<size_t>(j0 - block.key_begin);
-          probabilities_and_ds(bp, rt, operands, s.k_packed + packed_at * E, s.v_packed + packed_at * Ev, j0, count,
-                               s.s, s.dp, s.tanh_r, ec, ScoreGrad::kAfterSoftcap);
-          // ds is 0 for blocked keys (and padding rows are not read): adding it changes nothing
-          // but the sign of a zero sum, as in every other order.
-          for (int r = 0; r < rt.rows; r++) {
-            float* out = d_mask + block_at + (sq == 0 ? 0 : (rt.i[r] - block.row_begin) * sq) +
-                         (sk == 0 ? 0 : (j0 - block.key_begin) * sk);
-            const float* ds = s.dp + r * kTile;
-            int32_t c = 0;
-            if (sk == 1) {
-              for (; c + 4 <= count; c += 4) wasm_v128_store(out + c, wasm_f32x4_add(wasm_v128_load(out + c), wasm_v128_load(ds + c)));
+      // kMaskGradKeys keys packed at a time (a block without the Lk axis spans every key).
+      for (int32_t k0 = block.key_begin; k0 < keys_end; k0 += kMaskGradKeys) {
+        const int32_t packed_end = std::min(keys_end, k0 + kMaskGradKeys);
+        pack_key_groups(kF32Elements, key + static_cast<int64_t>(k0) * p.k_stride_l, p.k_stride_l, packed_end - k0, E,
+                        s.k_packed);
+        pack_key_groups(kF32Elements, value + static_cast<int64_t>(k0) * p.v_stride_l, p.v_stride_l, packed_end - k0,
+                        Ev, s.v_packed);
+        for (int32_t f0 = f_begin; f0 < f_end; f0 += kQueryTile) {
+          const RowTile rt = make_row_tile(bp, b, kv_head, f0, f_end, stats);
+          const int32_t tile_end = std::min(packed_end, rt.keys_end);
+          if (tile_end <= k0) continue;  // the tile's rows attend none of these keys
+          load_row_operands(bp, rt, operands);
+          for (int32_t j0 = k0; j0 < tile_end; j0 += kTile) {
+            const int32_t count = std::min(kTile, tile_end - j0);
+            const size_t packed_at = static_cast<size_t>(j0 - k0);
+            probabilities_and_ds(bp, rt, operands, s.k_packed + packed_at * E, s.v_packed + packed_at * Ev, j0, count,
+                                 s.s, s.dp, s.tanh_r, ec, ScoreGrad::kAfterSoftcap);
+            // ds is 0 for blocked keys (and padding rows are not read): adding it changes
+            // nothing but the sign of a zero sum, as in every other order.
+            for (int r = 0; r < rt.rows; r++) {
+              float* out = d_mask + block_at + (sq == 0 ? 0 : (rt.i[r] - block.row_begin) * sq) +
+                           (sk == 0 ? 0 : (j0 - block.key_begin) * sk);
+              const float* ds = s.dp + r * kTile;
+              int32_t c = 0;
+              if (sk == 1) {
+                for (; c + 4 <= count; c += 4) {
+                  wasm_v128_store(out + c, wasm_f32x4_add(wasm_v128_load(out + c), wasm_v128_load(ds + c)));
+                }
+              }
+              for (; c < count; c++) out[c * sk] += ds[c];
             }
-            for (; c < count; c++) out[c * sk] += ds[c];
           }
         }
       }

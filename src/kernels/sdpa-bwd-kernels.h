@@ -70,7 +70,8 @@ struct MaskGradBlock {
 uint64_t sdpa_f32_bwd_dmask_4x64__wasmsimd_scratch(const BackwardProblem& p);
 
 // Writes every element of the block: the sum of ds over the (b, h, i, j) that map to it, added
-// in the order b, h, row tile, key tile, row, key (a fixed order of the block alone).
+// in the order b, h, kMaskGradKeys keys, row tile, key tile, row, key (a fixed order of the
+// block alone).
 void sdpa_f32_bwd_dmask_ukernel_4x64__wasmsimd(const BackwardProblem& p, const MaskGradBlock& block,
                                                const RowStats& stats, float* scratch);
 

@@ -382,7 +382,7 @@ describe('bad input: TypeError or RangeError naming the argument; the instance k
     ['gradOutput a Float64Array', () => attn.sdpaBackward(p.query, p.key, p.value, t(new Float64Array(36), [1, 2, 3, 6])), TypeError,
       /sdpaBackward: gradOutput\.data must be a Float32Array, got Float64Array/],
     ['returnWeights (not a backward option)', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { returnWeights: true }), TypeError,
-      /sdpaBackward: unknown option "returnWeights"/],
+      /^sdpaBackward: unknown option "returnWeights" \(an option of sdpa only\); known options: /],
     ['saved not an object', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { saved: 3 }), TypeError, /^sdpaBackward: options\.saved must be \{ output, logSumExp \}.*, got 3$/],
     ['saved.output of the wrong dims', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { saved: { output: randomTensor([1, 2, 3, 5], 1), logSumExp: forward().logSumExp } }),
       RangeError, /options\.saved\.output\.dims must equal the output's dims \[1, 2, 3, 6\], got \[1, 2, 3, 5\]$/],
@@ -401,7 +401,7 @@ describe('bad input: TypeError or RangeError naming the argument; the instance k
     ['returnMaskGrad with a bool mask', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput,
       { returnMaskGrad: true, attnMask: t(Uint8Array.of(1, 0, 1, 1, 1), [5]) }), TypeError,
     /^sdpaBackward: options\.returnMaskGrad needs an additive options\.attnMask \(Float32Array data\); got a boolean one \(Uint8Array data\), which has no gradient$/],
-    ['sdpa does not take returnMaskGrad', () => attn.sdpa(p.query, p.key, p.value, { returnMaskGrad: true }), TypeError, /^sdpa: unknown option "returnMaskGrad"/],
+    ['sdpa does not take returnMaskGrad', () => attn.sdpa(p.query, p.key, p.value, { returnMaskGrad: true }), TypeError, /^sdpa: unknown option "returnMaskGrad" \(an option of sdpaBackward only\); known options: /],
   ])('%s', (_, call, Cls, pattern) => {
     let error;
     try {

@@ -19,6 +19,12 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   void worker.sdpa(q, k, v, { returnWeights: true, transfer: true }).then((r) => r.weights.data);
   void worker.sdpa(q, k, v, { returnLogSumExp: true }).then((r) => r.logSumExp.dims);
   attn.sdpaBackward(q, k, v, q, { saved: { output: both.output, logSumExp: both.logSumExp } });
+  // `dAttnMask` present exactly when requested with a literal `true`.
+  const bias: Tensor = { data: new Float32Array(4), dims: [4] };
+  const dBias: Float32Array = attn.sdpaBackward(q, k, v, q, { attnMask: bias, returnMaskGrad: true }).dAttnMask.data;
+  void worker.sdpaBackward(q, k, v, q, { attnMask: bias, returnMaskGrad: true }).then((g) => g.dAttnMask.dims);
+  // @ts-expect-error dAttnMask may be absent when not requested
+  attn.sdpaBackward(q, k, v, q, { attnMask: bias }).dAttnMask.data;
 
   // Options the runtime refuses.
   // @ts-expect-error unknown option name
@@ -53,5 +59,5 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   // Disposable without the user's lib naming Symbol.dispose (the package's types bring it).
   const dispose: () => void = attn[Symbol.dispose];
   const disposeAsync: () => Promise<void> = worker[Symbol.asyncDispose];
-  void [withWeights, withLse, fromCache, dispose, disposeAsync];
+  void [withWeights, withLse, fromCache, dBias, dispose, disposeAsync];
 }
