@@ -38,9 +38,13 @@ namespace {
 //   3. dQ: items (batch, KV head, block of flat query rows); the blocks only split the rows
 //      (each row's sum over keys is in one item), so their count may follow the threads.
 // and then, with d_mask:
-//   4. the mask's gradient: items (the mask's batch, head, block of kMaskGradRows rows, block
-//      of kMaskGradKeys keys), each axis the mask broadcasts on whole in every item (its sum in
-//      one item), the blocks fixed: the same items for any number of threads.
+//   4. the mask's gradient: blocks of the mask's own elements (its batch, head, block of
+//      kMaskGradRows rows, block of kMaskGradKeys keys), each axis the mask broadcasts on whole
+//      in every block. A mask of fewer than kMaskGradItems blocks has each block's terms split
+//      into parts (runs of its row tiles, at least kMaskGradPartTiles each), summed into
+//      partials [blocks, parts, block's elements] in scratch, then
+//   5. the partials added in part order into d_mask, by blocks.
+//   The blocks and parts follow from the shapes alone: the same sums for any number of threads.
 // Both ways run the same operations on every gradient element in the same order (the fused
 // kernel is the dK/dV kernel's key blocks plus the dQ kernel's per-tile sums): the same bits.
 // Scratch: RowStats' delta, shift and log_sum [B, Hq, Lq] each, then per thread the scratch of
@@ -49,6 +53,10 @@ namespace {
 // own: each pass is tuned by itself.
 constexpr int32_t kMinRowBlock = 16;
 constexpr int32_t kItemsPerThread = 4;
+// The mask gradient's split: enough items for 4 threads' kItemsPerThread, in parts of at least
+// 16 rows (one part's packing of K and V is then 1/16 of its work or less).
+constexpr int64_t kMaskGradItems = 4 * kItemsPerThread;
+constexpr int64_t kMaskGradPartTiles = 16 / kQueryTile;
 
 struct BackwardPlan {
   int32_t pairs;        // B·Hkv
@@ -60,6 +68,10 @@ struct BackwardPlan {
   // The mask gradient's items, per axis of [B, Hq, Lq, Lk]: 1 where the mask broadcasts (or no
   // d_mask), else the axis's size (B, Hq) or its blocks (Lq, Lk).
   int32_t mask_grad_blocks[4];
+  int32_t mask_grad_parts;           // parts of each block's sum: 1, or partials in scratch
+  int64_t mask_grad_block_keys;      // a partial's keys: min(Lk, kMaskGradKeys), or 1 (no Lk axis)
+  uint64_t mask_grad_block_floats;   // a partial's floats: [rows or 1][mask_grad_block_keys]
+  uint64_t mask_grad_partial_floats;  // blocks · parts · block floats when parts > 1, else 0
   uint64_t stats_floats;  // each of RowStats' three arrays
   uint64_t per_thread;
 };
@@ -83,6 +95,20 @@ BackwardPlan plan_backward(const BackwardProblem& bp, int32_t threads) {
   w.mask_grad_blocks[1] = mask_grad && p.mask_stride_h != 0 ? p.q_heads : 1;
   w.mask_grad_blocks[2] = mask_grad && p.mask_stride_q != 0 ? (p.q_len + kMaskGradRows - 1) / kMaskGradRows : 1;
   w.mask_grad_blocks[3] = mask_grad && p.mask_stride_k != 0 ? (p.kv_len + kMaskGradKeys - 1) / kMaskGradKeys : 1;
+  const int64_t blocks = static_cast<int64_t>(w.mask_grad_blocks[0]) * w.mask_grad_blocks[1] * w.mask_grad_blocks[2] *
+                         w.mask_grad_blocks[3];
+  const int64_t block_rows = p.mask_stride_q != 0 ? std::min(p.q_len, kMaskGradRows) : p.q_len;  // the first block's
+  const int64_t block_tiles = (p.mask_stride_b == 0 ? p.batch : 1) * static_cast<int64_t>(p.mask_stride_h == 0 ? p.q_heads : 1) *
+                              ((block_rows + kQueryTile - 1) / kQueryTile);
+  w.mask_grad_parts = 1;
+  if (mask_grad && blocks < kMaskGradItems) {
+    w.mask_grad_parts = static_cast<int32_t>(
+        std::max<int64_t>(1, std::min((kMaskGradItems + blocks - 1) / blocks, block_tiles / kMaskGradPartTiles)));
+  }
+  w.mask_grad_block_keys = p.mask_stride_k != 0 ? std::min(p.kv_len, kMaskGradKeys) : 1;
+  w.mask_grad_block_floats = static_cast<uint64_t>(p.mask_stride_q != 0 ? block_rows : 1) * w.mask_grad_block_keys;
+  w.mask_grad_partial_floats =
+      w.mask_grad_parts > 1 ? (static_cast<uint64_t>(blocks) * w.mask_grad_parts * w.mask_grad_block_floats + 3) / 4 * 4 : 0;
   w.stats_floats = (static_cast<uint64_t>(p.batch) * p.q_heads * p.q_len + 3) / 4 * 4;
   w.per_thread = std::max(sdpa_f32_bwd_row_stats_4x64__wasmsimd_scratch(bp),
                           w.fused ? sdpa_f32_bwd_fused_4x64__wasmsimd_scratch(bp)
@@ -96,6 +122,7 @@ struct BackwardWork {
   const BackwardProblem* p;
   BackwardPlan plan;
   RowStats stats;   // [B, Hq, Lq] each
+  float* mask_grad_partials;  // [blocks][parts][block floats], when parts > 1
   float* scratch;  // [threads][per_thread]
 };
 
@@ -140,31 +167,76 @@ void dq_item(void* context, int32_t item, int32_t thread) {
                                          w.scratch + static_cast<size_t>(thread) * w.plan.per_thread);
 }
 
-// Item = ((b·blocks_h + h)·blocks_q + row block)·blocks_k + key block, over the plan's
-// mask_grad_blocks (an axis of one block is whole: index 0, its full range).
-void mask_grad_item(void* context, int32_t item, int32_t thread) {
-  const BackwardWork& w = *static_cast<const BackwardWork*>(context);
+// Block = ((b·blocks_h + h)·blocks_q + row block)·blocks_k + key block, over the plan's
+// mask_grad_blocks (an axis of one block is whole: index 0, its full range), all its row tiles
+// summed into d_mask; mask_grad_item points a part elsewhere.
+MaskGradBlock mask_grad_block(const BackwardWork& w, int32_t index) {
   const Problem& p = w.p->forward;
   const int32_t* blocks = w.plan.mask_grad_blocks;
-  const int32_t key_block = item % blocks[3], row_block = item / blocks[3] % blocks[2];
-  const int32_t h = item / (blocks[3] * blocks[2]) % blocks[1], b = item / (blocks[3] * blocks[2] * blocks[1]);
-  const bool rows_split = p.mask_stride_q != 0, keys_split = p.mask_stride_k != 0;
+  const int32_t key_block = index % blocks[3], row_block = index / blocks[3] % blocks[2];
+  const int32_t h = index / (blocks[3] * blocks[2]) % blocks[1], b = index / (blocks[3] * blocks[2] * blocks[1]);
+  const int64_t sq = p.mask_stride_q, sk = p.mask_stride_k;
   MaskGradBlock block;
   block.b = b;
   block.h = h;
-  block.row_begin = rows_split ? row_block * kMaskGradRows : 0;
-  block.row_end = rows_split ? std::min(p.q_len, block.row_begin + kMaskGradRows) : p.q_len;
-  block.key_begin = keys_split ? key_block * kMaskGradKeys : 0;
-  block.key_end = keys_split ? std::min(p.kv_len, block.key_begin + kMaskGradKeys) : p.kv_len;
+  block.row_begin = sq != 0 ? row_block * kMaskGradRows : 0;
+  block.row_end = sq != 0 ? std::min(p.q_len, block.row_begin + kMaskGradRows) : p.q_len;
+  block.key_begin = sk != 0 ? key_block * kMaskGradKeys : 0;
+  block.key_end = sk != 0 ? std::min(p.kv_len, block.key_begin + kMaskGradKeys) : p.kv_len;
+  block.tile_begin = 0;
+  block.tile_end = (p.mask_stride_b == 0 ? p.batch : 1) * static_cast<int64_t>(p.mask_stride_h == 0 ? p.q_heads : 1) *
+                   ((block.row_end - block.row_begin + kQueryTile - 1) / kQueryTile);
+  block.out = w.p->d_mask + b * p.mask_stride_b + h * p.mask_stride_h + block.row_begin * sq + block.key_begin * sk;
+  block.out_q = sq, block.out_k = sk;
+  return block;
+}
+
+// Where part `part` of block `index` is summed: its partial, dense [rows or 1][block keys].
+float* mask_grad_partial(const BackwardWork& w, int32_t index, int32_t part) {
+  return w.mask_grad_partials + (static_cast<size_t>(index) * w.plan.mask_grad_parts + part) * w.plan.mask_grad_block_floats;
+}
+
+// Item = block · parts + part: the block's whole sum into d_mask (one part), or the part's run
+// of its row tiles into its partial.
+void mask_grad_item(void* context, int32_t item, int32_t thread) {
+  const BackwardWork& w = *static_cast<const BackwardWork*>(context);
+  const Problem& p = w.p->forward;
+  const int32_t parts = w.plan.mask_grad_parts, index = item / parts, part = item % parts;
+  MaskGradBlock block = mask_grad_block(w, index);
+  if (parts > 1) {
+    const int64_t tiles = block.tile_end, per_part = (tiles + parts - 1) / parts;
+    block.tile_begin = std::min(tiles, part * per_part);
+    block.tile_end = std::min(tiles, block.tile_begin + per_part);
+    block.out = mask_grad_partial(w, index, part);
+    block.out_q = p.mask_stride_q != 0 ? w.plan.mask_grad_block_keys : 0;
+    block.out_k = p.mask_stride_k != 0 ? 1 : 0;
+  }
   sdpa_f32_bwd_dmask_ukernel_4x64__wasmsimd(*w.p, block, w.stats,
                                             w.scratch + static_cast<size_t>(thread) * w.plan.per_thread);
+}
+
+// Block `index`'s elements of d_mask: its parts' partials added in part order.
+void mask_grad_sum_item(void* context, int32_t index, int32_t /*thread*/) {
+  const BackwardWork& w = *static_cast<const BackwardWork*>(context);
+  const Problem& p = w.p->forward;
+  const MaskGradBlock block = mask_grad_block(w, index);
+  const int32_t rows = p.mask_stride_q != 0 ? block.row_end - block.row_begin : 1;
+  const int32_t keys = p.mask_stride_k != 0 ? block.key_end - block.key_begin : 1;
+  for (int32_t i = 0; i < rows; i++) {
+    for (int32_t j = 0; j < keys; j++) {
+      const int64_t at = i * w.plan.mask_grad_block_keys + j;
+      float sum = mask_grad_partial(w, index, 0)[at];
+      for (int32_t part = 1; part < w.plan.mask_grad_parts; part++) sum += mask_grad_partial(w, index, part)[at];
+      block.out[i * block.out_q + j * block.out_k] = sum;
+    }
+  }
 }
 
 }  // namespace
 
 uint64_t backward_scratch_floats(const BackwardProblem& p, int32_t threads) {
   const BackwardPlan w = plan_backward(p, threads);
-  return 3 * w.stats_floats + w.per_thread * static_cast<uint64_t>(threads);
+  return 3 * w.stats_floats + w.mask_grad_partial_floats + w.per_thread * static_cast<uint64_t>(threads);
 }
 
 Status backward(const BackwardProblem& p, float* scratch, uint64_t scratch_size, ThreadPool* pool) {
@@ -172,9 +244,10 @@ Status backward(const BackwardProblem& p, float* scratch, uint64_t scratch_size,
   if (status != Status::kOk) return status;
   const int32_t threads = pool != nullptr ? pool->threads() : 1;
   if (scratch == nullptr || scratch_size < backward_scratch_floats(p, threads)) return Status::kBadScratch;
-  BackwardWork w{&p, plan_backward(p, threads), {}, nullptr};
+  BackwardWork w{&p, plan_backward(p, threads), {}, nullptr, nullptr};
   w.stats = {scratch, scratch + w.plan.stats_floats, scratch + 2 * w.plan.stats_floats};
-  w.scratch = scratch + 3 * w.plan.stats_floats;
+  w.mask_grad_partials = scratch + 3 * w.plan.stats_floats;
+  w.scratch = w.mask_grad_partials + w.plan.mask_grad_partial_floats;
   run_tasks(pool, w.plan.pairs * w.plan.row_blocks, row_stats_item, &w);
   if (w.plan.fused) {
     run_tasks(pool, w.plan.pairs, fused_item, &w);
@@ -184,7 +257,9 @@ Status backward(const BackwardProblem& p, float* scratch, uint64_t scratch_size,
   }
   if (p.d_mask != nullptr) {
     const int32_t* blocks = w.plan.mask_grad_blocks;
-    run_tasks(pool, blocks[0] * blocks[1] * blocks[2] * blocks[3], mask_grad_item, &w);
+    const int32_t block_count = blocks[0] * blocks[1] * blocks[2] * blocks[3];
+    run_tasks(pool, block_count * w.plan.mask_grad_parts, mask_grad_item, &w);
+    if (w.plan.mask_grad_parts > 1) run_tasks(pool, block_count, mask_grad_sum_item, &w);
   }
   return Status::kOk;
 }

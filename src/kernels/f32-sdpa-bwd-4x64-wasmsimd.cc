@@ -839,68 +839,74 @@ uint64_t sdpa_f32_bwd_dmask_4x64__wasmsimd_scratch(const BackwardProblem& p) {
 void sdpa_f32_bwd_dmask_ukernel_4x64__wasmsimd(const BackwardProblem& bp, const MaskGradBlock& block,
                                                const RowStats& stats, float* scratch_base) {
   const Problem& p = bp.forward;
-  assert(p.kv_type == KvType::kFloat32 && p.mask_kind == MaskKind::kFloat && bp.d_mask != nullptr);
+  assert(p.kv_type == KvType::kFloat32 && p.mask_kind == MaskKind::kFloat && block.out != nullptr);
   assert(block.key_begin % kTile == 0 && block.key_begin < block.key_end && block.row_begin < block.row_end);
   const int32_t E = p.head_dim, Ev = p.value_dim, group = p.q_heads / p.kv_heads;
   Scratch s;
   layout(bp, KernelKind::kMaskGrad, scratch_base, &s);
   const ExpConstants ec = make_exp_constants();
   // Broadcast axes (stride 0) are summed over: every (b, h, i, j) of the block's ranges adds
-  // into element (b·sb, h·sh, i·sq, j·sk), which is the block's own on such an axis.
-  const int64_t sb = p.mask_stride_b, sh = p.mask_stride_h, sq = p.mask_stride_q, sk = p.mask_stride_k;
-  float* const d_mask = bp.d_mask;
-  const int32_t rows_out = sq == 0 ? 1 : block.row_end - block.row_begin;
-  const int32_t keys_out = sk == 0 ? 1 : block.key_end - block.key_begin;
-  const int64_t block_at = block.b * sb + block.h * sh + (sq == 0 ? 0 : block.row_begin * sq) +
-                           (sk == 0 ? 0 : block.key_begin * sk);
+  // into the block's element (i - row_begin, j - key_begin), or its only row or key where the
+  // mask has no Lq or Lk axis (out_q or out_k 0 there).
+  const bool all_b = p.mask_stride_b == 0, all_h = p.mask_stride_h == 0;
+  const int64_t out_q = block.out_q, out_k = block.out_k;
+  const int32_t block_rows = block.row_end - block.row_begin;
+  const int32_t rows_out = p.mask_stride_q == 0 ? 1 : block_rows;
+  const int32_t keys_out = p.mask_stride_k == 0 ? 1 : block.key_end - block.key_begin;
   for (int32_t i = 0; i < rows_out; i++) {
-    for (int32_t j = 0; j < keys_out; j++) d_mask[block_at + i * sq + j * sk] = 0.0f;
+    for (int32_t j = 0; j < keys_out; j++) block.out[i * out_q + j * out_k] = 0.0f;
   }
-  const int32_t b_begin = sb == 0 ? 0 : block.b, b_end = sb == 0 ? p.batch : block.b + 1;
-  const int32_t h_begin = sh == 0 ? 0 : block.h, h_end = sh == 0 ? p.q_heads : block.h + 1;
+  // The row tiles adding into the block, in order: (b, h, tile) over the summed batches and
+  // heads (or the block's own), tiles_per_head tiles of the block's rows each; this call sums
+  // [tile_begin, tile_end) of them.
+  const int32_t heads = all_h ? p.q_heads : 1;
+  const int64_t tiles_per_head = (block_rows + kQueryTile - 1) / kQueryTile;
   const RowOperands operands = s.rows.operands(0, E, Ev);
-  for (int32_t b = b_begin; b < b_end; b++) {
-    for (int32_t h = h_begin; h < h_end; h++) {
-      // The block's rows of head h are the flat rows [f_begin, f_end) of (b, kv_head).
-      const int32_t kv_head = h / group, f_begin = (h - kv_head * group) * p.q_len + block.row_begin,
-                    f_end = f_begin + (block.row_end - block.row_begin);
-      int32_t keys_end = block.key_begin;  // the block's keys some row of head h attends
+  for (int64_t head_at = block.tile_begin / tiles_per_head; head_at * tiles_per_head < block.tile_end; head_at++) {
+    const int32_t b = all_b ? static_cast<int32_t>(head_at / heads) : block.b;
+    const int32_t h = all_h ? static_cast<int32_t>(head_at % heads) : block.h;
+    const int64_t first_tile = head_at * tiles_per_head;
+    const int32_t t_begin = static_cast<int32_t>(std::max<int64_t>(block.tile_begin - first_tile, 0));
+    const int32_t t_end = static_cast<int32_t>(std::min<int64_t>(block.tile_end - first_tile, tiles_per_head));
+    // Those rows of head h are the flat rows [f_begin, f_end) of (b, kv_head).
+    const int32_t kv_head = h / group, head_rows = (h - kv_head * group) * p.q_len + block.row_begin;
+    const int32_t f_begin = head_rows + t_begin * kQueryTile;
+    const int32_t f_end = std::min(head_rows + t_end * kQueryTile, head_rows + block_rows);
+    int32_t keys_end = block.key_begin;  // the block's keys some of the rows attend
+    for (int32_t f0 = f_begin; f0 < f_end; f0 += kQueryTile) {
+      keys_end = std::max(keys_end, std::min(block.key_end, make_row_tile(bp, b, kv_head, f0, f_end, stats).keys_end));
+    }
+    const float* key = static_cast<const float*>(p.key) + b * p.k_stride_b + kv_head * p.k_stride_h;
+    const float* value = static_cast<const float*>(p.value) + b * p.v_stride_b + kv_head * p.v_stride_h;
+    // kMaskGradKeys keys packed at a time (a block without the Lk axis spans every key).
+    for (int32_t k0 = block.key_begin; k0 < keys_end; k0 += kMaskGradKeys) {
+      const int32_t packed_end = std::min(keys_end, k0 + kMaskGradKeys);
+      pack_key_groups(kF32Elements, key + static_cast<int64_t>(k0) * p.k_stride_l, p.k_stride_l, packed_end - k0, E,
+                      s.k_packed);
+      pack_key_groups(kF32Elements, value + static_cast<int64_t>(k0) * p.v_stride_l, p.v_stride_l, packed_end - k0,
+                      Ev, s.v_packed);
       for (int32_t f0 = f_begin; f0 < f_end; f0 += kQueryTile) {
-        keys_end = std::max(keys_end, std::min(block.key_end, make_row_tile(bp, b, kv_head, f0, f_end, stats).keys_end));
-      }
-      const float* key = static_cast<const float*>(p.key) + b * p.k_stride_b + kv_head * p.k_stride_h;
-      const float* value = static_cast<const float*>(p.value) + b * p.v_stride_b + kv_head * p.v_stride_h;
-      // kMaskGradKeys keys packed at a time (a block without the Lk axis spans every key).
-      for (int32_t k0 = block.key_begin; k0 < keys_end; k0 += kMaskGradKeys) {
-        const int32_t packed_end = std::min(keys_end, k0 + kMaskGradKeys);
-        pack_key_groups(kF32Elements, key + static_cast<int64_t>(k0) * p.k_stride_l, p.k_stride_l, packed_end - k0, E,
-                        s.k_packed);
-        pack_key_groups(kF32Elements, value + static_cast<int64_t>(k0) * p.v_stride_l, p.v_stride_l, packed_end - k0,
-                        Ev, s.v_packed);
-        for (int32_t f0 = f_begin; f0 < f_end; f0 += kQueryTile) {
-          const RowTile rt = make_row_tile(bp, b, kv_head, f0, f_end, stats);
-          const int32_t tile_end = std::min(packed_end, rt.keys_end);
-          if (tile_end <= k0) continue;  // the tile's rows attend none of these keys
-          load_row_operands(bp, rt, operands);
-          for (int32_t j0 = k0; j0 < tile_end; j0 += kTile) {
-            const int32_t count = std::min(kTile, tile_end - j0);
-            const size_t packed_at = static_cast<size_t>(j0 - k0);
-            probabilities_and_ds(bp, rt, operands, s.k_packed + packed_at * E, s.v_packed + packed_at * Ev, j0, count,
-                                 s.s, s.dp, s.tanh_r, ec, ScoreGrad::kAfterSoftcap);
-            // ds is 0 for blocked keys (and padding rows are not read): adding it changes
-            // nothing but the sign of a zero sum, as in every other order.
-            for (int r = 0; r < rt.rows; r++) {
-              float* out = d_mask + block_at + (sq == 0 ? 0 : (rt.i[r] - block.row_begin) * sq) +
-                           (sk == 0 ? 0 : (j0 - block.key_begin) * sk);
-              const float* ds = s.dp + r * kTile;
-              int32_t c = 0;
-              if (sk == 1) {
-                for (; c + 4 <= count; c += 4) {
-                  wasm_v128_store(out + c, wasm_f32x4_add(wasm_v128_load(out + c), wasm_v128_load(ds + c)));
-                }
+        const RowTile rt = make_row_tile(bp, b, kv_head, f0, f_end, stats);
+        const int32_t tile_end = std::min(packed_end, rt.keys_end);
+        if (tile_end <= k0) continue;  // the tile's rows attend none of these keys
+        load_row_operands(bp, rt, operands);
+        for (int32_t j0 = k0; j0 < tile_end; j0 += kTile) {
+          const int32_t count = std::min(kTile, tile_end - j0);
+          const size_t packed_at = static_cast<size_t>(j0 - k0);
+          probabilities_and_ds(bp, rt, operands, s.k_packed + packed_at * E, s.v_packed + packed_at * Ev, j0, count,
+                               s.s, s.dp, s.tanh_r, ec, ScoreGrad::kAfterSoftcap);
+          // ds is 0 for blocked keys (and padding rows are not read): adding it changes
+          // nothing but the sign of a zero sum, as in every other order.
+          for (int r = 0; r < rt.rows; r++) {
+            float* out = block.out + (rt.i[r] - block.row_begin) * out_q + (j0 - block.key_begin) * out_k;
+            const float* ds = s.dp + r * kTile;
+            int32_t c = 0;
+            if (out_k == 1) {
+              for (; c + 4 <= count; c += 4) {
+                wasm_v128_store(out + c, wasm_f32x4_add(wasm_v128_load(out + c), wasm_v128_load(ds + c)));
               }
-              for (; c < count; c++) out[c * sk] += ds[c];
             }
+            for (; c < count; c++) out[c * out_k] += ds[c];
           }
         }
       }

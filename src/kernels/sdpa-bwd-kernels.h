@@ -62,16 +62,25 @@ void sdpa_f32_bwd_fused_ukernel_4x64__wasmsimd(const BackwardProblem& p, int32_t
 // with i in [row_begin, row_end) and j in [key_begin, key_end) (key_begin a multiple of
 // kBackwardKeyTile). On an axis the mask broadcasts on (stride 0) the block's index is 0 and
 // its range the whole axis: b = 0 with a zero mask_stride_b, all batches summed; likewise h;
-// rows [0, Lq) with a zero mask_stride_q, written to i = 0; keys [0, Lk) with a zero
-// mask_stride_k, written to j = 0.
+// rows [0, Lq) with a zero mask_stride_q, summed into the block's one row; keys [0, Lk) with a
+// zero mask_stride_k, summed into its one key.
+// The terms come from row tiles, listed in the order (b, h, tile): the summed batches and heads
+// (or the block's own b, h), ceil((row_end - row_begin) / 4) tiles of the block's rows each. A
+// call sums the tiles [tile_begin, tile_end) of that list (all of them, or one part of a split
+// sum) into `out`: the block's element (i - row_begin, j - key_begin) at
+// out + (i - row_begin)·out_q + (j - key_begin)·out_k, with out_q = 0 (out_k = 0) where the
+// mask has no Lq (Lk) axis.
 struct MaskGradBlock {
   int32_t b, h, row_begin, row_end, key_begin, key_end;
+  int64_t tile_begin, tile_end;
+  float* out;
+  int64_t out_q, out_k;
 };
 uint64_t sdpa_f32_bwd_dmask_4x64__wasmsimd_scratch(const BackwardProblem& p);
 
-// Writes every element of the block: the sum of ds over the (b, h, i, j) that map to it, added
-// in the order b, h, kMaskGradKeys keys, row tile, key tile, row, key (a fixed order of the
-// block alone).
+// Writes every element of the block's `out`: the sum of ds over the terms of its tiles, added
+// in the order of the list, then kMaskGradKeys keys, row tile, key tile, row, key (a fixed
+// order of the block and its tiles alone).
 void sdpa_f32_bwd_dmask_ukernel_4x64__wasmsimd(const BackwardProblem& p, const MaskGradBlock& block,
                                                const RowStats& stats, float* scratch);
 

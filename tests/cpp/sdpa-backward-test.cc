@@ -389,7 +389,8 @@ TEST(Backward, ReferenceGradientsMatchFiniteDifferences) {
 // summed over the broadcast axes, against the reference; blocks of kMaskGradRows rows and
 // kMaskGradKeys keys cut by Lq = kMaskGradRows + 5 and Lk = kMaskGradKeys + 45; with causal
 // offsets, key lengths (NaN padding), softcap (the mask is added after it: ds, not dr), -inf
-// entries and GQA; bitwise the same on 1, 2 and 3 threads.
+// entries and GQA; bitwise the same on 1, 2 and 3 threads. Masks of fewer than 16 blocks of
+// their own (a [Lk] mask: 2 blocks) have each block's sum split into parts, added after.
 TEST(Backward, MaskGradientOfEveryBroadcastShape) {
   for (int shape = 0; shape < 16; shape++) {
     Case c;
