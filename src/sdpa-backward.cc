@@ -47,8 +47,8 @@ namespace {
 //   The blocks and parts follow from the shapes alone: the same sums for any number of threads.
 // Both ways run the same operations on every gradient element in the same order (the fused
 // kernel is the dK/dV kernel's key blocks plus the dQ kernel's per-tile sums): the same bits.
-// Scratch: RowStats' delta, shift and log_sum [B, Hq, Lq] each, then per thread the scratch of
-// the kernels used.
+// Scratch: RowStats' delta, shift and log_sum [B, Hq, Lq] each, the mask gradient's partials
+// (when split), then per thread the scratch of the kernels used.
 // The forward's split policy (src/sdpa.cc: kMinBlockRows, kItemsPerThread), with values of its
 // own: each pass is tuned by itself.
 constexpr int32_t kMinRowBlock = 16;

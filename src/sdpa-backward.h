@@ -38,8 +38,10 @@
 // item, in the same fixed order either way: bitwise identical results for any number of
 // threads. The mask's gradient, when asked for, is a pass of its own after those, by blocks of
 // the mask's own elements (its non-broadcast axes): each item recomputes p and ds of every
-// (b, h, i, j) that adds into its elements, in a fixed order, and writes them. It costs about
-// what the dQ pass costs (Q·Kᵀ and dO·Vᵀ once more), and no memory beyond the mask's size.
+// (b, h, i, j) that adds into its elements, in a fixed order, and writes them (a mask of few
+// blocks has each block's sum split into parts of fixed size, added in order after). It costs
+// about what the dQ pass costs (Q·Kᵀ and dO·Vᵀ once more); its scratch is O(kMaskGradKeys·
+// (E + Ev)) per thread and the partial sums of at most 16 blocks.
 #pragma once
 
 #include <cstdint>
