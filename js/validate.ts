@@ -16,7 +16,7 @@ export const OPTION_NAMES = [
   'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'keyLengths',
   'returnWeights', 'returnLogSumExp', 'out', 'layout',
 ] as const;
-/** sdpaBackward's options: the score pipeline's, and `saved`. */
+/** sdpaBackward's options: the score pipeline's, `saved` and `returnMaskGrad`. */
 export const BACKWARD_OPTION_NAMES = [
   'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'keyLengths', 'layout', 'saved', 'returnMaskGrad',
 ] as const;
@@ -115,15 +115,15 @@ function tensorGot(t: unknown): string {
   return viewTag(t) !== undefined ? `${describe(t)}, a bare array: pass it as { data, dims }` : describe(t);
 }
 
-/** An options argument: undefined is {}; anything but a plain object, or an unknown name, is a TypeError. */
 /** sdpa() and sdpaBackward() share the score options; the others are each one's own: said so. */
 function belongsElsewhere(fn: string, name: string): string {
-  const of = (names: readonly string[]) => (names as readonly string[]).includes(name);
+  const of = (names: readonly string[]) => names.includes(name);
   if (fn === 'sdpa' && of(BACKWARD_OPTION_NAMES)) return ' (an option of sdpaBackward only)';
   if (fn === 'sdpaBackward' && of(OPTION_NAMES)) return ' (an option of sdpa only)';
   return '';
 }
 
+/** An options argument: undefined is {}; anything but a plain object, or an unknown name, is a TypeError. */
 export function checkOptionNames(fn: string, options: unknown, known: readonly string[]): Record<string, unknown> {
   if (options === undefined) return {};
   if (options === null || typeof options !== 'object' || Array.isArray(options)) {
