@@ -58,6 +58,13 @@ constexpr int32_t kItemsPerThread = 4;
 constexpr int64_t kMaskGradItems = 4 * kItemsPerThread;
 constexpr int64_t kMaskGradPartTiles = 16 / kQueryTile;
 
+// The row tiles whose terms add into a mask gradient block of `rows` rows: ceil(rows / 4) per
+// (batch, head) it sums over (its own only, on an axis the mask has).
+int64_t mask_grad_tiles(const Problem& p, int64_t rows) {
+  return (p.mask_stride_b == 0 ? p.batch : 1) * static_cast<int64_t>(p.mask_stride_h == 0 ? p.q_heads : 1) *
+         ((rows + kQueryTile - 1) / kQueryTile);
+}
+
 struct BackwardPlan {
   int32_t pairs;        // B·Hkv
   int32_t rows;         // flat rows per pair: (Hq / Hkv)·Lq
@@ -98,8 +105,7 @@ BackwardPlan plan_backward(const BackwardProblem& bp, int32_t threads) {
   const int64_t blocks = static_cast<int64_t>(w.mask_grad_blocks[0]) * w.mask_grad_blocks[1] * w.mask_grad_blocks[2] *
                          w.mask_grad_blocks[3];
   const int64_t block_rows = p.mask_stride_q != 0 ? std::min(p.q_len, kMaskGradRows) : p.q_len;  // the first block's
-  const int64_t block_tiles = (p.mask_stride_b == 0 ? p.batch : 1) * static_cast<int64_t>(p.mask_stride_h == 0 ? p.q_heads : 1) *
-                              ((block_rows + kQueryTile - 1) / kQueryTile);
+  const int64_t block_tiles = mask_grad_tiles(p, block_rows);
   w.mask_grad_parts = 1;
   if (mask_grad && blocks < kMaskGradItems) {
     w.mask_grad_parts = static_cast<int32_t>(
@@ -184,8 +190,7 @@ MaskGradBlock mask_grad_block(const BackwardWork& w, int32_t index) {
   block.key_begin = sk != 0 ? key_block * kMaskGradKeys : 0;
   block.key_end = sk != 0 ? std::min(p.kv_len, block.key_begin + kMaskGradKeys) : p.kv_len;
   block.tile_begin = 0;
-  block.tile_end = (p.mask_stride_b == 0 ? p.batch : 1) * static_cast<int64_t>(p.mask_stride_h == 0 ? p.q_heads : 1) *
-                   ((block.row_end - block.row_begin + kQueryTile - 1) / kQueryTile);
+  block.tile_end = mask_grad_tiles(p, block.row_end - block.row_begin);
   block.out = w.p->d_mask + b * p.mask_stride_b + h * p.mask_stride_h + block.row_begin * sq + block.key_begin * sk;
   block.out_q = sq, block.out_k = sk;
   return block;

@@ -41,7 +41,7 @@
 // (b, h, i, j) that adds into its elements, in a fixed order, and writes them (a mask of few
 // blocks has each block's sum split into parts of fixed size, added in order after). It costs
 // about what the dQ pass costs (Q·Kᵀ and dO·Vᵀ once more); its scratch is O(kMaskGradKeys·
-// (E + Ev)) per thread and the partial sums of at most 16 blocks.
+// (E + Ev)) per thread and, when split, the partial sums of fewer than 32 blocks.
 #pragma once
 
 #include <cstdint>
