@@ -1,5 +1,6 @@
 // sdpaBackward(): the gradients dQ, dK, dV (src/sdpa-backward.h) of a checked BackwardPlan,
-// and the float mask's (laid out as the mask, summed over its broadcast axes) when asked for.
+// and the float mask's (laid out as the mask, summed over its broadcast axes) when asked for,
+// each copied out into options.out's array for it or a new one.
 // One way of running it: Q, K, V and dO copied in, with the forward's output O and
 // log-sum-exp either copied in (options.saved) or computed first by forward() on the same
 // problem (the same bits as sdpa(..., { returnLogSumExp: true }) gives: its kernel, its
@@ -8,8 +9,8 @@
 import { backwardArg, problemArg } from './kernel-args.js';
 import { CallMemory } from './memory.js';
 import { check, copySmallInputs, describeProblem, smallInputBytes } from './strategies.js';
-import type { SdpaBackwardResult } from './types.js';
-import type { BackwardPlan, SdpaPlan } from './validate.js';
+import type { SdpaBackwardResult, Tensor } from './types.js';
+import type { BackwardPlan, GradientName, SdpaPlan } from './validate.js';
 import type { BackwardDesc } from './wasm/sdpa.mjs';
 
 /**
@@ -72,13 +73,20 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
     check(module, p, module.backward(problemArg(module, desc), backwardArg(module, grad), at.scratch, backwardFloats,
       threads));
     const heap = memory.heap.f32;  // fresh views, as everywhere after a call
-    const take = (address: number, length: number) => heap.slice(address >>> 2, (address >>> 2) + length);
-    const result: SdpaBackwardResult = {
-      dQuery: { data: take(at.dQuery, q.length), dims: bp.queryDims },
-      dKey: { data: take(at.dKey, k.length), dims: bp.keyDims },
-      dValue: { data: take(at.dValue, v.length), dims: bp.valueDims },
+    // Into options.out's array for it (every input was copied in before: out may be one), or a new one.
+    const take = (name: GradientName, address: number, length: number, dims: number[]): Tensor => {
+      const computed = heap.subarray(address >>> 2, (address >>> 2) + length);
+      const target = bp.out[name];
+      if (target === undefined) return { data: computed.slice(), dims };
+      target.view.set(computed);
+      return { data: target.result, dims };
     };
-    if (bp.maskGrad && p.mask !== null) result.dAttnMask = { data: take(at.dMask, maskSize), dims: [...p.mask.dims] };
+    const result: SdpaBackwardResult = {
+      dQuery: take('dQuery', at.dQuery, q.length, bp.queryDims),
+      dKey: take('dKey', at.dKey, k.length, bp.keyDims),
+      dValue: take('dValue', at.dValue, v.length, bp.valueDims),
+    };
+    if (bp.maskGrad && p.mask !== null) result.dAttnMask = take('dAttnMask', at.dMask, maskSize, [...p.mask.dims]);
     return result;
   } finally {
     memory.free();

@@ -78,6 +78,22 @@ export interface SdpaBackwardOptions extends Omit<SdpaOptions, 'returnWeights' |
    * time, measured). Default false; true without a float mask is a TypeError.
    */
   returnMaskGrad?: boolean;
+  /**
+   * Arrays to write gradients into instead of new ones: any of `dQuery`, `dKey`, `dValue`,
+   * `dAttnMask`, each a Float32Array at least as long as its gradient (its first elements are
+   * written, the rest left as they are). The result's `data` is then that array (or, when it is
+   * longer, a view of its start). They may be (or overlap) the inputs, not each other.
+   */
+  out?: SdpaBackwardOut;
+}
+
+/** sdpaBackward's options.out: where each gradient named is written. */
+export interface SdpaBackwardOut {
+  dQuery?: Float32Array;
+  dKey?: Float32Array;
+  dValue?: Float32Array;
+  /** Only with `returnMaskGrad: true`: the mask's size. */
+  dAttnMask?: Float32Array;
 }
 
 /** Gradients of a loss with respect to the inputs: each with its input's dims and layout. */

@@ -8,7 +8,7 @@
 // Both end in planOptions(), so an option means the same everywhere.
 import { MAX_WASM_BYTES } from './memory.js';
 import {
-  detachedOrEmpty, isFloat32Array, isInt32Array, isUint16Array, isUint8Array, lengthOf, ownView, viewTag,
+  bufferOf, detachedOrEmpty, isFloat32Array, isInt32Array, isUint16Array, isUint8Array, lengthOf, ownView, viewTag,
 } from './typed-arrays.js';
 import type { AttentionOptions, MaskTensor, SdpaOptions } from './types.js';
 
@@ -16,10 +16,13 @@ export const OPTION_NAMES = [
   'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'keyLengths',
   'returnWeights', 'returnLogSumExp', 'out', 'layout',
 ] as const;
-/** sdpaBackward's options: the score pipeline's, `saved` and `returnMaskGrad`. */
+/** sdpaBackward's options: the score pipeline's, `saved`, `returnMaskGrad` and its own `out`. */
 export const BACKWARD_OPTION_NAMES = [
-  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'keyLengths', 'layout', 'saved', 'returnMaskGrad',
+  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'keyLengths', 'layout', 'saved', 'returnMaskGrad', 'out',
 ] as const;
+/** sdpaBackward's results, in the order they are written (and the names options.out takes). */
+export const GRADIENT_NAMES = ['dQuery', 'dKey', 'dValue', 'dAttnMask'] as const;
+export type GradientName = typeof GRADIENT_NAMES[number];
 
 /** Elements strides of a [B, H, L, D] view; D is contiguous. */
 export interface Strides {
@@ -363,7 +366,56 @@ export interface BackwardPlan {
   valueDims: number[];
   /** options.returnMaskGrad: the float mask's gradient is asked for (forward.mask is float). */
   maskGrad: boolean;
+  /** options.out: where each gradient given one is written (the others come in new arrays). */
+  out: Partial<Record<GradientName, OutTarget>>;
 }
+
+/** Whether two of the call's own views share bytes (the same buffer object, overlapping ranges). */
+function shareBytes(a: Float32Array, b: Float32Array): boolean {
+  return bufferOf(a) === bufferOf(b) && a.byteOffset < b.byteOffset + b.byteLength && b.byteOffset < a.byteOffset + a.byteLength;
+}
+
+/**
+ * sdpaBackward's options.out: { dQuery?, dKey?, dValue?, dAttnMask? }, a Float32Array of at least
+ * its gradient's size for each result to be written into the caller's memory. Each name is
+ * read once, by property access; no two may share bytes (one would overwrite the other).
+ */
+function checkBackwardOut(fn: string, given: unknown, results: Record<GradientName, { dims: readonly number[]; size: number } | null>):
+  BackwardPlan['out'] {
+  if (given === undefined) return {};
+  const names = GRADIENT_NAMES.join(', ');
+  if (given === null || typeof given !== 'object' || Array.isArray(given) || ArrayBuffer.isView(given)) {
+    const bare = viewTag(given) !== undefined ? ': sdpaBackward has several results, so name the one it is for, e.g. { dQuery: array }' : '';
+    throw new TypeError(`${fn}: options.out must be an object of Float32Arrays with any of the names ${names}, got ${describe(given)}${bare}`);
+  }
+  for (const name of Object.keys(given)) {
+    if (!(GRADIENT_NAMES as readonly string[]).includes(name)) {
+      throw new TypeError(`${fn}: options.out.${name} is not a result of sdpaBackward; options.out takes ${names}`);
+    }
+  }
+  const out: BackwardPlan['out'] = {};
+  const written: [GradientName, Float32Array][] = [];
+  for (const name of GRADIENT_NAMES) {
+    const array = (given as Record<string, unknown>)[name];
+    if (array === undefined) continue;
+    const result = results[name];
+    if (result === null) {
+      throw new TypeError(`${fn}: options.out.dAttnMask is only written with options.returnMaskGrad: true (and a float attnMask)`);
+    }
+    const target = checkOutArray(fn, `options.out.${name}`, `the gradient ${name}`, array, result.dims, result.size);
+    const shared = written.find(([, view]) => shareBytes(view, target.view));
+    if (shared !== undefined) {
+      throw new RangeError(`${fn}: options.out.${shared[0]} and options.out.${name} share memory (the same buffer, ` +
+        'overlapping elements): one gradient would overwrite the other; give each its own elements');
+    }
+    written.push([name, target.view]);
+    out[name] = target;
+  }
+  return out;
+}
+
+/** A gradient's dims and size: its input's. */
+const gradientOf = (t: Operand) => ({ dims: t.dims, size: t.B * t.H * t.L * t.D });
 
 function sameDims(a: readonly number[], b: readonly number[]): boolean {
   return a.length === b.length && a.every((d, i) => d === b[i]);
@@ -373,8 +425,9 @@ function sameDims(a: readonly number[], b: readonly number[]): boolean {
 export function planBackward(query: unknown, key: unknown, value: unknown, gradOutput: unknown,
   options: unknown): BackwardPlan {
   const fn = 'sdpaBackward';
-  const o = checkOptionNames(fn, options, BACKWARD_OPTION_NAMES) as SdpaOptions & { saved?: unknown; returnMaskGrad?: unknown };
-  const { saved: savedOption, returnMaskGrad, ...forwardOptions } = o;
+  const o = checkOptionNames(fn, options, BACKWARD_OPTION_NAMES) as Omit<SdpaOptions, 'out'> &
+    { saved?: unknown; returnMaskGrad?: unknown; out?: unknown };
+  const { saved: savedOption, returnMaskGrad, out: outOption, ...forwardOptions } = o;
   const { plan: forward, q, k, v } = planTensors(fn, query, key, value, { ...forwardOptions, returnLogSumExp: true });
   const maskGrad = checkBoolean(fn, 'options.returnMaskGrad', returnMaskGrad, false);
   if (maskGrad && forward.mask?.kind !== 'float') {
@@ -417,8 +470,14 @@ export function planBackward(query: unknown, key: unknown, value: unknown, gradO
     arrays.push(['options.saved.output.data', out.data, forward.outputSize], ['options.saved.logSumExp.data', saved.logSumExp, forward.lseSize]);
   }
   arrays.push(['gradOutput.data', go.data, forward.outputSize]);
+  const mask = forward.mask;
+  const out = checkBackwardOut(fn, outOption, {
+    dQuery: gradientOf(q), dKey: gradientOf(k), dValue: gradientOf(v),
+    dAttnMask: maskGrad && mask !== null ? { dims: mask.dims, size: mask.size } : null,
+  });
+  for (const [name, target] of Object.entries(out)) arrays.push([`options.out.${name}`, target.view, lengthOf(target.view)]);
   checkArraysKept(fn, arrays);
-  return { forward, gradOutput: go.data, saved, queryDims: q.dims, keyDims: k.dims, valueDims: v.dims, maskGrad };
+  return { forward, gradOutput: go.data, saved, queryDims: q.dims, keyDims: k.dims, valueDims: v.dims, maskGrad, out };
 }
 
 function planTensors(fn: string, query: unknown, key: unknown, value: unknown, o: SdpaOptions) {
@@ -494,24 +553,40 @@ export function checkAttendQuery(query: unknown, cache: Pick<CacheOperands, 'bat
 }
 
 /**
- * options.out for the output of query `q` and value size Ev ([..., Lq, Ev], the query's rank):
- * the call's own view of its first outputSize floats, and what the call returns (the caller's
- * array when it is exactly the output, else that view). Nulls without out.
+ * Where a result of `size` floats is written: the call's own view of the array's first `size`
+ * floats, and what the call returns (the caller's array when it is exactly the result, else
+ * that view).
+ */
+export interface OutTarget {
+  view: Float32Array;
+  result: Float32Array;
+}
+
+/** An `out` array (`name` in messages) for `what`, a result of `dims`: a Float32Array of at least its size. */
+function checkOutArray(fn: string, name: string, what: string, given: unknown, dims: readonly number[],
+  size: number): OutTarget {
+  if (!isFloat32Array(given)) throw new TypeError(`${fn}: ${name} must be a Float32Array, got ${describe(given)}`);
+  const length = lengthOf(given);
+  if (length < size) {
+    if (length === 0 && detachedOrEmpty(given)) {
+      throw new RangeError(detachedMessage(fn, name, `${what} [${dims.join(', ')}] needs ${size} floats`));
+    }
+    throw new RangeError(`${fn}: ${name} is too small: ${what} [${dims.join(', ')}] needs ${size} floats, got ${length}`);
+  }
+  const view = ownView(given, size);
+  return { view, result: length === size ? given : view };
+}
+
+/**
+ * options.out for the output of query `q` and value size Ev ([..., Lq, Ev], the query's rank).
+ * Nulls without out.
  */
 export function checkOut(fn: string, given: unknown, q: Operand, Ev: number): Pick<Plan, 'outputDims' | 'outputSize' | 'out' | 'outResult'> {
   const outputDims = [...q.dims.slice(0, -1), Ev];
   const outputSize = q.B * q.H * q.L * Ev;
   if (given === undefined) return { outputDims, outputSize, out: null, outResult: null };
-  if (!isFloat32Array(given)) throw new TypeError(`${fn}: options.out must be a Float32Array, got ${describe(given)}`);
-  const outLength = lengthOf(given);
-  if (outLength < outputSize) {
-    if (outLength === 0 && detachedOrEmpty(given)) {
-      throw new RangeError(detachedMessage(fn, 'options.out', `the output [${outputDims.join(', ')}] needs ${outputSize} floats`));
-    }
-    throw new RangeError(`${fn}: options.out is too small: the output [${outputDims.join(', ')}] needs ${outputSize} floats, got ${outLength}`);
-  }
-  const out = ownView(given, outputSize);
-  return { outputDims, outputSize, out, outResult: outLength === outputSize ? given : out };
+  const { view, result } = checkOutArray(fn, 'options.out', 'the output', given, outputDims, outputSize);
+  return { outputDims, outputSize, out: view, outResult: result };
 }
 
 interface KeyValueShape {

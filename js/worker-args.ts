@@ -1,13 +1,13 @@
 // The calling side's handling of a worker call's arguments: taking the caller's typed arrays
 // when the call is made (copied, or moved with { transfer: true }), the worker-only options
-// (signal, transfer), and writing a result into options.out when it comes back.
+// (signal, transfer), and writing results into options.out when they come back.
 import {
   bufferOf, byteLengthOf, byteOffsetOf, copyOf, detachedOrEmpty, elementBytesOf, isApiTypedArray, isArrayBuffer, lengthOf, viewLike,
   type TypedArray,
 } from './typed-arrays.js';
 import { carryRecord } from './saved-forward.js';
-import type { SdpaResult } from './types.js';
-import { checkOptionNames, describe, readOnce, type Plan } from './validate.js';
+import type { SdpaBackwardResult, SdpaResult } from './types.js';
+import { type BackwardPlan, checkOptionNames, describe, GRADIENT_NAMES, readOnce, type Plan } from './validate.js';
 
 /** What every worker call takes besides the direct API's options. */
 export interface WorkerCallOptions {
@@ -91,7 +91,23 @@ export class Taker {
       if (value === undefined) continue;
       copy[name] = name === 'attnMask' ? this.tensor(value, false)
         : name === 'saved' ? this.saved(value)
-        : name === 'out' ? value : this.copy(value);
+        : name === 'out' ? this.outs(value) : this.copy(value);
+    }
+    return copy;
+  }
+
+  /**
+   * options.out, whose arrays are kept (results land in them): sdpa's array as it is;
+   * sdpaBackward's object of them read once (each gradient's name by property access, as the
+   * direct API reads it), its other own names kept, unread, for the checks to reject.
+   */
+  outs(out: unknown): unknown {
+    if (describe(out) !== 'an object') return out;
+    const copy: Record<string, unknown> = {};
+    for (const name of Object.keys(out as object)) copy[name] = undefined;
+    for (const name of GRADIENT_NAMES) {
+      const array = (out as Record<string, unknown>)[name];
+      if (array !== undefined) copy[name] = array;
     }
     return copy;
   }
@@ -106,17 +122,19 @@ export class Taker {
   /**
    * Before done(): `check` runs the call's checks that hold whatever the calls before it do
    * (the direct API's, on the taken arguments), so that a call they reject moves nothing; and
-   * `out`, if given, must not be a view of a buffer about to move (the output could not land in
-   * it). The checks that depend on a cache's length at the call's turn run then, after the move.
+   * no `out` array (outsOf) may be a view of a buffer about to move (the result could not land
+   * in it). The checks that depend on a cache's length at the call's turn run then, after the move.
    */
-  movesChecked(fn: string, out: unknown, check: () => void): void {
+  movesChecked(fn: string, outs: [name: string, out: unknown][], check: () => void): void {
     if (this.#toMove.length === 0) return;
     check();
-    if (!isApiTypedArray(out)) return;
-    const shared = this.#toMove.find(({ buffer }) => buffer === bufferOf(out));
-    if (shared !== undefined) {
-      throw new RangeError(`${fn}: options.out shares its ArrayBuffer with an input that { transfer: true } moves to the ` +
-        'worker, so the output could not be written into it; give out a buffer of its own, or leave transfer off. Nothing was moved');
+    for (const [name, out] of outs) {
+      if (!isApiTypedArray(out)) continue;
+      const shared = this.#toMove.find(({ buffer }) => buffer === bufferOf(out));
+      if (shared !== undefined) {
+        throw new RangeError(`${fn}: ${name} shares its ArrayBuffer with an input that { transfer: true } moves to the ` +
+          'worker, so the result could not be written into it; give it a buffer of its own, or leave transfer off. Nothing was moved');
+      }
     }
   }
 
@@ -210,9 +228,43 @@ export function deliver(value: unknown, p: Plan): SdpaResult {
   return result;
 }
 
-/** options.out of the taken options (kept as the caller gave it), for movesChecked. */
+/**
+ * sdpaBackward's result from the worker, each gradient written into options.out's array for it
+ * as the direct API does (BackwardPlan.out). Every array is checked before any is written.
+ */
+export function deliverGradients(value: unknown, p: BackwardPlan): SdpaBackwardResult {
+  const result = value as SdpaBackwardResult;
+  const targets = GRADIENT_NAMES.flatMap((name) => {
+    const target = p.out[name];
+    const tensor = result[name];
+    return target === undefined || tensor === undefined ? [] : [{ name, target, tensor }];
+  });
+  for (const { name, target, tensor } of targets) {
+    const size = lengthOf(tensor.data);
+    if (lengthOf(target.view) < size) {
+      const how = detachedOrEmpty(target.view) ? 'was detached' : 'shrank (a resizable buffer)';
+      throw new RangeError(`sdpaBackward: options.out.${name}'s buffer ${how} while the call ran; the gradient ` +
+        `${name} [${tensor.dims.join(', ')}] (${size} floats) could not be written into it, nor were the others`);
+    }
+  }
+  for (const { name, target, tensor } of targets) {
+    target.view.set(tensor.data);
+    result[name] = { data: target.result, dims: tensor.dims };
+  }
+  return result;
+}
+
+/** options.out of the taken options. */
 export const outOf = (options: unknown): unknown =>
   options !== null && typeof options === 'object' ? (options as { out?: unknown }).out : undefined;
+
+/** The `out` arrays of the taken options (kept as the caller gave them), with their names, for movesChecked. */
+export function outsOf(options: unknown): [name: string, out: unknown][] {
+  const out = outOf(options);
+  if (out === null || typeof out !== 'object') return [];
+  if (ArrayBuffer.isView(out)) return [['options.out', out]];
+  return GRADIENT_NAMES.map((name) => [`options.out.${name}`, (out as Record<string, unknown>)[name]]);
+}
 
 /** The options to send: what the checks accepted, without `out` (results come back in a new buffer). */
 export function sendable(options: unknown): unknown {

@@ -33,10 +33,11 @@ import type {
   SdpaResultWith, Tensor,
 } from './types.js';
 import {
-  BACKWARD_OPTION_NAMES, checkAttendQuery, checkAttentionOptions, checkOut, OPTION_NAMES, plan, planAttend, planBackward, type Plan,
+  BACKWARD_OPTION_NAMES, type BackwardPlan, checkAttendQuery, checkAttentionOptions, checkOut, OPTION_NAMES, plan, planAttend, planBackward,
+  type Plan,
 } from './validate.js';
 import { recalled, remember, type ForwardRecord } from './saved-forward.js';
-import { deliver, outOf, sendable, signalOnly, Taker, workerCallOptions, type WorkerCallOptions } from './worker-args.js';
+import { deliver, deliverGradients, outOf, outsOf, sendable, signalOnly, Taker, workerCallOptions, type WorkerCallOptions } from './worker-args.js';
 import { Channel, startWorker } from './worker-channel.js';
 import type { Op } from './worker-protocol.js';
 
@@ -118,7 +119,7 @@ export class AttentionWorker {
       const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
       const o = take.options(options, OPTION_NAMES);
       this.#check('sdpa');  // again: the arguments' getters may have disposed it (then nothing moves)
-      take.movesChecked('sdpa', outOf(o), () => plan(q, k, v, o));
+      take.movesChecked('sdpa', outsOf(o), () => plan(q, k, v, o));
       take.done(signal);
       let checked: Plan;
       return this.#channel.call('sdpa', () => {
@@ -153,13 +154,18 @@ export class AttentionWorker {
       const go = take.tensor(gradOutput, true);
       const o = take.options(options, BACKWARD_OPTION_NAMES);
       this.#check('sdpaBackward');  // again: the arguments' getters may have disposed it (then nothing moves)
-      take.movesChecked('sdpaBackward', undefined, () => planBackward(q, k, v, go, o));
+      take.movesChecked('sdpaBackward', outsOf(o), () => planBackward(q, k, v, go, o));
       take.done(signal);
+      let checked: BackwardPlan;
       return this.#channel.call('sdpaBackward', () => {
-        const { saved } = planBackward(q, k, v, go, o);
+        checked = planBackward(q, k, v, go, o);
+        const { saved } = checked;
         // The record of the sdpa() call whose logSumExp this is (Taker.copy kept it for the copy).
-        return { query: q, key: k, value: v, gradOutput: go, options: o, record: saved === null ? undefined : recalled(saved.given) };
-      }, (result) => result as SdpaBackwardResult, signal);
+        return {
+          query: q, key: k, value: v, gradOutput: go, options: sendable(o),
+          record: saved === null ? undefined : recalled(saved.given),
+        };
+      }, (result) => deliverGradients(result, checked), signal);
     });
   }
 
@@ -301,7 +307,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
       const take = new Taker(transfer);
       const k = take.tensor(key, true), v = take.tensor(value, true), o = take.options(options, APPEND_OPTION_NAMES);
       this.#check(fn);  // again: the arguments' getters may have disposed it (then nothing moves)
-      take.movesChecked(fn, undefined, () => {
+      take.movesChecked(fn, [], () => {
         // More positions than maxLength fail whatever the calls before leave: the direct API's message, with today's length.
         if (checkAppendShapes(this.#shape, k, v, o).k.L > this.maxLength) checkAppend(this.#shape, this.#expected, k, v, o);
       });
@@ -326,7 +332,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
       const take = new Taker(transfer);
       const q = take.tensor(query, true), o = take.options(options, OPTION_NAMES);
       this.#check(fn);  // again: the arguments' getters may have disposed it (then nothing moves)
-      take.movesChecked(fn, outOf(o), () => {
+      take.movesChecked(fn, outsOf(o), () => {
         const { q: query } = checkAttendQuery(q, this.#shape, o);
         checkOut(fn, outOf(o), query, this.#shape.valueDim);
       });

@@ -6,8 +6,8 @@
 // causal offsets, key lengths with NaN padding, softcap, scale, both layouts and ranks.
 // Also: sdpa(..., { returnLogSumExp }) against the reference; `saved` and recomputed paths
 // bitwise equal; one and two threads bitwise; through createAttentionWorker bitwise the direct
-// call, with the same errors; fully masked rows and unattended keys exact zeros; bad input;
-// memory freed.
+// call, with the same errors; fully masked rows and unattended keys exact zeros; gradients
+// written into options.out's arrays; bad input; memory freed.
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import {
   logSumExpError, maxRelError, mulberry32, randomTensor, referenceLogSumExp, referenceSdpa, referenceSdpaBackward,
@@ -211,6 +211,170 @@ describe("the float mask's gradient (options.returnMaskGrad)", () => {
       for (let n = 0; n < bias.data.length; n++) bias.data[n] -= 0.5 * dAttnMask.data[n];
     }
     expect(lossAndGrad().loss).toBeLessThan(0.8 * first);
+  });
+});
+
+describe('options.out: gradients written into the caller\'s arrays', () => {
+  const names = ['dQuery', 'dKey', 'dValue', 'dAttnMask'];
+  // GQA, bshd, Ev ≠ E, a float [Hq, 1, Lk] mask with its gradient: every result has its own size.
+  const p = problem({ B: 2, Hq: 4, Hkv: 2, Lq: 9, Lk: 70, E: 8, Ev: 6, layout: 'bshd', seed: 110 });
+  const options = { layout: 'bshd', attnMask: floatMask([4, 1, 70], 110, 0.1), returnMaskGrad: true, isCausal: true, causalOffset: 61 };
+  const sizes = { dQuery: 2 * 9 * 4 * 8, dKey: 2 * 70 * 2 * 8, dValue: 2 * 70 * 2 * 6, dAttnMask: 4 * 70 };
+  let fresh;
+  beforeAll(() => {
+    fresh = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+  });
+
+  test.each([[1], [2]])('each gradient into its array: exactly sized arrays are returned, longer ones as a view of their start, the rest untouched (threads %p)', (threads) => {
+    const instance = threads === 1 ? attn : attn2;
+    for (const extra of [0, 5]) {
+      const out = Object.fromEntries(names.map((name) => [name, new Float32Array(sizes[name] + extra).fill(NaN)]));
+      const got = instance.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out });
+      for (const name of names) {
+        expect(got[name].dims).toEqual(fresh[name].dims);
+        if (extra === 0) expect(got[name].data).toBe(out[name]);
+        expect(got[name].data.buffer).toBe(out[name].buffer);
+        expect([name, got[name].data.byteOffset, got[name].data.length]).toEqual([name, 0, sizes[name]]);
+        expect(sameBits(got[name].data, fresh[name].data)).toBe(true);
+        expect(out[name].subarray(sizes[name]).every(Number.isNaN)).toBe(true);
+      }
+    }
+    expect(instance.memory().bytesInUse).toBe(0);
+  });
+
+  test('some gradients into arrays, the others in new ones; one buffer holding all four side by side, or a SharedArrayBuffer', () => {
+    const dKey = new Float32Array(sizes.dKey);
+    const some = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out: { dKey } });
+    expect(some.dKey.data).toBe(dKey);
+    for (const name of names) expect(sameBits(some[name].data, fresh[name].data)).toBe(true);
+    for (const name of ['dQuery', 'dValue', 'dAttnMask']) expect(some[name].data.buffer).not.toBe(dKey.buffer);
+    for (const Buffer of [ArrayBuffer, SharedArrayBuffer]) {
+      const total = names.reduce((sum, name) => sum + sizes[name], 0);
+      const memory = new Float32Array(new Buffer(4 * (total + 3)));  // 3 floats between neighbours
+      let at = 0;
+      const out = {};
+      for (const name of names) {
+        out[name] = memory.subarray(at, at + sizes[name]);
+        at += sizes[name] + 1;
+      }
+      const got = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out });
+      for (const name of names) {
+        expect(got[name].data).toBe(out[name]);
+        expect(sameBits(got[name].data, fresh[name].data)).toBe(true);
+      }
+      expect([...memory.filter((x, n) => [sizes.dQuery, sizes.dQuery + sizes.dKey + 1].includes(n))]).toEqual([0, 0]);
+    }
+  });
+
+  test('an out over an input (in place): the inputs are read before any gradient is written', () => {
+    // dQuery over query.data, dKey over key.data, dValue over value.data, dAttnMask over the mask.
+    const copy = structuredClone({ ...p, attnMask: options.attnMask });
+    const got = attn.sdpaBackward(copy.query, copy.key, copy.value, copy.gradOutput, {
+      ...options, attnMask: copy.attnMask,
+      out: { dQuery: copy.query.data, dKey: copy.key.data, dValue: copy.value.data, dAttnMask: copy.attnMask.data },
+    });
+    expect(got.dQuery.data).toBe(copy.query.data);
+    for (const name of names) expect(sameBits(got[name].data, fresh[name].data)).toBe(true);
+    // With saved: dQuery over gradOutput (E = Ev here) and dKey over the saved output's buffer.
+    const square = problem({ Hq: 2, Lq: 7, Lk: 66, E: 8, seed: 111 });
+    const plain = attn.sdpaBackward(square.query, square.key, square.value, square.gradOutput);
+    const forward = attn.sdpa(square.query, square.key, square.value, { returnLogSumExp: true });
+    const outputCopy = new Float32Array(Math.max(forward.output.data.length, square.key.data.length));
+    outputCopy.set(forward.output.data);
+    const inPlace = attn.sdpaBackward(square.query, square.key, square.value, square.gradOutput, {
+      saved: { output: t(outputCopy.subarray(0, forward.output.data.length), forward.output.dims), logSumExp: forward.logSumExp },
+      out: { dQuery: square.gradOutput.data, dKey: outputCopy },
+    });
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(inPlace[name].data, plain[name].data)).toBe(true);
+    expect(inPlace.dQuery.data).toBe(square.gradOutput.data);
+  });
+
+  test.each([
+    ['not an object', 3, TypeError, /^sdpaBackward: options\.out must be an object of Float32Arrays with any of the names dQuery, dKey, dValue, dAttnMask, got 3$/],
+    ['a bare Float32Array', new Float32Array(4), TypeError, /, got Float32Array\(4\): sdpaBackward has several results, so name the one it is for, e\.g\. \{ dQuery: array \}$/],
+    ['an unknown name', { dQ: new Float32Array(576) }, TypeError, /^sdpaBackward: options\.out\.dQ is not a result of sdpaBackward; options\.out takes dQuery, dKey, dValue, dAttnMask$/],
+    ['a Float64Array', { dValue: new Float64Array(1680) }, TypeError, /^sdpaBackward: options\.out\.dValue must be a Float32Array, got Float64Array\(1680\)$/],
+    ['too small', { dKey: new Float32Array(2239) }, RangeError, /^sdpaBackward: options\.out\.dKey is too small: the gradient dKey \[2, 70, 2, 8\] needs 2240 floats, got 2239$/],
+    ['detached', { dQuery: (() => { const a = new Float32Array(576); structuredClone(a.buffer, { transfer: [a.buffer] }); return a; })() }, RangeError,
+      /^sdpaBackward: options\.out\.dQuery has no elements: its ArrayBuffer is detached .*; the gradient dQuery \[2, 9, 4, 8\] needs 576 floats$/],
+    ['one array for two gradients', (() => { const a = new Float32Array(2240); return { dKey: a, dValue: a }; })(), RangeError,
+      /^sdpaBackward: options\.out\.dKey and options\.out\.dValue share memory \(the same buffer, overlapping elements\): one gradient would overwrite the other/],
+    ['two overlapping views', (() => { const a = new Float32Array(1000); return { dQuery: a.subarray(0, 576), dAttnMask: a.subarray(575) }; })(), RangeError,
+      /^sdpaBackward: options\.out\.dQuery and options\.out\.dAttnMask share memory/],
+  ])('%s: a typed error, nothing written, the instance keeps working', (_, out, Cls, pattern) => {
+    const arrays = (out !== null && typeof out === 'object' && !ArrayBuffer.isView(out) ? Object.values(out) : [])
+      .filter((array) => array.length > 0);  // (not the detached one)
+    for (const array of arrays) array.fill(-7);
+    let error;
+    try {
+      attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out });
+    } catch (e) {
+      error = e;
+    }
+    expect(error?.constructor).toBe(Cls);
+    expect(error.message).toMatch(pattern);
+    for (const array of arrays) expect(array.every((x) => x === -7)).toBe(true);
+    expect(attn.memory().bytesInUse).toBe(0);
+    const again = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    for (const name of names) expect(sameBits(again[name].data, fresh[name].data)).toBe(true);
+  });
+
+  test('out.dAttnMask without returnMaskGrad: a TypeError', () => {
+    const { returnMaskGrad: _, ...withoutGrad } = options;
+    expect(() => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...withoutGrad, out: { dAttnMask: new Float32Array(280) } }))
+      .toThrow(new TypeError('sdpaBackward: options.out.dAttnMask is only written with options.returnMaskGrad: true (and a float attnMask)'));
+  });
+
+  test('through the worker: the same bits into the same arrays, and the same errors', async () => {
+    const worker = await createAttentionWorker({ threads: 1 });
+    try {
+      const out = Object.fromEntries(names.map((name) => [name, new Float32Array(sizes[name] + 2).fill(NaN)]));
+      const got = await worker.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out });
+      for (const name of names) {
+        expect(got[name].data.buffer).toBe(out[name].buffer);
+        expect(sameBits(got[name].data, fresh[name].data)).toBe(true);
+        expect(out[name].subarray(sizes[name]).every(Number.isNaN)).toBe(true);
+      }
+      const exact = new Float32Array(sizes.dValue);
+      expect((await worker.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out: { dValue: exact } })).dValue.data).toBe(exact);
+      const bad = { dKey: new Float32Array(10) };
+      const direct = (() => {
+        try {
+          attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out: bad });
+        } catch (e) {
+          return e;
+        }
+      })();
+      const remote = await worker.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out: bad }).then(() => undefined, (e) => e);
+      expect([remote?.constructor, remote?.message]).toEqual([RangeError, direct.message]);
+
+      // An out sharing a buffer with an input that { transfer: true } would move: refused, nothing moved.
+      const inputs = structuredClone(p);
+      const shared = new Float32Array(inputs.query.data.length + sizes.dQuery);
+      shared.set(inputs.query.data);
+      const query = t(shared.subarray(0, inputs.query.data.length), inputs.query.dims);
+      const refused = await worker.sdpaBackward(query, inputs.key, inputs.value, inputs.gradOutput,
+        { ...options, transfer: true, out: { dQuery: shared.subarray(inputs.query.data.length) } }).then(() => undefined, (e) => e);
+      expect(refused?.constructor).toBe(RangeError);
+      expect(refused.message).toMatch(/^sdpaBackward: options\.out\.dQuery shares its ArrayBuffer with an input that \{ transfer: true \} moves to the worker/);
+      expect([query.data.length, inputs.key.data.length]).toEqual([inputs.query.data.length, sizes.dKey]);
+
+      // An out detached while the call runs: a RangeError naming it, no gradient written (the
+      // others are checked first), and the worker keeps working.
+      const dQuery = new Float32Array(sizes.dQuery).fill(-7), dKey = new Float32Array(sizes.dKey);
+      const running = worker.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out: { dQuery, dKey } });
+      await null;  // sent
+      structuredClone(dKey.buffer, { transfer: [dKey.buffer] });
+      const lost = await running.then(() => undefined, (e) => e);
+      expect(lost?.constructor).toBe(RangeError);
+      expect(lost.message).toBe("sdpaBackward: options.out.dKey's buffer was detached while the call ran; the gradient dKey " +
+        '[2, 70, 2, 8] (2240 floats) could not be written into it, nor were the others');
+      expect(dQuery.every((x) => x === -7)).toBe(true);
+      const after = await worker.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+      for (const name of names) expect(sameBits(after[name].data, fresh[name].data)).toBe(true);
+    } finally {
+      worker.dispose();
+    }
   });
 });
 

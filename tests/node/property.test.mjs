@@ -20,7 +20,7 @@
 //                   sdpaBackward(): random valid problems (the same generator, without its
 //                   huge-logits cases and NaN in attended keys) against the float64 analytic
 //                   backward, max |got − ref| / (1 + |ref|) ≤ 1e-4, some bitwise across thread
-//                   counts, with `saved`, and through the worker.
+//                   counts, with `saved`, and through the worker; some into options.out's arrays.
 //   invalid calls   a valid call with one random mutation (tensor kinds, dims, sizes, every option,
 //                   createKVCache's options) must throw (or reject, for the worker, with the direct
 //                   API's message) the documented TypeError/RangeError with a message naming the
@@ -634,8 +634,23 @@ function randomBackwardCase(r) {
   const logicalGrad = normalTensor(r, [B, Hq, Lq, Ev]);
   const gradOutput = { data: logicalGrad.data, dims: outputDims };
   if (c.layout === 'bshd') gradOutput.data = toBshd(logicalGrad, [B, Hq, Lq, Ev]).data;
-  return { ...c, options, refOptions, gradOutput, description: `backward of ${c.description}` };
+  const backward = { ...c, options, refOptions, gradOutput };
+  // A fifth write some of their gradients into options.out: NaN-filled arrays, some longer than needed.
+  if (r.chance(0.2)) {
+    const sizes = gradientSizes(backward);
+    options.out = {};
+    for (const name of gradientNames(backward)) {
+      if (r.chance(0.6)) options.out[name] = maybeOffsetView(r, new Float32Array(sizes[name] + r.pick([0, 0, 3])).fill(NaN));
+    }
+  }
+  const outNames = Object.keys(options.out ?? {});
+  return { ...backward, description: `backward of ${c.description}${outNames.length > 0 ? `, out: ${outNames.join(', ')}` : ''}` };
 }
+
+/** Each gradient's element count: its input's, the mask's. */
+const gradientSizes = (c) => ({
+  dQuery: c.query.data.length, dKey: c.key.data.length, dValue: c.value.data.length, dAttnMask: c.options.attnMask?.data.length,
+});
 
 /** The gradients a case returns: dQuery, dKey, dValue, and dAttnMask with returnMaskGrad. */
 const gradientNames = (c) => ['dQuery', 'dKey', 'dValue', ...(c.options.returnMaskGrad ? ['dAttnMask'] : [])];
@@ -652,6 +667,12 @@ function checkGradients(got, c) {
   }
   for (const [name, tensor, refData, dims] of checked) {
     expect(tensor.dims).toEqual([...dims]);
+    const out = c.options.out?.[name];
+    if (out) {  // written into the caller's array (a view of its start when longer); the rest untouched
+      expect(tensor.data.buffer).toBe(out.buffer);
+      expect(tensor.data.byteOffset).toBe(out.byteOffset);
+      if (!out.subarray(tensor.data.length).every(Number.isNaN)) throw new Error(`options.out.${name}: written past the gradient`);
+    }
     const error = maxRelError(tensor.data, refData);
     if (!(error <= BACKWARD_TOL)) throw new Error(`${name}: max relative error ${error} > ${BACKWARD_TOL}`);
   }
@@ -678,10 +699,21 @@ function randomInvalidBackward(r) {
     args[4] = { ...c.options, saved: bad };
     m = { desc: `options.saved = ${typeof bad === 'object' && bad !== null ? '{ output } without logSumExp' : String(bad)}`,
       Cls: TypeError, names: ['sdpaBackward:', 'options.saved'] };
-  } else if (what < 0.9 || c.options.attnMask?.data instanceof Float32Array) {
-    const name = r.pick(['returnWeights', 'returnLogSumExp', 'out']);
-    args[4] = { ...c.options, [name]: name === 'out' ? new Float32Array(4) : true };
+  } else if (what < 0.85) {
+    const name = r.pick(['returnWeights', 'returnLogSumExp']);
+    args[4] = { ...c.options, [name]: true };
     m = { desc: `options.${name} (not a backward option)`, Cls: TypeError, names: ['sdpaBackward:', `unknown option "${name}"`] };
+  } else if (what < 0.92 || c.options.attnMask?.data instanceof Float32Array) {
+    const name = r.pick(gradientNames(c));
+    const size = gradientSizes(c)[name];
+    const kind = r.pick(['bare', 'short', 'unknown', 'shared']);
+    const out = kind === 'bare' ? new Float32Array(size)
+      : kind === 'short' ? { [name]: new Float32Array(size - 1) }
+      : kind === 'unknown' ? { [`${name}s`]: new Float32Array(size) }
+      : (() => { const array = new Float32Array(c.query.data.length + c.key.data.length); return { dQuery: array, dKey: array.subarray(c.query.data.length - 1) }; })();
+    args[4] = { ...c.options, out };
+    m = { desc: `options.out ${kind} (${name})`, Cls: kind === 'short' || kind === 'shared' ? RangeError : TypeError,
+      names: ['sdpaBackward:', kind === 'bare' ? 'options.out' : kind === 'short' ? `options.out.${name}` : kind === 'unknown' ? `options.out.${name}s` : 'options.out.dKey'] };
   } else {  // a mask gradient without a float mask (none, or a bool one)
     args[4] = { ...c.options, returnMaskGrad: true };
     m = { desc: 'returnMaskGrad without a float mask', Cls: TypeError, names: ['sdpaBackward:', 'options.returnMaskGrad', 'options.attnMask'] };
@@ -734,17 +766,20 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
       const got = instance.sdpaBackward(c.query, c.key, c.value, c.gradOutput, c.options);
       expectUnchanged(before, c.query, c.key, c.value, c.gradOutput);
       checkGradients(got, c);
+      // Copies: the calls below write into the same options.out arrays.
+      for (const name of gradientNames(c)) got[name] = { ...got[name], data: got[name].data.slice() };
       if (cross < 0.3) {
         // The same bits on the other thread count, with the forward's saved output and
         // log-sum-exp, and (a third of those) through the worker.
-        const { returnMaskGrad: _maskGrad, ...forwardOptions } = c.options;
+        const { returnMaskGrad: _maskGrad, out: _out, ...forwardOptions } = c.options;
         const forward = other.sdpa(c.query, c.key, c.value, { ...forwardOptions, returnLogSumExp: true });
         const saved = other.sdpaBackward(c.query, c.key, c.value, c.gradOutput,
           { ...c.options, saved: { output: forward.output, logSumExp: forward.logSumExp } });
-        const remote = cross < 0.1 ? await worker.sdpaBackward(c.query, c.key, c.value, c.gradOutput, c.options) : null;
-        for (const name of gradientNames(c)) {
-          expectBitwiseEqual(saved[name].data, got[name].data, `threads ${other.threads}, saved: ${name}`);
-          if (remote) expectBitwiseEqual(remote[name].data, got[name].data, `worker: ${name}`);
+        for (const name of gradientNames(c)) expectBitwiseEqual(saved[name].data, got[name].data, `threads ${other.threads}, saved: ${name}`);
+        if (cross < 0.1) {
+          const remote = await worker.sdpaBackward(c.query, c.key, c.value, c.gradOutput, c.options);
+          if (c.options.out) checkGradients(remote, c);  // (into the same arrays)
+          for (const name of gradientNames(c)) expectBitwiseEqual(remote[name].data, got[name].data, `worker: ${name}`);
         }
       }
     });

@@ -29,6 +29,12 @@ export const BACKWARD_CASES = [
     options: { isCausal: true, causalOffset: 230, attnMask: noiseTensor([2, 1, 70, 300], 6, 5), returnMaskGrad: true } }) },
   { name: 'bshd B2 Lq3 Lk65 H2, key lengths 65 and 0', make: () => ({
     ...problem(4, [2, 3, 2, 8], [2, 65, 2, 8], [2, 65, 2, 8], [2, 3, 2, 8]), options: { layout: 'bshd', keyLengths: Int32Array.of(65, 0) } }) },
+  { name: 'into options.out (longer arrays, one shared by dKey and dValue side by side), float [9, 70] mask', make: () => {
+    const p = problem(7, [1, 2, 9, 8], [1, 2, 70, 8], [1, 2, 70, 8], [1, 2, 9, 8]);
+    const keyValue = new Float32Array(2 * 1120 + 1).fill(NaN);
+    const out = { dQuery: new Float32Array(144 + 3).fill(NaN), dKey: keyValue.subarray(0, 1120), dValue: keyValue.subarray(1121), dAttnMask: new Float32Array(630) };
+    return { ...p, options: { attnMask: noiseTensor([9, 70], 7, 5), returnMaskGrad: true, out } };
+  } },
   { name: 'N200 E64 causal (several key tiles)', make: () => ({
     ...problem(5, [1, 1, 200, 64], [1, 1, 200, 64], [1, 1, 200, 64], [1, 1, 200, 64]), options: { isCausal: true } }) },
 ];
@@ -41,13 +47,20 @@ export async function runBackwardCases(attn, cases = BACKWARD_CASES) {
   const results = [];
   for (const { name, make } of cases) {
     const { query, key, value, gradOutput, options } = make();
+    const { out, ...refOptions } = options;
+    const ref = referenceSdpaBackward(query, key, value, gradOutput, refOptions);
     const got = await attn.sdpaBackward(query, key, value, gradOutput, options);
-    const ref = referenceSdpaBackward(query, key, value, gradOutput, options);
     const errors = {
       dQuery: maxRelError(got.dQuery.data, ref.dQuery),
       dKey: maxRelError(got.dKey.data, ref.dKey),
       dValue: maxRelError(got.dValue.data, ref.dValue),
     };
+    // options.out: each result is the start of its array (NaN, not ok, otherwise), the rest unwritten.
+    for (const [name, array] of Object.entries(out ?? {})) {
+      const written = got[name].data.buffer === array.buffer && got[name].data.byteOffset === array.byteOffset &&
+        array.subarray(got[name].data.length).every(Number.isNaN);
+      if (!written) errors[`${name} in options.out`] = NaN;
+    }
     let hash = bitsHash(got.dQuery.data) + bitsHash(got.dKey.data) + bitsHash(got.dValue.data);
     if (options.returnMaskGrad) {
       // NaN (not ok) when the gradient is missing or has other dims than the mask.

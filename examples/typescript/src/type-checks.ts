@@ -1,7 +1,7 @@
 // What the package's types accept and refuse, checked by compiling (never run): each
 // `@ts-expect-error` line must be an error, or tsc fails with "Unused '@ts-expect-error'".
 import {
-  Attention, AttentionWorker, KVCache, WorkerKVCache, type SdpaOptions, type SdpaResult, type Tensor,
+  Attention, AttentionWorker, KVCache, WorkerKVCache, type SdpaBackwardOut, type SdpaOptions, type SdpaResult, type Tensor,
 } from 'sdpa-wasm';
 
 export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCache, q: Tensor, k: Tensor, v: Tensor): void {
@@ -25,6 +25,10 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   void worker.sdpaBackward(q, k, v, q, { attnMask: bias, returnMaskGrad: true }).then((g) => g.dAttnMask.dims);
   // @ts-expect-error dAttnMask may be absent when not requested
   attn.sdpaBackward(q, k, v, q, { attnMask: bias }).dAttnMask.data;
+  // Gradients into the caller's arrays (SdpaBackwardOut), directly and through the worker.
+  const into: SdpaBackwardOut = { dQuery: new Float32Array(8), dAttnMask: new Float32Array(4) };
+  attn.sdpaBackward(q, k, v, q, { attnMask: bias, returnMaskGrad: true, out: into });
+  void worker.sdpaBackward(q, k, v, q, { out: { dKey: new Float32Array(8) } });
 
   // Options the runtime refuses.
   // @ts-expect-error unknown option name
@@ -39,6 +43,8 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   attn.sdpa(q, k, v, { transfer: true });
   // @ts-expect-error returnWeights does not apply to the backward pass
   attn.sdpaBackward(q, k, v, q, { returnWeights: true });
+  // @ts-expect-error the backward's out names the gradient each array is for
+  attn.sdpaBackward(q, k, v, q, { out: new Float32Array(8) });
   // @ts-expect-error dtype is 'float32' or 'float16'
   attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 8, maxLength: 4, dtype: 'bfloat16' });
   // @ts-expect-error reorder takes an Int32Array
