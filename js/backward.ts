@@ -1,6 +1,6 @@
 // sdpaBackward(): the gradients dQ, dK, dV (src/sdpa-backward.h) of a checked BackwardPlan,
 // and the float mask's (laid out as the mask, summed over its broadcast axes) when asked for,
-// each copied out into options.out's array for it or a new one.
+// each copied out into options.out's array for it (or added to it: options.accumulate) or a new one.
 // One way of running it: Q, K, V and dO copied in, with the forward's output O and
 // log-sum-exp either copied in (options.saved) or computed first by forward() on the same
 // problem (the same bits as sdpa(..., { returnLogSumExp: true }) gives: its kernel, its
@@ -10,7 +10,7 @@ import { backwardArg, problemArg } from './kernel-args.js';
 import { CallMemory } from './memory.js';
 import { check, copySmallInputs, describeProblem, smallInputBytes } from './strategies.js';
 import type { SdpaBackwardResult, Tensor } from './types.js';
-import type { BackwardPlan, GradientName, SdpaPlan } from './validate.js';
+import { type BackwardPlan, type GradientName, type SdpaPlan, writeOut } from './validate.js';
 import type { BackwardDesc } from './wasm/sdpa.mjs';
 
 /**
@@ -77,9 +77,7 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
     const take = (name: GradientName, address: number, length: number, dims: number[]): Tensor => {
       const computed = heap.subarray(address >>> 2, (address >>> 2) + length);
       const target = bp.out[name];
-      if (target === undefined) return { data: computed.slice(), dims };
-      target.view.set(computed);
-      return { data: target.result, dims };
+      return { data: target === undefined ? computed.slice() : writeOut(target, computed, bp.accumulate), dims };
     };
     const result: SdpaBackwardResult = {
       dQuery: take('dQuery', at.dQuery, q.length, bp.queryDims),

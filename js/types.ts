@@ -85,6 +85,12 @@ export interface SdpaBackwardOptions extends Omit<SdpaOptions, 'returnWeights' |
    * longer, a view of its start). They may be (or overlap) the inputs, not each other.
    */
   out?: SdpaBackwardOut;
+  /**
+   * Add each gradient to what its `out` array holds instead of writing over it (a bias shared
+   * by several layers, micro-batches): `out[n] += gradient[n]` in float32. Needs `out`;
+   * gradients without an array there come in new ones as usual. Default false.
+   */
+  accumulate?: boolean;
 }
 
 /** sdpaBackward's options.out: where each gradient named is written. */

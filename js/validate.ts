@@ -16,9 +16,9 @@ export const OPTION_NAMES = [
   'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'keyLengths',
   'returnWeights', 'returnLogSumExp', 'out', 'layout',
 ] as const;
-/** sdpaBackward's options: the score pipeline's, `saved`, `returnMaskGrad` and its own `out`. */
+/** sdpaBackward's options: the score pipeline's, `saved`, `returnMaskGrad`, and its own `out` and `accumulate`. */
 export const BACKWARD_OPTION_NAMES = [
-  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'keyLengths', 'layout', 'saved', 'returnMaskGrad', 'out',
+  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'keyLengths', 'layout', 'saved', 'returnMaskGrad', 'out', 'accumulate',
 ] as const;
 /** sdpaBackward's results, in the order they are written (and the names options.out takes). */
 export const GRADIENT_NAMES = ['dQuery', 'dKey', 'dValue', 'dAttnMask'] as const;
@@ -368,6 +368,8 @@ export interface BackwardPlan {
   maskGrad: boolean;
   /** options.out: where each gradient given one is written (the others come in new arrays). */
   out: Partial<Record<GradientName, OutTarget>>;
+  /** options.accumulate: gradients are added to what out's arrays hold, not written over it. */
+  accumulate: boolean;
 }
 
 /** Whether two of the call's own views share bytes (the same buffer object, overlapping ranges). */
@@ -377,18 +379,22 @@ function shareBytes(a: Float32Array, b: Float32Array): boolean {
 
 /**
  * sdpaBackward's options.out: { dQuery?, dKey?, dValue?, dAttnMask? }, a Float32Array of at least
- * its gradient's size for each result to be written into the caller's memory. Each name is
- * read once, by property access; no two may share bytes (one would overwrite the other).
+ * its gradient's size for each result to be written into the caller's memory. A record of names
+ * (describe() says 'an object': a Map, an ArrayBuffer, an array or any other kind of object is
+ * refused, not read as "no out"). Each name is read once, by property access; no two arrays may
+ * share bytes where they are written (one would overwrite the other). Arrays over different
+ * SharedArrayBuffer objects count as different memory (a clone of one is not told apart).
  */
 function checkBackwardOut(fn: string, given: unknown, results: Record<GradientName, { dims: readonly number[]; size: number } | null>):
   BackwardPlan['out'] {
   if (given === undefined) return {};
   const names = GRADIENT_NAMES.join(', ');
-  if (given === null || typeof given !== 'object' || Array.isArray(given) || ArrayBuffer.isView(given)) {
+  const kind = describe(given);
+  if (kind !== 'an object') {
     const bare = viewTag(given) !== undefined ? ': sdpaBackward has several results, so name the one it is for, e.g. { dQuery: array }' : '';
-    throw new TypeError(`${fn}: options.out must be an object of Float32Arrays with any of the names ${names}, got ${describe(given)}${bare}`);
+    throw new TypeError(`${fn}: options.out must be an object of Float32Arrays with any of the names ${names}, got ${kind}${bare}`);
   }
-  for (const name of Object.keys(given)) {
+  for (const name of Object.keys(given as object)) {
     if (!(GRADIENT_NAMES as readonly string[]).includes(name)) {
       throw new TypeError(`${fn}: options.out.${name} is not a result of sdpaBackward; options.out takes ${names}`);
     }
@@ -426,10 +432,14 @@ export function planBackward(query: unknown, key: unknown, value: unknown, gradO
   options: unknown): BackwardPlan {
   const fn = 'sdpaBackward';
   const o = checkOptionNames(fn, options, BACKWARD_OPTION_NAMES) as Omit<SdpaOptions, 'out'> &
-    { saved?: unknown; returnMaskGrad?: unknown; out?: unknown };
-  const { saved: savedOption, returnMaskGrad, out: outOption, ...forwardOptions } = o;
+    { saved?: unknown; returnMaskGrad?: unknown; out?: unknown; accumulate?: unknown };
+  const { saved: savedOption, returnMaskGrad, out: outOption, accumulate: accumulateOption, ...forwardOptions } = o;
   const { plan: forward, q, k, v } = planTensors(fn, query, key, value, { ...forwardOptions, returnLogSumExp: true });
   const maskGrad = checkBoolean(fn, 'options.returnMaskGrad', returnMaskGrad, false);
+  const accumulate = checkBoolean(fn, 'options.accumulate', accumulateOption, false);
+  if (accumulate && outOption === undefined) {
+    throw new TypeError(`${fn}: options.accumulate adds the gradients into options.out's arrays; it needs options.out`);
+  }
   if (maskGrad && forward.mask?.kind !== 'float') {
     throw new TypeError(`${fn}: options.returnMaskGrad needs an additive options.attnMask (Float32Array data); got ` +
       (forward.mask === null ? 'no attnMask' : 'a boolean one (Uint8Array data), which has no gradient'));
@@ -475,9 +485,9 @@ export function planBackward(query: unknown, key: unknown, value: unknown, gradO
     dQuery: gradientOf(q), dKey: gradientOf(k), dValue: gradientOf(v),
     dAttnMask: maskGrad && mask !== null ? { dims: mask.dims, size: mask.size } : null,
   });
-  for (const [name, target] of Object.entries(out)) arrays.push([`options.out.${name}`, target.view, lengthOf(target.view)]);
+  for (const [name, target] of Object.entries(out)) arrays.push([`options.out.${name}`, target.view, target.size]);
   checkArraysKept(fn, arrays);
-  return { forward, gradOutput: go.data, saved, queryDims: q.dims, keyDims: k.dims, valueDims: v.dims, maskGrad, out };
+  return { forward, gradOutput: go.data, saved, queryDims: q.dims, keyDims: k.dims, valueDims: v.dims, maskGrad, out, accumulate };
 }
 
 function planTensors(fn: string, query: unknown, key: unknown, value: unknown, o: SdpaOptions) {
@@ -560,6 +570,22 @@ export function checkAttendQuery(query: unknown, cache: Pick<CacheOperands, 'bat
 export interface OutTarget {
   view: Float32Array;
   result: Float32Array;
+  /** The result's floats (the view's length when it was made). */
+  size: number;
+}
+
+/**
+ * A result written into its OutTarget, or with `accumulate` added to what it holds (each sum
+ * rounded to float32 once: the float32 sum); returns what the call returns.
+ */
+export function writeOut(target: OutTarget, values: Float32Array, accumulate: boolean): Float32Array {
+  const { view } = target;
+  if (!accumulate) {
+    view.set(values);
+  } else {
+    for (let n = 0; n < values.length; n++) view[n] += values[n];
+  }
+  return target.result;
 }
 
 /** An `out` array (`name` in messages) for `what`, a result of `dims`: a Float32Array of at least its size. */
@@ -574,7 +600,7 @@ function checkOutArray(fn: string, name: string, what: string, given: unknown, d
     throw new RangeError(`${fn}: ${name} is too small: ${what} [${dims.join(', ')}] needs ${size} floats, got ${length}`);
   }
   const view = ownView(given, size);
-  return { view, result: length === size ? given : view };
+  return { view, result: length === size ? given : view, size };
 }
 
 /**

@@ -7,7 +7,7 @@ import {
 } from './typed-arrays.js';
 import { carryRecord } from './saved-forward.js';
 import type { SdpaBackwardResult, SdpaResult } from './types.js';
-import { type BackwardPlan, checkOptionNames, describe, GRADIENT_NAMES, readOnce, type Plan } from './validate.js';
+import { type BackwardPlan, checkOptionNames, describe, GRADIENT_NAMES, readOnce, type Plan, writeOut } from './validate.js';
 
 /** What every worker call takes besides the direct API's options. */
 export interface WorkerCallOptions {
@@ -247,10 +247,7 @@ export function deliverGradients(value: unknown, p: BackwardPlan): SdpaBackwardR
         `${name} [${tensor.dims.join(', ')}] (${size} floats) could not be written into it, nor were the others`);
     }
   }
-  for (const { name, target, tensor } of targets) {
-    target.view.set(tensor.data);
-    result[name] = { data: target.result, dims: tensor.dims };
-  }
+  for (const { name, tensor, target } of targets) result[name] = { data: writeOut(target, tensor.data, p.accumulate), dims: tensor.dims };
   return result;
 }
 
@@ -266,9 +263,12 @@ export function outsOf(options: unknown): [name: string, out: unknown][] {
   return GRADIENT_NAMES.map((name) => [`options.out.${name}`, (out as Record<string, unknown>)[name]]);
 }
 
-/** The options to send: what the checks accepted, without `out` (results come back in a new buffer). */
+/**
+ * The options to send: what the checks accepted, without `out` and sdpaBackward's `accumulate`
+ * (results come back in new buffers, written or added into out's arrays on this side).
+ */
 export function sendable(options: unknown): unknown {
   if (options === null || typeof options !== 'object') return options;
-  const { out: _out, ...rest } = options as Record<string, unknown>;
+  const { out: _out, accumulate: _accumulate, ...rest } = options as Record<string, unknown>;
   return rest;
 }

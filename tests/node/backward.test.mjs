@@ -214,7 +214,7 @@ describe("the float mask's gradient (options.returnMaskGrad)", () => {
   });
 });
 
-describe('options.out: gradients written into the caller\'s arrays', () => {
+describe('options.out: gradients written (or with accumulate, added) into the caller\'s arrays', () => {
   const names = ['dQuery', 'dKey', 'dValue', 'dAttnMask'];
   // GQA, bshd, Ev ≠ E, a float [Hq, 1, Lk] mask with its gradient: every result has its own size.
   const p = problem({ B: 2, Hq: 4, Hkv: 2, Lq: 9, Lk: 70, E: 8, Ev: 6, layout: 'bshd', seed: 110 });
@@ -299,6 +299,10 @@ describe('options.out: gradients written into the caller\'s arrays', () => {
       /^sdpaBackward: options\.out\.dQuery has no elements: its ArrayBuffer is detached .*; the gradient dQuery \[2, 9, 4, 8\] needs 576 floats$/],
     ['one array for two gradients', (() => { const a = new Float32Array(2240); return { dKey: a, dValue: a }; })(), RangeError,
       /^sdpaBackward: options\.out\.dKey and options\.out\.dValue share memory \(the same buffer, overlapping elements\): one gradient would overwrite the other/],
+    ['a Map', new Map([['dQuery', new Float32Array(576)]]), TypeError, /^sdpaBackward: options\.out must be an object of Float32Arrays .*, got Map$/],
+    ['an ArrayBuffer', new ArrayBuffer(2304), TypeError, /^sdpaBackward: options\.out must be an object of Float32Arrays .*, got ArrayBuffer$/],
+    ['an object of another kind (its own toStringTag)', { [Symbol.toStringTag]: 'Gradients', dQuery: new Float32Array(576) }, TypeError,
+      /^sdpaBackward: options\.out must be an object of Float32Arrays .*, got Gradients$/],
     ['two overlapping views', (() => { const a = new Float32Array(1000); return { dQuery: a.subarray(0, 576), dAttnMask: a.subarray(575) }; })(), RangeError,
       /^sdpaBackward: options\.out\.dQuery and options\.out\.dAttnMask share memory/],
   ])('%s: a typed error, nothing written, the instance keeps working', (_, out, Cls, pattern) => {
@@ -314,6 +318,82 @@ describe('options.out: gradients written into the caller\'s arrays', () => {
     expect(error?.constructor).toBe(Cls);
     expect(error.message).toMatch(pattern);
     for (const array of arrays) expect(array.every((x) => x === -7)).toBe(true);
+    expect(attn.memory().bytesInUse).toBe(0);
+    const again = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    for (const name of names) expect(sameBits(again[name].data, fresh[name].data)).toBe(true);
+  });
+
+  test('accumulate: each gradient added to what its array holds (the float32 sum), the others new; a bias shared by two layers', () => {
+    const prior = Object.fromEntries(names.map((name, i) => [name, randomTensor([sizes[name] + 2], 120 + i).data]));
+    const out = Object.fromEntries(names.map((name) => [name, prior[name].slice()]));
+    const got = attn2.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out, accumulate: true });
+    for (const name of names) {
+      expect(got[name].data.buffer).toBe(out[name].buffer);
+      const sum = Float32Array.from(fresh[name].data, (g, n) => prior[name][n] + g);  // rounded once, to float32
+      expect([name, sameBits(got[name].data, sum)]).toEqual([name, true]);
+      expect([...out[name].subarray(sizes[name])]).toEqual([...prior[name].subarray(sizes[name])]);
+    }
+    // T5 shares one relative position bias between its layers: its gradient is the sum of each
+    // layer's, accumulated in one array; dQuery, dKey and dValue (no out for them) are new arrays.
+    const bias = options.attnMask;
+    const layer2 = problem({ B: 2, Hq: 4, Hkv: 2, Lq: 9, Lk: 70, E: 8, Ev: 6, layout: 'bshd', seed: 121 });
+    const second = attn.sdpaBackward(layer2.query, layer2.key, layer2.value, layer2.gradOutput, options);
+    const dBias = new Float32Array(sizes.dAttnMask);
+    for (const layer of [p, layer2]) {
+      const g = attn.sdpaBackward(layer.query, layer.key, layer.value, layer.gradOutput, { ...options, attnMask: bias, out: { dAttnMask: dBias }, accumulate: true });
+      expect(g.dAttnMask.data).toBe(dBias);
+      expect(sameBits(g.dQuery.data, (layer === p ? fresh : second).dQuery.data)).toBe(true);
+    }
+    expect(sameBits(dBias, Float32Array.from(fresh.dAttnMask.data, (g, n) => g + second.dAttnMask.data[n]))).toBe(true);
+    expect(attn.memory().bytesInUse).toBe(0);
+  });
+
+  test.each([
+    ['accumulate not a boolean', { accumulate: 1, out: {} }, TypeError, /^sdpaBackward: options\.accumulate must be a boolean, got 1$/],
+    ['accumulate without out', { accumulate: true }, TypeError, /^sdpaBackward: options\.accumulate adds the gradients into options\.out's arrays; it needs options\.out$/],
+    ['accumulate, out too small', { accumulate: true, out: { dValue: new Float32Array(1679) } }, RangeError, /^sdpaBackward: options\.out\.dValue is too small/],
+  ])('%s: a typed error, nothing added', (_, extra, Cls, pattern) => {
+    const arrays = Object.values(extra.out ?? {}).map((array) => array.fill(3));
+    expect(() => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, ...extra })).toThrow(Cls);
+    expect(() => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, ...extra })).toThrow(pattern);
+    for (const array of arrays) expect(array.every((x) => x === 3)).toBe(true);
+    expect(attn.memory().bytesInUse).toBe(0);
+  });
+
+  test('an out array detached or shrunk by a later getter (out.dAttnMask\'s): a RangeError naming it, nothing written; the worker too', async () => {
+    const make = (breakIt) => {
+      const dQuery = new Float32Array(sizes.dQuery).fill(-7);
+      const dKey = new Float32Array(sizes.dKey).fill(-7);
+      const resizable = new Float32Array(new ArrayBuffer(4 * sizes.dValue, { maxByteLength: 4 * sizes.dValue }));
+      const dAttnMask = new Float32Array(sizes.dAttnMask).fill(-7);
+      const out = { dQuery, dKey, dValue: resizable };
+      Object.defineProperty(out, 'dAttnMask', { enumerable: true, get: () => { breakIt({ dQuery, resizable }); return dAttnMask; } });
+      return { out, untouched: [dQuery, dKey, dAttnMask] };
+    };
+    // [what the getter does, the direct API's message, the worker's (it reads `out` when the call
+    // is made, and checks the arrays as they are then)]
+    const cases = [
+      [({ dQuery }) => structuredClone(dQuery.buffer, { transfer: [dQuery.buffer] }),
+        /^sdpaBackward: options\.out\.dQuery's buffer was detached while the call read its arguments \(by a getter\); nothing was done$/,
+        /^sdpaBackward: options\.out\.dQuery has no elements: its ArrayBuffer is detached/],
+      [({ resizable }) => resizable.buffer.resize(4),
+        /^sdpaBackward: options\.out\.dValue shrank below the 1680 elements checked while the call read its arguments/,
+        /^sdpaBackward: options\.out\.dValue is too small: the gradient dValue \[2, 70, 2, 6\] needs 1680 floats, got 1$/],
+    ];
+    const worker = await createAttentionWorker({ threads: 1 });
+    try {
+      for (const [breakIt, direct, viaWorker] of cases) {
+        for (const [api, pattern] of [[attn, direct], [attn2, direct], [worker, viaWorker]]) {
+          const { out, untouched } = make(breakIt);
+          const error = await (async () => api.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out }))().then(() => undefined, (e) => e);
+          expect(error?.constructor).toBe(RangeError);
+          expect(error.message).toMatch(pattern);
+          for (const array of untouched) expect(array.length === 0 || array.every((x) => x === -7)).toBe(true);
+        }
+      }
+    } finally {
+      worker.dispose();
+    }
     expect(attn.memory().bytesInUse).toBe(0);
     const again = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
     for (const name of names) expect(sameBits(again[name].data, fresh[name].data)).toBe(true);
@@ -337,6 +417,14 @@ describe('options.out: gradients written into the caller\'s arrays', () => {
       }
       const exact = new Float32Array(sizes.dValue);
       expect((await worker.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out: { dValue: exact } })).dValue.data).toBe(exact);
+      // accumulate: added on this side when the gradients come back, the direct call's bits.
+      const prior = randomTensor([sizes.dKey], 122).data;
+      const [summedHere, summedThere] = [prior.slice(), prior.slice()];
+      attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out: { dKey: summedHere }, accumulate: true });
+      expect((await worker.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out: { dKey: summedThere }, accumulate: true })).dKey.data)
+        .toBe(summedThere);
+      expect(sameBits(summedThere, summedHere)).toBe(true);
+      expect(sameBits(summedHere, prior)).toBe(false);
       const bad = { dKey: new Float32Array(10) };
       const direct = (() => {
         try {

@@ -281,9 +281,9 @@ describe('no leaks: 10,000 mixed calls return bytesInUse and the module heap to 
         const f = attn.sdpa(p.query, p.key, p.value, { isCausal, returnLogSumExp: true });
         return attn.sdpaBackward(p.query, p.key, p.value, go, { isCausal, saved: { output: f.output, logSumExp: f.logSumExp } });
       });
-      // Into the caller's arrays, and refused: two gradients into one array.
+      // Into the caller's arrays (or added to them), and refused: two gradients into one array.
       const dKey = new Float32Array(p.key.data.length);
-      await note(() => attn.sdpaBackward(p.query, p.key, p.value, go, { isCausal, out: { dKey, dQuery: new Float32Array(p.query.data.length) } }));
+      await note(() => attn.sdpaBackward(p.query, p.key, p.value, go, { isCausal, out: { dKey, dQuery: new Float32Array(p.query.data.length) }, accumulate: i % 2 === 0 }));
       await note(() => attn.sdpaBackward(p.query, p.key, p.value, go, { out: { dKey, dValue: dKey } }));  // RangeError
       await note(() => attn.sdpaBackward(p.query, p.key, p.value, p.query));  // RangeError: dO has E, not Ev, columns
       await note(() => attn.sdpaBackward(p.query, p.key, p.value, go, { scale: NaN }));  // RangeError

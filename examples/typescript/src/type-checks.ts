@@ -27,7 +27,7 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   attn.sdpaBackward(q, k, v, q, { attnMask: bias }).dAttnMask.data;
   // Gradients into the caller's arrays (SdpaBackwardOut), directly and through the worker.
   const into: SdpaBackwardOut = { dQuery: new Float32Array(8), dAttnMask: new Float32Array(4) };
-  attn.sdpaBackward(q, k, v, q, { attnMask: bias, returnMaskGrad: true, out: into });
+  attn.sdpaBackward(q, k, v, q, { attnMask: bias, returnMaskGrad: true, out: into, accumulate: true });
   void worker.sdpaBackward(q, k, v, q, { out: { dKey: new Float32Array(8) } });
 
   // Options the runtime refuses.
