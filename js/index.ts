@@ -21,6 +21,6 @@ export {
 } from './worker.js';
 export type { Isa } from './loader.js';
 export type {
-  AttentionOptions, KVCacheOptions, KVTensor, MaskTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardOut, SdpaBackwardResult,
+  AttentionOptions, KVCacheContents, KVCacheOptions, KVTensor, MaskTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardOut, SdpaBackwardResult,
   SdpaBackwardResultWithMaskGrad, SdpaOptions, SdpaResult, SdpaResultWith, Tensor,
 } from './types.js';

@@ -6,11 +6,11 @@
 //   values [B, Hkv, maxLength, Ev]
 // Positions [0, length) are stored; every batch has the same length (ragged batches pass
 // keyLengths to attend()).
-import { allocateLongLived, type Allocation, CallMemory, freeLongLived, heap, type MemoryAccount } from './memory.js';
+import { allocateLongLived, type Allocation, CallMemory, freeLongLived, heap, type HeapViews, type MemoryAccount } from './memory.js';
 import { KV_TYPE, runResident } from './strategies.js';
 import { detachedOrEmpty, isInt32Array, isUint16Array, lengthOf } from './typed-arrays.js';
 import type { SdpaModule } from './wasm/sdpa.mjs';
-import type { KVCacheOptions, KVTensor, SdpaOptions, SdpaResult, SdpaResultWith, Tensor } from './types.js';
+import type { KVCacheContents, KVCacheOptions, KVTensor, SdpaOptions, SdpaResult, SdpaResultWith, Tensor } from './types.js';
 import {
   checkArraysKept, checkHeadDim, checkLayout, checkOptionNames, checkTensor, describe, detachedMessage, dimsMismatch,
   planAttend,
@@ -20,6 +20,7 @@ import {
 export type KVCacheDType = 'float32' | 'float16';
 
 const CACHE_OPTION_NAMES = ['batch', 'kvHeads', 'headDim', 'valueDim', 'maxLength', 'dtype'] as const;
+/** The options of append() and read(): the tensors' layout. */
 export const APPEND_OPTION_NAMES = ['layout'] as const;
 const ELEMENT_BYTES: Record<KVCacheDType, number> = { float32: 4, float16: 2 };
 /**
@@ -138,7 +139,22 @@ export function checkTruncate(length: number, n: unknown): asserts n is number {
  * 0 <= start <= end <= length. Returns the number of positions removed.
  */
 export function checkRemove(length: number, start: unknown, end: unknown): number {
-  const fn = 'KVCache.remove';
+  return checkPositions('KVCache.remove', length, start, end);
+}
+
+/**
+ * The checks of KVCache.read(start, end) on a cache holding `length` positions: as remove()'s,
+ * start 0 and end `length` when left out. Returns [start, end].
+ */
+export function checkRead(length: number, start: unknown, end: unknown): [number, number] {
+  const s = start === undefined ? 0 : start;
+  const e = end === undefined ? length : end;
+  checkPositions('KVCache.read', length, s, e);
+  return [s as number, e as number];
+}
+
+/** Positions [start, end) of `length` stored ones: integers, 0 <= start <= end <= length. Returns end - start. */
+function checkPositions(fn: string, length: number, start: unknown, end: unknown): number {
   for (const [name, x] of [['start', start], ['end', end]] as const) {
     if (typeof x !== 'number') throw new TypeError(`${fn}: ${name} must be an integer, got ${describe(x)}`);
   }
@@ -524,6 +540,45 @@ export class KVCache extends KVCacheShapeInfo {
     } finally {
       memory.free();
     }
+  }
+
+  /**
+   * A copy of positions [start, end) of every batch (default: all `length` of them), as append()
+   * takes them: key [B, Hkv, n, E] and value [B, Hkv, n, Ev] (or [B, n, Hkv, ·] with
+   * { layout: 'bshd' }), n = end - start; Float32Array for a float32 cache, the stored raw halves
+   * (Uint16Array) for a float16 one. Appended to a cache of the same dtype they store the same
+   * bits: a saved prompt restored, a conversation forked into another cache.
+   */
+  read(start?: number, end?: number, options?: { layout?: 'bhsd' | 'bshd' }): KVCacheContents {
+    const fn = 'KVCache.read';
+    this.#live(fn);
+    const layout = checkLayout(fn, checkOptionNames(fn, options, APPEND_OPTION_NAMES).layout);
+    const module = this.#live(fn);  // again: the options' getters may have disposed it
+    const [s, e] = checkRead(this.#length, start, end);
+    const views = heap(module);
+    const [key, value] = this.#planes().map(({ storage }, plane) =>
+      this.#copyOut(views, storage, plane === 0 ? this.headDim : this.valueDim, s, e, layout));
+    return { key, value };
+  }
+
+  /** Positions [start, end) of one storage [B, Hkv, maxLength, D] copied into a new tensor in `layout`. */
+  #copyOut(views: HeapViews, storage: number, D: number, start: number, end: number, layout: 'bhsd' | 'bshd'): KVTensor {
+    const B = this.batch, H = this.kvHeads, n = end - start;
+    const halves = this.dtype === 'float16';
+    const source: Float32Array | Uint16Array = halves ? views.u16 : views.f32;
+    const data: Float32Array | Uint16Array = halves ? new Uint16Array(B * H * n * D) : new Float32Array(B * H * n * D);
+    const first = storage / ELEMENT_BYTES[this.dtype];
+    for (let b = 0; b < B; b++) {
+      for (let h = 0; h < H; h++) {
+        const from = first + ((b * H + h) * this.maxLength + start) * D;
+        if (layout === 'bhsd') {
+          data.set(source.subarray(from, from + n * D), (b * H + h) * n * D);
+        } else {
+          for (let i = 0; i < n; i++) data.set(source.subarray(from + i * D, from + (i + 1) * D), ((b * n + i) * H + h) * D);
+        }
+      }
+    }
+    return { data, dims: layout === 'bhsd' ? [B, H, n, D] : [B, n, H, D] };
   }
 
   /** Forgets every position (length 0); the storage stays allocated. */

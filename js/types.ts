@@ -165,6 +165,15 @@ export interface KVTensor {
   dims: readonly number[];
 }
 
+/**
+ * What KVCache.read() returns: the stored keys and values of a range of positions, as
+ * append() takes them (Float32Array data for a float32 cache, raw IEEE halves for a float16 one).
+ */
+export interface KVCacheContents {
+  key: KVTensor;
+  value: KVTensor;
+}
+
 export interface KVCacheOptions {
   /** B: sequences decoded together. */
   batch: number;

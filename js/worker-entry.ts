@@ -100,6 +100,10 @@ async function handle({ op, args: a }: Request): Promise<Handled> {
       target.remove(a.start as number, a.end as number);
       return { value: { length: target.length } };
     }
+    case 'read': {  // { cache, start, end, options } → KVCacheContents
+      const contents = cache(a.cache).read(a.start as number | undefined, a.end as number | undefined, a.options as never);
+      return { value: contents, transfer: transferList([contents.key.data, contents.value.data]) };
+    }
     case 'reorder': {  // { cache, indices } → { length }
       const target = cache(a.cache);
       target.reorder(a.indices as Int32Array);

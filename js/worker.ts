@@ -24,17 +24,17 @@
 // starting the worker and the queue of calls.
 import type { Isa } from './loader.js';
 import {
-  APPEND_OPTION_NAMES, cacheOperands, checkAppend, checkAppendShapes, checkCacheOptions, checkRemove, checkReorder, checkTruncate,
+  APPEND_OPTION_NAMES, cacheOperands, checkAppend, checkAppendShapes, checkCacheOptions, checkRead, checkRemove, checkReorder, checkTruncate,
   KVCacheShapeInfo,
   type KVCacheShape,
 } from './kv-cache.js';
 import type {
-  AttentionOptions, KVCacheOptions, KVTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaOptions, SdpaResult,
+  AttentionOptions, KVCacheContents, KVCacheOptions, KVTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaOptions, SdpaResult,
   SdpaResultWith, Tensor,
 } from './types.js';
 import {
-  BACKWARD_OPTION_NAMES, type BackwardPlan, checkAttendQuery, checkAttentionOptions, checkOut, OPTION_NAMES, plan, planAttend, planBackward,
-  type Plan,
+  BACKWARD_OPTION_NAMES, type BackwardPlan, checkAttendQuery, checkAttentionOptions, checkLayout, checkOptionNames, checkOut, OPTION_NAMES, plan,
+  planAttend, planBackward, type Plan,
 } from './validate.js';
 import { recalled, remember, type ForwardRecord } from './saved-forward.js';
 import { deliver, deliverGradients, outOf, outsOf, sendable, signalOnly, Taker, workerCallOptions, type WorkerCallOptions } from './worker-args.js';
@@ -369,6 +369,26 @@ export class WorkerKVCache extends KVCacheShapeInfo {
         this.#expected -= checkRemove(this.#expected, start, end);
         return { start, end };
       }, this.#lengthFrom, signal);
+    });
+  }
+
+  /**
+   * KVCache.read(start, end, { layout }) in the worker: a copy of positions [start, end) (default
+   * all), as the cache holds them when the call's turn comes (after the calls made before it).
+   */
+  read(start?: number, end?: number, options?: { layout?: 'bhsd' | 'bshd' } & Pick<WorkerCallOptions, 'signal'>): Promise<KVCacheContents> {
+    return settle(() => {
+      const fn = 'KVCache.read';
+      this.#check(fn);
+      const { signal, transfer } = workerCallOptions(fn, options);
+      if (transfer) throw new TypeError(`${fn}: options.transfer does not apply: read() sends no arrays (its results are moved back)`);
+      // The direct API's checks and messages, on the options without the worker's own.
+      const o = checkOptionNames(fn, new Taker(false).options(options, APPEND_OPTION_NAMES), APPEND_OPTION_NAMES);
+      const layout = checkLayout(fn, o.layout);
+      return this.#call('read', () => {
+        checkRead(this.#expected, start, end);
+        return { start, end, options: { layout } };
+      }, (value) => value as KVCacheContents, signal);
     });
   }
 

@@ -33,7 +33,7 @@ for (const [label, base, isolated] of [['cross-origin isolated', ISOLATED, true]
       }
     });
     expect(result.cases).toHaveLength(CACHE_CASES.length);
-    expect(result.cases.filter((c) => !c.ok).map((c) => `${c.name}: error ${c.worstError}`)).toEqual([]);
+    expect(result.cases.filter((c) => !c.ok).map((c) => `${c.name}: error ${c.worstError}, read() ${c.readOk}`)).toEqual([]);
     expect(nodeCases.filter((c) => !c.ok).map((c) => `${c.name}: error ${c.worstError}`)).toEqual([]);
     expect(result.cases.map((c) => `${c.name} ${c.hash}`)).toEqual(nodeCases.map((c) => `${c.name} ${c.hash}`));
     if (isolated) expect(result.threads).toBeGreaterThan(1);

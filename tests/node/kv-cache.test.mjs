@@ -2,7 +2,7 @@
 // (reference.mjs) on the concatenated history, float16 storage against the reference on
 // float16-rounded K/V (the storage rounding is the only error), every sdpa option through
 // attend(), thread counts bitwise, wasm memory growing mid-sequence, the ONNX cases with
-// past_key/past_value through the cache, bad input and misuse, and leaks.
+// past_key/past_value through the cache, read() of what it holds, bad input and misuse, and leaks.
 import { readFile } from 'node:fs/promises';
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 // The internal loader (not public API): gives the Emscripten module with HEAPU8 and heapBytesInUse.
@@ -523,6 +523,157 @@ describe('remove(start, end): positions dropped, the later ones moved down', () 
   });
 });
 
+describe('read(start, end): a copy of the stored positions, as append() takes them', () => {
+  const B = 2, Hkv = 3, E = 8, Ev = 5, L = 37;
+  const k = randomTensor([B, Hkv, L, E], 130), v = randomTensor([B, Hkv, L, Ev], 131);
+  const sameBits = (a, b) => a.length === b.length && a.every((x, i) => Object.is(x, b[i]));
+  /** A cache holding k, v, appended in chunks of 1, 5 and the rest. */
+  function filled(instance, dtype, maxLength = L + 3) {
+    const cache = instance.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength, dtype });
+    for (const [a, b] of [[0, 1], [1, 6], [6, L]]) cache.append(positions(k, a, b), positions(v, a, b));
+    return cache;
+  }
+
+  test.each([['float32'], ['float16']])('%s: every range, both layouts, the stored bits (float16: the halves append stored)', (dtype) => {
+    const cache = filled(attn, dtype);
+    try {
+      // What the cache holds, as floats: float32 as given, float16 rounded to nearest even.
+      const stored = (t) => (dtype === 'float16' ? roundedToHalves(t) : t);
+      const asFloats = (t) => ({ data: dtype === 'float16' ? Float32Array.from(t.data, halfToFloat) : t.data, dims: t.dims });
+      for (const [a, b] of [[0, L], [0, 1], [36, 37], [5, 29], [17, 17], [0, 0]]) {
+        const bhsd = a === 0 && b === L ? cache.read() : cache.read(a, b);
+        expect(bhsd.key.data.constructor).toBe(dtype === 'float16' ? Uint16Array : Float32Array);
+        expect([bhsd.key.dims, bhsd.value.dims]).toEqual([[B, Hkv, b - a, E], [B, Hkv, b - a, Ev]]);
+        expect(sameBits(asFloats(bhsd.key).data, positions(stored(k), a, b).data)).toBe(true);
+        expect(sameBits(asFloats(bhsd.value).data, positions(stored(v), a, b).data)).toBe(true);
+        const bshd = cache.read(a, b, { layout: 'bshd' });
+        expect([bshd.key.dims, bshd.value.dims]).toEqual([[B, b - a, Hkv, E], [B, b - a, Hkv, Ev]]);
+        expect(sameBits(bshd.key.data, toBshd(bhsd.key).data)).toBe(true);
+        expect(sameBits(bshd.value.data, toBshd(bhsd.value).data)).toBe(true);
+      }
+      expect(cache.read(undefined, 4).key.dims).toEqual([B, Hkv, 4, E]);
+      expect(cache.read(30).key.dims).toEqual([B, Hkv, 7, E]);
+      expect(cache.length).toBe(L);
+    } finally {
+      cache.dispose();
+    }
+  });
+
+  test.each([['float32'], ['float16']])('%s: restored into another cache (a saved prompt, a forked conversation), attend gives the same bits', (dtype) => {
+    const source = filled(attn, dtype);
+    const copy = attn2.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: 64, dtype });
+    try {
+      const { key, value } = source.read(0, 30, { layout: 'bshd' });
+      copy.append(key, value, { layout: 'bshd' });
+      source.truncate(30);
+      const query = randomTensor([B, 6, 2, E], 132);
+      expect(bits(copy.attend(query).output.data)).toEqual(bits(source.attend(query).output.data));
+      // Both go on: the fork appends its own positions, the source others.
+      copy.append(positions(k, 30, 31), positions(v, 30, 31));
+      expect(sameBits(copy.read(30).key.data, source.read(0, 1).key.data)).toBe(false);
+      expect(sameBits(copy.read(0, 30).key.data, source.read().key.data)).toBe(true);
+    } finally {
+      source.dispose();
+      copy.dispose();
+    }
+  });
+
+  test('after remove, reorder and truncate, and after the wasm memory grew: what the cache holds', () => {
+    const cache = filled(attn, 'float32');
+    try {
+      cache.remove(3, 10);  // held: 0..2, 10..36
+      cache.reorder(Int32Array.of(1, 1));
+      cache.truncate(20);
+      const held = [0, 1, 2, ...Array.from({ length: 17 }, (_, i) => 10 + i)];
+      const capacity = attn.memory().capacityBytes;
+      // More than the memory's capacity: it grows (the heap views made before are stale).
+      const big = attn.createKVCache({ batch: 1, kvHeads: 8, headDim: 128, maxLength: Math.ceil(capacity / 4096) + 1 });
+      try {
+        expect(attn.memory().capacityBytes).toBeGreaterThan(capacity);
+        const { key } = cache.read();
+        const [, , , D] = k.dims;
+        for (let b = 0; b < B; b++) {
+          for (let h = 0; h < Hkv; h++) {
+            held.forEach((from, to) => {
+              const want = k.data.subarray(((1 * Hkv + h) * L + from) * D, ((1 * Hkv + h) * L + from + 1) * D);  // batch 1's rows
+              const got = key.data.subarray(((b * Hkv + h) * 20 + to) * D, ((b * Hkv + h) * 20 + to + 1) * D);
+              expect(sameBits(got, want)).toBe(true);
+            });
+          }
+        }
+      } finally {
+        big.dispose();
+      }
+    } finally {
+      cache.dispose();
+    }
+  });
+
+  test('bad input: a typed error naming the argument, the cache unchanged; a disposed cache throws', () => {
+    const cache = filled(attn, 'float16');
+    try {
+      const before = cache.read().key.data;
+      for (const [args, Cls, message] of [
+        [[-1], RangeError, 'KVCache.read: start must be an integer in [0, length = 37], got -1'],
+        [[0, 38], RangeError, 'KVCache.read: end must be an integer in [start = 0, length = 37], got 38'],
+        [[5, 4], RangeError, 'KVCache.read: end must be an integer in [start = 5, length = 37], got 4'],
+        [[1.5], RangeError, 'KVCache.read: start must be an integer in [0, length = 37], got 1.5'],
+        [['1'], TypeError, 'KVCache.read: start must be an integer, got "1"'],
+        [[0, null], TypeError, 'KVCache.read: end must be an integer, got null'],
+        [[0, 5, { layout: 'bsdh' }], RangeError, "KVCache.read: options.layout must be 'bhsd' or 'bshd', got \"bsdh\""],
+        [[0, 5, { dtype: 'float32' }], TypeError, 'KVCache.read: unknown option "dtype"; known options: layout'],
+      ]) {
+        expect(() => cache.read(...args)).toThrow(new Cls(message));
+      }
+      expect(cache.length).toBe(L);
+      expect(sameBits(cache.read().key.data, before)).toBe(true);
+    } finally {
+      cache.dispose();
+    }
+    expect(() => cache.read()).toThrow(new Error('KVCache.read: this KVCache has been disposed'));
+    expect(attn.memory().bytesInUse).toBe(0);
+  });
+
+  test('the worker: the same bits, at the call\'s turn (after the calls made before it), and the same errors', async () => {
+    const worker = await createAttentionWorker({ threads: 1 });
+    try {
+      const direct = filled(attn, 'float16');
+      const remote = await worker.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: L + 3, dtype: 'float16' });
+      try {
+        // Made without awaiting: the read sees the appends before it and not the truncate after.
+        remote.append(positions(k, 0, 1), positions(v, 0, 1));
+        remote.append(positions(k, 1, L), positions(v, 1, L));
+        const reading = remote.read(2, 30, { layout: 'bshd' });
+        const truncated = remote.truncate(4);
+        const got = await reading;
+        await truncated;
+        const want = direct.read(2, 30, { layout: 'bshd' });
+        expect([got.key.dims, got.value.dims]).toEqual([want.key.dims, want.value.dims]);
+        expect(Object.prototype.toString.call(got.key.data)).toBe('[object Uint16Array]');  // (made in another realm than Jest's)
+        expect([sameBits(got.key.data, want.key.data), sameBits(got.value.data, want.value.data)]).toEqual([true, true]);
+        expect(remote.length).toBe(4);
+        for (const args of [[0, 5], [-1], [0, 5, { foo: 1 }]]) {
+          const error = await remote.read(...args).then(() => undefined, (e) => e);
+          let expected;
+          try {
+            direct.truncate(4);
+            direct.read(...args);
+          } catch (e) {
+            expected = e;
+          }
+          expect([error?.constructor, error?.message]).toEqual([expected.constructor, expected.message]);
+        }
+        await expect(remote.read(0, 1, { transfer: true })).rejects.toThrow(TypeError);
+      } finally {
+        direct.dispose();
+        await remote.dispose();
+      }
+    } finally {
+      await worker.dispose();
+    }
+  });
+});
+
 describe('reorder (beam search): batch b takes the rows batch indices[b] held', () => {
   /** t [B, H, L, D] with its batches taken in the order of indices (index_select on B). */
   const gather = (t, indices) => {
@@ -633,10 +784,10 @@ describe('reorder (beam search): batch b takes the rows batch indices[b] held', 
 });
 
 describe('the shared cache cases (also run in Chromium)', () => {
-  test('one and two threads: within 2e-5 of the reference, memory growing mid-sequence, the same bits', async () => {
+  test('one and two threads: within 2e-5 of the reference, memory growing mid-sequence, the same bits; read() gives back what was stored', async () => {
     const one = await runCacheCases(attn), two = await runCacheCases(attn2);
-    expect(one.filter((c) => !c.ok).map((c) => `${c.name}: ${c.worstError}`)).toEqual([]);
-    expect(two.filter((c) => !c.ok).map((c) => `${c.name}: ${c.worstError}`)).toEqual([]);
+    expect(one.filter((c) => !c.ok).map((c) => `${c.name}: ${c.worstError}, read() ${c.readOk}`)).toEqual([]);
+    expect(two.filter((c) => !c.ok).map((c) => `${c.name}: ${c.worstError}, read() ${c.readOk}`)).toEqual([]);
     expect(two.map((c) => c.hash)).toEqual(one.map((c) => c.hash));
   });
 });

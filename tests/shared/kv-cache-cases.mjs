@@ -3,9 +3,11 @@
 // every append, and compares each step with the float64 reference (tests/node/reference.mjs) on
 // the whole history so far: float32 as stored, float16 on the values rounded to halves (the
 // storage rounding is the only error). Every result carries a hash of the exact output bits of
-// all steps, so a browser run can be checked against a Node run bit for bit. Plain ES module.
+// all steps, so a browser run can be checked against a Node run bit for bit; and that read()
+// gives back what was appended, as stored. Plain ES module.
 import { maxRelError, referenceSdpa } from '../node/reference.mjs';
 import { noiseTensor } from '../../web/seeded.mjs';
+import { halfToFloat } from './onnx-cases.mjs';
 import { bitsHash, REFERENCE_TOL } from './reference-cases.mjs';
 
 /**
@@ -84,6 +86,7 @@ export async function runCacheCases(attn, cases = CACHE_CASES) {
     let other = null;
     const hashes = [];
     let worstError = 0;
+    let readOk = false;
     try {
       let length = 0;
       for (const [s, n] of steps.entries()) {
@@ -102,11 +105,16 @@ export async function runCacheCases(attn, cases = CACHE_CASES) {
         worstError = Math.max(worstError, dimsOk ? maxRelError(got.output.data, ref.output) : Infinity);
         hashes.push(bitsHash(got.output.data));
       }
+      // read(): what the cache holds is what was appended, as stored (float16: the rounded halves).
+      const held = await cache.read();
+      const asStored = (t, want) => t.dims.join() === want.dims.join() &&
+        Array.prototype.every.call(t.data, (x, i) => Object.is(dtype === 'float16' ? halfToFloat(x) : x, want.data[i]));
+      readOk = asStored(held.key, kStored) && asStored(held.value, vStored);
     } finally {
       await other?.dispose();
       await cache.dispose();
     }
-    results.push({ name, worstError, ok: worstError <= REFERENCE_TOL, hash: hashes.join(''), steps: steps.length });
+    results.push({ name, worstError, readOk, ok: worstError <= REFERENCE_TOL && readOk, hash: hashes.join(''), steps: steps.length });
   }
   return results;
 }

@@ -1,7 +1,7 @@
 // What the package's types accept and refuse, checked by compiling (never run): each
 // `@ts-expect-error` line must be an error, or tsc fails with "Unused '@ts-expect-error'".
 import {
-  Attention, AttentionWorker, KVCache, WorkerKVCache, type SdpaBackwardOut, type SdpaOptions, type SdpaResult, type Tensor,
+  Attention, AttentionWorker, KVCache, WorkerKVCache, type KVCacheContents, type SdpaBackwardOut, type SdpaOptions, type SdpaResult, type Tensor,
 } from 'sdpa-wasm';
 
 export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCache, q: Tensor, k: Tensor, v: Tensor): void {
@@ -13,6 +13,9 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   const withLse: Float32Array = attn.sdpa(q, k, v, { returnLogSumExp: true }).logSumExp.data;
   const both = attn.sdpa(q, k, v, { returnWeights: true, returnLogSumExp: true, layout: 'bshd' });
   const fromCache: Float32Array = cache.attend(q, { returnWeights: true }).weights.data;
+  // A cache's stored positions, as append() takes them (KVCacheContents).
+  const held: KVCacheContents = cache.read(0, cache.length, { layout: 'bshd' });
+  cache.append(held.key, held.value, { layout: 'bshd' });
   const options: SdpaOptions = { returnWeights: true };
   // @ts-expect-error a non-literal SdpaOptions may not have asked for weights
   attn.sdpa(q, k, v, options).weights.data;
@@ -49,6 +52,8 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 8, maxLength: 4, dtype: 'bfloat16' });
   // @ts-expect-error reorder takes an Int32Array
   cache.reorder([0]);
+  // @ts-expect-error read's options take a layout only
+  cache.read(0, 1, { dtype: 'float32' });
   // @ts-expect-error length is read-only
   cache.length = 0;
 
