@@ -385,6 +385,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
       // The direct API's checks and messages, on the options without the worker's own.
       const o = checkOptionNames(fn, new Taker(false).options(options, APPEND_OPTION_NAMES), APPEND_OPTION_NAMES);
       const layout = checkLayout(fn, o.layout);
+      this.#check(fn);  // again: the options' getters may have disposed it
       return this.#call('read', () => {
         checkRead(this.#expected, start, end);
         return { start, end, options: { layout } };

@@ -664,6 +664,12 @@ describe('read(start, end): a copy of the stored positions, as append() takes th
           expect([error?.constructor, error?.message]).toEqual([expected.constructor, expected.message]);
         }
         await expect(remote.read(0, 1, { transfer: true })).rejects.toThrow(TypeError);
+        // A getter of the options that disposes the cache: the direct API's error.
+        const disposing = (c) => ({ get layout() { c.dispose(); return 'bhsd'; } });
+        const gone = attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 4, maxLength: 2 });
+        expect(() => gone.read(0, 0, disposing(gone))).toThrow(new Error('KVCache.read: this KVCache has been disposed'));
+        const goneRemote = await worker.createKVCache({ batch: 1, kvHeads: 1, headDim: 4, maxLength: 2 });
+        await expect(goneRemote.read(0, 0, disposing(goneRemote))).rejects.toThrow(new Error('KVCache.read: this KVCache has been disposed'));
       } finally {
         direct.dispose();
         await remote.dispose();
