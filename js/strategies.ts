@@ -12,6 +12,7 @@
 // (CallMemory in try/finally).
 import { problemAddressesArg, problemArg } from './kernel-args.js';
 import { CallMemory, COPY_PLACEMENT_SLACK, placeCopy, type MemoryAccount } from './memory.js';
+import { sharesBytes } from './typed-arrays.js';
 import type { ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 import type { SdpaResult } from './types.js';
 import type { Plan } from './validate.js';
@@ -60,8 +61,7 @@ const isShared = (buffer: ArrayBufferLike) => Object.prototype.toString.call(buf
  * postMessage of one, a grown shared WebAssembly.Memory) in a way JavaScript cannot see.
  */
 function mayOverlap(a: Float32Array, b: Float32Array): boolean {
-  if (a.buffer !== b.buffer) return isShared(a.buffer) && isShared(b.buffer);
-  return a.byteOffset < b.byteOffset + b.byteLength && b.byteOffset < a.byteOffset + a.byteLength;
+  return sharesBytes(a, b) || (a.buffer !== b.buffer && isShared(a.buffer) && isShared(b.buffer));
 }
 
 /** Which way sdpa() runs a problem; each gives bitwise the same result. */

@@ -77,6 +77,17 @@ export function ownView<T extends TypedArray>(view: T, length = lengthOf(view)):
 /** The bytes of one element of a typed array's type (from its internal slot, not the object's BYTES_PER_ELEMENT). */
 export const elementBytesOf = (view: TypedArray): number => typeOf(view).BYTES_PER_ELEMENT;
 
+/**
+ * Whether two typed arrays over the same buffer object have bytes in common. Views over two
+ * different buffer objects count as apart (SharedArrayBuffer objects may still alias: callers
+ * that must know say so).
+ */
+export function sharesBytes(a: TypedArray, b: TypedArray): boolean {
+  if (bufferOf(a) !== bufferOf(b)) return false;
+  const [aStart, bStart] = [byteOffsetOf(a), byteOffsetOf(b)];
+  return aStart < bStart + lengthOf(b) * elementBytesOf(b) && bStart < aStart + lengthOf(a) * elementBytesOf(a);
+}
+
 /** A view of `length` elements of `view`'s type over `buffer` from `byteOffset` (a moved buffer). */
 export function viewLike<T extends TypedArray>(view: T, buffer: ArrayBuffer, byteOffset: number, length: number): T {
   return new (typeOf(view))(buffer, byteOffset, length) as T;

@@ -8,7 +8,7 @@
 // Both end in planOptions(), so an option means the same everywhere.
 import { MAX_WASM_BYTES } from './memory.js';
 import {
-  bufferOf, detachedOrEmpty, isFloat32Array, isInt32Array, isUint16Array, isUint8Array, lengthOf, ownView, viewTag,
+  detachedOrEmpty, isFloat32Array, isInt32Array, isUint16Array, isUint8Array, lengthOf, ownView, sharesBytes, viewTag,
 } from './typed-arrays.js';
 import type { AttentionOptions, MaskTensor, SdpaOptions } from './types.js';
 
@@ -372,11 +372,6 @@ export interface BackwardPlan {
   accumulate: boolean;
 }
 
-/** Whether two of the call's own views share bytes (the same buffer object, overlapping ranges). */
-function shareBytes(a: Float32Array, b: Float32Array): boolean {
-  return bufferOf(a) === bufferOf(b) && a.byteOffset < b.byteOffset + b.byteLength && b.byteOffset < a.byteOffset + a.byteLength;
-}
-
 /**
  * sdpaBackward's options.out: { dQuery?, dKey?, dValue?, dAttnMask? }, a Float32Array of at least
  * its gradient's size for each result to be written into the caller's memory. A record of names
@@ -409,7 +404,7 @@ function checkBackwardOut(fn: string, given: unknown, results: Record<GradientNa
       throw new TypeError(`${fn}: options.out.dAttnMask is only written with options.returnMaskGrad: true (and a float attnMask)`);
     }
     const target = checkOutArray(fn, `options.out.${name}`, `the gradient ${name}`, array, result.dims, result.size);
-    const shared = written.find(([, view]) => shareBytes(view, target.view));
+    const shared = written.find(([, view]) => sharesBytes(view, target.view));
     if (shared !== undefined) {
       throw new RangeError(`${fn}: options.out.${shared[0]} and options.out.${name} share memory (the same buffer, ` +
         'overlapping elements): one gradient would overwrite the other; give each its own elements');
