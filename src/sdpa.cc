@@ -23,6 +23,7 @@ const char* status_name(Status status) {
     case Status::kBadKvType: return "unknown key/value element type";
     case Status::kBadMaskKind: return "unknown mask kind";
     case Status::kBadSegment: return "not a single (batch, KV head) decode, or no such segment";
+    case Status::kBadWindow: return "sliding window negative, or without causal";
     case Status::kBadMaskGrad: return "mask gradient asked for a mask that is not float";
   }
   return "unknown status";
@@ -54,6 +55,7 @@ Status validate(const Problem& p) {
   }
   if (!std::isfinite(p.scale)) return Status::kBadScale;
   if (!(p.softcap >= 0.0f) || !std::isfinite(p.softcap)) return Status::kBadSoftcap;
+  if (p.sliding_window < 0 || (p.sliding_window > 0 && !p.causal)) return Status::kBadWindow;
   if (p.key_lengths != nullptr) {
     for (int32_t b = 0; b < p.batch; b++) {
       if (p.key_lengths[b] < 0 || p.key_lengths[b] > p.kv_len) return Status::kBadKeyLength;

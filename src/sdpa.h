@@ -22,7 +22,9 @@
 //   s  = softcap · tanh(s / softcap)                     if softcap > 0
 //   s  = s + mask[b, h, i, j]                            float mask (may be -inf)
 //   s  = -inf  where bool mask == 0, where j >= key_lengths[b],
-//              or (causal) where j > i + offset (causal_offsets[b], or causal_offset for every b)
+//              or (causal) where j > i + offset (causal_offsets[b], or causal_offset for every b),
+//              or (causal, sliding window W) where j <= i + offset - W: each row attends at most the
+//              W most recent keys up to its causal frontier
 // Output row i = Σ_j softmax_j(s) · v_j. A row whose every key is blocked (-inf) has no
 // softmax; its output (and weights) are exact zeros.
 #pragma once
@@ -73,6 +75,11 @@ struct Problem {
   // Per-batch causal offsets [B], or nullptr for one offset for all batches.
   const int32_t* causal_offsets = nullptr;
   int32_t causal_offset = 0;
+  // 0: no window. W >= 1 (causal only): row i may attend keys j > i + offset - W besides
+  // j <= i + offset, the W keys ending at its diagonal (Mistral's and Gemma's sliding window;
+  // FlashAttention's window_size = (W - 1, 0)). Blocked keys before the window are skipped as
+  // those past the frontier are.
+  int32_t sliding_window = 0;
   // Per-batch valid key counts [B] in [0, Lk], or nullptr for Lk.
   const int32_t* key_lengths = nullptr;
 
@@ -111,6 +118,7 @@ enum class Status : int32_t {
                         // a segment index outside [0, segment_count(p)), or partials null
   kBadMaskGrad = 11,    // backward() asked for the mask's gradient (d_mask) of a problem whose
                         // mask is not MaskKind::kFloat
+  kBadWindow = 12,      // sliding_window < 0, or > 0 without causal
 };
 
 const char* status_name(Status status);

@@ -33,6 +33,7 @@ struct ProblemDesc {
   float scale, softcap;
   int32_t causal;  // 0 or 1
   int32_t causalOffset;
+  int32_t slidingWindow;  // sdpa::Problem::sliding_window: 0 none, else W >= 1 (causal)
   int32_t readKvInOrder;  // 0 or 1: sdpa::Problem::read_kv_in_order (K/V resident: a KV cache)
 };
 
@@ -69,6 +70,7 @@ sdpa::Problem to_problem(const ProblemDesc& d) {
   p.causal = d.causal != 0;
   p.causal_offset = d.causalOffset;
   p.causal_offsets = at<const int32_t>(d.causalOffsets);
+  p.sliding_window = d.slidingWindow;
   p.key_lengths = at<const int32_t>(d.keyLengths);
   p.read_kv_in_order = d.readKvInOrder != 0;
   p.logsumexp = at<float>(d.logsumexp);
@@ -123,7 +125,8 @@ constexpr FieldLayout kProblemFields[] = {
     SDPA_FIELD(ProblemDesc, oStrideH),    SDPA_FIELD(ProblemDesc, oStrideL),      SDPA_FIELD(ProblemDesc, maskKind),
     SDPA_FIELD(ProblemDesc, maskStrideB), SDPA_FIELD(ProblemDesc, maskStrideH),   SDPA_FIELD(ProblemDesc, maskStrideQ),
     SDPA_FIELD(ProblemDesc, maskStrideK), SDPA_FIELD(ProblemDesc, scale),         SDPA_FIELD(ProblemDesc, softcap),
-    SDPA_FIELD(ProblemDesc, causal),      SDPA_FIELD(ProblemDesc, causalOffset),  SDPA_FIELD(ProblemDesc, readKvInOrder),
+    SDPA_FIELD(ProblemDesc, causal),      SDPA_FIELD(ProblemDesc, causalOffset),  SDPA_FIELD(ProblemDesc, slidingWindow),
+    SDPA_FIELD(ProblemDesc, readKvInOrder),
 };
 constexpr FieldLayout kBackwardFields[] = {
     SDPA_FIELD(BackwardDesc, logsumexp), SDPA_FIELD(BackwardDesc, gradOutput), SDPA_FIELD(BackwardDesc, dQuery),

@@ -29,7 +29,8 @@
 // before exp (p = 0 exactly), ds is selected to 0 where p == 0, and where a key's row of K
 // would be multiplied by ds (dq += ds·k), keys past the first blocked column of any row are
 // skipped per row when ds == 0 rather than multiplied by it. Keys at or past every row's
-// limit (causal frontier, key length) are not read at all.
+// limit (causal frontier, key length) are not read at all; keys before a row's sliding window
+// are blocked like masked ones (scored, then -inf).
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -80,8 +81,10 @@ struct RowTile {
   int32_t b = 0;
   int32_t rows = 0;
   int32_t h[kQueryTile] = {}, i[kQueryTile] = {};
-  int32_t limit[kQueryTile] = {};  // row r may attend keys j < limit[r]
+  int32_t start[kQueryTile] = {};  // row r may attend keys start[r] <= j (a sliding window's first key, else 0)
+  int32_t limit[kQueryTile] = {};  // ... and j < limit[r]
   int32_t keys_end = 0;            // max over rows of limit[r]
+  int32_t keys_begin = 0;          // min over rows attending a key of start[r]: keys before it are blocked for all
   float shift[kQueryTile] = {}, log_sum[kQueryTile] = {}, delta[kQueryTile] = {};  // RowStats
 };
 
@@ -90,6 +93,14 @@ int32_t row_limit(const Problem& p, int32_t b, int32_t i) {
   if (!p.causal) return valid_keys;
   const int64_t offset = p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset;
   return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1, 0, valid_keys));
+}
+
+// The first key of row i's sliding window, i + offset - W + 1, or 0 without a window.
+int32_t row_start(const Problem& p, int32_t b, int32_t i) {
+  if (p.sliding_window == 0) return 0;
+  const int32_t valid_keys = p.key_lengths != nullptr ? p.key_lengths[b] : p.kv_len;
+  const int64_t offset = p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset;
+  return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1 - p.sliding_window, 0, valid_keys));
 }
 
 // Query row i of (b, h).
@@ -114,7 +125,12 @@ RowTile make_row_tile(const BackwardProblem& bp, int32_t b, int32_t kv_head, int
     rt.delta[r] = stats.delta[row];
     // A row with nothing to attend (shift = lse = -inf) contributes nothing: no keys.
     rt.limit[r] = rt.shift[r] == kNegInf ? 0 : row_limit(p, b, rt.i[r]);
+    rt.start[r] = std::min(row_start(p, b, rt.i[r]), rt.limit[r]);
     rt.keys_end = std::max(rt.keys_end, rt.limit[r]);
+  }
+  rt.keys_begin = rt.keys_end;
+  for (int r = 0; r < rt.rows; r++) {
+    if (rt.start[r] < rt.limit[r]) rt.keys_begin = std::min(rt.keys_begin, rt.start[r]);
   }
   return rt;
 }
@@ -237,7 +253,8 @@ int32_t add_contiguous_mask(const Problem& p, int64_t mask_at, int32_t allowed_e
 
 // The scores s[4][kTile] of one (row tile, key tile) of keys [j0, j0 + count), computed from
 // the tile's scale·Q and K packed from key j0 on, and finished in the forward's order: softcap
-// (t = tanh(r / softcap) kept in tanh_r), mask, blocked → -inf. Columns [count, round_up(count,
+// (t = tanh(r / softcap) kept in tanh_r), mask, blocked → -inf (past a row's limit, before its
+// window's start). Columns [count, round_up(count,
 // 8)) and padding rows end -inf. Returns the first column that is blocked for some real row
 // (columns before it are open for every row). Row statistics and gradients both take their
 // scores from here: the same bits.
@@ -299,6 +316,13 @@ int32_t finished_scores(const BackwardProblem& bp, const RowTile& rt, const RowO
       }
       row[c] = score + bias;
     }
+  }
+  // Keys before a row's window are blocked whatever the scores and the mask gave them.
+  for (int r = 0; r < rt.rows && p.sliding_window != 0; r++) {
+    const int32_t window_begin = std::clamp(rt.start[r] - j0, 0, count);
+    if (window_begin == 0) continue;
+    open_cols = 0;
+    std::fill(s + r * kTile, s + r * kTile + window_begin, kNegInf);
   }
   return open_cols;
 }
@@ -573,7 +597,11 @@ void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t k
   std::fill(s.acc1, s.acc1 + kTile * Ev, 0.0f);
 
   const int32_t rows = p.q_heads / p.kv_heads * p.q_len;
-  auto keys_of = [&](const RowTile& rt) { return std::clamp(rt.keys_end - key_begin, 0, count); };
+  // A tile's keys in the block: up to its rows' furthest limit, none when the block ends before
+  // every row's window (its p and ds would be all zeros, and accumulate_dq would skip them all).
+  auto keys_of = [&](const RowTile& rt) {
+    return key_begin + count <= rt.keys_begin ? 0 : std::clamp(rt.keys_end - key_begin, 0, count);
+  };
   // Keys of the block some row may attend: those are packed (the others may hold padding).
   int32_t packed_keys = 0;
   for (int32_t f0 = 0, t = 0; f0 < rows; f0 += kQueryTile, t++) {
@@ -938,7 +966,9 @@ void sdpa_f32_bwd_dq_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b
     std::fill(s.acc0, s.acc0 + kQueryTile * E, 0.0f);
     const RowOperands operands = s.rows.operands(0, E, Ev);
     if (rt.keys_end > 0) load_row_operands(bp, rt, operands);
-    for (int32_t j0 = 0; j0 < rt.keys_end; j0 += kTile) {
+    // Key tiles before every row's window are skipped: all their ds are 0, which accumulate_dq
+    // would skip (open is 0 in a tile where a window starts), so the bits are those of the fused kernel.
+    for (int32_t j0 = rt.keys_begin / kTile * kTile; j0 < rt.keys_end; j0 += kTile) {
       const int32_t count = std::min(kTile, rt.keys_end - j0);
       const int32_t open = probabilities_and_ds(bp, rt, operands, s.k_packed + static_cast<size_t>(j0) * E,
                                                 s.v_packed + static_cast<size_t>(j0) * Ev, j0, count, s.s, s.dp,

@@ -51,8 +51,10 @@
 // anonymous namespace.
 //
 // Blocked keys never reach the arithmetic as values: causal and key-length limits are loop
-// bounds (per row: keys j < limit[r]); K/V are packed only up to the furthest key any row
-// may see; tiles whose keys are all blocked are skipped; and inside a partly blocked tile
+// bounds (per row: keys j < limit[r]), a sliding window's start another (keys j >= start[r]);
+// K/V are packed only up to the furthest key any row may see; tiles whose keys are all blocked
+// (every row's window starts past them, or its limit ends before them) are skipped, and the
+// columns blocked for every row at either end of a tile are not scored; and inside a partly blocked tile
 // a blocked key's probability is exactly 0 and its V row is skipped, not multiplied by 0,
 // so NaN or garbage in padding cannot leak into the output.
 #include "kernels/sdpa-kernels.h"
@@ -239,7 +241,8 @@ enum class TileKind {
   kAllBlocked,  // no row may attend any key of the tile: skip it
   kPartial,     // a mask: bias[] holds the tile's bias, -inf where blocked
   kLimited,     // no mask, but some row's key limit ends inside the tile (a causal diagonal,
-                // the key-length edge): scores past it are set to -inf; bias[] unused
+                // the key-length edge) or its sliding window starts inside it: scores past the
+                // limit and before the start are set to -inf; bias[] unused
   kClean,       // every row attends every key, no mask: bias[] unused
 };
 
@@ -248,14 +251,14 @@ struct TileBias {
   // Columns [0, open_cols) are blocked for no (real) row: P·V may multiply them
   // unconditionally.
   // Blocked entries only occur from open_cols on (a causal diagonal or a key-length edge
-  // leaves at most a few such columns; a mask with -inf can leave many).
+  // leaves at most a few such columns; a mask with -inf or a window's start can leave many).
   int32_t open_cols;
   // Columns [attended_cols, kKeyTile) are blocked for every row (past every row's key limit,
   // or a mask blocks them): they need no score, no exponent and no P·V, as the columns past a
   // causal frontier (an explicit causal mask then costs what isCausal does).
   int32_t attended_cols;
-  // Columns [0, first_attended_col) are blocked for every row too (a mask's sliding window
-  // that starts inside the tile): also not scored. 0 without a mask.
+  // Columns [0, first_attended_col) are blocked for every row too (a sliding window, the
+  // option's or a mask's, that starts inside the tile): also not scored.
   int32_t first_attended_col;
 };
 
@@ -264,6 +267,7 @@ struct RowTile {
   int32_t b;
   int32_t rows;
   int32_t h[kQueryTile], i[kQueryTile];  // query head and query row of each row
+  int32_t start[kQueryTile];  // ... and keys j >= start[r] (a sliding window's first key, else 0)
   int32_t limit[kQueryTile];  // row r may attend keys j < limit[r] (within this call's keys)
   int32_t keys_end;           // max over rows of limit[r]
 };
@@ -274,8 +278,9 @@ int64_t mask_row_of(const Problem& p, int32_t b, int32_t h, int32_t i) {
   return b * p.mask_stride_b + h * p.mask_stride_h + static_cast<int64_t>(i) * p.mask_stride_q;
 }
 
-// One row of a tile's bias from the mask: bias_row[c] for c < allowed_end is the mask's value
-// at key j0 + c (a float mask's value; 0 or -inf for a boolean one), -inf from allowed_end on.
+// One row of a tile's bias from the mask: bias_row[c] for allowed_begin <= c < allowed_end is
+// the mask's value at key j0 + c (a float mask's value; 0 or -inf for a boolean one), -inf
+// before allowed_begin (a sliding window's start) and from allowed_end on.
 // Returns the first column whose bias is -inf (allowed_end if none before it), one past the
 // last column whose bias is not (0 if none) and the first such column (kKeyTile if none). A
 // mask contiguous along keys (mask_stride_k == 1, the usual layout) is read 16 keys (boolean)
@@ -286,8 +291,11 @@ struct MaskedRow {
   int32_t first_allowed;  // the first allowed column; kKeyTile: none allowed
 };
 
-MaskedRow mask_bias_row(const Problem& p, int64_t mask_row, int32_t j0, int32_t allowed_end, float* bias_row) {
-  MaskedRow out{allowed_end, 0, kKeyTile};
+MaskedRow mask_bias_row(const Problem& p, int64_t mask_row, int32_t j0, int32_t allowed_begin, int32_t allowed_end,
+                        float* bias_row) {
+  assert(0 <= allowed_begin && allowed_begin <= allowed_end && allowed_end <= kKeyTile);
+  MaskedRow out{allowed_begin > 0 ? 0 : allowed_end, 0, kKeyTile};
+  std::fill(bias_row, bias_row + allowed_begin, kNegInf);
   // blocked_bits: bit n set when column c + n is blocked, for the lanes in all_lanes.
   const auto note = [&](int32_t c, uint32_t blocked_bits, uint32_t all_lanes) {
     const uint32_t allowed_bits = ~blocked_bits & all_lanes;
@@ -295,7 +303,7 @@ MaskedRow mask_bias_row(const Problem& p, int64_t mask_row, int32_t j0, int32_t 
     if (allowed_bits != 0 && out.first_allowed == kKeyTile) out.first_allowed = c + __builtin_ctz(allowed_bits);
     if (blocked_bits != 0 && out.first_blocked == allowed_end) out.first_blocked = c + __builtin_ctz(blocked_bits);
   };
-  int32_t c = 0;
+  int32_t c = allowed_begin;
   if (p.mask_stride_k == 1 && p.mask_kind == MaskKind::kBool) {
     const uint8_t* m = static_cast<const uint8_t*>(p.mask) + mask_row + j0;
     const v128_t neg_inf_bits = wasm_f32x4_splat(kNegInf), zero = wasm_i8x16_splat(0);
@@ -335,42 +343,51 @@ MaskedRow mask_bias_row(const Problem& p, int64_t mask_row, int32_t j0, int32_t 
 
 // Padding rows (r >= rt.rows) are never read after the scores, so they do not make a
 // tile partial; their bias rows are -inf all the same (no uninitialised scratch is read).
+// Row r may attend the tile's columns [allowed_begin(r), allowed_end(r)) before any mask.
+int32_t allowed_end_of(const RowTile& rt, int r, int32_t j0) { return std::clamp(rt.limit[r] - j0, 0, kKeyTile); }
+int32_t allowed_begin_of(const RowTile& rt, int r, int32_t j0) {
+  return std::clamp(rt.start[r] - j0, 0, allowed_end_of(rt, r, j0));
+}
+
 TileBias build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias) {
-  int32_t open_cols = kKeyTile;  // min over real rows of the allowed columns
-  int32_t allowed_max = 0;       // max over real rows
+  int32_t open_cols = kKeyTile;         // min over real rows of the columns open from column 0
+  int32_t allowed_max = 0;              // max over real rows of their allowed ends
+  int32_t first_allowed = kKeyTile;     // min over real rows of their allowed begins
   for (int r = 0; r < rt.rows; r++) {
-    const int32_t allowed_end = std::clamp(rt.limit[r] - j0, 0, kKeyTile);
-    open_cols = std::min(open_cols, allowed_end);
+    const int32_t allowed_begin = allowed_begin_of(rt, r, j0), allowed_end = allowed_end_of(rt, r, j0);
+    open_cols = std::min(open_cols, allowed_begin > 0 ? 0 : allowed_end);
+    if (allowed_begin == allowed_end) continue;  // the row attends no key of the tile
     allowed_max = std::max(allowed_max, allowed_end);
+    first_allowed = std::min(first_allowed, allowed_begin);
   }
   if (allowed_max == 0) return {TileKind::kAllBlocked, 0, 0, 0};
   if (p.mask_kind == MaskKind::kNone) {
-    return {open_cols == kKeyTile ? TileKind::kClean : TileKind::kLimited, open_cols, allowed_max, 0};
+    return {open_cols == kKeyTile ? TileKind::kClean : TileKind::kLimited, open_cols, allowed_max, first_allowed};
   }
 
   int32_t attended_cols = 0;          // max over rows
   int32_t first_attended = kKeyTile;  // min over rows
   MaskedRow previous{0, 0, kKeyTile};
   int64_t previous_mask_row = -1;
-  int32_t previous_end = -1;
+  int32_t previous_begin = -1, previous_end = -1;
   for (int r = 0; r < kQueryTile; r++) {
     float* bias_row = bias + r * kKeyTile;
-    const int32_t allowed_end = std::clamp(rt.limit[r] - j0, 0, kKeyTile);
+    const int32_t allowed_begin = allowed_begin_of(rt, r, j0), allowed_end = allowed_end_of(rt, r, j0);
     const int64_t mask_row = mask_row_of(p, rt.b, rt.h[r], rt.i[r]);
-    // Rows reading the same mask row up to the same column (a mask broadcast over heads:
+    // Rows reading the same mask row over the same columns (a mask broadcast over heads:
     // the query heads of a GQA group) get the same bias row: copied, not read again.
     MaskedRow row;
-    if (mask_row == previous_mask_row && allowed_end == previous_end) {
+    if (mask_row == previous_mask_row && allowed_begin == previous_begin && allowed_end == previous_end) {
       const float* src = bias_row - kKeyTile;
       for (int32_t c = 0; c < kKeyTile; c += 4) wasm_v128_store(bias_row + c, wasm_v128_load(src + c));
       row = previous;
     } else {
-      row = mask_bias_row(p, mask_row, j0, allowed_end, bias_row);
+      row = mask_bias_row(p, mask_row, j0, allowed_begin, allowed_end, bias_row);
     }
     if (r < rt.rows) open_cols = std::min(open_cols, row.first_blocked);
     attended_cols = std::max(attended_cols, row.attended_end);
     first_attended = std::min(first_attended, row.first_allowed);
-    previous = row, previous_mask_row = mask_row, previous_end = allowed_end;
+    previous = row, previous_mask_row = mask_row, previous_begin = allowed_begin, previous_end = allowed_end;
   }
   if (attended_cols == 0) return {TileKind::kAllBlocked, 0, 0, 0};
   return {TileKind::kPartial, open_cols, attended_cols, first_attended};
@@ -455,7 +472,7 @@ __attribute__((noinline)) v128_t exponentiate_tile(float* scores, int32_t rows, 
 // Softcap and bias in the order of the contract: s = softcap·tanh(s/softcap), then
 // s = s + bias, where a -inf bias replaces s by -inf (so a NaN score of a blocked key,
 // from NaN in padding, becomes -inf instead of staying NaN). A limited tile's blocked
-// scores, past each row's limit, are replaced by -inf the same way. Only the first `cols`
+// scores, past each row's limit or before its window's start, are replaced by -inf the same way. Only the first `cols`
 // columns (a multiple of 4) are finished: those read afterwards.
 void finish_scores(const Problem& p, const RowTile& rt, int32_t j0, TileKind kind, int32_t cols,
                    const float* bias, float* scores) {
@@ -471,6 +488,7 @@ void finish_scores(const Problem& p, const RowTile& rt, int32_t j0, TileKind kin
   if (kind == TileKind::kLimited) {
     for (int r = 0; r < rt.rows; r++) {
       float* row = scores + r * kKeyTile;
+      std::fill(row, row + std::clamp(rt.start[r] - j0, 0, cols), kNegInf);
       std::fill(row + std::clamp(rt.limit[r] - j0, 0, cols), row + cols, kNegInf);
     }
     return;
@@ -889,21 +907,30 @@ __attribute__((noinline)) void attend_row_tile(const Problem& p, const RowTile& 
   write_row_tile_weights(p, rt, kv, 0, p.kv_len, running_max, inv_sum, query_ready, s, ec);
 }
 
-// Keys this batch may attend, and the causal frontier: row i may attend keys j < limit(i).
+// Keys this batch may attend, the causal frontier and the sliding window: row i may attend
+// keys start(i) <= j < limit(i).
 struct RowLimits {
   int32_t valid_keys;  // key_lengths[b], or Lk
   bool causal;
   int64_t offset;
+  int64_t window;      // 0: none (else causal)
   int32_t operator()(int32_t i) const {
     if (!causal) return valid_keys;
     return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1, 0, valid_keys));
+  }
+  // The first key in the window, i + offset - W + 1 (keys j > i + offset - W), or 0.
+  int32_t start(int32_t i) const {
+    if (window == 0) return 0;
+    return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1 - window, 0, valid_keys));
   }
 };
 
 RowLimits row_limits(const Problem& p, int32_t b) {
   const int32_t valid_keys = p.key_lengths != nullptr ? p.key_lengths[b] : p.kv_len;
   assert(valid_keys >= 0 && valid_keys <= p.kv_len);
-  return {valid_keys, p.causal, p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset};
+  assert(p.sliding_window == 0 || p.causal);
+  return {valid_keys, p.causal, p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset,
+          p.sliding_window};
 }
 
 }  // namespace
@@ -932,7 +959,7 @@ float* partial_row(const Problem& p, const KernelWork& w, int32_t f) {
 // when it is one tile of split-K decode of one query row per KV head (MHA), K/V float16 stored
 // whole in memory order (a KV cache; not a streamed segment, whose buffer holds its own keys
 // alone: stored_alone), and its whole group of kInterleavedTiles tiles is open
-// to the row: within Lk, the batch's key length and the causal frontier, no mask (which would
+// to the row: within Lk, the batch's key length, the causal frontier and the window, no mask (which would
 // need the keys in order), E and Ev multiples of 4 (no column goes to the scalar loops). The
 // choice depends on the problem and the segment only, never on the reader of the halves or the
 // thread count: kFloat16 and kFloat16Finite, one thread or many, give the same bits.
@@ -945,7 +972,9 @@ int32_t interleaved_first_key(const Problem& p, const KernelWork& w, const RowLi
     return -1;
   }
   const int32_t group_begin = w.key_begin / kGroupKeys * kGroupKeys;
-  if (p.kv_len - group_begin < kGroupKeys || limit_of(0) - group_begin < kGroupKeys) return -1;
+  if (p.kv_len - group_begin < kGroupKeys || limit_of(0) - group_begin < kGroupKeys || limit_of.start(0) > group_begin) {
+    return -1;
+  }
   return group_begin + (w.key_begin - group_begin) / kKeyTile * kSlice;
 }
 
@@ -1006,6 +1035,7 @@ void run_work(const Problem& p, const KernelWork& w, const float* row_stats, flo
       const int32_t f = f0 + r;
       rt.h[r] = first_head + (r < rt.rows ? f / p.q_len : 0);
       rt.i[r] = r < rt.rows ? f % p.q_len : 0;
+      rt.start[r] = r < rt.rows ? limit_of.start(f % p.q_len) : 0;
       rt.limit[r] = r < rt.rows ? limit_of_flat(f) : 0;
       rt.keys_end = std::max(rt.keys_end, rt.limit[r]);
     }
@@ -1027,7 +1057,8 @@ void run_work(const Problem& p, const KernelWork& w, const float* row_stats, flo
 }
 
 // Whether some row of the work may attend some key of [key_begin, key_end): a key before the
-// row's limit (key length, causal frontier) that the mask, if any, does not block (a boolean
+// row's limit (key length, causal frontier), not before its window's start, that the mask, if
+// any, does not block (a boolean
 // mask's 0, a float mask's -inf; a NaN is not blocked). Rows reading the same mask row up to
 // the same key (a mask broadcast over the query heads of a GQA group) are scanned once; a
 // boolean mask is read 16 keys at a time, a float mask 4.
@@ -1035,15 +1066,16 @@ bool work_attends_any_key(const Problem& p, const KernelWork& w) {
   const RowLimits limit_of = row_limits(p, w.b);
   const int32_t first_head = w.kv_head * (p.q_heads / p.kv_heads);
   int64_t previous_mask_row = -1;
-  int32_t previous_end = -1;
+  int32_t previous_begin = -1, previous_end = -1;
   for (int32_t f = w.row_begin; f < w.row_end; f++) {
     const int32_t i = f % p.q_len, end = std::min(limit_of(i), w.key_end);
-    if (end <= w.key_begin) continue;
+    const int32_t begin = std::max(limit_of.start(i), w.key_begin);
+    if (end <= begin) continue;
     if (p.mask_kind == MaskKind::kNone) return true;
     const int64_t mask_row = mask_row_of(p, w.b, first_head + f / p.q_len, i);
-    if (mask_row == previous_mask_row && end == previous_end) continue;  // scanned: none allowed
-    previous_mask_row = mask_row, previous_end = end;
-    int32_t j = w.key_begin;
+    if (mask_row == previous_mask_row && begin == previous_begin && end == previous_end) continue;  // scanned: none allowed
+    previous_mask_row = mask_row, previous_begin = begin, previous_end = end;
+    int32_t j = begin;
     if (p.mask_stride_k == 1 && p.mask_kind == MaskKind::kBool) {
       const uint8_t* m = static_cast<const uint8_t*>(p.mask) + mask_row;
       for (; j + 16 <= end; j += 16) {
@@ -1126,8 +1158,8 @@ void with_element_reader(const Problem& p, const KernelWork& w, const Run& run) 
 }  // namespace
 
 void sdpa_f32_fwd_ukernel_4x512__wasmsimd(const Problem& p, const KernelWork& w, float* scratch) {
-  // A split-K segment no row attends (past every row's key length or causal frontier, or
-  // blocked by the mask: outside a sliding window) costs only this check and its empty
+  // A split-K segment no row attends (past every row's key length or causal frontier, before
+  // its sliding window, or blocked by the mask) costs only this check and its empty
   // partials: no query check, no scratch set-up, no bias rows.
   if (w.partials != nullptr && !work_attends_any_key(p, w)) {
     write_empty_partials(p, w);

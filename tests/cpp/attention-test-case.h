@@ -31,6 +31,7 @@ struct AttentionCase {
   double mask_block_fraction = 0.0;  // share of mask entries that block (-inf or 0)
   bool causal = false;
   std::vector<int32_t> offsets;      // one = for every batch; B = per batch
+  int32_t window = 0;                // sliding window (with causal); 0 = none
   std::vector<int32_t> key_lengths;  // empty = none
   float softcap = 0.0f;
   float scale = NAN;                 // NAN = 1/sqrt(E)
@@ -41,7 +42,7 @@ struct AttentionCase {
     std::ostringstream s;
     s << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " E" << E
       << " Ev" << Ev << (bshd ? " bshd" : "") << " mask" << static_cast<int>(mask_kind)
-      << (causal ? " causal" : "") << " softcap" << softcap << " seed" << seed;
+      << (causal ? " causal" : "") << (window > 0 ? " window" + std::to_string(window) : "") << " softcap" << softcap << " seed" << seed;
     return s.str();
   }
 };
@@ -137,6 +138,7 @@ inline void set_options(const AttentionCase& c, CaseRandom& random, OptionArrays
     }
   }
   p.causal = c.causal;
+  p.sliding_window = c.window;
   if (c.offsets.size() == 1) p.causal_offset = c.offsets[0];
   if (c.offsets.size() > 1) {
     arrays.offsets = c.offsets;

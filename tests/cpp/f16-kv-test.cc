@@ -458,6 +458,7 @@ struct F16Case {
   int extra_len = 37;                // max_len - Lk: stored positions the problem must not read
   bool causal = false;
   std::vector<int32_t> offsets;      // one = for every batch; B = per batch
+  int32_t window = 0;                // sliding window (with causal); 0 = none
   std::vector<int32_t> key_lengths;  // empty = none
   bool float_mask = false;           // a float mask [B, 1, Lq, Lk] (broadcast over heads)
   double mask_block_fraction = 0.2;  // share of its entries that are -inf
@@ -468,7 +469,8 @@ struct F16Case {
   std::string describe() const {
     std::ostringstream s;
     s << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " E" << E << " Ev" << Ev
-      << " max_len" << Lk + extra_len << (causal ? " causal" : "") << (key_lengths.empty() ? "" : " key_lengths")
+      << " max_len" << Lk + extra_len << (causal ? " causal" : "") << (window > 0 ? " window" + std::to_string(window) : "")
+      << (key_lengths.empty() ? "" : " key_lengths")
       << (float_mask ? " mask" : "") << " softcap" << softcap << (weights ? " weights" : "") << " seed" << seed;
     return s.str();
   }
@@ -504,16 +506,20 @@ struct F16Harness {
       p.key_lengths = key_lengths.data();
     }
     // Positions no row may attend: past the batch's key length, past the causal frontier of
-    // the last query row, and [Lk, max_len) of the storage, hold NaN (-Inf on every 4th key).
-    // Any read that reaches the arithmetic shows up as NaN in the output.
+    // the last query row, before the window of the first, and [Lk, max_len) of the storage,
+    // hold NaN (-Inf on every 4th key). Any read that reaches the arithmetic shows up as NaN
+    // in the output.
     for (int b = 0; b < c.B; b++) {
       int valid = key_lengths.empty() ? c.Lk : key_lengths[size_t(b)];
+      int first = 0;
       if (c.causal) {
         const int64_t offset = c.offsets.size() > 1 ? c.offsets[size_t(b)] : c.offsets.at(0);
+        if (c.window > 0) first = int(std::clamp<int64_t>(offset + 1 - c.window, 0, valid));  // row 0 sees j > offset - W
         valid = int(std::clamp<int64_t>(c.Lq + offset, 0, valid));  // last row sees j <= Lq - 1 + offset
       }
       for (int h = 0; h < c.Hkv; h++)
-        for (int j = valid; j < max_len; j++) {
+        for (int j = 0; j < max_len; j++) {
+          if (j >= first && j < valid) continue;
           const uint16_t pad = j % 4 == 3 ? kHalfNegInf : kHalfNaN;
           for (int d = 0; d < c.E; d++) key_at(b, h, j, d) = pad;
           for (int d = 0; d < c.Ev; d++) value_at(b, h, j, d) = pad;
@@ -544,6 +550,7 @@ struct F16Harness {
       p.mask_stride_b = int64_t(c.Lq) * c.Lk, p.mask_stride_h = 0, p.mask_stride_q = c.Lk, p.mask_stride_k = 1;
     }
     p.causal = c.causal;
+    p.sliding_window = c.window;
     if (c.offsets.size() == 1) p.causal_offset = c.offsets[0];
     if (c.offsets.size() > 1) {
       offsets = c.offsets;
@@ -977,16 +984,19 @@ TEST(F16Kernel, DecodeWithConstantStreamSpacingGivesTheBitsOfTheGeneralLoops) {
 // length ends inside a group, a causal frontier inside a group, softcap. And the path is
 // taken: the same problem with an all-zero float mask, which keeps every group in key order,
 // gives other bits (the tiles hold other keys, so their maxima and sums round differently).
+// A sliding window starting inside the first group: the groups after it are read interleaved.
 TEST(F16Kernel, DecodeReadsWholeOpenGroupsOfTilesInterleaved) {
   const std::pair<int, int> dims[] = {{128, 128}, {64, 64}, {128, 64}, {68, 36}, {67, 35}};
   uint32_t seed = 900;
   for (int lk : {2048, 2 * 2048 + 515})
     for (auto [e, ev] : dims)
-      for (int variant = 0; variant < 3; variant++) {
+      for (int variant = 0; variant < 4; variant++) {
+        if (variant == 3 && lk < 4096) continue;  // one group, cut by the window: nothing interleaved
         F16Case c;
         c.B = 2, c.Hq = 2, c.Hkv = 2, c.Lq = 1, c.Lk = lk, c.E = e, c.Ev = ev, c.weights = false, c.seed = seed++;
         if (variant == 1) c.key_lengths = {lk, lk > 4096 ? 2048 + 700 : 1500};  // batch 1: a group cut
         if (variant == 2) c.causal = true, c.offsets = {lk - 1, lk - 1400}, c.softcap = 5.0f;
+        if (variant == 3) c.causal = true, c.offsets = {lk - 1, lk - 200}, c.window = lk - 700;
         F16Harness exact(c);
         exact.p.read_kv_in_order = true;
         F16Harness finite(c);

@@ -203,6 +203,45 @@ TEST(Backward, CausalOffsetsAndKeyLengthsWithNaNPadding) {
   }
 }
 
+TEST(Backward, SlidingWindowsAroundTileEdgesWithMasksAndGqa) {
+  // Windows of 1 key, of a key tile and one either side, wider than Lk; rows of one tile with
+  // different windows; with key lengths, masks (the float mask's gradient too) and GQA. Keys
+  // before every row's window hold NaN: no gradient may see them.
+  const int kt = kBackwardKeyTile;
+  uint32_t seed = 700;
+  for (int lq : {1, 5, 13})
+    for (int lk : {7, kt, kt + 1, 2 * kt + 3})
+      for (int window : {1, 3, kt, kt + 1, 500}) {
+        Case c;
+        c.B = 2, c.Hq = 2, c.Hkv = 1, c.Lq = lq, c.Lk = lk, c.E = 8, c.Ev = 6, c.seed = seed++;
+        c.causal = true, c.offsets = {lk - lq, lk / 2 - lq}, c.window = window;
+        check(c);
+        c.key_lengths = {lk, (lk + 1) / 2};
+        c.mask_kind = seed % 2 == 0 ? MaskKind::kFloat : MaskKind::kBool, c.mask_dims = {c.B, 1, lq, lk};
+        c.mask_block_fraction = 0.2;
+        check(c);
+      }
+  for (int lq : {1, 9}) {
+    Case c;
+    c.Hq = 4, c.Hkv = 2, c.Lq = lq, c.Lk = 3 * kt + 5, c.E = 12, c.Ev = 7, c.seed = seed++;
+    c.causal = true, c.offsets = {c.Lk - lq}, c.window = kt + 7;
+    Harness h(c);
+    const int before_every_window = c.Lk - lq - c.window + 1;  // row 0's first key
+    for (int kvh = 0; kvh < c.Hkv; kvh++)
+      for (int j = 0; j < before_every_window; j++) {
+        for (int d = 0; d < c.E; d++) h.k[h.at(c.Hkv, c.Lk, c.E, 0, kvh, j, d)] = kNaN;
+        for (int d = 0; d < c.Ev; d++) h.v[h.at(c.Hkv, c.Lk, c.Ev, 0, kvh, j, d)] = kNaN;
+      }
+    h.run(1);
+    h.expect_matches_reference();
+    for (int kvh = 0; kvh < c.Hkv; kvh++)
+      for (int j = 0; j < before_every_window; j++) {
+        for (int d = 0; d < c.E; d++) EXPECT_PRED1(test::is_plus_zero, h.dk[h.at(c.Hkv, c.Lk, c.E, 0, kvh, j, d)]);
+        for (int d = 0; d < c.Ev; d++) EXPECT_PRED1(test::is_plus_zero, h.dv[h.at(c.Hkv, c.Lk, c.Ev, 0, kvh, j, d)]);
+      }
+  }
+}
+
 TEST(Backward, SoftcapScaleAndLargeLogits) {
   for (float softcap : {0.0f, 1.0f, 20.0f}) {
     for (float input_scale : {1.0f, 8.0f}) {
@@ -320,7 +359,7 @@ TEST(Backward, FullyMaskedRowsGetExactZeros) {
 // One thread runs the fused kernel (by (batch, KV head) pairs); with more threads than pairs
 // to share, the two-kernel split (key blocks, row blocks) runs instead: the same bits.
 TEST(Backward, BitwiseIdenticalForAnyThreadCountAndSplit) {
-  std::vector<Case> cases(3);
+  std::vector<Case> cases(4);
   cases[0].B = 2, cases[0].Hq = 4, cases[0].Hkv = 2, cases[0].Lq = 37, cases[0].Lk = 150, cases[0].E = 16;
   cases[0].Ev = 12, cases[0].causal = true, cases[0].offsets = {100};
   cases[0].mask_kind = MaskKind::kFloat, cases[0].mask_dims = {37, 150}, cases[0].mask_block_fraction = 0.1;
@@ -329,6 +368,8 @@ TEST(Backward, BitwiseIdenticalForAnyThreadCountAndSplit) {
   cases[1].mask_kind = MaskKind::kBool, cases[1].mask_dims = {6, 21, 131}, cases[1].mask_block_fraction = 0.2;
   cases[2].B = 1, cases[2].Hq = 1, cases[2].Hkv = 1, cases[2].Lq = 200, cases[2].Lk = 200, cases[2].E = 64;
   cases[2].Ev = 64, cases[2].causal = true, cases[2].bshd = true;
+  cases[3] = cases[0], cases[3].Lq = 150, cases[3].Lk = 400, cases[3].offsets = {250, 100}, cases[3].window = 90;
+  cases[3].mask_dims = {150, 400};
   for (const Case& c : cases) {
     Harness one(c);
     one.run(1);

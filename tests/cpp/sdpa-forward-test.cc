@@ -245,6 +245,71 @@ TEST(SdpaForward, NanInBlockedKeysNeverReachesTheOutput) {
   }
 }
 
+TEST(SdpaForward, SlidingWindowsAroundTileEdges) {
+  // A window W: row i attends keys i + offset - W < j <= i + offset. Windows of 1 key, of a
+  // tile of keys and one either side, wider than Lk; starts on and off tile edges; offsets
+  // bottom-right, top-left, negative; with key lengths cutting the windows, on the prefill
+  // (packed) and decode (in place, split-K) paths.
+  uint32_t seed = 900;
+  for (int lq : {1, 5, 37})
+    for (int lk : {1, 13, kKeyTile - 1, kKeyTile + 1, 2 * kKeyTile + 3})
+      for (int window : {1, 2, 7, kKeyTile - 1, kKeyTile, kKeyTile + 1, 5000}) {
+        Case c;
+        c.Lq = lq, c.Lk = lk, c.E = 8, c.Ev = 8, c.causal = true, c.window = window, c.seed = seed++;
+        c.offsets = {lk - lq};
+        check(c);
+        c.B = 2, c.offsets = {0, lk / 2 - lq}, c.key_lengths = {lk, (lk + 1) / 2};
+        check(c);
+      }
+}
+
+TEST(SdpaForward, SlidingWindowsWithGqaMasksSoftcapAndWeights) {
+  // Windows combine with everything else that blocks keys, in the contract's order; GQA rows
+  // of one tile have different windows (several query rows per head).
+  uint32_t seed = 1000;
+  for (auto hh : {std::pair<int, int>{1, 1}, {4, 1}, {6, 2}})
+    for (int lq : {1, 3, 9})
+      for (int lk : {40, 700, 1100}) {
+        Case c;
+        c.B = 2, c.Hq = hh.first, c.Hkv = hh.second, c.Lq = lq, c.Lk = lk, c.E = 12, c.Ev = 7;
+        c.causal = true, c.offsets = {lk - lq, lk - lq - 30}, c.window = lk / 3 + 1, c.seed = seed++;
+        c.weights = lk < 1000;
+        check(c);
+        c.mask_kind = MaskKind::kBool, c.mask_dims = {c.B, 1, lq, lk}, c.mask_block_fraction = 0.3;
+        check(c);
+        c.mask_kind = MaskKind::kFloat, c.mask_dims = {lk}, c.softcap = 4.0f, c.bshd = true;
+        check(c);
+      }
+}
+
+TEST(SdpaForward, NanBeforeTheWindowNeverReachesTheOutput) {
+  // Keys before every row's window hold NaN in K and V, and so does a key inside some rows'
+  // windows but before others' (rows attending it are NaN, the others finite): the keys before
+  // a window are skipped, not multiplied by 0. Prefill and decode, float and no mask.
+  for (int lq : {1, 6})
+    for (int lk : {50, 1300})
+      for (int masked : {0, 1}) {
+        Case c;
+        c.Lq = lq, c.Lk = lk, c.E = 8, c.Ev = 16, c.causal = true, c.offsets = {lk - lq}, c.window = 20;
+        if (masked) c.mask_kind = MaskKind::kFloat, c.mask_dims = {lq, lk};
+        Harness h(c);
+        const int first_window_key = lk - lq - 20 + 1;  // row 0's first key
+        for (int j = 0; j < first_window_key; j++) {
+          for (int d = 0; d < 8; d++) h.key_at(0, 0, j, d) = kNaN;
+          for (int e = 0; e < 16; e++) h.value_at(0, 0, j, e) = kNaN;
+        }
+        ASSERT_EQ(h.run(), Status::kOk);
+        h.expect_matches_reference();
+        if (lq == 1) continue;
+        for (int e = 0; e < 16; e++) h.value_at(0, 0, first_window_key, e) = kNaN;  // row 0's first key only
+        ASSERT_EQ(h.run(), Status::kOk);
+        for (int e = 0; e < 16; e++) {
+          EXPECT_TRUE(std::isnan(h.output_at(0, 0, 0, e))) << "row 0 attends the NaN key";
+          for (int i = 1; i < lq; i++) EXPECT_TRUE(std::isfinite(h.output_at(0, 0, i, e))) << "row " << i;
+        }
+      }
+}
+
 TEST(SdpaForward, HugeLogitsNeitherOverflowNorNaN) {
   for (float magnitude : {1e2f, 1e4f, 1e6f}) {
     Case c;
@@ -571,6 +636,9 @@ TEST(SdpaForward, ThreadsGiveBitwiseIdenticalResults) {
       [] { Case c; c.Hq = 8, c.Hkv = 2, c.Lq = 1, c.Lk = 8000, c.E = 64, c.Ev = 64, c.weights = false; return c; }(),
       [] { Case c; c.B = 3, c.Lq = 200, c.Lk = 300, c.E = 16, c.Ev = 16, c.causal = true, c.offsets = {-5}, c.key_lengths = {300, 0, 170};
            c.mask_kind = MaskKind::kBool, c.mask_dims = {200, 300}, c.mask_block_fraction = 0.3; return c; }(),
+      [] { Case c; c.Lq = 900, c.Lk = 1400, c.E = 8, c.Ev = 8, c.causal = true, c.offsets = {500}, c.window = 300; return c; }(),
+      [] { Case c; c.Hq = 8, c.Hkv = 2, c.Lq = 1, c.Lk = 8000, c.E = 64, c.Ev = 64, c.weights = false;
+           c.causal = true, c.offsets = {7999}, c.window = 1500; return c; }(),
   };
   for (const Case& c : cases) {
     Harness single(c);
@@ -629,6 +697,13 @@ TEST(SdpaForward, ValidateRejectsWhatTheKernelCannotDo) {
     Harness h(c);
     h.p.softcap = -1.0f;
     EXPECT_EQ(h.run(), Status::kBadSoftcap);
+  }
+  {  // a window needs causal's diagonal, and a size
+    Harness h(c);
+    h.p.sliding_window = 3;
+    EXPECT_EQ(h.run(), Status::kBadWindow);
+    h.p.causal = true, h.p.sliding_window = -1;
+    EXPECT_EQ(h.run(), Status::kBadWindow);
   }
   {
     Harness h(c);

@@ -113,7 +113,7 @@ FUZZ_NO_COVERAGE void check_same(const Problem& p, const std::vector<float>& a, 
 Status corrupt(FuzzedDataProvider& in, BackwardProblem& bp, Buffers& buf, uint64_t& scratch_size, float*& scratch,
                float* spare_d_mask) {
   Problem& p = bp.forward;
-  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 17;
+  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 18;
   const uint8_t detail = in.ConsumeIntegral<uint8_t>();
   switch (which) {
     case 0: bp.logsumexp = nullptr; return Status::kNullPointer;
@@ -155,6 +155,7 @@ Status corrupt(FuzzedDataProvider& in, BackwardProblem& bp, Buffers& buf, uint64
     case 12: return break_scale(p, detail);
     case 13: return break_softcap(p, detail);
     case 14: return break_key_length(p, buf, detail);
+    case 17: return break_window(p, detail);
     case 15: {  // a mask gradient of a problem with no float mask: none, or a bool one
       if (p.mask_kind == MaskKind::kFloat) p.mask_kind = detail % 2 == 0 ? MaskKind::kNone : MaskKind::kBool;
       if (p.mask_kind == MaskKind::kBool && buf.mask_b.size() < buf.mask_f.size()) {

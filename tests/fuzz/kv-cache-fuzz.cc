@@ -31,6 +31,7 @@
 #include "attention-check.h"
 #include "fuzz-values.h"
 #include "kv-cache.h"
+#include "problem-decoding.h"
 #include "parallel/thread-pool.h"
 #include "sdpa.h"
 #include "tiles.h"
@@ -260,6 +261,7 @@ void attend(FuzzedDataProvider& in, Cache& c) {
   const uint8_t options = in.ConsumeIntegral<uint8_t>();
   if (options & 1) p.causal = false;
   if (options & 2) p.causal_offset = in.ConsumeIntegralInRange<int32_t>(-Lq - 1, c.length + 1);
+  if ((options & 128) && p.causal) p.sliding_window = pick_window(in, c.length);
   std::vector<int32_t> key_lengths;
   if (options & 4) {
     for (int32_t b = 0; b < c.B; b++) key_lengths.push_back(in.ConsumeIntegralInRange<int32_t>(0, std::max(0, c.length)));

@@ -1,6 +1,6 @@
 // Problem decoding shared by the fuzz targets that decode an attention Problem (sdpa-fuzz.cc,
 // backward-fuzz.cc): shapes within a work budget, lengths and head dims around the tile edges
-// of src/tiles.h, the options (scale, softcap, masks, causal offsets, key lengths), tensor
+// of src/tiles.h, the options (scale, softcap, masks, causal offsets, sliding windows, key lengths), tensor
 // fills and NaN padding, the poisoning of K/V rows no query row attends, and the invalid
 // problems (one field broken) both passes must refuse with the same Status. The bytes are
 // consumed in the order sdpa-fuzz.cc always consumed them, so its committed seed corpus
@@ -139,6 +139,24 @@ inline int32_t pick_offset(FuzzedDataProvider& in, int32_t Lq, int32_t Lk) {
   }
 }
 
+// A sliding window for a causal problem: none in most, else 1 key, either side of a forward or
+// backward key tile, a share of Lk, or wider than any offset reaches.
+inline int32_t pick_window(FuzzedDataProvider& in, int32_t Lk) {
+  const uint8_t choice = in.ConsumeIntegral<uint8_t>();
+  if (choice < 128) return 0;
+  switch (choice % 9) {
+    case 0: return 1;
+    case 1: return 2;
+    case 2: return sdpa::kKeyTile - 1;
+    case 3: return sdpa::kKeyTile + 1;
+    case 4: return sdpa::kBackwardKeyTile;
+    case 5: return sdpa::kBackwardKeyTile + 1;
+    case 6: return INT32_MAX;
+    case 7: return Lk / 2 + 1;
+    default: return 1 + choice % (Lk + 2);
+  }
+}
+
 // How many query rows of batch b, in the query heads of KV head kvh, may attend key j.
 FUZZ_NO_COVERAGE inline int64_t attended_by(const Problem& p, int64_t b, int64_t kvh, int64_t j) {
   const int64_t group = p.q_heads / p.kv_heads;
@@ -180,8 +198,8 @@ FUZZ_NO_COVERAGE inline void treat(std::vector<T>& x, const std::vector<bool>& a
 }
 
 // The options of p (its shapes already set): scale, softcap, a float or bool mask (any
-// broadcast, any axis order, padded strides), causal with one offset or one per batch,
-// key_lengths (including 0).
+// broadcast, any axis order, padded strides), causal with one offset or one per batch and a
+// sliding window or none, key_lengths (including 0).
 inline void decode_options(FuzzedDataProvider& in, Problem& p, OptionBuffers& buf) {
   const int32_t B = p.batch, Hq = p.q_heads, Lq = p.q_len, Lk = p.kv_len, E = p.head_dim;
   {
@@ -236,6 +254,7 @@ inline void decode_options(FuzzedDataProvider& in, Problem& p, OptionBuffers& bu
     } else {
       p.causal_offset = pick_offset(in, Lq, Lk);
     }
+    p.sliding_window = pick_window(in, Lk);
   }
   if (in.ConsumeBool()) {
     for (int32_t b = 0; b < B; b++) {
@@ -274,6 +293,16 @@ inline Status break_softcap(Problem& p, uint8_t detail) {
   const float bad[] = {-1.0f, kNaN, kInf, -FLT_MIN, -kInf};
   p.softcap = bad[detail % 5];
   return Status::kBadSoftcap;
+}
+
+// A sliding window that is negative, or one without causal.
+inline Status break_window(Problem& p, uint8_t detail) {
+  if (detail & 0x80) {
+    p.sliding_window = detail & 0x40 ? INT32_MIN : -1;
+  } else {
+    p.causal = false, p.sliding_window = 1 + detail;
+  }
+  return Status::kBadWindow;
 }
 
 // One batch's key length -1 or kv_len + 1 (key_lengths made, all kv_len, if p had none).

@@ -77,7 +77,7 @@ struct Buffers : OptionBuffers {
 
 // One field of a valid problem broken, and the Status validate() gives for it.
 Status corrupt(FuzzedDataProvider& in, Problem& p, Buffers& buf, uint64_t& scratch_size, float*& scratch) {
-  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 21;
+  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 22;
   const uint8_t detail = in.ConsumeIntegral<uint8_t>();
   int32_t* dims[] = {&p.batch, &p.q_heads, &p.kv_heads, &p.q_len, &p.kv_len, &p.head_dim, &p.value_dim};
   int64_t* strides[] = {&p.q_stride_b, &p.q_stride_h, &p.q_stride_l, &p.k_stride_b,
@@ -104,6 +104,7 @@ Status corrupt(FuzzedDataProvider& in, Problem& p, Buffers& buf, uint64_t& scrat
     case 15: return break_scale(p, detail);
     case 16: return break_softcap(p, detail);
     case 17: return break_key_length(p, buf, detail);
+    case 21: return break_window(p, detail);
     case 18:
       scratch = nullptr;
       return Status::kBadScratch;
