@@ -96,6 +96,7 @@ export function inputsRecord(p: Plan, key: Float32Array, value: Float32Array): R
     ['softcap (in float32)', String(Math.fround(p.softcap)), false],
     ['isCausal', String(p.causal), false],
     ['causalOffset', p.causal ? perBatch(p.causalOffsets, p.batch, p.causalOffset) : 'none', false],
+    ['slidingWindow', p.slidingWindow === 0 ? 'none' : String(p.slidingWindow), false],
     ['keyLengths', perBatch(p.keyLengths, p.batch, p.kvLen), false],
     ['attnMask', mask, false],
     ['query.data', contentsOf(p.queryData, p.batch * p.qHeads * p.qLen * p.headDim), true],

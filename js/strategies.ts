@@ -106,7 +106,7 @@ export function describeProblem(p: Plan): ProblemDesc {
     maskStrideB: p.mask?.strides[0] ?? 0, maskStrideH: p.mask?.strides[1] ?? 0,
     maskStrideQ: p.mask?.strides[2] ?? 0, maskStrideK: p.mask?.strides[3] ?? 0,
     scale: p.scale, softcap: p.softcap, causal: p.causal, causalOffset: p.causalOffset,
-    readKvInOrder: false,
+    slidingWindow: p.slidingWindow, readKvInOrder: false,
   };
 }
 

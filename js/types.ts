@@ -28,6 +28,13 @@ export interface SdpaOptions {
    * alignment). `Lk - Lq` is the bottom-right alignment of a KV cache. Requires `isCausal`.
    */
   causalOffset?: number | Int32Array;
+  /**
+   * Sliding-window attention (Mistral, Gemma, FlashAttention's `window_size = (W - 1, 0)`): an
+   * integer `W` in `[1, 2^30]`; query row `i` attends only keys `i + causalOffset - W < j <= i + causalOffset`,
+   * the `W` keys ending at its causal diagonal. Requires `isCausal`. Keys before a row's window
+   * are skipped, never read into the arithmetic.
+   */
+  slidingWindow?: number;
   /** One valid key count per batch, in `[0, Lk]`: keys `j >= keyLengths[b]` are padding, never read. */
   keyLengths?: Int32Array;
   /** Also return the softmax probabilities `[..., Hq, Lq, Lk]` (zeros on fully masked rows). */

@@ -13,12 +13,13 @@ import {
 import type { AttentionOptions, MaskTensor, SdpaOptions } from './types.js';
 
 export const OPTION_NAMES = [
-  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'keyLengths',
+  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'slidingWindow', 'keyLengths',
   'returnWeights', 'returnLogSumExp', 'out', 'layout',
 ] as const;
 /** sdpaBackward's options: the score pipeline's, `saved`, `returnMaskGrad`, and its own `out` and `accumulate`. */
 export const BACKWARD_OPTION_NAMES = [
-  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'keyLengths', 'layout', 'saved', 'returnMaskGrad', 'out', 'accumulate',
+  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'slidingWindow', 'keyLengths', 'layout', 'saved', 'returnMaskGrad',
+  'out', 'accumulate',
 ] as const;
 /** sdpaBackward's results, in the order they are written (and the names options.out takes). */
 export const GRADIENT_NAMES = ['dQuery', 'dKey', 'dValue', 'dAttnMask'] as const;
@@ -67,6 +68,8 @@ export interface Plan {
   causal: boolean;
   causalOffset: number;
   causalOffsets: Int32Array | null;
+  /** 0: none; else W in [1, 2^30] (causal): row i attends keys j > i + offset - W. */
+  slidingWindow: number;
   keyLengths: Int32Array | null;
   /** The output's part of options.out: a view of exactly outputSize floats (ownView), or null. */
   out: Float32Array | null;
@@ -648,10 +651,7 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
   const mask = o.attnMask === undefined ? null : checkMask(fn, o.attnMask, [B, Hq, Lq, Lk]);
 
   const causal = checkBoolean(fn, 'options.isCausal', o.isCausal, defaults.causal);
-  // Offsets beyond [-Lq, Lk] act exactly like those bounds (nothing / everything visible),
-  // so they are clamped to keep the kernel in 32-bit integers.
-  const clamp = (x: number) => Math.min(Math.max(x, -Lq), Lk);
-  let causalOffset = causal ? clamp(defaults.causalOffset) : 0;
+  let causalOffset = causal ? defaults.causalOffset : 0;
   let causalOffsets: Int32Array | null = null;
   if (o.causalOffset !== undefined) {
     if (!causal) {
@@ -662,7 +662,7 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
       if (!Number.isInteger(o.causalOffset)) {
         throw new RangeError(`${fn}: options.causalOffset must be an integer, got ${o.causalOffset}`);
       }
-      causalOffset = clamp(o.causalOffset);
+      causalOffset = o.causalOffset;
     } else if (isInt32Array(o.causalOffset)) {
       const length = lengthOf(o.causalOffset);
       if (length !== B) {
@@ -670,11 +670,18 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
       }
       // A copy of the elements themselves: new Int32Array(view) reads no property or iterator of
       // the object.
-      causalOffsets = new Int32Array(o.causalOffset).map(clamp);
+      causalOffsets = new Int32Array(o.causalOffset);
     } else {
       throw new TypeError(`${fn}: options.causalOffset must be an integer or an Int32Array of length B = ${B}, got ${describe(o.causalOffset)}`);
     }
   }
+  const slidingWindow = checkSlidingWindow(fn, o, causal, defaults.causal);
+  // Offsets beyond [-Lq, Lk] act exactly like those bounds (nothing / everything visible), and
+  // with a window W beyond [-Lq, Lk + W - 1] (the window starts past every key), so they are
+  // clamped to keep the kernel in 32-bit integers.
+  const clamp = (x: number) => Math.min(Math.max(x, -Lq), Lk + Math.max(slidingWindow - 1, 0));
+  causalOffset = causal ? clamp(causalOffset) : 0;
+  if (causalOffsets !== null) causalOffsets = causalOffsets.map(clamp);
 
   let keyLengths: Int32Array | null = null;
   if (o.keyLengths !== undefined) {
@@ -707,8 +714,33 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
     outputDims, outputSize,
     weightsDims, weightsSize: returnWeights ? B * Hq * Lq * Lk : 0,
     lseDims, lseSize: returnLogSumExp ? B * Hq * Lq : 0,
-    scale, softcap, mask, causal, causalOffset, causalOffsets, keyLengths, out, outResult, queryData: q.data,
+    scale, softcap, mask, causal, causalOffset, causalOffsets, slidingWindow, keyLengths, out, outResult, queryData: q.data,
   };
+}
+
+/** The widest sliding window taken: 2^30, twice the most keys a problem can have (src/sdpa.h, kMaxCount). */
+const MAX_SLIDING_WINDOW = 2 ** 30;
+
+/**
+ * options.slidingWindow: an integer W in [1, MAX_SLIDING_WINDOW] with isCausal (each query row
+ * attends the W keys ending at its causal diagonal), or 0 when not given.
+ */
+function checkSlidingWindow(fn: string, o: SdpaOptions, causal: boolean, defaultCausal: boolean): number {
+  const given = o.slidingWindow;
+  if (given === undefined) return 0;
+  if (!causal) {
+    const isCausal = o.isCausal === undefined ? `undefined (default ${defaultCausal})` : describe(o.isCausal);
+    throw new TypeError(`${fn}: options.slidingWindow is only meaningful with options.isCausal: true ` +
+      `(the window ends at each row's causal diagonal), got options.isCausal ${isCausal}`);
+  }
+  if (typeof given !== 'number') {
+    throw new TypeError(`${fn}: options.slidingWindow must be an integer in [1, 2^30], got ${describe(given)}`);
+  }
+  if (!Number.isInteger(given) || given < 1 || given > MAX_SLIDING_WINDOW) {
+    throw new RangeError(`${fn}: options.slidingWindow must be an integer in [1, 2^30] (the keys each query row may ` +
+      `attend, ending at its causal diagonal; omit it for no window), got ${given}`);
+  }
+  return given;
 }
 
 /** The most threads createAttention() uses unless asked for more. */

@@ -21,6 +21,8 @@ export interface ProblemDesc {
   oStrideB: number; oStrideH: number; oStrideL: number;
   maskKind: number; maskStrideB: number; maskStrideH: number; maskStrideQ: number; maskStrideK: number;
   scale: number; softcap: number; causal: boolean; causalOffset: number;
+  /** sdpa::Problem::sliding_window: 0 for none, else W >= 1 (causal). */
+  slidingWindow: number;
   /** K/V come from main memory (a KV cache's storage): read them in memory order. */
   readKvInOrder: boolean;
 }

@@ -113,6 +113,32 @@ describe('sdpaBackward against the float64 analytic backward', () => {
     for (const g of [got.dQuery, got.dKey, got.dValue]) expect(g.data.every(Number.isFinite)).toBe(true);
   });
 
+  test.each([[1], [3], [64], [65], [200]])('sliding window %p: GQA, per-batch offsets, key lengths, a float mask and its gradient; NaN before every window; 1 and 2 threads bitwise', (slidingWindow) => {
+    const Lq = 13, Lk = 150;
+    const p = problem({ B: 2, Hq: 4, Hkv: 2, Lq, Lk, E: 8, Ev: 6, seed: 80 + slidingWindow });
+    const causalOffset = Int32Array.of(Lk - Lq, 70);
+    const options = { isCausal: true, causalOffset, slidingWindow };
+    const got = expectGradientsMatch(attn, p, options);
+    expectGradientsMatch(attn, p, { ...options, keyLengths: Int32Array.of(Lk, 60), attnMask: floatMask([2, 1, Lq, Lk], 81, 0.2), returnMaskGrad: true });
+    // NaN in the keys batch 0's first row does not reach (before key Lk - Lq - W + 1): every
+    // gradient finite, those keys' dK and dV exact zeros.
+    const first = Math.max(Lk - Lq - slidingWindow + 1, 0);
+    for (let h = 0; h < 2; h++) {
+      p.key.data.fill(NaN, h * Lk * 8, (h * Lk + first) * 8);
+      p.value.data.fill(NaN, h * Lk * 6, (h * Lk + first) * 6);
+    }
+    const poisoned = expectGradientsMatch(attn, p, options);
+    for (const g of [poisoned.dQuery, poisoned.dKey, poisoned.dValue]) expect(g.data.every(Number.isFinite)).toBe(true);
+    for (let h = 0; h < 2; h++) {
+      expect(poisoned.dKey.data.subarray(h * Lk * 8, (h * Lk + first) * 8).every((x) => Object.is(x, 0))).toBe(true);
+      expect(poisoned.dValue.data.subarray(h * Lk * 6, (h * Lk + first) * 6).every((x) => Object.is(x, 0))).toBe(true);
+    }
+    const two = attn2.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(two[name].data, poisoned[name].data)).toBe(true);
+    // The keys before the windows held other values: the gradients of the keys in them are the same.
+    expect(sameBits(got.dQuery.data, poisoned.dQuery.data)).toBe(true);
+  });
+
   test.each([[0, 1], [1, 1], [20, 1], [1, 8], [0, 8]])('softcap %p, input scale %p, scale 0.3', (softcap, inputScale) => {
     const p = problem({ Lq: 7, Lk: 66, E: 16, Ev: 5, seed: softcap * 10 + inputScale });
     p.query.data.forEach((x, i) => { p.query.data[i] = x * inputScale; });
@@ -701,6 +727,7 @@ describe('options.saved is checked against the sdpa() call that returned it: a R
   const cases = [
     ['isCausal', (f) => backward(attn, f, p.query, p.key, p.value, notCausal), `isCausal ${there}true there, false here`],
     ['causalOffset', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, causalOffset: 60 }), `causalOffset ${there}\\[61, 61\\] there, \\[60, 60\\] here`],
+    ['slidingWindow', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, slidingWindow: 30 }), `slidingWindow ${there}none there, 30 here`],
     ['scale', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, scale: 0.25 }), `scale \\(in float32\\) ${there}0\\.30000001192092896 there, 0\\.25 here`],
     ['softcap', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, softcap: 6 }), `softcap \\(in float32\\) ${there}5 there, 6 here`],
     ['keyLengths', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, keyLengths: new Int32Array([70, 63]) }),

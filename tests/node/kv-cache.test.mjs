@@ -122,6 +122,23 @@ describe('token-by-token decoding equals attention over the whole history', () =
     }
   });
 
+  test.each([
+    ['float32', 1], ['float32', 7], ['float32', 300], ['float16', 64], ['float16', 513],
+  ])('%s cache, slidingWindow %p (GQA Hq8 Hkv2): each step within the tolerance of the reference; one and two threads bitwise', (dtype, W) => {
+    const shape = { Hq: 8, Hkv: 2, E: 64, Ev: 40, steps: STEPS, dtype, seed: 11, options: () => ({ slidingWindow: W, returnWeights: true }) };
+    const one = decode(attn, shape), two = decode(attn2, shape);
+    expectMatchesReference(one, { halves: dtype === 'float16' });
+    one.results.forEach(({ got, length, n }, s) => {
+      expect(Array.from(bits(two.results[s].got.output.data))).toEqual(Array.from(bits(got.output.data)));
+      // Each row's weights before its window (the positions up to length - n + i - W) are exact zeros.
+      const weights = got.weights.data;
+      for (let i = 0; i < n; i++) {
+        const first = Math.max(length - n + i - W + 1, 0);
+        expect(weights.subarray(i * length, i * length + first).every((x) => Object.is(x, 0))).toBe(true);
+      }
+    });
+  });
+
   test('one and two threads give bitwise the same outputs, float32 and float16, GQA and MHA, with weights or not', () => {
     // GQA (4 query rows per tile) and MHA (one row per tile: the float16 tiles read in 8
     // streams, float32 in 2), each past 512 keys (split-K segments) and, for the single tokens
@@ -455,9 +472,10 @@ describe('remove(start, end): positions dropped, the later ones moved down', () 
   });
 
   // The README's recipe for a sliding window of W over chunks of Lnew rows with a cache of room
-  // 2W: only when the next chunk would not fit, keep the newest W - 1 positions; a band mask
-  // keeps each row to its own window. Against the reference over the whole history with the
-  // window as a mask (what a cache holding everything computes).
+  // 2W: only when the next chunk would not fit, keep the newest W - 1 positions; the
+  // slidingWindow option (or a band mask) keeps each row to its own window. Against the
+  // reference over the whole history with the window as a mask (what a cache holding
+  // everything computes).
   test('a sliding window kept by remove() over chunks of 3 rows, room 2W: equal to windowed attention over the whole history', () => {
     const B = 1, Hq = 4, Hkv = 2, E = 32, W = 8, Lnew = 3, chunks = 12, total = Lnew * chunks;
     const k = randomTensor([B, Hkv, total, E], 81), v = randomTensor([B, Hkv, total, E], 82);
@@ -486,9 +504,11 @@ describe('remove(start, end): positions dropped, the later ones moved down', () 
         cache.append(positions(k, from, from + Lnew), positions(v, from, from + Lnew));
         const query = randomTensor([B, Hq, Lnew, E], 900 + c);
         const got = cache.attend(query, { attnMask: band(Lnew, from, removed, cache.length) });
+        const windowed = cache.attend(query, { slidingWindow: W });
         const whole = referenceSdpa(query, positions(k, 0, from + Lnew), positions(v, 0, from + Lnew),
           { attnMask: band(Lnew, from, 0, from + Lnew) });
         expect(maxRelError(got.output.data, whole.output)).toBeLessThanOrEqual(TOL);
+        expect(maxRelError(windowed.output.data, whole.output)).toBeLessThanOrEqual(TOL);
       }
       expect(removed).toBeGreaterThan(0);
     } finally {

@@ -5,7 +5,7 @@
 //   s_ij = softcap · tanh(s_ij / softcap)           (softcap > 0)
 //   s_ij = s_ij + mask[b, h, i, j]                  (float mask, NEG_INF blocks)
 //   key j is blocked for row i when a bool mask is 0, when j >= keyLengths[b], or (isCausal)
-//   when j > i + causalOffset[b]
+//   when j > i + causalOffset[b], or (isCausal, slidingWindow W) when j <= i + causalOffset[b] - W
 //   out_i = Σ_j softmax_j(s_i) · v_j; a row with every key blocked is exact zeros.
 //
 // Blocked keys are never read from K or V (nor their scores computed), so NaN written
@@ -72,6 +72,7 @@ export function referenceProblem(query, key, value, options = {}) {
     return typeof o === 'number' ? o : o[b];
   };
   const validKeys = (b) => (options.keyLengths ? options.keyLengths[b] : Lk);
+  const window = causal ? options.slidingWindow ?? 0 : 0;
 
   /** One row: { out: Float64Array(Ev), weights: Float64Array(Lk), lse: log Σ_j exp(s_j) (-Infinity if empty) }. */
   function row(b, h, i) {
@@ -84,6 +85,7 @@ export function referenceProblem(query, key, value, options = {}) {
     for (let j = 0; j < Lk; j++) {
       if (j >= limitValid) continue;
       if (causal && j > i + offset) continue;
+      if (window > 0 && j <= i + offset - window) continue;
       let bias = 0;
       if (mask) {
         const mv = mask.data[b * mStrides[0] + h * mStrides[1] + i * mStrides[2] + j * mStrides[3]];

@@ -396,6 +396,99 @@ describe('causal offsets', () => {
   });
 });
 
+describe('sliding window', () => {
+  /** Row (b, h, i)'s keys: the window's first key and one past the causal frontier, within [0, Lk]. */
+  const windowOf = (i, offset, W, Lk) => [Math.min(Math.max(i + offset - W + 1, 0), Lk), Math.min(Math.max(i + offset + 1, 0), Lk)];
+
+  test.each([1, 5, 13])('tile edges: Lq = %i against Lk and W either side of 512 keys and 8 keys; weights outside the window exactly 0', (Lq) => {
+    const B = 1, Hq = 2, E = 8, Ev = 9;
+    for (const Lk of [1, 7, 511, 513, 1031]) {
+      const { q, k, v } = problem({ B, Hq, Lq, Lk, E, Ev }, Lq * 31 + Lk);
+      for (const W of [1, 2, 8, 9, 511, 512, 513, 2000]) {
+        const offset = Lk - Lq;
+        const { got } = check(q, k, v, { isCausal: true, causalOffset: offset, slidingWindow: W, returnWeights: true });
+        for (let h = 0; h < Hq; h++) {
+          for (let i = 0; i < Lq; i++) {
+            const [first, end] = windowOf(i, offset, W, Lk);
+            const w = rowOf(got.weights.data, [B, Hq, Lq, Lk], 0, h, i);
+            expect(allExactZeros(w.subarray(0, first))).toBe(true);
+            expect(allExactZeros(w.subarray(end))).toBe(true);
+            if (first >= end) expect(allExactZeros(rowOf(got.output.data, [B, Hq, Lq, Ev], 0, h, i))).toBe(true);
+          }
+        }
+      }
+    }
+  });
+
+  test('offsets far outside [-Lq, Lk], per batch and scalar, with windows of 1 key to 2^30', () => {
+    const B = 3, Hq = 2, Lq = 6, Lk = 40, E = 5, Ev = 4;
+    const { q, k, v } = problem({ B, Hq, Lq, Lk, E, Ev }, 150);
+    for (const W of [1, 5, 39, 41, 2 ** 30]) {
+      for (const offset of [-Lq, -Lq - 1, Lk, Lk + W - 2, Lk + W - 1, Lk + W, 1e9, -1e9, 2 ** 40, 2 ** 31 - 1, -(2 ** 31)]) {
+        check(q, k, v, { isCausal: true, causalOffset: offset, slidingWindow: W, returnWeights: true });
+      }
+      const offsets = new Int32Array([2 ** 31 - 1, Lk + W - 1 - Lq, 10]);
+      const { got } = check(q, k, v, { isCausal: true, causalOffset: offsets, slidingWindow: W });
+      for (let b = 0; b < B; b++) {  // each batch as the same problem with its scalar offset
+        const scalar = attn.sdpa(q, k, v, { isCausal: true, causalOffset: offsets[b], slidingWindow: W }).output.data;
+        const n = Hq * Lq * Ev;
+        expectSameResult(got.output.data.subarray(b * n, (b + 1) * n), scalar.subarray(b * n, (b + 1) * n));
+      }
+    }
+  });
+
+  test('with GQA, float and bool masks, keyLengths, softcap and bshd', () => {
+    const B = 2, Hq = 6, Hkv = 2, Lq = 9, Lk = 700, E = 12, Ev = 7;
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 151);
+    const base = { isCausal: true, causalOffset: new Int32Array([Lk - Lq, 300]), slidingWindow: 200, returnWeights: true };
+    check(q, k, v, base);
+    check(q, k, v, { ...base, attnMask: floatMask([B, 1, Lq, Lk], 152), softcap: 3 });
+    check(q, k, v, { ...base, attnMask: boolMask([Lk], 153), keyLengths: new Int32Array([Lk, 250]) });
+    const bshd = { ...base, layout: 'bshd' };
+    check(swap12(q), swap12(k), swap12(v), bshd);
+  });
+
+  test('decode (one query row per head, keys split into 512-key segments) and threads give the same bits', async () => {
+    const two = await createAttention({ threads: 2 });
+    try {
+      for (const [Hq, Hkv] of [[4, 4], [8, 2]]) {
+        const Lk = 5000, { q, k, v } = problem({ B: 2, Hq, Hkv, Lq: 1, Lk, E: 64 }, 154 + Hq);
+        for (const W of [1, 100, 513, 1500, 4999]) {
+          const options = { isCausal: true, causalOffset: Lk - 1, slidingWindow: W };
+          const { got } = check(q, k, v, options);
+          expectBitwiseEqual(two.sdpa(q, k, v, options).output.data, got.output.data);
+        }
+      }
+    } finally {
+      two.dispose();
+    }
+  });
+
+  test('NaN in the keys before every row\'s window never reaches the output', () => {
+    for (const [Lq, Lk] of [[1, 2000], [7, 60], [20, 1300]]) {
+      const E = 8, Ev = 8, W = 17, offset = Lk - Lq;
+      const { q, k, v } = problem({ Lq, Lk, E, Ev }, 160 + Lq);
+      const first = offset - W + 1;  // row 0's first key
+      k.data.fill(NaN, 0, first * E);
+      v.data.fill(NaN, 0, first * Ev);
+      const { got } = check(q, k, v, { isCausal: true, causalOffset: offset, slidingWindow: W });
+      expect(allFinite(got.output.data)).toBe(true);
+    }
+  });
+
+  test('the same result as the window written as a bool mask; a window past every key changes no bit', () => {
+    const Lq = 37, Lk = 1100, W = 300, offset = Lk - Lq;
+    const { q, k, v } = problem({ Hq: 2, Lq, Lk, E: 16 }, 170);
+    const band = new Uint8Array(Lq * Lk);
+    for (let i = 0; i < Lq; i++) for (let j = i + offset - W + 1; j <= i + offset; j++) band[i * Lk + j] = 1;
+    const windowed = attn.sdpa(q, k, v, { isCausal: true, causalOffset: offset, slidingWindow: W }).output.data;
+    expectSameResult(windowed, attn.sdpa(q, k, v, { isCausal: true, causalOffset: offset, attnMask: { data: band, dims: [Lq, Lk] } }).output.data);
+    const causal = attn.sdpa(q, k, v, { isCausal: true, causalOffset: offset }).output.data;
+    expectBitwiseEqual(attn.sdpa(q, k, v, { isCausal: true, causalOffset: offset, slidingWindow: Lk }).output.data, causal);
+    expectBitwiseEqual(attn.sdpa(q, k, v, { isCausal: true, causalOffset: offset, slidingWindow: 2 ** 30 }).output.data, causal);
+  });
+});
+
 describe('keyLengths', () => {
   test('lengths 0, 1, 32, 33, Lk with NaN written into the padded keys of K and V', () => {
     const B = 5, Hq = 4, Hkv = 2, Lq = 7, Lk = 70, E = 10, Ev = 6;
@@ -883,6 +976,9 @@ describe('decode streamed one segment of one (batch, KV head) at a time', () => 
     'bool mask [1, Hq, 1, Lk]': { keyLengths, attnMask: boolMask([1, Hq, 1, Lk], 292, 0.6) },
     'bool mask [B, Hq, Lq, Lk]': { keyLengths, attnMask: boolMask([B, Hq, Lq, Lk], 293, 0.4) },
     'per-batch causal offsets, one row empty': { keyLengths, isCausal: true, causalOffset: new Int32Array([-1, 2000]) },
+    'sliding window starting inside a segment, segments before it skipped': {
+      keyLengths, isCausal: true, causalOffset: new Int32Array([2999, 4199]), slidingWindow: 1300,
+    },
   };
   test.each(Object.keys(cases))('%s: matches the reference and the unstreamed bshd layout bitwise', (name) => {
     const options = cases[name];
@@ -927,6 +1023,7 @@ describe('prefill streamed one (batch, KV head) at a time', () => {
     'float mask [B, 1, 1, Lk] and softcap': { keyLengths, attnMask: floatMask([B, 1, 1, L], 301), softcap: 4 },
     'bool mask [1, Hq, Lq, Lk]': { keyLengths, attnMask: boolMask([1, Hq, L, L], 302, 0.6) },
     'per-batch causal offsets, some rows empty': { keyLengths, isCausal: true, causalOffset: new Int32Array([-3, 100]) },
+    'sliding window, per-batch offsets': { keyLengths, isCausal: true, causalOffset: new Int32Array([0, 100]), slidingWindow: 70 },
   };
   let single, two;
   beforeAll(async () => {

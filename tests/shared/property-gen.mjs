@@ -177,7 +177,7 @@ export function randomMask(r, [B, Hq, Lq, Lk]) {
 
 /**
  * blocked(b, h, i, j): whether key j is blocked for query row i of head h in batch b under
- * `options` (Lk keys), from the documented rules: keyLengths, isCausal/causalOffset (`causal`
+ * `options` (Lk keys), from the documented rules: keyLengths, isCausal/causalOffset/slidingWindow (`causal`
  * and `offsetOf` given explicitly, since KVCache.attend has other defaults), a bool mask's 0,
  * a float mask's −∞.
  */
@@ -188,6 +188,7 @@ export function blockedPredicate(options, Lk, causal, offsetOf) {
   return (b, h, i, j) => {
     if (options.keyLengths && j >= options.keyLengths[b]) return true;
     if (causal && j > i + offsetOf(b)) return true;
+    if (causal && options.slidingWindow !== undefined && j <= i + offsetOf(b) - options.slidingWindow) return true;
     if (mask) {
       const m = mask.data[b * strides[0] + h * strides[1] + i * strides[2] + j * strides[3]];
       if (isBool ? m === 0 : m === -Infinity) return true;
@@ -233,6 +234,11 @@ export function randomOptions(r, { B, Hq, Lq, Lk, outputSize }, { forCache = fal
       offsets = Int32Array.from({ length: B }, () => randomOffset(r, Lq, Lk));
       options.causalOffset = Int32Array.from(offsets);
     }
+  }
+  if (causal && r.chance(0.3)) {
+    // Windows of 1 key, either side of a key group (8), a backward key tile (64) and a forward
+    // one (512), within the keys, and wide enough to block nothing (or almost).
+    options.slidingWindow = r.pick([1, 2, 7, 8, 9, 63, 64, 65, 511, 512, 513, r.int(1, Lk + Lq + 2), Lk + Lq + 3, 2 ** 30]);
   }
   if (r.chance(0.3)) {
     options.keyLengths = Int32Array.from({ length: B }, () => (r.chance(0.2) ? 0 : r.chance(0.3) ? Lk : r.int(0, Lk)));
@@ -364,7 +370,8 @@ export function mutateTensor(r, fn, name, t, { halves = false } = {}) {
 export function mutateOptions(r, fn, { B, Hq, Lq, Lk, outputSize }, options, { forCache = false } = {}) {
   const target = [B, Hq, Lq, Lk];
   const axisNames = ['B', 'Hq', 'Lq', 'Lk'];
-  const withOption = (name, value) => ({ ...options, ...(name === 'causalOffset' ? { isCausal: true } : {}), [name]: value });
+  const needsCausal = (name) => name === 'causalOffset' || name === 'slidingWindow';
+  const withOption = (name, value) => ({ ...options, ...(needsCausal(name) ? { isCausal: true } : {}), [name]: value });
   const show = (x) => (typeof x === 'bigint' ? `${x}n` : ArrayBuffer.isView(x) ? `${Object.prototype.toString.call(x).slice(8, -1)}(${x.length})` : typeof x === 'string' ? JSON.stringify(x) : String(x));
   const option = (name, value, Cls, names = [`options.${name}`]) =>
     ({ desc: `options.${name} = ${show(value)}`, options: withOption(name, value), Cls, names });
@@ -414,6 +421,17 @@ export function mutateOptions(r, fn, { B, Hq, Lq, Lk, outputSize }, options, { f
       if (off.isCausal === undefined) delete off.isCausal;
       return { desc: `options.causalOffset without causal attention (isCausal ${off.isCausal})`, options: off, Cls: TypeError,
         names: ['options.causalOffset', 'isCausal'] };
+    },
+    () => option('slidingWindow', r.pick([0, -1, 1.5, NaN, Infinity, -Infinity, 2 ** 30 + 1, 2 ** 53]), RangeError),
+    () => option('slidingWindow', r.pick(['8', null, true, 8n, [8], new Int32Array(1)]), TypeError),
+    () => {
+      // slidingWindow where causal attention is off (its window ends at the causal diagonal).
+      const { causalOffset: _, ...rest } = options;
+      const off = forCache ? { ...rest, isCausal: false, slidingWindow: r.int(1, 9) }
+        : { ...rest, isCausal: r.pick([false, undefined]), slidingWindow: r.int(1, 9) };
+      if (off.isCausal === undefined) delete off.isCausal;
+      return { desc: `options.slidingWindow without causal attention (isCausal ${off.isCausal})`, options: off, Cls: TypeError,
+        names: ['options.slidingWindow', 'isCausal'] };
     },
     () => {
       const b = r.int(0, B - 1);
