@@ -1,4 +1,4 @@
-// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode] [-- --no-worker] [-- --no-browser] [-- --no-backward]
+// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode] [-- --no-window] [-- --no-worker] [-- --no-browser] [-- --no-backward]
 //
 // Single-threaded forward attention, in one process, side by side:
 //   sdpa-wasm (this package), onnxruntime-web (wasm EP, 1 thread, best of three ONNX graphs),
@@ -22,6 +22,9 @@
 // Then the decode section (decode.mjs, also runnable alone; --no-decode skips it): the KV cache's
 // attend() per step against a plain wasm read of the same bytes, sdpa() with copies and
 // onnxruntime-web, float32/float16 caches, 1 and 2 threads; under `decode` in the JSON.
+// Then the sliding-window section (window.mjs, also runnable alone; --no-window skips it): a
+// decode step with slidingWindow over a 32768-position cache against a cache holding only the
+// window (and the window as a mask, and no window); under `window`.
 // Then the worker section (worker.mjs, also runnable alone; --no-worker skips it): what
 // createAttentionWorker() adds per call, inputs copied or transferred, against the direct call,
 // on shape (a) and on one decode step from a float32 cache, 1 and 2 threads; under `worker`.
@@ -41,6 +44,7 @@ import { checkPassed, compare, makeInputs, referenceRows, relativeError, RELATIV
 import { SHAPES, bytes, describe, flops, isDecode, usefulFlops } from './shapes.mjs';
 import { runBrowserBench } from './browser.mjs';
 import { runWorkerBench } from './worker.mjs';
+import { runWindowBench } from './window.mjs';
 import { runBackwardBenchInChild } from './backward.mjs';
 
 const argv = process.argv.slice(2);
@@ -51,6 +55,7 @@ const shapeFilter = arg('--shapes')?.split(',');
 const peerFilter = arg('--peers')?.split(',');
 const withDecode = !argv.includes('--no-decode');
 const withWorker = !argv.includes('--no-worker');
+const withWindow = !argv.includes('--no-window');
 const withBackward = !argv.includes('--no-backward');
 const withBrowser = !argv.includes('--no-browser');
 
@@ -702,7 +707,18 @@ if (withDecode) {
   }
 }
 
-// The worker section, last (its own instances and workers).
+// The sliding-window section (window.mjs): a window over a long cache against a cache of the window.
+let window = null;
+if (withWindow) {
+  try {
+    window = await runWindowBench({ quick });
+  } catch (e) {
+    window = { failed: errText(e) };
+    console.log(`window section FAILED: ${window.failed}`);
+  }
+}
+
+// The worker section (its own instances and workers).
 let worker = null;
 if (withWorker) {
   try {
@@ -751,6 +767,6 @@ writeFileSync(jsonPath, JSON.stringify({
   threads: 1, oneThreadTargets, twoThreadShapes: twoThreadResults.map((e) => e.id), twoThreadTargets: TWO_THREAD_TARGETS,
   quick, settings, totalSeconds, limits,
   peers: peers.map((p) => ({ name: p.name, version: p.version, threads: p.threads, config: p.config, build: p.build, remote: p.remote, failed: p.failed })),
-  shapes: results, rows, decode, worker, backward, browser,
+  shapes: results, rows, decode, window, worker, backward, browser,
 }, (k, v) => (typeof v === 'number' && !Number.isFinite(v) ? String(v) : v), 2));
 console.log(`results: ${jsonPath}`);
