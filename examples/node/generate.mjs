@@ -1,6 +1,6 @@
 // Token-by-token generation with a KV cache: a toy decoder (random weights) whose attention runs
 // in sdpa-wasm's KVCache, printed with its tokens/s and the cache's memory.
-//   node examples/node/generate.mjs [--context N] [--tokens N] [--dtype float32|float16] [--threads N]
+//   node examples/node/generate.mjs [--context N] [--tokens N] [--dtype float32|float16] [--threads N] [--window W]
 //
 // The model: 2 layers, d_model 512, 8 query heads sharing 2 key/value heads (grouped-query
 // attention), head size 64, a vocabulary of 1024. Each layer keeps the keys and values of every
@@ -8,6 +8,8 @@
 // attends to all of them in place (no copy of the history). The projections are plain JavaScript
 // matrix-vector products; no positional encoding and no MLP (a real model would rotate q and k
 // with RoPE before the append, and add a feed-forward block: neither touches the cache).
+// --window W makes the even layers local, as Gemma alternates them: each row attends only the W
+// positions ending at its own (attend's slidingWindow), the odd layers the whole history.
 import { parseArgs } from 'node:util';
 import { createAttention } from 'sdpa-wasm';
 
@@ -17,12 +19,13 @@ const { values: args } = parseArgs({
     tokens: { type: 'string', default: '32' },     // tokens to generate
     dtype: { type: 'string', default: 'float32' }, // how the cache stores K/V: float32 or float16
     threads: { type: 'string' },                   // default: the package's choice
+    window: { type: 'string' },                    // sliding window of the even layers; default none
   },
 });
 const VOCAB = 1024, D_MODEL = 512, LAYERS = 2, HQ = 8, HKV = 2, E = 64, PROMPT = 37;
 /** Exits with the usage line and what was wrong (status 2). */
 function usage(problem) {
-  console.error(`generate.mjs: ${problem}\nusage: node generate.mjs [--context N] [--tokens N] [--dtype float32|float16] [--threads N]`);
+  console.error(`generate.mjs: ${problem}\nusage: node generate.mjs [--context N] [--tokens N] [--dtype float32|float16] [--threads N] [--window W]`);
   process.exit(2);
 }
 /** --name's value as an integer >= min, or the usage line. */
@@ -33,6 +36,9 @@ function integerArg(name, min) {
 }
 const context = integerArg('context', PROMPT), tokens = integerArg('tokens', 1);
 const threads = args.threads === undefined ? undefined : integerArg('threads', 1);
+const window = args.window === undefined ? undefined : integerArg('window', 1);
+/** attend's options of layer l: a local layer's window (the even ones, with --window). */
+const attendOptions = (l) => (window !== undefined && l % 2 === 0 ? { layout: 'bshd', slidingWindow: window } : { layout: 'bshd' });
 const dtype = args.dtype;
 if (!['float32', 'float16'].includes(dtype)) usage(`--dtype must be float32 or float16, got ${JSON.stringify(dtype)}`);
 
@@ -106,8 +112,9 @@ function forward(tokenIds) {
     const v = linear(h, L, D_MODEL, wv, HKV * E);
     const t0 = performance.now();
     caches[l].append({ data: k, dims: [1, L, HKV, E] }, { data: v, dims: [1, L, HKV, E] }, { layout: 'bshd' });
-    // isCausal defaults to true, aligned bottom-right: new row i sees every stored position up to its own.
-    const a = caches[l].attend({ data: q, dims: [1, L, HQ, E] }, { layout: 'bshd' }).output.data;
+    // isCausal defaults to true, aligned bottom-right: new row i sees every stored position up to
+    // its own (a local layer: the `window` positions ending at it).
+    const a = caches[l].attend({ data: q, dims: [1, L, HQ, E] }, attendOptions(l)).output.data;
     attentionMs += performance.now() - t0;
     const o = linear(a, L, HQ * E, wo, D_MODEL);
     for (let i = 0; i < x.length; i++) x[i] += o[i];  // residual
@@ -148,7 +155,8 @@ const perLayer = caches[0].byteLength;
 const tps = (ms) => (tokens / (ms / 1000)).toFixed(1);
 console.log(`toy decoder: ${LAYERS} layers, d_model ${D_MODEL}, ${HQ} query heads sharing ${HKV} KV heads, head size ${E}, ` +
   `vocabulary ${VOCAB} (random weights)`);
-console.log(`sdpa-wasm: ${attn.threads} thread${attn.threads === 1 ? '' : 's'}, KV cache dtype ${dtype}`);
+console.log(`sdpa-wasm: ${attn.threads} thread${attn.threads === 1 ? '' : 's'}, KV cache dtype ${dtype}` +
+  (window === undefined ? '' : `; layers ${layers.map((_, l) => (l % 2 === 0 ? `${l} local (slidingWindow ${window})` : `${l} global`)).join(', ')}`));
 console.log(filler > 0
   ? `context: ${context} positions: ${filler} of random K/V (standing in for earlier text, so that every step ` +
     `attends to a long history), then the ${PROMPT}-token prompt`
