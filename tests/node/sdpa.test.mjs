@@ -476,6 +476,18 @@ describe('sliding window', () => {
     }
   });
 
+  test("a bidirectional local window (ModernBERT's ±64) as the README writes it: causalOffset = right, slidingWindow = left + right + 1", () => {
+    const L = 300, left = 64, right = 64, B = 2, H = 3, E = 16;
+    const { q, k, v } = problem({ B, Hq: H, Lq: L, Lk: L, E }, 175);
+    const band = new Uint8Array(L * L);
+    for (let i = 0; i < L; i++) for (let j = Math.max(0, i - left); j <= Math.min(L - 1, i + right); j++) band[i * L + j] = 1;
+    const keyLengths = new Int32Array([L, 200]);  // a padded batch: its last keys never attended
+    const { got } = check(q, k, v, { isCausal: true, causalOffset: right, slidingWindow: left + right + 1, keyLengths, returnWeights: true });
+    const ref = referenceSdpa(q, k, v, { attnMask: { data: band, dims: [L, L] }, keyLengths, returnWeights: true });
+    expect(maxRelError(got.output.data, ref.output)).toBeLessThanOrEqual(TOL);
+    expect(maxRelError(got.weights.data, ref.weights)).toBeLessThanOrEqual(TOL);
+  });
+
   test('the same result as the window written as a bool mask; a window past every key changes no bit', () => {
     const Lq = 37, Lk = 1100, W = 300, offset = Lk - Lq;
     const { q, k, v } = problem({ Hq: 2, Lq, Lk, E: 16 }, 170);
