@@ -98,6 +98,7 @@ export function inputsRecord(p: Plan, key: Float32Array, value: Float32Array): R
     ['causalOffset', p.causal ? perBatch(p.causalOffsets, p.batch, p.causalOffset) : 'none', false],
     ['slidingWindow', p.slidingWindow === 0 ? 'none' : String(p.slidingWindow), false],
     ['keyLengths', perBatch(p.keyLengths, p.batch, p.kvLen), false],
+    ['keyStarts', perBatch(p.keyStarts, p.batch, 0), false],
     ['attnMask', mask, false],
     ['query.data', contentsOf(p.queryData, p.batch * p.qHeads * p.qLen * p.headDim), true],
     ['key.data', contentsOf(key, kv * p.headDim), true],

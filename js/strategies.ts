@@ -97,7 +97,7 @@ export function describeProblem(p: Plan): ProblemDesc {
   return {
     batch: p.batch, qHeads: p.qHeads, kvHeads: p.kvHeads, qLen: p.qLen, kvLen: p.kvLen,
     headDim: p.headDim, valueDim: p.valueDim, kvType: KV_TYPE.float32,
-    query: 0, key: 0, value: 0, output: 0, weights: 0, mask: 0, causalOffsets: 0, keyLengths: 0, logsumexp: 0,
+    query: 0, key: 0, value: 0, output: 0, weights: 0, mask: 0, causalOffsets: 0, keyLengths: 0, logsumexp: 0, keyStarts: 0,
     qStrideB: p.q.b, qStrideH: p.q.h, qStrideL: p.q.l,
     kStrideB: p.k.b, kStrideH: p.k.h, kStrideL: p.k.l,
     vStrideB: p.v.b, vStrideH: p.v.h, vStrideL: p.v.l,
@@ -117,21 +117,23 @@ export function check(module: SdpaModule, p: Plan, status: number): void {
   }
 }
 
-/** Bytes of the mask, causal offsets and key lengths (0 for those not given): part of a request. */
+/** Bytes of the mask, causal offsets, key lengths and starts (0 for those not given): part of a request. */
 export function smallInputBytes(p: Plan) {
   return {
     attnMask: p.mask?.data.byteLength ?? 0,
     causalOffset: p.causalOffsets?.byteLength ?? 0,
     keyLengths: p.keyLengths?.byteLength ?? 0,
+    keyStarts: p.keyStarts?.byteLength ?? 0,
   };
 }
 
 /** Sets their addresses in `desc` and copies them in: after the last allocation (heap views). */
 export function copySmallInputs(memory: CallMemory, p: Plan, desc: ProblemDesc,
-  at: { attnMask: number; causalOffset: number; keyLengths: number }): void {
+  at: { attnMask: number; causalOffset: number; keyLengths: number; keyStarts: number }): void {
   desc.mask = at.attnMask;
   desc.causalOffsets = at.causalOffset;
   desc.keyLengths = at.keyLengths;
+  desc.keyStarts = at.keyStarts;
   const { f32, i32, u8 } = memory.heap;
   if (p.mask !== null) {
     if (p.mask.kind === 'float') f32.set(p.mask.data, desc.mask >>> 2);
@@ -139,6 +141,7 @@ export function copySmallInputs(memory: CallMemory, p: Plan, desc: ProblemDesc,
   }
   if (p.causalOffsets !== null) i32.set(p.causalOffsets, desc.causalOffsets >>> 2);
   if (p.keyLengths !== null) i32.set(p.keyLengths, desc.keyLengths >>> 2);
+  if (p.keyStarts !== null) i32.set(p.keyStarts, desc.keyStarts >>> 2);
 }
 
 /** The output (into `out` or a new array) and the weights, copied out of wasm memory. */
@@ -231,7 +234,7 @@ export function runResident(memory: CallMemory, threads: number, p: Plan, q: Flo
   }
 }
 
-// The mask, causal offsets and key lengths stay whole in wasm memory; for one (batch, KV
+// The mask, causal offsets, key lengths and starts stay whole in wasm memory; for one (batch, KV
 // head) their addresses move to its batch and first query head (the strides stay).
 function pairAddresses(p: Plan, desc: ProblemDesc, b: number, firstHead: number) {
   const maskElementBytes = p.mask?.kind === 'float' ? 4 : 1;
@@ -239,6 +242,7 @@ function pairAddresses(p: Plan, desc: ProblemDesc, b: number, firstHead: number)
     mask: p.mask === null ? 0 : desc.mask + maskElementBytes * (b * p.mask.strides[0] + firstHead * p.mask.strides[1]),
     causalOffsets: p.causalOffsets === null ? 0 : desc.causalOffsets + 4 * b,
     keyLengths: p.keyLengths === null ? 0 : desc.keyLengths + 4 * b,
+    keyStarts: p.keyStarts === null ? 0 : desc.keyStarts + 4 * b,
   };
 }
 
@@ -291,7 +295,7 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, 
         streamer.setPair(
           desc.query + 4 * (b * p.q.b + firstHead * p.q.h),
           desc.output + 4 * (b * p.o.b + firstHead * p.o.h),
-          pairAt.mask, pairAt.causalOffsets, pairAt.keyLengths);
+          pairAt.mask, pairAt.causalOffsets, pairAt.keyLengths, pairAt.keyStarts);
         const keyRows = pair * pairKeyFloats, valueRows = pair * pairValueFloats;
         for (let segment = 0; segment < segments; segment++) {
           const begin = segment * segmentKeys, end = Math.min(p.kvLen, begin + segmentKeys);

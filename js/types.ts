@@ -37,6 +37,11 @@ export interface SdpaOptions {
   slidingWindow?: number;
   /** One valid key count per batch, in `[0, Lk]`: keys `j >= keyLengths[b]` are padding, never read. */
   keyLengths?: Int32Array;
+  /**
+   * One first valid key per batch, in `[0, Lk]`: keys `j < keyStarts[b]` are padding (a
+   * left-padded batch), never read, whatever they hold. Combines with `keyLengths`.
+   */
+  keyStarts?: Int32Array;
   /** Also return the softmax probabilities `[..., Hq, Lq, Lk]` (zeros on fully masked rows). */
   returnWeights?: boolean;
   /**

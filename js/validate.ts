@@ -13,13 +13,13 @@ import {
 import type { AttentionOptions, MaskTensor, SdpaOptions } from './types.js';
 
 export const OPTION_NAMES = [
-  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'slidingWindow', 'keyLengths',
+  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'slidingWindow', 'keyLengths', 'keyStarts',
   'returnWeights', 'returnLogSumExp', 'out', 'layout',
 ] as const;
 /** sdpaBackward's options: the score pipeline's, `saved`, `returnMaskGrad`, and its own `out` and `accumulate`. */
 export const BACKWARD_OPTION_NAMES = [
-  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'slidingWindow', 'keyLengths', 'layout', 'saved', 'returnMaskGrad',
-  'out', 'accumulate',
+  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'slidingWindow', 'keyLengths', 'keyStarts', 'layout', 'saved',
+  'returnMaskGrad', 'out', 'accumulate',
 ] as const;
 /** sdpaBackward's results, in the order they are written (and the names options.out takes). */
 export const GRADIENT_NAMES = ['dQuery', 'dKey', 'dValue', 'dAttnMask'] as const;
@@ -71,6 +71,8 @@ export interface Plan {
   /** 0: none; else W in [1, 2^30] (causal): row i attends keys j > i + offset - W. */
   slidingWindow: number;
   keyLengths: Int32Array | null;
+  /** Per-batch first valid keys (left padding), or null for 0. */
+  keyStarts: Int32Array | null;
   /** The output's part of options.out: a view of exactly outputSize floats (ownView), or null. */
   out: Float32Array | null;
   /**
@@ -683,20 +685,8 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
   causalOffset = causal ? clamp(causalOffset) : 0;
   if (causalOffsets !== null) causalOffsets = causalOffsets.map(clamp);
 
-  let keyLengths: Int32Array | null = null;
-  if (o.keyLengths !== undefined) {
-    if (!isInt32Array(o.keyLengths)) {
-      throw new TypeError(`${fn}: options.keyLengths must be an Int32Array of length B = ${B}, got ${describe(o.keyLengths)}`);
-    }
-    const length = lengthOf(o.keyLengths);
-    if (length !== B) throw new RangeError(`${fn}: options.keyLengths must have length B = ${B}, got ${length}`);
-    // A copy of the elements themselves, checked: a getter read later (sdpaBackward's
-    // gradOutput, saved) cannot change it, nor a property or iterator of the object stand in.
-    keyLengths = new Int32Array(o.keyLengths);
-    keyLengths.forEach((n, b) => {
-      if (n < 0 || n > Lk) throw new RangeError(`${fn}: options.keyLengths[${b}] must be in [0, Lk = ${Lk}], got ${n}`);
-    });
-  }
+  const keyLengths = checkKeyBounds(fn, 'keyLengths', o.keyLengths, B, Lk);
+  const keyStarts = checkKeyBounds(fn, 'keyStarts', o.keyStarts, B, Lk);
 
   const returnWeights = checkBoolean(fn, 'options.returnWeights', o.returnWeights, false);
   const returnLogSumExp = checkBoolean(fn, 'options.returnLogSumExp', o.returnLogSumExp, false);
@@ -714,8 +704,29 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
     outputDims, outputSize,
     weightsDims, weightsSize: returnWeights ? B * Hq * Lq * Lk : 0,
     lseDims, lseSize: returnLogSumExp ? B * Hq * Lq : 0,
-    scale, softcap, mask, causal, causalOffset, causalOffsets, slidingWindow, keyLengths, out, outResult, queryData: q.data,
+    scale, softcap, mask, causal, causalOffset, causalOffsets, slidingWindow, keyLengths, keyStarts, out, outResult,
+    queryData: q.data,
   };
+}
+
+/**
+ * options.keyLengths or options.keyStarts (`name`): an Int32Array of one key index per batch,
+ * each in [0, Lk]; a checked copy of its elements, or null when not given. The copy holds the
+ * elements themselves: a getter read later (sdpaBackward's gradOutput, saved) cannot change it,
+ * nor a property or iterator of the object stand in.
+ */
+function checkKeyBounds(fn: string, name: 'keyLengths' | 'keyStarts', given: unknown, B: number, Lk: number): Int32Array | null {
+  if (given === undefined) return null;
+  if (!isInt32Array(given)) {
+    throw new TypeError(`${fn}: options.${name} must be an Int32Array of length B = ${B}, got ${describe(given)}`);
+  }
+  const length = lengthOf(given);
+  if (length !== B) throw new RangeError(`${fn}: options.${name} must have length B = ${B}, got ${length}`);
+  const bounds = new Int32Array(given);
+  bounds.forEach((n, b) => {
+    if (n < 0 || n > Lk) throw new RangeError(`${fn}: options.${name}[${b}] must be in [0, Lk = ${Lk}], got ${n}`);
+  });
+  return bounds;
 }
 
 /** The widest sliding window taken: 2^30, twice the most keys a problem can have (src/sdpa.h, kMaxCount). */

@@ -17,7 +17,7 @@ const char* status_name(Status status) {
     case Status::kNullPointer: return "null pointer";
     case Status::kBadScale: return "scale is not finite";
     case Status::kBadSoftcap: return "softcap is negative or not finite";
-    case Status::kBadKeyLength: return "key length outside [0, Lk]";
+    case Status::kBadKeyLength: return "key length or key start outside [0, Lk]";
     case Status::kBadStride: return "negative stride";
     case Status::kBadScratch: return "scratch missing or too small";
     case Status::kBadKvType: return "unknown key/value element type";
@@ -59,6 +59,11 @@ Status validate(const Problem& p) {
   if (p.key_lengths != nullptr) {
     for (int32_t b = 0; b < p.batch; b++) {
       if (p.key_lengths[b] < 0 || p.key_lengths[b] > p.kv_len) return Status::kBadKeyLength;
+    }
+  }
+  if (p.key_starts != nullptr) {
+    for (int32_t b = 0; b < p.batch; b++) {
+      if (p.key_starts[b] < 0 || p.key_starts[b] > p.kv_len) return Status::kBadKeyLength;
     }
   }
   return Status::kOk;

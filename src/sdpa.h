@@ -21,7 +21,7 @@
 //   s  = scale · (q_i · k_j)
 //   s  = softcap · tanh(s / softcap)                     if softcap > 0
 //   s  = s + mask[b, h, i, j]                            float mask (may be -inf)
-//   s  = -inf  where bool mask == 0, where j >= key_lengths[b],
+//   s  = -inf  where bool mask == 0, where j >= key_lengths[b] or j < key_starts[b],
 //              or (causal) where j > i + offset (causal_offsets[b], or causal_offset for every b),
 //              or (causal, sliding window W) where j <= i + offset - W: each row attends at most the
 //              W most recent keys up to its causal frontier
@@ -82,6 +82,9 @@ struct Problem {
   int32_t sliding_window = 0;
   // Per-batch valid key counts [B] in [0, Lk], or nullptr for Lk.
   const int32_t* key_lengths = nullptr;
+  // Per-batch first valid keys [B] in [0, Lk], or nullptr for 0: keys j < key_starts[b] are
+  // padding (a left-padded batch), skipped as those past key_lengths[b] are.
+  const int32_t* key_starts = nullptr;
 
   float* weights = nullptr;  // optional [B, Hq, Lq, Lk] softmax probabilities
   // Optional [B, Hq, Lq], dense: each row's log-sum-exp of its scores, log Σ_j exp(s_j)
@@ -109,7 +112,7 @@ enum class Status : int32_t {
   kNullPointer = 2,     // a required pointer is null
   kBadScale = 3,        // scale not finite
   kBadSoftcap = 4,      // softcap < 0 or not finite
-  kBadKeyLength = 5,    // key_lengths[b] outside [0, Lk]
+  kBadKeyLength = 5,    // key_lengths[b] or key_starts[b] outside [0, Lk]
   kBadStride = 6,       // a negative stride
   kBadScratch = 7,      // scratch missing or smaller than scratch_floats()
   kBadKvType = 9,       // kv_type is not a KvType

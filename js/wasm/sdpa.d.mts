@@ -15,6 +15,8 @@ export interface ProblemDesc {
   mask: number; causalOffsets: number; keyLengths: number;
   /** [B, Hq, Lq] each row's log-sum-exp, written by forward() (0: not wanted). */
   logsumexp: number;
+  /** sdpa::Problem::key_starts: [B] first valid keys, 0 for none. */
+  keyStarts: number;
   qStrideB: number; qStrideH: number; qStrideL: number;
   kStrideB: number; kStrideH: number; kStrideL: number;
   vStrideB: number; vStrideH: number; vStrideL: number;
@@ -96,7 +98,7 @@ export interface SdpaModule {
 /** Mirrors SegmentStream in src/bindings/embind.cc. Statuses: 0 = ok. */
 export interface SegmentStream {
   /** Moves to another (batch, KV head): its rows of Q, output, mask, offsets, key lengths. */
-  setPair(query: number, output: number, mask: number, causalOffsets: number, keyLengths: number): void;
+  setPair(query: number, output: number, mask: number, causalOffsets: number, keyLengths: number, keyStarts: number): void;
   /** One segment, its keys alone at `key` and `value`; writes its part of `partials`. */
   forward(segment: number, key: number, value: number, partials: number, scratch: number, scratchFloats: number): number;
   /** The output rows of the (batch, KV head) from every segment's partials. */

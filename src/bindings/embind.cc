@@ -27,6 +27,7 @@ struct ProblemDesc {
   int32_t kvType;  // sdpa::KvType: 0 float32, 1 float16, 2 float16 without Inf/NaN halves
   uint32_t query, key, value, output, weights, mask, causalOffsets, keyLengths;
   uint32_t logsumexp;  // sdpa::Problem::logsumexp: [B, Hq, Lq] written by forward(), 0 for none
+  uint32_t keyStarts;  // sdpa::Problem::key_starts: [B], 0 for none
   int32_t qStrideB, qStrideH, qStrideL, kStrideB, kStrideH, kStrideL;
   int32_t vStrideB, vStrideH, vStrideL, oStrideB, oStrideH, oStrideL;
   int32_t maskKind, maskStrideB, maskStrideH, maskStrideQ, maskStrideK;
@@ -72,6 +73,7 @@ sdpa::Problem to_problem(const ProblemDesc& d) {
   p.causal_offsets = at<const int32_t>(d.causalOffsets);
   p.sliding_window = d.slidingWindow;
   p.key_lengths = at<const int32_t>(d.keyLengths);
+  p.key_starts = at<const int32_t>(d.keyStarts);
   p.read_kv_in_order = d.readKvInOrder != 0;
   p.logsumexp = at<float>(d.logsumexp);
   return p;
@@ -118,7 +120,8 @@ constexpr FieldLayout kProblemFields[] = {
     SDPA_FIELD(ProblemDesc, valueDim),    SDPA_FIELD(ProblemDesc, kvType),        SDPA_FIELD(ProblemDesc, query),
     SDPA_FIELD(ProblemDesc, key),         SDPA_FIELD(ProblemDesc, value),         SDPA_FIELD(ProblemDesc, output),
     SDPA_FIELD(ProblemDesc, weights),     SDPA_FIELD(ProblemDesc, mask),          SDPA_FIELD(ProblemDesc, causalOffsets),
-    SDPA_FIELD(ProblemDesc, keyLengths),  SDPA_FIELD(ProblemDesc, logsumexp),     SDPA_FIELD(ProblemDesc, qStrideB),
+    SDPA_FIELD(ProblemDesc, keyLengths),  SDPA_FIELD(ProblemDesc, logsumexp),     SDPA_FIELD(ProblemDesc, keyStarts),
+    SDPA_FIELD(ProblemDesc, qStrideB),
     SDPA_FIELD(ProblemDesc, qStrideH),    SDPA_FIELD(ProblemDesc, qStrideL),      SDPA_FIELD(ProblemDesc, kStrideB),
     SDPA_FIELD(ProblemDesc, kStrideH),    SDPA_FIELD(ProblemDesc, kStrideL),      SDPA_FIELD(ProblemDesc, vStrideB),
     SDPA_FIELD(ProblemDesc, vStrideH),    SDPA_FIELD(ProblemDesc, vStrideL),      SDPA_FIELD(ProblemDesc, oStrideB),
@@ -230,17 +233,19 @@ double segment_partials_floats(uint32_t desc) {
 
 // A streamed decode (sdpa.h, forward_segment) of a problem that is one (batch, KV head):
 // the description (an argument block's address) is read once, then only addresses move, per
-// (batch, KV head) the rows of Q, output, mask, offsets and key lengths, per segment K and V.
+// (batch, KV head) the rows of Q, output, mask, offsets, key lengths and starts, per segment K and V.
 class SegmentStream {
  public:
   explicit SegmentStream(uint32_t desc) : p_(to_problem(problem_at(desc))) {}
 
-  void set_pair(uint32_t query, uint32_t output, uint32_t mask, uint32_t causal_offsets, uint32_t key_lengths) {
+  void set_pair(uint32_t query, uint32_t output, uint32_t mask, uint32_t causal_offsets, uint32_t key_lengths,
+                uint32_t key_starts) {
     p_.query = at<const float>(query);
     p_.output = at<float>(output);
     p_.mask = at<const void>(mask);
     p_.causal_offsets = at<const int32_t>(causal_offsets);
     p_.key_lengths = at<const int32_t>(key_lengths);
+    p_.key_starts = at<const int32_t>(key_starts);
   }
 
   int32_t forward(int32_t segment, uint32_t key, uint32_t value, uint32_t partials, uint32_t scratch,

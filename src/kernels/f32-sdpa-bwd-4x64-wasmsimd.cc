@@ -95,12 +95,14 @@ int32_t row_limit(const Problem& p, int32_t b, int32_t i) {
   return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1, 0, valid_keys));
 }
 
-// The first key of row i's sliding window, i + offset - W + 1, or 0 without a window.
+// The first key row i may attend: the batch's first key (key_starts[b], or 0), or the first key
+// of its sliding window, i + offset - W + 1, whichever is later.
 int32_t row_start(const Problem& p, int32_t b, int32_t i) {
-  if (p.sliding_window == 0) return 0;
+  const int32_t first_key = p.key_starts != nullptr ? p.key_starts[b] : 0;
+  if (p.sliding_window == 0) return first_key;
   const int32_t valid_keys = p.key_lengths != nullptr ? p.key_lengths[b] : p.kv_len;
   const int64_t offset = p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset;
-  return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1 - p.sliding_window, 0, valid_keys));
+  return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1 - p.sliding_window, first_key, std::max(first_key, valid_keys)));
 }
 
 // Query row i of (b, h).
@@ -317,8 +319,9 @@ int32_t finished_scores(const BackwardProblem& bp, const RowTile& rt, const RowO
       row[c] = score + bias;
     }
   }
-  // Keys before a row's window are blocked whatever the scores and the mask gave them.
-  for (int r = 0; r < rt.rows && p.sliding_window != 0; r++) {
+  // Keys before a row's start (its batch's first key, its window's) are blocked whatever the
+  // scores and the mask gave them.
+  for (int r = 0; r < rt.rows && (p.sliding_window != 0 || p.key_starts != nullptr); r++) {
     const int32_t window_begin = std::clamp(rt.start[r] - j0, 0, count);
     if (window_begin == 0) continue;
     open_cols = 0;

@@ -911,6 +911,7 @@ __attribute__((noinline)) void attend_row_tile(const Problem& p, const RowTile& 
 // keys start(i) <= j < limit(i).
 struct RowLimits {
   int32_t valid_keys;  // key_lengths[b], or Lk
+  int32_t first_key;   // key_starts[b], or 0
   bool causal;
   int64_t offset;
   int64_t window;      // 0: none (else causal)
@@ -918,10 +919,11 @@ struct RowLimits {
     if (!causal) return valid_keys;
     return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1, 0, valid_keys));
   }
-  // The first key in the window, i + offset - W + 1 (keys j > i + offset - W), or 0.
+  // The batch's first key, or the first key in the window, i + offset - W + 1 (keys
+  // j > i + offset - W), whichever is later.
   int32_t start(int32_t i) const {
-    if (window == 0) return 0;
-    return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1 - window, 0, valid_keys));
+    if (window == 0) return first_key;
+    return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1 - window, first_key, std::max(first_key, valid_keys)));
   }
 };
 
@@ -929,7 +931,9 @@ RowLimits row_limits(const Problem& p, int32_t b) {
   const int32_t valid_keys = p.key_lengths != nullptr ? p.key_lengths[b] : p.kv_len;
   assert(valid_keys >= 0 && valid_keys <= p.kv_len);
   assert(p.sliding_window == 0 || p.causal);
-  return {valid_keys, p.causal, p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset,
+  const int32_t first_key = p.key_starts != nullptr ? p.key_starts[b] : 0;
+  assert(first_key >= 0 && first_key <= p.kv_len);
+  return {valid_keys, first_key, p.causal, p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset,
           p.sliding_window};
 }
 
@@ -1057,7 +1061,7 @@ void run_work(const Problem& p, const KernelWork& w, const float* row_stats, flo
 }
 
 // Whether some row of the work may attend some key of [key_begin, key_end): a key before the
-// row's limit (key length, causal frontier), not before its window's start, that the mask, if
+// row's limit (key length, causal frontier), not before its start (the batch's first key, the window's), that the mask, if
 // any, does not block (a boolean
 // mask's 0, a float mask's -inf; a NaN is not blocked). Rows reading the same mask row up to
 // the same key (a mask broadcast over the query heads of a GQA group) are scanned once; a

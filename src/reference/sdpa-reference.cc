@@ -46,7 +46,8 @@ std::vector<double> reference_forward(const Problem& p, std::vector<double>* wei
         for (int64_t j = 0; j < Lk; j++) {
           const int64_t m = b * p.mask_stride_b + h * p.mask_stride_h + i * p.mask_stride_q +
                             j * p.mask_stride_k;
-          bool is_blocked = j >= valid_keys || (p.causal && j > i + offset) ||
+          const int64_t first_key = p.key_starts != nullptr ? p.key_starts[b] : 0;
+          bool is_blocked = j >= valid_keys || j < first_key || (p.causal && j > i + offset) ||
                             (p.sliding_window > 0 && j <= i + offset - p.sliding_window);
           if (p.mask_kind == MaskKind::kBool) {
             is_blocked = is_blocked || static_cast<const uint8_t*>(p.mask)[m] == 0;

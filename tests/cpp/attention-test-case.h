@@ -33,6 +33,7 @@ struct AttentionCase {
   std::vector<int32_t> offsets;      // one = for every batch; B = per batch
   int32_t window = 0;                // sliding window (with causal); 0 = none
   std::vector<int32_t> key_lengths;  // empty = none
+  std::vector<int32_t> key_starts;   // empty = none
   float softcap = 0.0f;
   float scale = NAN;                 // NAN = 1/sqrt(E)
   float input_scale = 1.0f;          // multiplies Q (large logits)
@@ -42,7 +43,7 @@ struct AttentionCase {
     std::ostringstream s;
     s << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " E" << E
       << " Ev" << Ev << (bshd ? " bshd" : "") << " mask" << static_cast<int>(mask_kind)
-      << (causal ? " causal" : "") << (window > 0 ? " window" + std::to_string(window) : "") << " softcap" << softcap << " seed" << seed;
+      << (key_starts.empty() ? "" : " key_starts") << (causal ? " causal" : "") << (window > 0 ? " window" + std::to_string(window) : "") << " softcap" << softcap << " seed" << seed;
     return s.str();
   }
 };
@@ -102,7 +103,7 @@ inline void set_shapes(const AttentionCase& c, Problem& p) {
 struct OptionArrays {
   std::vector<float> mask_f;
   std::vector<uint8_t> mask_b;
-  std::vector<int32_t> offsets, key_lengths;
+  std::vector<int32_t> offsets, key_lengths, key_starts;
 };
 
 // p's mask (dense over the case's mask_dims, stride 0 on each broadcast axis; entries drawn
@@ -147,6 +148,10 @@ inline void set_options(const AttentionCase& c, CaseRandom& random, OptionArrays
   if (!c.key_lengths.empty()) {
     arrays.key_lengths = c.key_lengths;
     p.key_lengths = arrays.key_lengths.data();
+  }
+  if (!c.key_starts.empty()) {
+    arrays.key_starts = c.key_starts;
+    p.key_starts = arrays.key_starts.data();
   }
 }
 

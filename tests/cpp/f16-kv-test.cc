@@ -460,6 +460,7 @@ struct F16Case {
   std::vector<int32_t> offsets;      // one = for every batch; B = per batch
   int32_t window = 0;                // sliding window (with causal); 0 = none
   std::vector<int32_t> key_lengths;  // empty = none
+  std::vector<int32_t> key_starts;   // empty = none
   bool float_mask = false;           // a float mask [B, 1, Lq, Lk] (broadcast over heads)
   double mask_block_fraction = 0.2;  // share of its entries that are -inf
   float softcap = 0.0f;
@@ -470,7 +471,7 @@ struct F16Case {
     std::ostringstream s;
     s << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " E" << E << " Ev" << Ev
       << " max_len" << Lk + extra_len << (causal ? " causal" : "") << (window > 0 ? " window" + std::to_string(window) : "")
-      << (key_lengths.empty() ? "" : " key_lengths")
+      << (key_lengths.empty() ? "" : " key_lengths") << (key_starts.empty() ? "" : " key_starts")
       << (float_mask ? " mask" : "") << " softcap" << softcap << (weights ? " weights" : "") << " seed" << seed;
     return s.str();
   }
@@ -481,7 +482,7 @@ struct F16Harness {
   int max_len;
   std::vector<float> q, mask, out, weights;
   std::vector<uint16_t> k, v;  // halves, cache storage
-  std::vector<int32_t> offsets, key_lengths;
+  std::vector<int32_t> offsets, key_lengths, key_starts;
   Problem p;
 
   explicit F16Harness(const F16Case& cs) : c(cs), max_len(cs.Lk + cs.extra_len) {
@@ -505,16 +506,20 @@ struct F16Harness {
       key_lengths = c.key_lengths;
       p.key_lengths = key_lengths.data();
     }
+    if (!c.key_starts.empty()) {
+      key_starts = c.key_starts;
+      p.key_starts = key_starts.data();
+    }
     // Positions no row may attend: past the batch's key length, past the causal frontier of
-    // the last query row, before the window of the first, and [Lk, max_len) of the storage,
+    // the last query row, before the batch's first key or the window of the first row, and [Lk, max_len) of the storage,
     // hold NaN (-Inf on every 4th key). Any read that reaches the arithmetic shows up as NaN
     // in the output.
     for (int b = 0; b < c.B; b++) {
       int valid = key_lengths.empty() ? c.Lk : key_lengths[size_t(b)];
-      int first = 0;
+      int first = key_starts.empty() ? 0 : key_starts[size_t(b)];
       if (c.causal) {
         const int64_t offset = c.offsets.size() > 1 ? c.offsets[size_t(b)] : c.offsets.at(0);
-        if (c.window > 0) first = int(std::clamp<int64_t>(offset + 1 - c.window, 0, valid));  // row 0 sees j > offset - W
+        if (c.window > 0) first = std::max(first, int(std::clamp<int64_t>(offset + 1 - c.window, 0, valid)));  // row 0 sees j > offset - W
         valid = int(std::clamp<int64_t>(c.Lq + offset, 0, valid));  // last row sees j <= Lq - 1 + offset
       }
       for (int h = 0; h < c.Hkv; h++)
@@ -984,19 +989,20 @@ TEST(F16Kernel, DecodeWithConstantStreamSpacingGivesTheBitsOfTheGeneralLoops) {
 // length ends inside a group, a causal frontier inside a group, softcap. And the path is
 // taken: the same problem with an all-zero float mask, which keeps every group in key order,
 // gives other bits (the tiles hold other keys, so their maxima and sums round differently).
-// A sliding window starting inside the first group: the groups after it are read interleaved.
+// A sliding window or a batch's first key inside the first group: the groups after it are read interleaved.
 TEST(F16Kernel, DecodeReadsWholeOpenGroupsOfTilesInterleaved) {
   const std::pair<int, int> dims[] = {{128, 128}, {64, 64}, {128, 64}, {68, 36}, {67, 35}};
   uint32_t seed = 900;
   for (int lk : {2048, 2 * 2048 + 515})
     for (auto [e, ev] : dims)
-      for (int variant = 0; variant < 4; variant++) {
-        if (variant == 3 && lk < 4096) continue;  // one group, cut by the window: nothing interleaved
+      for (int variant = 0; variant < 5; variant++) {
+        if (variant >= 3 && lk < 4096) continue;  // one group, cut by the window: nothing interleaved
         F16Case c;
         c.B = 2, c.Hq = 2, c.Hkv = 2, c.Lq = 1, c.Lk = lk, c.E = e, c.Ev = ev, c.weights = false, c.seed = seed++;
         if (variant == 1) c.key_lengths = {lk, lk > 4096 ? 2048 + 700 : 1500};  // batch 1: a group cut
         if (variant == 2) c.causal = true, c.offsets = {lk - 1, lk - 1400}, c.softcap = 5.0f;
         if (variant == 3) c.causal = true, c.offsets = {lk - 1, lk - 200}, c.window = lk - 700;
+        if (variant == 4) c.key_starts = {700, 2100};  // left padding: the groups after it interleaved
         F16Harness exact(c);
         exact.p.read_kv_in_order = true;
         F16Harness finite(c);

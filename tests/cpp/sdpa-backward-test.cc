@@ -67,6 +67,17 @@ struct Harness : test::OptionArrays {
       dm.assign(mask_f.size(), kNaN);
       bp.d_mask = dm.data();
     }
+    if (!c.key_starts.empty()) {
+      // Left padding, before each batch's first key, holds NaN: it must not reach any gradient.
+      for (int b = 0; b < c.B; b++) {
+        for (int h = 0; h < c.Hkv; h++) {
+          for (int j = 0; j < key_starts[b]; j++) {
+            for (int d = 0; d < c.E; d++) k[size_t(b * p.k_stride_b + h * p.k_stride_h + j * p.k_stride_l + d)] = kNaN;
+            for (int d = 0; d < c.Ev; d++) v[size_t(b * p.v_stride_b + h * p.v_stride_h + j * p.v_stride_l + d)] = kNaN;
+          }
+        }
+      }
+    }
     if (!c.key_lengths.empty()) {
       // Padding past each batch's key length holds NaN: it must not reach any gradient.
       for (int b = 0; b < c.B; b++) {
@@ -240,6 +251,32 @@ TEST(Backward, SlidingWindowsAroundTileEdgesWithMasksAndGqa) {
         for (int d = 0; d < c.Ev; d++) EXPECT_PRED1(test::is_plus_zero, h.dv[h.at(c.Hkv, c.Lk, c.Ev, 0, kvh, j, d)]);
       }
   }
+}
+
+TEST(Backward, KeyStartsWithNaNLeftPadding) {
+  // Keys before each batch's first key hold NaN (the harness writes it): every gradient finite
+  // and within the tolerance; those keys' dK and dV exact zeros. With windows, masks, GQA.
+  const int kt = kBackwardKeyTile;
+  uint32_t seed = 800;
+  for (const std::vector<int32_t>& ks : {std::vector<int32_t>{0, 5}, {kt - 1, kt}, {kt + 1, 2 * kt + 3}, {2 * kt + 3, 0}})
+    for (int variant = 0; variant < 3; variant++) {
+      Case c;
+      c.B = 2, c.Hq = 4, c.Hkv = 2, c.Lq = 9, c.Lk = 2 * kt + 3, c.E = 8, c.Ev = 6, c.seed = seed++, c.key_starts = ks;
+      if (variant == 1) c.causal = true, c.offsets = {c.Lk - c.Lq, 70}, c.window = 40;
+      if (variant == 2) c.mask_kind = MaskKind::kFloat, c.mask_dims = {c.B, 1, c.Lq, c.Lk}, c.mask_block_fraction = 0.2;
+      Harness h(c);
+      h.run(1);
+      h.expect_matches_reference();
+      for (int b = 0; b < c.B; b++)
+        for (int kvh = 0; kvh < c.Hkv; kvh++)
+          for (int j = 0; j < ks[size_t(b)]; j++) {
+            for (int d = 0; d < c.E; d++) EXPECT_PRED1(test::is_plus_zero, h.dk[h.at(c.Hkv, c.Lk, c.E, b, kvh, j, d)]);
+            for (int d = 0; d < c.Ev; d++) EXPECT_PRED1(test::is_plus_zero, h.dv[h.at(c.Hkv, c.Lk, c.Ev, b, kvh, j, d)]);
+          }
+      Harness two(c);
+      two.run(2);
+      two.expect_same_bits(h, "2 threads " + c.describe());
+    }
 }
 
 TEST(Backward, SoftcapScaleAndLargeLogits) {

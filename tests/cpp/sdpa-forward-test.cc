@@ -310,6 +310,37 @@ TEST(SdpaForward, NanBeforeTheWindowNeverReachesTheOutput) {
       }
 }
 
+TEST(SdpaForward, KeyStartsSkipLeftPaddingHoldingNaN) {
+  // A left-padded batch: keys j < key_starts[b] are padding, hold NaN in K and V, and are never
+  // read into the arithmetic. Starts at 0, mid-tile, on and beside the 512-key tile and segment
+  // edges, Lk (an empty batch); with key lengths, causal offsets, a window, masks; prefill and
+  // decode (one query row per KV head, split into segments).
+  uint32_t seed = 1200;
+  for (int lq : {1, 6})
+    for (int lk : {40, 1100}) {
+      const std::vector<std::vector<int32_t>> starts = {{0, 7}, {kKeyTile - 1, kKeyTile}, {kKeyTile + 1, lk}, {lk - 1, 3}};
+      for (const auto& ks : starts) {
+        if (ks[0] > lk || ks[1] > lk) continue;
+        for (int variant = 0; variant < 3; variant++) {
+          Case c;
+          c.B = 2, c.Hq = 4, c.Hkv = 2, c.Lq = lq, c.Lk = lk, c.E = 8, c.Ev = 9, c.seed = seed++, c.key_starts = ks;
+          if (variant == 1) c.causal = true, c.offsets = {lk - lq, lk / 2}, c.key_lengths = {lk, lk - 2};
+          if (variant == 2) c.causal = true, c.offsets = {lk - lq}, c.window = 30, c.mask_kind = MaskKind::kBool,
+                            c.mask_dims = {c.B, 1, lq, lk}, c.mask_block_fraction = 0.2;
+          Harness h(c);
+          for (int b = 0; b < 2; b++)
+            for (int kvh = 0; kvh < 2; kvh++)
+              for (int j = 0; j < ks[size_t(b)]; j++) {
+                for (int d = 0; d < 8; d++) h.key_at(b, kvh, j, d) = kNaN;
+                for (int e = 0; e < 9; e++) h.value_at(b, kvh, j, e) = kNaN;
+              }
+          ASSERT_EQ(h.run(), Status::kOk) << c.describe();
+          h.expect_matches_reference();
+        }
+      }
+    }
+}
+
 TEST(SdpaForward, HugeLogitsNeitherOverflowNorNaN) {
   for (float magnitude : {1e2f, 1e4f, 1e6f}) {
     Case c;
@@ -637,6 +668,8 @@ TEST(SdpaForward, ThreadsGiveBitwiseIdenticalResults) {
       [] { Case c; c.B = 3, c.Lq = 200, c.Lk = 300, c.E = 16, c.Ev = 16, c.causal = true, c.offsets = {-5}, c.key_lengths = {300, 0, 170};
            c.mask_kind = MaskKind::kBool, c.mask_dims = {200, 300}, c.mask_block_fraction = 0.3; return c; }(),
       [] { Case c; c.Lq = 900, c.Lk = 1400, c.E = 8, c.Ev = 8, c.causal = true, c.offsets = {500}, c.window = 300; return c; }(),
+      [] { Case c; c.B = 2, c.Hq = 4, c.Hkv = 2, c.Lq = 1, c.Lk = 5000, c.E = 64, c.Ev = 64, c.weights = false;
+           c.key_starts = {1300, 0}, c.key_lengths = {5000, 4000}; return c; }(),
       [] { Case c; c.Hq = 8, c.Hkv = 2, c.Lq = 1, c.Lk = 8000, c.E = 64, c.Ev = 64, c.weights = false;
            c.causal = true, c.offsets = {7999}, c.window = 1500; return c; }(),
   };
@@ -710,6 +743,16 @@ TEST(SdpaForward, ValidateRejectsWhatTheKernelCannotDo) {
     int32_t too_long = 9;
     h.p.key_lengths = &too_long;
     EXPECT_EQ(h.run(), Status::kBadKeyLength);
+  }
+  {
+    Harness h(c);
+    int32_t bad_start = 9;
+    h.p.key_starts = &bad_start;
+    EXPECT_EQ(h.run(), Status::kBadKeyLength);
+    bad_start = -1;
+    EXPECT_EQ(h.run(), Status::kBadKeyLength);
+    bad_start = 8;  // Lk: every key padding, valid
+    EXPECT_EQ(h.run(), Status::kOk);
   }
   {
     Harness h(c);

@@ -66,7 +66,7 @@ inline std::string describe(const Problem& p) {
   char text[1024];
   std::snprintf(text, sizeof text,
                 "B%d Hq%d Hkv%d Lq%d Lk%d E%d Ev%d kv_type=%d scale=%a softcap=%a mask=%d "
-                "mask_strides=[%lld,%lld,%lld,%lld] causal=%d offset=%s%d window=%d key_lengths=%s weights=%d "
+                "mask_strides=[%lld,%lld,%lld,%lld] causal=%d offset=%s%d window=%d key_lengths=%s key_starts=%s weights=%d "
                 "in_order=%d q_strides=[%lld,%lld,%lld] k=[%lld,%lld,%lld] v=[%lld,%lld,%lld] o=[%lld,%lld,%lld]",
                 p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len, p.head_dim, p.value_dim,
                 static_cast<int>(p.kv_type), p.scale, p.softcap, static_cast<int>(p.mask_kind),
@@ -74,7 +74,7 @@ inline std::string describe(const Problem& p) {
                 static_cast<long long>(p.mask_stride_q), static_cast<long long>(p.mask_stride_k), p.causal,
                 p.causal_offsets != nullptr ? "per-batch, first " : "", p.causal_offsets != nullptr ? p.causal_offsets[0] : p.causal_offset,
                 p.sliding_window,
-                p.key_lengths != nullptr ? "per-batch" : "none", p.weights != nullptr, p.read_kv_in_order,
+                p.key_lengths != nullptr ? "per-batch" : "none", p.key_starts != nullptr ? "per-batch" : "none", p.weights != nullptr, p.read_kv_in_order,
                 static_cast<long long>(p.q_stride_b), static_cast<long long>(p.q_stride_h), static_cast<long long>(p.q_stride_l),
                 static_cast<long long>(p.k_stride_b), static_cast<long long>(p.k_stride_h), static_cast<long long>(p.k_stride_l),
                 static_cast<long long>(p.v_stride_b), static_cast<long long>(p.v_stride_h), static_cast<long long>(p.v_stride_l),
@@ -112,6 +112,7 @@ FUZZ_NO_COVERAGE inline int64_t mask_at(const Problem& p, int64_t b, int64_t h, 
 FUZZ_NO_COVERAGE inline bool attendable(const Problem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
   const int64_t valid_keys = p.key_lengths != nullptr ? p.key_lengths[b] : p.kv_len;
   if (j >= valid_keys) return false;
+  if (p.key_starts != nullptr && j < p.key_starts[b]) return false;
   const int64_t offset = p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset;
   if (p.causal && j > i + offset) return false;
   if (p.sliding_window > 0 && j <= i + offset - p.sliding_window) return false;

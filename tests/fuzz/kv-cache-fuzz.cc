@@ -10,7 +10,7 @@
 //             kv_len = length, K/V strides of the storage layout, causal with offset
 //             length - Lq by default (the last Lq positions are the query's own), the cache's
 //             kv_type: kFloat16Finite when no Inf/NaN half may be stored (as the TypeScript
-//             layer decides), read_kv_in_order; sometimes weights, logsumexp, key_lengths;
+//             layer decides), read_kv_in_order; sometimes weights, logsumexp, key_lengths (and key_starts), a sliding window;
 //   a broken copy (negative size, zero dim, null pointer, unknown type, negative stride),
 //             which must return its Status and write nothing.
 // After every operation the whole storage is compared with a model of what it should hold,
@@ -263,9 +263,14 @@ void attend(FuzzedDataProvider& in, Cache& c) {
   if (options & 2) p.causal_offset = in.ConsumeIntegralInRange<int32_t>(-Lq - 1, c.length + 1);
   if ((options & 128) && p.causal) p.sliding_window = pick_window(in, c.length);
   std::vector<int32_t> key_lengths;
+  std::vector<int32_t> key_starts;
   if (options & 4) {
     for (int32_t b = 0; b < c.B; b++) key_lengths.push_back(in.ConsumeIntegralInRange<int32_t>(0, std::max(0, c.length)));
     p.key_lengths = key_lengths.data();
+    if (in.ConsumeBool()) {  // and left padding
+      for (int32_t b = 0; b < c.B; b++) key_starts.push_back(in.ConsumeIntegralInRange<int32_t>(0, std::max(0, c.length)));
+      p.key_starts = key_starts.data();
+    }
   }
   if (options & 8) {
     weights.assign(static_cast<size_t>(c.B) * Hq * Lq * std::max(c.length, 0), sentinel());

@@ -33,7 +33,7 @@ using sdpa::Status;
 struct OptionBuffers {
   std::vector<float> mask_f;
   std::vector<uint8_t> mask_b;
-  std::vector<int32_t> offsets, key_lengths;
+  std::vector<int32_t> offsets, key_lengths, key_starts;
 };
 
 // Lengths around the edges of the row tile, the key group and the key tile.
@@ -199,7 +199,7 @@ FUZZ_NO_COVERAGE inline void treat(std::vector<T>& x, const std::vector<bool>& a
 
 // The options of p (its shapes already set): scale, softcap, a float or bool mask (any
 // broadcast, any axis order, padded strides), causal with one offset or one per batch and a
-// sliding window or none, key_lengths (including 0).
+// sliding window or none, key_lengths (including 0), key_starts (including Lk).
 inline void decode_options(FuzzedDataProvider& in, Problem& p, OptionBuffers& buf) {
   const int32_t B = p.batch, Hq = p.q_heads, Lq = p.q_len, Lk = p.kv_len, E = p.head_dim;
   {
@@ -263,6 +263,13 @@ inline void decode_options(FuzzedDataProvider& in, Problem& p, OptionBuffers& bu
     }
     p.key_lengths = buf.key_lengths.data();
   }
+  if (in.ConsumeBool()) {  // left padding: keys before key_starts[b]
+    for (int32_t b = 0; b < B; b++) {
+      const uint8_t choice = in.ConsumeIntegral<uint8_t>();
+      buf.key_starts.push_back(choice < 64 ? 0 : choice < 96 ? Lk : choice < 128 ? 1 : choice % (Lk + 1));
+    }
+    p.key_starts = buf.key_starts.data();
+  }
 }
 
 // Invalid problems: one field of a valid Problem broken, `detail` (an input byte) picking the
@@ -305,11 +312,13 @@ inline Status break_window(Problem& p, uint8_t detail) {
   return Status::kBadWindow;
 }
 
-// One batch's key length -1 or kv_len + 1 (key_lengths made, all kv_len, if p had none).
+// One batch's key length or key start -1 or kv_len + 1 (key_lengths or key_starts made, all
+// kv_len or 0, if p had none).
 inline Status break_key_length(Problem& p, OptionBuffers& buf, uint8_t detail) {
-  if (buf.key_lengths.empty()) buf.key_lengths.assign(static_cast<size_t>(p.batch), p.kv_len);
-  buf.key_lengths[detail % buf.key_lengths.size()] = detail & 0x80 ? -1 : p.kv_len + 1;
-  p.key_lengths = buf.key_lengths.data();
+  std::vector<int32_t>& bounds = detail & 0x40 ? buf.key_starts : buf.key_lengths;
+  if (bounds.empty()) bounds.assign(static_cast<size_t>(p.batch), detail & 0x40 ? 0 : p.kv_len);
+  bounds[detail % bounds.size()] = detail & 0x80 ? -1 : p.kv_len + 1;
+  (detail & 0x40 ? p.key_starts : p.key_lengths) = bounds.data();
   return Status::kBadKeyLength;
 }
 

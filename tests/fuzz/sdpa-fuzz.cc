@@ -135,7 +135,7 @@ void probe_largest_sizes(Problem p, uint8_t choice) {
   p.v_stride_b = p.v_stride_h = p.v_stride_l = 0;
   p.o_stride_b = p.o_stride_h = p.o_stride_l = 0;
   p.mask_stride_b = p.mask_stride_h = p.mask_stride_q = p.mask_stride_k = 0;
-  p.weights = nullptr, p.logsumexp = nullptr, p.key_lengths = nullptr;
+  p.weights = nullptr, p.logsumexp = nullptr, p.key_lengths = nullptr, p.key_starts = nullptr;
   p.batch = p.q_heads = p.kv_heads = p.q_len = p.kv_len = 1;
   switch (choice % 4) {
     case 0: p.q_len = kMax; break;                                        // one head's rows

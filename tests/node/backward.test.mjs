@@ -139,6 +139,32 @@ describe('sdpaBackward against the float64 analytic backward', () => {
     expect(sameBits(got.dQuery.data, poisoned.dQuery.data)).toBe(true);
   });
 
+  test('keyStarts (left padding) with NaN in the padding: exact-zero dKey/dValue there; with keyLengths, a window and a mask', () => {
+    const Lq = 9, Lk = 140;
+    const p = problem({ B: 3, Hq: 4, Hkv: 2, Lq, Lk, E: 8, Ev: 6, seed: 90 });
+    const keyStarts = Int32Array.of(0, 65, Lk);
+    for (let bh = 0; bh < 6; bh++) {
+      const start = keyStarts[Math.floor(bh / 2)];
+      p.key.data.fill(NaN, bh * Lk * 8, (bh * Lk + start) * 8);
+      p.value.data.fill(NaN, bh * Lk * 6, (bh * Lk + start) * 6);
+    }
+    for (const options of [
+      { keyStarts },
+      { keyStarts, keyLengths: Int32Array.of(100, 130, Lk), isCausal: true, causalOffset: Lk - Lq, slidingWindow: 50 },
+      { keyStarts, attnMask: floatMask([3, 1, Lq, Lk], 91, 0.2), returnMaskGrad: true },
+    ]) {
+      const got = expectGradientsMatch(attn, p, options);
+      for (const g of [got.dQuery, got.dKey, got.dValue]) expect(g.data.every(Number.isFinite)).toBe(true);
+      for (let bh = 0; bh < 6; bh++) {
+        const start = keyStarts[Math.floor(bh / 2)];
+        expect(got.dKey.data.subarray(bh * Lk * 8, (bh * Lk + start) * 8).every((x) => Object.is(x, 0))).toBe(true);
+        expect(got.dValue.data.subarray(bh * Lk * 6, (bh * Lk + start) * 6).every((x) => Object.is(x, 0))).toBe(true);
+      }
+      const two = attn2.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+      for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(two[name].data, got[name].data)).toBe(true);
+    }
+  });
+
   test.each([[0, 1], [1, 1], [20, 1], [1, 8], [0, 8]])('softcap %p, input scale %p, scale 0.3', (softcap, inputScale) => {
     const p = problem({ Lq: 7, Lk: 66, E: 16, Ev: 5, seed: softcap * 10 + inputScale });
     p.query.data.forEach((x, i) => { p.query.data[i] = x * inputScale; });
@@ -728,6 +754,8 @@ describe('options.saved is checked against the sdpa() call that returned it: a R
     ['isCausal', (f) => backward(attn, f, p.query, p.key, p.value, notCausal), `isCausal ${there}true there, false here`],
     ['causalOffset', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, causalOffset: 60 }), `causalOffset ${there}\\[61, 61\\] there, \\[60, 60\\] here`],
     ['slidingWindow', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, slidingWindow: 30 }), `slidingWindow ${there}none there, 30 here`],
+    ['keyStarts', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, keyStarts: new Int32Array([0, 3]) }),
+      `keyStarts ${there}\\[0, 0\\] there, \\[0, 3\\] here`],
     ['scale', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, scale: 0.25 }), `scale \\(in float32\\) ${there}0\\.30000001192092896 there, 0\\.25 here`],
     ['softcap', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, softcap: 6 }), `softcap \\(in float32\\) ${there}5 there, 6 here`],
     ['keyLengths', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, keyLengths: new Int32Array([70, 63]) }),

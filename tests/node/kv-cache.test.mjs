@@ -265,7 +265,9 @@ describe('token-by-token decoding equals attention over the whole history', () =
   // [B, 1, 1, length], 0 over each batch's padding, rebuilt each step (README, KV cache). Each
   // sequence must then equal its own history alone (no padding) under the default causal
   // alignment; padding K/V hold NaN, which must not reach any output.
-  test.each([['left'], ['right']])('prompts of different lengths, %s-padded: a key mask rebuilt each step; each sequence equals its own history alone', (side) => {
+  // Left padding alone (before every real position) is also what keyStarts says, with no mask.
+  test.each([['left', 'a key mask rebuilt each step'], ['right', 'a key mask rebuilt each step'], ['left', 'keyStarts (no mask)']])(
+    'prompts of different lengths, %s-padded, %s: each sequence equals its own history alone', (side, how) => {
     const B = 3, Hq = 4, Hkv = 2, E = 64, promptLengths = [37, 20, 5], P = 37, steps = [1, 1, 3, 1];
     const total = P + steps.reduce((a, b) => a + b, 0);
     const padOf = (b) => (side === 'left' ? [0, P - promptLengths[b]] : [promptLengths[b], P]);  // [from, to) in the cache
@@ -303,7 +305,8 @@ describe('token-by-token decoding equals attention over the whole history', () =
         const attendAndCheck = (n, generated) => {
           const length = cache.length, isPrompt = length === P;
           const query = randomTensor([B, Hq, n, E], 300 + length);
-          const got = cache.attend(query, { attnMask: keyMask(length) });
+          const got = cache.attend(query, how.startsWith('keyStarts')
+            ? { keyStarts: Int32Array.from(promptLengths, (n) => P - n) } : { attnMask: keyMask(length) });
           expect(got.output.data.every((x) => !Number.isNaN(x))).toBe(true);
           const ofBatch = (t, b) => ({ data: t.data.slice(b * Hq * n * E, (b + 1) * Hq * n * E), dims: [1, Hq, n, E] });
           for (let b = 0; b < B; b++) {

@@ -2,7 +2,8 @@
 // cases per run, generated from one seed (tests/shared/property-gen.mjs, mulberry32).
 //   valid calls     attn.sdpa(): random shapes at the kernel's tile edges, GQA, Lq ≠ Lk, Ev ≠ E,
 //                   ranks 2..4, both layouts, float/bool masks of every broadcast shape,
-//                   isCausal with number and per-batch offsets, keyLengths (0 included), fully
+//                   isCausal with number and per-batch offsets and sliding windows, keyLengths
+//                   (0 included) and keyStarts (Lk included), fully
 //                   masked rows (exact zeros), softcap, returnWeights, `out`, NaN written into
 //                   keys no row may attend, and into keys some rows attend (the rows that block
 //                   them must still match the reference), huge logits (convex-combination

@@ -4,7 +4,7 @@
 //   s_ij = scale · (q_i · k_j)                      (scale defaults to 1/sqrt(E))
 //   s_ij = softcap · tanh(s_ij / softcap)           (softcap > 0)
 //   s_ij = s_ij + mask[b, h, i, j]                  (float mask, NEG_INF blocks)
-//   key j is blocked for row i when a bool mask is 0, when j >= keyLengths[b], or (isCausal)
+//   key j is blocked for row i when a bool mask is 0, when j >= keyLengths[b] or j < keyStarts[b], or (isCausal)
 //   when j > i + causalOffset[b], or (isCausal, slidingWindow W) when j <= i + causalOffset[b] - W
 //   out_i = Σ_j softmax_j(s_i) · v_j; a row with every key blocked is exact zeros.
 //
@@ -84,6 +84,7 @@ export function referenceProblem(query, key, value, options = {}) {
     const allowed = new U8(Lk);
     for (let j = 0; j < Lk; j++) {
       if (j >= limitValid) continue;
+      if (options.keyStarts && j < options.keyStarts[b]) continue;
       if (causal && j > i + offset) continue;
       if (window > 0 && j <= i + offset - window) continue;
       let bias = 0;

@@ -501,6 +501,50 @@ describe('sliding window', () => {
   });
 });
 
+describe('keyStarts (left padding)', () => {
+  test('starts 0, 1, 7, 8, 511, 512, 513, Lk, with NaN written into the left padding of K and V; with keyLengths, causal, a window and masks', () => {
+    const B = 8, Hq = 4, Hkv = 2, Lq = 5, Lk = 1031, E = 8, Ev = 9;
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, 180);
+    const keyStarts = new Int32Array([0, 1, 7, 8, 511, 512, 513, Lk]);
+    for (let bh = 0; bh < B * Hkv; bh++) {
+      const start = keyStarts[Math.floor(bh / Hkv)];
+      k.data.fill(NaN, bh * Lk * E, (bh * Lk + start) * E);
+      v.data.fill(NaN, bh * Lk * Ev, (bh * Lk + start) * Ev);
+    }
+    const variants = [
+      { keyStarts },
+      { keyStarts, keyLengths: new Int32Array([Lk, 900, 8, 8, 600, 513, 1000, Lk]), returnWeights: true },
+      { keyStarts, isCausal: true, causalOffset: Lk - Lq, slidingWindow: 300 },
+      { keyStarts, attnMask: boolMask([B, 1, 1, Lk], 181), softcap: 5 },
+      { keyStarts, attnMask: floatMask([Lq, Lk], 182), layout: 'bhsd', returnWeights: true },
+    ];
+    for (const options of variants) {
+      const { got } = check(q, k, v, options);
+      expect(allFinite(got.output.data)).toBe(true);
+      // The batch whose every key is padding: exact zeros.
+      expect(allExactZeros(got.output.data.subarray(7 * Hq * Lq * Ev))).toBe(true);
+    }
+  });
+
+  test('decode: keys split into 512-key segments, the segments before the start skipped; one and two threads bitwise; as a key mask', async () => {
+    const two = await createAttention({ threads: 2 });
+    try {
+      const B = 3, Hq = 8, Hkv = 2, Lk = 5000, E = 64;
+      const { q, k, v } = problem({ B, Hq, Hkv, Lq: 1, Lk, E }, 183);
+      const keyStarts = new Int32Array([1500, 0, 4999]);
+      const options = { keyStarts, isCausal: true, causalOffset: Lk - 1 };
+      const { got } = check(q, k, v, options);
+      expectBitwiseEqual(two.sdpa(q, k, v, options).output.data, got.output.data);
+      const mask = new Uint8Array(B * Lk);
+      keyStarts.forEach((start, b) => mask.fill(1, b * Lk + start, (b + 1) * Lk));
+      expectSameResult(attn.sdpa(q, k, v, { isCausal: true, causalOffset: Lk - 1, attnMask: { data: mask, dims: [B, 1, 1, Lk] } }).output.data,
+        got.output.data);
+    } finally {
+      two.dispose();
+    }
+  });
+});
+
 describe('keyLengths', () => {
   test('lengths 0, 1, 32, 33, Lk with NaN written into the padded keys of K and V', () => {
     const B = 5, Hq = 4, Hkv = 2, Lq = 7, Lk = 70, E = 10, Ev = 6;
@@ -991,6 +1035,7 @@ describe('decode streamed one segment of one (batch, KV head) at a time', () => 
     'sliding window starting inside a segment, segments before it skipped': {
       keyLengths, isCausal: true, causalOffset: new Int32Array([2999, 4199]), slidingWindow: 1300,
     },
+    'keyStarts (left padding) inside and on a segment edge': { keyLengths, keyStarts: new Int32Array([700, 1024]) },
   };
   test.each(Object.keys(cases))('%s: matches the reference and the unstreamed bshd layout bitwise', (name) => {
     const options = cases[name];
@@ -1036,6 +1081,7 @@ describe('prefill streamed one (batch, KV head) at a time', () => {
     'bool mask [1, Hq, Lq, Lk]': { keyLengths, attnMask: boolMask([1, Hq, L, L], 302, 0.6) },
     'per-batch causal offsets, some rows empty': { keyLengths, isCausal: true, causalOffset: new Int32Array([-3, 100]) },
     'sliding window, per-batch offsets': { keyLengths, isCausal: true, causalOffset: new Int32Array([0, 100]), slidingWindow: 70 },
+    'keyStarts (left padding)': { keyLengths, keyStarts: new Int32Array([5, 30]) },
   };
   let single, two;
   beforeAll(async () => {

@@ -177,7 +177,7 @@ export function randomMask(r, [B, Hq, Lq, Lk]) {
 
 /**
  * blocked(b, h, i, j): whether key j is blocked for query row i of head h in batch b under
- * `options` (Lk keys), from the documented rules: keyLengths, isCausal/causalOffset/slidingWindow (`causal`
+ * `options` (Lk keys), from the documented rules: keyLengths, keyStarts, isCausal/causalOffset/slidingWindow (`causal`
  * and `offsetOf` given explicitly, since KVCache.attend has other defaults), a bool mask's 0,
  * a float mask's −∞.
  */
@@ -187,6 +187,7 @@ export function blockedPredicate(options, Lk, causal, offsetOf) {
   const isBool = mask ? Object.prototype.toString.call(mask.data) === '[object Uint8Array]' : false;
   return (b, h, i, j) => {
     if (options.keyLengths && j >= options.keyLengths[b]) return true;
+    if (options.keyStarts && j < options.keyStarts[b]) return true;
     if (causal && j > i + offsetOf(b)) return true;
     if (causal && options.slidingWindow !== undefined && j <= i + offsetOf(b) - options.slidingWindow) return true;
     if (mask) {
@@ -245,7 +246,11 @@ export function randomOptions(r, { B, Hq, Lq, Lk, outputSize }, { forCache = fal
   }
   if (options.attnMask) options.attnMask.data = maybeOffsetView(r, options.attnMask.data);
   if (ArrayBuffer.isView(options.causalOffset)) options.causalOffset = maybeOffsetView(r, options.causalOffset);
+  if (r.chance(0.15)) {  // left padding
+    options.keyStarts = Int32Array.from({ length: B }, () => (r.chance(0.4) ? 0 : r.chance(0.15) ? Lk : r.int(0, Lk)));
+  }
   if (options.keyLengths) options.keyLengths = maybeOffsetView(r, options.keyLengths);
+  if (options.keyStarts) options.keyStarts = maybeOffsetView(r, options.keyStarts);
   if (r.chance(0.4)) options.returnWeights = true;
   if (r.chance(0.2)) options.out = maybeOffsetView(r, new Float32Array(outputSize + r.pick([0, 0, 3])).fill(NaN));
   const offsetOf = (b) => (offsets ? offsets[b] : offset);
@@ -440,6 +445,14 @@ export function mutateOptions(r, fn, { B, Hq, Lq, Lk, outputSize }, options, { f
       return { desc: `options.keyLengths [${lengths}] (Lk ${Lk})`, options: withOption('keyLengths', lengths), Cls: RangeError, names: [`options.keyLengths[${b}]`] };
     },
     () => option('keyLengths', new Int32Array(r.pick([B + 1, B - 1, 0].filter((n) => n >= 0 && n !== B))), RangeError),
+    () => {
+      const b = r.int(0, B - 1);
+      const starts = new Int32Array(B);
+      starts[b] = r.pick([-1, Lk + 1, 2 ** 31 - 1, -(2 ** 31)]);
+      return { desc: `options.keyStarts [${starts}] (Lk ${Lk})`, options: withOption('keyStarts', starts), Cls: RangeError, names: [`options.keyStarts[${b}]`] };
+    },
+    () => option('keyStarts', new Int32Array(r.pick([B + 1, B - 1, 0].filter((n) => n >= 0 && n !== B))), RangeError),
+    () => option('keyStarts', r.pick([new Array(B).fill(0), new Float32Array(B), new Uint32Array(B), 0, null]), TypeError),
     () => option('keyLengths', r.pick([new Array(B).fill(0), new Float32Array(B), new Uint32Array(B), new BigInt64Array(B), 3, null]), TypeError),
     () => option('out', new Float32Array(r.pick([outputSize - 1, 0, outputSize >> 1].filter((n) => n >= 0 && n < outputSize))), RangeError),
     () => option('out', r.pick([new Float64Array(outputSize), new Array(outputSize).fill(0), new ArrayBuffer(outputSize * 4),

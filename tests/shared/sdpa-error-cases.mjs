@@ -102,6 +102,15 @@ export function sdpaErrorCases(api) {
       [/options\.keyLengths\[1\]/, has(`[0, Lk = ${Lk}]`), /got -1/]],
     ['keyLengths value Lk + 1', () => api.sdpa(q(), k(), v(), { keyLengths: new Int32Array([Lk + 1, 0]) }), RangeError,
       [/options\.keyLengths\[0\]/, has(`Lk = ${Lk}`), has(`got ${Lk + 1}`)]],
+    // keyStarts: as keyLengths.
+    ['keyStarts of wrong length', () => api.sdpa(q(), k(), v(), { keyStarts: new Int32Array([0]) }), RangeError,
+      [/options\.keyStarts must have length/, has(`length B = ${B}`), /got 1$/]],
+    ['keyStarts a plain array', () => api.sdpa(q(), k(), v(), { keyStarts: [0, 0] }), TypeError,
+      [/options\.keyStarts must be an Int32Array/, /Array\(2\)/]],
+    ['keyStarts value -1', () => api.sdpa(q(), k(), v(), { keyStarts: new Int32Array([0, -1]) }), RangeError,
+      [/options\.keyStarts\[1\]/, has(`[0, Lk = ${Lk}]`), /got -1$/]],
+    ['keyStarts value Lk + 1', () => api.sdpa(q(), k(), v(), { keyStarts: new Int32Array([Lk + 1, 0]) }), RangeError,
+      [/options\.keyStarts\[0\]/, has(`got ${Lk + 1}`)]],
 
     // causalOffset / isCausal.
     ['causalOffset without isCausal', () => api.sdpa(q(), k(), v(), { causalOffset: 2 }), TypeError,

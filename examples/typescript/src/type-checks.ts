@@ -39,8 +39,10 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   // @ts-expect-error layout is 'bhsd' or 'bshd'
   attn.sdpa(q, k, v, { layout: 'bsdh' });
   // A sliding window is a number of keys (a window attends from the cache and sdpa alike).
-  cache.attend(q, { slidingWindow: 4096 });
+  cache.attend(q, { slidingWindow: 4096, keyStarts: Int32Array.of(3) });
   attn.sdpaBackward(q, k, v, q, { isCausal: true, slidingWindow: 512 });
+  // @ts-expect-error keyStarts is an Int32Array, as keyLengths
+  attn.sdpa(q, k, v, { keyStarts: [3] });
   // @ts-expect-error slidingWindow is a number, not a (left, right) pair
   attn.sdpa(q, k, v, { isCausal: true, slidingWindow: [511, 0] });
   // @ts-expect-error keyLengths is an Int32Array
