@@ -25,7 +25,7 @@
 // its one-thread ones. A wrong entry is timed but its targets are NOT met. Medians of timed rounds
 // (each round runs every entry once) after warm-up. Targets, printed met / NOT met, one thread,
 // shapes b, c, e: backward ≥ 50% of the forward's GFLOP/s, ≥ 2× tfjs-wasm's; (h) completes in O(N) memory.
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { spawn } from 'node:child_process';
 import os from 'node:os';
 import { dirname, join, resolve } from 'node:path';
@@ -33,6 +33,7 @@ import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
 import { createAttention } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
+import { DEFAULT_RESULTS_PATH, writeSection } from './results-file.mjs';
 import { makeInputs, randomTensor, referenceHeadGradients } from './reference.mjs';
 import { SHAPES, describe, flops } from './shapes.mjs';
 
@@ -386,10 +387,7 @@ async function section({ quick, shapeIds, log }, held) {
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
   const argv = process.argv.slice(2);
   const arg = (name) => { const i = argv.indexOf(name); return i >= 0 ? argv[i + 1] : undefined; };
-  const jsonPath = arg('--json') ? resolve(arg('--json')) : fileURLToPath(new URL('./results/latest.json', import.meta.url));
+  const jsonPath = arg('--json') ? resolve(arg('--json')) : DEFAULT_RESULTS_PATH;
   const result = await runBackwardBench({ quick: argv.includes('--quick'), shapeIds: arg('--shapes')?.split(',') ?? null });
-  const existing = existsSync(jsonPath) ? JSON.parse(readFileSync(jsonPath, 'utf8')) : {};
-  mkdirSync(dirname(jsonPath), { recursive: true });
-  writeFileSync(jsonPath, JSON.stringify({ ...existing, backward: result }, null, 2));
-  console.log(`results: ${jsonPath} (backward)`);
+  writeSection(jsonPath, 'backward', result);
 }

@@ -19,14 +19,14 @@
 // SharedArrayBuffer; the page's timer then has 5 µs resolution instead of 0.1 ms).
 //   node bench/browser.mjs [--quick] [--json PATH]
 import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { dirname, resolve } from 'node:path';
+import { resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { chromium } from '@playwright/test';
 import { createAttention } from 'sdpa-wasm';
 import { noiseTensor } from '../web/seeded.mjs';
 import { DECODE_SHAPES } from './decode.mjs';
 import { describeHostCpu, hostCpu } from './host.mjs';
+import { DEFAULT_RESULTS_PATH, writeSection } from './results-file.mjs';
 import { checkPassed, compare, referenceRows, relativeError } from './reference.mjs';
 import { describe, SHAPES } from './shapes.mjs';
 
@@ -285,15 +285,7 @@ async function cacheDecodeRows(browser, settings, log) {
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
   const argv = process.argv.slice(2);
   const i = argv.indexOf('--json');
-  const jsonPath = i >= 0 ? resolve(argv[i + 1]) : fileURLToPath(new URL('./results/latest.json', import.meta.url));
+  const jsonPath = i >= 0 ? resolve(argv[i + 1]) : DEFAULT_RESULTS_PATH;
   const result = await runBrowserBench({ quick: argv.includes('--quick') });
-  // Into the results file under `browser`, keeping what the other sections wrote there.
-  let json = {};
-  if (existsSync(jsonPath)) {
-    try { json = JSON.parse(readFileSync(jsonPath, 'utf8')); } catch { json = {}; }
-  }
-  json.browser = result;
-  mkdirSync(dirname(jsonPath), { recursive: true });
-  writeFileSync(jsonPath, JSON.stringify(json, null, 2));
-  console.log(`results: ${jsonPath} (key "browser")`);
+  writeSection(jsonPath, 'browser', result);  // keeping what the other sections wrote there
 }

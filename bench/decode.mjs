@@ -25,12 +25,13 @@
 // of cache read (K + V bytes at that context ÷ time), the step ÷ the read of the same bytes,
 // and the project's decode targets, met or NOT met. Results go into the results JSON under
 // `decode` (standalone: merged into the existing file).
-import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { readFileSync, statSync } from 'node:fs';
 import os from 'node:os';
-import { dirname, resolve } from 'node:path';
+import { resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createAttention } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
+import { DEFAULT_RESULTS_PATH, writeSection } from './results-file.mjs';
 import { openReadProbe } from './read-probe.mjs';
 import { roundedToHalves } from '../tests/shared/kv-cache-cases.mjs';  // the tests' float16 rounding, one rule for both
 import { checkPassed, compare, makeInputs, referenceRows, RELATIVE_TOLERANCE } from './reference.mjs';
@@ -605,7 +606,7 @@ function evaluateTargets(rows) {
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
   const argv = process.argv.slice(2);
   const arg = (name) => { const i = argv.indexOf(name); return i >= 0 ? argv[i + 1] : undefined; };
-  const jsonPath = arg('--json') ? resolve(arg('--json')) : fileURLToPath(new URL('./results/latest.json', import.meta.url));
+  const jsonPath = arg('--json') ? resolve(arg('--json')) : DEFAULT_RESULTS_PATH;
   const decode = await runDecode({
     quick: argv.includes('--quick'),
     contexts: arg('--contexts')?.split(',').map(Number) ?? null,
@@ -614,14 +615,5 @@ if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.ur
     ort: !argv.includes('--no-ort'),
     portable: argv.includes('--portable'),
   });
-  // Into the results file under `decode`, keeping what bench.mjs wrote there.
-  let json = {};
-  if (existsSync(jsonPath)) {
-    try { json = JSON.parse(readFileSync(jsonPath, 'utf8')); } catch { json = {}; }
-  }
-  json.decode = decode;
-  json.host ??= decode.host;
-  mkdirSync(dirname(jsonPath), { recursive: true });
-  writeFileSync(jsonPath, JSON.stringify(json, (k, v) => (typeof v === 'number' && !Number.isFinite(v) ? String(v) : v), 2));
-  console.log(`results: ${jsonPath} (key "decode")`);
+  writeSection(jsonPath, 'decode', decode);  // keeping what bench.mjs wrote there
 }

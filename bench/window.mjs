@@ -20,12 +20,12 @@
 // context within 1.15× of a cache holding only the window (the segments before the window are
 // not read; what is left is the check of each and the merge of the segments).
 // Results go into the results JSON under `window` (standalone: merged into the existing file).
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
-import { dirname, resolve } from 'node:path';
+import { resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createAttention } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
+import { DEFAULT_RESULTS_PATH, writeSection } from './results-file.mjs';
 import { openReadProbe } from './read-probe.mjs';
 import { roundedToHalves } from '../tests/shared/kv-cache-cases.mjs';
 import { checkPassed, compare, makeInputs, referenceRows, RELATIVE_TOLERANCE } from './reference.mjs';
@@ -147,7 +147,7 @@ export async function runWindowBench({ quick = false, hot = false, portable = fa
 if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
   const argv = process.argv.slice(2);
   const arg = (name) => { const i = argv.indexOf(name); return i >= 0 ? argv[i + 1] : undefined; };
-  const jsonPath = arg('--json') ? resolve(arg('--json')) : fileURLToPath(new URL('./results/latest.json', import.meta.url));
+  const jsonPath = arg('--json') ? resolve(arg('--json')) : DEFAULT_RESULTS_PATH;
   let window;
   try {
     window = await runWindowBench({ quick: argv.includes('--quick'), hot: argv.includes('--hot'), portable: argv.includes('--portable') });
@@ -155,13 +155,5 @@ if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.ur
     console.log(`window section FAILED: ${errText(e)}`);
     process.exit(1);
   }
-  let json = {};
-  if (existsSync(jsonPath)) {
-    try { json = JSON.parse(readFileSync(jsonPath, 'utf8')); } catch { json = {}; }
-  }
-  json.window = window;
-  json.host ??= window.host;
-  mkdirSync(dirname(jsonPath), { recursive: true });
-  writeFileSync(jsonPath, JSON.stringify(json, null, 2));
-  console.log(`results: ${jsonPath} (key "window")`);
+  writeSection(jsonPath, 'window', window);
 }

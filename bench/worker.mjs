@@ -37,13 +37,14 @@
 // ≤ 0.2 ms added, copy and transfer (attend alone) and a whole step (append and attend sent
 // together); each at every thread count measured.
 // Results go into the results JSON under `worker` (standalone: merged into the existing file).
-import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { readFileSync, statSync } from 'node:fs';
 import os from 'node:os';
-import { dirname, resolve } from 'node:path';
+import { resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker, isMainThread, parentPort, workerData } from 'node:worker_threads';
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
+import { DEFAULT_RESULTS_PATH, writeSection } from './results-file.mjs';
 import { openReadProbe } from './read-probe.mjs';
 import { checkPassed, compare, makeInputs, referenceRows, RELATIVE_TOLERANCE } from './reference.mjs';
 import { SHAPES, describe } from './shapes.mjs';
@@ -451,20 +452,11 @@ if (!isMainThread && workerData?.role === BASELINE_ROLE) {
 if (isMainThread && process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
   const argv = process.argv.slice(2);
   const arg = (name) => { const i = argv.indexOf(name); return i >= 0 ? argv[i + 1] : undefined; };
-  const jsonPath = arg('--json') ? resolve(arg('--json')) : fileURLToPath(new URL('./results/latest.json', import.meta.url));
+  const jsonPath = arg('--json') ? resolve(arg('--json')) : DEFAULT_RESULTS_PATH;
   const worker = await runWorkerBench({
     quick: argv.includes('--quick'),
     threads: arg('--threads')?.split(',').map(Number) ?? null,
     hot: argv.includes('--hot'),
   });
-  // Into the results file under `worker`, keeping what bench.mjs and decode.mjs wrote there.
-  let json = {};
-  if (existsSync(jsonPath)) {
-    try { json = JSON.parse(readFileSync(jsonPath, 'utf8')); } catch { json = {}; }
-  }
-  json.worker = worker;
-  json.host ??= worker.host;
-  mkdirSync(dirname(jsonPath), { recursive: true });
-  writeFileSync(jsonPath, JSON.stringify(json, (k, v) => (typeof v === 'number' && !Number.isFinite(v) ? String(v) : v), 2));
-  console.log(`results: ${jsonPath} (key "worker")`);
+  writeSection(jsonPath, 'worker', worker);  // keeping what bench.mjs and decode.mjs wrote there
 }
