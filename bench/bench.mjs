@@ -696,61 +696,32 @@ console.log(`load average before ${fmtLoad(loadBefore)}, after ${fmtLoad(loadAft
 
 for (const peer of peers) { try { await peer.dispose?.(); } catch { /* ignore */ } }
 
+/**
+ * A section after the shapes, when `enabled`: its results, or { failed } when it threw (the run
+ * goes on with the next section); null when not run.
+ */
+async function section(enabled, name, run) {
+  if (!enabled) return null;
+  try {
+    return await run();
+  } catch (e) {
+    const failed = { failed: errText(e) };
+    console.log(`${name} section FAILED: ${failed.failed}`);
+    return failed;
+  }
+}
+
 // The decode section, after the shapes (its own instances, caches and onnxruntime-web sessions).
-let decode = null;
-if (withDecode) {
-  try {
-    decode = await runDecode({ quick });
-  } catch (e) {
-    decode = { failed: errText(e) };
-    console.log(`decode section FAILED: ${decode.failed}`);
-  }
-}
-
+const decode = await section(withDecode, 'decode', () => runDecode({ quick }));
 // The sliding-window section (window.mjs): a window over a long cache against a cache of the window.
-let window = null;
-if (withWindow) {
-  try {
-    window = await runWindowBench({ quick });
-  } catch (e) {
-    window = { failed: errText(e) };
-    console.log(`window section FAILED: ${window.failed}`);
-  }
-}
-
+const slidingWindow = await section(withWindow, 'window', () => runWindowBench({ quick }));
 // The worker section (its own instances and workers).
-let worker = null;
-if (withWorker) {
-  try {
-    worker = await runWorkerBench({ quick });
-  } catch (e) {
-    worker = { failed: errText(e) };
-    console.log(`worker section FAILED: ${worker.failed}`);
-  }
-}
-
+const worker = await section(withWorker, 'worker', () => runWorkerBench({ quick }));
 // The backward section (backward.mjs): sdpaBackward against the forward and tfjs-wasm, in a
 // process of its own (tfjs-wasm does not recover in this one from the (h) shape's failure).
-let backward = null;
-if (withBackward) {
-  try {
-    backward = await runBackwardBenchInChild({ quick });
-  } catch (e) {
-    backward = { failed: errText(e) };
-    console.log(`backward section FAILED: ${backward.failed}`);
-  }
-}
-
+const backward = await section(withBackward, 'backward', () => runBackwardBenchInChild({ quick }));
 // The browser section: the same calls in Chromium and in this Node, both builds.
-let browser = null;
-if (withBrowser) {
-  try {
-    browser = await runBrowserBench({ quick });
-  } catch (e) {
-    browser = { failed: errText(e) };
-    console.log(`browser section FAILED: ${browser.failed}`);
-  }
-}
+const browser = await section(withBrowser, 'browser', () => runBrowserBench({ quick }));
 
 // `rows` keeps the earlier format (sdpa-wasm only) for anything that reads it.
 const rows = results.filter((e) => e.peers['sdpa-wasm']?.status === 'ok').map((e) => {
@@ -767,6 +738,6 @@ writeFileSync(jsonPath, JSON.stringify({
   threads: 1, oneThreadTargets, twoThreadShapes: twoThreadResults.map((e) => e.id), twoThreadTargets: TWO_THREAD_TARGETS,
   quick, settings, totalSeconds, limits,
   peers: peers.map((p) => ({ name: p.name, version: p.version, threads: p.threads, config: p.config, build: p.build, remote: p.remote, failed: p.failed })),
-  shapes: results, rows, decode, window, worker, backward, browser,
+  shapes: results, rows, decode, window: slidingWindow, worker, backward, browser,
 }, (k, v) => (typeof v === 'number' && !Number.isFinite(v) ? String(v) : v), 2));
 console.log(`results: ${jsonPath}`);
