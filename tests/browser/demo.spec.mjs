@@ -98,6 +98,7 @@ async function setHeatmapControls(page, c) {
   if (c.heads !== undefined) await set(() => page.getByTestId('ctl-heads').selectOption(String(c.heads)));
   if (c.head !== undefined) await set(() => page.getByTestId('ctl-head').selectOption(String(c.head)));
   if (c.causal !== undefined) await set(() => page.getByTestId('ctl-causal').setChecked(c.causal));
+  if (c.window !== undefined) await set(() => page.getByTestId('ctl-window').fill(String(c.window)));
   if (c.padding !== undefined) await set(() => page.getByTestId('ctl-padding').fill(String(c.padding)));
   if (c.softcap !== undefined) await set(() => page.getByTestId('ctl-softcap').fill(String(c.softcap)));
 }
@@ -220,6 +221,35 @@ test('heatmap: controls drive sdpa-wasm; weights, hover readout and outputs equa
   }
   await hoverCell(page, 12, 5);
   await page.getByTestId('panel-heatmap').screenshot({ path: screenshotPath('01-heatmap-random-causal-padded.png') });
+  expect(errors).toEqual([]);
+});
+
+test('heatmap: a sliding window keeps each row to the W keys ending at its own, as Node computes it; off without causal', async ({ page }) => {
+  const errors = await openDemo(page);
+  await expect(page.getByTestId('ctl-window')).toBeDisabled();
+  await setHeatmapControls(page, { seed: 7, seqLen: 20, heads: 2, causal: true, window: 4, padding: 2 });
+  const shown = await readHeatmap(page);
+  expect(shown.params).toMatchObject({ causal: true, window: 4, padding: 2 });
+  const { query, key, value } = randomQKV({ seqLen: 20, dk: 32, heads: 2, seed: 7 });
+  const node = attn.sdpa(query, key, value, { isCausal: true, slidingWindow: 4, keyLengths: Int32Array.of(18), returnWeights: true });
+  expect(bitDifferences(shown.output, Array.from(node.output.data))).toEqual([]);
+  expect(bitDifferences(shown.weights, Array.from(node.weights.data))).toEqual([]);
+  const L = 20;
+  for (let h = 0; h < 2; h++) {
+    for (let i = 0; i < L; i++) {
+      const row = shown.weights.slice((h * L + i) * L, (h * L + i + 1) * L);
+      row.forEach((p, j) => { if (j > i || j <= i - 4 || j >= 18) expect(p).toBe(0); });
+    }
+  }
+  // No row is empty: rows 18 and 19 (windows 15–18 and 16–19) keep the keys before the padding.
+  await expect(page.getByTestId('heatmap-empty-rows')).toHaveText('0');
+  await page.getByTestId('panel-heatmap').screenshot({ path: screenshotPath('02-heatmap-sliding-window-4.png') });
+  // Causal off: the window is off too (the field disabled), every key attended.
+  await setHeatmapControls(page, { causal: false });
+  await expect(page.getByTestId('ctl-window')).toBeDisabled();
+  const off = await readHeatmap(page);
+  expect(off.params.window).toBe(0);
+  expect(off.weights.slice(0, 18).every((p) => p > 0)).toBe(true);
   expect(errors).toEqual([]);
 });
 

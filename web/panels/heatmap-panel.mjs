@@ -9,7 +9,7 @@ import { $, availableWidth, byTestId, clampOnChange, errorText, intValue, showPa
 // ── 1. Attention weights ──────────────────────────────────────────────────────────────────
 const hm = {
   source: $('hm-source'), text: $('hm-text'), seqLen: $('hm-seqlen'), dk: $('hm-dk'),
-  heads: $('hm-heads'), head: $('hm-head'), causal: $('hm-causal'), padding: $('hm-padding'),
+  heads: $('hm-heads'), head: $('hm-head'), causal: $('hm-causal'), window: $('hm-window'), padding: $('hm-padding'),
   softcap: $('hm-softcap'), seed: $('hm-seed'), vscale: $('hm-vscale'), canvas: $('hm-canvas'),
   legend: $('hm-legend'),
 };
@@ -57,6 +57,8 @@ function readHeatmapParams() {
     heads,
     head: Math.min(intValue(hm.head, 0, 7), heads - 1),
     causal: hm.causal.checked,
+    // A sliding window ends at each row's causal diagonal: only with causal (0 = off).
+    window: hm.causal.checked ? intValue(hm.window, 0, 128) : 0,
     padding: intValue(hm.padding, 0, 128),
     softcap,
     softcapError,
@@ -76,6 +78,7 @@ export function computeHeatmap() {
   const p = readHeatmapParams();
   document.querySelector('.text-only').hidden = p.source !== 'text';
   hm.seqLen.disabled = p.source === 'text';
+  hm.window.disabled = !p.causal;
   // An out-of-range softcap is said next to its field (and in the panel's error line below).
   const softcapNote = byTestId('softcap-error');
   softcapNote.hidden = p.softcapError === null;
@@ -98,6 +101,7 @@ export function computeHeatmap() {
 
     const options = { returnWeights: true };
     if (p.causal) options.isCausal = true;
+    if (p.window > 0) options.slidingWindow = p.window;
     if (padding > 0) options.keyLengths = Int32Array.of(L - padding);
     if (p.softcap > 0) options.softcap = p.softcap;
     if (L > 0) {
@@ -178,7 +182,7 @@ export function renderHeatmap() {
   const geometry = drawHeatmap(hm.canvas, w, L, L, {
     width: Math.min(availableWidth(hm.canvas), 640),
     maxCell: labels ? 34 : 30,
-    blocked: (i, j) => j >= keyLength || (p.causal && j > i),
+    blocked: (i, j) => j >= keyLength || (p.causal && j > i) || (p.window > 0 && j <= i - p.window),
     rowLabels: labels,
     colLabels: labels,
     highlightRow: hover.i,
@@ -274,10 +278,11 @@ export function setupHeatmapPanel() {
     renderHeatmap();
   });
 
-  for (const el of [hm.source, hm.text, hm.seqLen, hm.dk, hm.heads, hm.head, hm.causal, hm.padding, hm.softcap, hm.seed, hm.vscale]) {
+  for (const el of [hm.source, hm.text, hm.seqLen, hm.dk, hm.heads, hm.head, hm.causal, hm.window, hm.padding, hm.softcap, hm.seed, hm.vscale]) {
     el.addEventListener(el.tagName === 'SELECT' || el.type === 'checkbox' ? 'change' : 'input', computeHeatmap);
   }
   clampOnChange(hm.seqLen, 1, 128);
   clampOnChange(hm.seed, 0, 4294967295);
   clampOnChange(hm.padding, 0, () => hmState?.L ?? 128);  // at most the current length
+  clampOnChange(hm.window, 0, 128);
 }
