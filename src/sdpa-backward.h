@@ -26,7 +26,7 @@
 // A bool mask gets none. A blocked key has p_j = 0 exactly and is skipped, not multiplied
 // by 0 (NaN in padding cannot leak); a row with nothing to attend (lse = -inf) contributes
 // nothing and gets dq_i = 0; a key no row attends gets dk_j = dv_j = 0; a blocked (b, h, i, j)
-// (mask -inf, causal, key length, an empty row) adds 0 to dmask.
+// (mask -inf, causal, sliding window, key length or start, an empty row) adds 0 to dmask.
 //
 // Work (FlashAttention-2's loop orders, without atomics), after the rows' statistics: with
 // one thread, or enough (batch, KV head) pairs for every thread, one fused item per pair runs
