@@ -7,6 +7,7 @@
 // Positions [0, length) are stored; every batch has the same length (ragged batches pass
 // keyLengths to attend()).
 import { allocateLongLived, type Allocation, CallMemory, freeLongLived, heap, type HeapViews, type MemoryAccount } from './memory.js';
+import { widenHalves } from './halves.js';
 import { KV_TYPE, runResident } from './strategies.js';
 import { detachedOrEmpty, isInt32Array, isUint16Array, lengthOf } from './typed-arrays.js';
 import type { SdpaModule } from './wasm/sdpa.mjs';
@@ -20,8 +21,10 @@ import {
 export type KVCacheDType = 'float32' | 'float16';
 
 const CACHE_OPTION_NAMES = ['batch', 'kvHeads', 'headDim', 'valueDim', 'maxLength', 'dtype'] as const;
-/** The options of append() and read(): the tensors' layout. */
+/** The options of append(): the tensors' layout. */
 export const APPEND_OPTION_NAMES = ['layout'] as const;
+/** The options of read(): the tensors' layout, and the element type to read (float32 widens a float16 cache's halves). */
+export const READ_OPTION_NAMES = ['layout', 'dtype'] as const;
 const ELEMENT_BYTES: Record<KVCacheDType, number> = { float32: 4, float16: 2 };
 /**
  * Appends are copied in through a staging buffer of at most this many bytes (rows at a time),
@@ -151,6 +154,24 @@ export function checkRead(length: number, start: unknown, end: unknown): [number
   const e = end === undefined ? length : end;
   checkPositions('KVCache.read', length, s, e);
   return [s as number, e as number];
+}
+
+/**
+ * read()'s options.dtype on a cache of `dtype`: what the copy holds, the cache's own type when
+ * left out; 'float32' from a float16 cache widens its halves (exactly). A float32 cache has no
+ * halves to give.
+ */
+export function checkReadDType(dtype: KVCacheDType, given: unknown): KVCacheDType {
+  const fn = 'KVCache.read';
+  if (given === undefined) return dtype;
+  if (typeof given !== 'string') throw new TypeError(`${fn}: options.dtype must be 'float32' or 'float16', got ${describe(given)}`);
+  if (given !== 'float32' && given !== 'float16') {
+    throw new RangeError(`${fn}: options.dtype must be 'float32' or 'float16', got ${describe(given)}`);
+  }
+  if (given === 'float16' && dtype === 'float32') {
+    throw new RangeError(`${fn}: options.dtype 'float16' needs a float16 cache; this one stores float32 (read it as 'float32')`);
+  }
+  return given;
 }
 
 /** Positions [start, end) of `length` stored ones: integers, 0 <= start <= end <= length. Returns end - start. */
@@ -547,17 +568,22 @@ export class KVCache extends KVCacheShapeInfo {
    * takes them: key [B, Hkv, n, E] and value [B, Hkv, n, Ev] (or [B, n, Hkv, ·] with
    * { layout: 'bshd' }), n = end - start; Float32Array for a float32 cache, the stored raw halves
    * (Uint16Array) for a float16 one. Appended to a cache of the same dtype they store the same
-   * bits: a saved prompt restored, a conversation forked into another cache.
+   * bits: a saved prompt restored, a conversation forked into another cache. { dtype: 'float32' }
+   * reads a float16 cache's halves widened to their exact float32 values (NaN halves as NaN).
    */
-  read(start?: number, end?: number, options?: { layout?: 'bhsd' | 'bshd' }): KVCacheContents {
+  read(start?: number, end?: number, options?: { layout?: 'bhsd' | 'bshd'; dtype?: KVCacheDType }): KVCacheContents {
     const fn = 'KVCache.read';
     this.#live(fn);
-    const layout = checkLayout(fn, checkOptionNames(fn, options, APPEND_OPTION_NAMES).layout);
+    const o = checkOptionNames(fn, options, READ_OPTION_NAMES);
+    const layout = checkLayout(fn, o.layout);
+    const dtype = checkReadDType(this.dtype, o.dtype);
     const module = this.#live(fn);  // again: the options' getters may have disposed it
     const [s, e] = checkRead(this.#length, start, end);
     const views = heap(module);
-    const [key, value] = this.#planes().map(({ storage }, plane) =>
-      this.#copyOut(views, storage, plane === 0 ? this.headDim : this.valueDim, s, e, layout));
+    const [key, value] = this.#planes().map(({ storage }, plane) => {
+      const copy = this.#copyOut(views, storage, plane === 0 ? this.headDim : this.valueDim, s, e, layout);
+      return dtype === this.dtype ? copy : { data: widenHalves(copy.data as Uint16Array), dims: copy.dims };
+    });
     return { key, value };
   }
 

@@ -24,7 +24,8 @@
 // starting the worker and the queue of calls.
 import type { Isa } from './loader.js';
 import {
-  APPEND_OPTION_NAMES, cacheOperands, checkAppend, checkAppendShapes, checkCacheOptions, checkRead, checkRemove, checkReorder, checkTruncate,
+  APPEND_OPTION_NAMES, cacheOperands, checkAppend, checkAppendShapes, checkCacheOptions, checkRead, checkReadDType, checkRemove, checkReorder,
+  checkTruncate, type KVCacheDType, READ_OPTION_NAMES,
   KVCacheShapeInfo,
   type KVCacheShape,
 } from './kv-cache.js';
@@ -373,22 +374,24 @@ export class WorkerKVCache extends KVCacheShapeInfo {
   }
 
   /**
-   * KVCache.read(start, end, { layout }) in the worker: a copy of positions [start, end) (default
+   * KVCache.read(start, end, { layout, dtype }) in the worker: a copy of positions [start, end) (default
    * all), as the cache holds them when the call's turn comes (after the calls made before it).
    */
-  read(start?: number, end?: number, options?: { layout?: 'bhsd' | 'bshd' } & Pick<WorkerCallOptions, 'signal'>): Promise<KVCacheContents> {
+  read(start?: number, end?: number, options?: { layout?: 'bhsd' | 'bshd'; dtype?: KVCacheDType } & Pick<WorkerCallOptions, 'signal'>):
+    Promise<KVCacheContents> {
     return settle(() => {
       const fn = 'KVCache.read';
       this.#check(fn);
       const { signal, transfer } = workerCallOptions(fn, options);
       if (transfer) throw new TypeError(`${fn}: options.transfer does not apply: read() sends no arrays (its results are moved back)`);
       // The direct API's checks and messages, on the options without the worker's own.
-      const o = checkOptionNames(fn, new Taker(false).options(options, APPEND_OPTION_NAMES), APPEND_OPTION_NAMES);
+      const o = checkOptionNames(fn, new Taker(false).options(options, READ_OPTION_NAMES), READ_OPTION_NAMES);
       const layout = checkLayout(fn, o.layout);
+      const dtype = checkReadDType(this.dtype, o.dtype);
       this.#check(fn);  // again: the options' getters may have disposed it
       return this.#call('read', () => {
         checkRead(this.#expected, start, end);
-        return { start, end, options: { layout } };
+        return { start, end, options: { layout, dtype } };
       }, (value) => value as KVCacheContents, signal);
     });
   }

@@ -632,6 +632,35 @@ describe('read(start, end): a copy of the stored positions, as append() takes th
     }
   });
 
+  test("{ dtype: 'float32' } widens a float16 cache's halves exactly: every one of the 65536 patterns, both layouts; a float32 cache has no halves to give", () => {
+    // Every half pattern stored raw (append takes Uint16Array halves as they are), [1, 2, 128, 256].
+    const all = { data: Uint16Array.from({ length: 65536 }, (_, h) => h), dims: [1, 2, 128, 256] };
+    const cache = attn.createKVCache({ batch: 1, kvHeads: 2, headDim: 256, maxLength: 128, dtype: 'float16' });
+    const f32 = filled(attn, 'float32');
+    try {
+      cache.append(all, all);
+      for (const layout of ['bhsd', 'bshd']) {
+        const halves = cache.read(0, 128, { layout }), widened = cache.read(0, 128, { layout, dtype: 'float32' });
+        expect(cache.read(0, 128, { layout, dtype: 'float16' }).key.data).toEqual(halves.key.data);
+        for (const plane of ['key', 'value']) {
+          expect(widened[plane].data.constructor).toBe(Float32Array);
+          expect(widened[plane].dims).toEqual(halves[plane].dims);
+          // The definition (tests/shared/onnx-cases.mjs, halfToFloat), element by element.
+          const wrong = Array.from(halves[plane].data).findIndex((h, i) => !Object.is(widened[plane].data[i], halfToFloat(h)));
+          expect(wrong).toBe(-1);
+        }
+      }
+      expect(cache.read(5, 5, { dtype: 'float32' }).key.dims).toEqual([1, 2, 0, 256]);
+      // A float32 cache: float32 as it is (the same bits); no halves.
+      expect(sameBits(f32.read(0, L, { dtype: 'float32' }).key.data, f32.read().key.data)).toBe(true);
+      expect(() => f32.read(0, 1, { dtype: 'float16' })).toThrow(new RangeError(
+        "KVCache.read: options.dtype 'float16' needs a float16 cache; this one stores float32 (read it as 'float32')"));
+    } finally {
+      cache.dispose();
+      f32.dispose();
+    }
+  });
+
   test('bad input: a typed error naming the argument, the cache unchanged; a disposed cache throws', () => {
     const cache = filled(attn, 'float16');
     try {
@@ -644,7 +673,9 @@ describe('read(start, end): a copy of the stored positions, as append() takes th
         [['1'], TypeError, 'KVCache.read: start must be an integer, got "1"'],
         [[0, null], TypeError, 'KVCache.read: end must be an integer, got null'],
         [[0, 5, { layout: 'bsdh' }], RangeError, "KVCache.read: options.layout must be 'bhsd' or 'bshd', got \"bsdh\""],
-        [[0, 5, { dtype: 'float32' }], TypeError, 'KVCache.read: unknown option "dtype"; known options: layout'],
+        [[0, 5, { type: 'float32' }], TypeError, 'KVCache.read: unknown option "type"; known options: layout, dtype'],
+        [[0, 5, { dtype: 'bfloat16' }], RangeError, "KVCache.read: options.dtype must be 'float32' or 'float16', got \"bfloat16\""],
+        [[0, 5, { dtype: 32 }], TypeError, "KVCache.read: options.dtype must be 'float32' or 'float16', got 32"],
       ]) {
         expect(() => cache.read(...args)).toThrow(new Cls(message));
       }
@@ -675,7 +706,11 @@ describe('read(start, end): a copy of the stored positions, as append() takes th
         expect(Object.prototype.toString.call(got.key.data)).toBe('[object Uint16Array]');  // (made in another realm than Jest's)
         expect([sameBits(got.key.data, want.key.data), sameBits(got.value.data, want.value.data)]).toEqual([true, true]);
         expect(remote.length).toBe(4);
-        for (const args of [[0, 5], [-1], [0, 5, { foo: 1 }]]) {
+        // Widened in the worker: the same values.
+        const widened = await remote.read(0, 4, { dtype: 'float32' });
+        expect(Object.prototype.toString.call(widened.value.data)).toBe('[object Float32Array]');
+        expect(sameBits(Array.from(widened.value.data), Array.from(direct.read(0, 4, { dtype: 'float32' }).value.data))).toBe(true);
+        for (const args of [[0, 5], [-1], [0, 5, { foo: 1 }], [0, 1, { dtype: 'half' }], [0, 1, { dtype: null }]]) {
           const error = await remote.read(...args).then(() => undefined, (e) => e);
           let expected;
           try {

@@ -15,6 +15,9 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   const fromCache: Float32Array = cache.attend(q, { returnWeights: true }).weights.data;
   // A cache's stored positions, as append() takes them (KVCacheContents).
   const held: KVCacheContents = cache.read(0, cache.length, { layout: 'bshd' });
+  const widened: KVCacheContents = cache.read(0, cache.length, { dtype: 'float32' });
+  // @ts-expect-error dtype is 'float32' or 'float16'
+  cache.read(0, 1, { dtype: 'bfloat16' });
   cache.append(held.key, held.value, { layout: 'bshd' });
   const options: SdpaOptions = { returnWeights: true };
   // @ts-expect-error a non-literal SdpaOptions may not have asked for weights
@@ -59,8 +62,8 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 8, maxLength: 4, dtype: 'bfloat16' });
   // @ts-expect-error reorder takes an Int32Array
   cache.reorder([0]);
-  // @ts-expect-error read's options take a layout only
-  cache.read(0, 1, { dtype: 'float32' });
+  // @ts-expect-error read's options take a layout and a dtype
+  cache.read(0, 1, { type: 'float32' });
   // @ts-expect-error length is read-only
   cache.length = 0;
 

@@ -1,0 +1,29 @@
+// IEEE binary16 ("half") values as float32, exactly: every half is a float32 value. A table of
+// all 65536 patterns, made from the format's definition the first time it is needed (256 KiB):
+//   exponent e = 0         (-1)^s · m · 2^-24            (zero and the subnormals)
+//   exponent e in 1..30    (-1)^s · (1 + m/1024) · 2^(e-15)
+//   exponent e = 31        ±Infinity (m = 0), NaN (m ≠ 0)
+// Float16Array would do this where the engine has it (not Node 20).
+
+let table: Float32Array | null = null;
+
+function halfValues(): Float32Array {
+  if (table !== null) return table;
+  table = new Float32Array(65536);
+  for (let h = 0; h < 65536; h++) {
+    const sign = h & 0x8000 ? -1 : 1;
+    const e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    table[h] = e === 0 ? sign * m * 2 ** -24
+      : e === 31 ? (m === 0 ? sign * Infinity : NaN)
+      : sign * (1 + m / 1024) * 2 ** (e - 15);
+  }
+  return table;
+}
+
+/** The float32 values of `halves` (raw IEEE binary16 patterns), in a new array. */
+export function widenHalves(halves: Uint16Array): Float32Array {
+  const values = halfValues();
+  const out = new Float32Array(halves.length);
+  for (let i = 0; i < halves.length; i++) out[i] = values[halves[i]];
+  return out;
+}
