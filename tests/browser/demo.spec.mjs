@@ -88,6 +88,17 @@ function rowText(output, Ev, rowIndex) {
   return Ev > 8 ? `${shown}  …` : shown;
 }
 
+/** Heads × rows of [H, L, L] weights: the cells `blocked(i, j)` names are exact zeros, and every row sums to 1. */
+function expectRows(weights, H, L, blocked) {
+  for (let h = 0; h < H; h++) {
+    for (let i = 0; i < L; i++) {
+      const row = weights.slice((h * L + i) * L, (h * L + i + 1) * L);
+      row.forEach((p, j) => { if (blocked(i, j)) expect(p).toBe(0); });
+      expect(Math.abs(row.reduce((a, b) => a + b, 0) - 1)).toBeLessThan(1e-5);
+    }
+  }
+}
+
 async function setHeatmapControls(page, c) {
   const set = (action) => recompute(page, 'heatmap', action);
   if (c.source) await set(() => page.getByTestId('ctl-source').selectOption(c.source));
@@ -202,13 +213,7 @@ test('heatmap: controls drive sdpa-wasm; weights, hover readout and outputs equa
 
   // Causal and padding: blocked cells are exact zeros, and every row sums to 1.
   const L = 24;
-  for (let h = 0; h < 4; h++) {
-    for (let i = 0; i < L; i++) {
-      const row = shown.weights.slice((h * L + i) * L, (h * L + i + 1) * L);
-      row.forEach((p, j) => { if (j > i || j >= 19) expect(p).toBe(0); });
-      expect(Math.abs(row.reduce((a, b) => a + b, 0) - 1)).toBeLessThan(1e-5);
-    }
-  }
+  expectRows(shown.weights, 4, L, (i, j) => j > i || j >= 19);
   await expect(page.getByTestId('heatmap-empty-rows')).toHaveText('0');
 
   // Hover with the mouse: the readout shows the weight and the output row of head 2.
@@ -234,13 +239,7 @@ test('heatmap: a sliding window keeps each row to the W keys ending at its own, 
   const node = attn.sdpa(query, key, value, { isCausal: true, slidingWindow: 4, keyLengths: Int32Array.of(18), returnWeights: true });
   expect(bitDifferences(shown.output, Array.from(node.output.data))).toEqual([]);
   expect(bitDifferences(shown.weights, Array.from(node.weights.data))).toEqual([]);
-  const L = 20;
-  for (let h = 0; h < 2; h++) {
-    for (let i = 0; i < L; i++) {
-      const row = shown.weights.slice((h * L + i) * L, (h * L + i + 1) * L);
-      row.forEach((p, j) => { if (j > i || j <= i - 4 || j >= 18) expect(p).toBe(0); });
-    }
-  }
+  expectRows(shown.weights, 2, 20, (i, j) => j > i || j <= i - 4 || j >= 18);
   // No row is empty: rows 18 and 19 (windows 15–18 and 16–19) keep the keys before the padding.
   await expect(page.getByTestId('heatmap-empty-rows')).toHaveText('0');
   await page.getByTestId('panel-heatmap').screenshot({ path: screenshotPath('02-heatmap-sliding-window-4.png') });
