@@ -29,8 +29,9 @@
 // before exp (p = 0 exactly), ds is selected to 0 where p == 0, and where a key's row of K
 // would be multiplied by ds (dq += ds·k), keys past the first blocked column of any row are
 // skipped per row when ds == 0 rather than multiplied by it. Keys at or past every row's
-// limit (causal frontier, key length) are not read at all; keys before a row's sliding window
-// are blocked like masked ones (scored, then -inf).
+// limit (causal frontier, key length) are not read at all; keys before a row's start (its
+// batch's first key, its sliding window's) are blocked like masked ones (scored, then -inf), and
+// key tiles before every row's start are skipped.
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -81,7 +82,7 @@ struct RowTile {
   int32_t b = 0;
   int32_t rows = 0;
   int32_t h[kQueryTile] = {}, i[kQueryTile] = {};
-  int32_t start[kQueryTile] = {};  // row r may attend keys start[r] <= j (a sliding window's first key, else 0)
+  int32_t start[kQueryTile] = {};  // row r may attend keys start[r] <= j (the batch's first key or the window's, else 0)
   int32_t limit[kQueryTile] = {};  // ... and j < limit[r]
   int32_t keys_end = 0;            // max over rows of limit[r]
   int32_t keys_begin = 0;          // min over rows attending a key of start[r]: keys before it are blocked for all
@@ -601,7 +602,7 @@ void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t k
 
   const int32_t rows = p.q_heads / p.kv_heads * p.q_len;
   // A tile's keys in the block: up to its rows' furthest limit, none when the block ends before
-  // every row's window (its p and ds would be all zeros, and accumulate_dq would skip them all).
+  // every row's start (its p and ds would be all zeros, and accumulate_dq would skip them all).
   auto keys_of = [&](const RowTile& rt) {
     return key_begin + count <= rt.keys_begin ? 0 : std::clamp(rt.keys_end - key_begin, 0, count);
   };
@@ -969,8 +970,8 @@ void sdpa_f32_bwd_dq_ukernel_4x64__wasmsimd(const BackwardProblem& bp, int32_t b
     std::fill(s.acc0, s.acc0 + kQueryTile * E, 0.0f);
     const RowOperands operands = s.rows.operands(0, E, Ev);
     if (rt.keys_end > 0) load_row_operands(bp, rt, operands);
-    // Key tiles before every row's window are skipped: all their ds are 0, which accumulate_dq
-    // would skip (open is 0 in a tile where a window starts), so the bits are those of the fused kernel.
+    // Key tiles before every row's start are skipped: all their ds are 0, which accumulate_dq
+    // would skip (open is 0 in a tile where a start falls), so the bits are those of the fused kernel.
     for (int32_t j0 = rt.keys_begin / kTile * kTile; j0 < rt.keys_end; j0 += kTile) {
       const int32_t count = std::min(kTile, rt.keys_end - j0);
       const int32_t open = probabilities_and_ds(bp, rt, operands, s.k_packed + static_cast<size_t>(j0) * E,

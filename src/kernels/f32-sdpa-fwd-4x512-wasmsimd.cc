@@ -51,9 +51,9 @@
 // anonymous namespace.
 //
 // Blocked keys never reach the arithmetic as values: causal and key-length limits are loop
-// bounds (per row: keys j < limit[r]), a sliding window's start another (keys j >= start[r]);
+// bounds (per row: keys j < limit[r]), a row's start another (keys j >= start[r]: the batch's first key, its window's);
 // K/V are packed only up to the furthest key any row may see; tiles whose keys are all blocked
-// (every row's window starts past them, or its limit ends before them) are skipped, and the
+// (every row's start lies past them, or its limit ends before them) are skipped, and the
 // columns blocked for every row at either end of a tile are not scored; and inside a partly blocked tile
 // a blocked key's probability is exactly 0 and its V row is skipped, not multiplied by 0,
 // so NaN or garbage in padding cannot leak into the output.
@@ -267,7 +267,7 @@ struct RowTile {
   int32_t b;
   int32_t rows;
   int32_t h[kQueryTile], i[kQueryTile];  // query head and query row of each row
-  int32_t start[kQueryTile];  // ... and keys j >= start[r] (a sliding window's first key, else 0)
+  int32_t start[kQueryTile];  // ... and keys j >= start[r] (the batch's first key or the window's, else 0)
   int32_t limit[kQueryTile];  // row r may attend keys j < limit[r] (within this call's keys)
   int32_t keys_end;           // max over rows of limit[r]
 };
@@ -280,7 +280,7 @@ int64_t mask_row_of(const Problem& p, int32_t b, int32_t h, int32_t i) {
 
 // One row of a tile's bias from the mask: bias_row[c] for allowed_begin <= c < allowed_end is
 // the mask's value at key j0 + c (a float mask's value; 0 or -inf for a boolean one), -inf
-// before allowed_begin (a sliding window's start) and from allowed_end on.
+// before allowed_begin (a row's start: its batch's first key, its sliding window's) and from allowed_end on.
 // Returns the first column whose bias is -inf (allowed_end if none before it), one past the
 // last column whose bias is not (0 if none) and the first such column (kKeyTile if none). A
 // mask contiguous along keys (mask_stride_k == 1, the usual layout) is read 16 keys (boolean)
@@ -472,7 +472,7 @@ __attribute__((noinline)) v128_t exponentiate_tile(float* scores, int32_t rows, 
 // Softcap and bias in the order of the contract: s = softcap·tanh(s/softcap), then
 // s = s + bias, where a -inf bias replaces s by -inf (so a NaN score of a blocked key,
 // from NaN in padding, becomes -inf instead of staying NaN). A limited tile's blocked
-// scores, past each row's limit or before its window's start, are replaced by -inf the same way. Only the first `cols`
+// scores, past each row's limit or before its start (first key, window), are replaced by -inf the same way. Only the first `cols`
 // columns (a multiple of 4) are finished: those read afterwards.
 void finish_scores(const Problem& p, const RowTile& rt, int32_t j0, TileKind kind, int32_t cols,
                    const float* bias, float* scores) {
