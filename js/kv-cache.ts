@@ -67,14 +67,18 @@ export function checkCacheOptions(options: unknown): KVCacheShape {
   const valueDim = size('valueDim', headDim), maxLength = size('maxLength');
   checkHeadDim(fn, 'options.headDim', headDim);
   checkHeadDim(fn, 'options.valueDim', valueDim);
-  const dtype = o.dtype === undefined ? 'float32' : o.dtype;
-  if (typeof dtype !== 'string') {
-    throw new TypeError(`${fn}: options.dtype must be 'float32' or 'float16', got ${describe(dtype)}`);
-  }
-  if (dtype !== 'float32' && dtype !== 'float16') {
-    throw new RangeError(`${fn}: options.dtype must be 'float32' or 'float16', got ${describe(dtype)}`);
-  }
+  const dtype = checkDType(fn, o.dtype, 'float32');
   return { batch, kvHeads, headDim, valueDim, maxLength, dtype };
+}
+
+/** An options.dtype of `fn`: 'float32' or 'float16', `otherwise` when left out. */
+function checkDType(fn: string, given: unknown, otherwise: KVCacheDType): KVCacheDType {
+  if (given === undefined) return otherwise;
+  if (typeof given !== 'string') throw new TypeError(`${fn}: options.dtype must be 'float32' or 'float16', got ${describe(given)}`);
+  if (given !== 'float32' && given !== 'float16') {
+    throw new RangeError(`${fn}: options.dtype must be 'float32' or 'float16', got ${describe(given)}`);
+  }
+  return given;
 }
 
 /** Bytes of storage: keys and values. */
@@ -163,15 +167,11 @@ export function checkRead(length: number, start: unknown, end: unknown): [number
  */
 export function checkReadDType(dtype: KVCacheDType, given: unknown): KVCacheDType {
   const fn = 'KVCache.read';
-  if (given === undefined) return dtype;
-  if (typeof given !== 'string') throw new TypeError(`${fn}: options.dtype must be 'float32' or 'float16', got ${describe(given)}`);
-  if (given !== 'float32' && given !== 'float16') {
-    throw new RangeError(`${fn}: options.dtype must be 'float32' or 'float16', got ${describe(given)}`);
-  }
-  if (given === 'float16' && dtype === 'float32') {
+  const wanted = checkDType(fn, given, dtype);
+  if (wanted === 'float16' && dtype === 'float32') {
     throw new RangeError(`${fn}: options.dtype 'float16' needs a float16 cache; this one stores float32 (read it as 'float32')`);
   }
-  return given;
+  return wanted;
 }
 
 /** Positions [start, end) of `length` stored ones: integers, 0 <= start <= end <= length. Returns end - start. */
