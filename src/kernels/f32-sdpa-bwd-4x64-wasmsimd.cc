@@ -39,6 +39,7 @@
 #include <new>
 
 #include "kernels/f32-tile-ops-wasmsimd.h"
+#include "kernels/row-limits.h"
 #include "kernels/sdpa-bwd-kernels.h"
 #include "math/f32-vexp-nonpositive-rr1-p5-wasmsimd.h"
 #include "simd/copy-bytes.h"
@@ -89,23 +90,6 @@ struct RowTile {
   float shift[kQueryTile] = {}, log_sum[kQueryTile] = {}, delta[kQueryTile] = {};  // RowStats
 };
 
-int32_t row_limit(const Problem& p, int32_t b, int32_t i) {
-  const int32_t valid_keys = p.key_lengths != nullptr ? p.key_lengths[b] : p.kv_len;
-  if (!p.causal) return valid_keys;
-  const int64_t offset = p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset;
-  return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1, 0, valid_keys));
-}
-
-// The first key row i may attend: the batch's first key (key_starts[b], or 0), or the first key
-// of its sliding window, i + offset - W + 1, whichever is later.
-int32_t row_start(const Problem& p, int32_t b, int32_t i) {
-  const int32_t first_key = p.key_starts != nullptr ? p.key_starts[b] : 0;
-  if (p.sliding_window == 0) return first_key;
-  const int32_t valid_keys = p.key_lengths != nullptr ? p.key_lengths[b] : p.kv_len;
-  const int64_t offset = p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset;
-  return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1 - p.sliding_window, first_key, std::max(first_key, valid_keys)));
-}
-
 // Query row i of (b, h).
 const float* query_row(const Problem& p, int32_t b, int32_t h, int32_t i) {
   return p.query + b * p.q_stride_b + h * p.q_stride_h + static_cast<int64_t>(i) * p.q_stride_l;
@@ -115,6 +99,7 @@ RowTile make_row_tile(const BackwardProblem& bp, int32_t b, int32_t kv_head, int
                       const RowStats& stats) {
   const Problem& p = bp.forward;
   const int32_t group = p.q_heads / p.kv_heads;
+  const RowLimits limit_of = row_limits(p, b);
   RowTile rt;
   rt.b = b;
   rt.rows = std::min(kQueryTile, row_end - f0);
@@ -127,8 +112,8 @@ RowTile make_row_tile(const BackwardProblem& bp, int32_t b, int32_t kv_head, int
     rt.log_sum[r] = stats.log_sum[row];
     rt.delta[r] = stats.delta[row];
     // A row with nothing to attend (shift = lse = -inf) contributes nothing: no keys.
-    rt.limit[r] = rt.shift[r] == kNegInf ? 0 : row_limit(p, b, rt.i[r]);
-    rt.start[r] = std::min(row_start(p, b, rt.i[r]), rt.limit[r]);
+    rt.limit[r] = rt.shift[r] == kNegInf ? 0 : limit_of(rt.i[r]);
+    rt.start[r] = std::min(limit_of.start(rt.i[r]), rt.limit[r]);
     rt.keys_end = std::max(rt.keys_end, rt.limit[r]);
   }
   rt.keys_begin = rt.keys_end;
@@ -768,7 +753,7 @@ void recompute_row_stats(const BackwardProblem& bp, int32_t b, int32_t kv_head, 
 
 bool sdpa_f32_bwd_row_stats_recomputed(const BackwardProblem& bp, int32_t b, int32_t h, int32_t i, float lse) {
   const Problem& p = bp.forward;
-  const int32_t limit = row_limit(p, b, i);
+  const int32_t limit = row_limits(p, b)(i);
   const float* key = static_cast<const float*>(p.key) + b * p.k_stride_b + h / (p.q_heads / p.kv_heads) * p.k_stride_h;
   float key_norm_max = 0.0f;  // as the kernel's running maximum, in key order
   for (int32_t j = 0; j < limit; j++) key_norm_max = std::fmax(key_norm_max, row_norm(key + j * p.k_stride_l, p.head_dim));

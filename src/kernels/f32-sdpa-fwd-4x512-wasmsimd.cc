@@ -67,6 +67,7 @@
 #include <type_traits>
 
 #include "kernels/f32-tile-ops-wasmsimd.h"
+#include "kernels/row-limits.h"
 #include "math/f16-f32-cvt-wasmsimd.h"
 #include "math/f32-vexp-nonpositive-rr1-p5-wasmsimd.h"
 #include "simd/copy-bytes.h"
@@ -905,36 +906,6 @@ __attribute__((noinline)) void attend_row_tile(const Problem& p, const RowTile& 
 
   if (p.weights == nullptr) return;
   write_row_tile_weights(p, rt, kv, 0, p.kv_len, running_max, inv_sum, query_ready, s, ec);
-}
-
-// Keys this batch may attend, the causal frontier and the sliding window: row i may attend
-// keys start(i) <= j < limit(i).
-struct RowLimits {
-  int32_t valid_keys;  // key_lengths[b], or Lk
-  int32_t first_key;   // key_starts[b], or 0
-  bool causal;
-  int64_t offset;
-  int64_t window;      // 0: none (else causal)
-  int32_t operator()(int32_t i) const {
-    if (!causal) return valid_keys;
-    return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1, 0, valid_keys));
-  }
-  // The batch's first key, or the first key in the window, i + offset - W + 1 (keys
-  // j > i + offset - W), whichever is later.
-  int32_t start(int32_t i) const {
-    if (window == 0) return first_key;
-    return static_cast<int32_t>(std::clamp<int64_t>(i + offset + 1 - window, first_key, std::max(first_key, valid_keys)));
-  }
-};
-
-RowLimits row_limits(const Problem& p, int32_t b) {
-  const int32_t valid_keys = p.key_lengths != nullptr ? p.key_lengths[b] : p.kv_len;
-  assert(valid_keys >= 0 && valid_keys <= p.kv_len);
-  assert(p.sliding_window == 0 || p.causal);
-  const int32_t first_key = p.key_starts != nullptr ? p.key_starts[b] : 0;
-  assert(first_key >= 0 && first_key <= p.kv_len);
-  return {valid_keys, first_key, p.causal, p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset,
-          p.sliding_window};
 }
 
 }  // namespace
