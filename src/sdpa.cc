@@ -56,14 +56,9 @@ Status validate(const Problem& p) {
   if (!std::isfinite(p.scale)) return Status::kBadScale;
   if (!(p.softcap >= 0.0f) || !std::isfinite(p.softcap)) return Status::kBadSoftcap;
   if (p.sliding_window < 0 || (p.sliding_window > 0 && !p.causal)) return Status::kBadWindow;
-  if (p.key_lengths != nullptr) {
-    for (int32_t b = 0; b < p.batch; b++) {
-      if (p.key_lengths[b] < 0 || p.key_lengths[b] > p.kv_len) return Status::kBadKeyLength;
-    }
-  }
-  if (p.key_starts != nullptr) {
-    for (int32_t b = 0; b < p.batch; b++) {
-      if (p.key_starts[b] < 0 || p.key_starts[b] > p.kv_len) return Status::kBadKeyLength;
+  for (const int32_t* bounds : {p.key_lengths, p.key_starts}) {  // per-batch key indices in [0, Lk]
+    for (int32_t b = 0; bounds != nullptr && b < p.batch; b++) {
+      if (bounds[b] < 0 || bounds[b] > p.kv_len) return Status::kBadKeyLength;
     }
   }
   return Status::kOk;
