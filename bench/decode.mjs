@@ -32,7 +32,7 @@ import { fileURLToPath } from 'node:url';
 import { createAttention } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
 import { DEFAULT_RESULTS_PATH, writeSection } from './results-file.mjs';
-import { openReadProbe } from './read-probe.mjs';
+import { evictionBytes, openReadProbe } from './read-probe.mjs';
 import { roundedToHalves } from '../tests/shared/kv-cache-cases.mjs';  // the tests' float16 rounding, one rule for both
 import { checkPassed, compare, makeInputs, referenceRows, RELATIVE_TOLERANCE } from './reference.mjs';
 
@@ -79,12 +79,6 @@ const ownCpuMs = () => { const c = process.cpuUsage(); return (c.user + c.system
 const machineBusyMs = () => os.cpus().reduce((a, c) => a + c.times.user + c.times.nice + c.times.sys + c.times.irq, 0);
 const cacheBytes = (sh, context, dtype) => sh.B * sh.Hkv * context * 2 * sh.E * ELEMENT_BYTES[dtype];   // K + V, Ev = E
 
-/** Bytes of the last-level cache from lscpu's "32 MiB (1 instance)", or null. */
-function l3Bytes(h) {
-  const m = /([\d.]+)\s*(KiB|MiB|GiB|K|M|G)/.exec(h.l3 ?? '');
-  if (!m) return null;
-  return Number(m[1]) * 2 ** ({ K: 10, KiB: 10, M: 20, MiB: 20, G: 30, GiB: 30 }[m[2]]);
-}
 
 /**
  * Runs the decode section and returns its results (the `decode` key of the results JSON).
@@ -128,8 +122,7 @@ async function decodeSection({ quick = false, contexts = null, kinds = null, hot
   const isa = attn[THREADS[0]].isa;
   const callOverhead = measureCallOverhead(attn[1], quick, log);
   const wasmFiles = isa === 'relaxed-simd' ? ['wasm/sdpa-relaxed.wasm', 'wasm/sdpa-mt-relaxed.wasm'] : ['wasm/sdpa.wasm', 'wasm/sdpa-mt.wasm'];
-  const evictBytes = Math.max(96 * 2 ** 20, 3 * (l3Bytes(host) ?? 0));
-  const probe = held.probe = await openReadProbe({ evictBytes });
+  const probe = held.probe = await openReadProbe({ evictBytes: evictionBytes(host) });
   const pkg = JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8'));
   // When the build in dist/ was made (the working tree may change between runs).
   const build = Object.fromEntries(['index.js', 'kv-cache.js', ...wasmFiles].map((f) => {

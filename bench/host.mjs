@@ -52,3 +52,10 @@ export function describeHostCpu(h = hostCpu()) {
   const caches = [h.l2 && `L2 ${h.l2}`, h.l3 && `L3 ${h.l3}`].filter(Boolean).join(', ');
   return `${h.modelName} (${h.source}: ${id || 'family/model unknown'}${caches ? `; ${caches}` : ''}${h.hypervisor ? `; ${h.hypervisor}` : ''})`;
 }
+
+/** Bytes of the last-level cache from lscpu's "32 MiB (1 instance)", or null. */
+export function l3Bytes(h) {
+  const m = /([\d.]+)\s*(KiB|MiB|GiB|K|M|G)/.exec(h.l3 ?? '');
+  if (!m) return null;
+  return Number(m[1]) * 2 ** ({ K: 10, KiB: 10, M: 20, MiB: 20, G: 30, GiB: 30 }[m[2]]);
+}

@@ -27,6 +27,7 @@
 //             KV cache in a real model, read one token ago and evicted by the other layers since.
 import { Worker, isMainThread, workerData } from 'node:worker_threads';
 import { wasmAsm } from './limits.mjs';
+import { l3Bytes } from './host.mjs';
 
 const { u32, s32, vec, section, str, I32, V128, op, simd, v128load, moduleBytes } = wasmAsm;
 const i32x4add = simd(0xae);
@@ -64,6 +65,14 @@ const instantiateReaders = (bytes, memories) =>
 // and the generation it finished in DONE.
 const GEN = 0, DONE = 1, PTR = 2, LEN = 3, SUM = 4, QUIT = 5, AREA = 6;
 const DATA_AREA = 0, EVICT_AREA = 1;
+
+/**
+ * The eviction area for a host (hostCpu()): 3× its last-level cache, at least 96 MiB, so that
+ * reading it leaves none of a cache's bytes in any level.
+ */
+export function evictionBytes(host) {
+  return Math.max(96 * 2 ** 20, 3 * (l3Bytes(host) ?? 0));
+}
 
 /**
  * Opens the probe: the module on the main thread and in one worker, on two shared memories

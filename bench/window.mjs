@@ -26,8 +26,8 @@ import { fileURLToPath } from 'node:url';
 import { createAttention } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
 import { DEFAULT_RESULTS_PATH, writeSection } from './results-file.mjs';
-import { openReadProbe } from './read-probe.mjs';
-import { roundedToHalves } from '../tests/shared/kv-cache-cases.mjs';
+import { evictionBytes, openReadProbe } from './read-probe.mjs';
+import { positions, roundedToHalves } from '../tests/shared/kv-cache-cases.mjs';
 import { checkPassed, compare, makeInputs, referenceRows, RELATIVE_TOLERANCE } from './reference.mjs';
 
 export const WINDOW_SHAPE = { kind: 'GQA', B: 1, Hq: 32, Hkv: 8, E: 128, context: 32768, quickContext: 8192 };
@@ -42,17 +42,6 @@ const median = (xs) => {
 };
 const fmtMs = (ms) => (ms >= 10 ? ms.toFixed(2) : ms.toFixed(3));
 const errText = (e) => String(e?.message ?? e).replace(/\s+/g, ' ').slice(0, 400);
-function l3Bytes(h) {
-  const m = /([\d.]+)\s*(KiB|MiB|GiB|K|M|G)/.exec(h.l3 ?? '');
-  return m ? Number(m[1]) * 2 ** ({ K: 10, KiB: 10, M: 20, MiB: 20, G: 30, GiB: 30 }[m[2]]) : 0;
-}
-/** Positions [from, to) of a [B, H, L, E] tensor. */
-function positions(t, from, to) {
-  const [B, H, L, E] = t.dims;
-  const data = new Float32Array(B * H * (to - from) * E);
-  for (let bh = 0; bh < B * H; bh++) data.set(t.data.subarray((bh * L + from) * E, (bh * L + to) * E), bh * (to - from) * E);
-  return { data, dims: [B, H, to - from, E] };
-}
 
 /**
  * Runs the window section and returns its results (the `window` key of the results JSON).
@@ -63,7 +52,7 @@ export async function runWindowBench({ quick = false, hot = false, portable = fa
   const sh = WINDOW_SHAPE, context = quick ? sh.quickContext : sh.context;
   const host = hostCpu();
   const attn = await createAttention({ threads: 1, ...(portable ? { relaxedSimd: false } : {}) });
-  const probe = hot ? null : await openReadProbe({ evictBytes: Math.max(96 * 2 ** 20, 3 * l3Bytes(host)) });
+  const probe = hot ? null : await openReadProbe({ evictBytes: evictionBytes(host) });
   const caches = [];
   try {
     log('');

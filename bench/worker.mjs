@@ -45,7 +45,7 @@ import { Worker, isMainThread, parentPort, workerData } from 'node:worker_thread
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
 import { DEFAULT_RESULTS_PATH, writeSection } from './results-file.mjs';
-import { openReadProbe } from './read-probe.mjs';
+import { evictionBytes, openReadProbe } from './read-probe.mjs';
 import { checkPassed, compare, makeInputs, referenceRows, RELATIVE_TOLERANCE } from './reference.mjs';
 import { SHAPES, describe } from './shapes.mjs';
 
@@ -85,12 +85,6 @@ const sameBits = (a, b) => {
   return true;
 };
 
-/** Bytes of the last-level cache from lscpu's "32 MiB (1 instance)", or null. */
-function l3Bytes(h) {
-  const m = /([\d.]+)\s*(KiB|MiB|GiB|K|M|G)/.exec(h.l3 ?? '');
-  if (!m) return null;
-  return Number(m[1]) * 2 ** ({ K: 10, KiB: 10, M: 20, MiB: 20, G: 30, GiB: 30 }[m[2]]);
-}
 
 /**
  * Runs the worker section and returns its results (the `worker` key of the results JSON).
@@ -133,7 +127,7 @@ async function workerSection({ quick = false, threads = null, hot = false, log =
   const build = Object.fromEntries(['index.js', 'worker.js', 'worker-entry.js', 'wasm/sdpa.wasm', 'wasm/sdpa-mt.wasm'].map((f) => {
     try { return [`dist/${f}`, statSync(new URL(`../dist/${f}`, import.meta.url)).mtime.toISOString()]; } catch { return [`dist/${f}`, null]; }
   }));
-  const probe = settings.evict ? (held.probe = await openReadProbe({ evictBytes: Math.max(96 * 2 ** 20, 3 * (l3Bytes(host) ?? 0)) })) : null;
+  const probe = settings.evict ? (held.probe = await openReadProbe({ evictBytes: evictionBytes(host) })) : null;
   log(`sdpa-wasm ${pkg.version} (build ${Object.entries(build).map(([f, t]) => `${f} ${t}`).join(', ')}); ` +
     `fresh input arrays for every call (cloned before the timed region, for the direct call too); no \`out\` (a new output array per call, direct and worker); ` +
     (probe ? `decode: before every timed run ${(probe.evictBytes / 2 ** 20).toFixed(0)} MiB of other memory read on both threads (untimed)` : 'decode: --hot, no eviction'));
