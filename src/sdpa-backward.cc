@@ -2,6 +2,8 @@
 #include "sdpa-backward.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include "kernels/sdpa-bwd-kernels.h"
 #include "parallel/thread-pool.h"
@@ -23,6 +25,7 @@ Status validate_backward(const BackwardProblem& p) {
     if (stride < 0) return Status::kBadStride;
   }
   if (p.d_mask != nullptr && p.forward.mask_kind != MaskKind::kFloat) return Status::kBadMaskGrad;
+  if (p.d_sinks != nullptr && p.forward.sinks == nullptr) return Status::kNullPointer;
   return Status::kOk;
 }
 
@@ -237,6 +240,30 @@ void mask_grad_sum_item(void* context, int32_t index, int32_t /*thread*/) {
   }
 }
 
+// d_sinks[h] = -Σ_{b,i} p_sink·D_i (src/sdpa-backward.h), p_sink = exp((sink_h - shift_i) - log_sum_i)
+// rebuilt from the RowStats as every p_j is (min 0: p <= 1). A head without a sink (-inf) gets
+// 0; a row where p_sink is 0 (flushed by a far larger maximum) or that has nothing at all
+// (shift = -inf) adds nothing, not 0·D (D is NaN when dO is).
+// B·Lq terms per head, summed in double in (b, i) order on one thread: O(B·Hq·Lq), next to the
+// O(B·Hq·Lq·Lk·E) of the rest.
+void sink_gradient(const BackwardProblem& bp, const RowStats& stats) {
+  const Problem& p = bp.forward;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  for (int32_t h = 0; h < p.q_heads; h++) {
+    double sum = 0.0;
+    for (int32_t b = 0; b < p.batch && p.sinks[h] != kNegInf; b++) {
+      for (int32_t i = 0; i < p.q_len; i++) {
+        const int64_t row = (static_cast<int64_t>(b) * p.q_heads + h) * p.q_len + i;
+        if (stats.shift[row] == kNegInf) continue;
+        const double x = (static_cast<double>(p.sinks[h]) - stats.shift[row]) - stats.log_sum[row];
+        const double p_sink = std::exp(std::min(x, 0.0));  // NaN stays NaN
+        if (p_sink != 0.0) sum -= p_sink * stats.delta[row];
+      }
+    }
+    bp.d_sinks[h] = static_cast<float>(sum);
+  }
+}
+
 }  // namespace
 
 uint64_t backward_scratch_floats(const BackwardProblem& p, int32_t threads) {
@@ -254,6 +281,7 @@ Status backward(const BackwardProblem& p, float* scratch, uint64_t scratch_size,
   w.mask_grad_partials = scratch + 3 * w.plan.stats_floats;
   w.scratch = w.mask_grad_partials + w.plan.mask_grad_partial_floats;
   run_tasks(pool, w.plan.pairs * w.plan.row_blocks, row_stats_item, &w);
+  if (p.d_sinks != nullptr) sink_gradient(p, w.stats);
   if (w.plan.fused) {
     run_tasks(pool, w.plan.pairs, fused_item, &w);
   } else {

@@ -21,6 +21,10 @@
 // kExactScoreTerms: huge logits, large q and k nearly orthogonal), from the row's own maximum
 // score m and log Σ exp(s_j - m), recomputed (src/kernels/sdpa-bwd-kernels.h, RowStats, where
 // both limits are defined).
+// With a sink (src/sdpa.h, Problem::sinks) the saved lse includes it, so p_j = exp(s_j - lse_i)
+// needs nothing more; the sink is one more logit whose value row is zero (dp_sink = 0), so
+//   d_sinks[h] += p_sink·(0 - D_i) = -exp(sink_h - lse_i)·D_i   (summed over b and i; when
+//                                                   d_sinks is given)
 // A float mask, added after the softcap, gets ds_j itself (when d_mask is given):
 //   dmask[b, h, i, j] += ds_j                        (summed over the axes it broadcasts on)
 // A bool mask gets none. A blocked key has p_j = 0 exactly and is skipped, not multiplied
@@ -69,10 +73,14 @@ struct BackwardProblem {
   // axis the mask broadcasts on (stride 0) is summed over. Distinct elements of the mask's own
   // axes must not overlap (dense masks do not). Every element is written.
   float* d_mask = nullptr;
+  // The sinks' gradient [Hq], or null for none; needs forward.sinks. Summed in double over
+  // (b, i) in order, after the rows' statistics: the same bits for any number of threads.
+  float* d_sinks = nullptr;
 };
 
 // validate(forward), then: float32 K/V (else kBadKvType), the backward's pointers
-// (kNullPointer) and strides (kBadStride), a d_mask only for a float mask (kBadMaskGrad).
+// (kNullPointer) and strides (kBadStride), a d_mask only for a float mask (kBadMaskGrad), d_sinks
+// only with sinks (kNullPointer).
 Status validate_backward(const BackwardProblem& p);
 
 // Floats of scratch that backward() needs on `threads` threads: the rows' RowStats (3 floats

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "kernels/sdpa-kernels.h"
 #include "parallel/thread-pool.h"
@@ -24,6 +25,7 @@ const char* status_name(Status status) {
     case Status::kBadMaskKind: return "unknown mask kind";
     case Status::kBadSegment: return "not a single (batch, KV head) decode, or no such segment";
     case Status::kBadWindow: return "sliding window negative, or without causal";
+    case Status::kBadSink: return "sink is NaN or +inf";
     case Status::kBadMaskGrad: return "mask gradient asked for a mask that is not float";
   }
   return "unknown status";
@@ -56,6 +58,9 @@ Status validate(const Problem& p) {
   if (!std::isfinite(p.scale)) return Status::kBadScale;
   if (!(p.softcap >= 0.0f) || !std::isfinite(p.softcap)) return Status::kBadSoftcap;
   if (p.sliding_window < 0 || (p.sliding_window > 0 && !p.causal)) return Status::kBadWindow;
+  for (int32_t h = 0; p.sinks != nullptr && h < p.q_heads; h++) {
+    if (std::isnan(p.sinks[h]) || p.sinks[h] == std::numeric_limits<float>::infinity()) return Status::kBadSink;
+  }
   for (const int32_t* bounds : {p.key_lengths, p.key_starts}) {  // per-batch key indices in [0, Lk]
     for (int32_t b = 0; bounds != nullptr && b < p.batch; b++) {
       if (bounds[b] < 0 || bounds[b] > p.kv_len) return Status::kBadKeyLength;

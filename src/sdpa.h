@@ -27,6 +27,10 @@
 //              W most recent keys up to its causal frontier
 // Output row i = Σ_j softmax_j(s) · v_j. A row whose every key is blocked (-inf) has no
 // softmax; its output (and weights) are exact zeros.
+// With sinks (gpt-oss), the softmax of each row of query head h has one more logit, sinks[h],
+// taken as it is (not scaled, capped or masked), whose value row is zero: the keys' weights
+// sum to 1 - exp(sinks[h] - lse), and the output is Σ_j p_j·v_j with those weights. A fully
+// blocked row's output is still exact zeros (its lse is sinks[h]). src/kernels/softmax-sink.h.
 #pragma once
 
 #include <cstddef>
@@ -85,6 +89,9 @@ struct Problem {
   // Per-batch first valid keys [B] in [0, Lk], or nullptr for 0: keys j < key_starts[b] are
   // padding (a left-padded batch), skipped as those past key_lengths[b] are.
   const int32_t* key_starts = nullptr;
+  // Per-query-head sink logits [Hq] (finite, or -inf for a head without one), or nullptr for
+  // none: see the score pipeline above.
+  const float* sinks = nullptr;
 
   float* weights = nullptr;  // optional [B, Hq, Lq, Lk] softmax probabilities
   // Optional [B, Hq, Lq], dense: each row's log-sum-exp of its scores, log Σ_j exp(s_j)
@@ -122,6 +129,7 @@ enum class Status : int32_t {
   kBadMaskGrad = 11,    // backward() asked for the mask's gradient (d_mask) of a problem whose
                         // mask is not MaskKind::kFloat
   kBadWindow = 12,      // sliding_window < 0, or > 0 without causal
+  kBadSink = 13,        // a sink that is NaN or +inf
 };
 
 const char* status_name(Status status);

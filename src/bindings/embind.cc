@@ -28,6 +28,7 @@ struct ProblemDesc {
   uint32_t query, key, value, output, weights, mask, causalOffsets, keyLengths;
   uint32_t logsumexp;  // sdpa::Problem::logsumexp: [B, Hq, Lq] written by forward(), 0 for none
   uint32_t keyStarts;  // sdpa::Problem::key_starts: [B], 0 for none
+  uint32_t sinks;      // sdpa::Problem::sinks: [Hq], 0 for none
   int32_t qStrideB, qStrideH, qStrideL, kStrideB, kStrideH, kStrideL;
   int32_t vStrideB, vStrideH, vStrideL, oStrideB, oStrideH, oStrideL;
   int32_t maskKind, maskStrideB, maskStrideH, maskStrideQ, maskStrideK;
@@ -74,6 +75,7 @@ sdpa::Problem to_problem(const ProblemDesc& d) {
   p.sliding_window = d.slidingWindow;
   p.key_lengths = at<const int32_t>(d.keyLengths);
   p.key_starts = at<const int32_t>(d.keyStarts);
+  p.sinks = at<const float>(d.sinks);
   p.read_kv_in_order = d.readKvInOrder != 0;
   p.logsumexp = at<float>(d.logsumexp);
   return p;
@@ -85,7 +87,8 @@ struct BackwardDesc {
   uint32_t logsumexp, gradOutput, dQuery, dKey, dValue;
   int32_t goStrideB, goStrideH, goStrideL, dqStrideB, dqStrideH, dqStrideL;
   int32_t dkStrideB, dkStrideH, dkStrideL, dvStrideB, dvStrideH, dvStrideL;
-  uint32_t dMask;  // 0 for none
+  uint32_t dMask;   // 0 for none
+  uint32_t dSinks;  // sdpa::BackwardProblem::d_sinks: [Hq], 0 for none
 };
 
 // The argument blocks. A call's ProblemDesc (and BackwardDesc) is not converted from a JS
@@ -121,6 +124,7 @@ constexpr FieldLayout kProblemFields[] = {
     SDPA_FIELD(ProblemDesc, key),         SDPA_FIELD(ProblemDesc, value),         SDPA_FIELD(ProblemDesc, output),
     SDPA_FIELD(ProblemDesc, weights),     SDPA_FIELD(ProblemDesc, mask),          SDPA_FIELD(ProblemDesc, causalOffsets),
     SDPA_FIELD(ProblemDesc, keyLengths),  SDPA_FIELD(ProblemDesc, logsumexp),     SDPA_FIELD(ProblemDesc, keyStarts),
+    SDPA_FIELD(ProblemDesc, sinks),
     SDPA_FIELD(ProblemDesc, qStrideB),
     SDPA_FIELD(ProblemDesc, qStrideH),    SDPA_FIELD(ProblemDesc, qStrideL),      SDPA_FIELD(ProblemDesc, kStrideB),
     SDPA_FIELD(ProblemDesc, kStrideH),    SDPA_FIELD(ProblemDesc, kStrideL),      SDPA_FIELD(ProblemDesc, vStrideB),
@@ -138,6 +142,7 @@ constexpr FieldLayout kBackwardFields[] = {
     SDPA_FIELD(BackwardDesc, dqStrideH), SDPA_FIELD(BackwardDesc, dqStrideL),  SDPA_FIELD(BackwardDesc, dkStrideB),
     SDPA_FIELD(BackwardDesc, dkStrideH), SDPA_FIELD(BackwardDesc, dkStrideL),  SDPA_FIELD(BackwardDesc, dvStrideB),
     SDPA_FIELD(BackwardDesc, dvStrideH), SDPA_FIELD(BackwardDesc, dvStrideL),  SDPA_FIELD(BackwardDesc, dMask),
+    SDPA_FIELD(BackwardDesc, dSinks),
 };
 #undef SDPA_FIELD
 // All fields are words: a struct as large as its listed fields has every field listed (the
@@ -186,6 +191,7 @@ sdpa::BackwardProblem to_backward(const ProblemDesc& d, const BackwardDesc& g) {
   p.d_value = at<float>(g.dValue);
   p.dv_stride_b = g.dvStrideB, p.dv_stride_h = g.dvStrideH, p.dv_stride_l = g.dvStrideL;
   p.d_mask = at<float>(g.dMask);
+  p.d_sinks = at<float>(g.dSinks);
   return p;
 }
 
@@ -233,19 +239,21 @@ double segment_partials_floats(uint32_t desc) {
 
 // A streamed decode (sdpa.h, forward_segment) of a problem that is one (batch, KV head):
 // the description (an argument block's address) is read once, then only addresses move, per
-// (batch, KV head) the rows of Q, output, mask, offsets, key lengths and starts, per segment K and V.
+// (batch, KV head) the rows of Q, output, mask, offsets, key lengths and starts, the KV group's sinks,
+// per segment K and V.
 class SegmentStream {
  public:
   explicit SegmentStream(uint32_t desc) : p_(to_problem(problem_at(desc))) {}
 
   void set_pair(uint32_t query, uint32_t output, uint32_t mask, uint32_t causal_offsets, uint32_t key_lengths,
-                uint32_t key_starts) {
+                uint32_t key_starts, uint32_t sinks) {
     p_.query = at<const float>(query);
     p_.output = at<float>(output);
     p_.mask = at<const void>(mask);
     p_.causal_offsets = at<const int32_t>(causal_offsets);
     p_.key_lengths = at<const int32_t>(key_lengths);
     p_.key_starts = at<const int32_t>(key_starts);
+    p_.sinks = at<const float>(sinks);
   }
 
   int32_t forward(int32_t segment, uint32_t key, uint32_t value, uint32_t partials, uint32_t scratch,

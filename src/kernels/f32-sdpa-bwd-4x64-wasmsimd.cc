@@ -41,6 +41,7 @@
 #include "kernels/f32-tile-ops-wasmsimd.h"
 #include "kernels/row-limits.h"
 #include "kernels/sdpa-bwd-kernels.h"
+#include "kernels/softmax-sink.h"
 #include "math/f32-vexp-nonpositive-rr1-p5-wasmsimd.h"
 #include "simd/copy-bytes.h"
 #include "simd/f32x4.h"
@@ -681,7 +682,7 @@ bool recomputes_stats(const Problem& p, float lse, int32_t limit, const float* q
 //   tile maximum mt = -inf     the tile has no key of the row: m and l unchanged
 //   mt > m                     new maximum: l *= exp(m - mt) (0 while m = -inf), m = mt
 //   then                       l += Σ_tile exp(s - m), each term in [0, 1], the maximum's 1
-// so l >= 1 once a key is seen, and log_sum >= 0. Each tile of K is packed once for the group;
+// so l >= 1 once a key is seen, and log_sum >= 0; a sink then joins m and l as the forward's does. Each tile of K is packed once for the group;
 // each row tile scores it over its own keys (up to the largest limit of its marked rows), so a
 // row's scores and sums do not depend on the rows it is grouped with.
 void recompute_row_stats(const BackwardProblem& bp, int32_t b, int32_t kv_head, const uint8_t* recompute,
@@ -743,8 +744,11 @@ void recompute_row_stats(const BackwardProblem& bp, int32_t b, int32_t kv_head, 
       const float row_m = m[t * kQueryTile + r], row_l = l[t * kQueryTile + r];
       if (!(recompute[t] >> r & 1) || !std::isfinite(row_m) || !std::isfinite(row_l)) continue;
       const int64_t row = (static_cast<int64_t>(rt.b) * p.q_heads + rt.h[r]) * p.q_len + rt.i[r];
-      stats.shift[row] = row_m;
-      stats.log_sum[row] = std::log(row_l);
+      // The row's sink, as the forward's lse has it (softmax-sink.h): M = max(m, sink), and
+      // L = l·exp(m - M) + exp(sink - M) >= 1 still (one of its two terms is exp(0) = 1).
+      const SinkedRow sinked = add_sink(row_m, row_l, sink_of(p, rt.h[r]));
+      stats.shift[row] = sinked.max;
+      stats.log_sum[row] = std::log(sinked.sum);
     }
   }
 }

@@ -7,6 +7,8 @@
 //   l_t = α_t·l_{t-1} + Σ_j exp(s_j - m_t)       running sum of the softmax denominator
 //   o_t = α_t·o_{t-1} + Σ_j exp(s_j - m_t)·v_j   unnormalised output row
 // and finally out = o / l, or exact zeros when l == 0 (every key of the row was blocked).
+// A sink (gpt-oss, Problem::sinks) joins each row once, at that end: M = max(m, sink),
+// L = l·exp(m - M) + exp(sink - M), out = o·exp(m - M) / L (softmax-sink.h, add_sink).
 // Every exponent is s - m <= 0, so exp never overflows whatever the logits' magnitude; and
 // exp flushes weights under 2^-64 (of the row maximum's 1) to exact zeros, so no subnormal
 // number is ever made (src/math/f32-vexp-nonpositive-rr1-p5-wasmsimd.h).
@@ -68,6 +70,7 @@
 
 #include "kernels/f32-tile-ops-wasmsimd.h"
 #include "kernels/row-limits.h"
+#include "kernels/softmax-sink.h"
 #include "math/f16-f32-cvt-wasmsimd.h"
 #include "math/f32-vexp-nonpositive-rr1-p5-wasmsimd.h"
 #include "simd/copy-bytes.h"
@@ -881,18 +884,22 @@ __attribute__((noinline)) void attend_row_tile(const Problem& p, const RowTile& 
     return;
   }
 
-  if (p.logsumexp != nullptr) {  // m + log l; -inf when the row attended nothing (l == 0)
-    for (int r = 0; r < rt.rows; r++) {
+  // Each row's sink joins its softmax here, at its end (softmax-sink.h): the final maximum M
+  // and sum L, and o's factor α. Without one (or for a padding row) M = m, L = l, α = 1.
+  float final_max[kQueryTile], inv_sum[kQueryTile], output_scale[kQueryTile];
+  for (int r = 0; r < kQueryTile; r++) {
+    const SinkedRow row = add_sink(maxima[r], sums[r], r < rt.rows ? sink_of(p, rt.h[r]) : kNegInf);
+    final_max[r] = row.max, output_scale[r] = row.output_scale;
+    inv_sum[r] = row.sum == 0.0f ? 0.0f : 1.0f / row.sum;  // 1 / L; 0 for a row with nothing at all
+    if (p.logsumexp != nullptr && r < rt.rows) {  // M + log L; -inf when L == 0
       p.logsumexp[(static_cast<int64_t>(rt.b) * p.q_heads + rt.h[r]) * p.q_len + rt.i[r]] =
-          sums[r] == 0.0f ? kNegInf : maxima[r] + std::log(sums[r]);
+          row.sum == 0.0f ? kNegInf : row.max + std::log(row.sum);
     }
   }
 
-  // out = o / l; l == 0 means the row attended nothing (every score -inf): exact zeros, not
+  // out = o·α / L; l == 0 means the row attended nothing (every score -inf): exact zeros, not
   // 0/0 = NaN, and not o·0 either: o is NaN when a key of probability 0 had Inf/NaN in its V
-  // row (P·V multiplies the open columns unconditionally).
-  float inv_sum[kQueryTile];
-  for (int r = 0; r < kQueryTile; r++) inv_sum[r] = sums[r] == 0.0f ? 0.0f : 1.0f / sums[r];
+  // row (P·V multiplies the open columns unconditionally). α·(1/L) is 1/l's bits without a sink.
   for (int r = 0; r < rt.rows; r++) {
     float* dst = p.output + rt.b * p.o_stride_b + rt.h[r] * p.o_stride_h +
                  static_cast<int64_t>(rt.i[r]) * p.o_stride_l;
@@ -900,12 +907,13 @@ __attribute__((noinline)) void attend_row_tile(const Problem& p, const RowTile& 
     if (sums[r] == 0.0f) {
       std::fill(dst, dst + Ev, 0.0f);
     } else {
-      for (int32_t c = 0; c < Ev; c++) dst[c] = o[c] * inv_sum[r];
+      const float factor = output_scale[r] * inv_sum[r];
+      for (int32_t c = 0; c < Ev; c++) dst[c] = o[c] * factor;
     }
   }
 
   if (p.weights == nullptr) return;
-  write_row_tile_weights(p, rt, kv, 0, p.kv_len, running_max, inv_sum, query_ready, s, ec);
+  write_row_tile_weights(p, rt, kv, 0, p.kv_len, wasm_v128_load(final_max), inv_sum, query_ready, s, ec);
 }
 
 }  // namespace
@@ -1154,6 +1162,7 @@ void sdpa_f32_fwd_weights_4x512__wasmsimd(const Problem& p, const KernelWork& w,
 void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, int32_t rows,
                                  int32_t segments, const float* partials, float* row_stats) {
   // partials: [segments][ceil(rows / 4)][4][2 + Ev8], each row (m_s, l_s, o_s) over segment s.
+  // row_stats (for the weights pass): each row's final (M, L), its sink included.
   // With m = max_s m_s, the whole row is l = Σ_s exp(m_s - m)·l_s, o = Σ_s exp(m_s - m)·o_s;
   // segments with m_s = -inf are skipped (their exp would be NaN when m is -inf too): they
   // attended nothing (l_s = 0), or every score they saw was NaN (the running maximum never
@@ -1197,11 +1206,13 @@ void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, i
         for (int32_t c = 0; c < Ev; c++) dst[c] += scale * part[2 + c];
       }
     }
-    if (row_stats != nullptr) row_stats[2 * f] = m, row_stats[2 * f + 1] = l;
+    // The row's sink joins here, once, after the segments (softmax-sink.h): M, L and α.
+    const SinkedRow row = add_sink(m, l, sink_of(p, kv_head * group + f / p.q_len));
+    if (row_stats != nullptr) row_stats[2 * f] = row.max, row_stats[2 * f + 1] = row.sum;
+    if (lse != nullptr && row.sum != 0.0f) *lse = row.max + std::log(row.sum);
     if (l == 0.0f) continue;  // every key of the row blocked: exact zeros
-    const float inv_l = 1.0f / l;
-    for (int32_t c = 0; c < Ev; c++) dst[c] *= inv_l;
-    if (lse != nullptr && l != 0.0f) *lse = m + std::log(l);
+    const float factor = row.output_scale * (1.0f / row.sum);  // 1/l's bits without a sink
+    for (int32_t c = 0; c < Ev; c++) dst[c] *= factor;
   }
 }
 

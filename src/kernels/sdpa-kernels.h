@@ -44,7 +44,8 @@ void sdpa_f32_fwd_ukernel_4x512__wasmsimd(const Problem& p, const KernelWork& wo
 
 // Output rows [0, rows) of one (batch, KV head) from `segments` split-K calls' partials,
 // laid out [segments][row tiles][partial_floats / 4 per row]. When row_stats is non-null, also
-// each row's final (m, l) there, [rows][2], for the weights.
+// each row's final (m, l) there, [rows][2], for the weights (with a sink, softmax-sink.h's
+// (M, L): the sink included).
 void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, int32_t rows,
                                  int32_t segments, const float* partials, float* row_stats = nullptr);
 

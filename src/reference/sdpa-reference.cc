@@ -26,12 +26,13 @@ double kv_element(const Problem& p, const void* base, int64_t at) {
 
 }  // namespace
 
-std::vector<double> reference_forward(const Problem& p, std::vector<double>* weights) {
+std::vector<double> reference_forward(const Problem& p, std::vector<double>* weights, std::vector<double>* logsumexp) {
   const int64_t B = p.batch, Hq = p.q_heads, Hkv = p.kv_heads, Lq = p.q_len, Lk = p.kv_len,
                 E = p.head_dim, Ev = p.value_dim;
   const double neg_inf = -std::numeric_limits<double>::infinity();
   std::vector<double> out(static_cast<size_t>(B * Hq * Lq * Ev), 0.0);
   if (weights != nullptr) weights->assign(static_cast<size_t>(B * Hq * Lq * Lk), 0.0);
+  if (logsumexp != nullptr) logsumexp->assign(static_cast<size_t>(B * Hq * Lq), neg_inf);
 
   std::vector<double> logits(static_cast<size_t>(Lk));
   std::vector<bool> blocked(static_cast<size_t>(Lk));
@@ -69,15 +70,19 @@ std::vector<double> reference_forward(const Problem& p, std::vector<double>* wei
           if (p.mask_kind == MaskKind::kFloat) s += static_cast<const float*>(p.mask)[m];
           logits[j] = s;
         }
-        // 2. softmax with the maximum subtracted; an all-blocked row stays all zero.
-        double max_logit = neg_inf;
+        // 2. softmax with the maximum subtracted, over the keys and the head's sink (one more
+        // logit, whose value row is zero: it adds to the sum only); an all-blocked row stays
+        // all zero.
+        const double sink = p.sinks != nullptr ? p.sinks[h] : neg_inf;
+        double max_logit = sink;
         for (int64_t j = 0; j < Lk; j++) max_logit = std::max(max_logit, logits[j]);
         if (max_logit == neg_inf) continue;
-        double sum = 0.0;
+        double sum = sink == neg_inf ? 0.0 : std::exp(sink - max_logit);
         for (int64_t j = 0; j < Lk; j++) {
           logits[j] = blocked[j] ? 0.0 : std::exp(logits[j] - max_logit);
           sum += logits[j];
         }
+        if (logsumexp != nullptr) (*logsumexp)[static_cast<size_t>((b * Hq + h) * Lq + i)] = max_logit + std::log(sum);
         // 3. output row = Σ_j p_j·v_j over the keys that are not blocked.
         double* o = out.data() + ((b * Hq + h) * Lq + i) * Ev;
         for (int64_t j = 0; j < Lk; j++) {
@@ -94,33 +99,8 @@ std::vector<double> reference_forward(const Problem& p, std::vector<double>* wei
 }
 
 std::vector<double> reference_logsumexp(const Problem& p) {
-  // log Σ_j exp(s_j) = log(1 / w_j) + s_j for any attended key j with weight w_j; taken at
-  // the key of the largest weight (the best conditioned), from the reference's own scores.
-  const int64_t B = p.batch, Hq = p.q_heads, Lq = p.q_len, Lk = p.kv_len;
-  std::vector<double> weights;
-  reference_forward(p, &weights);
-  std::vector<double> lse(static_cast<size_t>(B * Hq * Lq), -std::numeric_limits<double>::infinity());
-  for (int64_t b = 0; b < B; b++) {
-    for (int64_t h = 0; h < Hq; h++) {
-      const int64_t kvh = h / (Hq / p.kv_heads);
-      for (int64_t i = 0; i < Lq; i++) {
-        const double* w = weights.data() + ((b * Hq + h) * Lq + i) * Lk;
-        const int64_t j = std::max_element(w, w + Lk) - w;
-        if (w[j] == 0.0) continue;  // nothing attended
-        const float* q = p.query + b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_l;
-        const int64_t k = b * p.k_stride_b + kvh * p.k_stride_h + j * p.k_stride_l;
-        double dot = 0.0;
-        for (int64_t d = 0; d < p.head_dim; d++) dot += static_cast<double>(q[d]) * kv_element(p, p.key, k + d);
-        double s = static_cast<double>(p.scale) * dot;
-        if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
-        if (p.mask_kind == MaskKind::kFloat) {
-          s += static_cast<const float*>(p.mask)[b * p.mask_stride_b + h * p.mask_stride_h + i * p.mask_stride_q +
-                                                 j * p.mask_stride_k];
-        }
-        lse[static_cast<size_t>((b * Hq + h) * Lq + i)] = s - std::log(w[j]);
-      }
-    }
-  }
+  std::vector<double> lse;
+  reference_forward(p, nullptr, &lse);
   return lse;
 }
 
@@ -133,9 +113,10 @@ ReferenceGradients reference_backward(const BackwardProblem& bp) {
   const Problem& p = bp.forward;
   const int64_t B = p.batch, Hq = p.q_heads, Hkv = p.kv_heads, Lq = p.q_len, Lk = p.kv_len,
                 E = p.head_dim, Ev = p.value_dim;
-  std::vector<double> weights;
-  reference_forward(p, &weights);  // softmax probabilities, 0 for blocked keys and empty rows
+  std::vector<double> weights, lse;
+  reference_forward(p, &weights, &lse);  // softmax probabilities, 0 for blocked keys and empty rows
   ReferenceGradients g;
+  if (p.sinks != nullptr) g.d_sinks.assign(static_cast<size_t>(Hq), 0.0);
   g.d_query.assign(static_cast<size_t>(B * Hq * Lq * E), 0.0);
   g.d_key.assign(static_cast<size_t>(B * Hkv * Lk * E), 0.0);
   g.d_value.assign(static_cast<size_t>(B * Hkv * Lk * Ev), 0.0);
@@ -156,6 +137,10 @@ ReferenceGradients reference_backward(const BackwardProblem& bp) {
           const float* v = static_cast<const float*>(p.value) + b * p.v_stride_b + kvh * p.v_stride_h + j * p.v_stride_l;
           for (int64_t c = 0; c < Ev; c++) dp[j] += static_cast<double>(go[c]) * v[c];
           delta += prob[j] * dp[j];
+        }
+        // The sink's value row is zero: its dp is 0, so ∂L/∂sink = p_sink·(0 - D).
+        if (!g.d_sinks.empty() && p.sinks[h] != -std::numeric_limits<float>::infinity()) {
+          g.d_sinks[static_cast<size_t>(h)] -= std::exp(p.sinks[h] - lse[static_cast<size_t>((b * Hq + h) * Lq + i)]) * delta;
         }
         for (int64_t j = 0; j < Lk; j++) {
           if (prob[j] == 0.0) continue;

@@ -10,19 +10,23 @@
 namespace sdpa {
 
 // Reads the problem's inputs (p.output and p.weights are ignored) and returns
-//   output  [B, Hq, Lq, Ev] dense, and, when `weights` is non-null, weights [B, Hq, Lq, Lk].
-std::vector<double> reference_forward(const Problem& p, std::vector<double>* weights);
+//   output  [B, Hq, Lq, Ev] dense, and, when `weights` is non-null, weights [B, Hq, Lq, Lk],
+//   and, when `logsumexp` is non-null, each row's lse [B, Hq, Lq] (reference_logsumexp).
+std::vector<double> reference_forward(const Problem& p, std::vector<double>* weights,
+                                      std::vector<double>* logsumexp = nullptr);
 
-// Each row's log Σ_j exp(s_j) over the keys it attends, -inf for a row with none: [B, Hq, Lq].
+// Each row's log Σ_j exp(s_j) over the keys it attends, plus its head's sink's exp(sink) when
+// the problem has sinks; -inf for a row with neither: [B, Hq, Lq].
 std::vector<double> reference_logsumexp(const Problem& p);
 
 // The gradients of the backward problem's forward (its inputs and dO; not the forward's saved
 // O and lse, which the kernel uses: the reference derives everything from the definition),
 // dense: d_query [B, Hq, Lq, E], d_key [B, Hkv, Lk, E], d_value [B, Hkv, Lk, Ev]; and for a
 // float mask d_mask, laid out as the mask (element (b, h, i, j) at the mask's offset, summed
-// over its broadcast axes), mask_elements(p) long (empty without a float mask).
+// over its broadcast axes), mask_elements(p) long (empty without a float mask); with sinks,
+// d_sinks [Hq] (empty without).
 struct ReferenceGradients {
-  std::vector<double> d_query, d_key, d_value, d_mask;
+  std::vector<double> d_query, d_key, d_value, d_mask, d_sinks;
 };
 ReferenceGradients reference_backward(const BackwardProblem& p);
 

@@ -1,7 +1,7 @@
 // The test problem shared by the forward and backward GoogleTest suites
 // (sdpa-forward-test.cc, sdpa-backward-test.cc): a Case described by shapes and options,
 // and the pieces of a harness that turn it into a Problem: the dimensions, the strides of
-// either layout, scale and softcap, and the mask, causal offsets and key lengths. Also the
+// either layout, scale and softcap, and the mask, causal offsets, key lengths and starts, sinks. Also the
 // streamed decode of a problem (run_streamed), float32 or float16 (f16-kv-test.cc).
 // A case's data come from one stream seeded by the case (CaseRandom), drawn in a fixed order:
 // Q, K, V (draw_qkv), whatever else the harness draws, then the mask (set_options).
@@ -34,6 +34,7 @@ struct AttentionCase {
   int32_t window = 0;                // sliding window (with causal); 0 = none
   std::vector<int32_t> key_lengths;  // empty = none
   std::vector<int32_t> key_starts;   // empty = none
+  std::vector<float> sinks;          // [Hq] sink logits; empty = none
   float softcap = 0.0f;
   float scale = NAN;                 // NAN = 1/sqrt(E)
   float input_scale = 1.0f;          // multiplies Q (large logits)
@@ -43,7 +44,7 @@ struct AttentionCase {
     std::ostringstream s;
     s << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " E" << E
       << " Ev" << Ev << (bshd ? " bshd" : "") << " mask" << static_cast<int>(mask_kind)
-      << (key_starts.empty() ? "" : " key_starts") << (causal ? " causal" : "") << (window > 0 ? " window" + std::to_string(window) : "") << " softcap" << softcap << " seed" << seed;
+      << (key_starts.empty() ? "" : " key_starts") << (sinks.empty() ? "" : " sinks") << (causal ? " causal" : "") << (window > 0 ? " window" + std::to_string(window) : "") << " softcap" << softcap << " seed" << seed;
     return s.str();
   }
 };
@@ -104,6 +105,7 @@ struct OptionArrays {
   std::vector<float> mask_f;
   std::vector<uint8_t> mask_b;
   std::vector<int32_t> offsets, key_lengths, key_starts;
+  std::vector<float> sinks;
 };
 
 // p's mask (dense over the case's mask_dims, stride 0 on each broadcast axis; entries drawn
@@ -152,6 +154,10 @@ inline void set_options(const AttentionCase& c, CaseRandom& random, OptionArrays
   if (!c.key_starts.empty()) {
     arrays.key_starts = c.key_starts;
     p.key_starts = arrays.key_starts.data();
+  }
+  if (!c.sinks.empty()) {
+    arrays.sinks = c.sinks;
+    p.sinks = arrays.sinks.data();
   }
 }
 

@@ -461,6 +461,7 @@ struct F16Case {
   int32_t window = 0;                // sliding window (with causal); 0 = none
   std::vector<int32_t> key_lengths;  // empty = none
   std::vector<int32_t> key_starts;   // empty = none
+  std::vector<float> sinks;          // [Hq]; empty = none
   bool float_mask = false;           // a float mask [B, 1, Lq, Lk] (broadcast over heads)
   double mask_block_fraction = 0.2;  // share of its entries that are -inf
   float softcap = 0.0f;
@@ -472,6 +473,7 @@ struct F16Case {
     s << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " E" << E << " Ev" << Ev
       << " max_len" << Lk + extra_len << (causal ? " causal" : "") << (window > 0 ? " window" + std::to_string(window) : "")
       << (key_lengths.empty() ? "" : " key_lengths") << (key_starts.empty() ? "" : " key_starts")
+      << (sinks.empty() ? "" : " sinks")
       << (float_mask ? " mask" : "") << " softcap" << softcap << (weights ? " weights" : "") << " seed" << seed;
     return s.str();
   }
@@ -483,6 +485,7 @@ struct F16Harness {
   std::vector<float> q, mask, out, weights;
   std::vector<uint16_t> k, v;  // halves, cache storage
   std::vector<int32_t> offsets, key_lengths, key_starts;
+  std::vector<float> sinks;
   Problem p;
 
   explicit F16Harness(const F16Case& cs) : c(cs), max_len(cs.Lk + cs.extra_len) {
@@ -509,6 +512,10 @@ struct F16Harness {
     if (!c.key_starts.empty()) {
       key_starts = c.key_starts;
       p.key_starts = key_starts.data();
+    }
+    if (!c.sinks.empty()) {
+      sinks = c.sinks;
+      p.sinks = sinks.data();
     }
     // Positions no row may attend: past the batch's key length, past the causal frontier of
     // the last query row, before the batch's first key or the window of the first row, and [Lk, max_len) of the storage,
@@ -989,20 +996,22 @@ TEST(F16Kernel, DecodeWithConstantStreamSpacingGivesTheBitsOfTheGeneralLoops) {
 // length ends inside a group, a causal frontier inside a group, softcap. And the path is
 // taken: the same problem with an all-zero float mask, which keeps every group in key order,
 // gives other bits (the tiles hold other keys, so their maxima and sums round differently).
-// A sliding window or a batch's first key inside the first group: the groups after it are read interleaved.
+// A sliding window or a batch's first key inside the first group: the groups after it are read interleaved; sinks
+// join after their merge.
 TEST(F16Kernel, DecodeReadsWholeOpenGroupsOfTilesInterleaved) {
   const std::pair<int, int> dims[] = {{128, 128}, {64, 64}, {128, 64}, {68, 36}, {67, 35}};
   uint32_t seed = 900;
   for (int lk : {2048, 2 * 2048 + 515})
     for (auto [e, ev] : dims)
-      for (int variant = 0; variant < 5; variant++) {
-        if (variant >= 3 && lk < 4096) continue;  // one group, cut by the window: nothing interleaved
+      for (int variant = 0; variant < 6; variant++) {
+        if (variant >= 3 && variant <= 4 && lk < 4096) continue;  // one group, cut by the window: nothing interleaved
         F16Case c;
         c.B = 2, c.Hq = 2, c.Hkv = 2, c.Lq = 1, c.Lk = lk, c.E = e, c.Ev = ev, c.weights = false, c.seed = seed++;
         if (variant == 1) c.key_lengths = {lk, lk > 4096 ? 2048 + 700 : 1500};  // batch 1: a group cut
         if (variant == 2) c.causal = true, c.offsets = {lk - 1, lk - 1400}, c.softcap = 5.0f;
         if (variant == 3) c.causal = true, c.offsets = {lk - 1, lk - 200}, c.window = lk - 700;
         if (variant == 4) c.key_starts = {700, 2100};  // left padding: the groups after it interleaved
+        if (variant == 5) c.sinks = {2.0f, 25.0f};  // joined after the interleaved segments' merge
         F16Harness exact(c);
         exact.p.read_kv_in_order = true;
         F16Harness finite(c);

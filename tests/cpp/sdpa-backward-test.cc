@@ -40,6 +40,7 @@ struct Harness : test::OptionArrays {
   Case c;
   std::vector<float> q, k, v, out, lse, go, dq, dk, dv;
   std::vector<float> dm;  // a float mask's gradient, laid out as the mask (mask_f)
+  std::vector<float> ds;  // the sinks' gradient [Hq]
   BackwardProblem bp;
 
   explicit Harness(const Case& cs) : c(cs) {
@@ -66,6 +67,10 @@ struct Harness : test::OptionArrays {
     if (c.mask_kind == MaskKind::kFloat) {  // a float mask's gradient: every case asks for it
       dm.assign(mask_f.size(), kNaN);
       bp.d_mask = dm.data();
+    }
+    if (!c.sinks.empty()) {  // sinks' gradient: every case with sinks asks for it
+      ds.assign(c.sinks.size(), kNaN);
+      bp.d_sinks = ds.data();
     }
     if (!c.key_starts.empty()) {
       // Left padding, before each batch's first key, holds NaN: it must not reach any gradient.
@@ -138,6 +143,10 @@ struct Harness : test::OptionArrays {
     double worst = 0.0;
     for (size_t n = 0; n < dm.size(); n++) worst = std::max(worst, relative_error(dm[n], ref.d_mask[n]));
     EXPECT_LE(worst, kTolerance) << "dMask " << c.describe();
+    ASSERT_EQ(ref.d_sinks.size(), ds.size()) << c.describe();
+    for (size_t h = 0; h < ds.size(); h++) {
+      EXPECT_LE(relative_error(ds[h], ref.d_sinks[h]), kTolerance) << "dSinks[" << h << "] " << c.describe();
+    }
   }
 
   // Whether every gradient has the bits of `other`'s.
@@ -148,6 +157,10 @@ struct Harness : test::OptionArrays {
     ASSERT_EQ(dm.size(), other.dm.size());
     if (!dm.empty()) {
       EXPECT_EQ(std::memcmp(dm.data(), other.dm.data(), dm.size() * 4), 0) << "dMask " << what;
+    }
+    ASSERT_EQ(ds.size(), other.ds.size());
+    if (!ds.empty()) {
+      EXPECT_EQ(std::memcmp(ds.data(), other.ds.data(), ds.size() * 4), 0) << "dSinks " << what;
     }
   }
 };
@@ -279,6 +292,42 @@ TEST(Backward, KeyStartsWithNaNLeftPadding) {
     }
 }
 
+// Sink logits for Hq heads, cycling through: none (-inf), 0, 2.5, -3, and 30 (above every
+// score: |lse| > kExactLseLimit, so those rows' statistics are recomputed with the sink).
+std::vector<float> cycling_sinks(int Hq) {
+  const float values[] = {-kInf, 0.0f, 2.5f, -3.0f, 30.0f};
+  std::vector<float> sinks(static_cast<size_t>(Hq));
+  for (int h = 0; h < Hq; h++) sinks[size_t(h)] = values[h % 5];
+  return sinks;
+}
+
+TEST(Backward, SinksAroundTileEdgesWithMasksWindowsAndGqa) {
+  // The sinks' lse saved by the forward rebuilds every p; dSinks[h] = -Σ exp(sink - lse)·D.
+  // Heads without a sink, below, about and far above the scores (rows recomputed); MHA and
+  // GQA; rows with nothing to attend (a negative offset: their lse is the sink, their
+  // gradients zero); float masks with their gradient, windows, softcap; 1 and 2 threads.
+  const int kt = kBackwardKeyTile;
+  uint32_t seed = 1500;
+  for (auto hh : {std::pair<int, int>{5, 5}, {5, 1}})
+    for (int lq : {1, 5, 37})
+      for (int lk : {1, kt - 1, kt, kt + 1, 2 * kt + 3})
+        for (int variant = 0; variant < 2; variant++) {
+          Case c;
+          c.B = 2, c.Hq = hh.first, c.Hkv = hh.second, c.Lq = lq, c.Lk = lk, c.E = 8, c.Ev = 6, c.seed = seed++;
+          c.sinks = cycling_sinks(c.Hq);
+          if (variant == 1) {
+            c.causal = true, c.offsets = {lk - lq, -2}, c.window = 20, c.softcap = 5.0f;
+            c.mask_kind = MaskKind::kFloat, c.mask_dims = {c.B, 1, lq, lk}, c.mask_block_fraction = 0.2;
+          }
+          Harness h(c);
+          h.run(1);
+          h.expect_matches_reference();
+          Harness two(c);
+          two.run(2);
+          two.expect_same_bits(h, "2 threads " + c.describe());
+        }
+}
+
 TEST(Backward, SoftcapScaleAndLargeLogits) {
   for (float softcap : {0.0f, 1.0f, 20.0f}) {
     for (float input_scale : {1.0f, 8.0f}) {
@@ -407,6 +456,8 @@ TEST(Backward, BitwiseIdenticalForAnyThreadCountAndSplit) {
   cases[2].Ev = 64, cases[2].causal = true, cases[2].bshd = true;
   cases[3] = cases[0], cases[3].Lq = 150, cases[3].Lk = 400, cases[3].offsets = {250, 100}, cases[3].window = 90;
   cases[3].mask_dims = {150, 400};
+  cases.push_back(cases[1]);
+  cases[4].sinks = {1.0f, -kInf, 30.0f, -2.0f, 0.0f, 4.0f};
   for (const Case& c : cases) {
     Harness one(c);
     one.run(1);
@@ -435,6 +486,7 @@ TEST(Backward, ReferenceGradientsMatchFiniteDifferences) {
   };
   auto expect_fd = [&](std::vector<float>& x, const std::vector<double>& grad, const char* name) {
     for (size_t n = 0; n < x.size(); n++) {
+      if (!std::isfinite(x[n])) continue;  // a sink of -inf (none): no neighbourhood to step in
       const float saved = x[n];
       const float step = 1e-2f;
       x[n] = saved + step;
@@ -461,6 +513,18 @@ TEST(Backward, ReferenceGradientsMatchFiniteDifferences) {
   h.bp.forward.mask_stride_q = 0;
   const ReferenceGradients ref_h = reference_backward(h.bp);
   expect_fd(h.mask_f, ref_h.d_mask, "dMask [Lk]");
+  // The sinks' gradient, a head with none (-inf: its gradient is 0) among them, and rows with
+  // nothing to attend (a negative offset), whose output stays zero whatever the sink.
+  Case sinks = c;
+  sinks.sinks = {0.7f, -kInf}, sinks.offsets = {-1}, sinks.seed = 11;
+  Harness hs(sinks);
+  const ReferenceGradients ref_s = reference_backward(hs.bp);
+  ASSERT_EQ(ref_s.d_sinks.size(), 2u);
+  EXPECT_EQ(ref_s.d_sinks[1], 0.0);
+  std::swap(h, hs);  // expect_fd perturbs h (and loss() reads it); moves keep each vector's buffer
+  expect_fd(h.sinks, ref_s.d_sinks, "dSinks");
+  expect_fd(h.q, ref_s.d_query, "dQ with sinks");
+  expect_fd(h.v, ref_s.d_value, "dV with sinks");
 }
 
 // The float mask's gradient for a mask of each of the 16 broadcast shapes over [B, Hq, Lq, Lk]:
@@ -644,6 +708,16 @@ TEST(Backward, RejectsWhatItDoesNotTake) {
   Harness hb(bool_mask);
   hb.bp.d_mask = dm.data();
   EXPECT_EQ(validate_backward(hb.bp), Status::kBadMaskGrad);
+  // The sinks' gradient without sinks; a NaN sink (the forward's own check).
+  std::vector<float> d_sinks(1);
+  bad = h.bp;
+  bad.d_sinks = d_sinks.data();
+  EXPECT_EQ(validate_backward(bad), Status::kNullPointer);
+  float sink = kNaN;
+  bad.forward.sinks = &sink;
+  EXPECT_EQ(validate_backward(bad), Status::kBadSink);
+  sink = 1.0f;
+  EXPECT_EQ(validate_backward(bad), Status::kOk);
 }
 
 }  // namespace

@@ -100,6 +100,15 @@ void check(const Case& c, double tol = 2e-5) {
 const int kEdgeLengths[] = {1, 2, kQueryTile - 1, kQueryTile, kQueryTile + 1, 13,
                             kKeyTile - 1, kKeyTile, kKeyTile + 1, 2 * kKeyTile + 1, 97};
 
+// Sink logits for Hq heads, cycling through: none (-inf), 0, 2.5 (about a score's size),
+// -3, and 30 (above every score: it takes nearly all of each row's probability).
+std::vector<float> cycling_sinks(int Hq) {
+  const float values[] = {-kInf, 0.0f, 2.5f, -3.0f, 30.0f};
+  std::vector<float> sinks(static_cast<size_t>(Hq));
+  for (int h = 0; h < Hq; h++) sinks[size_t(h)] = values[h % 5];
+  return sinks;
+}
+
 TEST(SdpaForward, QueryAndKeyLengthsAroundTileEdges) {
   uint32_t seed = 1;
   for (int lq : kEdgeLengths)
@@ -341,6 +350,67 @@ TEST(SdpaForward, KeyStartsSkipLeftPaddingHoldingNaN) {
     }
 }
 
+TEST(SdpaForward, SinksAroundTileEdgesOnEveryPath) {
+  // gpt-oss's sinks: one more logit per query head whose value row is zero, so each row's
+  // weights sum to less than one. Heads without a sink (-inf), with one below, about and far
+  // above the scores; MHA and GQA; prefill (packed) and decode (in place, split-K past 512
+  // keys) with weights; causal rows with nothing to attend (a negative offset), key lengths.
+  uint32_t seed = 1300;
+  for (auto hh : {std::pair<int, int>{5, 5}, {5, 1}})
+    for (int lq : {1, 5, 37})
+      for (int lk : {1, 13, kKeyTile - 1, kKeyTile + 1, 2 * kKeyTile + 3}) {
+        Case c;
+        c.B = 2, c.Hq = hh.first, c.Hkv = hh.second, c.Lq = lq, c.Lk = lk, c.E = 8, c.Ev = 12, c.seed = seed++;
+        c.sinks = cycling_sinks(c.Hq);
+        check(c);
+        c.causal = true, c.offsets = {lk - lq, -2}, c.key_lengths = {lk, (lk + 1) / 2};
+        check(c);
+        c.mask_kind = MaskKind::kFloat, c.mask_dims = {lq, lk}, c.mask_block_fraction = 0.3, c.softcap = 5.0f;
+        c.window = 9;
+        check(c);
+      }
+}
+
+TEST(SdpaForward, SinksKeepEmptyRowsZeroAndEnterTheLogSumExp) {
+  // A row with nothing to attend still gets exact +0 (output and weights) with a sink; its
+  // lse is the sink itself (log of exp(sink)), -inf without one. Every other row's lse
+  // includes exp(sink), as the reference's. Sinks of -inf everywhere give the bits of no sinks.
+  uint32_t seed = 1400;
+  for (int lq : {1, 6})
+    for (int lk : {40, 1100}) {
+      Case c;
+      c.B = 2, c.Hq = 5, c.Hkv = 5, c.Lq = lq, c.Lk = lk, c.E = 8, c.Ev = 8, c.seed = seed++;
+      c.key_lengths = {lk, 0};  // batch 1: every row empty
+      c.sinks = cycling_sinks(c.Hq);
+      Harness h(c);
+      std::vector<float> lse(size_t(c.B) * c.Hq * c.Lq, kNaN);
+      h.p.logsumexp = lse.data();
+      ASSERT_EQ(h.run(), Status::kOk) << c.describe();
+      h.expect_matches_reference();
+      const std::vector<double> ref_lse = reference_logsumexp(h.p);
+      for (int hd = 0; hd < c.Hq; hd++)
+        for (int i = 0; i < lq; i++) {
+          for (int e = 0; e < c.Ev; e++) EXPECT_PRED1(test::is_plus_zero, h.output_at(1, hd, i, e));
+          for (int j = 0; j < lk; j++) {
+            EXPECT_PRED1(test::is_plus_zero, h.weights[size_t(((1 * c.Hq + hd) * lq + i) * lk + j)]);
+          }
+          EXPECT_EQ(lse[size_t((1 * c.Hq + hd) * lq + i)], c.sinks[size_t(hd)]) << "empty row, head " << hd;
+          const size_t row = size_t((0 * c.Hq + hd) * lq + i);
+          EXPECT_NEAR(lse[row], ref_lse[row], 2e-5 * (1 + std::abs(ref_lse[row]))) << c.describe() << " head " << hd;
+        }
+      // All -inf: the bits of no sinks at all.
+      Case none = c;
+      none.sinks.clear();
+      Case minus_inf = c;
+      minus_inf.sinks.assign(size_t(c.Hq), -kInf);
+      Harness a(none), b(minus_inf);
+      ASSERT_EQ(a.run(), Status::kOk);
+      ASSERT_EQ(b.run(), Status::kOk);
+      EXPECT_EQ(0, std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float))) << c.describe();
+      EXPECT_EQ(0, std::memcmp(a.weights.data(), b.weights.data(), a.weights.size() * sizeof(float))) << c.describe();
+    }
+}
+
 TEST(SdpaForward, HugeLogitsNeitherOverflowNorNaN) {
   for (float magnitude : {1e2f, 1e4f, 1e6f}) {
     Case c;
@@ -423,9 +493,11 @@ TEST(SdpaForward, DecodeWeightsLeaveTheOutputBitsUnchanged) {
   for (int lk : {511, 512, 513, 1100, 2053})
     for (auto hh : {std::pair<int, int>{1, 1}, {4, 1}, {6, 2}, {14, 1}})
       for (int lq : {1, 2})
-        for (int variant = 0; variant < 3; variant++) {
+        for (int variant = 0; variant < 4; variant++) {
           Case c;
           c.B = 2, c.Hq = hh.first, c.Hkv = hh.second, c.Lq = lq, c.Lk = lk, c.E = 20, c.Ev = 13, c.seed = seed++;
+          // Sinks: the merge's final (M, L) are what the weights pass divides by.
+          if (variant == 3) c.sinks = cycling_sinks(c.Hq), c.causal = true, c.offsets = {lk - lq - 600, -1};
           if (variant == 1) c.causal = true, c.offsets = {lk - lq - 600, lk - lq}, c.key_lengths = {lk, lk / 2};
           if (variant == 2) {
             c.mask_kind = MaskKind::kFloat, c.mask_dims = {c.B, 1, lq, lk}, c.mask_block_fraction = 0.5;
@@ -453,9 +525,10 @@ TEST(SdpaForward, DecodeWeightsLeaveTheOutputBitsUnchanged) {
   // Threads: problems above the size under which forward() stays on the calling thread (4e6
   // multiply-adds, src/sdpa.cc), so the pairs (each: its segments, merge, weights) run on the
   // pool's threads.
-  for (int variant = 0; variant < 3; variant++) {
+  for (int variant = 0; variant < 4; variant++) {
     Case c;
     c.B = 2, c.Hq = 8, c.Hkv = 2, c.Lq = 1, c.Lk = 5000, c.E = 64, c.Ev = 64, c.seed = seed++;
+    if (variant == 3) c.sinks = cycling_sinks(c.Hq);
     if (variant == 1) c.causal = true, c.offsets = {-1, 4000}, c.key_lengths = {5000, 2100};
     if (variant == 2) c.mask_kind = MaskKind::kBool, c.mask_dims = {c.B, c.Hq, 1, c.Lk}, c.mask_block_fraction = 0.5;
     ASSERT_GT(double(c.B) * c.Hq * c.Lq * c.Lk * (c.E + c.Ev), 4e6);
@@ -502,8 +575,9 @@ TEST(SdpaForward, StreamedSegmentsMatchForwardBitwise) {
         if (group * lq > kDecodeMaxRowTiles * kQueryTile) continue;  // packed: not the decode path
         Case c;
         c.Hq = group, c.Lq = lq, c.Lk = lk, c.E = 20, c.Ev = 13, c.weights = false, c.seed = seed++;
-        for (int variant = 0; variant < 3; variant++) {
+        for (int variant = 0; variant < 4; variant++) {
           if (variant == 1) c.causal = true, c.offsets = {lk - lq - 300}, c.key_lengths = {lk - lk / 3};
+          if (variant == 3) c.sinks = cycling_sinks(group);  // with variant 2's options
           if (variant == 2) {
             c.mask_kind = MaskKind::kBool, c.mask_dims = {1, group, lq, lk}, c.mask_block_fraction = 0.5;
             c.bshd = true, c.softcap = 3.0f;
@@ -672,6 +746,9 @@ TEST(SdpaForward, ThreadsGiveBitwiseIdenticalResults) {
            c.key_starts = {1300, 0}, c.key_lengths = {5000, 4000}; return c; }(),
       [] { Case c; c.Hq = 8, c.Hkv = 2, c.Lq = 1, c.Lk = 8000, c.E = 64, c.Ev = 64, c.weights = false;
            c.causal = true, c.offsets = {7999}, c.window = 1500; return c; }(),
+      [] { Case c; c.B = 2, c.Hq = 6, c.Hkv = 2, c.Lq = 200, c.Lk = 300, c.E = 16, c.Ev = 9, c.causal = true,
+           c.offsets = {-3}, c.sinks = cycling_sinks(6); return c; }(),
+      [] { Case c; c.Hq = 8, c.Hkv = 2, c.Lq = 1, c.Lk = 8000, c.E = 64, c.Ev = 64, c.sinks = cycling_sinks(8); return c; }(),
   };
   for (const Case& c : cases) {
     Harness single(c);
@@ -743,6 +820,18 @@ TEST(SdpaForward, ValidateRejectsWhatTheKernelCannotDo) {
     int32_t too_long = 9;
     h.p.key_lengths = &too_long;
     EXPECT_EQ(h.run(), Status::kBadKeyLength);
+  }
+  {  // a sink is finite, or -inf for none
+    Harness h(c);
+    float sink = kNaN;
+    h.p.sinks = &sink;
+    EXPECT_EQ(h.run(), Status::kBadSink);
+    sink = kInf;
+    EXPECT_EQ(h.run(), Status::kBadSink);
+    sink = -kInf;
+    EXPECT_EQ(h.run(), Status::kOk);
+    sink = -3.4e38f;
+    EXPECT_EQ(h.run(), Status::kOk);
   }
   {
     Harness h(c);
