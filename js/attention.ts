@@ -76,8 +76,9 @@ export class Attention {
    * The gradients of a loss L with respect to query, key and value, given
    * `gradOutput` = ∂L/∂output ([..., Hq, Lq, Ev], the output's dims): `{ dQuery, dKey, dValue }`
    * with the inputs' dims. `options` are the forward call's score options (scale, softcap,
-   * attnMask, isCausal, causalOffset, keyLengths, layout), `returnMaskGrad: true` for
-   * `dAttnMask` as well (a float mask's gradient, with its dims, summed where it broadcasts), and
+   * attnMask, isCausal, causalOffset, slidingWindow, keyLengths, keyStarts, sinks, layout),
+   * `returnMaskGrad: true` for `dAttnMask` as well (a float mask's gradient, with its dims, summed
+   * where it broadcasts), `dSinks` [Hq] whenever `sinks` are given, and
    * optionally `saved: { output, logSumExp }` from sdpa(..., { returnLogSumExp: true }), else
    * the forward is recomputed here (the same bits either way); a `saved` whose logSumExp array
    * sdpa() returned is checked against that call (saved-forward.ts). Fully masked rows and keys no

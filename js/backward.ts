@@ -1,5 +1,6 @@
 // sdpaBackward(): the gradients dQ, dK, dV (src/sdpa-backward.h) of a checked BackwardPlan,
-// and the float mask's (laid out as the mask, summed over its broadcast axes) when asked for,
+// and the float mask's (laid out as the mask, summed over its broadcast axes) when asked for, and
+// the sinks' ([Hq], summed over batches and rows) when there are sinks,
 // each copied out into options.out's array for it (or added to it: options.accumulate) or a new one.
 // One way of running it: Q, K, V and dO copied in, with the forward's output O and
 // log-sum-exp either copied in (options.saved) or computed first by forward() on the same
@@ -25,7 +26,7 @@ export function describeBackward(p: SdpaPlan): BackwardDesc {
     dqStrideB: p.q.b, dqStrideH: p.q.h, dqStrideL: p.q.l,
     dkStrideB: p.k.b, dkStrideH: p.k.h, dkStrideL: p.k.l,
     dvStrideB: p.v.b, dvStrideH: p.v.h, dvStrideL: p.v.l,
-    dMask: 0,
+    dMask: 0, dSinks: 0,
   };
 }
 
@@ -49,13 +50,13 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
       query: q.byteLength, key: k.byteLength, value: v.byteLength, gradOutput: bp.gradOutput.byteLength,
       output: p.outputSize * 4, logSumExp: p.lseSize * 4,
       dQuery: q.length * 4, dKey: k.length * 4, dValue: v.length * 4,
-      dMask: bp.maskGrad ? maskSize * 4 : 0,
+      dMask: bp.maskGrad ? maskSize * 4 : 0, dSinks: p.sinks !== null ? p.qHeads * 4 : 0,
       scratch: scratchFloats * 4, ...smallInputBytes(p),
     });
     Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
     Object.assign(grad, {
       logsumexp: at.logSumExp, gradOutput: at.gradOutput, dQuery: at.dQuery, dKey: at.dKey, dValue: at.dValue,
-      dMask: bp.maskGrad ? at.dMask : 0,
+      dMask: bp.maskGrad ? at.dMask : 0, dSinks: p.sinks !== null ? at.dSinks : 0,
     });
     // Heap views only after the last allocation.
     const { f32 } = memory.heap;
@@ -85,6 +86,7 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
       dValue: take('dValue', at.dValue, v.length, bp.valueDims),
     };
     if (bp.maskGrad && p.mask !== null) result.dAttnMask = take('dAttnMask', at.dMask, maskSize, [...p.mask.dims]);
+    if (p.sinks !== null) result.dSinks = take('dSinks', at.dSinks, p.qHeads, [p.qHeads]);
     return result;
   } finally {
     memory.free();

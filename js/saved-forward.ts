@@ -99,6 +99,7 @@ export function inputsRecord(p: Plan, key: Float32Array, value: Float32Array): R
     ['slidingWindow', p.slidingWindow === 0 ? 'none' : String(p.slidingWindow), false],
     ['keyLengths', perBatch(p.keyLengths, p.batch, p.kvLen), false],
     ['keyStarts', perBatch(p.keyStarts, p.batch, 0), false],
+    ['sinks', p.sinks === null ? 'none' : `[${Array.from(p.sinks).join(', ')}]`, false],
     ['attnMask', mask, false],
     ['query.data', contentsOf(p.queryData, p.batch * p.qHeads * p.qLen * p.headDim), true],
     ['key.data', contentsOf(key, kv * p.headDim), true],

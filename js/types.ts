@@ -42,6 +42,14 @@ export interface SdpaOptions {
    * left-padded batch), never read, whatever they hold. Combines with `keyLengths`.
    */
   keyStarts?: Int32Array;
+  /**
+   * Attention sinks (gpt-oss): one sink logit per query head, a `Float32Array` of length `Hq`,
+   * each finite or `-Infinity` (no sink for that head). Every softmax row of head `h` gets one
+   * more logit, `sinks[h]`, taken as it is (not scaled, capped or masked), whose value row is
+   * zero: the keys' weights then sum to less than 1, and the output is Σ_j p_j·v_j with those
+   * weights. A row with nothing to attend still gives exact zeros (its log-sum-exp is `sinks[h]`).
+   */
+  sinks?: Float32Array;
   /** Also return the softmax probabilities `[..., Hq, Lq, Lk]` (zeros on fully masked rows). */
   returnWeights?: boolean;
   /**
@@ -112,6 +120,8 @@ export interface SdpaBackwardOut {
   dValue?: Float32Array;
   /** Only with `returnMaskGrad: true`: the mask's size. */
   dAttnMask?: Float32Array;
+  /** Only with `sinks`: `Hq` floats. */
+  dSinks?: Float32Array;
 }
 
 /** Gradients of a loss with respect to the inputs: each with its input's dims and layout. */
@@ -121,6 +131,8 @@ export interface SdpaBackwardResult {
   dValue: Tensor;
   /** With options.returnMaskGrad: the float attnMask's gradient, with the mask's dims. */
   dAttnMask?: Tensor;
+  /** With options.sinks: the sinks' gradient `[Hq]`, summed over batches and query rows. */
+  dSinks?: Tensor;
 }
 
 /** The result of sdpaBackward() with `returnMaskGrad: true`: `dAttnMask` is then always present. */

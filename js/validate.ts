@@ -13,16 +13,17 @@ import {
 import type { AttentionOptions, MaskTensor, SdpaOptions } from './types.js';
 
 export const OPTION_NAMES = [
-  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'slidingWindow', 'keyLengths', 'keyStarts',
+  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'slidingWindow', 'keyLengths', 'keyStarts', 'sinks',
   'returnWeights', 'returnLogSumExp', 'out', 'layout',
 ] as const;
 /** sdpaBackward's options: the score pipeline's, `saved`, `returnMaskGrad`, and its own `out` and `accumulate`. */
 export const BACKWARD_OPTION_NAMES = [
-  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'slidingWindow', 'keyLengths', 'keyStarts', 'layout', 'saved',
+  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'slidingWindow', 'keyLengths', 'keyStarts', 'sinks', 'layout',
+  'saved',
   'returnMaskGrad', 'out', 'accumulate',
 ] as const;
 /** sdpaBackward's results, in the order they are written (and the names options.out takes). */
-export const GRADIENT_NAMES = ['dQuery', 'dKey', 'dValue', 'dAttnMask'] as const;
+export const GRADIENT_NAMES = ['dQuery', 'dKey', 'dValue', 'dAttnMask', 'dSinks'] as const;
 export type GradientName = typeof GRADIENT_NAMES[number];
 
 /** Elements strides of a [B, H, L, D] view; D is contiguous. */
@@ -73,6 +74,8 @@ export interface Plan {
   keyLengths: Int32Array | null;
   /** Per-batch first valid keys (left padding), or null for 0. */
   keyStarts: Int32Array | null;
+  /** Per-query-head sink logits [Hq] (finite, or -Infinity for none), or null for none. */
+  sinks: Float32Array | null;
   /** The output's part of options.out: a view of exactly outputSize floats (ownView), or null. */
   out: Float32Array | null;
   /**
@@ -378,7 +381,7 @@ export interface BackwardPlan {
 }
 
 /**
- * sdpaBackward's options.out: { dQuery?, dKey?, dValue?, dAttnMask? }, a Float32Array of at least
+ * sdpaBackward's options.out: { dQuery?, dKey?, dValue?, dAttnMask?, dSinks? }, a Float32Array of at least
  * its gradient's size for each result to be written into the caller's memory. A record of names
  * (describe() says 'an object': a Map, an ArrayBuffer, an array or any other kind of object is
  * refused, not read as "no out"). Each name is read once, by property access; no two arrays may
@@ -406,7 +409,9 @@ function checkBackwardOut(fn: string, given: unknown, results: Record<GradientNa
     if (array === undefined) continue;
     const result = results[name];
     if (result === null) {
-      throw new TypeError(`${fn}: options.out.dAttnMask is only written with options.returnMaskGrad: true (and a float attnMask)`);
+      throw new TypeError(name === 'dSinks'
+        ? `${fn}: options.out.dSinks is only written with options.sinks (the sinks' gradient)`
+        : `${fn}: options.out.dAttnMask is only written with options.returnMaskGrad: true (and a float attnMask)`);
     }
     const target = checkOutArray(fn, `options.out.${name}`, `the gradient ${name}`, array, result.dims, result.size);
     const shared = written.find(([, view]) => sharesBytes(view, target.view));
@@ -484,6 +489,7 @@ export function planBackward(query: unknown, key: unknown, value: unknown, gradO
   const out = checkBackwardOut(fn, outOption, {
     dQuery: gradientOf(q), dKey: gradientOf(k), dValue: gradientOf(v),
     dAttnMask: maskGrad && mask !== null ? { dims: mask.dims, size: mask.size } : null,
+    dSinks: forward.sinks !== null ? { dims: [forward.qHeads], size: forward.qHeads } : null,
   });
   for (const [name, target] of Object.entries(out)) arrays.push([`options.out.${name}`, target.view, target.size]);
   checkArraysKept(fn, arrays);
@@ -687,6 +693,7 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
 
   const keyLengths = checkKeyBounds(fn, 'keyLengths', o.keyLengths, B, Lk);
   const keyStarts = checkKeyBounds(fn, 'keyStarts', o.keyStarts, B, Lk);
+  const sinks = checkSinks(fn, o.sinks, Hq);
 
   const returnWeights = checkBoolean(fn, 'options.returnWeights', o.returnWeights, false);
   const returnLogSumExp = checkBoolean(fn, 'options.returnLogSumExp', o.returnLogSumExp, false);
@@ -704,7 +711,7 @@ function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyVal
     outputDims, outputSize,
     weightsDims, weightsSize: returnWeights ? B * Hq * Lq * Lk : 0,
     lseDims, lseSize: returnLogSumExp ? B * Hq * Lq : 0,
-    scale, softcap, mask, causal, causalOffset, causalOffsets, slidingWindow, keyLengths, keyStarts, out, outResult,
+    scale, softcap, mask, causal, causalOffset, causalOffsets, slidingWindow, keyLengths, keyStarts, sinks, out, outResult,
     queryData: q.data,
   };
 }
@@ -727,6 +734,27 @@ function checkKeyBounds(fn: string, name: 'keyLengths' | 'keyStarts', given: unk
     if (n < 0 || n > Lk) throw new RangeError(`${fn}: options.${name}[${b}] must be in [0, Lk = ${Lk}], got ${n}`);
   });
   return bounds;
+}
+
+/**
+ * options.sinks: a Float32Array of one sink logit per query head (gpt-oss), each finite or
+ * -Infinity (that head has none); a checked copy of its elements, or null when not given.
+ */
+function checkSinks(fn: string, given: unknown, Hq: number): Float32Array | null {
+  if (given === undefined) return null;
+  if (!isFloat32Array(given)) {
+    throw new TypeError(`${fn}: options.sinks must be a Float32Array of length Hq = ${Hq} (one sink logit per query head), ` +
+      `got ${describe(given)}`);
+  }
+  const length = lengthOf(given);
+  if (length !== Hq) throw new RangeError(`${fn}: options.sinks must have length Hq = ${Hq}, got ${length}`);
+  const sinks = new Float32Array(given);
+  sinks.forEach((x, h) => {
+    if (Number.isNaN(x) || x === Infinity) {
+      throw new RangeError(`${fn}: options.sinks[${h}] must be a finite number, or -Infinity for no sink, got ${x}`);
+    }
+  });
+  return sinks;
 }
 
 /** The widest sliding window taken: 2^30, twice the most keys a problem can have (src/sdpa.h, kMaxCount). */

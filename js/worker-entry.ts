@@ -77,6 +77,7 @@ async function handle({ op, args: a }: Request): Promise<Handled> {
       const g = live().sdpaBackward(a.query as never, a.key as never, a.value as never, a.gradOutput as never, a.options as never);
       const moved = [g.dQuery.data, g.dKey.data, g.dValue.data];
       if (g.dAttnMask !== undefined) moved.push(g.dAttnMask.data);
+      if (g.dSinks !== undefined) moved.push(g.dSinks.data);
       return { value: g, transfer: transferList(moved) };
     }
     case 'createKVCache': {  // { cache: id, options } → null

@@ -17,6 +17,8 @@ export interface ProblemDesc {
   logsumexp: number;
   /** sdpa::Problem::key_starts: [B] first valid keys, 0 for none. */
   keyStarts: number;
+  /** sdpa::Problem::sinks: [Hq] sink logits, 0 for none. */
+  sinks: number;
   qStrideB: number; qStrideH: number; qStrideL: number;
   kStrideB: number; kStrideH: number; kStrideL: number;
   vStrideB: number; vStrideH: number; vStrideL: number;
@@ -38,6 +40,8 @@ export interface BackwardDesc {
   dvStrideB: number; dvStrideH: number; dvStrideL: number;
   /** The float mask's gradient, laid out as the mask: 0 for none. */
   dMask: number;
+  /** The sinks' gradient [Hq]: 0 for none. */
+  dSinks: number;
 }
 
 /** One argument block of the module: where it is and each field's byte offset in it. */
@@ -63,7 +67,7 @@ export interface SdpaModule {
   forward(desc: number, scratch: number, scratchFloats: number, threads: number): number;
   /** Floats of scratch backward() needs on `threads` threads. */
   backwardScratchFloats(desc: number, grad: number, threads: number): number;
-  /** dQ, dK, dV (and dMask if given) of `desc` (its output = the forward's O): a status (0 = ok). */
+  /** dQ, dK, dV (and dMask, dSinks if given) of `desc` (its output = the forward's O): a status (0 = ok). */
   backward(desc: number, grad: number, scratch: number, scratchFloats: number, threads: number): number;
   /** Whether forward() reads K/V in place (the decode path: no packing). */
   readsKeysInPlace(desc: number): boolean;
@@ -97,8 +101,9 @@ export interface SdpaModule {
 
 /** Mirrors SegmentStream in src/bindings/embind.cc. Statuses: 0 = ok. */
 export interface SegmentStream {
-  /** Moves to another (batch, KV head): its rows of Q, output, mask, offsets, key lengths. */
-  setPair(query: number, output: number, mask: number, causalOffsets: number, keyLengths: number, keyStarts: number): void;
+  /** Moves to another (batch, KV head): its rows of Q, output, mask, offsets, key lengths and starts, its query heads' sinks. */
+  setPair(query: number, output: number, mask: number, causalOffsets: number, keyLengths: number, keyStarts: number,
+    sinks: number): void;
   /** One segment, its keys alone at `key` and `value`; writes its part of `partials`. */
   forward(segment: number, key: number, value: number, partials: number, scratch: number, scratchFloats: number): number;
   /** The output rows of the (batch, KV head) from every segment's partials. */

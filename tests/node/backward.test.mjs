@@ -58,6 +58,12 @@ function expectGradientsMatch(instance, p, options = {}) {
   } else {
     expect(got.dAttnMask).toBeUndefined();
   }
+  if (options.sinks) {
+    expect(got.dSinks.dims).toEqual([options.sinks.length]);
+    expect(maxRelError(got.dSinks.data, ref.dSinks)).toBeLessThanOrEqual(TOL);
+  } else {
+    expect(got.dSinks).toBeUndefined();
+  }
   return got;
 }
 
@@ -162,6 +168,33 @@ describe('sdpaBackward against the float64 analytic backward', () => {
       }
       const two = attn2.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
       for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(two[name].data, got[name].data)).toBe(true);
+    }
+  });
+
+  test('sinks: dSinks [Hq] (summed over batches and rows) with every other gradient; MHA and GQA, empty rows, windows, a float mask and its gradient, bshd; out and accumulate; 1 and 2 threads bitwise', () => {
+    const sinks = Float32Array.of(-Infinity, 0, 2.5, 30);  // none, about the scores, far above them
+    for (const [Hkv, Lq, Lk] of [[4, 1, 70], [2, 9, 140], [1, 37, 65]]) {
+      const p = problem({ B: 2, Hq: 4, Hkv, Lq, Lk, E: 8, Ev: 6, seed: 95 + Lk });
+      for (const options of [
+        { sinks },
+        { sinks, isCausal: true, causalOffset: Int32Array.of(Lk - Lq, -2), slidingWindow: 40 },
+        { sinks, attnMask: floatMask([2, 1, Lq, Lk], 96, 0.2), returnMaskGrad: true, keyLengths: Int32Array.of(Lk, 0) },
+      ]) {
+        const got = expectGradientsMatch(attn, p, options);
+        expect(got.dSinks.data[0]).toBe(0);  // no sink: nothing to differentiate
+        const two = attn2.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+        for (const name of ['dQuery', 'dKey', 'dValue', 'dSinks']) expect(sameBits(two[name].data, got[name].data)).toBe(true);
+        // Into the caller's array, and added to what it holds.
+        const into = new Float32Array(5).fill(7);
+        const written = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out: { dSinks: into } });
+        expect(written.dSinks.data.buffer).toBe(into.buffer);
+        expect(sameBits(into.subarray(0, 4), got.dSinks.data)).toBe(true);
+        expect(into[4]).toBe(7);
+        attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out: { dSinks: into }, accumulate: true });
+        got.dSinks.data.forEach((g, h) => expect(into[h]).toBe(Math.fround(g + g)));
+      }
+      const bshd = problem({ B: 2, Hq: 4, Hkv, Lq, Lk, E: 8, Ev: 6, layout: 'bshd', seed: 97 });
+      expectGradientsMatch(attn, bshd, { sinks, layout: 'bshd', isCausal: true });
     }
   });
 
@@ -457,6 +490,14 @@ describe('options.out: gradients written (or with accumulate, added) into the ca
     const { returnMaskGrad: _, ...withoutGrad } = options;
     expect(() => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...withoutGrad, out: { dAttnMask: new Float32Array(280) } }))
       .toThrow(new TypeError('sdpaBackward: options.out.dAttnMask is only written with options.returnMaskGrad: true (and a float attnMask)'));
+  });
+
+  test('out.dSinks without sinks: a TypeError; too short: a RangeError', () => {
+    expect(() => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out: { dSinks: new Float32Array(4) } }))
+      .toThrow(new TypeError('sdpaBackward: options.out.dSinks is only written with options.sinks (the sinks\' gradient)'));
+    const Hq = p.query.dims[1];
+    expect(() => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput,
+      { ...options, sinks: new Float32Array(Hq), out: { dSinks: new Float32Array(Hq - 1) } })).toThrow(RangeError);
   });
 
   test('through the worker: the same bits into the same arrays, and the same errors', async () => {
@@ -756,6 +797,8 @@ describe('options.saved is checked against the sdpa() call that returned it: a R
     ['slidingWindow', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, slidingWindow: 30 }), `slidingWindow ${there}none there, 30 here`],
     ['keyStarts', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, keyStarts: new Int32Array([0, 3]) }),
       `keyStarts ${there}\\[0, 0\\] there, \\[0, 3\\] here`],
+    ['sinks', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, sinks: Float32Array.of(0, 1, -Infinity, 2) }),
+      `sinks ${there}none there, \\[0, 1, -Infinity, 2\\] here`],
     ['scale', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, scale: 0.25 }), `scale \\(in float32\\) ${there}0\\.30000001192092896 there, 0\\.25 here`],
     ['softcap', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, softcap: 6 }), `softcap \\(in float32\\) ${there}5 there, 6 here`],
     ['keyLengths', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, keyLengths: new Int32Array([70, 63]) }),

@@ -139,6 +139,23 @@ describe('token-by-token decoding equals attention over the whole history', () =
     });
   });
 
+  test.each([
+    ['float32', 8, 2], ['float16', 8, 2], ['float16', 4, 4],
+  ])("%s cache, sinks (gpt-oss: GQA or MHA, %p query heads on %p KV heads), alone and with a 128-position window: each step within the tolerance of the reference, weights and logSumExp too; one and two threads bitwise", (dtype, Hq, Hkv) => {
+    const sinks = Float32Array.from({ length: Hq }, (_, h) => [1.5, -Infinity, 0, 40][h % 4]);
+    for (const window of [undefined, 128]) {
+      const shape = {
+        Hq, Hkv, E: 64, Ev: 40, steps: STEPS, dtype, seed: 12,
+        options: () => ({ sinks, returnWeights: true, returnLogSumExp: true, ...(window ? { slidingWindow: window } : {}) }),
+      };
+      const one = decode(attn, shape), two = decode(attn2, shape);
+      expectMatchesReference(one, { halves: dtype === 'float16' });
+      one.results.forEach(({ got }, s) => {
+        expect(Array.from(bits(two.results[s].got.output.data))).toEqual(Array.from(bits(got.output.data)));
+      });
+    }
+  });
+
   test('one and two threads give bitwise the same outputs, float32 and float16, GQA and MHA, with weights or not', () => {
     // GQA (4 query rows per tile) and MHA (one row per tile: the float16 tiles read in 8
     // streams, float32 in 2), each past 512 keys (split-K segments) and, for the single tokens

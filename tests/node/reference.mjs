@@ -7,6 +7,8 @@
 //   key j is blocked for row i when a bool mask is 0, when j >= keyLengths[b] or j < keyStarts[b], or (isCausal)
 //   when j > i + causalOffset[b], or (isCausal, slidingWindow W) when j <= i + causalOffset[b] - W
 //   out_i = Σ_j softmax_j(s_i) · v_j; a row with every key blocked is exact zeros.
+//   sinks[h] (gpt-oss): one more logit in every softmax row of head h, whose value row is zero
+//   (it joins the maximum and the sum only); a row with every key blocked is still exact zeros.
 //
 // Blocked keys are never read from K or V (nor their scores computed), so NaN written
 // there cannot reach the result.
@@ -73,6 +75,7 @@ export function referenceProblem(query, key, value, options = {}) {
   };
   const validKeys = (b) => (options.keyLengths ? options.keyLengths[b] : Lk);
   const window = causal ? options.slidingWindow ?? 0 : 0;
+  const sinkOf = (h) => (options.sinks ? options.sinks[h] : NEG_INF);
 
   /** One row: { out: Float64Array(Ev), weights: Float64Array(Lk), lse: log Σ_j exp(s_j) (-Infinity if empty) }. */
   function row(b, h, i) {
@@ -105,12 +108,13 @@ export function referenceProblem(query, key, value, options = {}) {
       s[j] = score + bias;
       allowed[j] = 1;
     }
-    let max = NEG_INF;
+    const sink = sinkOf(h);
+    let max = sink;
     for (let j = 0; j < Lk; j++) if (allowed[j] && s[j] > max) max = s[j];
     const out = new F64(Ev);
     const weights = new F64(Lk);
-    if (max === NEG_INF) return { out, weights, lse: NEG_INF };  // every key blocked: exact zeros
-    let sum = 0;
+    if (max === NEG_INF) return { out, weights, lse: NEG_INF, sinkWeight: 0 };  // every key blocked, no sink: exact zeros
+    let sum = sink === NEG_INF ? 0 : exp(sink - max);
     for (let j = 0; j < Lk; j++) {
       if (!allowed[j]) continue;
       weights[j] = exp(s[j] - max);
@@ -122,7 +126,8 @@ export function referenceProblem(query, key, value, options = {}) {
       const vj = v.at(b, kh, j);
       for (let c = 0; c < Ev; c++) out[c] += weights[j] * v.data[vj + c];
     }
-    return { out, weights, lse: max + log(sum) };
+    // The sink's own probability (0 without one), for the sinks' gradient.
+    return { out, weights, lse: max + log(sum), sinkWeight: sink === NEG_INF ? 0 : exp(sink - max) / sum };
   }
 
   const outputDims = [...query.dims.slice(0, -1), Ev];
@@ -158,8 +163,10 @@ export function referenceLogSumExp(query, key, value, options = {}) {
  *   dr_j = ds_j·(1 - tanh²(r_j/softcap)) with r_j = scale·q_i·k_j (softcap > 0), else ds_j,
  *   dq_i += scale·dr_j·k_j,  dk_j += scale·dr_j·q_i,  dv_j += p_j·dO_i
  *   dmask[b, h, i, j] += ds_j   (a float mask, added after the softcap; summed where it broadcasts)
+ *   dsinks[h] += p_sink·(0 - D_i)   (the sink's value row is zero: its dp is 0)
  * over the keys each row attends (p_j > 0). Returns Float64Arrays dQuery, dKey, dValue laid
- * out as query, key, value, and dAttnMask laid out as the mask (null without a float mask).
+ * out as query, key, value, dAttnMask laid out as the mask (null without a float mask), and
+ * dSinks [Hq] (null without sinks).
  */
 export function referenceSdpaBackward(query, key, value, gradOutput, options = {}) {
   const p = referenceProblem(query, key, value, options);
@@ -167,12 +174,13 @@ export function referenceSdpaBackward(query, key, value, gradOutput, options = {
   const go = view(gradOutput, p.layout);
   const dQuery = new F64(query.data.length), dKey = new F64(key.data.length), dValue = new F64(value.data.length);
   const dAttnMask = floatMaskOffset(0, 0, 0, 0) < 0 ? null : new F64(options.attnMask.data.length);
+  const dSinks = options.sinks ? new F64(Hq) : null;
   const dp = new F64(Lk);
   for (let b = 0; b < B; b++) {
     for (let h = 0; h < Hq; h++) {
       const kh = floor(h / group);
       for (let i = 0; i < Lq; i++) {
-        const { weights } = p.row(b, h, i);
+        const { weights, sinkWeight } = p.row(b, h, i);
         const qi = q.at(b, h, i), gi = go.at(b, h, i);
         let delta = 0;
         for (let j = 0; j < Lk; j++) {
@@ -182,6 +190,7 @@ export function referenceSdpaBackward(query, key, value, gradOutput, options = {
           for (let c = 0; c < Ev; c++) dp[j] += go.data[gi + c] * v.data[vj + c];
           delta += weights[j] * dp[j];
         }
+        if (dSinks && sinkWeight !== 0) dSinks[h] -= sinkWeight * delta;
         for (let j = 0; j < Lk; j++) {
           if (weights[j] === 0) continue;
           const kj = k.at(b, kh, j), vj = v.at(b, kh, j);
@@ -202,7 +211,7 @@ export function referenceSdpaBackward(query, key, value, gradOutput, options = {
       }
     }
   }
-  return { dQuery, dKey, dValue, dAttnMask };
+  return { dQuery, dKey, dValue, dAttnMask, dSinks };
 }
 
 /**

@@ -3,7 +3,7 @@
 // and, with returnWeights, on the weights.
 import { createAttention } from 'sdpa-wasm';
 import {
-  maxRelError, mulberry32, randn, randomTensor, referenceProblem, referenceSdpa,
+  logSumExpError, maxRelError, mulberry32, randn, randomTensor, referenceLogSumExp, referenceProblem, referenceSdpa,
 } from './reference.mjs';
 import { roundedToHalves } from '../shared/kv-cache-cases.mjs';
 
@@ -545,6 +545,93 @@ describe('keyStarts (left padding)', () => {
   });
 });
 
+describe('sinks (gpt-oss)', () => {
+  /** Hq sink logits cycling through none (-Infinity), 0, 2.5, -3 and 30 (above every score). */
+  const cyclingSinks = (Hq) => Float32Array.from({ length: Hq }, (_, h) => [-Infinity, 0, 2.5, -3, 30][h % 5]);
+
+  test('tile edges, MHA and GQA, prefill and decode (512-key segments): output, weights and logSumExp against the reference', () => {
+    let seed = 400;
+    for (const [Hq, Hkv] of [[5, 5], [5, 1]]) {
+      for (const Lq of [1, 5]) {
+        for (const Lk of [1, 13, 511, 513, 1100]) {
+          const { q, k, v } = problem({ B: 2, Hq, Hkv, Lq, Lk, E: 8, Ev: 12 }, seed++);
+          const sinks = cyclingSinks(Hq);
+          for (const options of [
+            { sinks, returnWeights: true, returnLogSumExp: true },
+            { sinks, isCausal: true, causalOffset: new Int32Array([Lk - Lq, -2]), returnWeights: true, returnLogSumExp: true },
+            { sinks, attnMask: floatMask([Lq, Lk], seed), softcap: 5, isCausal: true, causalOffset: Lk - Lq, slidingWindow: 9 },
+          ]) {
+            const { got, ref } = check(q, k, v, options);
+            if (!options.returnLogSumExp) continue;
+            expect(logSumExpError(got.logSumExp.data, referenceLogSumExp(q, k, v, options))).toBeLessThanOrEqual(TOL);
+            // Each row's weights sum to 1 - exp(sink - lse): the sink's share (0 without one).
+            for (let row = 0; row < 2 * Hq * Lq; row++) {
+              const h = Math.floor(row / Lq) % Hq;
+              let sum = 0;
+              for (let j = 0; j < Lk; j++) sum += ref.weights[row * Lk + j];
+              const lse = got.logSumExp.data[row];
+              const sinkShare = sinks[h] === -Infinity || lse === -Infinity ? 0 : Math.exp(sinks[h] - lse);
+              const attends = ref.weights.subarray(row * Lk, (row + 1) * Lk).some((w) => w > 0);
+              expect(Math.abs(sum - (attends ? 1 - sinkShare : 0))).toBeLessThanOrEqual(1e-5);
+            }
+          }
+        }
+      }
+    }
+  });
+
+  test('a row with nothing to attend: exact zeros in output and weights, logSumExp the sink itself (-Infinity without one)', () => {
+    const Hq = 5, Lq = 3, Lk = 700;
+    const { q, k, v } = problem({ B: 2, Hq, Lq, Lk, E: 8 }, 410);
+    const sinks = cyclingSinks(Hq);
+    for (const extra of [{}, { isCausal: true, causalOffset: -Lq }]) {
+      const got = attn.sdpa(q, k, v, { sinks, keyLengths: new Int32Array([Lk, 0]), returnWeights: true, returnLogSumExp: true, ...extra });
+      const emptyBatch = extra.isCausal ? [0, 1] : [1];
+      for (const b of emptyBatch) {
+        for (let h = 0; h < Hq; h++) {
+          for (let i = 0; i < Lq; i++) {
+            expect(allExactZeros(rowOf(got.output.data, [2, Hq, Lq, 8], b, h, i))).toBe(true);
+            expect(allExactZeros(rowOf(got.weights.data, [2, Hq, Lq, Lk], b, h, i))).toBe(true);
+            expect(got.logSumExp.data[(b * Hq + h) * Lq + i]).toBe(sinks[h]);
+          }
+        }
+      }
+    }
+  });
+
+  test('sinks of -Infinity are the bits of no sinks; a sink past every score leaves exact zeros where exp underflows', () => {
+    const { q, k, v } = problem({ B: 1, Hq: 3, Lq: 6, Lk: 600, E: 16 }, 420);
+    const none = attn.sdpa(q, k, v, { returnWeights: true, isCausal: true });
+    const minusInf = attn.sdpa(q, k, v, { returnWeights: true, isCausal: true, sinks: new Float32Array(3).fill(-Infinity) });
+    expectBitwiseEqual(minusInf.output.data, none.output.data);
+    expectBitwiseEqual(minusInf.weights.data, none.weights.data);
+    // A sink of 3e38 takes all the probability: every weight +0, every output element zero (of
+    // the sign of the tiny value it underflowed from).
+    const huge = check(q, k, v, { returnWeights: true, sinks: new Float32Array([3e38, 3e38, 3e38]) }).got;
+    expect(huge.output.data.every((x) => x === 0)).toBe(true);
+    expect(allExactZeros(huge.weights.data)).toBe(true);
+  });
+
+  test("a gpt-oss layer's shapes (GQA 8:1, a 128-key window, bshd): prefill and decode, one and two threads bitwise", async () => {
+    const two = await createAttention({ threads: 2 });
+    try {
+      const B = 1, Hq = 16, Hkv = 2, E = 64, Lk = 1500;
+      const sinks = Float32Array.from(randn(Hq, 430), (x) => 2 * x);
+      for (const Lq of [1, 200]) {
+        const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E }, 431 + Lq);
+        const [qs, ks, vs] = [swap12(q), swap12(k), swap12(v)];
+        for (const window of [undefined, 128]) {
+          const options = { sinks, isCausal: true, causalOffset: Lk - Lq, layout: 'bshd', ...(window ? { slidingWindow: window } : {}) };
+          const { got } = check(qs, ks, vs, options);
+          expectBitwiseEqual(two.sdpa(qs, ks, vs, options).output.data, got.output.data);
+        }
+      }
+    } finally {
+      two.dispose();
+    }
+  });
+});
+
 describe('keyLengths', () => {
   test('lengths 0, 1, 32, 33, Lk with NaN written into the padded keys of K and V', () => {
     const B = 5, Hq = 4, Hkv = 2, Lq = 7, Lk = 70, E = 10, Ev = 6;
@@ -1036,6 +1123,9 @@ describe('decode streamed one segment of one (batch, KV head) at a time', () => 
       keyLengths, isCausal: true, causalOffset: new Int32Array([2999, 4199]), slidingWindow: 1300,
     },
     'keyStarts (left padding) inside and on a segment edge': { keyLengths, keyStarts: new Int32Array([700, 1024]) },
+    'sinks, each pair with its own heads\' (one row empty)': {
+      keyLengths, isCausal: true, causalOffset: new Int32Array([-1, 4199]), sinks: Float32Array.from({ length: Hq }, (_, h) => h - 3),
+    },
   };
   test.each(Object.keys(cases))('%s: matches the reference and the unstreamed bshd layout bitwise', (name) => {
     const options = cases[name];
@@ -1082,6 +1172,7 @@ describe('prefill streamed one (batch, KV head) at a time', () => {
     'per-batch causal offsets, some rows empty': { keyLengths, isCausal: true, causalOffset: new Int32Array([-3, 100]) },
     'sliding window, per-batch offsets': { keyLengths, isCausal: true, causalOffset: new Int32Array([0, 100]), slidingWindow: 70 },
     'keyStarts (left padding)': { keyLengths, keyStarts: new Int32Array([5, 30]) },
+    'sinks, each pair with its own heads\'': { keyLengths, isCausal: true, sinks: Float32Array.from({ length: Hq }, (_, h) => 2 * h - 3) },
   };
   let single, two;
   beforeAll(async () => {

@@ -112,6 +112,18 @@ export function sdpaErrorCases(api) {
     ['keyStarts value Lk + 1', () => api.sdpa(q(), k(), v(), { keyStarts: new Int32Array([Lk + 1, 0]) }), RangeError,
       [/options\.keyStarts\[0\]/, has(`got ${Lk + 1}`)]],
 
+    // sinks: a Float32Array of Hq logits, each finite or -Infinity.
+    ['sinks of wrong length', () => api.sdpa(q(), k(), v(), { sinks: new Float32Array(Hkv) }), RangeError,
+      [/options\.sinks must have length/, has(`length Hq = ${Hq}`), has(`got ${Hkv}`)]],
+    ['sinks a plain array', () => api.sdpa(q(), k(), v(), { sinks: [0, 0, 0, 0] }), TypeError,
+      [/options\.sinks must be a Float32Array/, has(`length Hq = ${Hq}`), /Array\(4\)/]],
+    ['sinks a Float64Array', () => api.sdpa(q(), k(), v(), { sinks: new Float64Array(Hq) }), TypeError,
+      [/options\.sinks must be a Float32Array/, /Float64Array\(4\)/]],
+    ['sinks holding NaN', () => api.sdpa(q(), k(), v(), { sinks: Float32Array.of(0, 1, NaN, 2) }), RangeError,
+      [/options\.sinks\[2\] must be a finite number, or -Infinity for no sink/, /got NaN$/]],
+    ['sinks holding +Infinity', () => api.sdpa(q(), k(), v(), { sinks: Float32Array.of(Infinity, 1, 0, 2) }), RangeError,
+      [/options\.sinks\[0\]/, /got Infinity$/]],
+
     // causalOffset / isCausal.
     ['causalOffset without isCausal', () => api.sdpa(q(), k(), v(), { causalOffset: 2 }), TypeError,
       [/^sdpa: options\.causalOffset is only meaningful with options\.isCausal: true, got options\.isCausal undefined \(default false\)$/]],
