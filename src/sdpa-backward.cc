@@ -243,7 +243,10 @@ void mask_grad_sum_item(void* context, int32_t index, int32_t /*thread*/) {
 // d_sinks[h] = -Σ_{b,i} p_sink·D_i (src/sdpa-backward.h), p_sink = exp((sink_h - shift_i) - log_sum_i)
 // rebuilt from the RowStats as every p_j is (min 0: p <= 1). A head without a sink (-inf) gets
 // 0; a row where p_sink is 0 (flushed by a far larger maximum) or that has nothing at all
-// (shift = -inf) adds nothing, not 0·D (D is NaN when dO is).
+// (shift = -inf) adds nothing, not 0·D (D is NaN when dO is); nor does a row whose output O_i
+// is all zeros (every row with nothing to attend, whose p_sink is 1): its D = Σ_j p_j·dp_j is 0,
+// though dO_i·O_i is NaN where dO_i holds NaN or Inf, which must not reach d_sinks from a row
+// that attends nothing.
 // B·Lq terms per head, summed in double in (b, i) order on one thread: O(B·Hq·Lq), next to the
 // O(B·Hq·Lq·Lk·E) of the rest.
 void sink_gradient(const BackwardProblem& bp, const RowStats& stats) {
@@ -255,6 +258,8 @@ void sink_gradient(const BackwardProblem& bp, const RowStats& stats) {
       for (int32_t i = 0; i < p.q_len; i++) {
         const int64_t row = (static_cast<int64_t>(b) * p.q_heads + h) * p.q_len + i;
         if (stats.shift[row] == kNegInf) continue;
+        const float* o = p.output + b * p.o_stride_b + h * p.o_stride_h + static_cast<int64_t>(i) * p.o_stride_l;
+        if (std::all_of(o, o + p.value_dim, [](float x) { return x == 0.0f; })) continue;
         const double x = (static_cast<double>(p.sinks[h]) - stats.shift[row]) - stats.log_sum[row];
         const double p_sink = std::exp(std::min(x, 0.0));  // NaN stays NaN
         if (p_sink != 0.0) sum -= p_sink * stats.delta[row];
