@@ -490,7 +490,13 @@ export class KVCache extends KVCacheShapeInfo {
       const output = p.out !== null ? p.out.fill(0) : new Float32Array(p.outputSize);
       const result: SdpaResult = { output: { data: p.outResult ?? output, dims: p.outputDims } };
       if (p.weightsDims !== null) result.weights = { data: new Float32Array(0), dims: p.weightsDims };
-      if (p.lseDims !== null) result.logSumExp = { data: new Float32Array(p.lseSize).fill(-Infinity), dims: p.lseDims };
+      if (p.lseDims !== null) {
+        // [B, Hq, Lq]: every row attends nothing, so its log-sum-exp is its head's sink (-Infinity without).
+        const lse = new Float32Array(p.lseSize).fill(-Infinity);
+        const sinks = p.sinks;
+        if (sinks !== null) lse.forEach((_, row) => { lse[row] = sinks[Math.floor(row / p.qLen) % p.qHeads]; });
+        result.logSumExp = { data: lse, dims: p.lseDims };
+      }
       return result;
     }
     const kvType = this.dtype === 'float32' ? KV_TYPE.float32 : this.#maybeInfNaN ? KV_TYPE.float16 : KV_TYPE.float16Finite;

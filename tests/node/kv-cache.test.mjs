@@ -154,6 +154,15 @@ describe('token-by-token decoding equals attention over the whole history', () =
         expect(Array.from(bits(two.results[s].got.output.data))).toEqual(Array.from(bits(got.output.data)));
       });
     }
+    // Nothing stored: every row attends nothing, zeros, and its log-sum-exp is its head's sink.
+    const empty = attn.createKVCache({ batch: 2, kvHeads: Hkv, headDim: 64, maxLength: 8, dtype });
+    try {
+      const got = empty.attend(randomTensor([2, Hq, 3, 64], 13), { sinks, returnLogSumExp: true });
+      expect(got.output.data.every((x) => Object.is(x, 0))).toBe(true);
+      expect(Array.from(got.logSumExp.data)).toEqual(Array.from({ length: 2 * Hq * 3 }, (_, row) => sinks[Math.floor(row / 3) % Hq]));
+    } finally {
+      empty.dispose();
+    }
   });
 
   test('one and two threads give bitwise the same outputs, float32 and float16, GQA and MHA, with weights or not', () => {
