@@ -49,6 +49,8 @@ void check_result(const Problem& p, const std::vector<float>& output, const std:
         const double* want = ref.data() + ((b * Hq + h) * Lq + i) * Ev;
         const int64_t weights_row = ((b * Hq + h) * Lq + i) * Lk;
         const float* lse = p.logsumexp != nullptr ? p.logsumexp + (b * Hq + h) * Lq + i : nullptr;
+        // The head's sink (-inf: none): one more logit of the softmax whose value row is zero.
+        const float sink = p.sinks != nullptr ? p.sinks[h] : -kInf;
         keys.clear(), score.clear(), score_error.clear();
         for (int64_t j = 0; j < Lk; j++) {
           if (attendable(p, b, h, i, j)) keys.push_back(j);
@@ -75,8 +77,8 @@ void check_result(const Problem& p, const std::vector<float>& output, const std:
                        (long long)b, (long long)h, (long long)i, (long long)c, got[c]);
           }
           check_blocked_weights(false);
-          FUZZ_CHECK(p, lse == nullptr || *lse == -kInf, "row (b%lld h%lld i%lld) attends no key: logsumexp %a, not -inf",
-                     (long long)b, (long long)h, (long long)i, lse != nullptr ? *lse : 0.0f);
+          FUZZ_CHECK(p, lse == nullptr || *lse == sink, "row (b%lld h%lld i%lld) attends no key: logsumexp %a, not its sink %a",
+                     (long long)b, (long long)h, (long long)i, lse != nullptr ? *lse : 0.0f, sink);
           continue;
         }
 
@@ -163,9 +165,9 @@ void check_result(const Problem& p, const std::vector<float>& output, const std:
                          (long long)b, (long long)h, (long long)i, (long long)j, w);
             }
           }
-          FUZZ_CHECK(p, lse == nullptr || *lse == -kInf || range_limited,
-                     "row (b%lld h%lld i%lld): every score is -Inf, logsumexp %a, not -inf", (long long)b, (long long)h,
-                     (long long)i, lse != nullptr ? *lse : 0.0f);
+          FUZZ_CHECK(p, lse == nullptr || *lse == sink || range_limited,
+                     "row (b%lld h%lld i%lld): every score is -Inf, logsumexp %a, not its sink %a", (long long)b, (long long)h,
+                     (long long)i, lse != nullptr ? *lse : 0.0f, sink);
           continue;
         }
 
@@ -177,12 +179,19 @@ void check_result(const Problem& p, const std::vector<float>& output, const std:
           max_score = std::max(max_score, score[n]);
           max_lower = std::max(max_lower, score[n] - score_error[n]);
         }
-        double err_s = 0.0, sum = 0.0;
+        // The sink joins the softmax's maximum and sum (exactly: it is not computed), and makes
+        // the output a combination of the values with weights summing to less than 1: within
+        // the hull of the values and 0.
+        max_score = std::max(max_score, static_cast<double>(sink));
+        double err_s = 0.0, sum = sink == -kInf ? 0.0 : std::exp(sink - max_score);
         prob.assign(keys.size(), 0.0);
         for (size_t n = 0; n < keys.size(); n++) {
           if (score[n] + score_error[n] >= max_lower - 120) err_s = std::max(err_s, score_error[n]);
           prob[n] = std::exp(score[n] - max_score);
           sum += prob[n];
+        }
+        if (sink != -kInf) {
+          for (int64_t c = 0; c < Ev; c++) col_min[c] = std::min(col_min[c], 0.0), col_max[c] = std::max(col_max[c], 0.0);
         }
         for (size_t n = 0; n < keys.size(); n++) {
           prob[n] /= sum;

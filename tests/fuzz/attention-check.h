@@ -37,6 +37,10 @@
 //      Weights: exact zeros for keys outside A, and in [0, 1] for keys in A (any NaN allowed
 //      if the row is range-limited); within (tol + 4·err_s)·w_ref of the reference when well conditioned.
 //
+// With sinks (Problem::sinks), the head's sink joins each row's softmax as one more logit with a
+// zero value row: case 1 and 3's log-sum-exp is the sink itself (-inf without one), case 4's
+// maximum and sum include it, and the convex combination's bound includes 0.
+//
 // And every output element is written (the buffers are filled with a sentinel NaN first),
 // and nothing outside the output's elements (padding between rows, heads, batches).
 #pragma once
@@ -66,7 +70,7 @@ inline std::string describe(const Problem& p) {
   char text[1024];
   std::snprintf(text, sizeof text,
                 "B%d Hq%d Hkv%d Lq%d Lk%d E%d Ev%d kv_type=%d scale=%a softcap=%a mask=%d "
-                "mask_strides=[%lld,%lld,%lld,%lld] causal=%d offset=%s%d window=%d key_lengths=%s key_starts=%s weights=%d "
+                "mask_strides=[%lld,%lld,%lld,%lld] causal=%d offset=%s%d window=%d key_lengths=%s key_starts=%s sinks=%s weights=%d "
                 "in_order=%d q_strides=[%lld,%lld,%lld] k=[%lld,%lld,%lld] v=[%lld,%lld,%lld] o=[%lld,%lld,%lld]",
                 p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len, p.head_dim, p.value_dim,
                 static_cast<int>(p.kv_type), p.scale, p.softcap, static_cast<int>(p.mask_kind),
@@ -74,7 +78,7 @@ inline std::string describe(const Problem& p) {
                 static_cast<long long>(p.mask_stride_q), static_cast<long long>(p.mask_stride_k), p.causal,
                 p.causal_offsets != nullptr ? "per-batch, first " : "", p.causal_offsets != nullptr ? p.causal_offsets[0] : p.causal_offset,
                 p.sliding_window,
-                p.key_lengths != nullptr ? "per-batch" : "none", p.key_starts != nullptr ? "per-batch" : "none", p.weights != nullptr, p.read_kv_in_order,
+                p.key_lengths != nullptr ? "per-batch" : "none", p.key_starts != nullptr ? "per-batch" : "none", p.sinks != nullptr ? "per-head" : "none", p.weights != nullptr, p.read_kv_in_order,
                 static_cast<long long>(p.q_stride_b), static_cast<long long>(p.q_stride_h), static_cast<long long>(p.q_stride_l),
                 static_cast<long long>(p.k_stride_b), static_cast<long long>(p.k_stride_h), static_cast<long long>(p.k_stride_l),
                 static_cast<long long>(p.v_stride_b), static_cast<long long>(p.v_stride_h), static_cast<long long>(p.v_stride_l),

@@ -33,7 +33,7 @@ bool all_finite(const float* x, int64_t n) {
 }  // namespace
 
 void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& dq, const std::vector<float>& dk,
-                    const std::vector<float>& dv, const std::vector<float>& dm) {
+                    const std::vector<float>& dv, const std::vector<float>& dm, const std::vector<float>& ds) {
   const Problem& p = bp.forward;
   const int64_t B = p.batch, Hq = p.q_heads, Hkv = p.kv_heads, Lq = p.q_len, Lk = p.kv_len, E = p.head_dim,
                 Ev = p.value_dim;
@@ -46,10 +46,15 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
     FUZZ_CHECK(p, bp.d_mask == dm.data(), "check_backward: d_mask is not the given buffer");
     check_written(p, dm, B, Hq, Lq, Lk, p.mask_stride_b, p.mask_stride_h, p.mask_stride_q, p.mask_stride_k, "d_mask");
   }
+  const bool sink_grad = bp.d_sinks != nullptr;
+  if (sink_grad) {
+    FUZZ_CHECK(p, bp.d_sinks == ds.data() && ds.size() == static_cast<size_t>(Hq), "check_backward: d_sinks is not the given buffer");
+    for (size_t h = 0; h < ds.size(); h++) FUZZ_CHECK(p, !is_sentinel(ds[h]), "d_sinks element %zu not written", h);
+  }
 
   const sdpa::ReferenceGradients ref = sdpa::reference_backward(bp);
-  std::vector<double> weights;
-  sdpa::reference_forward(p, &weights);
+  std::vector<double> weights, ref_lse;
+  sdpa::reference_forward(p, &weights, &ref_lse);
   const float* key = static_cast<const float*>(p.key);
   const float* value = static_cast<const float*>(p.value);
   const double abs_scale = std::fabs(static_cast<double>(p.scale));
@@ -77,6 +82,11 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
   std::vector<bool> dm_clean(mask_total, true);
   std::vector<double> dm_bound(mask_total, 0.0), dm_magnitude(mask_total, 0.0), dm_tiny(mask_total, 0.0);
 
+  // Case 6, per head: whether every row with keys is clean, the sum of the terms' bounds and
+  // of their magnitudes p_sink·G.
+  std::vector<bool> sink_clean(static_cast<size_t>(Hq), true);
+  std::vector<double> sink_bound(static_cast<size_t>(Hq), 0.0), sink_magnitude(static_cast<size_t>(Hq), 0.0);
+
   std::vector<int64_t> keys;
   std::vector<double> score, score_error, cap_error;
   std::vector<double> v_abs_max(static_cast<size_t>(Ev)), dq_bound(static_cast<size_t>(E));
@@ -97,6 +107,9 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
         const float* got_dq = bp.d_query + b * bp.dq_stride_b + h * bp.dq_stride_h + i * bp.dq_stride_l;
         const double* want_dq = ref.d_query.data() + ((b * Hq + h) * Lq + i) * E;
         const double* prob = weights.data() + ((b * Hq + h) * Lq + i) * Lk;
+        // The head's sink (-inf: none) and its probability in this row, exp(sink - lse).
+        const double sink = p.sinks != nullptr ? p.sinks[h] : -kInf;
+        const double p_sink = sink == -kInf ? 0.0 : std::exp(sink - ref_lse[static_cast<size_t>((b * Hq + h) * Lq + i)]);
         keys.clear(), score.clear(), score_error.clear(), cap_error.clear();
         for (int64_t j = 0; j < Lk; j++) {
           if (attendable(p, b, h, i, j)) keys.push_back(j);
@@ -183,25 +196,35 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
                                      2 * G * abs_scale * std::max(k_abs_max_row, q_abs_max)});
         if (!(big * static_cast<double>(Lk + group * Lq) < kFloatMax / 16)) clean = false;
 
-        // Case 4: does this row's p sum to one in the kernel, and within what?
+        // The size of the row's lse, whose float32 ulp is a relative error of every p_j: its
+        // largest score, or its sink when that is larger.
+        const double lse_size = std::max(max_score, sink);
+        // Case 4: does this row's p sum to one (1 - p_sink with a sink) in the kernel, and within what?
         const size_t pair = static_cast<size_t>(b * Hkv + kvh);
         const float lse = bp.logsumexp[(b * Hq + h) * Lq + i];
         const bool recomputed = sdpa::sdpa_f32_bwd_row_stats_recomputed(bp, static_cast<int32_t>(b), static_cast<int32_t>(h),
                                                                        static_cast<int32_t>(i), lse);
-        if (finite_row && (clean || recomputed)) {
-          const double row_error = recomputed ? static_cast<double>(keys.size() + 8) * 4 * kEps
-                                              : 2 * tol + 4 * err_s + 16 * kEps * (1 + std::fabs(max_score));
+        // With a sink the keys' share, 1 - p_sink, depends on the scores: the row must be well
+        // conditioned (clean) even when recomputed, and its error is then relative to that share
+        // (a score moved by err_s moves p_sink by at most 2·err_s·p_sink·(1 - p_sink)); a
+        // recomputed sum adds its roundings (the keys', and M, exp and L's few).
+        const bool has_sink = sink != -kInf;
+        if (finite_row && (clean || (recomputed && !has_sink))) {
+          const double computed = 2 * tol + 4 * err_s + 16 * kEps * (1 + std::fabs(lse_size));
+          const double summed = static_cast<double>(keys.size() + 16) * 4 * kEps;
+          const double row_error = has_sink ? computed + (recomputed ? summed : 0.0) : recomputed ? summed : computed;
           for (int64_t c = 0; c < Ev; c++) {
-            go_sum[pair * Ev + c] += go[c];
+            go_sum[pair * Ev + c] += go[c] * (1.0 - p_sink);
             go_abs_sum[pair * Ev + c] += std::fabs(static_cast<double>(go[c]));
-            go_sum_bound[pair * Ev + c] +=
-                std::fabs(static_cast<double>(go[c])) * (row_error + static_cast<double>(group * Lq + 2) * 2 * kEps);
+            go_sum_bound[pair * Ev + c] += std::fabs(static_cast<double>(go[c])) *
+                                           (row_error * (1.0 - p_sink) + static_cast<double>(group * Lq + 2) * 2 * kEps);
           }
         } else {
           pair_sums[pair] = false;
         }
 
         if (!clean) {
+          sink_clean[static_cast<size_t>(h)] = false;
           for (int64_t j : keys) key_clean[static_cast<size_t>((b * Hkv + kvh) * Lk + j)] = false;
           for (int64_t j : keys) attending[static_cast<size_t>((b * Hkv + kvh) * Lk + j)]++;
           for (int64_t j : keys) {
@@ -213,7 +236,7 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
           continue;
         }
 
-        const double rel = 2 * tol + 4 * err_s + 16 * kEps * (1 + std::fabs(max_score));
+        const double rel = 2 * tol + 4 * err_s + 16 * kEps * (1 + std::fabs(lse_size));
         const double f = 2 * rel + 2 * tol + 4 * err_s + 2 * err_cap + static_cast<double>(E + Ev + Lk) * kEps;
         // D = dO·O takes the forward's float32 O, whose elements below 2^-126 sit on the
         // subnormal grid: each may be off by up to (Lk + 4)·2^-149 absolutely (each product,
@@ -224,6 +247,10 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
         for (int64_t c = 0; c < Ev; c++) d_abs_error += std::fabs(static_cast<double>(go[c])) * static_cast<double>(Lk + 4) * 0x1p-149;
         const double tiny = 64 * n_all * 0x1p-149 * std::max(1.0, abs_scale) *
                             std::max(1.0, G) * std::max({1.0, k_abs_max_row, q_abs_max});
+        // Case 6: this row's term of d_sinks, -p_sink·D: p_sink within rel, D within the
+        // forward's O error times |dO| (f covers both), its subnormal error, and tiny.
+        sink_bound[static_cast<size_t>(h)] += p_sink * (f * G + 2 * d_abs_error) + tiny;
+        sink_magnitude[static_cast<size_t>(h)] += p_sink * G;
         std::fill(dq_bound.begin(), dq_bound.end(), 0.0);
         for (int64_t j : keys) {
           const size_t key_at = static_cast<size_t>((b * Hkv + kvh) * Lk + j);
@@ -314,6 +341,19 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
     FUZZ_CHECK(p, std::isfinite(g) && std::fabs(g - want) <= allowed,
                "d_mask[%zu] (%lld terms) = %.9g, reference %.9g, |diff| %.3g > allowed %.3g", m, (long long)n, g, want,
                std::fabs(g - want), allowed);
+  }
+
+  // Case 6: the sinks' gradient, per head whose every row with keys is clean. Rows with nothing
+  // to attend add exactly nothing (their O is zero, their D 0) to both.
+  for (int64_t h = 0; sink_grad && h < Hq; h++) {
+    if (!sink_clean[static_cast<size_t>(h)] || !(sink_magnitude[static_cast<size_t>(h)] < kFloatMax / 16)) continue;
+    const double g = ds[static_cast<size_t>(h)], want = ref.d_sinks[static_cast<size_t>(h)];
+    // The float32 result's rounding, and the double sums' (B·Lq terms).
+    const double allowed = sink_bound[static_cast<size_t>(h)] + 2 * kEps * sink_magnitude[static_cast<size_t>(h)] +
+                           double_rounding * sink_magnitude[static_cast<size_t>(h)] + 64 * 0x1p-149;
+    FUZZ_CHECK(p, std::isfinite(g) && std::fabs(g - want) <= allowed,
+               "d_sinks[%lld] = %.9g, reference %.9g, |diff| %.3g > allowed %.3g", (long long)h, g, want, std::fabs(g - want),
+               allowed);
   }
 
   // Case 4: Σ_j dV_jc = Σ_i dO_ic over the rows that attend a key.

@@ -62,6 +62,15 @@
 //      (ds, not dr: the mask is added after the softcap; the f_i of case 3 still carries the
 //      softcap's err_r/c, so the bound is a little looser than it needs to be there).
 //
+//   6. With sinks (Problem::sinks) and d_sinks: the forward's lse includes each row's sink, and
+//      the reference's p_j sum to 1 - p_sink, p_sink = exp(sink - lse) (case 4 then sums
+//      Σ_i (1 - p_sink,i)·dO_ic over rows that are clean, recomputed or not: the keys' share
+//      depends on the scores, within row_error·(1 - p_sink)). d_sinks[h] = -Σ_{b,i} p_sink·D_i
+//      is checked for a head whose every row with keys is clean, each term within
+//      p_sink·(f_i·G_i + 2·D's subnormal error) + tiny (p_sink carries the lse's error, as every p
+//      does; D = dO·O the forward's O error times |dO|), plus the float32 result's rounding. A row
+//      with nothing to attend adds nothing (its O is zero), whatever its dO holds.
+//
 // And every gradient element is written (the buffers hold a sentinel NaN before the call),
 // and nothing else (the padding of the output tensors and of the mask).
 #pragma once
@@ -72,9 +81,10 @@
 
 namespace sdpa_fuzz {
 
-// Checks bp.d_query/d_key/d_value, which point into dq/dk/dv (the whole buffers), and
-// bp.d_mask, if given, which points to dm (the whole buffer, as large as the mask's).
+// Checks bp.d_query/d_key/d_value, which point into dq/dk/dv (the whole buffers), bp.d_mask,
+// if given, which points to dm (the whole buffer, as large as the mask's), and bp.d_sinks, if
+// given, which points to ds ([Hq]).
 void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& dq, const std::vector<float>& dk,
-                    const std::vector<float>& dv, const std::vector<float>& dm = {});
+                    const std::vector<float>& dv, const std::vector<float>& dm = {}, const std::vector<float>& ds = {});
 
 }  // namespace sdpa_fuzz

@@ -12,7 +12,8 @@
 //            padding holds NaN), zero strides on an input axis;
 //   options  everything problem-decoding.h decodes (scale, softcap including subnormal and
 //            huge ones, float/bool masks with broadcasts, causal with one or per-batch
-//            offsets including negative and INT32_MIN/MAX, key_lengths including 0);
+//            offsets including negative and INT32_MIN/MAX, key_lengths including 0), and sinks
+//            (with their gradient, d_sinks);
 //   values   mostly (3 inputs in 4) moderate ordinary values with no special ones: gradients
 //            of huge logits are ill-conditioned and the checker can only skip them; else
 //            fuzz-values.h's styles (NaN, ±Inf, ±1e30, FLT_MAX, subnormals, -0, tiny/huge
@@ -28,7 +29,7 @@
 // thread, the dK/dV + dQ split on 2 and 3 threads unless pairs ≥ 4·threads): the results must
 // be bitwise equal (NaN payloads aside). One input in eight is made invalid (a null pointer,
 // a negative stride, a non-float32 kv_type, too little or no scratch, a bad shape, scale,
-// softcap or key length, a d_mask without a float mask): backward() and validate_backward()
+// softcap, key length or sink, a d_mask without a float mask, a d_sinks without sinks): backward() and validate_backward()
 // must return the exact Status and write nothing.
 #include <fuzzer/FuzzedDataProvider.h>
 
@@ -77,7 +78,7 @@ struct Buffers : OptionBuffers {
 };
 
 struct Gradients {
-  std::vector<float> dq, dk, dv, dm;  // dm: empty without d_mask
+  std::vector<float> dq, dk, dv, dm, ds;  // dm: empty without d_mask; ds: [Hq] with sinks, else empty
 };
 
 // backward() with exactly the scratch it asks for (misaligned by 0-3 floats), on fresh
@@ -88,8 +89,10 @@ Gradients run_backward(BackwardProblem bp, const Gradients& sizes, int threads, 
   g.dk.assign(sizes.dk.size(), sentinel());
   g.dv.assign(sizes.dv.size(), sentinel());
   g.dm.assign(sizes.dm.size(), sentinel());
+  g.ds.assign(sizes.ds.size(), sentinel());
   bp.d_query = g.dq.data(), bp.d_key = g.dk.data(), bp.d_value = g.dv.data();
   bp.d_mask = g.dm.empty() ? nullptr : g.dm.data();
+  bp.d_sinks = g.ds.empty() ? nullptr : g.ds.data();
   sdpa::ThreadPool* tp = pool(threads);
   const uint64_t need = sdpa::backward_scratch_floats(bp, tp != nullptr ? tp->threads() : 1);
   std::vector<float> scratch(static_cast<size_t>(need) + misalign);
@@ -109,11 +112,11 @@ FUZZ_NO_COVERAGE void check_same(const Problem& p, const std::vector<float>& a, 
 }
 
 // One field of a valid backward problem broken, and the Status it must give.
-// spare_d_mask: a sentinel-filled buffer for a d_mask that must not be written.
+// spare_d_mask: a sentinel-filled buffer for a d_mask (or d_sinks) that must not be written.
 Status corrupt(FuzzedDataProvider& in, BackwardProblem& bp, Buffers& buf, uint64_t& scratch_size, float*& scratch,
                float* spare_d_mask) {
   Problem& p = bp.forward;
-  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 18;
+  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 20;
   const uint8_t detail = in.ConsumeIntegral<uint8_t>();
   switch (which) {
     case 0: bp.logsumexp = nullptr; return Status::kNullPointer;
@@ -156,6 +159,12 @@ Status corrupt(FuzzedDataProvider& in, BackwardProblem& bp, Buffers& buf, uint64
     case 13: return break_softcap(p, detail);
     case 14: return break_key_length(p, buf, detail);
     case 17: return break_window(p, detail);
+    case 18: return break_sink(p, buf, detail);
+    case 19: {  // a sinks' gradient of a problem without sinks
+      p.sinks = nullptr;
+      bp.d_sinks = spare_d_mask;
+      return Status::kNullPointer;
+    }
     case 15: {  // a mask gradient of a problem with no float mask: none, or a bool one
       if (p.mask_kind == MaskKind::kFloat) p.mask_kind = detail % 2 == 0 ? MaskKind::kNone : MaskKind::kBool;
       if (p.mask_kind == MaskKind::kBool && buf.mask_b.size() < buf.mask_f.size()) {
@@ -190,6 +199,7 @@ void run(const uint8_t* data, size_t size) {
   const Layout dv = make_layout(B, Hkv, Lk, Ev, in.ConsumeIntegral<uint8_t>(), false);
 
   decode_options(in, p, buf);
+  decode_sinks(in, p, buf);
 
   const uint32_t misalign = in.ConsumeIntegralInRange<uint32_t>(0, 3);
   const uint8_t poison_choice = in.ConsumeIntegral<uint8_t>();
@@ -255,6 +265,7 @@ void run(const uint8_t* data, size_t size) {
   Gradients sizes;
   sizes.dq.resize(dq.size), sizes.dk.resize(dk.size), sizes.dv.resize(dv.size);
   if (p.mask_kind == MaskKind::kFloat && (invalid & 1) == 0) sizes.dm.resize(buf.mask_f.size());
+  if (p.sinks != nullptr) sizes.ds.resize(static_cast<size_t>(Hq));
 
   if (invalid >= 224) {  // one input in eight: a broken problem
     Gradients g;
@@ -288,12 +299,14 @@ void run(const uint8_t* data, size_t size) {
     check_same(p, other.dk, one.dk, "d_key", threads);
     check_same(p, other.dv, one.dv, "d_value", threads);
     check_same(p, other.dm, one.dm, "d_mask", threads);
+    check_same(p, other.ds, one.ds, "d_sinks", threads);
   }
   bp.d_query = const_cast<float*>(one.dq.data());
   bp.d_key = const_cast<float*>(one.dk.data());
   bp.d_value = const_cast<float*>(one.dv.data());
   bp.d_mask = one.dm.empty() ? nullptr : const_cast<float*>(one.dm.data());
-  check_backward(bp, one.dq, one.dk, one.dv, one.dm);
+  bp.d_sinks = one.ds.empty() ? nullptr : const_cast<float*>(one.ds.data());
+  check_backward(bp, one.dq, one.dk, one.dv, one.dm, one.ds);
 }
 
 }  // namespace

@@ -10,7 +10,8 @@
 //             kv_len = length, K/V strides of the storage layout, causal with offset
 //             length - Lq by default (the last Lq positions are the query's own), the cache's
 //             kv_type: kFloat16Finite when no Inf/NaN half may be stored (as the TypeScript
-//             layer decides), read_kv_in_order; sometimes weights, logsumexp, key_lengths (and key_starts), a sliding window;
+//             layer decides), read_kv_in_order; sometimes weights, logsumexp, key_lengths (and key_starts), a sliding window,
+//             sinks;
 //   a broken copy (negative size, zero dim, null pointer, unknown type, negative stride),
 //             which must return its Status and write nothing.
 // After every operation the whole storage is compared with a model of what it should hold,
@@ -26,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "attention-check.h"
@@ -271,6 +273,14 @@ void attend(FuzzedDataProvider& in, Cache& c) {
       for (int32_t b = 0; b < c.B; b++) key_starts.push_back(in.ConsumeIntegralInRange<int32_t>(0, std::max(0, c.length)));
       p.key_starts = key_starts.data();
     }
+  }
+  std::vector<float> sinks;
+  if (in.ConsumeBool()) {  // gpt-oss's sinks: per head none, an ordinary logit or one above every score
+    for (int32_t h = 0; h < Hq; h++) {
+      const uint8_t choice = in.ConsumeIntegral<uint8_t>();
+      sinks.push_back(choice < 32 ? -std::numeric_limits<float>::infinity() : choice < 48 ? 1e30f : (choice - 128) / 16.0f);
+    }
+    p.sinks = sinks.data();
   }
   if (options & 8) {
     weights.assign(static_cast<size_t>(c.B) * Hq * Lq * std::max(c.length, 0), sentinel());

@@ -34,6 +34,7 @@ struct OptionBuffers {
   std::vector<float> mask_f;
   std::vector<uint8_t> mask_b;
   std::vector<int32_t> offsets, key_lengths, key_starts;
+  std::vector<float> sinks;
 };
 
 // Lengths around the edges of the row tile, the key group and the key tile.
@@ -272,6 +273,19 @@ inline void decode_options(FuzzedDataProvider& in, Problem& p, OptionBuffers& bu
   }
 }
 
+// Sinks [Hq] (Problem::sinks), one in two problems: per head none (-inf), 0, an ordinary logit
+// (±0..8), one far above or below any score (±1e30), ±FLT_MAX, or the smallest subnormal.
+// Separate from decode_options: the backward fuzzer's oracle does not take sinks.
+inline void decode_sinks(FuzzedDataProvider& in, Problem& p, OptionBuffers& buf) {
+  if (!in.ConsumeBool()) return;
+  const float special[] = {-kInf, 0.0f, 1e30f, -1e30f, FLT_MAX, -FLT_MAX, 0x1p-149f};
+  for (int32_t h = 0; h < p.q_heads; h++) {
+    const uint8_t choice = in.ConsumeIntegral<uint8_t>();
+    buf.sinks.push_back(choice < 128 ? (choice - 64) / 8.0f : special[choice % 7]);
+  }
+  p.sinks = buf.sinks.data();
+}
+
 // Invalid problems: one field of a valid Problem broken, `detail` (an input byte) picking the
 // bad value. Each returns the Status validate() and validate_backward() give for it: the
 // fields below are checked the same way by both.
@@ -310,6 +324,14 @@ inline Status break_window(Problem& p, uint8_t detail) {
     p.causal = false, p.sliding_window = 1 + detail;
   }
   return Status::kBadWindow;
+}
+
+// One head's sink NaN or +inf (sinks made, all 0, if p had none).
+inline Status break_sink(Problem& p, OptionBuffers& buf, uint8_t detail) {
+  if (buf.sinks.empty()) buf.sinks.assign(static_cast<size_t>(p.q_heads), 0.0f);
+  buf.sinks[detail % buf.sinks.size()] = detail & 0x80 ? kNaN : kInf;
+  p.sinks = buf.sinks.data();
+  return Status::kBadSink;
 }
 
 // One batch's key length or key start -1 or kv_len + 1 (key_lengths or key_starts made, all

@@ -11,6 +11,7 @@
 //   options  scale, softcap (including subnormal and huge ones), a float or bool mask with
 //            any broadcast (zero strides) and any axis order, causal with one offset or one
 //            per batch (negative, past the end, INT32_MIN/MAX), key_lengths (including 0),
+//            sinks (none, ordinary, ±1e30, ±FLT_MAX),
 //            weights, logsumexp, kv_type float32/float16/float16-finite, read_kv_in_order,
 //            a pool of 1 or 2 threads;
 //   values   per tensor, ordinary numbers of a chosen magnitude mixed with NaN, ±Inf, ±1e30,
@@ -77,7 +78,7 @@ struct Buffers : OptionBuffers {
 
 // One field of a valid problem broken, and the Status validate() gives for it.
 Status corrupt(FuzzedDataProvider& in, Problem& p, Buffers& buf, uint64_t& scratch_size, float*& scratch) {
-  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 22;
+  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 23;
   const uint8_t detail = in.ConsumeIntegral<uint8_t>();
   int32_t* dims[] = {&p.batch, &p.q_heads, &p.kv_heads, &p.q_len, &p.kv_len, &p.head_dim, &p.value_dim};
   int64_t* strides[] = {&p.q_stride_b, &p.q_stride_h, &p.q_stride_l, &p.k_stride_b,
@@ -105,6 +106,7 @@ Status corrupt(FuzzedDataProvider& in, Problem& p, Buffers& buf, uint64_t& scrat
     case 16: return break_softcap(p, detail);
     case 17: return break_key_length(p, buf, detail);
     case 21: return break_window(p, detail);
+    case 22: return break_sink(p, buf, detail);
     case 18:
       scratch = nullptr;
       return Status::kBadScratch;
@@ -135,7 +137,7 @@ void probe_largest_sizes(Problem p, uint8_t choice) {
   p.v_stride_b = p.v_stride_h = p.v_stride_l = 0;
   p.o_stride_b = p.o_stride_h = p.o_stride_l = 0;
   p.mask_stride_b = p.mask_stride_h = p.mask_stride_q = p.mask_stride_k = 0;
-  p.weights = nullptr, p.logsumexp = nullptr, p.key_lengths = nullptr, p.key_starts = nullptr;
+  p.weights = nullptr, p.logsumexp = nullptr, p.key_lengths = nullptr, p.key_starts = nullptr, p.sinks = nullptr;
   p.batch = p.q_heads = p.kv_heads = p.q_len = p.kv_len = 1;
   switch (choice % 4) {
     case 0: p.q_len = kMax; break;                                        // one head's rows
@@ -242,6 +244,7 @@ void run(const uint8_t* data, size_t size) {
   const auto [q, k, v, o] = decode_layouts(in, p);
 
   decode_options(in, p, buf);
+  decode_sinks(in, p, buf);
   const bool want_weights = in.ConsumeBool();
   p.read_kv_in_order = in.ConsumeBool();
   const int threads = in.ConsumeIntegralInRange<int>(0, 2);
