@@ -3,7 +3,7 @@
 //   valid calls     attn.sdpa(): random shapes at the kernel's tile edges, GQA, Lq ≠ Lk, Ev ≠ E,
 //                   ranks 2..4, both layouts, float/bool masks of every broadcast shape,
 //                   isCausal with number and per-batch offsets and sliding windows, keyLengths
-//                   (0 included) and keyStarts (Lk included), fully
+//                   (0 included), keyStarts (Lk included) and sinks (-Infinity to 1e30), fully
 //                   masked rows (exact zeros), softcap, returnWeights, `out`, NaN written into
 //                   keys no row may attend, and into keys some rows attend (the rows that block
 //                   them must still match the reference), huge logits (convex-combination
@@ -135,7 +135,8 @@ const outputRow = (layout, { Hq, Lq, Ev }, b, h, i) => (layout === 'bshd' ? ((b 
  * The checks every result gets: dims and types, `out` used as documented, rows with nothing to
  * attend exact zeros (weights too), blocked weights exact zeros; then against the reference
  * (mode 'reference') or, for huge logits, the convex-combination bound: each output lies between
- * the smallest and largest value of the keys the row may attend, weights sum to 1.
+ * the smallest and largest value of the keys the row may attend (and 0, with a sink: its value
+ * row is zero), weights sum to 1 (at most 1 with a sink).
  */
 function checkResult(got, c) {
   const { B, Hq, Lq, Lk, Ev } = c.shape;
@@ -179,8 +180,9 @@ function checkResult(got, c) {
         }
         if (c.mode === 'bound' && open > 0) {
           const kh = Math.floor(h / group);
+          const sink = options.sinks ? options.sinks[h] : -Infinity;
           for (let e = 0; e < Ev; e++) {
-            let lo = Infinity, hi = -Infinity;
+            let lo = sink === -Infinity ? Infinity : 0, hi = sink === -Infinity ? -Infinity : 0;
             for (let j = 0; j < Lk; j++) {
               if (blocked(b, h, i, j)) continue;
               const x = c.logicalValue.data[((b * c.shape.Hkv + kh) * Lk + j) * Ev + e];
@@ -195,7 +197,9 @@ function checkResult(got, c) {
           if (wRow) {
             let sum = 0;
             for (let j = 0; j < Lk; j++) sum += wRow[j];
-            if (!(Math.abs(sum - 1) <= Math.max(1e-4, Lk * 1.2e-7)) || wRow.some((x) => !(x >= 0))) {
+            const slack = Math.max(1e-4, Lk * 1.2e-7);
+            const sumOk = sink === -Infinity ? Math.abs(sum - 1) <= slack : sum >= 0 && sum <= 1 + slack;
+            if (!sumOk || wRow.some((x) => !(x >= 0))) {
               throw new Error(`huge logits: weights of row (b ${b}, h ${h}, i ${i}) sum to ${sum} or are negative/NaN`);
             }
           }
@@ -658,10 +662,12 @@ function randomBackwardCase(r) {
 /** Each gradient's element count: its input's, the mask's. */
 const gradientSizes = (c) => ({
   dQuery: c.query.data.length, dKey: c.key.data.length, dValue: c.value.data.length, dAttnMask: c.options.attnMask?.data.length,
+  dSinks: c.options.sinks?.length,
 });
 
-/** The gradients a case returns: dQuery, dKey, dValue, and dAttnMask with returnMaskGrad. */
-const gradientNames = (c) => ['dQuery', 'dKey', 'dValue', ...(c.options.returnMaskGrad ? ['dAttnMask'] : [])];
+/** The gradients a case returns: dQuery, dKey, dValue, dAttnMask with returnMaskGrad, dSinks with sinks. */
+const gradientNames = (c) => ['dQuery', 'dKey', 'dValue', ...(c.options.returnMaskGrad ? ['dAttnMask'] : []),
+  ...(c.options.sinks ? ['dSinks'] : [])];
 
 /**
  * The bound a case's gradients are held to. Float32 scores are off by a few ulps of the size of
@@ -696,6 +702,12 @@ function checkGradients(got, c) {
     checked.push(['dAttnMask', got.dAttnMask, ref.dAttnMask, c.options.attnMask.dims]);
   } else if (got.dAttnMask !== undefined) {
     throw new Error('dAttnMask without returnMaskGrad');
+  }
+  if (c.options.sinks) {
+    if (!got.dSinks) throw new Error('sinks: no dSinks');
+    checked.push(['dSinks', got.dSinks, ref.dSinks, [c.options.sinks.length]]);
+  } else if (got.dSinks !== undefined) {
+    throw new Error('dSinks without sinks');
   }
   for (const [name, tensor, refData, dims] of checked) {
     expect(tensor.dims).toEqual([...dims]);

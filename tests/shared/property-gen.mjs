@@ -249,8 +249,12 @@ export function randomOptions(r, { B, Hq, Lq, Lk, outputSize }, { forCache = fal
   if (r.chance(0.15)) {  // left padding
     options.keyStarts = Int32Array.from({ length: B }, () => (r.chance(0.4) ? 0 : r.chance(0.15) ? Lk : r.int(0, Lk)));
   }
+  if (r.chance(0.2)) {  // gpt-oss's sinks: none for some heads, about the scores, far above and below them
+    options.sinks = Float32Array.from({ length: Hq }, () => r.pick([-Infinity, 0, 30, -30, 1e30, r.next() * 6 - 3]));
+  }
   if (options.keyLengths) options.keyLengths = maybeOffsetView(r, options.keyLengths);
   if (options.keyStarts) options.keyStarts = maybeOffsetView(r, options.keyStarts);
+  if (options.sinks) options.sinks = maybeOffsetView(r, options.sinks);
   if (r.chance(0.4)) options.returnWeights = true;
   if (r.chance(0.2)) options.out = maybeOffsetView(r, new Float32Array(outputSize + r.pick([0, 0, 3])).fill(NaN));
   const offsetOf = (b) => (offsets ? offsets[b] : offset);
@@ -454,6 +458,14 @@ export function mutateOptions(r, fn, { B, Hq, Lq, Lk, outputSize }, options, { f
     () => option('keyStarts', new Int32Array(r.pick([B + 1, B - 1, 0].filter((n) => n >= 0 && n !== B))), RangeError),
     () => option('keyStarts', r.pick([new Array(B).fill(0), new Float32Array(B), new Uint32Array(B), 0, null]), TypeError),
     () => option('keyLengths', r.pick([new Array(B).fill(0), new Float32Array(B), new Uint32Array(B), new BigInt64Array(B), 3, null]), TypeError),
+    () => {
+      const h = r.int(0, Hq - 1);
+      const sinks = new Float32Array(Hq);
+      sinks[h] = r.pick([NaN, Infinity]);
+      return { desc: `options.sinks [${Array.from(sinks)}]`, options: withOption('sinks', sinks), Cls: RangeError, names: [`options.sinks[${h}]`] };
+    },
+    () => option('sinks', new Float32Array(r.pick([Hq + 1, Hq - 1, 0].filter((n) => n >= 0 && n !== Hq))), RangeError),
+    () => option('sinks', r.pick([new Array(Hq).fill(0), new Float64Array(Hq), new Int32Array(Hq), 0, null]), TypeError),
     () => option('out', new Float32Array(r.pick([outputSize - 1, 0, outputSize >> 1].filter((n) => n >= 0 && n < outputSize))), RangeError),
     () => option('out', r.pick([new Float64Array(outputSize), new Array(outputSize).fill(0), new ArrayBuffer(outputSize * 4),
       new Uint8Array(outputSize * 4), new Int32Array(outputSize), null]), TypeError),
