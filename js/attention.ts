@@ -7,7 +7,7 @@ import { CallMemory, MemoryAccount } from './memory.js';
 import { checkSaved, inputsRecord, remember, resultsRecord } from './saved-forward.js';
 import { runSdpa } from './strategies.js';
 import type {
-  AttentionOptions, KVCacheOptions, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaOptions, SdpaResult, SdpaResultWith, Tensor,
+  AttentionOptions, KVCacheOptions, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaBackwardResultWithSinkGrad, SdpaOptions, SdpaResult, SdpaResultWith, Tensor,
 } from './types.js';
 import { checkAttentionOptions, DEFAULT_MAX_THREADS, plan, planBackward } from './validate.js';
 
@@ -85,7 +85,11 @@ export class Attention {
    * row attends get exact zeros. Bitwise the same for any thread count.
    */
   sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+    options: SdpaBackwardOptions & { returnMaskGrad: true; sinks: Float32Array }): SdpaBackwardResultWithMaskGrad & SdpaBackwardResultWithSinkGrad;
+  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
     options: SdpaBackwardOptions & { returnMaskGrad: true }): SdpaBackwardResultWithMaskGrad;
+  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+    options: SdpaBackwardOptions & { sinks: Float32Array }): SdpaBackwardResultWithSinkGrad;
   sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor, options?: SdpaBackwardOptions): SdpaBackwardResult;
   sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
     options?: SdpaBackwardOptions): SdpaBackwardResult {

@@ -22,5 +22,5 @@ export {
 export type { Isa } from './loader.js';
 export type {
   AttentionOptions, KVCacheContents, KVCacheOptions, KVTensor, MaskTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardOut, SdpaBackwardResult,
-  SdpaBackwardResultWithMaskGrad, SdpaOptions, SdpaResult, SdpaResultWith, Tensor,
+  SdpaBackwardResultWithMaskGrad, SdpaBackwardResultWithSinkGrad, SdpaOptions, SdpaResult, SdpaResultWith, Tensor,
 } from './types.js';

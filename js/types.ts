@@ -138,6 +138,9 @@ export interface SdpaBackwardResult {
 /** The result of sdpaBackward() with `returnMaskGrad: true`: `dAttnMask` is then always present. */
 export type SdpaBackwardResultWithMaskGrad = SdpaBackwardResult & { dAttnMask: Tensor };
 
+/** The result of sdpaBackward() with `sinks`: `dSinks` is then always present. */
+export type SdpaBackwardResultWithSinkGrad = SdpaBackwardResult & { dSinks: Tensor };
+
 export interface AttentionOptions {
   /**
    * Threads to run on, an integer in [1, 64]; default: the logical processors, at most 4.

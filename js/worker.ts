@@ -30,7 +30,7 @@ import {
   type KVCacheShape,
 } from './kv-cache.js';
 import type {
-  AttentionOptions, KVCacheContents, KVCacheOptions, KVTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaOptions, SdpaResult,
+  AttentionOptions, KVCacheContents, KVCacheOptions, KVTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaBackwardResultWithSinkGrad, SdpaOptions, SdpaResult,
   SdpaResultWith, Tensor,
 } from './types.js';
 import {
@@ -142,7 +142,12 @@ export class AttentionWorker {
    * (and checked against the sdpa() call that returned it, as by the direct API).
    */
   sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+    options: SdpaBackwardOptions & WorkerCallOptions & { returnMaskGrad: true; sinks: Float32Array }):
+    Promise<SdpaBackwardResultWithMaskGrad & SdpaBackwardResultWithSinkGrad>;
+  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
     options: SdpaBackwardOptions & WorkerCallOptions & { returnMaskGrad: true }): Promise<SdpaBackwardResultWithMaskGrad>;
+  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+    options: SdpaBackwardOptions & WorkerCallOptions & { sinks: Float32Array }): Promise<SdpaBackwardResultWithSinkGrad>;
   sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
     options?: SdpaBackwardOptions & WorkerCallOptions): Promise<SdpaBackwardResult>;
   sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,

@@ -940,4 +940,29 @@ describe('through createAttentionWorker', () => {
     expect(workerError.constructor).toBe(RangeError);
     expect(workerError.message).toBe(directError.message);
   });
+
+  test('sinks: dSinks with the other gradients bit for bit, into out and accumulated; a bad sink the same error', async () => {
+    const p = problem({ B: 2, Hq: 4, Hkv: 2, Lq: 9, Lk: 70, E: 8, Ev: 6, seed: 61 });
+    const options = { isCausal: true, causalOffset: Int32Array.of(61, -3), sinks: Float32Array.of(1, -Infinity, 0, 25) };
+    const direct = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    const viaWorker = await worker.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    for (const name of ['dQuery', 'dKey', 'dValue', 'dSinks']) {
+      expect(viaWorker[name].dims).toEqual(direct[name].dims);
+      expect(sameBits(viaWorker[name].data, direct[name].data)).toBe(true);
+    }
+    const into = new Float32Array(4).fill(1);
+    const added = await worker.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out: { dSinks: into }, accumulate: true });
+    expect(added.dSinks.data).toBe(into);
+    direct.dSinks.data.forEach((g, h) => expect(into[h]).toBe(Math.fround(1 + g)));
+    const bad = { ...options, sinks: Float32Array.of(0, NaN, 0, 0) };
+    let directError;
+    try {
+      attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, bad);
+    } catch (e) {
+      directError = e;
+    }
+    const workerError = await worker.sdpaBackward(p.query, p.key, p.value, p.gradOutput, bad).then(() => undefined, (e) => e);
+    expect(workerError.constructor).toBe(RangeError);
+    expect(workerError.message).toBe(directError.message);
+  });
 });

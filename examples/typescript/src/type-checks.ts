@@ -31,8 +31,19 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   void worker.sdpaBackward(q, k, v, q, { attnMask: bias, returnMaskGrad: true }).then((g) => g.dAttnMask.dims);
   // @ts-expect-error dAttnMask may be absent when not requested
   attn.sdpaBackward(q, k, v, q, { attnMask: bias }).dAttnMask.data;
+  // `dSinks` present whenever sinks are given (with or without the mask's gradient).
+  const sinks = Float32Array.of(0.5, -Infinity);
+  const dSinks: Float32Array = attn.sdpaBackward(q, k, v, q, { sinks }).dSinks.data;
+  const both2 = attn.sdpaBackward(q, k, v, q, { sinks, attnMask: bias, returnMaskGrad: true });
+  void [both2.dSinks.dims, both2.dAttnMask.dims];
+  void worker.sdpaBackward(q, k, v, q, { sinks }).then((g) => g.dSinks.data);
+  // @ts-expect-error dSinks may be absent without sinks
+  attn.sdpaBackward(q, k, v, q, { isCausal: true }).dSinks.data;
+  cache.attend(q, { sinks, slidingWindow: 128 });
+  // @ts-expect-error sinks is a Float32Array
+  attn.sdpa(q, k, v, { sinks: [0.5, 1] });
   // Gradients into the caller's arrays (SdpaBackwardOut), directly and through the worker.
-  const into: SdpaBackwardOut = { dQuery: new Float32Array(8), dAttnMask: new Float32Array(4) };
+  const into: SdpaBackwardOut = { dQuery: new Float32Array(8), dAttnMask: new Float32Array(4), dSinks: new Float32Array(2) };
   attn.sdpaBackward(q, k, v, q, { attnMask: bias, returnMaskGrad: true, out: into, accumulate: true });
   void worker.sdpaBackward(q, k, v, q, { out: { dKey: new Float32Array(8) } });
 
@@ -80,5 +91,5 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   // Disposable without the user's lib naming Symbol.dispose (the package's types bring it).
   const dispose: () => void = attn[Symbol.dispose];
   const disposeAsync: () => Promise<void> = worker[Symbol.asyncDispose];
-  void [withWeights, withLse, fromCache, dBias, dispose, disposeAsync];
+  void [withWeights, withLse, fromCache, dBias, dSinks, dispose, disposeAsync];
 }
