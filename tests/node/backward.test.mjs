@@ -377,9 +377,9 @@ describe('options.out: gradients written (or with accumulate, added) into the ca
   });
 
   test.each([
-    ['not an object', 3, TypeError, /^sdpaBackward: options\.out must be an object of Float32Arrays with any of the names dQuery, dKey, dValue, dAttnMask, got 3$/],
+    ['not an object', 3, TypeError, /^sdpaBackward: options\.out must be an object of Float32Arrays with any of the names dQuery, dKey, dValue, dAttnMask, dSinks, got 3$/],
     ['a bare Float32Array', new Float32Array(4), TypeError, /, got Float32Array\(4\): sdpaBackward has several results, so name the one it is for, e\.g\. \{ dQuery: array \}$/],
-    ['an unknown name', { dQ: new Float32Array(576) }, TypeError, /^sdpaBackward: options\.out\.dQ is not a result of sdpaBackward; options\.out takes dQuery, dKey, dValue, dAttnMask$/],
+    ['an unknown name', { dQ: new Float32Array(576) }, TypeError, /^sdpaBackward: options\.out\.dQ is not a result of sdpaBackward; options\.out takes dQuery, dKey, dValue, dAttnMask, dSinks$/],
     ['a Float64Array', { dValue: new Float64Array(1680) }, TypeError, /^sdpaBackward: options\.out\.dValue must be a Float32Array, got Float64Array\(1680\)$/],
     ['too small', { dKey: new Float32Array(2239) }, RangeError, /^sdpaBackward: options\.out\.dKey is too small: the gradient dKey \[2, 70, 2, 8\] needs 2240 floats, got 2239$/],
     ['detached', { dQuery: (() => { const a = new Float32Array(576); structuredClone(a.buffer, { transfer: [a.buffer] }); return a; })() }, RangeError,

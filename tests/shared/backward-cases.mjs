@@ -37,11 +37,14 @@ export const BACKWARD_CASES = [
   } },
   { name: 'N200 E64 causal (several key tiles)', make: () => ({
     ...problem(5, [1, 1, 200, 64], [1, 1, 200, 64], [1, 1, 200, 64], [1, 1, 200, 64]), options: { isCausal: true } }) },
+  { name: 'sinks (their gradient dSinks), GQA Hq4 Hkv2, a 32-key window, rows with nothing to attend', make: () => ({
+    ...problem(6, [2, 4, 9, 16], [2, 2, 70, 16], [2, 2, 70, 16], [2, 4, 9, 16]),
+    options: { sinks: Float32Array.of(1.5, -Infinity, 0, 30), isCausal: true, causalOffset: Int32Array.of(61, -2), slidingWindow: 32 } }) },
 ];
 
 /**
  * Runs every case on `attn` (an Attention, or an AttentionWorker: awaited). Returns
- * [{ name, errors: { dQuery, dKey, dValue, dAttnMask? }, ok, hash }].
+ * [{ name, errors: { dQuery, dKey, dValue, dAttnMask?, dSinks? }, ok, hash }].
  */
 export async function runBackwardCases(attn, cases = BACKWARD_CASES) {
   const results = [];
@@ -67,6 +70,11 @@ export async function runBackwardCases(attn, cases = BACKWARD_CASES) {
       const dims = got.dAttnMask?.dims ?? [];
       errors.dAttnMask = dims.join() === options.attnMask.dims.join() ? maxRelError(got.dAttnMask.data, ref.dAttnMask) : NaN;
       hash += got.dAttnMask !== undefined ? bitsHash(got.dAttnMask.data) : 'none';
+    }
+    if (options.sinks) {  // NaN (not ok) when dSinks is missing or not [Hq]
+      const dims = got.dSinks?.dims ?? [];
+      errors.dSinks = dims.join() === String(options.sinks.length) ? maxRelError(got.dSinks.data, ref.dSinks) : NaN;
+      hash += got.dSinks !== undefined ? bitsHash(got.dSinks.data) : 'none';
     }
     const ok = Object.values(errors).every((e) => e <= BACKWARD_TOL);
     results.push({ name, errors, ok, hash });

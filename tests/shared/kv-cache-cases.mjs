@@ -53,7 +53,8 @@ export function positions(t, a, b) {
  * grow (bytes of another cache allocated after the second step, so the memory grows
  * mid-sequence), queryRows (optional: after each step only the last min(n, queryRows) of the n
  * new positions attend, which keeps the reference cheap for long appends), slidingWindow (optional:
- * attend's option, each row attending the W positions ending at its own) }.
+ * attend's option, each row attending the W positions ending at its own), sinks (optional: attend's
+ * option, a Float32Array of Hq) }.
  */
 export const CACHE_CASES = [
   { name: 'MHA H4 E64, float32', shape: { B: 1, Hq: 4, Hkv: 4, E: 64, Ev: 64 }, steps: [37, 1, 1, 3, 129, 1, 400, 1], dtype: 'float32' },
@@ -73,6 +74,9 @@ export const CACHE_CASES = [
     steps: [37, 1, 100, 1, 1], dtype: 'float32', slidingWindow: 64 },
   { name: 'MHA H2 E16, float16, sliding window of 1500 past 2048 positions', shape: { B: 1, Hq: 2, Hkv: 2, E: 16, Ev: 16 },
     steps: [2049, 1, 2], dtype: 'float16', queryRows: 1, slidingWindow: 1500 },
+  // gpt-oss: learned sinks per query head with a 128-position window, past one 512-key segment.
+  { name: 'GQA Hq4 Hkv2 E64, float16, sinks and a window of 128', shape: { B: 1, Hq: 4, Hkv: 2, E: 64, Ev: 64 },
+    steps: [37, 1, 600, 1], dtype: 'float16', slidingWindow: 128, sinks: Float32Array.of(1.5, -Infinity, 0, 30) },
 ];
 
 /**
@@ -81,7 +85,7 @@ export const CACHE_CASES = [
  */
 export async function runCacheCases(attn, cases = CACHE_CASES) {
   const results = [];
-  for (const [index, { name, shape, steps, dtype, grow, queryRows, slidingWindow }] of cases.entries()) {
+  for (const [index, { name, shape, steps, dtype, grow, queryRows, slidingWindow, sinks }] of cases.entries()) {
     const { B, Hq, Hkv, E, Ev } = shape;
     const total = steps.reduce((a, b) => a + b, 0);
     const seed = 700 + index;
@@ -103,9 +107,10 @@ export async function runCacheCases(attn, cases = CACHE_CASES) {
         }
         const rows = Math.min(n, queryRows ?? n);  // the last `rows` new positions attend
         const query = noiseTensor([B, Hq, rows, E], seed, 10 + s);
-        const got = await cache.attend(query, slidingWindow === undefined ? undefined : { slidingWindow });
+        const options = { ...(slidingWindow === undefined ? {} : { slidingWindow }), ...(sinks === undefined ? {} : { sinks }) };
+        const got = await cache.attend(query, Object.keys(options).length === 0 ? undefined : options);
         const key = positions(kStored, 0, length), value = positions(vStored, 0, length);
-        const ref = referenceSdpa(query, key, value, { isCausal: true, causalOffset: length - rows, slidingWindow });
+        const ref = referenceSdpa(query, key, value, { isCausal: true, causalOffset: length - rows, ...options });
         // Output dims other than the reference's count as an error that fails the case.
         const dimsOk = got.output.dims.join() === ref.outputDims.join();
         worstError = Math.max(worstError, dimsOk ? maxRelError(got.output.data, ref.output) : Infinity);

@@ -70,6 +70,10 @@ export const REFERENCE_CASES = [
   { name: 'softcap 5 with scale 0.5', make: () => ({ ...qkv(17, [1, 2, 9, 32], [1, 2, 40, 32], [1, 2, 40, 32]), options: { softcap: 5, scale: 0.5, returnWeights: true } }) },
   { name: "layout 'bshd', GQA, causal", make: () => ({ ...qkv(18, [2, 9, 4, 24], [2, 11, 2, 24], [2, 11, 2, 24]), options: { layout: 'bshd', isCausal: true, causalOffset: 2, returnWeights: true } }) },
   { name: 'long rows: Lq 20, Lk 300, E 128, causal bottom-right', make: () => ({ ...qkv(19, [1, 2, 20, 128], [1, 2, 300, 128], [1, 2, 300, 128]), options: { isCausal: true, causalOffset: 280 } }) },
+  { name: 'sinks (gpt-oss): GQA Hq 4 Hkv 2, a head without one, a 16-key window, empty rows', make: () => ({
+    ...qkv(21, [2, 4, 9, 16], [2, 2, 40, 16], [2, 2, 40, 16]),
+    options: { sinks: Float32Array.of(1.5, -Infinity, 0, 30), isCausal: true, causalOffset: Int32Array.of(31, -2), slidingWindow: 16, returnWeights: true },
+  }) },
   // K and V of 4.3 MB in a decode shape: copied in and computed one 512-key segment at a time,
   // on the single-threaded build even for a threaded instance (js/index.ts).
   { name: 'streamed decode: Hq 8, Hkv 2, Lk 4200, keyLengths with NaN in the padding', make: () => {
