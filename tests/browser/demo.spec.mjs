@@ -112,6 +112,7 @@ async function setHeatmapControls(page, c) {
   if (c.window !== undefined) await set(() => page.getByTestId('ctl-window').fill(String(c.window)));
   if (c.padding !== undefined) await set(() => page.getByTestId('ctl-padding').fill(String(c.padding)));
   if (c.softcap !== undefined) await set(() => page.getByTestId('ctl-softcap').fill(String(c.softcap)));
+  if (c.sink !== undefined) await set(() => page.getByTestId('ctl-sink').fill(String(c.sink)));
 }
 
 /** Sets the benchmark panel's controls given in `c` ({ B, H, L, E, reps, js }). */
@@ -249,6 +250,38 @@ test('heatmap: a sliding window keeps each row to the W keys ending at its own, 
   const off = await readHeatmap(page);
   expect(off.params.window).toBe(0);
   expect(off.weights.slice(0, 18).every((p) => p > 0)).toBe(true);
+  expect(errors).toEqual([]);
+});
+
+test('heatmap: an attention sink takes a share of every row, as Node computes it (rows sum to 1 - exp(sink - lse)); a bad value is said, empty turns it off', async ({ page }) => {
+  const errors = await openDemo(page);
+  await setHeatmapControls(page, { seed: 9, seqLen: 16, heads: 2, causal: true, sink: 1.5 });
+  const shown = await readHeatmap(page);
+  expect(shown.params).toMatchObject({ causal: true, sink: 1.5 });
+  const { query, key, value } = randomQKV({ seqLen: 16, dk: 32, heads: 2, seed: 9 });
+  const options = { isCausal: true, sinks: Float32Array.of(1.5, 1.5), returnWeights: true, returnLogSumExp: true };
+  const node = attn.sdpa(query, key, value, options);
+  expect(bitDifferences(shown.output, Array.from(node.output.data))).toEqual([]);
+  expect(bitDifferences(shown.weights, Array.from(node.weights.data))).toEqual([]);
+  // Each row keeps 1 - exp(sink - lse) for its keys: the sink's share is the rest.
+  for (let r = 0; r < 2 * 16; r++) {
+    const sum = shown.weights.slice(r * 16, (r + 1) * 16).reduce((a, b) => a + b, 0);
+    expect(Math.abs(sum - (1 - Math.exp(1.5 - node.logSumExp.data[r])))).toBeLessThan(1e-5);
+    expect(sum).toBeLessThan(1);
+  }
+  await expect(page.getByTestId('heatmap-summary')).toContainText("With the sink, rows' weights sum to");
+  await page.getByTestId('panel-heatmap').screenshot({ path: screenshotPath('02b-heatmap-attention-sink.png') });
+  // Out of float32's range: said next to the field, no map computed with another value.
+  await setHeatmapControls(page, { sink: '1e39' });
+  await expect(page.getByTestId('sink-error')).toBeVisible();
+  await expect(page.getByTestId('sink-error')).toContainText('Attention sink must be a finite number');
+  await expect(page.getByTestId('heatmap-canvas')).toBeHidden();
+  // Empty: off again, every row sums to 1.
+  await setHeatmapControls(page, { sink: '' });
+  await expect(page.getByTestId('sink-error')).toBeHidden();
+  const off = await readHeatmap(page);
+  expect(off.params.sink).toBe(null);
+  expectRows(off.weights, 2, 16, (i, j) => j > i);
   expect(errors).toEqual([]);
 });
 

@@ -10,7 +10,7 @@ import { $, availableWidth, byTestId, clampOnChange, errorText, intValue, showPa
 const hm = {
   source: $('hm-source'), text: $('hm-text'), seqLen: $('hm-seqlen'), dk: $('hm-dk'),
   heads: $('hm-heads'), head: $('hm-head'), causal: $('hm-causal'), window: $('hm-window'), padding: $('hm-padding'),
-  softcap: $('hm-softcap'), seed: $('hm-seed'), vscale: $('hm-vscale'), canvas: $('hm-canvas'),
+  softcap: $('hm-softcap'), sink: $('hm-sink'), seed: $('hm-seed'), vscale: $('hm-vscale'), canvas: $('hm-canvas'),
   legend: $('hm-legend'),
 };
 let hmState = null;
@@ -45,10 +45,25 @@ function readSoftcap() {
   return { softcap: x, error: null };
 }
 
+/**
+ * The attention-sink field: empty is off (null); otherwise a logit that stays finite in float32
+ * (the kernel's type). Returns { sink, error }.
+ */
+function readSink() {
+  const text = hm.sink.value.trim();
+  if (text === '') return { sink: null, error: null };
+  const x = Number(text);
+  if (!Number.isFinite(x) || !Number.isFinite(Math.fround(x))) {
+    return { sink: null, error: `Attention sink must be a finite number within float32's range (|x| <= ${FLOAT32_MAX}); empty turns it off, got ${text}.` };
+  }
+  return { sink: x, error: null };
+}
+
 function readHeatmapParams() {
   const source = hm.source.value === 'text' ? 'text' : 'random';
   const heads = intValue(hm.heads, 1, 8);
   const { softcap, error: softcapError } = readSoftcap();
+  const { sink, error: sinkError } = readSink();
   return {
     source,
     text: hm.text.value,
@@ -62,6 +77,9 @@ function readHeatmapParams() {
     padding: intValue(hm.padding, 0, 128),
     softcap,
     softcapError,
+    // The sink logit of every head (gpt-oss), or null for none.
+    sink,
+    sinkError,
     seed: intValue(hm.seed, 0, 4294967295),
     vscale: hm.vscale.value,
   };
@@ -84,6 +102,10 @@ export function computeHeatmap() {
   softcapNote.hidden = p.softcapError === null;
   softcapNote.textContent = p.softcapError ?? '';
   hm.softcap.setAttribute('aria-invalid', String(p.softcapError !== null));
+  const sinkNote = byTestId('sink-error');
+  sinkNote.hidden = p.sinkError === null;
+  sinkNote.textContent = p.sinkError ?? '';
+  hm.sink.setAttribute('aria-invalid', String(p.sinkError !== null));
 
   let inputs = null, L = 0, padding = 0, result = null, ms = 0, error = null;
   // Whatever goes wrong (a control's value, or an error from sdpa-wasm) is shown in the panel:
@@ -98,12 +120,14 @@ export function computeHeatmap() {
     hm.padding.max = String(L);
     syncHeadOptions(p.heads, p.head);
     if (p.softcapError !== null) throw new RangeError(p.softcapError);
+    if (p.sinkError !== null) throw new RangeError(p.sinkError);
 
     const options = { returnWeights: true };
     if (p.causal) options.isCausal = true;
     if (p.window > 0) options.slidingWindow = p.window;
     if (padding > 0) options.keyLengths = Int32Array.of(L - padding);
     if (p.softcap > 0) options.softcap = p.softcap;
+    if (p.sink !== null) options.sinks = new Float32Array(p.heads).fill(p.sink);
     if (L > 0) {
       // The very first call also wakes the thread pool and lets V8 compile: not what to time.
       if (demo.version.heatmap === 0) attn.sdpa(inputs.query, inputs.key, inputs.value, options);
@@ -192,20 +216,28 @@ export function renderHeatmap() {
   demo.heatmap.geometry = geometry;
   drawLegend(hm.legend, { width: Math.min(availableWidth(hm.legend), 420), vmax, label: `attention weight (head ${p.head})` });
 
-  // Summary: how exactly rows sum to 1, and how many rows have nothing to attend.
-  let worst = 0, empty = 0;
+  // Summary: how exactly rows sum to 1 (with a sink: the range of what the keys keep), and how
+  // many rows have nothing to attend.
+  let worst = 0, empty = 0, least = Infinity, most = 0;
   for (let r = 0; r < p.heads * L; r++) {
     let s = 0;
     for (let j = 0; j < L; j++) s += result.weights.data[r * L + j];
-    if (s === 0) empty++;
-    else worst = Math.max(worst, Math.abs(s - 1));
+    if (s === 0) {
+      empty++;
+    } else {
+      worst = Math.max(worst, Math.abs(s - 1));
+      least = Math.min(least, s), most = Math.max(most, s);
+    }
   }
   demo.heatmap.maxRowSumError = worst;
   demo.heatmap.emptyRows = empty;
+  demo.heatmap.rowSums = empty < p.heads * L ? [least, most] : null;
+  const sums = p.sink === null ? `Rows sum to 1 within ${worst.toExponential(1)}; `
+    : `With the sink, rows' weights sum to ${least.toFixed(3)}–${most.toFixed(3)} (the sink takes the rest); `;
   const summary = byTestId('heatmap-summary');
   summary.replaceChildren();
   summary.append(
-    empty < p.heads * L ? `Rows sum to 1 within ${worst.toExponential(1)}; ` : 'Nothing to attend: ',
+    empty < p.heads * L ? sums : 'Nothing to attend: ',
     Object.assign(document.createElement('b'), { textContent: String(empty) }),
     ` of ${p.heads * L} rows fully masked (exact zeros, not NaN); `,
     `sdpa took ${hmState.ms.toFixed(2)} ms for ${p.heads} head${p.heads > 1 ? 's' : ''}.`,
@@ -278,7 +310,7 @@ export function setupHeatmapPanel() {
     renderHeatmap();
   });
 
-  for (const el of [hm.source, hm.text, hm.seqLen, hm.dk, hm.heads, hm.head, hm.causal, hm.window, hm.padding, hm.softcap, hm.seed, hm.vscale]) {
+  for (const el of [hm.source, hm.text, hm.seqLen, hm.dk, hm.heads, hm.head, hm.causal, hm.window, hm.padding, hm.softcap, hm.sink, hm.seed, hm.vscale]) {
     el.addEventListener(el.tagName === 'SELECT' || el.type === 'checkbox' ? 'change' : 'input', computeHeatmap);
   }
   clampOnChange(hm.seqLen, 1, 128);
