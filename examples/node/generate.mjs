@@ -1,6 +1,6 @@
 // Token-by-token generation with a KV cache: a toy decoder (random weights) whose attention runs
 // in sdpa-wasm's KVCache, printed with its tokens/s and the cache's memory.
-//   node examples/node/generate.mjs [--context N] [--tokens N] [--dtype float32|float16] [--threads N] [--window W]
+//   node examples/node/generate.mjs [--context N] [--tokens N] [--dtype float32|float16] [--threads N] [--window W] [--sinks]
 //
 // The model: 2 layers, d_model 512, 8 query heads sharing 2 key/value heads (grouped-query
 // attention), head size 64, a vocabulary of 1024. Each layer keeps the keys and values of every
@@ -10,24 +10,34 @@
 // with RoPE before the append, and add a feed-forward block: neither touches the cache).
 // --window W makes the even layers local, as Gemma alternates them: each row attends only the W
 // positions ending at its own (attend's slidingWindow), the odd layers the whole history.
+// --sinks gives every layer learned attention sinks as gpt-oss has them (attend's sinks: one
+// logit per query head that joins each row's softmax, with a zero value row); gpt-oss also
+// alternates 128-position windows with the whole history: --window 128 --sinks.
 import { parseArgs } from 'node:util';
 import { createAttention } from 'sdpa-wasm';
 
-const { values: args } = parseArgs({
-  options: {
-    context: { type: 'string', default: '1024' },  // cache length when generation starts
-    tokens: { type: 'string', default: '32' },     // tokens to generate
-    dtype: { type: 'string', default: 'float32' }, // how the cache stores K/V: float32 or float16
-    threads: { type: 'string' },                   // default: the package's choice
-    window: { type: 'string' },                    // sliding window of the even layers; default none
-  },
-});
+const OPTIONS = {
+  context: { type: 'string', default: '1024' },  // cache length when generation starts
+  tokens: { type: 'string', default: '32' },     // tokens to generate
+  dtype: { type: 'string', default: 'float32' }, // how the cache stores K/V: float32 or float16
+  threads: { type: 'string' },                   // default: the package's choice
+  window: { type: 'string' },                    // sliding window of the even layers; default none
+  sinks: { type: 'boolean', default: false },    // learned attention sinks (gpt-oss) in every layer
+};
 const VOCAB = 1024, D_MODEL = 512, LAYERS = 2, HQ = 8, HKV = 2, E = 64, PROMPT = 37;
 /** Exits with the usage line and what was wrong (status 2). */
 function usage(problem) {
-  console.error(`generate.mjs: ${problem}\nusage: node generate.mjs [--context N] [--tokens N] [--dtype float32|float16] [--threads N] [--window W]`);
+  console.error(`generate.mjs: ${problem}\nusage: node generate.mjs [--context N] [--tokens N] [--dtype float32|float16] [--threads N] [--window W] [--sinks]`);
   process.exit(2);
 }
+/** The parsed arguments, or the usage line for an unknown option or one given a value it does not take. */
+const args = (() => {
+  try {
+    return parseArgs({ options: OPTIONS }).values;
+  } catch (error) {
+    return usage(error.message);
+  }
+})();
 /** --name's value as an integer >= min, or the usage line. */
 function integerArg(name, min) {
   const value = Number(args[name]);
@@ -37,8 +47,12 @@ function integerArg(name, min) {
 const context = integerArg('context', PROMPT), tokens = integerArg('tokens', 1);
 const threads = args.threads === undefined ? undefined : integerArg('threads', 1);
 const window = args.window === undefined ? undefined : integerArg('window', 1);
-/** attend's options of layer l: a local layer's window (the even ones, with --window). */
-const attendOptions = (l) => (window !== undefined && l % 2 === 0 ? { layout: 'bshd', slidingWindow: window } : { layout: 'bshd' });
+/** attend's options of layer l: a local layer's window (the even ones, with --window), its sinks (--sinks). */
+const attendOptions = (l) => ({
+  layout: 'bshd',
+  ...(window !== undefined && l % 2 === 0 ? { slidingWindow: window } : {}),
+  ...(layers[l].sinks !== undefined ? { sinks: layers[l].sinks } : {}),
+});
 const dtype = args.dtype;
 if (!['float32', 'float16'].includes(dtype)) usage(`--dtype must be float32 or float16, got ${JSON.stringify(dtype)}`);
 
@@ -56,6 +70,8 @@ const matrix = (outDim, inDim) => noise(outDim * inDim, 1 / inDim);
 const embedding = noise(VOCAB * D_MODEL);                 // [vocab, d_model]
 const layers = Array.from({ length: LAYERS }, () => ({
   wq: matrix(HQ * E, D_MODEL), wk: matrix(HKV * E, D_MODEL), wv: matrix(HKV * E, D_MODEL), wo: matrix(D_MODEL, HQ * E),
+  // Learned sink logits, one per query head (--sinks): about the size of the scores.
+  sinks: args.sinks ? noise(HQ, 3) : undefined,
 }));
 const unembedding = matrix(VOCAB, D_MODEL);               // d_model → logits
 const prompt = Array.from({ length: PROMPT }, () => Math.floor((random() + 1) / 2 * VOCAB));
@@ -156,7 +172,8 @@ const tps = (ms) => (tokens / (ms / 1000)).toFixed(1);
 console.log(`toy decoder: ${LAYERS} layers, d_model ${D_MODEL}, ${HQ} query heads sharing ${HKV} KV heads, head size ${E}, ` +
   `vocabulary ${VOCAB} (random weights)`);
 console.log(`sdpa-wasm: ${attn.threads} thread${attn.threads === 1 ? '' : 's'}, KV cache dtype ${dtype}` +
-  (window === undefined ? '' : `; layers ${layers.map((_, l) => (l % 2 === 0 ? `${l} local (slidingWindow ${window})` : `${l} global`)).join(', ')}`));
+  (window === undefined ? '' : `; layers ${layers.map((_, l) => (l % 2 === 0 ? `${l} local (slidingWindow ${window})` : `${l} global`)).join(', ')}`) +
+  (args.sinks ? `; learned sinks in every layer (layer 0's: ${Array.from(layers[0].sinks, (x) => x.toFixed(2)).join(' ')})` : ''));
 console.log(filler > 0
   ? `context: ${context} positions: ${filler} of random K/V (standing in for earlier text, so that every step ` +
     `attends to a long history), then the ${PROMPT}-token prompt`

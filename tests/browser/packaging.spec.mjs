@@ -150,7 +150,7 @@ test('Node: examples/node/quickstart.mjs, generate.mjs, worker.mjs and commonjs.
   console.log(`Node example from the tarball:\n  ${lines.join('\n  ')}`);
 
   // generate.mjs: token-by-token decoding with the KV cache, the same tokens as from the source tree.
-  const args = ['--context', '300', '--tokens', '6', '--dtype', 'float16'];
+  const args = ['--context', '300', '--tokens', '6', '--dtype', 'float16', '--window', '128', '--sinks'];
   const gen = await run(process.execPath, ['generate.mjs', ...args], { cwd: app, timeout: 60_000 });
   const genRepo = await run(process.execPath, ['examples/node/generate.mjs', ...args], { cwd: ROOT, timeout: 60_000 });
   const line = (out, start) => out.split('\n').find((l) => l.startsWith(start));
@@ -167,6 +167,9 @@ test('Node: examples/node/quickstart.mjs, generate.mjs, worker.mjs and commonjs.
     expect(refused).toContain(`generate.mjs: ${why}, got`);
     expect(refused).toContain('usage: node generate.mjs');
   }
+  const unknown = await run(process.execPath, ['generate.mjs', '--sinks=yes'], { cwd: app }).then(() => null, (error) => error.message);
+  expect(unknown).toContain("generate.mjs: Option '--sinks' does not take an argument");
+  expect(unknown).toContain('usage: node generate.mjs');
 
   // worker.mjs: the package's worker script found through new URL(..., import.meta.url) in the
   // installed package, a transferred call, the same bits as the direct call, then Node exits.
