@@ -287,6 +287,10 @@ describe('no leaks: 10,000 mixed calls return bytesInUse and the module heap to 
       await note(() => attn.sdpaBackward(p.query, p.key, p.value, go, { out: { dKey, dValue: dKey } }));  // RangeError
       await note(() => attn.sdpaBackward(p.query, p.key, p.value, p.query));  // RangeError: dO has E, not Ev, columns
       await note(() => attn.sdpaBackward(p.query, p.key, p.value, go, { scale: NaN }));  // RangeError
+      // Sinks (dSinks with the gradients), and refused: a NaN sink.
+      const sinks = Float32Array.of(0.5, -Infinity, 2, -1);
+      await note(() => attn.sdpaBackward(p.query, p.key, p.value, go, { isCausal, sinks, out: i % 2 === 0 ? { dSinks: new Float32Array(4) } : undefined }));
+      await note(() => attn.sdpa(p.query, p.key, p.value, { sinks: Float32Array.of(0, NaN, 0, 0) }));  // RangeError
       await note(() => attn.sdpaBackward(big, big, big, big));
       if (caches.length < 3 || int(0, 9) === 0) {
         await note(() => caches.push(attn.createKVCache({ batch: 1, kvHeads: 2, headDim: 8, maxLength: 32, dtype: i % 2 ? 'float16' : 'float32' })));
@@ -294,7 +298,7 @@ describe('no leaks: 10,000 mixed calls return bytesInUse and the module heap to 
       const cache = caches[int(0, caches.length - 1)];
       const n = int(1, 6);
       await note(() => cache.append(randomTensor([1, 2, n, 8], i), randomTensor([1, 2, n, 8], i + 1), i % 4 === 0 ? { layout: 'bshd' } : undefined));
-      await note(() => cache.attend(q(int(1, 3), i), { returnWeights: i % 5 === 0 }));
+      await note(() => cache.attend(q(int(1, 3), i), { returnWeights: i % 5 === 0, ...(i % 3 === 0 ? { sinks: Float32Array.of(1, 0, -2, 3) } : {}) }));
       await note(() => cache.truncate(int(0, cache.length + 1)));  // may fail: past the length
       await note(() => cache.remove(int(0, 2), int(1, cache.length + 1)));  // may fail: end before start or past the length
       if (int(0, 4) === 0) {
