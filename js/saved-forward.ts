@@ -99,7 +99,8 @@ export function inputsRecord(p: Plan, key: Float32Array, value: Float32Array): R
     ['slidingWindow', p.slidingWindow === 0 ? 'none' : String(p.slidingWindow), false],
     ['keyLengths', perBatch(p.keyLengths, p.batch, p.kvLen), false],
     ['keyStarts', perBatch(p.keyStarts, p.batch, 0), false],
-    ['sinks', p.sinks === null ? 'none' : `[${Array.from(p.sinks).join(', ')}]`, false],
+    // Sinks that are all -Infinity are no sinks (the same bits).
+    ['sinks', p.sinks === null || p.sinks.every((x) => x === -Infinity) ? 'none' : `[${Array.from(p.sinks).join(', ')}]`, false],
     ['attnMask', mask, false],
     ['query.data', contentsOf(p.queryData, p.batch * p.qHeads * p.qLen * p.headDim), true],
     ['key.data', contentsOf(key, kv * p.headDim), true],

@@ -891,9 +891,8 @@ __attribute__((noinline)) void attend_row_tile(const Problem& p, const RowTile& 
     const SinkedRow row = add_sink(maxima[r], sums[r], r < rt.rows ? sink_of(p, rt.h[r]) : kNegInf);
     final_max[r] = row.max, output_scale[r] = row.output_scale;
     inv_sum[r] = row.sum == 0.0f ? 0.0f : 1.0f / row.sum;  // 1 / L; 0 for a row with nothing at all
-    if (p.logsumexp != nullptr && r < rt.rows) {  // M + log L; -inf when L == 0
-      p.logsumexp[(static_cast<int64_t>(rt.b) * p.q_heads + rt.h[r]) * p.q_len + rt.i[r]] =
-          row.sum == 0.0f ? kNegInf : row.max + std::log(row.sum);
+    if (p.logsumexp != nullptr && r < rt.rows) {  // M + log L; -inf when L == 0; the sink itself when l == 0
+      p.logsumexp[(static_cast<int64_t>(rt.b) * p.q_heads + rt.h[r]) * p.q_len + rt.i[r]] = sinked_logsumexp(row, sums[r]);
     }
   }
 
@@ -1209,7 +1208,7 @@ void sdpa_f32_fwd_merge_partials(const Problem& p, int32_t b, int32_t kv_head, i
     // The row's sink joins here, once, after the segments (softmax-sink.h): M, L and α.
     const SinkedRow row = add_sink(m, l, sink_of(p, kv_head * group + f / p.q_len));
     if (row_stats != nullptr) row_stats[2 * f] = row.max, row_stats[2 * f + 1] = row.sum;
-    if (lse != nullptr && row.sum != 0.0f) *lse = row.max + std::log(row.sum);
+    if (lse != nullptr) *lse = sinked_logsumexp(row, l);
     if (l == 0.0f) continue;  // every key of the row blocked: exact zeros
     const float factor = row.output_scale * (1.0f / row.sum);  // 1/l's bits without a sink
     for (int32_t c = 0; c < Ev; c++) dst[c] *= factor;

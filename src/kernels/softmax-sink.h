@@ -37,6 +37,14 @@ inline SinkedRow add_sink(float m, float l, float sink) {
   return {max, l * alpha + std::exp(sink - max), alpha};
 }
 
+// A row's log-sum-exp, M + log L, from add_sink's result and the l it was given: -inf when
+// L == 0 (no key and no sink), and the sink itself, bit for bit, when l == 0 (M + log 1 would
+// turn a sink of -0 into +0).
+inline float sinked_logsumexp(const SinkedRow& row, float l) {
+  if (row.sum == 0.0f) return -std::numeric_limits<float>::infinity();
+  return l == 0.0f ? row.max : row.max + std::log(row.sum);
+}
+
 // The sink of query head h, or -inf (none) when the problem has no sinks.
 inline float sink_of(const Problem& p, int32_t h) {
   return p.sinks != nullptr ? p.sinks[h] : -std::numeric_limits<float>::infinity();

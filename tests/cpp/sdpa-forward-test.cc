@@ -398,6 +398,18 @@ TEST(SdpaForward, SinksKeepEmptyRowsZeroAndEnterTheLogSumExp) {
           const size_t row = size_t((0 * c.Hq + hd) * lq + i);
           EXPECT_NEAR(lse[row], ref_lse[row], 2e-5 * (1 + std::abs(ref_lse[row]))) << c.describe() << " head " << hd;
         }
+      // A sink of -0: an empty row's lse is -0 itself, bit for bit (not -0 + log 1 = +0).
+      Case negative_zero = c;
+      negative_zero.sinks.assign(size_t(c.Hq), -0.0f);
+      Harness nz(negative_zero);
+      std::vector<float> nz_lse(lse.size(), kNaN);
+      nz.p.logsumexp = nz_lse.data();
+      ASSERT_EQ(nz.run(), Status::kOk);
+      for (int hd = 0; hd < c.Hq; hd++)
+        for (int i = 0; i < lq; i++) {
+          const float x = nz_lse[size_t((1 * c.Hq + hd) * lq + i)];
+          EXPECT_TRUE(x == 0.0f && std::signbit(x)) << "empty row, head " << hd << ": " << x;
+        }
       // All -inf: the bits of no sinks at all.
       Case none = c;
       none.sinks.clear();

@@ -878,6 +878,18 @@ describe('options.saved is checked against the sdpa() call that returned it: a R
     for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(got[name].data, recomputed[name].data)).toBe(true);
   });
 
+  test('sinks that are all -Infinity are no sinks: saved from a forward without them is accepted, and the other way round', () => {
+    const none = forward();
+    const minusInf = Float32Array.of(-Infinity, -Infinity, -Infinity, -Infinity);
+    const withSinks = backward(attn, none, p.query, p.key, p.value, { ...options, sinks: minusInf });
+    const plain = backward(attn, none);
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(withSinks[name].data, plain[name].data)).toBe(true);
+    expect(Array.from(withSinks.dSinks.data)).toEqual([0, 0, 0, 0]);
+    const f = attn.sdpa(p.query, p.key, p.value, { ...options, sinks: minusInf, returnLogSumExp: true });
+    const back = backward(attn, f);
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(back[name].data, plain[name].data)).toBe(true);
+  });
+
   test('through the worker: saved from its forward or from a direct one is checked there, with the direct API message', async () => {
     const worker = await createAttentionWorker({ threads: 1 });
     try {
