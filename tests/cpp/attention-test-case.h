@@ -161,6 +161,15 @@ inline void set_options(const AttentionCase& c, CaseRandom& random, OptionArrays
   }
 }
 
+// Sink logits for Hq heads, cycling through: none (-inf), 0, 2.5 (about a score's size), -3,
+// and 30 (above every score: it takes nearly all of each row's probability).
+inline std::vector<float> cycling_sinks(int Hq) {
+  const float values[] = {-std::numeric_limits<float>::infinity(), 0.0f, 2.5f, -3.0f, 30.0f};
+  std::vector<float> sinks(static_cast<size_t>(Hq));
+  for (int h = 0; h < Hq; h++) sinks[size_t(h)] = values[h % 5];
+  return sinks;
+}
+
 // p (one (batch, KV head), on the decode path) run as the streamed decode of sdpa.h: each
 // segment's keys alone copied from k and v (Elem: float or uint16_t halves, rows with p's
 // strides, batch 0 and KV head 0) into buffers of exactly their size (ASan catches a read

@@ -293,14 +293,9 @@ TEST(Backward, KeyStartsWithNaNLeftPadding) {
     }
 }
 
-// Sink logits for Hq heads, cycling through: none (-inf), 0, 2.5, -3, and 30 (above every
-// score: |lse| > kExactLseLimit, so those rows' statistics are recomputed with the sink).
-std::vector<float> cycling_sinks(int Hq) {
-  const float values[] = {-kInf, 0.0f, 2.5f, -3.0f, 30.0f};
-  std::vector<float> sinks(static_cast<size_t>(Hq));
-  for (int h = 0; h < Hq; h++) sinks[size_t(h)] = values[h % 5];
-  return sinks;
-}
+// (test::cycling_sinks: a sink of 30 is above every score, |lse| > kExactLseLimit, so those rows'
+// statistics are recomputed with the sink.)
+using test::cycling_sinks;
 
 TEST(Backward, SinksAroundTileEdgesWithMasksWindowsAndGqa) {
   // The sinks' lse saved by the forward rebuilds every p; dSinks[h] = -Σ exp(sink - lse)·D.

@@ -100,14 +100,7 @@ void check(const Case& c, double tol = 2e-5) {
 const int kEdgeLengths[] = {1, 2, kQueryTile - 1, kQueryTile, kQueryTile + 1, 13,
                             kKeyTile - 1, kKeyTile, kKeyTile + 1, 2 * kKeyTile + 1, 97};
 
-// Sink logits for Hq heads, cycling through: none (-inf), 0, 2.5 (about a score's size),
-// -3, and 30 (above every score: it takes nearly all of each row's probability).
-std::vector<float> cycling_sinks(int Hq) {
-  const float values[] = {-kInf, 0.0f, 2.5f, -3.0f, 30.0f};
-  std::vector<float> sinks(static_cast<size_t>(Hq));
-  for (int h = 0; h < Hq; h++) sinks[size_t(h)] = values[h % 5];
-  return sinks;
-}
+using test::cycling_sinks;
 
 TEST(SdpaForward, QueryAndKeyLengthsAroundTileEdges) {
   uint32_t seed = 1;
