@@ -27,7 +27,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <vector>
 
 #include "attention-check.h"
@@ -274,14 +273,8 @@ void attend(FuzzedDataProvider& in, Cache& c) {
       p.key_starts = key_starts.data();
     }
   }
-  std::vector<float> sinks;
-  if (in.ConsumeBool()) {  // gpt-oss's sinks: per head none, an ordinary logit or one above every score
-    for (int32_t h = 0; h < Hq; h++) {
-      const uint8_t choice = in.ConsumeIntegral<uint8_t>();
-      sinks.push_back(choice < 32 ? -std::numeric_limits<float>::infinity() : choice < 48 ? 1e30f : (choice - 128) / 16.0f);
-    }
-    p.sinks = sinks.data();
-  }
+  OptionBuffers sink_buffers;  // gpt-oss's sinks, drawn as the sdpa target draws them
+  decode_sinks(in, p, sink_buffers);
   if (options & 8) {
     weights.assign(static_cast<size_t>(c.B) * Hq * Lq * std::max(c.length, 0), sentinel());
     p.weights = weights.data();

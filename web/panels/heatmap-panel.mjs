@@ -59,6 +59,14 @@ function readSink() {
   return { sink: x, error: null };
 }
 
+/** A field's error (or null) said beside it, in the element with test id `noteId`. */
+function showFieldError(field, noteId, error) {
+  const note = byTestId(noteId);
+  note.hidden = error === null;
+  note.textContent = error ?? '';
+  field.setAttribute('aria-invalid', String(error !== null));
+}
+
 function readHeatmapParams() {
   const source = hm.source.value === 'text' ? 'text' : 'random';
   const heads = intValue(hm.heads, 1, 8);
@@ -97,15 +105,9 @@ export function computeHeatmap() {
   document.querySelector('.text-only').hidden = p.source !== 'text';
   hm.seqLen.disabled = p.source === 'text';
   hm.window.disabled = !p.causal;
-  // An out-of-range softcap is said next to its field (and in the panel's error line below).
-  const softcapNote = byTestId('softcap-error');
-  softcapNote.hidden = p.softcapError === null;
-  softcapNote.textContent = p.softcapError ?? '';
-  hm.softcap.setAttribute('aria-invalid', String(p.softcapError !== null));
-  const sinkNote = byTestId('sink-error');
-  sinkNote.hidden = p.sinkError === null;
-  sinkNote.textContent = p.sinkError ?? '';
-  hm.sink.setAttribute('aria-invalid', String(p.sinkError !== null));
+  // An out-of-range softcap or sink is said next to its field (and in the panel's error line below).
+  showFieldError(hm.softcap, 'softcap-error', p.softcapError);
+  showFieldError(hm.sink, 'sink-error', p.sinkError);
 
   let inputs = null, L = 0, padding = 0, result = null, ms = 0, error = null;
   // Whatever goes wrong (a control's value, or an error from sdpa-wasm) is shown in the panel:
@@ -231,7 +233,6 @@ export function renderHeatmap() {
   }
   demo.heatmap.maxRowSumError = worst;
   demo.heatmap.emptyRows = empty;
-  demo.heatmap.rowSums = empty < p.heads * L ? [least, most] : null;
   const sums = p.sink === null ? `Rows sum to 1 within ${worst.toExponential(1)}; `
     : `With the sink, rows' weights sum to ${least.toFixed(3)}–${most.toFixed(3)} (the sink takes the rest); `;
   const summary = byTestId('heatmap-summary');
