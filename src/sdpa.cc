@@ -7,6 +7,7 @@
 
 #include "kernels/sdpa-kernels.h"
 #include "parallel/thread-pool.h"
+#include "parallel/work-split.h"
 #include "tiles.h"
 
 namespace sdpa {
@@ -26,6 +27,7 @@ const char* status_name(Status status) {
     case Status::kBadSegment: return "not a single (batch, KV head) decode, or no such segment";
     case Status::kBadWindow: return "sliding window negative, or without causal";
     case Status::kBadSink: return "sink is NaN or +inf";
+    case Status::kBadPacking: return "packed sequences: bad starts, or an option packing does not take";
     case Status::kBadMaskGrad: return "mask gradient asked for a mask that is not float";
   }
   return "unknown status";
@@ -86,10 +88,6 @@ namespace {
 constexpr int32_t kMinBlockRows = 16;
 constexpr int32_t kItemsPerThread = 4;
 constexpr int32_t kSegmentKeys = 512;
-// Below this many multiply-adds (~0.2 ms on one core) the work runs on the calling thread
-// alone: waking workers costs more than it saves, and on a busy machine a descheduled
-// worker can delay a tiny call by a whole scheduling quantum.
-constexpr double kMinParallelMultiplyAdds = 4e6;
 static_assert(kSegmentKeys % kKeyTile == 0, "segments start on a key tile");
 
 // Sizes within kMaxCount and kMaxHeadDim (sdpa.h).

@@ -130,6 +130,9 @@ enum class Status : int32_t {
                         // mask is not MaskKind::kFloat
   kBadWindow = 12,      // sliding_window < 0, or > 0 without causal
   kBadSink = 13,        // a sink that is NaN or +inf
+  kBadPacking = 14,     // packed sequences (src/sdpa-packed.h): starts not 0 = s[0] <= … <= s[S] =
+                        // Tq (or Tk), S < 1, or what a packed problem does not take (batch != 1,
+                        // a mask, key lengths or starts, weights, float16 K/V, d_mask)
 };
 
 const char* status_name(Status status);

@@ -1,0 +1,309 @@
+// Packed variable-length sequences (src/sdpa-packed.h): each sequence is run as a problem of
+// its own by forward() or backward(), over pointers into the packed tensors.
+#include "sdpa-packed.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "parallel/thread-pool.h"
+#include "parallel/work-split.h"
+
+namespace sdpa {
+
+namespace {
+
+// p + n elements, or null for null: the scratch sizes are asked for before the addresses exist.
+template <typename T>
+T* advance(T* p, int64_t n) {
+  return p == nullptr ? nullptr : p + n;
+}
+
+int32_t rows_of(const int32_t* starts, int32_t s) { return starts[s + 1] - starts[s]; }
+
+// Starts of S sequences over `total` rows or keys: 0 = starts[0] <= … <= starts[S] = total.
+bool valid_starts(const int32_t* starts, int32_t sequences, int32_t total) {
+  if (starts[0] != 0 || starts[sequences] != total) return false;
+  for (int32_t s = 0; s < sequences; s++) {
+    if (starts[s + 1] < starts[s]) return false;
+  }
+  return true;
+}
+
+// What a packed problem's whole Problem must be beyond validate(): see sdpa-packed.h.
+Status check_packing(const Problem& whole, int32_t sequences, const int32_t* q_starts, const int32_t* k_starts) {
+  if (whole.batch != 1 || sequences < 1 || sequences > kMaxCount || whole.mask_kind != MaskKind::kNone ||
+      whole.key_lengths != nullptr || whole.key_starts != nullptr || whole.weights != nullptr ||
+      whole.kv_type != KvType::kFloat32) {
+    return Status::kBadPacking;
+  }
+  if (q_starts == nullptr || k_starts == nullptr) return Status::kNullPointer;
+  if (!valid_starts(q_starts, sequences, whole.q_len) || !valid_starts(k_starts, sequences, whole.kv_len)) {
+    return Status::kBadPacking;
+  }
+  return Status::kOk;
+}
+
+double multiply_adds(const Problem& p) {
+  return static_cast<double>(p.q_heads) * p.q_len * p.kv_len * (p.head_dim + p.value_dim);
+}
+
+// A sequence with rows and keys whose forward() would run on one thread anyway.
+bool runs_alone(const Problem& p) { return multiply_adds(p) < kMinParallelMultiplyAdds; }
+
+// Scratch floats of one sequence's own region, rounded to 64 bytes (threads' regions on
+// separate cache lines).
+uint64_t region(uint64_t floats) { return (floats + 15) / 16 * 16; }
+
+// The two places a sequence's work runs in the scratch: [threads][small] for the sequences run
+// side by side (runs_alone, or without keys), then the larger ones one at a time in [large].
+// They run one after the other, so both start at the same address.
+struct PackedScratch {
+  uint64_t small = 0;  // per thread
+  uint64_t large = 0;
+  uint64_t total(int32_t threads) const { return std::max(small * static_cast<uint64_t>(threads), large); }
+};
+
+// The sequence's [Hq, Lq] log-sum-exps in the dense layout forward() writes, staged before the
+// packed [Hq, Tq] (forward) or gathered from it (backward).
+uint64_t lse_floats(const Problem& seq) { return static_cast<uint64_t>(seq.q_heads) * seq.q_len; }
+
+}  // namespace
+
+Problem packed_sequence(const PackedProblem& p, int32_t s) {
+  const Problem& w = p.whole;
+  const int32_t q0 = p.q_starts[s], k0 = p.k_starts[s];
+  Problem seq = w;
+  seq.q_len = rows_of(p.q_starts, s);
+  seq.kv_len = rows_of(p.k_starts, s);
+  seq.query = advance(w.query, q0 * w.q_stride_l);
+  seq.key = advance(static_cast<const float*>(w.key), k0 * w.k_stride_l);
+  seq.value = advance(static_cast<const float*>(w.value), k0 * w.v_stride_l);
+  seq.output = advance(w.output, q0 * w.o_stride_l);
+  seq.causal_offsets = nullptr;
+  seq.causal_offset = w.causal_offsets != nullptr ? w.causal_offsets[s] : w.causal_offset;
+  seq.logsumexp = nullptr;
+  return seq;
+}
+
+Status validate_packed(const PackedProblem& p) {
+  const Status status = validate(p.whole);
+  if (status != Status::kOk) return status;
+  return check_packing(p.whole, p.sequences, p.q_starts, p.k_starts);
+}
+
+namespace {
+
+PackedScratch plan_packed(const PackedProblem& p, int32_t threads) {
+  PackedScratch need;
+  const bool lse = p.whole.logsumexp != nullptr;
+  for (int32_t s = 0; s < p.sequences; s++) {
+    const Problem seq = packed_sequence(p, s);
+    if (seq.q_len == 0 || seq.kv_len == 0) continue;  // nothing, or zeros: no scratch
+    const bool alone = runs_alone(seq);
+    const uint64_t floats = region(scratch_floats(seq, alone ? 1 : threads) + (lse ? lse_floats(seq) : 0));
+    uint64_t& slot = alone ? need.small : need.large;
+    slot = std::max(slot, floats);
+  }
+  return need;
+}
+
+struct PackedForwardWork {
+  const PackedProblem* p;
+  PackedScratch need;
+  float* scratch;
+};
+
+// Sequence s's rows when it has no keys: nothing to attend (sdpa.h): zeros, lse = the sink or -inf.
+void write_empty_rows(const PackedProblem& p, const Problem& seq, int32_t q0) {
+  const Problem& w = p.whole;
+  for (int32_t i = 0; i < seq.q_len; i++) {
+    for (int32_t h = 0; h < w.q_heads; h++) {
+      std::memset(seq.output + i * w.o_stride_l + h * w.o_stride_h, 0, sizeof(float) * static_cast<size_t>(w.value_dim));
+      if (w.logsumexp != nullptr) {
+        w.logsumexp[static_cast<int64_t>(h) * w.q_len + q0 + i] =
+            w.sinks != nullptr ? w.sinks[h] : -std::numeric_limits<float>::infinity();
+      }
+    }
+  }
+}
+
+// forward() of sequence s with `floats` of scratch at `scratch` (its lse staged at the end).
+void run_sequence(const PackedProblem& p, int32_t s, float* scratch, uint64_t floats, ThreadPool* pool) {
+  const Problem& w = p.whole;
+  Problem seq = packed_sequence(p, s);
+  if (seq.q_len == 0) return;
+  if (seq.kv_len == 0) {
+    write_empty_rows(p, seq, p.q_starts[s]);
+    return;
+  }
+  if (w.logsumexp != nullptr) {
+    floats -= lse_floats(seq);
+    seq.logsumexp = scratch + floats;
+  }
+  forward(seq, scratch, floats, pool);  // validated with the whole problem
+  if (w.logsumexp == nullptr) return;
+  for (int32_t h = 0; h < w.q_heads; h++) {
+    std::memcpy(w.logsumexp + static_cast<int64_t>(h) * w.q_len + p.q_starts[s],
+                seq.logsumexp + static_cast<int64_t>(h) * seq.q_len, sizeof(float) * static_cast<size_t>(seq.q_len));
+  }
+}
+
+bool runs_side_by_side(const Problem& seq) { return seq.q_len == 0 || seq.kv_len == 0 || runs_alone(seq); }
+
+void small_sequence_item(void* context, int32_t s, int32_t thread) {
+  const PackedForwardWork& fw = *static_cast<const PackedForwardWork*>(context);
+  if (!runs_side_by_side(packed_sequence(*fw.p, s))) return;  // after these, with the pool
+  run_sequence(*fw.p, s, fw.scratch + static_cast<uint64_t>(thread) * fw.need.small, fw.need.small, nullptr);
+}
+
+}  // namespace
+
+uint64_t packed_scratch_floats(const PackedProblem& p, int32_t threads) {
+  return plan_packed(p, threads).total(threads);
+}
+
+Status forward_packed(const PackedProblem& p, float* scratch, uint64_t scratch_size, ThreadPool* pool) {
+  const Status status = validate_packed(p);
+  if (status != Status::kOk) return status;
+  const int32_t threads = pool != nullptr ? pool->threads() : 1;
+  PackedForwardWork fw{&p, plan_packed(p, threads), scratch};
+  if (fw.need.total(threads) > 0 && (scratch == nullptr || scratch_size < fw.need.total(threads))) {
+    return Status::kBadScratch;
+  }
+  run_tasks(pool, p.sequences, small_sequence_item, &fw);
+  for (int32_t s = 0; s < p.sequences; s++) {
+    if (!runs_side_by_side(packed_sequence(p, s))) run_sequence(p, s, scratch, fw.need.large, pool);
+  }
+  return Status::kOk;
+}
+
+// The backward.
+
+namespace {
+
+BackwardProblem backward_sequence(const PackedBackwardProblem& p, int32_t s) {
+  const BackwardProblem& w = p.whole;
+  const int32_t q0 = p.q_starts[s], k0 = p.k_starts[s];
+  BackwardProblem seq = w;
+  seq.forward = packed_sequence(PackedProblem{w.forward, p.sequences, p.q_starts, p.k_starts}, s);
+  seq.logsumexp = nullptr;  // staged
+  seq.grad_output = advance(w.grad_output, q0 * w.go_stride_l);
+  seq.d_query = advance(w.d_query, q0 * w.dq_stride_l);
+  seq.d_key = advance(w.d_key, k0 * w.dk_stride_l);
+  seq.d_value = advance(w.d_value, k0 * w.dv_stride_l);
+  seq.d_sinks = nullptr;  // staged
+  return seq;
+}
+
+// backward_scratch_floats() depends on the shapes (and d_mask, never given here), not on the
+// staged pointers, so a sequence is sized before they are set.
+PackedScratch plan_packed_backward(const PackedBackwardProblem& p, int32_t threads) {
+  PackedScratch need;
+  for (int32_t s = 0; s < p.sequences; s++) {
+    const BackwardProblem seq = backward_sequence(p, s);
+    const Problem& f = seq.forward;
+    if (f.q_len == 0 || f.kv_len == 0) continue;
+    const bool alone = runs_alone(f);
+    const uint64_t floats = region(backward_scratch_floats(seq, alone ? 1 : threads) + lse_floats(f));
+    uint64_t& slot = alone ? need.small : need.large;
+    slot = std::max(slot, floats);
+  }
+  return need;
+}
+
+// Each sequence's d_sinks [S][Hq], summed in order at the end; then the regions.
+uint64_t sink_partials_floats(const PackedBackwardProblem& p) {
+  return p.whole.d_sinks != nullptr ? region(static_cast<uint64_t>(p.sequences) * p.whole.forward.q_heads) : 0;
+}
+
+struct PackedBackwardWork {
+  const PackedBackwardProblem* p;
+  PackedScratch need;
+  float* sink_partials;  // [S][Hq], when d_sinks
+  float* scratch;
+};
+
+void zero_rows(float* first, int32_t rows, int64_t row_stride, int32_t heads, int64_t head_stride, int32_t dim) {
+  for (int32_t i = 0; i < rows; i++) {
+    for (int32_t h = 0; h < heads; h++) {
+      std::memset(first + i * row_stride + h * head_stride, 0, sizeof(float) * static_cast<size_t>(dim));
+    }
+  }
+}
+
+void run_backward_sequence(const PackedBackwardWork& bw, int32_t s, float* scratch, uint64_t floats,
+                           ThreadPool* pool) {
+  const PackedBackwardProblem& p = *bw.p;
+  const BackwardProblem& w = p.whole;
+  const Problem& wf = w.forward;
+  BackwardProblem seq = backward_sequence(p, s);
+  const Problem& f = seq.forward;
+  float* sinks = bw.sink_partials == nullptr ? nullptr : bw.sink_partials + static_cast<int64_t>(s) * wf.q_heads;
+  if (f.q_len == 0 || f.kv_len == 0) {
+    // No row attends a key: dQ of its rows, dK and dV of its keys are zeros, and no sink term.
+    zero_rows(seq.d_query, f.q_len, w.dq_stride_l, wf.q_heads, w.dq_stride_h, wf.head_dim);
+    zero_rows(seq.d_key, f.kv_len, w.dk_stride_l, wf.kv_heads, w.dk_stride_h, wf.head_dim);
+    zero_rows(seq.d_value, f.kv_len, w.dv_stride_l, wf.kv_heads, w.dv_stride_h, wf.value_dim);
+    if (sinks != nullptr) std::fill(sinks, sinks + wf.q_heads, 0.0f);
+    return;
+  }
+  floats -= lse_floats(f);
+  float* lse = scratch + floats;
+  for (int32_t h = 0; h < wf.q_heads; h++) {
+    std::memcpy(lse + static_cast<int64_t>(h) * f.q_len, w.logsumexp + static_cast<int64_t>(h) * wf.q_len + p.q_starts[s],
+                sizeof(float) * static_cast<size_t>(f.q_len));
+  }
+  seq.logsumexp = lse;
+  seq.d_sinks = sinks;
+  backward(seq, scratch, floats, pool);  // validated with the whole problem
+}
+
+void small_backward_item(void* context, int32_t s, int32_t thread) {
+  const PackedBackwardWork& bw = *static_cast<const PackedBackwardWork*>(context);
+  if (!runs_side_by_side(backward_sequence(*bw.p, s).forward)) return;
+  run_backward_sequence(bw, s, bw.scratch + static_cast<uint64_t>(thread) * bw.need.small, bw.need.small, nullptr);
+}
+
+}  // namespace
+
+Status validate_packed_backward(const PackedBackwardProblem& p) {
+  const Status status = validate_backward(p.whole);
+  if (status != Status::kOk) return status;
+  if (p.whole.d_mask != nullptr) return Status::kBadPacking;
+  return check_packing(p.whole.forward, p.sequences, p.q_starts, p.k_starts);
+}
+
+uint64_t packed_backward_scratch_floats(const PackedBackwardProblem& p, int32_t threads) {
+  return sink_partials_floats(p) + plan_packed_backward(p, threads).total(threads);
+}
+
+Status backward_packed(const PackedBackwardProblem& p, float* scratch, uint64_t scratch_size, ThreadPool* pool) {
+  const Status status = validate_packed_backward(p);
+  if (status != Status::kOk) return status;
+  const int32_t threads = pool != nullptr ? pool->threads() : 1;
+  const uint64_t needed = packed_backward_scratch_floats(p, threads);
+  if (needed > 0 && (scratch == nullptr || scratch_size < needed)) return Status::kBadScratch;
+  PackedBackwardWork bw{&p, plan_packed_backward(p, threads), nullptr, nullptr};
+  const uint64_t sink_floats = sink_partials_floats(p);
+  if (sink_floats > 0) bw.sink_partials = scratch;
+  bw.scratch = sink_floats > 0 ? scratch + sink_floats : scratch;
+  run_tasks(pool, p.sequences, small_backward_item, &bw);
+  for (int32_t s = 0; s < p.sequences; s++) {
+    if (!runs_side_by_side(backward_sequence(p, s).forward)) {
+      run_backward_sequence(bw, s, bw.scratch, bw.need.large, pool);
+    }
+  }
+  if (p.whole.d_sinks != nullptr) {
+    const int32_t heads = p.whole.forward.q_heads;
+    for (int32_t h = 0; h < heads; h++) {
+      double sum = 0.0;
+      for (int32_t s = 0; s < p.sequences; s++) sum += bw.sink_partials[static_cast<int64_t>(s) * heads + h];
+      p.whole.d_sinks[h] = static_cast<float>(sum);
+    }
+  }
+  return Status::kOk;
+}
+
+}  // namespace sdpa

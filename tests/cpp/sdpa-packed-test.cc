@@ -1,0 +1,404 @@
+// Packed variable-length sequences (src/sdpa-packed.h) against the double-precision reference
+// of the whole packed problem with a block-diagonal mask: row r of sequence s may attend key c
+// only when c is one of s's keys and (causal) within s's causal frontier and window, counted
+// in s's own positions. That oracle never cuts the problem into sequences, so it checks the
+// cutting too. Sequence lengths from the tile sizes (src/tiles.h): 0, 1, tile - 1, tile,
+// tile + 1, primes; sequences long enough to be split over threads beside short ones run side
+// by side.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <limits>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "parallel/thread-pool.h"
+#include "reference/sdpa-reference.h"
+#include "sdpa-backward.h"
+#include "sdpa-packed.h"
+#include "sdpa.h"
+#include "tiles.h"
+
+#include "attention-test-case.h"
+
+// Cases name only the fields they set (designated initializers; the rest keep their defaults).
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
+namespace sdpa {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+struct PackedCase {
+  int Hq = 2, Hkv = 1, E = 8, Ev = 8;
+  std::vector<int32_t> q_lens;
+  std::vector<int32_t> k_lens;     // empty: the same as q_lens
+  bool causal = false;
+  std::vector<int32_t> offsets;    // empty: 0; one: every sequence; S: per sequence
+  int32_t window = 0;
+  float softcap = 0.0f;
+  std::vector<float> sinks;        // [Hq] or empty
+  uint32_t seed = 1;
+
+  std::string describe() const {
+    std::ostringstream s;
+    s << "Hq" << Hq << " Hkv" << Hkv << " E" << E << " Ev" << Ev << " q_lens";
+    for (int32_t n : q_lens) s << " " << n;
+    if (!k_lens.empty()) {
+      s << " k_lens";
+      for (int32_t n : k_lens) s << " " << n;
+    }
+    s << (causal ? " causal" : "") << (window > 0 ? " window" + std::to_string(window) : "")
+      << (sinks.empty() ? "" : " sinks") << " softcap" << softcap << " seed" << seed;
+    return s.str();
+  }
+};
+
+std::vector<int32_t> starts_of(const std::vector<int32_t>& lens) {
+  std::vector<int32_t> starts(lens.size() + 1, 0);
+  std::partial_sum(lens.begin(), lens.end(), starts.begin() + 1);
+  return starts;
+}
+
+// The packed tensors [T, H, D] and a PackedProblem over them, and the oracle's problem: the
+// same tensors as one batch with the block-diagonal bool mask [Tq, Tk].
+struct PackedHarness {
+  PackedCase c;
+  std::vector<int32_t> q_starts, k_starts, offsets;
+  std::vector<float> q, k, v, out, lse, sinks;
+  std::vector<uint8_t> block_mask;
+  PackedProblem pp;
+  int32_t Tq = 0, Tk = 0;
+
+  explicit PackedHarness(const PackedCase& cs) : c(cs) {
+    const std::vector<int32_t>& k_lens = c.k_lens.empty() ? c.q_lens : c.k_lens;
+    q_starts = starts_of(c.q_lens);
+    k_starts = starts_of(k_lens);
+    Tq = q_starts.back(), Tk = k_starts.back();
+    const int S = int(c.q_lens.size());
+    test::CaseRandom random(c.seed);
+    random.fill(q, size_t(Tq) * c.Hq * c.E, 1.0f);
+    random.fill(k, size_t(Tk) * c.Hkv * c.E, 1.0f);
+    random.fill(v, size_t(Tk) * c.Hkv * c.Ev, 1.0f);
+    out.assign(size_t(Tq) * c.Hq * c.Ev, kNaN);  // NaN: every element must be written
+    lse.assign(size_t(c.Hq) * Tq, kNaN);
+    sinks = c.sinks;
+    Problem& p = pp.whole;
+    p.batch = 1, p.q_heads = c.Hq, p.kv_heads = c.Hkv, p.q_len = Tq, p.kv_len = Tk;
+    p.head_dim = c.E, p.value_dim = c.Ev;
+    p.query = q.data(), p.key = k.data(), p.value = v.data(), p.output = out.data();
+    // [T, H, D]: what sdpa-packed.h describes (the batch strides are not used).
+    p.q_stride_h = c.E, p.q_stride_l = int64_t(c.Hq) * c.E;
+    p.k_stride_h = c.E, p.k_stride_l = int64_t(c.Hkv) * c.E;
+    p.v_stride_h = c.Ev, p.v_stride_l = int64_t(c.Hkv) * c.Ev;
+    p.o_stride_h = c.Ev, p.o_stride_l = int64_t(c.Hq) * c.Ev;
+    p.scale = 1.0f / std::sqrt(float(c.E));
+    p.softcap = c.softcap;
+    p.causal = c.causal;
+    p.sliding_window = c.window;
+    if (c.offsets.size() == 1) p.causal_offset = c.offsets[0];
+    if (c.offsets.size() > 1) {
+      offsets = c.offsets;
+      p.causal_offsets = offsets.data();
+    }
+    if (!sinks.empty()) p.sinks = sinks.data();
+    p.logsumexp = lse.data();
+    pp.sequences = S;
+    pp.q_starts = q_starts.data();
+    pp.k_starts = k_starts.data();
+
+    block_mask.assign(size_t(Tq) * Tk, 0);
+    for (int s = 0; s < S; s++) {
+      const int32_t off = c.offsets.empty() ? 0 : c.offsets.size() == 1 ? c.offsets[0] : c.offsets[size_t(s)];
+      for (int32_t i = 0; i < c.q_lens[size_t(s)]; i++) {
+        for (int32_t j = 0; j < k_lens[size_t(s)]; j++) {
+          const bool open = !c.causal || (j <= i + off && (c.window == 0 || j > i + off - c.window));
+          block_mask[size_t(q_starts[s] + i) * Tk + size_t(k_starts[s] + j)] = open ? 1 : 0;
+        }
+      }
+    }
+  }
+
+  // The oracle's problem: one batch of Tq rows and Tk keys, the block-diagonal mask in place
+  // of the packing (causal and the window are in it).
+  Problem oracle_problem() const {
+    Problem p = pp.whole;
+    p.causal = false, p.sliding_window = 0, p.causal_offsets = nullptr, p.causal_offset = 0;
+    p.mask_kind = MaskKind::kBool;
+    p.mask = block_mask.data();
+    p.mask_stride_q = Tk, p.mask_stride_k = 1;
+    p.logsumexp = nullptr;
+    return p;
+  }
+
+  // forward_packed on `threads` threads into out and lse.
+  Status run(int threads) {
+    std::fill(out.begin(), out.end(), kNaN);
+    std::fill(lse.begin(), lse.end(), kNaN);
+    std::unique_ptr<ThreadPool> pool = threads > 1 ? std::make_unique<ThreadPool>(threads) : nullptr;
+    std::vector<float> scratch(packed_scratch_floats(pp, threads));
+    return forward_packed(pp, scratch.data(), scratch.size(), pool.get());
+  }
+
+  // Output [Tq, Hq, Ev] against the reference's [1, Hq, Tq, Ev]; lse [Hq, Tq] the same order.
+  void expect_matches_reference() const {
+    std::vector<double> ref_lse;
+    const std::vector<double> ref = reference_forward(oracle_problem(), nullptr, &ref_lse);
+    for (int32_t r = 0; r < Tq; r++) {
+      for (int h = 0; h < c.Hq; h++) {
+        for (int d = 0; d < c.Ev; d++) {
+          const double want = ref[(size_t(h) * Tq + r) * c.Ev + d];
+          const float got = out[(size_t(r) * c.Hq + h) * c.Ev + d];
+          ASSERT_NEAR(got, want, 2e-5) << c.describe() << " row " << r << " head " << h << " dim " << d;
+        }
+        const double want_lse = ref_lse[size_t(h) * Tq + r];
+        const float got_lse = lse[size_t(h) * Tq + r];
+        if (std::isinf(want_lse)) {
+          ASSERT_EQ(got_lse, want_lse) << c.describe() << " lse row " << r << " head " << h;
+        } else {
+          ASSERT_NEAR(got_lse, want_lse, 2e-5 * (1 + std::abs(want_lse))) << c.describe() << " lse row " << r;
+        }
+      }
+    }
+  }
+};
+
+void check_forward(const PackedCase& c) {
+  PackedHarness h(c);
+  ASSERT_EQ(h.run(1), Status::kOk) << c.describe();
+  h.expect_matches_reference();
+  const std::vector<float> one_out = h.out, one_lse = h.lse;
+  ASSERT_EQ(h.run(2), Status::kOk) << c.describe();
+  EXPECT_EQ(0, std::memcmp(one_out.data(), h.out.data(), one_out.size() * 4)) << "threads differ " << c.describe();
+  EXPECT_EQ(0, std::memcmp(one_lse.data(), h.lse.data(), one_lse.size() * 4)) << "threads differ " << c.describe();
+
+  // Each sequence's rows are the bits forward() gives that sequence alone, copied out dense
+  // ([1, H, L, D]) and with its own offset.
+  for (int32_t s = 0; s < h.pp.sequences; s++) {
+    const int32_t Lq = h.q_starts[s + 1] - h.q_starts[s], Lk = h.k_starts[s + 1] - h.k_starts[s];
+    if (Lq == 0 || Lk == 0) continue;
+    test::AttentionCase one;
+    one.Hq = c.Hq, one.Hkv = c.Hkv, one.Lq = Lq, one.Lk = Lk, one.E = c.E, one.Ev = c.Ev;
+    Problem p;
+    test::set_shapes(one, p);
+    p.softcap = c.softcap, p.causal = c.causal, p.sliding_window = c.window;
+    p.causal_offset = c.offsets.empty() ? 0 : c.offsets.size() == 1 ? c.offsets[0] : c.offsets[size_t(s)];
+    p.sinks = c.sinks.empty() ? nullptr : c.sinks.data();
+    std::vector<float> q(size_t(c.Hq) * Lq * c.E), k(size_t(c.Hkv) * Lk * c.E), v(size_t(c.Hkv) * Lk * c.Ev),
+        o(size_t(c.Hq) * Lq * c.Ev);
+    auto gather = [](std::vector<float>& dst, const std::vector<float>& src, int32_t first, int32_t rows, int H, int D) {
+      for (int32_t r = 0; r < rows; r++)
+        for (int hd = 0; hd < H; hd++)
+          for (int d = 0; d < D; d++) dst[(size_t(hd) * rows + r) * D + d] = src[(size_t(first + r) * H + hd) * D + d];
+    };
+    gather(q, h.q, h.q_starts[s], Lq, c.Hq, c.E);
+    gather(k, h.k, h.k_starts[s], Lk, c.Hkv, c.E);
+    gather(v, h.v, h.k_starts[s], Lk, c.Hkv, c.Ev);
+    p.query = q.data(), p.key = k.data(), p.value = v.data(), p.output = o.data();
+    std::vector<float> scratch(scratch_floats(p, 1));
+    ASSERT_EQ(forward(p, scratch.data(), scratch.size()), Status::kOk);
+    for (int32_t r = 0; r < Lq; r++)
+      for (int hd = 0; hd < c.Hq; hd++)
+        for (int d = 0; d < c.Ev; d++) {
+          const float alone = o[(size_t(hd) * Lq + r) * c.Ev + d];
+          const float packed = h.out[(size_t(h.q_starts[s] + r) * c.Hq + hd) * c.Ev + d];
+          ASSERT_EQ(std::memcmp(&alone, &packed, 4), 0) << c.describe() << " sequence " << s << " row " << r;
+        }
+  }
+}
+
+TEST(PackedForward, SequencesAtTileEdges) {
+  const int tile = kKeyTile;
+  check_forward({.q_lens = {1, 3, tile - 1, 0, tile, 5, tile + 1, 17}});
+  check_forward({.Hq = 4, .Hkv = 2, .E = 16, .Ev = 24, .q_lens = {31, 1, 2, 97}, .seed = 2});
+  // Lq != Lk per sequence, and sequences without rows or without keys.
+  check_forward({.Hq = 3, .Hkv = 1, .E = 5, .Ev = 7, .q_lens = {1, 7, 0, 4, 13}, .k_lens = {29, 0, 3, tile + 3, 13},
+                 .seed = 3});
+}
+
+TEST(PackedForward, CausalOffsetsWindowsSoftcapSinks) {
+  // Every sequence top-left aligned (offset 0), and bottom-right per sequence (Lk - Lq).
+  check_forward({.Hq = 2, .Hkv = 2, .q_lens = {9, 1, 33}, .causal = true, .seed = 4});
+  check_forward({.Hq = 4, .Hkv = 2, .q_lens = {3, 1, 8, 2}, .k_lens = {10, 50, 8, 0}, .causal = true,
+                 .offsets = {7, 49, 0, -2}, .seed = 5});
+  check_forward({.Hq = 2, .Hkv = 1, .q_lens = {40, 70, 3}, .causal = true, .window = 16, .softcap = 5.0f,
+                 .seed = 6});
+  check_forward({.Hq = 5, .Hkv = 1, .q_lens = {6, 0, 21, 1}, .k_lens = {6, 4, 0, 1}, .causal = true, .offsets = {2},
+                 .sinks = test::cycling_sinks(5), .seed = 7});
+}
+
+TEST(PackedForward, LongSequencesSplitOverThreadsBesideShortOnes) {
+  // 4 heads × 700² × 32 multiply-adds: past kMinParallelMultiplyAdds, so forward() splits it;
+  // the short ones run side by side before it.
+  check_forward({.Hq = 4, .Hkv = 2, .E = 16, .Ev = 16, .q_lens = {3, 700, 1, 5, 650, 2}, .causal = true, .seed = 8});
+  check_forward({.Hq = 4, .Hkv = 4, .E = 16, .Ev = 16, .q_lens = {1, 1, 1}, .k_lens = {3000, 2, 2100},
+                 .sinks = test::cycling_sinks(4), .seed = 9});
+}
+
+TEST(PackedForward, NaNAfterTheLastSequenceOrInOtherSequencesIsNeverRead) {
+  PackedHarness h({.Hq = 2, .Hkv = 1, .q_lens = {4, 3}, .k_lens = {5, 2}, .causal = true, .offsets = {1, 0}});
+  // Sequence 0's causal frontier blocks its keys 2..4 for row 0: NaN there must not reach row 0.
+  for (int d = 0; d < h.c.E; d++) h.k[size_t(4) * h.c.E + d] = kNaN;
+  ASSERT_EQ(h.run(1), Status::kOk);
+  for (int hd = 0; hd < 2; hd++)
+    for (int d = 0; d < h.c.Ev; d++) EXPECT_FALSE(std::isnan(h.out[(size_t(0) * 2 + hd) * h.c.Ev + d]));
+  for (int32_t r = 4; r < 7; r++)  // sequence 1's rows never see sequence 0's keys
+    for (int hd = 0; hd < 2; hd++)
+      for (int d = 0; d < h.c.Ev; d++) EXPECT_FALSE(std::isnan(h.out[(size_t(r) * 2 + hd) * h.c.Ev + d])) << r;
+}
+
+TEST(PackedForward, EmptyRowsAreZerosWithTheSinkAsLse) {
+  std::vector<float> sinks = {-kInf, -0.0f};
+  PackedHarness h({.Hq = 2, .Hkv = 1, .q_lens = {2, 3}, .k_lens = {0, 4}, .sinks = sinks});
+  ASSERT_EQ(h.run(1), Status::kOk);
+  for (int32_t r = 0; r < 2; r++) {
+    for (int hd = 0; hd < 2; hd++) {
+      for (int d = 0; d < h.c.Ev; d++) EXPECT_PRED1(test::is_plus_zero, h.out[(size_t(r) * 2 + hd) * h.c.Ev + d]);
+      const float lse = h.lse[size_t(hd) * h.Tq + r];
+      EXPECT_EQ(std::memcmp(&lse, &sinks[size_t(hd)], 4), 0) << "head " << hd;
+    }
+  }
+}
+
+TEST(PackedForward, RejectsWhatItDoesNotTake) {
+  PackedHarness h({.Hq = 2, .Hkv = 1, .q_lens = {2, 3}, .k_lens = {4, 1}});
+  auto expect = [&](PackedProblem p, Status want, const char* what) {
+    std::fill(h.out.begin(), h.out.end(), 7.0f);
+    std::vector<float> scratch(1 << 16);
+    EXPECT_EQ(forward_packed(p, scratch.data(), scratch.size()), want) << what;
+    EXPECT_TRUE(std::all_of(h.out.begin(), h.out.end(), [](float x) { return x == 7.0f; })) << what << ": written";
+  };
+  std::vector<int32_t> bad = {0, 3, 2};  // decreasing: sequence 1 would have -1 rows
+  PackedProblem p = h.pp;
+  p.q_starts = bad.data();
+  expect(p, Status::kBadPacking, "decreasing starts");
+  std::vector<int32_t> short_total = {0, 2, 4};  // ends before Tq = 5
+  p = h.pp, p.q_starts = short_total.data();
+  expect(p, Status::kBadPacking, "starts ending before Tq");
+  std::vector<int32_t> not_zero = {1, 2, 5};
+  p = h.pp, p.k_starts = not_zero.data();
+  expect(p, Status::kBadPacking, "first start not 0");
+  p = h.pp, p.k_starts = nullptr;
+  expect(p, Status::kNullPointer, "null starts");
+  p = h.pp, p.sequences = 0;
+  expect(p, Status::kBadPacking, "no sequences");
+  p = h.pp, p.whole.batch = 2;
+  expect(p, Status::kBadPacking, "batch 2");
+  std::vector<uint8_t> mask(5 * 5, 1);
+  p = h.pp, p.whole.mask_kind = MaskKind::kBool, p.whole.mask = mask.data();
+  expect(p, Status::kBadPacking, "a mask");
+  std::vector<int32_t> lengths = {1};
+  p = h.pp, p.whole.key_lengths = lengths.data();
+  expect(p, Status::kBadPacking, "key lengths");
+  std::vector<float> weights(100);
+  p = h.pp, p.whole.weights = weights.data();
+  expect(p, Status::kBadPacking, "weights");
+  p = h.pp, p.whole.kv_type = KvType::kFloat16;
+  expect(p, Status::kBadPacking, "float16");
+  p = h.pp, p.whole.scale = kInf;
+  expect(p, Status::kBadScale, "the whole problem's own checks");
+  p = h.pp;
+  std::vector<float> tiny(1);
+  EXPECT_EQ(forward_packed(p, tiny.data(), tiny.size()), Status::kBadScratch);
+}
+
+// The backward: gradients against reference_backward of the oracle problem (a bool mask gets
+// no gradient; the packing's causal and window are in it), threads bitwise.
+struct PackedBackwardHarness : PackedHarness {
+  std::vector<float> go, dq, dk, dv, ds;
+  PackedBackwardProblem bp;
+
+  explicit PackedBackwardHarness(const PackedCase& c) : PackedHarness(c) {
+    test::CaseRandom random(c.seed + 1000);
+    random.fill(go, out.size(), 1.0f);
+    EXPECT_EQ(run(1), Status::kOk);  // O and lse, as forward_packed gives them
+    BackwardProblem& w = bp.whole;
+    w.forward = pp.whole;
+    w.forward.logsumexp = nullptr;
+    w.logsumexp = lse.data();
+    w.grad_output = go.data();
+    w.go_stride_h = c.Ev, w.go_stride_l = int64_t(c.Hq) * c.Ev;
+    w.dq_stride_h = c.E, w.dq_stride_l = int64_t(c.Hq) * c.E;
+    w.dk_stride_h = c.E, w.dk_stride_l = int64_t(c.Hkv) * c.E;
+    w.dv_stride_h = c.Ev, w.dv_stride_l = int64_t(c.Hkv) * c.Ev;
+    bp.sequences = pp.sequences, bp.q_starts = pp.q_starts, bp.k_starts = pp.k_starts;
+  }
+
+  Status run_backward(int threads) {
+    dq.assign(q.size(), kNaN), dk.assign(k.size(), kNaN), dv.assign(v.size(), kNaN);
+    BackwardProblem& w = bp.whole;
+    w.d_query = dq.data(), w.d_key = dk.data(), w.d_value = dv.data();
+    if (!c.sinks.empty()) {
+      ds.assign(c.sinks.size(), kNaN);
+      w.d_sinks = ds.data();
+    }
+    std::unique_ptr<ThreadPool> pool = threads > 1 ? std::make_unique<ThreadPool>(threads) : nullptr;
+    std::vector<float> scratch(packed_backward_scratch_floats(bp, threads));
+    return backward_packed(bp, scratch.data(), scratch.size(), pool.get());
+  }
+};
+
+double relative_error(float got, double ref) {
+  return std::isfinite(got) ? std::abs(got - ref) / (1.0 + std::abs(ref)) : std::numeric_limits<double>::infinity();
+}
+
+void check_backward(const PackedCase& c) {
+  PackedBackwardHarness h(c);
+  ASSERT_EQ(h.run_backward(1), Status::kOk) << c.describe();
+  BackwardProblem oracle;
+  oracle.forward = h.oracle_problem();
+  oracle.grad_output = h.go.data();
+  oracle.go_stride_h = c.Ev, oracle.go_stride_l = int64_t(c.Hq) * c.Ev;
+  oracle.forward.o_stride_h = c.Ev, oracle.forward.o_stride_l = int64_t(c.Hq) * c.Ev;
+  const ReferenceGradients ref = reference_backward(oracle);
+  // The reference's gradients are dense [1, H, T, D]; the packed ones [T, H, D].
+  auto worst = [](const std::vector<float>& got, const std::vector<double>& want, int H, int T, int D) {
+    double w = 0;
+    for (int t = 0; t < T; t++)
+      for (int hd = 0; hd < H; hd++)
+        for (int d = 0; d < D; d++)
+          w = std::max(w, relative_error(got[(size_t(t) * H + hd) * D + d], want[(size_t(hd) * T + t) * D + d]));
+    return w;
+  };
+  EXPECT_LE(worst(h.dq, ref.d_query, c.Hq, h.Tq, c.E), 1e-4) << "dQ " << c.describe();
+  EXPECT_LE(worst(h.dk, ref.d_key, c.Hkv, h.Tk, c.E), 1e-4) << "dK " << c.describe();
+  EXPECT_LE(worst(h.dv, ref.d_value, c.Hkv, h.Tk, c.Ev), 1e-4) << "dV " << c.describe();
+  for (size_t n = 0; n < h.ds.size(); n++) EXPECT_LE(relative_error(h.ds[n], ref.d_sinks[n]), 1e-4) << "dSinks " << n;
+  const std::vector<float> dq = h.dq, dk = h.dk, dv = h.dv, ds = h.ds;
+  ASSERT_EQ(h.run_backward(2), Status::kOk);
+  EXPECT_EQ(0, std::memcmp(dq.data(), h.dq.data(), dq.size() * 4)) << "threads differ: dQ " << c.describe();
+  EXPECT_EQ(0, std::memcmp(dk.data(), h.dk.data(), dk.size() * 4)) << "threads differ: dK " << c.describe();
+  EXPECT_EQ(0, std::memcmp(dv.data(), h.dv.data(), dv.size() * 4)) << "threads differ: dV " << c.describe();
+  EXPECT_TRUE(ds == h.ds || std::memcmp(ds.data(), h.ds.data(), ds.size() * 4) == 0)
+      << "threads differ: dSinks " << c.describe();
+}
+
+TEST(PackedBackward, MatchesTheReference) {
+  check_backward({.q_lens = {1, 3, 63, 0, 64, 5, 65, 17}});
+  check_backward({.Hq = 4, .Hkv = 2, .E = 16, .Ev = 24, .q_lens = {31, 1, 2, 97}, .causal = true, .seed = 2});
+  // Sequences without rows (their keys' gradients are zeros) or without keys (their rows').
+  check_backward({.Hq = 3, .Hkv = 1, .E = 5, .Ev = 7, .q_lens = {1, 7, 0, 4, 13}, .k_lens = {29, 0, 3, 70, 13},
+                  .causal = true, .offsets = {28, 0, 0, 66, 0}, .window = 9, .softcap = 4.0f,
+                  .sinks = test::cycling_sinks(3), .seed = 3});
+  // Long ones split over the pool beside short ones side by side.
+  check_backward({.Hq = 4, .Hkv = 2, .E = 16, .Ev = 16, .q_lens = {3, 700, 1, 650}, .causal = true,
+                  .sinks = test::cycling_sinks(4), .seed = 4});
+}
+
+TEST(PackedBackward, RejectsAMaskGradient) {
+  PackedBackwardHarness h({.q_lens = {2, 3}});
+  std::vector<float> dm(25);
+  h.bp.whole.d_mask = dm.data();
+  h.dq.assign(h.q.size(), 0.0f), h.dk.assign(h.k.size(), 0.0f), h.dv.assign(h.v.size(), 0.0f);
+  h.bp.whole.d_query = h.dq.data(), h.bp.whole.d_key = h.dk.data(), h.bp.whole.d_value = h.dv.data();
+  EXPECT_EQ(validate_packed_backward(h.bp), Status::kBadMaskGrad);  // validate_backward: not a float mask
+}
+
+}  // namespace
+}  // namespace sdpa
