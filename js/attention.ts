@@ -6,8 +6,10 @@ import { runBackward } from './backward.js';
 import { CallMemory, MemoryAccount } from './memory.js';
 import { checkSaved, inputsRecord, remember, resultsRecord } from './saved-forward.js';
 import { runSdpa } from './strategies.js';
+import { planVarlen, planVarlenBackward, runVarlen, runVarlenBackward } from './varlen.js';
 import type {
-  AttentionOptions, KVCacheOptions, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaBackwardResultWithSinkGrad, SdpaOptions, SdpaResult, SdpaResultWith, Tensor,
+  AttentionOptions, KVCacheOptions, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaBackwardResultWithSinkGrad, SdpaOptions, SdpaResult, SdpaResultWith,
+  SdpaVarlenBackwardOptions, SdpaVarlenBackwardResult, SdpaVarlenOptions, SdpaVarlenResult, SdpaVarlenResultWithLogSumExp, Tensor,
 } from './types.js';
 import { checkAttentionOptions, DEFAULT_MAX_THREADS, plan, planBackward } from './validate.js';
 
@@ -99,6 +101,50 @@ export class Attention {
     const handle = this.#live('sdpaBackward');  // again: the arguments' getters may have disposed it
     return runBackward(new CallMemory(handle.module, this.#account, 'sdpaBackward'), handle.threads, bp,
       bp.forward.queryData, bp.forward.keyData, bp.forward.valueData);
+  }
+
+  /**
+   * Sequences of different lengths packed back to back, without padding (FlashAttention's
+   * varlen API): `query` `[Tq, Hq, E]`, `key` `[Tk, Hkv, E]`, `value` `[Tk, Hkv, Ev]` →
+   * `output` `[Tq, Hq, Ev]`, where sequence `s` is the query rows `cuSeqlensQ[s]` to
+   * `cuSeqlensQ[s + 1] - 1` attending only its own keys (`cuSeqlensK`, default `cuSeqlensQ`).
+   * Each sequence's rows are what sdpa() gives that sequence alone (its own causal offset,
+   * default bottom-right, `Lk_s − Lq_s`); the work is Σ Lq_s·Lk_s, not the padded batch's.
+   * `logSumExp` is `[Hq, Tq]`. Bitwise the same for any thread count.
+   */
+  sdpaVarlen(query: Tensor, key: Tensor, value: Tensor, options: SdpaVarlenOptions & { returnLogSumExp: true }): SdpaVarlenResultWithLogSumExp;
+  sdpaVarlen(query: Tensor, key: Tensor, value: Tensor, options: SdpaVarlenOptions): SdpaVarlenResult;
+  sdpaVarlen(query: Tensor, key: Tensor, value: Tensor, options: SdpaVarlenOptions): SdpaVarlenResult {
+    this.#live('sdpaVarlen');
+    const p = planVarlen(query, key, value, options);
+    const handle = this.#live('sdpaVarlen');  // again: the arguments' getters may have disposed it
+    // What sdpaVarlenBackward checks options.saved against: the inputs before the call (out may be one).
+    const inputs = p.lseDims !== null ? inputsRecord(p, p.keyData, p.valueData) : null;
+    const result = runVarlen(new CallMemory(handle.module, this.#account, 'sdpaVarlen'), handle.threads, p);
+    if (inputs !== null && result.logSumExp !== undefined) {
+      remember(result.logSumExp.data, [...inputs, ...resultsRecord(p, result.output.data, result.logSumExp.data)]);
+    }
+    return result;
+  }
+
+  /**
+   * The gradients of sdpaVarlen(): `{ dQuery, dKey, dValue }` packed as the inputs (and `dSinks`
+   * `[Hq]` with sinks, summed over every sequence), given `gradOutput` `[Tq, Hq, Ev]`. `options`
+   * are the forward's (cuSeqlensQ, cuSeqlensK and the score options), `saved` (sdpaVarlen's
+   * output and logSumExp, checked as sdpaBackward checks it), `out`, `accumulate`. Each
+   * sequence's gradients are sdpaBackward()'s for it alone. Bitwise the same for any thread count.
+   */
+  sdpaVarlenBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+    options: SdpaVarlenBackwardOptions & { sinks: Float32Array }): SdpaVarlenBackwardResult & { dSinks: Tensor };
+  sdpaVarlenBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+    options: SdpaVarlenBackwardOptions): SdpaVarlenBackwardResult;
+  sdpaVarlenBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+    options: SdpaVarlenBackwardOptions): SdpaVarlenBackwardResult {
+    this.#live('sdpaVarlenBackward');
+    const bp = planVarlenBackward(query, key, value, gradOutput, options);
+    checkSaved('sdpaVarlenBackward', bp);  // saved against the sdpaVarlen() call that returned it, if one did
+    const handle = this.#live('sdpaVarlenBackward');  // again: the arguments' getters may have disposed it
+    return runVarlenBackward(new CallMemory(handle.module, this.#account, 'sdpaVarlenBackward'), handle.threads, bp);
   }
 
   /**

@@ -73,22 +73,33 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
     }
     check(module, p, module.backward(problemArg(module, desc), backwardArg(module, grad), at.scratch, backwardFloats,
       threads));
-    const heap = memory.heap.f32;  // fresh views, as everywhere after a call
-    // Into options.out's array for it (every input was copied in before: out may be one), or a new one.
-    const take = (name: GradientName, address: number, length: number, dims: number[]): Tensor => {
-      const computed = heap.subarray(address >>> 2, (address >>> 2) + length);
-      const target = bp.out[name];
-      return { data: target === undefined ? computed.slice() : writeOut(target, computed, bp.accumulate), dims };
-    };
-    const result: SdpaBackwardResult = {
-      dQuery: take('dQuery', at.dQuery, q.length, bp.queryDims),
-      dKey: take('dKey', at.dKey, k.length, bp.keyDims),
-      dValue: take('dValue', at.dValue, v.length, bp.valueDims),
-    };
-    if (bp.maskGrad && p.mask !== null) result.dAttnMask = take('dAttnMask', at.dMask, maskSize, [...p.mask.dims]);
-    if (p.sinks !== null) result.dSinks = take('dSinks', at.dSinks, p.qHeads, [p.qHeads]);
-    return result;
+    return takeGradients(memory, bp, at, { query: q.length, key: k.length, value: v.length, mask: maskSize });
   } finally {
     memory.free();
   }
+}
+
+/**
+ * The gradients computed at `at` (addresses in wasm memory), each into options.out's array for
+ * it (written, or added to with accumulate; every input was copied in before, so out may be
+ * one) or a new array. `sizes` are the inputs' elements (and the mask's).
+ */
+export function takeGradients(memory: CallMemory, bp: BackwardPlan,
+  at: { dQuery: number; dKey: number; dValue: number; dMask: number; dSinks: number },
+  sizes: { query: number; key: number; value: number; mask: number }): SdpaBackwardResult {
+  const p = bp.forward;
+  const heap = memory.heap.f32;  // fresh views, as everywhere after a call
+  const take = (name: GradientName, address: number, length: number, dims: number[]): Tensor => {
+    const computed = heap.subarray(address >>> 2, (address >>> 2) + length);
+    const target = bp.out[name];
+    return { data: target === undefined ? computed.slice() : writeOut(target, computed, bp.accumulate), dims };
+  };
+  const result: SdpaBackwardResult = {
+    dQuery: take('dQuery', at.dQuery, sizes.query, bp.queryDims),
+    dKey: take('dKey', at.dKey, sizes.key, bp.keyDims),
+    dValue: take('dValue', at.dValue, sizes.value, bp.valueDims),
+  };
+  if (bp.maskGrad && p.mask !== null) result.dAttnMask = take('dAttnMask', at.dMask, sizes.mask, [...p.mask.dims]);
+  if (p.sinks !== null) result.dSinks = take('dSinks', at.dSinks, p.qHeads, [p.qHeads]);
+  return result;
 }

@@ -6,6 +6,8 @@
 //
 // query [B, Hq, Lq, E], key [B, Hkv, Lk, E], value [B, Hkv, Lk, Ev] → output [B, Hq, Lq, Ev]
 // (rank 3 and 2 drop leading axes of 1; layout 'bshd' swaps H and L). Hq % Hkv == 0.
+// Sequences of different lengths packed back to back, without padding (FlashAttention's varlen):
+//   attn.sdpaVarlen(query [Tq, Hq, E], key [Tk, Hkv, E], value [Tk, Hkv, Ev], { cuSeqlensQ, isCausal: true })
 //
 // Off the calling thread, with promises (a Web Worker, or worker_threads in Node):
 //   const worker = await createAttentionWorker();
@@ -22,5 +24,6 @@ export {
 export type { Isa } from './loader.js';
 export type {
   AttentionOptions, KVCacheContents, KVCacheOptions, KVTensor, MaskTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardOut, SdpaBackwardResult,
-  SdpaBackwardResultWithMaskGrad, SdpaBackwardResultWithSinkGrad, SdpaOptions, SdpaResult, SdpaResultWith, Tensor,
+  SdpaBackwardResultWithMaskGrad, SdpaBackwardResultWithSinkGrad, SdpaOptions, SdpaResult, SdpaResultWith,
+  SdpaVarlenBackwardOptions, SdpaVarlenBackwardResult, SdpaVarlenOptions, SdpaVarlenResult, SdpaVarlenResultWithLogSumExp, Tensor,
 } from './types.js';

@@ -14,6 +14,7 @@
 // returns, and sends it back with a backward call that passes that array.
 import { bufferOf, byteOffsetOf, elementBytesOf, type TypedArray } from './typed-arrays.js';
 import type { BackwardPlan, Plan } from './validate.js';
+import type { VarlenPlan } from './varlen.js';
 
 /** One fact of a forward call: its name in messages, its value, and whether it is an array's contents (a hash). */
 export type RecordEntry = readonly [what: string, value: string, contents: boolean];
@@ -85,11 +86,16 @@ const perBatch = (values: Int32Array | null, B: number, fill: number) =>
  * `out` may be one of them. Options as the kernel uses them (scale and softcap in float32,
  * per-batch offsets and key lengths spelt out), so that equivalent ways of writing them agree.
  */
-export function inputsRecord(p: Plan, key: Float32Array, value: Float32Array): RecordEntry[] {
+export function inputsRecord(p: Plan | VarlenPlan, key: Float32Array, value: Float32Array): RecordEntry[] {
   const kv = p.batch * p.kvHeads * p.kvLen;
   const mask = p.mask === null ? 'none'
     : `${p.mask.kind}, strides over [B, Hq, Lq, Lk] [${p.mask.strides.join(', ')}], ${contentsOf(p.mask.data, p.mask.size)}`;
+  // Packed sequences (sdpaVarlen): one batch of Tq rows and Tk keys, cut where the starts say.
+  const packed = 'cuSeqlensQ' in p;
   return [
+    ['the forward call', packed ? 'sdpaVarlen()' : 'sdpa()', false],
+    ['cuSeqlensQ', packed ? contentsOf(p.cuSeqlensQ, p.cuSeqlensQ.length) : 'none', packed],
+    ['cuSeqlensK', packed ? contentsOf(p.cuSeqlensK, p.cuSeqlensK.length) : 'none', packed],
     ['the shapes', `B ${p.batch}, Hq ${p.qHeads}, Hkv ${p.kvHeads}, Lq ${p.qLen}, Lk ${p.kvLen}, E ${p.headDim}, Ev ${p.valueDim}`, false],
     ['layout', `'${p.layout}'`, false],
     ['scale (in float32)', String(Math.fround(p.scale)), false],
@@ -125,15 +131,17 @@ export function checkSaved(fn: string, bp: BackwardPlan): void {
   const recorded = saved === null ? undefined : records.get(saved.given);
   if (saved === null || recorded === undefined) return;
   const current = [...inputsRecord(f, f.keyData, f.valueData), ...resultsRecord(f, saved.output, saved.logSumExp)];
+  const forward = recorded[0][1];  // 'sdpa()' or 'sdpaVarlen()': the call that returned saved
+  const wanted = current[0][1];     // the forward of this backward call
   for (let n = 0; n < recorded.length; n++) {
     const [what, was, contents] = recorded[n];
     const now = current[n][1];
     if (was === now) continue;
     const difference = contents
-      ? `${what} holds other values than in the sdpa() call that returned options.saved (${was}; now ${now}): changed since, or another array`
-      : `${what} differs from the sdpa() call that returned options.saved: ${was} there, ${now} here`;
+      ? `${what} holds other values than in the ${forward} call that returned options.saved (${was}; now ${now}): changed since, or another array`
+      : `${what} differs from the ${forward} call that returned options.saved: ${was} there, ${now} here`;
     throw new RangeError(`${fn}: options.saved is not this call's forward: ${difference}. ` +
-      'saved must be the output and logSumExp of sdpa() with the same inputs and options, unchanged since ' +
+      `saved must be the output and logSumExp of ${wanted} with the same inputs and options, unchanged since ` +
       '(or leave saved out: the forward is then recomputed)');
   }
 }

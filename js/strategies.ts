@@ -149,7 +149,7 @@ export function copySmallInputs(memory: CallMemory, p: Plan, desc: ProblemDesc,
 }
 
 /** The output (into `out` or a new array) and the weights, copied out of wasm memory. */
-function collectResult(memory: CallMemory, p: Plan, desc: ProblemDesc): SdpaResult {
+export function collectResult(memory: CallMemory, p: Plan, desc: ProblemDesc): SdpaResult {
   const { f32 } = memory.heap;
   const at = desc.output >>> 2;
   let output: Float32Array;

@@ -141,6 +141,63 @@ export type SdpaBackwardResultWithMaskGrad = SdpaBackwardResult & { dAttnMask: T
 /** The result of sdpaBackward() with `sinks`: `dSinks` is then always present. */
 export type SdpaBackwardResultWithSinkGrad = SdpaBackwardResult & { dSinks: Tensor };
 
+/**
+ * sdpaVarlen's options: where each packed sequence starts (FlashAttention's `cu_seqlens`), and the
+ * score options, which apply to every sequence alike.
+ */
+export interface SdpaVarlenOptions {
+  /**
+   * `[S + 1]`: sequence `s` has the query rows `cuSeqlensQ[s]` to `cuSeqlensQ[s + 1] - 1`;
+   * `cuSeqlensQ[0] = 0`, non-decreasing (a sequence may have no rows), `cuSeqlensQ[S] = Tq`.
+   */
+  cuSeqlensQ: Int32Array;
+  /** `[S + 1]`: sequence `s`'s keys (and values), as `cuSeqlensQ` over `Tk`; default `cuSeqlensQ` (self-attention). */
+  cuSeqlensK?: Int32Array;
+  /** Multiplies Q·Kᵀ; default `1/sqrt(E)`. */
+  scale?: number;
+  /** > 0: scores become `softcap·tanh(s/softcap)`. */
+  softcap?: number;
+  /** Row `i` of a sequence attends that sequence's keys `j <= i + causalOffset` (its own positions). */
+  isCausal?: boolean;
+  /**
+   * Integer for every sequence, or an `Int32Array` of one per sequence (length `S`); default
+   * `Lk_s - Lq_s`, each sequence's bottom-right alignment (FlashAttention's varlen; the same as
+   * 0 where `Lq_s = Lk_s`). Requires `isCausal`.
+   */
+  causalOffset?: number | Int32Array;
+  /** Each row attends the `W` keys of its sequence ending at its causal diagonal. Requires `isCausal`. */
+  slidingWindow?: number;
+  /** One sink logit per query head (`[Hq]`, finite or `-Infinity`), as for sdpa(). */
+  sinks?: Float32Array;
+  /** Also return `logSumExp` `[Hq, Tq]` (`-Infinity`, or the sink, for a row without keys). */
+  returnLogSumExp?: boolean;
+  /** Write the output `[Tq, Hq, Ev]` into this buffer instead of a new one. */
+  out?: Float32Array;
+}
+
+export interface SdpaVarlenResult {
+  /** `[Tq, Hq, Ev]`. */
+  output: Tensor;
+  /** `[Hq, Tq]`, present when `returnLogSumExp` was set. */
+  logSumExp?: Tensor;
+}
+
+/** sdpaVarlen's result with `returnLogSumExp: true`. */
+export type SdpaVarlenResultWithLogSumExp = SdpaVarlenResult & { logSumExp: Tensor };
+
+/** sdpaVarlenBackward's options: sdpaVarlen's (the same values as the forward call's), `saved`, `out`, `accumulate`. */
+export interface SdpaVarlenBackwardOptions extends Omit<SdpaVarlenOptions, 'returnLogSumExp' | 'out'> {
+  /** sdpaVarlen(..., { returnLogSumExp: true })'s `output` and `logSumExp`, as sdpaBackward's `saved`. */
+  saved?: { output: Tensor; logSumExp: Tensor };
+  /** As sdpaBackward's `out`: `dQuery`, `dKey`, `dValue`, and `dSinks` with sinks. */
+  out?: Omit<SdpaBackwardOut, 'dAttnMask'>;
+  /** Add each gradient to its `out` array. Needs `out`. */
+  accumulate?: boolean;
+}
+
+/** sdpaVarlenBackward's gradients: `[Tq, Hq, E]`, `[Tk, Hkv, E]`, `[Tk, Hkv, Ev]`, and `dSinks` `[Hq]` with sinks. */
+export type SdpaVarlenBackwardResult = Omit<SdpaBackwardResult, 'dAttnMask'>;
+
 export interface AttentionOptions {
   /**
    * Threads to run on, an integer in [1, 64]; default: the logical processors, at most 4.

@@ -117,12 +117,12 @@ export function describe(x: unknown): string {
  * Whether `t` cannot be a tensor: not an object, or a typed array itself where { data, dims }
  * was wanted (tensorGot() then says how to pass it, as a user who passed `q.data` for `q` needs).
  */
-function notATensor(t: unknown): boolean {
+export function notATensor(t: unknown): boolean {
   return t === null || typeof t !== 'object' || ArrayBuffer.isView(t);
 }
 
 /** What a value given for a tensor was, for a notATensor() message (a typed array: how to pass it). */
-function tensorGot(t: unknown): string {
+export function tensorGot(t: unknown): string {
   return viewTag(t) !== undefined ? `${describe(t)}, a bare array: pass it as { data, dims }` : describe(t);
 }
 
@@ -131,6 +131,14 @@ function belongsElsewhere(fn: string, name: string): string {
   const of = (names: readonly string[]) => names.includes(name);
   if (fn === 'sdpa' && of(BACKWARD_OPTION_NAMES)) return ' (an option of sdpaBackward only)';
   if (fn === 'sdpaBackward' && of(OPTION_NAMES)) return ' (an option of sdpa only)';
+  if (fn === 'sdpaVarlen' || fn === 'sdpaVarlenBackward') {
+    if (['attnMask', 'keyLengths', 'keyStarts', 'returnWeights', 'returnMaskGrad', 'layout'].includes(name)) {
+      return ' (packed sequences take no attnMask, keyLengths, keyStarts, returnWeights, returnMaskGrad or layout: ' +
+        'each sequence is its own block of rows and keys, [T, H, D])';
+    }
+    if (fn === 'sdpaVarlen' && of(BACKWARD_OPTION_NAMES)) return ' (an option of sdpaVarlenBackward only)';
+    if (fn === 'sdpaVarlenBackward' && of(OPTION_NAMES)) return ' (an option of sdpaVarlen only)';
+  }
   return '';
 }
 
@@ -312,7 +320,7 @@ function checkMask(fn: string, mask: unknown, target: [number, number, number, n
   return { kind, data: ownView(data), size: lengthOf(data), dims: d, strides };
 }
 
-function checkBoolean(fn: string, name: string, x: unknown, fallback: boolean): boolean {
+export function checkBoolean(fn: string, name: string, x: unknown, fallback: boolean): boolean {
   if (x === undefined) return fallback;
   if (typeof x !== 'boolean') throw new TypeError(`${fn}: ${name} must be a boolean, got ${describe(x)}`);
   return x;
@@ -327,10 +335,10 @@ export function plan(query: unknown, key: unknown, value: unknown, options: unkn
 }
 
 /** A typed array a call's checks accepted, its name in messages, and the elements it must still have. */
-type CheckedArray = [name: string, view: ArrayBufferView & { length: number }, needs: number];
+export type CheckedArray = [name: string, view: ArrayBufferView & { length: number }, needs: number];
 
 /** The arrays of a plan (inputs, mask, out) with the elements each must keep. */
-function planArrays(p: Plan | SdpaPlan): CheckedArray[] {
+export function planArrays(p: Plan | SdpaPlan): CheckedArray[] {
   const kv = p.batch * p.kvHeads * p.kvLen;
   const arrays: CheckedArray[] = [['query.data', p.queryData, p.batch * p.qHeads * p.qLen * p.headDim]];
   if ('keyData' in p) arrays.push(['key.data', p.keyData, kv * p.headDim], ['value.data', p.valueData, kv * p.valueDim]);
@@ -438,8 +446,18 @@ export function planBackward(query: unknown, key: unknown, value: unknown, gradO
   const fn = 'sdpaBackward';
   const o = checkOptionNames(fn, options, BACKWARD_OPTION_NAMES) as Omit<SdpaOptions, 'out'> &
     { saved?: unknown; returnMaskGrad?: unknown; out?: unknown; accumulate?: unknown };
-  const { saved: savedOption, returnMaskGrad, out: outOption, accumulate: accumulateOption, ...forwardOptions } = o;
+  const { saved, returnMaskGrad, out, accumulate, ...forwardOptions } = o;
   const { plan: forward, q, k, v } = planTensors(fn, query, key, value, { ...forwardOptions, returnLogSumExp: true });
+  return completeBackwardPlan(fn, forward, q, k, v, gradOutput, { saved, returnMaskGrad, out, accumulate });
+}
+
+/**
+ * The backward's own operands of a checked forward plan (made with returnLogSumExp): gradOutput,
+ * options.saved, returnMaskGrad, out and accumulate. sdpaBackward and sdpaVarlenBackward (js/varlen.ts).
+ */
+export function completeBackwardPlan(fn: string, forward: SdpaPlan, q: Operand, k: Operand, v: Operand, gradOutput: unknown,
+  o: { saved?: unknown; returnMaskGrad?: unknown; out?: unknown; accumulate?: unknown }): BackwardPlan {
+  const { saved: savedOption, returnMaskGrad, out: outOption, accumulate: accumulateOption } = o;
   const maskGrad = checkBoolean(fn, 'options.returnMaskGrad', returnMaskGrad, false);
   const accumulate = checkBoolean(fn, 'options.accumulate', accumulateOption, false);
   if (accumulate && outOption === undefined) {
@@ -621,7 +639,7 @@ export function checkOut(fn: string, given: unknown, q: Operand, Ev: number): Pi
   return { outputDims, outputSize, out: view, outResult: result };
 }
 
-interface KeyValueShape {
+export interface KeyValueShape {
   kvHeads: number;
   kvLen: number;
   valueDim: number;
@@ -629,7 +647,7 @@ interface KeyValueShape {
   v: Strides;
 }
 
-function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyValueShape, o: SdpaOptions,
+export function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyValueShape, o: SdpaOptions,
   defaults: { causal: boolean; causalOffset: number }): Plan {
   const B = q.B, Hq = q.H, Hkv = kv.kvHeads, Lq = q.L, Lk = kv.kvLen, E = q.D, Ev = kv.valueDim;
 

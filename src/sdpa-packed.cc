@@ -97,12 +97,13 @@ namespace {
 
 PackedScratch plan_packed(const PackedProblem& p, int32_t threads) {
   PackedScratch need;
-  const bool lse = p.whole.logsumexp != nullptr;
   for (int32_t s = 0; s < p.sequences; s++) {
     const Problem seq = packed_sequence(p, s);
     if (seq.q_len == 0 || seq.kv_len == 0) continue;  // nothing, or zeros: no scratch
     const bool alone = runs_alone(seq);
-    const uint64_t floats = region(scratch_floats(seq, alone ? 1 : threads) + (lse ? lse_floats(seq) : 0));
+    // The lse's staging whether or not it is asked for: the size depends on the shapes alone
+    // (as scratch_floats(), sdpa.h), so a caller sizes the scratch before it has the addresses.
+    const uint64_t floats = region(scratch_floats(seq, alone ? 1 : threads) + lse_floats(seq));
     uint64_t& slot = alone ? need.small : need.large;
     slot = std::max(slot, floats);
   }
@@ -138,10 +139,8 @@ void run_sequence(const PackedProblem& p, int32_t s, float* scratch, uint64_t fl
     write_empty_rows(p, seq, p.q_starts[s]);
     return;
   }
-  if (w.logsumexp != nullptr) {
-    floats -= lse_floats(seq);
-    seq.logsumexp = scratch + floats;
-  }
+  floats -= lse_floats(seq);
+  if (w.logsumexp != nullptr) seq.logsumexp = scratch + floats;
   forward(seq, scratch, floats, pool);  // validated with the whole problem
   if (w.logsumexp == nullptr) return;
   for (int32_t h = 0; h < w.q_heads; h++) {
@@ -213,9 +212,11 @@ PackedScratch plan_packed_backward(const PackedBackwardProblem& p, int32_t threa
   return need;
 }
 
-// Each sequence's d_sinks [S][Hq], summed in order at the end; then the regions.
+// Each sequence's d_sinks [S][Hq], summed in order at the end; then the regions. Counted
+// whether or not d_sinks is asked for: the size depends on the shapes alone (the caller sizes
+// the scratch before it has the addresses).
 uint64_t sink_partials_floats(const PackedBackwardProblem& p) {
-  return p.whole.d_sinks != nullptr ? region(static_cast<uint64_t>(p.sequences) * p.whole.forward.q_heads) : 0;
+  return region(static_cast<uint64_t>(p.sequences) * p.whole.forward.q_heads);
 }
 
 struct PackedBackwardWork {
@@ -283,12 +284,10 @@ Status backward_packed(const PackedBackwardProblem& p, float* scratch, uint64_t 
   const Status status = validate_packed_backward(p);
   if (status != Status::kOk) return status;
   const int32_t threads = pool != nullptr ? pool->threads() : 1;
-  const uint64_t needed = packed_backward_scratch_floats(p, threads);
-  if (needed > 0 && (scratch == nullptr || scratch_size < needed)) return Status::kBadScratch;
+  if (scratch == nullptr || scratch_size < packed_backward_scratch_floats(p, threads)) return Status::kBadScratch;
   PackedBackwardWork bw{&p, plan_packed_backward(p, threads), nullptr, nullptr};
-  const uint64_t sink_floats = sink_partials_floats(p);
-  if (sink_floats > 0) bw.sink_partials = scratch;
-  bw.scratch = sink_floats > 0 ? scratch + sink_floats : scratch;
+  if (p.whole.d_sinks != nullptr) bw.sink_partials = scratch;
+  bw.scratch = scratch + sink_partials_floats(p);
   run_tasks(pool, p.sequences, small_backward_item, &bw);
   for (int32_t s = 0; s < p.sequences; s++) {
     if (!runs_side_by_side(backward_sequence(p, s).forward)) {

@@ -69,6 +69,19 @@ export interface SdpaModule {
   backwardScratchFloats(desc: number, grad: number, threads: number): number;
   /** dQ, dK, dV (and dMask, dSinks if given) of `desc` (its output = the forward's O): a status (0 = ok). */
   backward(desc: number, grad: number, scratch: number, scratchFloats: number, threads: number): number;
+  // Packed sequences (src/sdpa-packed.h): `desc` is the whole packed problem (batch 1, qLen Tq,
+  // kvLen Tk), qStarts and kStarts the addresses of [S + 1] int32 each.
+  /** Floats of scratch forward_packed() needs on `threads` threads (reads the starts). */
+  packedScratchFloats(desc: number, sequences: number, qStarts: number, kStarts: number, threads: number): number;
+  /** Every sequence's output rows (and lse [Hq, Tq]): a status (0 = ok). */
+  forwardPacked(desc: number, sequences: number, qStarts: number, kStarts: number, scratch: number,
+    scratchFloats: number, threads: number): number;
+  /** Floats of scratch backward_packed() needs on `threads` threads. */
+  packedBackwardScratchFloats(desc: number, grad: number, sequences: number, qStarts: number, kStarts: number,
+    threads: number): number;
+  /** dQ, dK, dV (and dSinks) of every sequence: a status (0 = ok). */
+  backwardPacked(desc: number, grad: number, sequences: number, qStarts: number, kStarts: number, scratch: number,
+    scratchFloats: number, threads: number): number;
   /** Whether forward() reads K/V in place (the decode path: no packing). */
   readsKeysInPlace(desc: number): boolean;
   /** Streamed decoding (src/sdpa.h): keys per segment, the same for every problem. */

@@ -16,6 +16,7 @@
 #include "kv-cache.h"
 #include "parallel/thread-pool.h"
 #include "sdpa-backward.h"
+#include "sdpa-packed.h"
 #include "sdpa.h"
 
 namespace {
@@ -225,6 +226,42 @@ int32_t backward(uint32_t desc, uint32_t grad, uint32_t scratch, double scratch_
                                              static_cast<uint64_t>(scratch_floats), pool_for(threads)));
 }
 
+// Packed sequences (src/sdpa-packed.h): the argument block describes the whole packed problem
+// (batch 1, q_len Tq, kv_len Tk; causalOffsets [S] when per sequence); the starts are [S + 1]
+// int32 each.
+sdpa::PackedProblem to_packed(uint32_t desc, int32_t sequences, uint32_t q_starts, uint32_t k_starts) {
+  return {to_problem(problem_at(desc)), sequences, at<const int32_t>(q_starts), at<const int32_t>(k_starts)};
+}
+
+sdpa::PackedBackwardProblem to_packed_backward(uint32_t desc, uint32_t grad, int32_t sequences, uint32_t q_starts,
+                                               uint32_t k_starts) {
+  return {to_backward(problem_at(desc), backward_at(grad)), sequences, at<const int32_t>(q_starts),
+          at<const int32_t>(k_starts)};
+}
+
+double packed_scratch_floats(uint32_t desc, int32_t sequences, uint32_t q_starts, uint32_t k_starts, int32_t threads) {
+  return static_cast<double>(sdpa::packed_scratch_floats(to_packed(desc, sequences, q_starts, k_starts), threads));
+}
+
+int32_t forward_packed(uint32_t desc, int32_t sequences, uint32_t q_starts, uint32_t k_starts, uint32_t scratch,
+                       double scratch_floats, int32_t threads) {
+  return static_cast<int32_t>(sdpa::forward_packed(to_packed(desc, sequences, q_starts, k_starts), at<float>(scratch),
+                                                   static_cast<uint64_t>(scratch_floats), pool_for(threads)));
+}
+
+double packed_backward_scratch_floats(uint32_t desc, uint32_t grad, int32_t sequences, uint32_t q_starts,
+                                      uint32_t k_starts, int32_t threads) {
+  return static_cast<double>(
+      sdpa::packed_backward_scratch_floats(to_packed_backward(desc, grad, sequences, q_starts, k_starts), threads));
+}
+
+int32_t backward_packed(uint32_t desc, uint32_t grad, int32_t sequences, uint32_t q_starts, uint32_t k_starts,
+                        uint32_t scratch, double scratch_floats, int32_t threads) {
+  return static_cast<int32_t>(sdpa::backward_packed(to_packed_backward(desc, grad, sequences, q_starts, k_starts),
+                                                    at<float>(scratch), static_cast<uint64_t>(scratch_floats),
+                                                    pool_for(threads)));
+}
+
 bool reads_keys_in_place(uint32_t desc) { return sdpa::reads_keys_in_place(to_problem(problem_at(desc))); }
 
 int32_t segment_count(uint32_t desc) { return sdpa::segment_count(to_problem(problem_at(desc))); }
@@ -308,6 +345,10 @@ EMSCRIPTEN_BINDINGS(sdpa_wasm) {
   emscripten::function("backwardScratchFloats", &backward_scratch_floats);
   emscripten::function("backward", &backward);
   emscripten::function("forward", &forward);
+  emscripten::function("packedScratchFloats", &packed_scratch_floats);
+  emscripten::function("forwardPacked", &forward_packed);
+  emscripten::function("packedBackwardScratchFloats", &packed_backward_scratch_floats);
+  emscripten::function("backwardPacked", &backward_packed);
   emscripten::function("readsKeysInPlace", &reads_keys_in_place);
   emscripten::function("segmentKeys", &sdpa::segment_keys);
   emscripten::function("segmentCount", &segment_count);

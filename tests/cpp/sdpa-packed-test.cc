@@ -400,5 +400,24 @@ TEST(PackedBackward, RejectsAMaskGradient) {
   EXPECT_EQ(validate_packed_backward(h.bp), Status::kBadMaskGrad);  // validate_backward: not a float mask
 }
 
+TEST(PackedScratch, DependsOnTheShapesAloneNotOnWhichPointersAreSet) {
+  // The TypeScript layer sizes the scratch before it has the addresses (all null then).
+  PackedBackwardHarness h({.Hq = 3, .Hkv = 1, .q_lens = {5, 700, 0, 9}, .k_lens = {5, 600, 3, 0},
+                           .sinks = test::cycling_sinks(3)});
+  PackedProblem bare = h.pp;
+  bare.whole.query = nullptr, bare.whole.key = nullptr, bare.whole.value = nullptr, bare.whole.output = nullptr;
+  bare.whole.logsumexp = nullptr, bare.whole.sinks = nullptr;
+  for (int threads : {1, 2}) {
+    EXPECT_EQ(packed_scratch_floats(bare, threads), packed_scratch_floats(h.pp, threads)) << threads;
+    PackedBackwardProblem bare_backward = h.bp;
+    bare_backward.whole.forward = bare.whole;
+    bare_backward.whole.logsumexp = nullptr, bare_backward.whole.grad_output = nullptr;
+    bare_backward.whole.d_query = nullptr, bare_backward.whole.d_key = nullptr, bare_backward.whole.d_value = nullptr;
+    bare_backward.whole.d_sinks = nullptr;
+    EXPECT_EQ(packed_backward_scratch_floats(bare_backward, threads), packed_backward_scratch_floats(h.bp, threads))
+        << threads;
+  }
+}
+
 }  // namespace
 }  // namespace sdpa

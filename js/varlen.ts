@@ -1,0 +1,274 @@
+// sdpaVarlen() and sdpaVarlenBackward(): sequences of different lengths packed back to back,
+// without padding (FlashAttention's varlen API, `cu_seqlens`), run by the kernel's packed entry
+// points (src/sdpa-packed.h). Everything of these two calls is here: their checks (on top of
+// validate.ts's tensor and option checks) and how they run.
+//   query [Tq, Hq, E], key [Tk, Hkv, E], value [Tk, Hkv, Ev] → output [Tq, Hq, Ev]
+//   sequence s: query rows [cuSeqlensQ[s], cuSeqlensQ[s + 1]), keys [cuSeqlensK[s], cuSeqlensK[s + 1])
+// The packed problem is one batch in the 'bshd' layout ([1, T, H, D] is [T, H, D]), so the
+// kernel's description is sdpa()'s (describeProblem), with one causal offset per sequence and
+// the starts beside it. Each call copies the starts in first (the scratch's size depends on
+// them), then requests every other block at once; all are freed on every path (CallMemory).
+import { backwardArg, problemAddressesArg, problemArg } from './kernel-args.js';
+import { describeBackward, takeGradients } from './backward.js';
+import type { CallMemory } from './memory.js';
+import { check, collectResult, copySmallInputs, describeProblem, smallInputBytes } from './strategies.js';
+import { isInt32Array, lengthOf } from './typed-arrays.js';
+import type { SdpaBackwardResult, SdpaOptions, SdpaResult } from './types.js';
+import {
+  type BackwardPlan, checkArraysKept, checkHeadDim, checkOptionNames, checkTensor, completeBackwardPlan, describe,
+  type Operand, planArrays, planOptions, type SdpaPlan,
+} from './validate.js';
+
+export const VARLEN_OPTION_NAMES = [
+  'cuSeqlensQ', 'cuSeqlensK', 'scale', 'softcap', 'isCausal', 'causalOffset', 'slidingWindow', 'sinks',
+  'returnLogSumExp', 'out',
+] as const;
+export const VARLEN_BACKWARD_OPTION_NAMES = [
+  'cuSeqlensQ', 'cuSeqlensK', 'scale', 'softcap', 'isCausal', 'causalOffset', 'slidingWindow', 'sinks',
+  'saved', 'out', 'accumulate',
+] as const;
+
+/** A checked sdpaVarlen() call: the whole packed problem as one batch, and where each sequence starts. */
+export interface VarlenPlan extends SdpaPlan {
+  /** S. */
+  sequences: number;
+  /** [S + 1] each: checked copies. */
+  cuSeqlensQ: Int32Array;
+  cuSeqlensK: Int32Array;
+}
+
+export interface VarlenBackwardPlan extends BackwardPlan {
+  forward: VarlenPlan;
+}
+
+type VarlenOptions = Record<string, unknown>;
+
+/** A packed tensor: rank 3, [T, H, D], read as [1, T, H, D] in the 'bshd' layout. */
+function checkPacked(fn: string, name: string, t: unknown, axes: string): Operand {
+  const operand = checkTensor(fn, name, t, 'bshd');
+  if (operand.dims.length !== 3) {
+    throw new RangeError(`${fn}: ${name}.dims must be ${axes} (rank 3: the packed sequences' rows, heads, ` +
+      `head size), got [${operand.dims.join(', ')}] (rank ${operand.dims.length})`);
+  }
+  return operand;
+}
+
+/**
+ * options.cuSeqlensQ or cuSeqlensK (`name`): an Int32Array [S + 1] of where each sequence's
+ * `rows` start, 0 first, non-decreasing, `total` last; a checked copy of its elements. `sequences`:
+ * the S it must have (cuSeqlensK follows cuSeqlensQ), or null.
+ */
+function checkStarts(fn: string, name: string, given: unknown, total: number, totalName: string, rows: string,
+  sequences: number | null): Int32Array {
+  const expected = `an Int32Array [S + 1] of where each sequence's ${rows} start (0, …, ${totalName} = ${total})`;
+  if (!isInt32Array(given)) {
+    throw new TypeError(given === undefined
+      ? `${fn}: options.${name} is required: ${expected}`
+      : `${fn}: options.${name} must be ${expected}, got ${describe(given)}`);
+  }
+  const length = lengthOf(given);
+  if (sequences === null && length < 2) {
+    throw new RangeError(`${fn}: options.${name} must have S + 1 >= 2 entries (at least one sequence), got length ${length}`);
+  }
+  if (sequences !== null && length !== sequences + 1) {
+    throw new RangeError(`${fn}: options.${name} must have the length of options.cuSeqlensQ (S + 1 = ${sequences + 1}), ` +
+      `got length ${length}`);
+  }
+  // A copy of the elements themselves: a getter read later cannot change what was checked.
+  const starts = new Int32Array(given);
+  if (starts[0] !== 0) throw new RangeError(`${fn}: options.${name}[0] must be 0, got ${starts[0]}`);
+  for (let s = 0; s + 1 < starts.length; s++) {
+    if (starts[s + 1] < starts[s]) {
+      throw new RangeError(`${fn}: options.${name} must be non-decreasing: [${s}] = ${starts[s]} and [${s + 1}] = ` +
+        `${starts[s + 1]} would give sequence ${s} ${starts[s + 1] - starts[s]} ${rows}`);
+    }
+  }
+  const last = starts[starts.length - 1];
+  if (last !== total) {
+    throw new RangeError(`${fn}: options.${name}[${starts.length - 1}] must be ${totalName} = ${total}, got ${last}`);
+  }
+  return starts;
+}
+
+/**
+ * Each sequence's causal offset: options.causalOffset (an integer for all, or an Int32Array of
+ * one per sequence) or Lk_s − Lq_s (bottom-right), clamped as planOptions() clamps sdpa()'s
+ * (beyond [-Lq_s, Lk_s + W - 1] an offset acts as those bounds); null without isCausal.
+ */
+function causalOffsets(fn: string, given: unknown, causal: boolean, isCausal: unknown, window: number,
+  cuQ: Int32Array, cuK: Int32Array): Int32Array | null {
+  const S = cuQ.length - 1;
+  let offsets: Int32Array | null = null;
+  if (given !== undefined) {
+    if (!causal) {
+      const shown = isCausal === undefined ? 'undefined (default false)' : describe(isCausal);
+      throw new TypeError(`${fn}: options.causalOffset is only meaningful with options.isCausal: true, got options.isCausal ${shown}`);
+    }
+    if (typeof given === 'number') {
+      if (!Number.isInteger(given)) throw new RangeError(`${fn}: options.causalOffset must be an integer, got ${given}`);
+      offsets = new Int32Array(S);
+      for (let s = 0; s < S; s++) offsets[s] = clampOffset(given, cuQ, cuK, s, window);
+      return offsets;
+    }
+    if (!isInt32Array(given)) {
+      throw new TypeError(`${fn}: options.causalOffset must be an integer or an Int32Array of one offset per sequence ` +
+        `(length S = ${S}), got ${describe(given)}`);
+    }
+    const length = lengthOf(given);
+    if (length !== S) {
+      throw new RangeError(`${fn}: options.causalOffset must have one offset per sequence (length S = ${S}), got length ${length}`);
+    }
+    offsets = new Int32Array(given);
+  }
+  if (!causal) return null;
+  const result = new Int32Array(S);
+  for (let s = 0; s < S; s++) {
+    const bottomRight = (cuK[s + 1] - cuK[s]) - (cuQ[s + 1] - cuQ[s]);
+    result[s] = clampOffset(offsets === null ? bottomRight : offsets[s], cuQ, cuK, s, window);
+  }
+  return result;
+}
+
+function clampOffset(x: number, cuQ: Int32Array, cuK: Int32Array, s: number, window: number): number {
+  const Lq = cuQ[s + 1] - cuQ[s], Lk = cuK[s + 1] - cuK[s];
+  return Math.min(Math.max(x, -Lq), Lk + Math.max(window - 1, 0));
+}
+
+/** The tensors and options of either call; `o` has been through checkOptionNames. */
+function planPacked(fn: string, query: unknown, key: unknown, value: unknown, o: VarlenOptions) {
+  const q = checkPacked(fn, 'query', query, '[Tq, Hq, E]');
+  const k = checkPacked(fn, 'key', key, '[Tk, Hkv, E]');
+  const v = checkPacked(fn, 'value', value, '[Tk, Hkv, Ev]');
+  const shown = (t: Operand) => `[${t.dims.join(', ')}]`;
+  if (k.D !== q.D) throw new RangeError(`${fn}: key.dims ${shown(k)} ([Tk, Hkv, E]) must have the query's head size E = ${q.D}, got ${k.D}`);
+  if (v.H !== k.H) throw new RangeError(`${fn}: value.dims ${shown(v)} ([Tk, Hkv, Ev]) must have the key's heads Hkv = ${k.H}, got ${v.H}`);
+  if (v.L !== k.L) throw new RangeError(`${fn}: value.dims ${shown(v)} ([Tk, Hkv, Ev]) must have the key's rows Tk = ${k.L}, got ${v.L}`);
+  if (q.H % k.H !== 0) {
+    throw new RangeError(`${fn}: query heads Hq = ${q.H} must be a multiple of key/value heads Hkv = ${k.H} (grouped-query attention)`);
+  }
+  checkHeadDim(fn, "the head size E (query.dims' last axis)", q.D);
+  checkHeadDim(fn, "the value size Ev (value.dims' last axis)", v.D);
+  const cuQ = checkStarts(fn, 'cuSeqlensQ', o.cuSeqlensQ, q.L, 'Tq', 'query rows', null);
+  const S = cuQ.length - 1;
+  if (o.cuSeqlensK === undefined && k.L !== q.L) {
+    throw new RangeError(`${fn}: options.cuSeqlensK is needed: the key's rows Tk = ${k.L} differ from the query's ` +
+      `Tq = ${q.L}, so each sequence's keys cannot be its query rows (the default)`);
+  }
+  const cuK = o.cuSeqlensK === undefined ? cuQ : checkStarts(fn, 'cuSeqlensK', o.cuSeqlensK, k.L, 'Tk', 'keys', S);
+  // The score options as sdpa() takes them; the causal offsets are per sequence (below).
+  const scoreOptions: SdpaOptions = { ...o };
+  delete (scoreOptions as VarlenOptions).cuSeqlensQ;
+  delete (scoreOptions as VarlenOptions).cuSeqlensK;
+  delete scoreOptions.causalOffset;
+  const whole = planOptions(fn, 'bshd', q, { kvHeads: k.H, kvLen: k.L, valueDim: v.D, k: k.strides, v: v.strides },
+    scoreOptions, { causal: false, causalOffset: 0 });
+  const plan: VarlenPlan = {
+    ...whole,
+    causalOffset: 0,
+    causalOffsets: causalOffsets(fn, o.causalOffset, whole.causal, o.isCausal, whole.slidingWindow, cuQ, cuK),
+    keyData: k.data, valueData: v.data,
+    sequences: S, cuSeqlensQ: cuQ, cuSeqlensK: cuK,
+  };
+  return { plan, q, k, v };
+}
+
+/** sdpaVarlen(query, key, value, options). */
+export function planVarlen(query: unknown, key: unknown, value: unknown, options: unknown): VarlenPlan {
+  const fn = 'sdpaVarlen';
+  const { plan } = planPacked(fn, query, key, value, checkOptionNames(fn, options, VARLEN_OPTION_NAMES));
+  checkArraysKept(fn, planArrays(plan));
+  return plan;
+}
+
+/** sdpaVarlenBackward(query, key, value, gradOutput, options). */
+export function planVarlenBackward(query: unknown, key: unknown, value: unknown, gradOutput: unknown,
+  options: unknown): VarlenBackwardPlan {
+  const fn = 'sdpaVarlenBackward';
+  const { saved, out, accumulate, ...forwardOptions } = checkOptionNames(fn, options, VARLEN_BACKWARD_OPTION_NAMES);
+  const { plan, q, k, v } = planPacked(fn, query, key, value, { ...forwardOptions, returnLogSumExp: true });
+  return { ...completeBackwardPlan(fn, plan, q, k, v, gradOutput, { saved, out, accumulate }), forward: plan };
+}
+
+/** The sequences' starts in wasm memory (the first blocks of the call: the scratch is sized from them). */
+function placeStarts(memory: CallMemory, p: VarlenPlan): { q: number; k: number } {
+  const at = memory.allocate({ q: p.cuSeqlensQ.byteLength, k: p.cuSeqlensK.byteLength });
+  const { i32 } = memory.heap;
+  i32.set(p.cuSeqlensQ, at.q >>> 2);
+  i32.set(p.cuSeqlensK, at.k >>> 2);
+  return at;
+}
+
+/** sdpaVarlen(): Q, K, V copied in whole, forward_packed(), the output (and lse [Hq, Tq]) copied out. */
+export function runVarlen(memory: CallMemory, threads: number, p: VarlenPlan): SdpaResult {
+  const module = memory.module;
+  try {
+    const desc = describeProblem(p);
+    const starts = placeStarts(memory, p);
+    const scratchFloats = module.packedScratchFloats(problemArg(module, desc), p.sequences, starts.q, starts.k, threads);
+    const at = memory.allocate({
+      query: p.queryData.byteLength, key: p.keyData.byteLength, value: p.valueData.byteLength,
+      output: p.outputSize * 4, logSumExp: p.lseSize * 4, scratch: scratchFloats * 4, ...smallInputBytes(p),
+    });
+    Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
+    const { f32 } = memory.heap;  // after the last allocation
+    f32.set(p.queryData, at.query >>> 2);
+    f32.set(p.keyData, at.key >>> 2);
+    f32.set(p.valueData, at.value >>> 2);
+    copySmallInputs(memory, p, desc, at);
+    check(module, p, module.forwardPacked(problemAddressesArg(module, desc), p.sequences, starts.q, starts.k, at.scratch,
+      scratchFloats, threads));
+    return collectResult(memory, p, desc);
+  } finally {
+    memory.free();
+  }
+}
+
+/**
+ * sdpaVarlenBackward(): as runBackward (backward.ts), with the packed entry points: Q, K, V, dO
+ * copied in, O and lse copied in (options.saved) or computed by forward_packed() first (the
+ * same bits as sdpaVarlen(..., { returnLogSumExp: true })), then backward_packed().
+ */
+export function runVarlenBackward(memory: CallMemory, threads: number, bp: VarlenBackwardPlan): SdpaBackwardResult {
+  const p = bp.forward;
+  const module = memory.module;
+  try {
+    const desc = describeProblem(p);
+    const grad = describeBackward(p);
+    const starts = placeStarts(memory, p);
+    const backwardFloats = module.packedBackwardScratchFloats(problemArg(module, desc), backwardArg(module, grad),
+      p.sequences, starts.q, starts.k, threads);
+    const forwardFloats = bp.saved === null
+      ? module.packedScratchFloats(problemArg(module, desc), p.sequences, starts.q, starts.k, threads) : 0;
+    const scratchFloats = Math.max(backwardFloats, forwardFloats);  // one after the other: one block serves both
+    const q = p.queryData, k = p.keyData, v = p.valueData;
+    const at = memory.allocate({
+      query: q.byteLength, key: k.byteLength, value: v.byteLength, gradOutput: bp.gradOutput.byteLength,
+      output: p.outputSize * 4, logSumExp: p.lseSize * 4,
+      dQuery: q.byteLength, dKey: k.byteLength, dValue: v.byteLength, dSinks: p.sinks !== null ? p.qHeads * 4 : 0,
+      scratch: scratchFloats * 4, ...smallInputBytes(p),
+    });
+    Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
+    Object.assign(grad, {
+      logsumexp: at.logSumExp, gradOutput: at.gradOutput, dQuery: at.dQuery, dKey: at.dKey, dValue: at.dValue,
+      dSinks: p.sinks !== null ? at.dSinks : 0,
+    });
+    const { f32 } = memory.heap;  // after the last allocation
+    f32.set(q, at.query >>> 2);
+    f32.set(k, at.key >>> 2);
+    f32.set(v, at.value >>> 2);
+    f32.set(bp.gradOutput, at.gradOutput >>> 2);
+    copySmallInputs(memory, p, desc, at);
+    if (bp.saved !== null) {
+      f32.set(bp.saved.output, at.output >>> 2);
+      f32.set(bp.saved.logSumExp, at.logSumExp >>> 2);
+    } else {
+      check(module, p, module.forwardPacked(problemArg(module, desc), p.sequences, starts.q, starts.k, at.scratch,
+        forwardFloats, threads));
+    }
+    check(module, p, module.backwardPacked(problemArg(module, desc), backwardArg(module, grad), p.sequences, starts.q,
+      starts.k, at.scratch, backwardFloats, threads));
+    return takeGradients(memory, bp, { ...at, dMask: 0 }, { query: q.length, key: k.length, value: v.length, mask: 0 });
+  } finally {
+    memory.free();
+  }
+}

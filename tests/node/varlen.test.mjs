@@ -1,0 +1,329 @@
+// attn.sdpaVarlen() and attn.sdpaVarlenBackward(): packed variable-length sequences against the
+// float64 reference (reference.mjs) of the whole packed problem as one batch ([1, T, H, D] in
+// the 'bshd' layout) with a block-diagonal boolean mask [Tq, Tk]: row r of sequence s may attend
+// key c only when c is one of s's keys and, with isCausal, within s's causal frontier (and
+// window) in s's own positions. The oracle never cuts the problem into sequences. Sequence
+// lengths at the kernel's tile edges (1, tile − 1, tile, tile + 1, 0, primes), GQA, Ev ≠ E,
+// Lq ≠ Lk per sequence, causal offsets (default bottom-right, one for all, one per sequence),
+// windows, softcap, sinks; each sequence bitwise equal to sdpa() on it alone; one and two
+// threads bitwise; gradients, saved, out, accumulate; bad input; memory freed.
+import { createAttention } from 'sdpa-wasm';
+import {
+  logSumExpError, maxRelError, randomTensor, referenceLogSumExp, referenceSdpa, referenceSdpaBackward,
+} from './reference.mjs';
+
+const TOL = 2e-5;           // the forward's, as for sdpa()
+const GRAD_TOL = 1e-4;      // the backward's
+const KEY_TILE = 512;       // kKeyTile (src/tiles.h)
+const BACKWARD_TILE = 64;   // kBackwardKeyTile
+
+let attn, attn2;
+beforeAll(async () => {
+  attn = await createAttention({ threads: 1 });
+  attn2 = await createAttention({ threads: 2 });
+});
+afterAll(() => {
+  attn.dispose();
+  attn2.dispose();
+});
+
+const bitsOf = (a) => new Uint32Array(a.buffer, a.byteOffset, a.length);
+const sameBits = (a, b) => a.length === b.length && bitsOf(a).every((x, i) => x === bitsOf(b)[i]);
+const startsOf = (lengths) => Int32Array.from([0, ...lengths.map(((sum) => (n) => (sum += n))(0))]);
+
+/**
+ * Packed tensors for sequences of `qLens` query rows and `kLens` keys (default qLens), and the
+ * options sdpaVarlen takes for them.
+ */
+function packed({ Hq = 2, Hkv = 1, E = 8, Ev = E, qLens, kLens = qLens, seed = 1 }) {
+  const Tq = qLens.reduce((a, b) => a + b, 0), Tk = kLens.reduce((a, b) => a + b, 0);
+  return {
+    Hq, Hkv, E, Ev, qLens, kLens, Tq, Tk,
+    query: randomTensor([Tq, Hq, E], seed),
+    key: randomTensor([Tk, Hkv, E], seed + 1),
+    value: randomTensor([Tk, Hkv, Ev], seed + 2),
+    gradOutput: randomTensor([Tq, Hq, Ev], seed + 3),
+    cuSeqlensQ: startsOf(qLens),
+    cuSeqlensK: startsOf(kLens),
+  };
+}
+
+/** Each sequence's causal offset as sdpaVarlen takes `causalOffset` (undefined: bottom-right). */
+function offsetOf(p, causalOffset, s) {
+  if (causalOffset === undefined) return p.kLens[s] - p.qLens[s];
+  return typeof causalOffset === 'number' ? causalOffset : causalOffset[s];
+}
+
+/** The oracle's options: the whole problem as one batch, 'bshd', the block-diagonal mask. */
+function oracle(p, options) {
+  const { cuSeqlensQ, cuSeqlensK, isCausal, causalOffset, slidingWindow: W = 0, ...score } = options;
+  const mask = new Uint8Array(p.Tq * p.Tk);
+  for (let s = 0; s < p.qLens.length; s++) {
+    const offset = offsetOf(p, causalOffset, s);
+    for (let i = 0; i < p.qLens[s]; i++) {
+      for (let j = 0; j < p.kLens[s]; j++) {
+        const open = !isCausal || (j <= i + offset && (W === 0 || j > i + offset - W));
+        mask[(p.cuSeqlensQ[s] + i) * p.Tk + p.cuSeqlensK[s] + j] = open ? 1 : 0;
+      }
+    }
+  }
+  const as4 = (t) => ({ data: t.data, dims: [1, ...t.dims] });
+  return {
+    query: as4(p.query), key: as4(p.key), value: as4(p.value), gradOutput: as4(p.gradOutput),
+    options: { ...score, layout: 'bshd', attnMask: { data: mask, dims: [p.Tq, p.Tk] } },
+  };
+}
+
+function expectForwardMatches(p, extra = {}) {
+  const options = { cuSeqlensQ: p.cuSeqlensQ, cuSeqlensK: p.cuSeqlensK, ...extra, returnLogSumExp: true };
+  const got = attn.sdpaVarlen(p.query, p.key, p.value, options);
+  expect(got.output.dims).toEqual([p.Tq, p.Hq, p.Ev]);
+  expect(got.logSumExp.dims).toEqual([p.Hq, p.Tq]);
+  const o = oracle(p, options);
+  const ref = referenceSdpa(o.query, o.key, o.value, o.options);
+  expect(maxRelError(got.output.data, ref.output)).toBeLessThanOrEqual(TOL);
+  expect(logSumExpError(got.logSumExp.data, referenceLogSumExp(o.query, o.key, o.value, o.options)))
+    .toBeLessThanOrEqual(TOL);
+
+  const two = attn2.sdpaVarlen(p.query, p.key, p.value, options);
+  expect(sameBits(two.output.data, got.output.data)).toBe(true);
+  expect(sameBits(two.logSumExp.data, got.logSumExp.data)).toBe(true);
+
+  // Each sequence: the bits of sdpa() on it alone ([L, H, D] in the 'bshd' layout).
+  const { cuSeqlensQ: _q, cuSeqlensK: _k, causalOffset, returnLogSumExp: _l, ...score } = options;
+  for (let s = 0; s < p.qLens.length; s++) {
+    const Lq = p.qLens[s], Lk = p.kLens[s];
+    if (Lq === 0 || Lk === 0) continue;
+    const rows = (t, from, n) => ({ data: t.data.subarray(from * t.dims[1] * t.dims[2], (from + n) * t.dims[1] * t.dims[2]),
+      dims: [n, t.dims[1], t.dims[2]] });
+    const alone = attn.sdpa(rows(p.query, p.cuSeqlensQ[s], Lq), rows(p.key, p.cuSeqlensK[s], Lk),
+      rows(p.value, p.cuSeqlensK[s], Lk),
+      { ...score, layout: 'bshd', ...(score.isCausal ? { causalOffset: offsetOf(p, causalOffset, s) } : {}) });
+    const mine = got.output.data.subarray(p.cuSeqlensQ[s] * p.Hq * p.Ev, (p.cuSeqlensQ[s] + Lq) * p.Hq * p.Ev);
+    expect(sameBits(alone.output.data, mine)).toBe(true);
+  }
+  return got;
+}
+
+describe('sdpaVarlen against the float64 reference of the block-diagonal problem', () => {
+  test.each([
+    ['tile edges', { qLens: [1, 3, KEY_TILE - 1, 0, KEY_TILE, 5, KEY_TILE + 1, 17] }],
+    ['GQA, Ev != E, primes', { Hq: 4, Hkv: 2, E: 16, Ev: 24, qLens: [31, 1, 2, 97], seed: 2 }],
+    ['Lq != Lk, sequences without rows or keys', { Hq: 3, Hkv: 1, E: 5, Ev: 7, qLens: [1, 7, 0, 4, 13],
+      kLens: [29, 0, 3, KEY_TILE + 3, 13], seed: 3 }],
+    ['one sequence', { Hq: 2, Hkv: 2, qLens: [37], seed: 4 }],
+  ])('%s', (_, shape) => {
+    const p = packed(shape);
+    expectForwardMatches(p);
+    expectForwardMatches(p, { scale: 0.3, softcap: 4 });
+  });
+
+  test('causal: bottom-right per sequence by default, one offset for all, one per sequence; windows', () => {
+    const p = packed({ Hq: 4, Hkv: 2, qLens: [3, 1, 8, 2, 9], kLens: [10, 50, 8, 0, 9], seed: 5 });
+    expectForwardMatches(p, { isCausal: true });
+    expectForwardMatches(p, { isCausal: true, causalOffset: 0 });
+    expectForwardMatches(p, { isCausal: true, causalOffset: Int32Array.of(7, 49, -2, 0, 100) });
+    expectForwardMatches(p, { isCausal: true, slidingWindow: 4 });
+    expectForwardMatches(p, { isCausal: true, causalOffset: 2, slidingWindow: 3, softcap: 5 });
+  });
+
+  test('bottom-right is sdpa()\'s offset Lk − Lq for each sequence, and where Lq = Lk the same as 0', () => {
+    const p = packed({ Hq: 2, qLens: [5, 9, 1], seed: 6 });
+    const byDefault = attn.sdpaVarlen(p.query, p.key, p.value, { cuSeqlensQ: p.cuSeqlensQ, isCausal: true });
+    const topLeft = attn.sdpaVarlen(p.query, p.key, p.value, { cuSeqlensQ: p.cuSeqlensQ, isCausal: true, causalOffset: 0 });
+    expect(sameBits(byDefault.output.data, topLeft.output.data)).toBe(true);
+  });
+
+  test('sinks, with rows that have no keys: zeros, and the sink as their log-sum-exp', () => {
+    const sinks = Float32Array.of(-Infinity, 0, 2.5, 30);
+    const p = packed({ Hq: 4, Hkv: 1, qLens: [6, 3, 21, 1], kLens: [6, 0, 0, 1], seed: 7 });
+    const got = expectForwardMatches(p, { isCausal: true, sinks });
+    for (let r = p.cuSeqlensQ[1]; r < p.cuSeqlensQ[3]; r++) {
+      for (let h = 0; h < p.Hq; h++) {
+        expect(Array.from(got.output.data.subarray((r * p.Hq + h) * p.Ev, (r * p.Hq + h + 1) * p.Ev))).toEqual(new Array(p.Ev).fill(0));
+        expect(got.logSumExp.data[h * p.Tq + r]).toBe(sinks[h]);
+      }
+    }
+  });
+
+  test('long sequences beside short ones (split over the threads by the kernel), GQA', () => {
+    expectForwardMatches(packed({ Hq: 4, Hkv: 2, E: 16, qLens: [3, 700, 1, 650, 2], seed: 8 }), { isCausal: true });
+  });
+
+  test('NaN in keys a row may not attend (causal, another sequence) never reaches it', () => {
+    const p = packed({ Hq: 2, Hkv: 1, qLens: [4, 3], kLens: [5, 2], seed: 9 });
+    p.key.data.fill(NaN, 4 * p.E, 5 * p.E);    // sequence 0's key 4: beyond every row's frontier at offset 0
+    p.value.data.fill(NaN, 4 * p.Ev, 5 * p.Ev);
+    const { output } = attn.sdpaVarlen(p.query, p.key, p.value,
+      { cuSeqlensQ: p.cuSeqlensQ, cuSeqlensK: p.cuSeqlensK, isCausal: true, causalOffset: 0 });
+    expect(output.data.some(Number.isNaN)).toBe(false);
+  });
+
+  test('out: written into the caller\'s array', () => {
+    const p = packed({ qLens: [3, 4], seed: 10 });
+    const out = new Float32Array(p.Tq * p.Hq * p.Ev + 5).fill(7);
+    const got = attn.sdpaVarlen(p.query, p.key, p.value, { cuSeqlensQ: p.cuSeqlensQ, out });
+    const fresh = attn.sdpaVarlen(p.query, p.key, p.value, { cuSeqlensQ: p.cuSeqlensQ });
+    expect(got.output.data.buffer).toBe(out.buffer);
+    expect(sameBits(got.output.data, fresh.output.data)).toBe(true);
+    expect(Array.from(out.subarray(p.Tq * p.Hq * p.Ev))).toEqual([7, 7, 7, 7, 7]);
+  });
+});
+
+describe('sdpaVarlenBackward against the float64 reference', () => {
+  function expectGradientsMatch(p, extra = {}) {
+    const options = { cuSeqlensQ: p.cuSeqlensQ, cuSeqlensK: p.cuSeqlensK, ...extra };
+    const got = attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
+    const o = oracle(p, options);
+    const ref = referenceSdpaBackward(o.query, o.key, o.value, o.gradOutput, o.options);
+    expect(got.dQuery.dims).toEqual(p.query.dims);
+    expect(got.dKey.dims).toEqual(p.key.dims);
+    expect(got.dValue.dims).toEqual(p.value.dims);
+    expect(maxRelError(got.dQuery.data, ref.dQuery)).toBeLessThanOrEqual(GRAD_TOL);
+    expect(maxRelError(got.dKey.data, ref.dKey)).toBeLessThanOrEqual(GRAD_TOL);
+    expect(maxRelError(got.dValue.data, ref.dValue)).toBeLessThanOrEqual(GRAD_TOL);
+    if (extra.sinks) expect(maxRelError(got.dSinks.data, ref.dSinks)).toBeLessThanOrEqual(GRAD_TOL);
+    else expect(got.dSinks).toBeUndefined();
+
+    const two = attn2.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
+    for (const name of ['dQuery', 'dKey', 'dValue', ...(extra.sinks ? ['dSinks'] : [])]) {
+      expect(sameBits(two[name].data, got[name].data)).toBe(true);
+    }
+    // With saved (sdpaVarlen's output and logSumExp): the same bits as recomputing the forward.
+    const forward = attn.sdpaVarlen(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+    const saved = attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, { ...options, saved: forward });
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(saved[name].data, got[name].data)).toBe(true);
+    return got;
+  }
+
+  test.each([
+    ['tile edges', { qLens: [1, 3, BACKWARD_TILE - 1, 0, BACKWARD_TILE, 5, BACKWARD_TILE + 1, 17] }, {}],
+    ['GQA, Ev != E, causal', { Hq: 4, Hkv: 2, E: 16, Ev: 24, qLens: [31, 1, 2, 97], seed: 2 }, { isCausal: true }],
+    ['Lq != Lk, empty sequences, window, softcap, sinks', { Hq: 3, Hkv: 1, E: 5, Ev: 7, qLens: [1, 7, 0, 4, 13],
+      kLens: [29, 0, 3, 70, 13], seed: 3 }, { isCausal: true, slidingWindow: 9, softcap: 4,
+      sinks: Float32Array.of(-Infinity, 0, 2.5) }],
+    ['long beside short', { Hq: 4, Hkv: 2, E: 16, qLens: [3, 700, 1, 650], seed: 4 }, { isCausal: true,
+      sinks: Float32Array.of(1, -1, 0, 30) }],
+  ])('%s', (_, shape, options) => {
+    expectGradientsMatch(packed(shape), options);
+  });
+
+  test('keys of a sequence without rows, and rows of one without keys, get zero gradients', () => {
+    const p = packed({ Hq: 2, qLens: [0, 3, 2], kLens: [4, 0, 2], seed: 11 });
+    const got = expectGradientsMatch(p);
+    expect(Array.from(got.dKey.data.subarray(0, 4 * p.Hkv * p.E)).every((x) => Object.is(x, 0))).toBe(true);
+    expect(Array.from(got.dQuery.data.subarray(0, 3 * p.Hq * p.E)).every((x) => Object.is(x, 0))).toBe(true);
+  });
+
+  test('out and accumulate', () => {
+    const p = packed({ Hq: 2, qLens: [3, 5], seed: 12 });
+    const options = { cuSeqlensQ: p.cuSeqlensQ, sinks: Float32Array.of(0.5, -1) };
+    const fresh = attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
+    const dKey = new Float32Array(p.key.data.length).fill(1), dSinks = new Float32Array(2).fill(1);
+    const got = attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput,
+      { ...options, out: { dKey, dSinks }, accumulate: true });
+    expect(got.dKey.data).toBe(dKey);
+    expect(Array.from(dKey)).toEqual(Array.from(fresh.dKey.data, (x) => Math.fround(x + 1)));
+    expect(Array.from(dSinks)).toEqual(Array.from(fresh.dSinks.data, (x) => Math.fround(x + 1)));
+  });
+
+  test('saved from another call is refused, naming the difference', () => {
+    const p = packed({ Hq: 2, qLens: [3, 5], seed: 13 });
+    const forward = attn.sdpaVarlen(p.query, p.key, p.value, { cuSeqlensQ: p.cuSeqlensQ, returnLogSumExp: true });
+    expect(() => attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput,
+      { cuSeqlensQ: Int32Array.of(0, 4, 8), saved: forward }))
+      .toThrow(/sdpaVarlenBackward: options\.saved is not this call's forward: cuSeqlensQ holds other values than in the sdpaVarlen\(\) call/);
+    expect(() => attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput,
+      { cuSeqlensQ: p.cuSeqlensQ, isCausal: true, saved: forward }))
+      .toThrow(/isCausal differs from the sdpaVarlen\(\) call that returned options\.saved: false there, true here/);
+    // sdpa()'s saved is not sdpaVarlen's, nor the other way round.
+    const asBatch = { ...p.query, dims: [1, p.Tq, 2, p.E] };
+    const dense = attn.sdpa(asBatch, { ...p.key, dims: [1, p.Tk, 1, p.E] }, { ...p.value, dims: [1, p.Tk, 1, p.Ev] },
+      { layout: 'bshd', returnLogSumExp: true });
+    expect(() => attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput,
+      { cuSeqlensQ: Int32Array.of(0, p.Tq), saved: { output: { ...dense.output, dims: [p.Tq, 2, p.Ev] }, logSumExp: { ...dense.logSumExp, dims: [2, p.Tq] } } }))
+      .toThrow(/the forward call differs from the sdpa\(\) call that returned options\.saved: sdpa\(\) there, sdpaVarlen\(\) here/);
+  });
+});
+
+describe('sdpaVarlen: bad input is a TypeError or RangeError naming the argument; the instance keeps working', () => {
+  const p = packed({ Hq: 2, Hkv: 1, qLens: [3, 4], kLens: [2, 5], seed: 20 });
+  const ok = { cuSeqlensQ: p.cuSeqlensQ, cuSeqlensK: p.cuSeqlensK };
+  test.each([
+    ['cuSeqlensQ missing', {}, TypeError, /sdpaVarlen: options\.cuSeqlensQ is required: an Int32Array \[S \+ 1\]/],
+    ['cuSeqlensQ an Array', { cuSeqlensQ: [0, 3, 7] }, TypeError, /options\.cuSeqlensQ must be an Int32Array \[S \+ 1\].*got Array\(3\)/],
+    ['cuSeqlensQ too short', { cuSeqlensQ: Int32Array.of(0) }, RangeError, /options\.cuSeqlensQ must have S \+ 1 >= 2 entries.*got length 1/],
+    ['cuSeqlensQ not from 0', { ...ok, cuSeqlensQ: Int32Array.of(1, 3, 7) }, RangeError, /options\.cuSeqlensQ\[0\] must be 0, got 1/],
+    ['cuSeqlensQ decreasing', { ...ok, cuSeqlensQ: Int32Array.of(0, 5, 3, 7) }, RangeError,
+      /options\.cuSeqlensQ must be non-decreasing: \[1\] = 5 and \[2\] = 3 would give sequence 1 -2 query rows/],
+    ['cuSeqlensQ not ending at Tq', { ...ok, cuSeqlensQ: Int32Array.of(0, 3, 6) }, RangeError, /options\.cuSeqlensQ\[2\] must be Tq = 7, got 6/],
+    ['cuSeqlensK of another S', { ...ok, cuSeqlensK: Int32Array.of(0, 7) }, RangeError,
+      /options\.cuSeqlensK must have the length of options\.cuSeqlensQ \(S \+ 1 = 3\), got length 2/],
+    ['cuSeqlensK not ending at Tk', { ...ok, cuSeqlensK: Int32Array.of(0, 2, 6) }, RangeError, /options\.cuSeqlensK\[2\] must be Tk = 7, got 6/],
+    ['causalOffset without isCausal', { ...ok, causalOffset: 1 }, TypeError, /options\.causalOffset is only meaningful with options\.isCausal: true/],
+    ['causalOffset of another length', { ...ok, isCausal: true, causalOffset: Int32Array.of(1) }, RangeError,
+      /options\.causalOffset must have one offset per sequence \(length S = 2\), got length 1/],
+    ['causalOffset not an integer', { ...ok, isCausal: true, causalOffset: 1.5 }, RangeError, /options\.causalOffset must be an integer, got 1\.5/],
+    ['an attnMask', { ...ok, attnMask: { data: new Uint8Array(49), dims: [7, 7] } }, TypeError,
+      /unknown option "attnMask" \(packed sequences take no attnMask, keyLengths, keyStarts/],
+    ['layout', { ...ok, layout: 'bshd' }, TypeError, /unknown option "layout" \(packed sequences/],
+    ['saved (the backward\'s)', { ...ok, saved: {} }, TypeError, /unknown option "saved" \(an option of sdpaVarlenBackward only\)/],
+    ['a sink that is NaN', { ...ok, sinks: Float32Array.of(0, NaN) }, RangeError, /options\.sinks\[1\] must be a finite number/],
+    ['scale Infinity', { ...ok, scale: Infinity }, RangeError, /options\.scale must be a finite number/],
+  ])('%s', (_, options, Kind, message) => {
+    expect(() => attn.sdpaVarlen(p.query, p.key, p.value, options)).toThrow(Kind);
+    expect(() => attn.sdpaVarlen(p.query, p.key, p.value, options)).toThrow(message);
+  });
+
+  test.each([
+    ['a rank-4 query', () => [{ ...p.query, dims: [1, 7, 2, 8] }, p.key, p.value], RangeError,
+      /sdpaVarlen: query\.dims must be \[Tq, Hq, E\] \(rank 3.*got \[1, 7, 2, 8\] \(rank 4\)/],
+    ['key of another head size', () => [p.query, randomTensor([7, 1, 4], 1), p.value], RangeError,
+      /key\.dims \[7, 1, 4\] \(\[Tk, Hkv, E\]\) must have the query's head size E = 8, got 4/],
+    ['value of other rows', () => [p.query, p.key, randomTensor([6, 1, 8], 1)], RangeError,
+      /value\.dims \[6, 1, 8\] \(\[Tk, Hkv, Ev\]\) must have the key's rows Tk = 7, got 6/],
+    ['heads not a multiple', () => [randomTensor([7, 3, 8], 1), randomTensor([7, 2, 8], 2), randomTensor([7, 2, 8], 3)],
+      RangeError, /query heads Hq = 3 must be a multiple of key\/value heads Hkv = 2/],
+    ['a bare Float32Array', () => [p.query.data, p.key, p.value], TypeError, /query must be a tensor.*a bare array/],
+  ])('%s', (_, args, Kind, message) => {
+    expect(() => attn.sdpaVarlen(...args(), ok)).toThrow(Kind);
+    expect(() => attn.sdpaVarlen(...args(), ok)).toThrow(message);
+  });
+
+  test('Tk ≠ Tq needs cuSeqlensK', () => {
+    expect(() => attn.sdpaVarlen(p.query, randomTensor([9, 1, 8], 1), randomTensor([9, 1, 8], 2), { cuSeqlensQ: p.cuSeqlensQ }))
+      .toThrow(/options\.cuSeqlensK is needed: the key's rows Tk = 9 differ from the query's Tq = 7/);
+  });
+
+  test('the backward\'s own errors', () => {
+    expect(() => attn.sdpaVarlenBackward(p.query, p.key, p.value, randomTensor([7, 2, 9], 1), ok))
+      .toThrow(/sdpaVarlenBackward: gradOutput\.dims must equal the output's dims \[7, 2, 8\], got \[7, 2, 9\]/);
+    expect(() => attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, { ...ok, returnLogSumExp: true }))
+      .toThrow(/unknown option "returnLogSumExp" \(an option of sdpaVarlen only\)/);
+    expect(() => attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, { ...ok, accumulate: true }))
+      .toThrow(/options\.accumulate adds the gradients into options\.out's arrays; it needs options\.out/);
+  });
+
+  test('nothing is left allocated, after calls that worked and calls that threw', () => {
+    const before = attn.memory();
+    for (let n = 0; n < 200; n++) {
+      attn.sdpaVarlen(p.query, p.key, p.value, { ...ok, isCausal: true, returnLogSumExp: n % 2 === 0 });
+      attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, ok);
+      expect(() => attn.sdpaVarlen(p.query, p.key, p.value, { ...ok, cuSeqlensK: Int32Array.of(0, 1, 6) })).toThrow(RangeError);
+    }
+    const after = attn.memory();
+    expect(after.bytesInUse).toBe(0);
+    expect(after.moduleBytesInUse).toBe(before.moduleBytesInUse);
+  });
+
+  test('a call beyond maxMemoryBytes is refused before anything is allocated, and the instance keeps working', async () => {
+    const small = await createAttention({ threads: 1, maxMemoryBytes: 4096 });
+    try {
+      expect(() => small.sdpaVarlen(p.query, p.key, p.value, ok)).toThrow(/sdpaVarlen: needs \d+ bytes of wasm memory/);
+      expect(small.memory().bytesInUse).toBe(0);
+    } finally {
+      small.dispose();
+    }
+    expect(attn.sdpaVarlen(p.query, p.key, p.value, ok).output.dims).toEqual([7, 2, 8]);
+  });
+});
