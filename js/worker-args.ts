@@ -232,7 +232,7 @@ export function deliver(value: unknown, p: Plan): SdpaResult {
  * sdpaBackward's result from the worker, each gradient written into options.out's array for it
  * as the direct API does (BackwardPlan.out). Every array is checked before any is written.
  */
-export function deliverGradients(value: unknown, p: BackwardPlan): SdpaBackwardResult {
+export function deliverGradients(value: unknown, p: BackwardPlan, fn = 'sdpaBackward'): SdpaBackwardResult {
   const result = value as SdpaBackwardResult;
   const targets = GRADIENT_NAMES.flatMap((name) => {
     const target = p.out[name];
@@ -243,7 +243,7 @@ export function deliverGradients(value: unknown, p: BackwardPlan): SdpaBackwardR
     const size = lengthOf(tensor.data);
     if (lengthOf(target.view) < size) {
       const how = detachedOrEmpty(target.view) ? 'was detached' : 'shrank (a resizable buffer)';
-      throw new RangeError(`sdpaBackward: options.out.${name}'s buffer ${how} while the call ran; the gradient ` +
+      throw new RangeError(`${fn}: options.out.${name}'s buffer ${how} while the call ran; the gradient ` +
         `${name} [${tensor.dims.join(', ')}] (${size} floats) could not be written into it, nor were the others`);
     }
   }

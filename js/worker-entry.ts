@@ -57,6 +57,15 @@ const withBuffers = (result: SdpaResult) =>
 
 type Handled = { value: unknown; transfer?: ArrayBuffer[] };
 
+/**
+ * The record of the forward call that returned options.saved's logSumExp, sent back by the
+ * calling side: kept for this copy of it, which the backward call then checks like the direct API.
+ */
+function keepSavedRecord(a: Record<string, unknown>): void {
+  const savedLogSumExp = (a.options as { saved?: { logSumExp?: { data?: Float32Array } } } | undefined)?.saved?.logSumExp?.data;
+  if (a.record !== undefined && savedLogSumExp !== undefined) remember(savedLogSumExp, a.record as ForwardRecord);
+}
+
 // Each op: its args → its value. Only init awaits.
 async function handle({ op, args: a }: Request): Promise<Handled> {
   switch (op) {
@@ -70,15 +79,21 @@ async function handle({ op, args: a }: Request): Promise<Handled> {
       return { value: { result, record: recalled(result.logSumExp?.data) }, transfer };
     }
     case 'sdpaBackward': {  // { query, key, value, gradOutput, options, record } → SdpaBackwardResult
-      // The record of the sdpa() call that returned options.saved's logSumExp, sent back by the
-      // calling side: kept for this copy of it, which the call then checks like the direct API.
-      const savedLogSumExp = (a.options as { saved?: { logSumExp?: { data?: Float32Array } } } | undefined)?.saved?.logSumExp?.data;
-      if (a.record !== undefined && savedLogSumExp !== undefined) remember(savedLogSumExp, a.record as ForwardRecord);
+      keepSavedRecord(a);
       const g = live().sdpaBackward(a.query as never, a.key as never, a.value as never, a.gradOutput as never, a.options as never);
       const moved = [g.dQuery.data, g.dKey.data, g.dValue.data];
       if (g.dAttnMask !== undefined) moved.push(g.dAttnMask.data);
       if (g.dSinks !== undefined) moved.push(g.dSinks.data);
       return { value: g, transfer: transferList(moved) };
+    }
+    case 'sdpaVarlen': {  // { query, key, value, options } → { result: SdpaVarlenResult, record: ForwardRecord | undefined }
+      const { value: result, transfer } = withBuffers(live().sdpaVarlen(a.query as never, a.key as never, a.value as never, a.options as never));
+      return { value: { result, record: recalled(result.logSumExp?.data) }, transfer };
+    }
+    case 'sdpaVarlenBackward': {  // { query, key, value, gradOutput, options, record } → SdpaVarlenBackwardResult
+      keepSavedRecord(a);
+      const g = live().sdpaVarlenBackward(a.query as never, a.key as never, a.value as never, a.gradOutput as never, a.options as never);
+      return { value: g, transfer: transferList([g.dQuery.data, g.dKey.data, g.dValue.data, g.dSinks?.data]) };
     }
     case 'createKVCache': {  // { cache: id, options } → null
       caches.set(a.cache as number, live().createKVCache(a.options as never));

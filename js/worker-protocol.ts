@@ -13,7 +13,7 @@ import { bufferOf, byteLengthOf, isArrayBuffer, viewTag } from './typed-arrays.j
 
 /** What the worker can do; each op's args and value are documented where it is handled. */
 export type Op =
-  | 'init' | 'sdpa' | 'sdpaBackward' | 'createKVCache' | 'append' | 'attend' | 'truncate' | 'remove' | 'read' | 'reorder' | 'reset' | 'disposeCache' | 'memory'
+  | 'init' | 'sdpa' | 'sdpaBackward' | 'sdpaVarlen' | 'sdpaVarlenBackward' | 'createKVCache' | 'append' | 'attend' | 'truncate' | 'remove' | 'read' | 'reorder' | 'reset' | 'disposeCache' | 'memory'
   | 'dispose';
 
 export interface Request {

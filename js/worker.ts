@@ -31,8 +31,10 @@ import {
 } from './kv-cache.js';
 import type {
   AttentionOptions, KVCacheContents, KVCacheOptions, KVTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaBackwardResultWithSinkGrad, SdpaOptions, SdpaResult,
-  SdpaResultWith, Tensor,
+  SdpaResultWith, SdpaVarlenBackwardOptions, SdpaVarlenBackwardResult, SdpaVarlenOptions, SdpaVarlenResult,
+  SdpaVarlenResultWithLogSumExp, Tensor,
 } from './types.js';
+import { planVarlen, planVarlenBackward, VARLEN_BACKWARD_OPTION_NAMES, VARLEN_OPTION_NAMES } from './varlen.js';
 import {
   BACKWARD_OPTION_NAMES, type BackwardPlan, checkAttendQuery, checkAttentionOptions, checkLayout, checkOptionNames, checkOut, OPTION_NAMES, plan,
   planAttend, planBackward, type Plan,
@@ -172,6 +174,69 @@ export class AttentionWorker {
           record: saved === null ? undefined : recalled(saved.given),
         };
       }, (result) => deliverGradients(result, checked), signal);
+    });
+  }
+
+  /**
+   * Attention.sdpaVarlen() in the worker: the same result (bitwise) and errors. Query, key and
+   * value are copied, or moved with `{ transfer: true }`; the starts (and sinks, offsets) copied.
+   */
+  sdpaVarlen(query: Tensor, key: Tensor, value: Tensor,
+    options: SdpaVarlenOptions & WorkerCallOptions & { returnLogSumExp: true }): Promise<SdpaVarlenResultWithLogSumExp>;
+  sdpaVarlen(query: Tensor, key: Tensor, value: Tensor, options: SdpaVarlenOptions & WorkerCallOptions): Promise<SdpaVarlenResult>;
+  sdpaVarlen(query: Tensor, key: Tensor, value: Tensor, options: SdpaVarlenOptions & WorkerCallOptions): Promise<SdpaVarlenResult> {
+    return settle(() => {
+      this.#check('sdpaVarlen');
+      const { signal, transfer } = workerCallOptions('sdpaVarlen', options);
+      const take = new Taker(transfer);
+      const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
+      const o = take.options(options, VARLEN_OPTION_NAMES);
+      this.#check('sdpaVarlen');  // again: the arguments' getters may have disposed it (then nothing moves)
+      take.movesChecked('sdpaVarlen', outsOf(o), () => planVarlen(q, k, v, o));
+      take.done(signal);
+      let checked: Plan;
+      return this.#channel.call('sdpaVarlen', () => {
+        checked = planVarlen(q, k, v, o);
+        return { query: q, key: k, value: v, options: sendable(o) };
+      }, (reply) => {
+        const { result, record } = reply as { result: SdpaResult; record: ForwardRecord | undefined };
+        const delivered = deliver(result, checked);
+        // Kept for sdpaVarlenBackward's check of options.saved (saved-forward.ts).
+        if (record !== undefined && delivered.logSumExp !== undefined) remember(delivered.logSumExp.data, record);
+        return delivered;
+      }, signal);
+    });
+  }
+
+  /**
+   * Attention.sdpaVarlenBackward() in the worker: the same gradients (bitwise) and errors; the
+   * tensors copied or moved as sdpaBackward's, `saved` copied (and checked as by the direct API).
+   */
+  sdpaVarlenBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+    options: SdpaVarlenBackwardOptions & WorkerCallOptions & { sinks: Float32Array }): Promise<SdpaVarlenBackwardResult & { dSinks: Tensor }>;
+  sdpaVarlenBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+    options: SdpaVarlenBackwardOptions & WorkerCallOptions): Promise<SdpaVarlenBackwardResult>;
+  sdpaVarlenBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+    options: SdpaVarlenBackwardOptions & WorkerCallOptions): Promise<SdpaVarlenBackwardResult> {
+    return settle(() => {
+      this.#check('sdpaVarlenBackward');
+      const { signal, transfer } = workerCallOptions('sdpaVarlenBackward', options);
+      const take = new Taker(transfer);
+      const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
+      const go = take.tensor(gradOutput, true);
+      const o = take.options(options, VARLEN_BACKWARD_OPTION_NAMES);
+      this.#check('sdpaVarlenBackward');  // again: the arguments' getters may have disposed it (then nothing moves)
+      take.movesChecked('sdpaVarlenBackward', outsOf(o), () => planVarlenBackward(q, k, v, go, o));
+      take.done(signal);
+      let checked: BackwardPlan;
+      return this.#channel.call('sdpaVarlenBackward', () => {
+        checked = planVarlenBackward(q, k, v, go, o);
+        const { saved } = checked;
+        return {
+          query: q, key: k, value: v, gradOutput: go, options: sendable(o),
+          record: saved === null ? undefined : recalled(saved.given),
+        };
+      }, (result) => deliverGradients(result, checked, 'sdpaVarlenBackward'), signal);
     });
   }
 

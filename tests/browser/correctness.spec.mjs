@@ -2,7 +2,8 @@
 // cases (same adapter and tolerances, tests/shared/onnx-cases.mjs) and the float64 reference
 // comparisons (tests/shared/reference-cases.mjs over tests/node/reference.mjs), on the cross-origin
 // isolated server (threaded build where available) and on the plain one (single thread).
-// Also the backward pass (tests/shared/backward-cases.mjs) against the float64 analytic backward.
+// Also the backward pass (tests/shared/backward-cases.mjs) against the float64 analytic backward,
+// and packed variable-length sequences (tests/shared/varlen-cases.mjs, sdpaVarlen and its backward).
 // Both builds: relaxed SIMD (Chromium's default) and the portable one (relaxedSimd: false).
 // Node runs the same cases in this process on the same build (scripts/test-browser.sh runs
 // Playwright with relaxed SIMD on): the browser's output bits must equal Node's.
@@ -12,6 +13,7 @@ import { join } from 'node:path';
 import { CASE_COUNT, checkCase, loadCase, loadIndex } from '../shared/onnx-cases.mjs';
 import { bitsHash, REFERENCE_CASES, runReferenceCases } from '../shared/reference-cases.mjs';
 import { BACKWARD_CASES, runBackwardCases } from '../shared/backward-cases.mjs';
+import { runVarlenCases, VARLEN_CASES } from '../shared/varlen-cases.mjs';
 import { ISOLATED, PLAIN, ROOT, nodePackage } from './helpers.mjs';
 
 const ONNX_DIR = join(ROOT, 'tests', 'conformance', 'onnx-attention');
@@ -20,6 +22,7 @@ const ISAS = [['relaxed-simd', true], ['simd128', false]];
 const nodeOnnx = {};       // by isa: [{ name, failures, hash }] computed in Node
 const nodeReference = {};  // by isa: [{ name, ok, hash, ... }]
 const nodeBackward = {};   // by isa: [{ name, errors, ok, hash }]
+const nodeVarlen = {};     // by isa: [{ name, errors, ok, hash }]
 
 test.beforeAll(async () => {
   const { createAttention } = await nodePackage();
@@ -40,6 +43,7 @@ async function nodeCases(attn, isa) {
   }
   nodeReference[isa] = await runReferenceCases(attn);
   nodeBackward[isa] = await runBackwardCases(attn);
+  nodeVarlen[isa] = await runVarlenCases(attn);
   attn.dispose();
 }
 
@@ -132,6 +136,23 @@ for (const [label, base, isolated] of [['cross-origin isolated', ISOLATED, true]
       expect(result.cases.filter((c) => !c.ok).map((c) => `${c.name}: ${JSON.stringify(c.errors)}`)).toEqual([]);
       expect(nodeBackward[isa].filter((c) => !c.ok)).toEqual([]);
       expect(result.cases.map((c) => `${c.name} ${c.hash}`)).toEqual(nodeBackward[isa].map((c) => `${c.name} ${c.hash}`));
+    });
+
+    test('sdpaVarlen and its backward match the float64 reference, bit-identical to Node', async ({ page }) => {
+      const result = await page.evaluate(async (relaxedSimd) => {
+        const { createAttention } = await import('/dist/index.js');
+        const { runVarlenCases } = await import('/tests/shared/varlen-cases.mjs');
+        const attn = await createAttention({ relaxedSimd });
+        const cases = await runVarlenCases(attn);
+        const { isa } = attn;
+        attn.dispose();
+        return { cases, isa };
+      }, relaxedSimd);
+      expect(result.isa).toBe(isa);
+      expect(result.cases).toHaveLength(VARLEN_CASES.length);
+      expect(result.cases.filter((c) => !c.ok).map((c) => `${c.name}: ${JSON.stringify(c.errors)}`)).toEqual([]);
+      expect(nodeVarlen[isa].filter((c) => !c.ok)).toEqual([]);
+      expect(result.cases.map((c) => `${c.name} ${c.hash}`)).toEqual(nodeVarlen[isa].map((c) => `${c.name} ${c.hash}`));
     });
   });
 }

@@ -6,11 +6,13 @@
 // lengths at the kernel's tile edges (1, tile − 1, tile, tile + 1, 0, primes), GQA, Ev ≠ E,
 // Lq ≠ Lk per sequence, causal offsets (default bottom-right, one for all, one per sequence),
 // windows, softcap, sinks; each sequence bitwise equal to sdpa() on it alone; one and two
-// threads bitwise; gradients, saved, out, accumulate; bad input; memory freed.
-import { createAttention } from 'sdpa-wasm';
+// threads bitwise; gradients, saved, out, accumulate; bad input; memory freed; the worker. The
+// shared cases (tests/shared/varlen-cases.mjs) run here, through the worker and in Chromium.
+import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import {
   logSumExpError, maxRelError, randomTensor, referenceLogSumExp, referenceSdpa, referenceSdpaBackward,
 } from './reference.mjs';
+import { runVarlenCases, startsOf, VARLEN_CASES, varlenOracle } from '../shared/varlen-cases.mjs';
 
 const TOL = 2e-5;           // the forward's, as for sdpa()
 const GRAD_TOL = 1e-4;      // the backward's
@@ -29,7 +31,6 @@ afterAll(() => {
 
 const bitsOf = (a) => new Uint32Array(a.buffer, a.byteOffset, a.length);
 const sameBits = (a, b) => a.length === b.length && bitsOf(a).every((x, i) => x === bitsOf(b)[i]);
-const startsOf = (lengths) => Int32Array.from([0, ...lengths.map(((sum) => (n) => (sum += n))(0))]);
 
 /**
  * Packed tensors for sequences of `qLens` query rows and `kLens` keys (default qLens), and the
@@ -54,25 +55,7 @@ function offsetOf(p, causalOffset, s) {
   return typeof causalOffset === 'number' ? causalOffset : causalOffset[s];
 }
 
-/** The oracle's options: the whole problem as one batch, 'bshd', the block-diagonal mask. */
-function oracle(p, options) {
-  const { cuSeqlensQ, cuSeqlensK, isCausal, causalOffset, slidingWindow: W = 0, ...score } = options;
-  const mask = new Uint8Array(p.Tq * p.Tk);
-  for (let s = 0; s < p.qLens.length; s++) {
-    const offset = offsetOf(p, causalOffset, s);
-    for (let i = 0; i < p.qLens[s]; i++) {
-      for (let j = 0; j < p.kLens[s]; j++) {
-        const open = !isCausal || (j <= i + offset && (W === 0 || j > i + offset - W));
-        mask[(p.cuSeqlensQ[s] + i) * p.Tk + p.cuSeqlensK[s] + j] = open ? 1 : 0;
-      }
-    }
-  }
-  const as4 = (t) => ({ data: t.data, dims: [1, ...t.dims] });
-  return {
-    query: as4(p.query), key: as4(p.key), value: as4(p.value), gradOutput: as4(p.gradOutput),
-    options: { ...score, layout: 'bshd', attnMask: { data: mask, dims: [p.Tq, p.Tk] } },
-  };
-}
+const oracle = varlenOracle;
 
 function expectForwardMatches(p, extra = {}) {
   const options = { cuSeqlensQ: p.cuSeqlensQ, cuSeqlensK: p.cuSeqlensK, ...extra, returnLogSumExp: true };
@@ -325,5 +308,50 @@ describe('sdpaVarlen: bad input is a TypeError or RangeError naming the argument
       small.dispose();
     }
     expect(attn.sdpaVarlen(p.query, p.key, p.value, ok).output.dims).toEqual([7, 2, 8]);
+  });
+});
+
+describe('through createAttentionWorker: bitwise the direct call, with the same errors', () => {
+  let worker;
+  beforeAll(async () => {
+    worker = await createAttentionWorker({ threads: 1 });
+  });
+  afterAll(() => worker.dispose());
+
+  test('forward and backward, saved carried across, moved with transfer', async () => {
+    const p = packed({ Hq: 4, Hkv: 2, qLens: [3, 0, 40, 1], kLens: [5, 2, 40, 0], seed: 30 });
+    const options = { cuSeqlensQ: p.cuSeqlensQ, cuSeqlensK: p.cuSeqlensK, isCausal: true, sinks: Float32Array.of(0, 1, -Infinity, 2) };
+    const direct = attn.sdpaVarlen(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+    const viaWorker = await worker.sdpaVarlen(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+    expect(sameBits(viaWorker.output.data, direct.output.data)).toBe(true);
+    expect(sameBits(viaWorker.logSumExp.data, direct.logSumExp.data)).toBe(true);
+    const grads = attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
+    const workerGrads = await worker.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, { ...options, saved: viaWorker });
+    for (const name of ['dQuery', 'dKey', 'dValue', 'dSinks']) expect(sameBits(workerGrads[name].data, grads[name].data)).toBe(true);
+    // The worker's saved is checked against the call that returned it, as the direct API's.
+    await expect(worker.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, { ...options, isCausal: false, saved: viaWorker }))
+      .rejects.toThrow(/sdpaVarlenBackward: options\.saved is not this call's forward: isCausal differs/);
+    const copies = [p.query, p.key, p.value].map((t) => ({ data: t.data.slice(), dims: t.dims }));
+    const moved = await worker.sdpaVarlen(...copies, { ...options, transfer: true });
+    expect(copies[0].data.length).toBe(0);
+    expect(sameBits(moved.output.data, direct.output.data)).toBe(true);
+  });
+
+  test('the shared cases: within the tolerances, bitwise the direct call', async () => {
+    const direct = await runVarlenCases(attn);
+    const viaWorker = await runVarlenCases(worker);
+    expect(direct).toHaveLength(VARLEN_CASES.length);
+    expect(direct.filter((c) => !c.ok).map((c) => `${c.name}: ${JSON.stringify(c.errors)}`)).toEqual([]);
+    expect(viaWorker.map((c) => `${c.name} ${c.hash}`)).toEqual(direct.map((c) => `${c.name} ${c.hash}`));
+  });
+
+  test('errors are the direct API\'s, as rejections', async () => {
+    const p = packed({ qLens: [3, 4], seed: 31 });
+    const bad = { cuSeqlensQ: Int32Array.of(0, 5, 3, 7) };
+    let direct;
+    try { attn.sdpaVarlen(p.query, p.key, p.value, bad); } catch (error) { direct = error; }
+    await expect(worker.sdpaVarlen(p.query, p.key, p.value, bad)).rejects.toThrow(RangeError);
+    await expect(worker.sdpaVarlen(p.query, p.key, p.value, bad)).rejects.toThrow(direct.message);
+    expect((await worker.sdpaVarlen(p.query, p.key, p.value, { cuSeqlensQ: p.cuSeqlensQ })).output.dims).toEqual([7, 2, 8]);
   });
 });
