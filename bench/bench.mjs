@@ -1,4 +1,4 @@
-// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode] [-- --no-window] [-- --no-worker] [-- --no-browser] [-- --no-backward]
+// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode] [-- --no-window] [-- --no-varlen] [-- --no-worker] [-- --no-browser] [-- --no-backward]
 //
 // Single-threaded forward attention, in one process, side by side:
 //   sdpa-wasm (this package), onnxruntime-web (wasm EP, 1 thread, best of three ONNX graphs),
@@ -45,6 +45,7 @@ import { SHAPES, bytes, describe, flops, isDecode, usefulFlops } from './shapes.
 import { runBrowserBench } from './browser.mjs';
 import { runWorkerBench } from './worker.mjs';
 import { runWindowBench } from './window.mjs';
+import { runVarlenBench } from './varlen.mjs';
 import { runBackwardBenchInChild } from './backward.mjs';
 
 const argv = process.argv.slice(2);
@@ -56,6 +57,7 @@ const peerFilter = arg('--peers')?.split(',');
 const withDecode = !argv.includes('--no-decode');
 const withWorker = !argv.includes('--no-worker');
 const withWindow = !argv.includes('--no-window');
+const withVarlen = !argv.includes('--no-varlen');
 const withBackward = !argv.includes('--no-backward');
 const withBrowser = !argv.includes('--no-browser');
 
@@ -715,6 +717,8 @@ async function section(enabled, name, run) {
 const decode = await section(withDecode, 'decode', () => runDecode({ quick }));
 // The sliding-window section (window.mjs): a window over a long cache against a cache of the window.
 const slidingWindow = await section(withWindow, 'window', () => runWindowBench({ quick }));
+// The packed sequences section (varlen.mjs): sdpaVarlen against a padded batch and one sdpa() per sequence.
+const varlen = await section(withVarlen, 'varlen', () => runVarlenBench({ quick }));
 // The worker section (its own instances and workers).
 const worker = await section(withWorker, 'worker', () => runWorkerBench({ quick }));
 // The backward section (backward.mjs): sdpaBackward against the forward and tfjs-wasm, in a
@@ -738,6 +742,6 @@ writeFileSync(jsonPath, JSON.stringify({
   threads: 1, oneThreadTargets, twoThreadShapes: twoThreadResults.map((e) => e.id), twoThreadTargets: TWO_THREAD_TARGETS,
   quick, settings, totalSeconds, limits,
   peers: peers.map((p) => ({ name: p.name, version: p.version, threads: p.threads, config: p.config, build: p.build, remote: p.remote, failed: p.failed })),
-  shapes: results, rows, decode, window: slidingWindow, worker, backward, browser,
+  shapes: results, rows, decode, window: slidingWindow, varlen, worker, backward, browser,
 }, (k, v) => (typeof v === 'number' && !Number.isFinite(v) ? String(v) : v), 2));
 console.log(`results: ${jsonPath}`);

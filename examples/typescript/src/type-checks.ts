@@ -47,6 +47,22 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   attn.sdpaBackward(q, k, v, q, { attnMask: bias, returnMaskGrad: true, out: into, accumulate: true });
   void worker.sdpaBackward(q, k, v, q, { out: { dKey: new Float32Array(8) } });
 
+  // Packed sequences: logSumExp present with a literal `true`, dSinks with sinks; cuSeqlensQ required.
+  const cuSeqlensQ = Int32Array.of(0, 3, 8);
+  const packedLse: Float32Array = attn.sdpaVarlen(q, k, v, { cuSeqlensQ, isCausal: true, returnLogSumExp: true }).logSumExp.data;
+  // @ts-expect-error logSumExp may be absent when not requested
+  attn.sdpaVarlen(q, k, v, { cuSeqlensQ }).logSumExp.data;
+  // @ts-expect-error cuSeqlensQ is required
+  attn.sdpaVarlen(q, k, v, { isCausal: true });
+  // @ts-expect-error packed sequences take no mask
+  attn.sdpaVarlen(q, k, v, { cuSeqlensQ, attnMask: bias });
+  const packedSinks: Float32Array = attn.sdpaVarlenBackward(q, k, v, q, { cuSeqlensQ, sinks }).dSinks.data;
+  // @ts-expect-error dSinks may be absent without sinks
+  attn.sdpaVarlenBackward(q, k, v, q, { cuSeqlensQ }).dSinks.data;
+  void worker.sdpaVarlen(q, k, v, { cuSeqlensQ, cuSeqlensK: cuSeqlensQ, returnLogSumExp: true, transfer: true })
+    .then((r) => worker.sdpaVarlenBackward(q, k, v, q, { cuSeqlensQ, saved: r, out: { dQuery: new Float32Array(8) } }));
+  void [packedLse, packedSinks];
+
   // Options the runtime refuses.
   // @ts-expect-error unknown option name
   attn.sdpa(q, k, v, { causal: true });
