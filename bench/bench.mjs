@@ -25,6 +25,8 @@
 // Then the sliding-window section (window.mjs, also runnable alone; --no-window skips it): a
 // decode step with slidingWindow over a 32768-position cache against a cache holding only the
 // window (and the window as a mask, and no window); under `window`.
+// Then the packed sequences section (varlen.mjs, also runnable alone; --no-varlen skips it):
+// sdpaVarlen against a padded batch and one sdpa() per sequence, 1 and 2 threads; under `varlen`.
 // Then the worker section (worker.mjs, also runnable alone; --no-worker skips it): what
 // createAttentionWorker() adds per call, inputs copied or transferred, against the direct call,
 // on shape (a) and on one decode step from a float32 cache, 1 and 2 threads; under `worker`.
