@@ -60,7 +60,7 @@ const isShared = (buffer: ArrayBufferLike) => Object.prototype.toString.call(buf
  * SharedArrayBuffer objects, which may be views of the same memory (structuredClone or
  * postMessage of one, a grown shared WebAssembly.Memory) in a way JavaScript cannot see.
  */
-function mayOverlap(a: Float32Array, b: Float32Array): boolean {
+export function mayOverlap(a: Float32Array, b: Float32Array): boolean {
   return sharesBytes(a, b) || (a.buffer !== b.buffer && isShared(a.buffer) && isShared(b.buffer));
 }
 

@@ -11,7 +11,7 @@
 import { backwardArg, problemAddressesArg, problemArg } from './kernel-args.js';
 import { describeBackward, takeGradients } from './backward.js';
 import type { CallMemory } from './memory.js';
-import { check, collectResult, copySmallInputs, describeProblem, smallInputBytes } from './strategies.js';
+import { check, collectResult, copySmallInputs, describeProblem, mayOverlap, smallInputBytes } from './strategies.js';
 import { isInt32Array, lengthOf } from './typed-arrays.js';
 import type { SdpaBackwardResult, SdpaOptions, SdpaResult } from './types.js';
 import {
@@ -198,8 +198,121 @@ function placeStarts(memory: CallMemory, p: VarlenPlan): { q: number; k: number 
   return at;
 }
 
-/** sdpaVarlen(): Q, K, V copied in whole, forward_packed(), the output (and lse [Hq, Tq]) copied out. */
+/**
+ * One-thread packed problems whose Q, K and V together are at least STREAM_MIN_BYTES (beyond a
+ * core's L2 cache) run in chunks of whole sequences (runChunked), as sdpa()'s one-thread prefill
+ * is streamed (strategies.ts): each chunk's rows and keys are copied in, computed while they are
+ * in the core's cache, and copied out. A chunk is one sequence or more, its Q, K, V and output
+ * together at most CHUNK_MAX_BYTES unless one sequence alone is larger. Each sequence is computed
+ * alone either way (src/sdpa-packed.h), so the result is bitwise the same. Measured
+ * (bench/varlen.mjs, AMD EPYC Zen 5, one thread), time of the whole copy ÷ chunked: the encoder
+ * batch (32 sequences of 27–253 tokens, H12 E64) 1.15×, the short one (256 of 4–48) 1.45×. On two
+ * threads and more the copy stays whole (runWhole): chunked there, the short batch took 1.25× the
+ * time (a pool run per chunk), the encoder one 0.95×.
+ */
+const STREAM_MIN_BYTES = 2 * 2 ** 20;
+const CHUNK_MAX_BYTES = 2 ** 20;
+
+/** sdpaVarlen(): chunked on one thread when large (and `out` shares no memory with an input), else whole. */
 export function runVarlen(memory: CallMemory, threads: number, p: VarlenPlan): SdpaResult {
+  const inputs = [p.queryData, p.keyData, p.valueData];
+  const chunked = threads === 1 && inputs.reduce((sum, x) => sum + x.byteLength, 0) >= STREAM_MIN_BYTES &&
+    (p.out === null || !inputs.some((x) => mayOverlap(x, p.out as Float32Array)));
+  return chunked ? runChunked(memory, p) : runWhole(memory, threads, p);
+}
+
+/** A run of whole sequences [first, end) and their rows [q0, q1) and keys [k0, k1). */
+interface Chunk {
+  first: number;
+  end: number;
+  q0: number;
+  q1: number;
+  k0: number;
+  k1: number;
+}
+
+/** Consecutive sequences, each chunk's bytes (Q and output rows, K and V rows) within CHUNK_MAX_BYTES or one sequence. */
+function chunksOf(p: VarlenPlan): Chunk[] {
+  const rowBytes = 4 * p.qHeads * (p.headDim + p.valueDim), keyBytes = 4 * p.kvHeads * (p.headDim + p.valueDim);
+  const { cuSeqlensQ: cuQ, cuSeqlensK: cuK } = p;
+  const chunks: Chunk[] = [];
+  let first = 0;
+  for (let end = 1; end <= p.sequences; end++) {
+    const bytes = (rows: number, keys: number) => rows * rowBytes + keys * keyBytes;
+    const next = end < p.sequences ? bytes(cuQ[end + 1] - cuQ[first], cuK[end + 1] - cuK[first]) : Infinity;
+    if (next > CHUNK_MAX_BYTES) {  // sequence `end` would not fit: close the chunk here
+      chunks.push({ first, end, q0: cuQ[first], q1: cuQ[end], k0: cuK[first], k1: cuK[end] });
+      first = end;
+    }
+  }
+  return chunks;
+}
+
+/** sdpaVarlen() on one thread, chunk by chunk (STREAM_MIN_BYTES); the same bits as runWhole. */
+function runChunked(memory: CallMemory, p: VarlenPlan): SdpaResult {
+  const module = memory.module;
+  try {
+    const chunks = chunksOf(p);
+    const most = (f: (c: Chunk) => number) => chunks.reduce((m, c) => Math.max(m, f(c)), 0);
+    const maxSequences = most((c) => c.end - c.first), maxRows = most((c) => c.q1 - c.q0), maxKeys = most((c) => c.k1 - c.k0);
+    const qRow = p.qHeads * p.headDim, oRow = p.qHeads * p.valueDim, kRow = p.kvHeads * p.headDim, vRow = p.kvHeads * p.valueDim;
+    const desc = describeProblem(p);
+    const starts = memory.allocate({ q: 4 * (maxSequences + 1), k: 4 * (maxSequences + 1) });
+    // A chunk's starts, from 0 (its rows and keys are copied to the start of their blocks).
+    const placeStartsOf = (c: Chunk) => {
+      const { i32 } = memory.heap;
+      for (let s = c.first; s <= c.end; s++) {
+        i32[(starts.q >>> 2) + s - c.first] = p.cuSeqlensQ[s] - c.q0;
+        i32[(starts.k >>> 2) + s - c.first] = p.cuSeqlensK[s] - c.k0;
+      }
+      desc.qLen = c.q1 - c.q0;
+      desc.kvLen = c.k1 - c.k0;
+    };
+    let scratchFloats = 0;
+    for (const c of chunks) {
+      placeStartsOf(c);
+      scratchFloats = Math.max(scratchFloats,
+        module.packedScratchFloats(problemArg(module, desc), c.end - c.first, starts.q, starts.k, 1));
+    }
+    const at = memory.allocate({
+      query: 4 * maxRows * qRow, key: 4 * maxKeys * kRow, value: 4 * maxKeys * vRow, output: 4 * maxRows * oRow,
+      logSumExp: p.lseDims !== null ? 4 * p.qHeads * maxRows : 0, scratch: 4 * scratchFloats, ...smallInputBytes(p),
+    });
+    Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
+    copySmallInputs(memory, p, desc, at);  // the sinks, and every sequence's causal offset
+    const offsets = desc.causalOffsets;
+    const output = p.out !== null ? p.out : new Float32Array(p.outputSize);
+    const lse = p.lseDims !== null ? new Float32Array(p.lseSize) : null;
+    for (const c of chunks) {
+      placeStartsOf(c);
+      if (offsets !== 0) desc.causalOffsets = offsets + 4 * c.first;  // the chunk's own
+      const rows = c.q1 - c.q0;
+      // Fresh views every time: a view is never kept across a call into the module (js/memory.ts).
+      const before = memory.heap.f32;
+      before.set(p.queryData.subarray(c.q0 * qRow, c.q1 * qRow), at.query >>> 2);
+      before.set(p.keyData.subarray(c.k0 * kRow, c.k1 * kRow), at.key >>> 2);
+      before.set(p.valueData.subarray(c.k0 * vRow, c.k1 * vRow), at.value >>> 2);
+      check(module, p, module.forwardPacked(problemArg(module, desc), c.end - c.first, starts.q, starts.k, at.scratch,
+        scratchFloats, 1));
+      const after = memory.heap.f32;
+      output.set(after.subarray(at.output >>> 2, (at.output >>> 2) + rows * oRow), c.q0 * oRow);
+      if (lse !== null) {  // the chunk's [Hq, rows] into the columns [q0, q1) of [Hq, Tq]
+        for (let h = 0; h < p.qHeads; h++) {
+          const from = (at.logSumExp >>> 2) + h * rows;
+          lse.set(after.subarray(from, from + rows), h * p.qLen + c.q0);
+        }
+      }
+    }
+    const result: SdpaResult = { output: { data: p.outResult ?? output, dims: p.outputDims } };
+    if (lse !== null) result.logSumExp = { data: lse, dims: p.lseDims as number[] };
+    return result;
+  } finally {
+    memory.free();
+  }
+}
+
+/** sdpaVarlen(): Q, K, V copied in whole, forward_packed(), the output (and lse [Hq, Tq]) copied out. */
+function runWhole(memory: CallMemory, threads: number, p: VarlenPlan): SdpaResult {
   const module = memory.module;
   try {
     const desc = describeProblem(p);

@@ -22,6 +22,9 @@ T* advance(T* p, int64_t n) {
 
 int32_t rows_of(const int32_t* starts, int32_t s) { return starts[s + 1] - starts[s]; }
 
+Problem& packed_whole(PackedProblem& p) { return p.whole; }
+Problem& packed_whole(PackedBackwardProblem& p) { return p.whole.forward; }
+
 // Starts of S sequences over `total` rows or keys: 0 = starts[0] <= … <= starts[S] = total.
 bool valid_starts(const int32_t* starts, int32_t sequences, int32_t total) {
   if (starts[0] != 0 || starts[sequences] != total) return false;
@@ -87,8 +90,23 @@ Problem packed_sequence(const PackedProblem& p, int32_t s) {
   return seq;
 }
 
+namespace {
+
+// The whole problem as validate() takes it: Tq or Tk may be 0 here (every sequence without rows,
+// or without keys: a caller's chunk of sequences), which validate() refuses for a problem of its own.
+template <typename P>
+P with_lengths_at_least_one(P p) {
+  Problem& whole = packed_whole(p);
+  whole.q_len = std::max(whole.q_len, 1);
+  whole.kv_len = std::max(whole.kv_len, 1);
+  return p;
+}
+
+}  // namespace
+
 Status validate_packed(const PackedProblem& p) {
-  const Status status = validate(p.whole);
+  if (p.whole.q_len < 0 || p.whole.kv_len < 0) return Status::kBadShape;
+  const Status status = validate(with_lengths_at_least_one(p).whole);
   if (status != Status::kOk) return status;
   return check_packing(p.whole, p.sequences, p.q_starts, p.k_starts);
 }
@@ -270,7 +288,8 @@ void small_backward_item(void* context, int32_t s, int32_t thread) {
 }  // namespace
 
 Status validate_packed_backward(const PackedBackwardProblem& p) {
-  const Status status = validate_backward(p.whole);
+  if (p.whole.forward.q_len < 0 || p.whole.forward.kv_len < 0) return Status::kBadShape;
+  const Status status = validate_backward(with_lengths_at_least_one(p).whole);
   if (status != Status::kOk) return status;
   if (p.whole.d_mask != nullptr) return Status::kBadPacking;
   return check_packing(p.whole.forward, p.sequences, p.q_starts, p.k_starts);

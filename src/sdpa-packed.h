@@ -14,6 +14,7 @@
 // of S offsets here), or causal_offset for every sequence; so a sequence's rows get the bits
 // that forward() gives that sequence alone. Not taken (kBadPacking): a mask, key lengths or
 // starts, weights (each sequence has its own Lq × Lk), float16 K/V.
+// Tq or Tk may be 0 (every sequence without rows, or without keys).
 // A sequence without keys (k_starts[s] == k_starts[s + 1]) has rows with nothing to attend:
 // exact zeros, lse = the row's sink or -inf, as in forward(). One without rows adds nothing,
 // and its keys get zero gradients.
@@ -33,7 +34,7 @@
 namespace sdpa {
 
 struct PackedProblem {
-  Problem whole;  // batch 1, q_len Tq, kv_len Tk; causal_offsets, if not null, has S entries
+  Problem whole;  // batch 1, q_len Tq >= 0, kv_len Tk >= 0; causal_offsets, if not null, has S entries
   int32_t sequences = 0;               // S >= 1
   const int32_t* q_starts = nullptr;   // [S + 1]: 0 = q_starts[0] <= … <= q_starts[S] = Tq
   const int32_t* k_starts = nullptr;   // [S + 1]: 0 = k_starts[0] <= … <= k_starts[S] = Tk

@@ -266,6 +266,22 @@ TEST(PackedForward, EmptyRowsAreZerosWithTheSinkAsLse) {
   }
 }
 
+TEST(PackedForward, AWholeProblemWithoutKeysOrWithoutRows) {
+  // Tk = 0: every row has nothing to attend (zeros, lse -inf); Tq = 0: nothing to write.
+  PackedHarness no_keys({.Hq = 2, .Hkv = 1, .q_lens = {2, 3}, .k_lens = {0, 0}});
+  float dummy[8] = {};
+  no_keys.pp.whole.key = dummy, no_keys.pp.whole.value = dummy;
+  ASSERT_EQ(no_keys.run(1), Status::kOk);
+  for (float x : no_keys.out) EXPECT_PRED1(test::is_plus_zero, x);
+  for (float x : no_keys.lse) EXPECT_EQ(x, -kInf);
+  PackedHarness no_rows({.Hq = 2, .Hkv = 1, .q_lens = {0, 0}, .k_lens = {3, 1}});
+  no_rows.pp.whole.query = dummy, no_rows.pp.whole.output = dummy, no_rows.pp.whole.logsumexp = dummy;
+  ASSERT_EQ(no_rows.run(2), Status::kOk);
+  PackedProblem negative = no_rows.pp;
+  negative.whole.q_len = -1;
+  EXPECT_EQ(validate_packed(negative), Status::kBadShape);
+}
+
 TEST(PackedForward, RejectsWhatItDoesNotTake) {
   PackedHarness h({.Hq = 2, .Hkv = 1, .q_lens = {2, 3}, .k_lens = {4, 1}});
   auto expect = [&](PackedProblem p, Status want, const char* what) {

@@ -133,6 +133,38 @@ describe('sdpaVarlen against the float64 reference of the block-diagonal problem
     expectForwardMatches(packed({ Hq: 4, Hkv: 2, E: 16, qLens: [3, 700, 1, 650, 2], seed: 8 }), { isCausal: true });
   });
 
+  test('a large batch on one thread runs in chunks of sequences (js/varlen.ts): the bits of the whole copy and of sdpa() per sequence', () => {
+    // 2.3 MB of Q, K, V: chunked on one thread. Two sequences longer than a chunk alone, empty
+    // ones (a chunk may end with them), one with rows but no keys, one with keys but no rows.
+    const short = Array.from({ length: 40 }, (_, s) => 7 + ((s * 13) % 23));
+    const qLens = [600, 0, 5, ...short, 900, 0, 0], kLens = [600, 3, 0, ...short, 900, 0, 0];
+    const p = packed({ Hq: 4, Hkv: 2, E: 32, qLens, kLens, seed: 40 });
+    const options = { cuSeqlensQ: p.cuSeqlensQ, cuSeqlensK: p.cuSeqlensK, isCausal: true, returnLogSumExp: true,
+      sinks: Float32Array.of(0, -Infinity, 1, 2) };
+    const one = attn.sdpaVarlen(p.query, p.key, p.value, options);
+    const two = attn2.sdpaVarlen(p.query, p.key, p.value, options);
+    expect(sameBits(one.output.data, two.output.data)).toBe(true);
+    expect(sameBits(one.logSumExp.data, two.logSumExp.data)).toBe(true);
+    const out = new Float32Array(p.Tq * p.Hq * p.Ev + 3).fill(NaN);
+    const into = attn.sdpaVarlen(p.query, p.key, p.value, { ...options, out });
+    expect(into.output.data.buffer).toBe(out.buffer);
+    expect(sameBits(into.output.data, two.output.data)).toBe(true);
+    expect(out.subarray(p.Tq * p.Hq * p.Ev).every(Number.isNaN)).toBe(true);
+    for (const s of [0, 2, 10, 43]) {
+      const rows = (t, from, n) => ({ data: t.data.subarray(from * t.dims[1] * t.dims[2], (from + n) * t.dims[1] * t.dims[2]),
+        dims: [n, t.dims[1], t.dims[2]] });
+      const at = p.cuSeqlensQ[s] * p.Hq * p.Ev, n = p.qLens[s] * p.Hq * p.Ev;
+      if (p.kLens[s] === 0) {  // rows with nothing to attend: zeros, the sink as lse
+        expect(Array.from(one.output.data.subarray(at, at + n)).every((x) => Object.is(x, 0))).toBe(true);
+        expect(one.logSumExp.data[2 * p.Tq + p.cuSeqlensQ[s]]).toBe(1);
+        continue;
+      }
+      const alone = attn.sdpa(rows(p.query, p.cuSeqlensQ[s], p.qLens[s]), rows(p.key, p.cuSeqlensK[s], p.kLens[s]),
+        rows(p.value, p.cuSeqlensK[s], p.kLens[s]), { layout: 'bshd', isCausal: true, sinks: options.sinks });
+      expect(sameBits(alone.output.data, one.output.data.subarray(at, at + n))).toBe(true);
+    }
+  });
+
   test('NaN in keys a row may not attend (causal, another sequence) never reaches it', () => {
     const p = packed({ Hq: 2, Hkv: 1, qLens: [4, 3], kLens: [5, 2], seed: 9 });
     p.key.data.fill(NaN, 4 * p.E, 5 * p.E);    // sequence 0's key 4: beyond every row's frontier at offset 0
