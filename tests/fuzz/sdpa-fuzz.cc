@@ -25,7 +25,8 @@
 // Besides the reference comparison, results that the contract says are bitwise identical
 // are compared bitwise: any thread count, kFloat16Finite against kFloat16 on data without
 // Inf/NaN halves, the output with weights against without, and the split-K path against
-// forward(). One input in eight is turned into an invalid problem (one field broken: a size,
+// forward(); and packed sequences (tests/fuzz/packed-check.h: forward_packed() over one sequence
+// per batch of drawn lengths, each sequence bitwise forward() on it alone). One input in eight is turned into an invalid problem (one field broken: a size,
 // a pointer, a stride, the scale, ...), which must return the Status validate() documents and
 // write nothing.
 #include <fuzzer/FuzzedDataProvider.h>
@@ -41,6 +42,7 @@
 
 #include "attention-check.h"
 #include "fuzz-values.h"
+#include "packed-check.h"
 #include "problem-decoding.h"
 #include "parallel/thread-pool.h"
 #include "sdpa.h"
@@ -393,6 +395,7 @@ void run(const uint8_t* data, size_t size) {
     streamed.weights = nullptr;
     check_segments(streamed, buf, buf.output);
   }
+  if (extra_checks & 32) check_packed(in, p, pool(2));
   if ((extra_checks & 4) && (!one_pair_decode || p.weights != nullptr)) {
     // Not a single (batch, KV head) decode without weights (or float16 read in order): the
     // split-K calls refuse it.
