@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Native fuzzing of the kernel with libFuzzer (tests/fuzz/: one target per *-fuzz.cc):
-#   sdpa      forward() and the split-K path on random problems, against the double reference
+#   sdpa      forward() and the split-K path on random problems, against the double reference;
+#             packed sequences (forward_packed), each sequence bitwise forward() on it alone
 #   kv_cache  appends (float32 -> float16 narrowing), truncations and attention on a KV cache
 #   backward  forward() then backward() on random problems (1, 2, 3 threads: the fused and the
-#             split kernels, bitwise equal), against the double reference gradients
+#             split kernels, bitwise equal), against the double reference gradients; packed
+#             sequences (backward_packed), each sequence bitwise backward() on it alone
 # Usage: bash scripts/fuzz.sh [--seconds N] [target ...]     (npm run fuzz -- --seconds N)
 #   N seconds of fuzzing PER TARGET (default 60), after the build (clang++-19, libFuzzer,
 #   AddressSanitizer, UBSan; build/fuzz/cmake, rebuilt only when sources changed).

@@ -30,7 +30,8 @@
 // be bitwise equal (NaN payloads aside). One input in eight is made invalid (a null pointer,
 // a negative stride, a non-float32 kv_type, too little or no scratch, a bad shape, scale,
 // softcap, key length or sink, a d_mask without a float mask, a d_sinks without sinks): backward() and validate_backward()
-// must return the exact Status and write nothing.
+// must return the exact Status and write nothing. One valid input in four also checks the
+// packed sequences' backward (tests/fuzz/packed-check.h: each sequence bitwise backward() on it alone).
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -43,6 +44,7 @@
 #include "attention-check.h"
 #include "backward-check.h"
 #include "fuzz-values.h"
+#include "packed-check.h"
 #include "parallel/thread-pool.h"
 #include "problem-decoding.h"
 #include "sdpa-backward.h"
@@ -307,6 +309,9 @@ void run(const uint8_t* data, size_t size) {
   bp.d_mask = one.dm.empty() ? nullptr : const_cast<float*>(one.dm.data());
   bp.d_sinks = one.ds.empty() ? nullptr : const_cast<float*>(one.ds.data());
   check_backward(bp, one.dq, one.dk, one.dv, one.dm, one.ds);
+  if (in.ConsumeIntegral<uint8_t>() >= 192) {  // one input in four: the packed sequences' backward
+    check_packed_backward(in, p, buf.grad_output.data(), go.b, go.h, go.l, pool(2));
+  }
 }
 
 }  // namespace
