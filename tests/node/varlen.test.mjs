@@ -12,7 +12,7 @@ import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import {
   logSumExpError, maxRelError, randomTensor, referenceLogSumExp, referenceSdpa, referenceSdpaBackward,
 } from './reference.mjs';
-import { runVarlenCases, startsOf, VARLEN_CASES, varlenOracle } from '../shared/varlen-cases.mjs';
+import { runVarlenCases, startsOf, VARLEN_CASES, varlenErrorCases, varlenOracle } from '../shared/varlen-cases.mjs';
 
 const TOL = 2e-5;           // the forward's, as for sdpa()
 const GRAD_TOL = 1e-4;      // the backward's
@@ -261,53 +261,18 @@ describe('sdpaVarlenBackward against the float64 reference', () => {
   });
 });
 
+// The direct API for test.each, which builds its cases before beforeAll has run.
+const attn0 = () => ({
+  sdpaVarlen: (...args) => attn.sdpaVarlen(...args),
+  sdpaVarlenBackward: (...args) => attn.sdpaVarlenBackward(...args),
+});
+
 describe('sdpaVarlen: bad input is a TypeError or RangeError naming the argument; the instance keeps working', () => {
   const p = packed({ Hq: 2, Hkv: 1, qLens: [3, 4], kLens: [2, 5], seed: 20 });
   const ok = { cuSeqlensQ: p.cuSeqlensQ, cuSeqlensK: p.cuSeqlensK };
-  test.each([
-    ['cuSeqlensQ missing', {}, TypeError, /sdpaVarlen: options\.cuSeqlensQ is required: an Int32Array \[S \+ 1\]/],
-    ['cuSeqlensQ an Array', { cuSeqlensQ: [0, 3, 7] }, TypeError, /options\.cuSeqlensQ must be an Int32Array \[S \+ 1\].*got Array\(3\)/],
-    ['cuSeqlensQ too short', { cuSeqlensQ: Int32Array.of(0) }, RangeError, /options\.cuSeqlensQ must have S \+ 1 >= 2 entries.*got length 1/],
-    ['cuSeqlensQ not from 0', { ...ok, cuSeqlensQ: Int32Array.of(1, 3, 7) }, RangeError, /options\.cuSeqlensQ\[0\] must be 0, got 1/],
-    ['cuSeqlensQ decreasing', { ...ok, cuSeqlensQ: Int32Array.of(0, 5, 3, 7) }, RangeError,
-      /options\.cuSeqlensQ must be non-decreasing: \[1\] = 5 and \[2\] = 3 would give sequence 1 -2 query rows/],
-    ['cuSeqlensQ not ending at Tq', { ...ok, cuSeqlensQ: Int32Array.of(0, 3, 6) }, RangeError, /options\.cuSeqlensQ\[2\] must be Tq = 7, got 6/],
-    ['cuSeqlensK of another S', { ...ok, cuSeqlensK: Int32Array.of(0, 7) }, RangeError,
-      /options\.cuSeqlensK must have the length of options\.cuSeqlensQ \(S \+ 1 = 3\), got length 2/],
-    ['cuSeqlensK not ending at Tk', { ...ok, cuSeqlensK: Int32Array.of(0, 2, 6) }, RangeError, /options\.cuSeqlensK\[2\] must be Tk = 7, got 6/],
-    ['causalOffset without isCausal', { ...ok, causalOffset: 1 }, TypeError, /options\.causalOffset is only meaningful with options\.isCausal: true/],
-    ['causalOffset of another length', { ...ok, isCausal: true, causalOffset: Int32Array.of(1) }, RangeError,
-      /options\.causalOffset must have one offset per sequence \(length S = 2\), got length 1/],
-    ['causalOffset not an integer', { ...ok, isCausal: true, causalOffset: 1.5 }, RangeError, /options\.causalOffset must be an integer, got 1\.5/],
-    ['an attnMask', { ...ok, attnMask: { data: new Uint8Array(49), dims: [7, 7] } }, TypeError,
-      /unknown option "attnMask" \(packed sequences take no attnMask, keyLengths, keyStarts/],
-    ['layout', { ...ok, layout: 'bshd' }, TypeError, /unknown option "layout" \(packed sequences/],
-    ['saved (the backward\'s)', { ...ok, saved: {} }, TypeError, /unknown option "saved" \(an option of sdpaVarlenBackward only\)/],
-    ['a sink that is NaN', { ...ok, sinks: Float32Array.of(0, NaN) }, RangeError, /options\.sinks\[1\] must be a finite number/],
-    ['scale Infinity', { ...ok, scale: Infinity }, RangeError, /options\.scale must be a finite number/],
-  ])('%s', (_, options, Kind, message) => {
-    expect(() => attn.sdpaVarlen(p.query, p.key, p.value, options)).toThrow(Kind);
-    expect(() => attn.sdpaVarlen(p.query, p.key, p.value, options)).toThrow(message);
-  });
-
-  test.each([
-    ['a rank-4 query', () => [{ ...p.query, dims: [1, 7, 2, 8] }, p.key, p.value], RangeError,
-      /sdpaVarlen: query\.dims must be \[Tq, Hq, E\] \(rank 3.*got \[1, 7, 2, 8\] \(rank 4\)/],
-    ['key of another head size', () => [p.query, randomTensor([7, 1, 4], 1), p.value], RangeError,
-      /key\.dims \[7, 1, 4\] \(\[Tk, Hkv, E\]\) must have the query's head size E = 8, got 4/],
-    ['value of other rows', () => [p.query, p.key, randomTensor([6, 1, 8], 1)], RangeError,
-      /value\.dims \[6, 1, 8\] \(\[Tk, Hkv, Ev\]\) must have the key's rows Tk = 7, got 6/],
-    ['heads not a multiple', () => [randomTensor([7, 3, 8], 1), randomTensor([7, 2, 8], 2), randomTensor([7, 2, 8], 3)],
-      RangeError, /query heads Hq = 3 must be a multiple of key\/value heads Hkv = 2/],
-    ['a bare Float32Array', () => [p.query.data, p.key, p.value], TypeError, /query must be a tensor.*a bare array/],
-  ])('%s', (_, args, Kind, message) => {
-    expect(() => attn.sdpaVarlen(...args(), ok)).toThrow(Kind);
-    expect(() => attn.sdpaVarlen(...args(), ok)).toThrow(message);
-  });
-
-  test('Tk ≠ Tq needs cuSeqlensK', () => {
-    expect(() => attn.sdpaVarlen(p.query, randomTensor([9, 1, 8], 1), randomTensor([9, 1, 8], 2), { cuSeqlensQ: p.cuSeqlensQ }))
-      .toThrow(/options\.cuSeqlensK is needed: the key's rows Tk = 9 differ from the query's Tq = 7/);
+  test.each(varlenErrorCases(attn0()))('%s', (_, call, Kind, message) => {
+    expect(call).toThrow(Kind);
+    expect(call).toThrow(message);
   });
 
   test('the backward\'s own errors', () => {
@@ -375,6 +340,20 @@ describe('through createAttentionWorker: bitwise the direct call, with the same 
     expect(direct).toHaveLength(VARLEN_CASES.length);
     expect(direct.filter((c) => !c.ok).map((c) => `${c.name}: ${JSON.stringify(c.errors)}`)).toEqual([]);
     expect(viaWorker.map((c) => `${c.name} ${c.hash}`)).toEqual(direct.map((c) => `${c.name} ${c.hash}`));
+  });
+
+  test('every bad-input case of the direct API: the same class and message, as a rejection', async () => {
+    const direct = varlenErrorCases(attn0());
+    const viaWorker = varlenErrorCases(worker);
+    expect(viaWorker).toHaveLength(direct.length);
+    for (let n = 0; n < direct.length; n++) {
+      let thrown;
+      try { direct[n][1](); } catch (error) { thrown = error; }
+      expect(thrown).toBeInstanceOf(direct[n][2]);
+      const rejected = await viaWorker[n][1]().then(() => null, (error) => error);
+      expect([direct[n][0], rejected?.constructor]).toEqual([direct[n][0], thrown.constructor]);
+      expect(rejected.message).toBe(thrown.message);
+    }
   });
 
   test('errors are the direct API\'s, as rejections', async () => {

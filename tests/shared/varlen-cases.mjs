@@ -3,7 +3,9 @@
 // engine) against the float64 reference (tests/node/reference.mjs) of the whole packed problem as
 // one batch with a block-diagonal boolean mask (varlenOracle), and a hash of the results' exact
 // bits so that a browser run can be checked against a Node run bit for bit.
-import { logSumExpError, maxRelError, referenceLogSumExp, referenceSdpa, referenceSdpaBackward } from '../node/reference.mjs';
+import {
+  logSumExpError, maxRelError, randomTensor, referenceLogSumExp, referenceSdpa, referenceSdpaBackward,
+} from '../node/reference.mjs';
 import { noiseTensor } from '../../web/seeded.mjs';
 import { bitsHash } from './reference-cases.mjs';
 
@@ -98,4 +100,77 @@ export async function runVarlenCases(attn, cases = VARLEN_CASES) {
     results.push({ name, errors, ok, hash });
   }
   return results;
+}
+
+/**
+ * The bad-input cases of sdpaVarlen and sdpaVarlenBackward, on `api` (an Attention, or an
+ * AttentionWorker whose calls return promises): [description, call, error class, message
+ * pattern]. A valid problem they start from: S = 2 sequences of 3 and 4 query rows, 2 and 5
+ * keys; Hq 2, Hkv 1, E = Ev = 8.
+ */
+export function varlenErrorCases(api) {
+  const query = randomTensor([7, 2, 8], 20), key = randomTensor([7, 1, 8], 21), value = randomTensor([7, 1, 8], 22);
+  const gradOutput = randomTensor([7, 2, 8], 23);
+  const ok = { cuSeqlensQ: Int32Array.of(0, 3, 7), cuSeqlensK: Int32Array.of(0, 2, 7) };
+  const call = (options) => () => api.sdpaVarlen(query, key, value, options);
+  const tensors = (q, k, v) => () => api.sdpaVarlen(q, k, v, ok);
+  const backward = (go, options) => () => api.sdpaVarlenBackward(query, key, value, go, options);
+  return [
+    ['cuSeqlensQ missing', call({}), TypeError, /sdpaVarlen: options\.cuSeqlensQ is required: an Int32Array \[S \+ 1\]/],
+    ['options missing', () => api.sdpaVarlen(query, key, value), TypeError, /sdpaVarlen: options\.cuSeqlensQ is required/],
+    ['cuSeqlensQ an Array', call({ cuSeqlensQ: [0, 3, 7] }), TypeError, /options\.cuSeqlensQ must be an Int32Array \[S \+ 1\].*got Array\(3\)/],
+    ['cuSeqlensQ a Uint32Array', call({ cuSeqlensQ: Uint32Array.of(0, 3, 7) }), TypeError, /got Uint32Array\(3\)/],
+    ['cuSeqlensQ too short', call({ cuSeqlensQ: Int32Array.of(0) }), RangeError, /options\.cuSeqlensQ must have S \+ 1 >= 2 entries.*got length 1/],
+    ['cuSeqlensQ not from 0', call({ ...ok, cuSeqlensQ: Int32Array.of(1, 3, 7) }), RangeError, /options\.cuSeqlensQ\[0\] must be 0, got 1/],
+    ['cuSeqlensQ decreasing', call({ ...ok, cuSeqlensQ: Int32Array.of(0, 5, 3, 7), cuSeqlensK: Int32Array.of(0, 2, 4, 7) }), RangeError,
+      /options\.cuSeqlensQ must be non-decreasing: \[1\] = 5 and \[2\] = 3 would give sequence 1 -2 query rows/],
+    ['cuSeqlensQ not ending at Tq', call({ ...ok, cuSeqlensQ: Int32Array.of(0, 3, 6) }), RangeError, /options\.cuSeqlensQ\[2\] must be Tq = 7, got 6/],
+    ['cuSeqlensK of another S', call({ ...ok, cuSeqlensK: Int32Array.of(0, 7) }), RangeError,
+      /options\.cuSeqlensK must have the length of options\.cuSeqlensQ \(S \+ 1 = 3\), got length 2/],
+    ['cuSeqlensK not ending at Tk', call({ ...ok, cuSeqlensK: Int32Array.of(0, 2, 6) }), RangeError, /options\.cuSeqlensK\[2\] must be Tk = 7, got 6/],
+    ['cuSeqlensK decreasing', call({ ...ok, cuSeqlensK: Int32Array.of(0, 8, 7) }), RangeError,
+      /options\.cuSeqlensK must be non-decreasing: \[1\] = 8 and \[2\] = 7 would give sequence 1 -1 keys/],
+    ['causalOffset without isCausal', call({ ...ok, causalOffset: 1 }), TypeError, /options\.causalOffset is only meaningful with options\.isCausal: true/],
+    ['causalOffset of another length', call({ ...ok, isCausal: true, causalOffset: Int32Array.of(1) }), RangeError,
+      /options\.causalOffset must have one offset per sequence \(length S = 2\), got length 1/],
+    ['causalOffset not an integer', call({ ...ok, isCausal: true, causalOffset: 1.5 }), RangeError, /options\.causalOffset must be an integer, got 1\.5/],
+    ['causalOffset a string', call({ ...ok, isCausal: true, causalOffset: '1' }), TypeError,
+      /options\.causalOffset must be an integer or an Int32Array of one offset per sequence \(length S = 2\), got "1"/],
+    ['slidingWindow without isCausal', call({ ...ok, slidingWindow: 4 }), TypeError, /options\.slidingWindow is only meaningful with options\.isCausal: true/],
+    ['an attnMask', call({ ...ok, attnMask: { data: new Uint8Array(49), dims: [7, 7] } }), TypeError,
+      /unknown option "attnMask" \(packed sequences take no attnMask, keyLengths, keyStarts/],
+    ['keyLengths', call({ ...ok, keyLengths: Int32Array.of(2, 5) }), TypeError, /unknown option "keyLengths" \(packed sequences/],
+    ['returnWeights', call({ ...ok, returnWeights: true }), TypeError, /unknown option "returnWeights" \(packed sequences/],
+    ['layout', call({ ...ok, layout: 'bshd' }), TypeError, /unknown option "layout" \(packed sequences/],
+    ['saved (the backward\'s)', call({ ...ok, saved: {} }), TypeError, /unknown option "saved" \(an option of sdpaVarlenBackward only\)/],
+    ['a sink that is NaN', call({ ...ok, sinks: Float32Array.of(0, NaN) }), RangeError, /options\.sinks\[1\] must be a finite number/],
+    ['sinks of another length', call({ ...ok, sinks: Float32Array.of(0) }), RangeError, /options\.sinks must have length Hq = 2, got 1/],
+    ['scale Infinity', call({ ...ok, scale: Infinity }), RangeError, /options\.scale must be a finite number/],
+    ['out too small', call({ ...ok, out: new Float32Array(10) }), RangeError, /options\.out is too small: the output \[7, 2, 8\] needs 112 floats, got 10/],
+    ['a rank-4 query', tensors({ ...query, dims: [1, 7, 2, 8] }, key, value), RangeError,
+      /sdpaVarlen: query\.dims must be \[Tq, Hq, E\] \(rank 3.*got \[1, 7, 2, 8\] \(rank 4\)/],
+    ['a rank-2 key', tensors(query, { ...key, dims: [7, 8] }, value), RangeError, /key\.dims must be \[Tk, Hkv, E\] \(rank 3/],
+    ['key of another head size', tensors(query, randomTensor([7, 1, 4], 1), value), RangeError,
+      /key\.dims \[7, 1, 4\] \(\[Tk, Hkv, E\]\) must have the query's head size E = 8, got 4/],
+    ['value of other rows', tensors(query, key, randomTensor([6, 1, 8], 1)), RangeError,
+      /value\.dims \[6, 1, 8\] \(\[Tk, Hkv, Ev\]\) must have the key's rows Tk = 7, got 6/],
+    ['value of other heads', tensors(query, key, randomTensor([7, 2, 8], 1)), RangeError,
+      /value\.dims \[7, 2, 8\] \(\[Tk, Hkv, Ev\]\) must have the key's heads Hkv = 1, got 2/],
+    ['heads not a multiple', () => api.sdpaVarlen(randomTensor([7, 3, 8], 1), randomTensor([7, 2, 8], 2), randomTensor([7, 2, 8], 3), ok),
+      RangeError, /query heads Hq = 3 must be a multiple of key\/value heads Hkv = 2/],
+    ['a bare Float32Array', tensors(query.data, key, value), TypeError, /query must be a tensor.*a bare array/],
+    ['Tk ≠ Tq without cuSeqlensK', () => api.sdpaVarlen(query, randomTensor([9, 1, 8], 1), randomTensor([9, 1, 8], 2),
+      { cuSeqlensQ: ok.cuSeqlensQ }), RangeError, /options\.cuSeqlensK is needed: the key's rows Tk = 9 differ from the query's Tq = 7/],
+    ['backward: gradOutput of other dims', backward(randomTensor([7, 2, 9], 1), ok), RangeError,
+      /sdpaVarlenBackward: gradOutput\.dims must equal the output's dims \[7, 2, 8\], got \[7, 2, 9\]/],
+    ['backward: returnLogSumExp', backward(gradOutput, { ...ok, returnLogSumExp: true }), TypeError,
+      /unknown option "returnLogSumExp" \(an option of sdpaVarlen only\)/],
+    ['backward: accumulate without out', backward(gradOutput, { ...ok, accumulate: true }), TypeError,
+      /options\.accumulate adds the gradients into options\.out's arrays; it needs options\.out/],
+    ['backward: out.dSinks without sinks', backward(gradOutput, { ...ok, out: { dSinks: new Float32Array(2) } }), TypeError,
+      /options\.out\.dSinks is only written with options\.sinks/],
+    ['backward: saved of other dims', backward(gradOutput, { ...ok, saved: { output: randomTensor([7, 2, 8], 1), logSumExp: randomTensor([7, 2], 2) } }),
+      RangeError, /options\.saved\.logSumExp must have dims \[2, 7\] and 14 elements, got dims \[7, 2\]/],
+    ['backward: cuSeqlensQ missing', backward(gradOutput, {}), TypeError, /sdpaVarlenBackward: options\.cuSeqlensQ is required/],
+  ];
 }
