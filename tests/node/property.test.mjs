@@ -23,8 +23,14 @@
 //                   backward, max |got − ref| / (1 + |ref|) ≤ 1e-4 (more where the scores' terms
 //                   are large: backwardTolerance), some bitwise across thread counts, with
 //                   `saved`, and through the worker; some into (or added to) options.out's arrays.
+//                   sdpaVarlen(): random packed sequences (0 to 90 rows and keys each, empty ones
+//                   included), GQA, Ev ≠ E, causal offsets (default, one, per sequence), windows,
+//                   softcap, scale, sinks, logSumExp, against the float64 reference of the whole
+//                   problem with a block-diagonal mask (tests/shared/varlen-cases.mjs); some
+//                   bitwise across thread counts and through the worker; some with
+//                   sdpaVarlenBackward() against the float64 backward.
 //   invalid calls   a valid call with one random mutation (tensor kinds, dims, sizes, every option,
-//                   createKVCache's options) must throw (or reject, for the worker, with the direct
+//                   createKVCache's options, sdpaVarlen's starts and offsets) must throw (or reject, for the worker, with the direct
 //                   API's message) the documented TypeError/RangeError with a message naming the
 //                   function and the argument; the instance keeps working, and a cache keeps its
 //                   length and contents.
@@ -33,7 +39,10 @@
 // (add SDPA_PROPERTY_CASE=<group>:<index> to run that one case alone; for the relaxed-SIMD
 // build: SDPA_PROPERTY_SEED=<seed> bash scripts/test-js.sh tests/node/property.test.mjs).
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
-import { maxRelError, referenceSdpa, referenceSdpaBackward } from './reference.mjs';
+import {
+  logSumExpError, maxRelError, randomTensor, referenceLogSumExp, referenceSdpa, referenceSdpaBackward,
+} from './reference.mjs';
+import { startsOf, varlenOracle } from '../shared/varlen-cases.mjs';
 import { bitsHash } from '../shared/reference-cases.mjs';
 import {
   blockedPredicate, caseSeed, seedFromEnvironment, describeOptions, halfToFloat, layoutDims, makeRng, maybeOffsetView, mutateCacheOptions, mutateOptions, mutateTensor,
@@ -52,7 +61,7 @@ const ONLY = process.env.SDPA_PROPERTY_CASE;
 const COUNTS = {
   sdpa: 1000, sdpaInvalid: 400, cache: 120, cacheInvalid: 120, createCacheInvalid: 60,
   worker: 100, workerInvalid: 60, workerCache: 24, workerCacheInvalid: 30, workerCachePipelined: 30,
-  backward: 150, backwardInvalid: 80,
+  backward: 150, backwardInvalid: 80, varlen: 150, varlenInvalid: 80,
 };
 
 // The default instance (threads: min(cores, 4)), a single-threaded one, and a worker.
@@ -769,7 +778,126 @@ function randomInvalidBackward(r) {
 
 // ─── the tests ────────────────────────────────────────────────────────────────────────────
 
+// ─── packed sequences (sdpaVarlen) ───────────────────────────────────────────────────────
+
+/** A random packed problem: tensors, the lengths, and sdpaVarlen's options. */
+function randomVarlenCase(r, { forBackward = false } = {}) {
+  const S = r.int(1, 6);
+  const length = () => (r.chance(0.12) ? 0 : r.pick([1, 2, 3, 4, 5, 7, 8, 9, 16, 31, 63, 64, 65, r.int(1, 90)]));
+  const qLens = Array.from({ length: S }, length);
+  const kLens = r.chance(0.5) ? [...qLens] : Array.from({ length: S }, length);
+  if (qLens.every((n) => n === 0)) qLens[0] = 1;  // every size is at least 1 (T too)
+  if (kLens.every((n) => n === 0)) kLens[S - 1] = 1;
+  const Hkv = r.int(1, 3), Hq = Hkv * r.int(1, 3), E = r.pick([1, 2, 3, 4, 5, 8, 16, 32]), Ev = r.chance(0.5) ? E : r.pick([1, 3, 8, 17]);
+  const Tq = qLens.reduce((a, b) => a + b, 0), Tk = kLens.reduce((a, b) => a + b, 0);
+  const seed = r.int(1, 2 ** 30);
+  const p = {
+    qLens, kLens, Tq, Tk, cuSeqlensQ: startsOf(qLens), cuSeqlensK: startsOf(kLens),
+    query: randomTensor([Tq, Hq, E], seed), key: randomTensor([Tk, Hkv, E], seed + 1),
+    value: randomTensor([Tk, Hkv, Ev], seed + 2), gradOutput: randomTensor([Tq, Hq, Ev], seed + 3),
+  };
+  const options = { cuSeqlensQ: p.cuSeqlensQ };
+  if (r.chance(0.7) || Tk !== Tq) options.cuSeqlensK = p.cuSeqlensK;
+  else p.cuSeqlensK = p.cuSeqlensQ, p.kLens = [...qLens];  // the default: each sequence's keys are its query rows (Tk = Tq)
+  if (r.chance(0.5)) {
+    options.isCausal = true;
+    const kind = r.int(0, 2);
+    if (kind === 1) options.causalOffset = r.int(-5, 12);
+    if (kind === 2) options.causalOffset = Int32Array.from({ length: S }, () => r.int(-3, 90));
+    if (r.chance(0.3)) options.slidingWindow = r.int(1, 20);
+  }
+  if (r.chance(0.2)) options.softcap = r.pick([0.5, 5, 30]);
+  if (r.chance(0.2)) options.scale = r.pick(forBackward ? [0.1, 0.5, 1] : [0.1, 1, 3]);
+  if (r.chance(0.25)) options.sinks = Float32Array.from({ length: Hq }, () => r.pick([-Infinity, 0, 2.5, -3, 30]));
+  if (!forBackward && r.chance(0.5)) options.returnLogSumExp = true;
+  const description = `S ${S}, Lq ${qLens.join('/')}, Lk ${p.kLens.join('/')}, Hq ${Hq} Hkv ${Hkv} E ${E} Ev ${Ev}, ` +
+    `options ${JSON.stringify(options, (k, v) => (ArrayBuffer.isView(v) ? `${v.constructor.name}[${Array.from(v)}]` : v))}`;
+  return { p, options, description };
+}
+
+function checkVarlen(got, c) {
+  const o = varlenOracle(c.p, c.options);
+  const ref = referenceSdpa(o.query, o.key, o.value, o.options);
+  expectWithinTolerance(got.output.data, ref.output, 'sdpaVarlen output');
+  if (c.options.returnLogSumExp) {
+    const error = logSumExpError(got.logSumExp.data, referenceLogSumExp(o.query, o.key, o.value, o.options));
+    if (!(error <= TOL)) throw new Error(`sdpaVarlen logSumExp: error ${error} > ${TOL}`);
+  } else if (got.logSumExp !== undefined) {
+    throw new Error('logSumExp without returnLogSumExp');
+  }
+}
+
+/** A valid packed call with one mutation, and the error it must throw. */
+function randomInvalidVarlen(r) {
+  const c = randomVarlenCase(r);
+  const { p, options } = c;
+  const S = p.qLens.length, fn = 'sdpaVarlen:';
+  const args = (o, q = p.query, k = p.key, v = p.value) => [q, k, v, o];
+  const bump = (starts, at, by) => { const x = starts.slice(); x[at] += by; return x; };
+  const cuK = options.cuSeqlensK ?? p.cuSeqlensQ;
+  const [desc, call, Cls, names] = r.pick([
+    ['cuSeqlensQ ends past Tq', args({ ...options, cuSeqlensQ: bump(p.cuSeqlensQ, S, 1) }), RangeError, [fn, `options.cuSeqlensQ[${S}] must be Tq = ${p.Tq}`]],
+    ['cuSeqlensK starts at 1', args({ ...options, cuSeqlensK: bump(cuK, 0, 1) }), RangeError, [fn, 'options.cuSeqlensK[0] must be 0, got 1']],
+    ['cuSeqlensQ decreasing', args({ ...options, cuSeqlensQ: Int32Array.from([0, p.Tq + 1, ...new Array(Math.max(0, S - 1)).fill(p.Tq)]) }),
+      RangeError, [fn, 'options.cuSeqlensQ']],
+    ['cuSeqlensK one entry short', args({ ...options, cuSeqlensK: cuK.slice(1) }), RangeError, [fn, 'options.cuSeqlensK must have the length of options.cuSeqlensQ']],
+    ['cuSeqlensQ a Uint32Array', args({ ...options, cuSeqlensQ: Uint32Array.from(p.cuSeqlensQ) }), TypeError, [fn, 'options.cuSeqlensQ must be an Int32Array']],
+    ['cuSeqlensQ missing', args({ ...options, cuSeqlensQ: undefined }), TypeError, [fn, 'options.cuSeqlensQ is required']],
+    ['causalOffset one entry too many', args({ ...options, isCausal: true, causalOffset: new Int32Array(S + 1) }), RangeError,
+      [fn, `options.causalOffset must have one offset per sequence (length S = ${S})`]],
+    ['an attnMask', args({ ...options, attnMask: { data: new Uint8Array(p.Tq * p.Tk), dims: [p.Tq, p.Tk] } }), TypeError, [fn, 'unknown option "attnMask"']],
+    ['layout', args({ ...options, layout: 'bshd' }), TypeError, [fn, 'unknown option "layout"']],
+    ['the query of rank 4', args(options, { ...p.query, dims: [1, ...p.query.dims] }), RangeError, [fn, 'query.dims must be [Tq, Hq, E] (rank 3']],
+    ['a key one row short', args(options, p.query, { data: p.key.data.subarray(p.key.dims[1] * p.key.dims[2]), dims: [p.Tk - 1, ...p.key.dims.slice(1)] }),
+      RangeError, [fn]],
+  ]);
+  return { valid: c, args: call, mutation: { desc, Cls, names }, description: `${c.description}; ${desc}` };
+}
+
 describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`, () => {
+  test(`sdpaVarlen(): ${COUNTS.varlen} random valid calls against the float64 reference (some bitwise across thread counts and the worker, some with the backward)`, async () => {
+    await runCases('varlen', COUNTS.varlen, async (r, note) => {
+      const backward = r.chance(0.3);
+      const c = randomVarlenCase(r, { forBackward: backward });
+      const [instance, other] = r.chance(0.5) ? [attn, attn1] : [attn1, attn];
+      const cross = r.next();
+      note(`${c.description}, threads ${instance.threads}${cross < 0.3 ? ', cross-checked' : ''}${backward ? ', backward' : ''}`);
+      const { p, options } = c;
+      const before = snapshot(p.query, p.key, p.value);
+      const got = instance.sdpaVarlen(p.query, p.key, p.value, options);
+      expectUnchanged(before, p.query, p.key, p.value);
+      checkVarlen(got, c);
+      if (cross < 0.3) {
+        expectBitwiseEqual(other.sdpaVarlen(p.query, p.key, p.value, options).output.data, got.output.data, `threads ${other.threads}`);
+        if (cross < 0.1) expectBitwiseEqual((await worker.sdpaVarlen(p.query, p.key, p.value, options)).output.data, got.output.data, 'worker');
+      }
+      if (backward) {
+        const grads = instance.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
+        const o = varlenOracle(p, options);
+        const ref = referenceSdpaBackward(o.query, o.key, o.value, o.gradOutput, o.options);
+        for (const name of ['dQuery', 'dKey', 'dValue', ...(options.sinks ? ['dSinks'] : [])]) {
+          const error = maxRelError(grads[name].data, ref[name]);
+          if (!(error <= 1e-4)) throw new Error(`sdpaVarlenBackward ${name}: error ${error} > 1e-4`);
+        }
+        if (cross < 0.3) {
+          const again = other.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
+          for (const name of ['dQuery', 'dKey', 'dValue']) expectBitwiseEqual(again[name].data, grads[name].data, `backward, threads ${other.threads}: ${name}`);
+        }
+      }
+    });
+  }, 120_000);
+
+  test(`sdpaVarlen(): ${COUNTS.varlenInvalid} random invalid calls throw a TypeError/RangeError naming the argument (the worker rejects with the same error); the instance keeps working`, async () => {
+    await runCases('varlenInvalid', COUNTS.varlenInvalid, async (r, note) => {
+      const { valid, args, mutation, description } = randomInvalidVarlen(r);
+      note(description);
+      const error = await errorOf(() => attn.sdpaVarlen(...args));
+      expectNamedError(error, mutation);
+      if (r.chance(0.25)) expectSameMessage(await errorOf(() => worker.sdpaVarlen(...args)), error);
+      checkVarlen(attn.sdpaVarlen(valid.p.query, valid.p.key, valid.p.value, valid.options), valid);
+    });
+  }, 60_000);
+
   test(`sdpa(): ${COUNTS.sdpa} random valid calls against the float64 reference`, async () => {
     await runCases('sdpa', COUNTS.sdpa, (r, note) => {
       const c = randomSdpaCase(r, { decode: r.chance(0.03) });
