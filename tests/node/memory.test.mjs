@@ -1,6 +1,6 @@
 // Memory you can see and bound (issue #12): attn.memory(), createAttention({ maxMemoryBytes }),
 // refusals before anything is allocated (RangeError: bytes needed, the limit) that leave the
-// instance and its caches working, no leaks over 10,000 mixed calls (direct, cache and worker;
+// instance and its caches working, no leaks over 10,000 mixed calls (direct, packed, cache and worker;
 // valid and failing), and inputs that are unusual in memory: SharedArrayBuffer-backed, detached
 // (transferred) buffers, and `out` aliasing an input.
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
@@ -292,6 +292,14 @@ describe('no leaks: 10,000 mixed calls return bytesInUse and the module heap to 
       await note(() => attn.sdpaBackward(p.query, p.key, p.value, go, { isCausal, sinks, out: i % 2 === 0 ? { dSinks: new Float32Array(4) } : undefined }));
       await note(() => attn.sdpa(p.query, p.key, p.value, { sinks: Float32Array.of(0, NaN, 0, 0) }));  // RangeError
       await note(() => attn.sdpaBackward(big, big, big, big));
+      // Packed sequences: the forward (with lse) and backward, and refused: decreasing starts,
+      // past the limit (the starts are allocated first, then the rest is refused).
+      const packed = (T, H, seed) => randomTensor([T, H, 8], seed);
+      const cuSeqlensQ = Int32Array.of(0, 2, 2, 5), Tq = 5;
+      await note(() => attn.sdpaVarlen(packed(Tq, 4, i), packed(Tq, 2, i + 1), packed(Tq, 2, i + 2), { cuSeqlensQ, isCausal, returnLogSumExp: i % 2 === 0 }));
+      await note(() => attn.sdpaVarlenBackward(packed(Tq, 4, i), packed(Tq, 2, i + 1), packed(Tq, 2, i + 2), packed(Tq, 4, i + 3), { cuSeqlensQ, sinks }));
+      await note(() => attn.sdpaVarlen(packed(Tq, 4, i), packed(Tq, 2, i), packed(Tq, 2, i), { cuSeqlensQ: Int32Array.of(0, 3, 2, 5) }));  // RangeError
+      await note(() => attn.sdpaVarlen(packed(300, 1, i), packed(300, 1, i), { data: big.data, dims: [300, 1, 512] }, { cuSeqlensQ: Int32Array.of(0, 300) }));  // RangeError: E 8, Ev 512 (past the limit)
       if (caches.length < 3 || int(0, 9) === 0) {
         await note(() => caches.push(attn.createKVCache({ batch: 1, kvHeads: 2, headDim: 8, maxLength: 32, dtype: i % 2 ? 'float16' : 'float32' })));
       }
@@ -311,6 +319,8 @@ describe('no leaks: 10,000 mixed calls return bytesInUse and the module heap to 
         await note(() => worker.sdpaBackward(p.query, p.key, p.value, go));
         await note(() => worker.sdpaBackward(p.query, p.key, p.value, p.query));  // RangeError
         await note(() => worker.sdpa(p.query, p.key, p.value, { layout: 'nope' }));
+        await note(() => worker.sdpaVarlen(packed(Tq, 4, i), packed(Tq, 2, i + 1), packed(Tq, 2, i + 2), { cuSeqlensQ }));
+        await note(() => worker.sdpaVarlen(packed(Tq, 4, i), packed(Tq, 2, i + 1), packed(Tq, 2, i + 2), { cuSeqlensQ: Int32Array.of(1, 5) }));  // RangeError
         const wc = await worker.createKVCache({ batch: 1, kvHeads: 2, headDim: 8, maxLength: 8 });
         await note(() => wc.append(randomTensor([1, 2, 9, 8], i), randomTensor([1, 2, 9, 8], i)));  // past maxLength
         await note(() => wc.append(randomTensor([1, 2, 3, 8], i), randomTensor([1, 2, 3, 8], i)));
