@@ -1,6 +1,6 @@
 // The package as users get it: `npm pack`, then the examples install the tarball into
 // temporary copies outside the repository (so nothing resolves to the source tree):
-//   examples/node/        the quickstart and generate scripts, run with Node;
+//   examples/node/        the quickstart, generate and packed scripts, run with Node;
 //   examples/typescript/  a strict TypeScript consumer: compiled against the types, then run;
 //   examples/vite/        a Vite app: `vite build`, then the built site in Chromium;
 //   examples/webpack/     a webpack app: `webpack --mode production`, then the page in Chromium;
@@ -125,7 +125,7 @@ test('npm pack: the tarball holds the built JS, types, wasm, README and LICENSE 
   expect(packInfo.size).toBeLessThan(1 << 20);
 });
 
-test('Node: examples/node/quickstart.mjs, generate.mjs, worker.mjs and commonjs.cjs run from the installed tarball', async () => {
+test('Node: examples/node/quickstart.mjs, generate.mjs, packed.mjs, worker.mjs and commonjs.cjs run from the installed tarball', async () => {
   const app = join(work, 'node-app');
   await cp(join(ROOT, 'examples', 'node'), app, { recursive: true });
   await writeFile(join(app, 'package.json'), JSON.stringify({ name: 'sdpa-wasm-example-node', private: true, type: 'module' }, null, 2));
@@ -170,6 +170,20 @@ test('Node: examples/node/quickstart.mjs, generate.mjs, worker.mjs and commonjs.
   const unknown = await run(process.execPath, ['generate.mjs', '--sinks=yes'], { cwd: app }).then(() => null, (error) => error.message);
   expect(unknown).toContain("generate.mjs: Option '--sinks' does not take an argument");
   expect(unknown).toContain('usage: node generate.mjs');
+
+  // packed.mjs: sentences of different lengths packed without padding (sdpaVarlen), the same
+  // embeddings as from the source tree, and rows equal to a padded batch's within float rounding.
+  const packedRun = await run(process.execPath, ['packed.mjs', '--sentences', '24', '--threads', '1'], { cwd: app, timeout: 60_000 });
+  const packedRepo = await run(process.execPath, ['examples/node/packed.mjs', '--sentences', '24', '--threads', '1'], { cwd: ROOT, timeout: 60_000 });
+  const untimed = (s) => s.trim().split('\n').filter((l) => !l.startsWith('time:'));
+  expect(untimed(packedRun.stdout)).toEqual(untimed(packedRepo.stdout));
+  expect(packedRun.stdout).toMatch(/^packed: 24 sentences of \d+-\d+ tokens, (\d+) in all: query \[\1, 6, 64\] -> output \[\1, 6, 64\]$/m);
+  const differ = Number(line(packedRun.stdout, 'padded to').match(/at most (\S+)$/)[1]);
+  expect(differ).toBeLessThan(1e-5);
+  expect(line(packedRun.stdout, 'time:')).toMatch(/^time: packed \d+\.\d+ ms, padded \d+\.\d+ ms/);
+  const packedRefused = await run(process.execPath, ['packed.mjs', '--sentences', '0'], { cwd: app }).then(() => null, (error) => error.message);
+  expect(packedRefused).toContain('packed.mjs: --sentences must be an integer >= 1, got "0"');
+  expect(packedRefused).toContain('usage: node packed.mjs');
 
   // worker.mjs: the package's worker script found through new URL(..., import.meta.url) in the
   // installed package, a transferred call, the same bits as the direct call, then Node exits.
