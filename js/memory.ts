@@ -10,6 +10,7 @@
 //   CallMemory     the allocations of one call, all requested at once (refused before any is
 //                  made if they would pass a limit) and all freed by free() (try/finally)
 //   allocateLongLived()  one block that outlives a call (a KV cache's storage), freed by its owner
+//   withTemporaryInt32()  small arrays a call's request is sized from, freed before the request
 import type { SdpaModule } from './wasm/sdpa.mjs';
 
 /** The wasm memory limit of every build (-sMAXIMUM_MEMORY=2GB in CMakeLists.txt). */
@@ -140,6 +141,35 @@ function allocateAll<R extends ByteRequest>(module: SdpaModule, account: MemoryA
   }
   account.add(bytes);
   return { block, bytes, addresses };
+}
+
+/**
+ * Runs `use` with copies of small Int32Arrays in wasm memory (their addresses, in order), freed
+ * when it returns or throws: for a call whose request is sized from them by the module
+ * (sdpaVarlen's scratch follows each sequence's length) before the call makes it. Not counted in
+ * any MemoryAccount: they are freed before that request, which holds them again and is checked
+ * whole against the limit, so a refusal names every block the call needs.
+ */
+export function withTemporaryInt32<T>(module: SdpaModule, fn: string, arrays: Int32Array[], use: (addresses: number[]) => T): T {
+  const bytes = arrays.reduce((sum, a) => sum + a.byteLength, 0);
+  const block = module._malloc(Math.max(bytes, 4));
+  if (block === 0) {
+    throw new RangeError(`${fn}: cannot allocate ${bytes} bytes of wasm memory: the module's memory is limited to ` +
+      `2 GiB (${MAX_WASM_BYTES} bytes), of which ${module.heapBytesInUse()} are in use`);
+  }
+  try {
+    const { i32 } = heap(module);  // malloc may have grown the memory
+    const addresses: number[] = [];
+    let at = block;
+    for (const a of arrays) {
+      i32.set(a, at >>> 2);
+      addresses.push(at);
+      at += a.byteLength;
+    }
+    return use(addresses);
+  } finally {
+    module._free(block);
+  }
 }
 
 /** Long-lived parts (a KV cache's storage), counted in `account` until freeLongLived(). */

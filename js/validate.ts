@@ -201,6 +201,15 @@ function checkDims(fn: string, name: string, dims: unknown, minRank: number, max
   return copy as number[];
 }
 
+/**
+ * A RangeError for a typed array option (`name`) that is detached or over an empty buffer, where
+ * `length` elements (its checked length, 0 then) would otherwise be blamed: a getter read after
+ * the option may have detached it. `needs` says what it must hold.
+ */
+export function refuseDetached(fn: string, name: string, view: ArrayBufferView, length: number, needs: string): void {
+  if (length === 0 && detachedOrEmpty(view)) throw new RangeError(detachedMessage(fn, name, needs));
+}
+
 /** The message for a typed array read where its buffer has been detached. */
 export function detachedMessage(fn: string, name: string, needs: string): string {
   return `${fn}: ${name} has no elements: its ArrayBuffer is detached (transferred, e.g. to a worker with ` +
@@ -456,7 +465,9 @@ export function planBackward(query: unknown, key: unknown, value: unknown, gradO
  * options.saved, returnMaskGrad, out and accumulate. sdpaBackward and sdpaVarlenBackward (js/varlen.ts).
  */
 export function completeBackwardPlan(fn: string, forward: SdpaPlan, q: Operand, k: Operand, v: Operand, gradOutput: unknown,
-  o: { saved?: unknown; returnMaskGrad?: unknown; out?: unknown; accumulate?: unknown }): BackwardPlan {
+  o: { saved?: unknown; returnMaskGrad?: unknown; out?: unknown; accumulate?: unknown },
+  forwardCall: 'sdpa' | 'sdpaVarlen' = 'sdpa'): BackwardPlan {
+  const savedFrom = `${forwardCall}(..., { returnLogSumExp: true })`;
   const { saved: savedOption, returnMaskGrad, out: outOption, accumulate: accumulateOption } = o;
   const maskGrad = checkBoolean(fn, 'options.returnMaskGrad', returnMaskGrad, false);
   const accumulate = checkBoolean(fn, 'options.accumulate', accumulateOption, false);
@@ -476,7 +487,7 @@ export function completeBackwardPlan(fn: string, forward: SdpaPlan, q: Operand, 
   let saved: BackwardPlan['saved'] = null;
   if (savedOption !== undefined) {
     if (savedOption === null || typeof savedOption !== 'object') {
-      throw new TypeError(`${fn}: options.saved must be { output, logSumExp } from sdpa(..., { returnLogSumExp: true }), got ${describe(savedOption)}`);
+      throw new TypeError(`${fn}: options.saved must be { output, logSumExp } from ${savedFrom}, got ${describe(savedOption)}`);
     }
     const { output, logSumExp } = savedOption as { output?: unknown; logSumExp?: unknown };
     const out = checkTensor(fn, 'options.saved.output', output, forward.layout);
@@ -485,12 +496,12 @@ export function completeBackwardPlan(fn: string, forward: SdpaPlan, q: Operand, 
         `${fn}: options.saved.output.dims must equal the output's dims [${forward.outputDims.join(', ')}], got [${out.dims.join(', ')}]`);
     }
     if (notATensor(logSumExp)) {
-      throw new TypeError(`${fn}: options.saved.logSumExp must be a tensor { data: Float32Array, dims }, got ${tensorGot(logSumExp)}`);
+      throw new TypeError(`${fn}: options.saved.logSumExp must be a tensor { data: Float32Array, dims } (the logSumExp of ${savedFrom}), got ${tensorGot(logSumExp)}`);
     }
     // Each read once (a getter cannot pass the checks with one value and be used with another).
     const { data: lseData, dims: lseDimsGiven } = logSumExp as { data?: unknown; dims?: unknown };
     if (!isFloat32Array(lseData)) {
-      throw new TypeError(`${fn}: options.saved.logSumExp must be a tensor { data: Float32Array, dims }, got ${describe(logSumExp)}`);
+      throw new TypeError(`${fn}: options.saved.logSumExp must be a tensor { data: Float32Array, dims } (the logSumExp of ${savedFrom}), got ${describe(logSumExp)}`);
     }
     const lseDims = forward.lseDims as number[];
     const given = Array.isArray(lseDimsGiven) ? Array.from(lseDimsGiven) : null;
@@ -691,6 +702,7 @@ export function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv:
       causalOffset = o.causalOffset;
     } else if (isInt32Array(o.causalOffset)) {
       const length = lengthOf(o.causalOffset);
+      refuseDetached(fn, 'options.causalOffset', o.causalOffset, length, `it must hold one offset per batch (B = ${B})`);
       if (length !== B) {
         throw new RangeError(`${fn}: options.causalOffset must have one offset per batch (length B = ${B}), got length ${length}`);
       }
@@ -746,6 +758,7 @@ function checkKeyBounds(fn: string, name: 'keyLengths' | 'keyStarts', given: unk
     throw new TypeError(`${fn}: options.${name} must be an Int32Array of length B = ${B}, got ${describe(given)}`);
   }
   const length = lengthOf(given);
+  refuseDetached(fn, `options.${name}`, given, length, `it must hold one key index per batch (B = ${B})`);
   if (length !== B) throw new RangeError(`${fn}: options.${name} must have length B = ${B}, got ${length}`);
   const bounds = new Int32Array(given);
   bounds.forEach((n, b) => {
@@ -765,6 +778,7 @@ function checkSinks(fn: string, given: unknown, Hq: number): Float32Array | null
       `got ${describe(given)}`);
   }
   const length = lengthOf(given);
+  refuseDetached(fn, 'options.sinks', given, length, `it must hold one sink logit per query head (Hq = ${Hq})`);
   if (length !== Hq) throw new RangeError(`${fn}: options.sinks must have length Hq = ${Hq}, got ${length}`);
   const sinks = new Float32Array(given);
   sinks.forEach((x, h) => {

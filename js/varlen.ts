@@ -6,17 +6,19 @@
 //   sequence s: query rows [cuSeqlensQ[s], cuSeqlensQ[s + 1]), keys [cuSeqlensK[s], cuSeqlensK[s + 1])
 // The packed problem is one batch in the 'bshd' layout ([1, T, H, D] is [T, H, D]), so the
 // kernel's description is sdpa()'s (describeProblem), with one causal offset per sequence and
-// the starts beside it. Each call copies the starts in first (the scratch's size depends on
-// them), then requests every other block at once; all are freed on every path (CallMemory).
+// the starts beside it. The scratch's size depends on the starts: they are copied into wasm
+// memory for the sizing call alone (withTemporaryInt32), then every block the call needs,
+// starts included, is requested at once (refused whole, before any is allocated, past the
+// instance's limit) and freed on every path (CallMemory).
 import { backwardArg, problemAddressesArg, problemArg } from './kernel-args.js';
 import { describeBackward, takeGradients } from './backward.js';
-import type { CallMemory } from './memory.js';
+import { type CallMemory, withTemporaryInt32 } from './memory.js';
 import { check, collectResult, copySmallInputs, describeProblem, mayOverlap, smallInputBytes } from './strategies.js';
 import { isInt32Array, lengthOf } from './typed-arrays.js';
 import type { SdpaBackwardResult, SdpaOptions, SdpaResult } from './types.js';
 import {
   type BackwardPlan, checkArraysKept, checkHeadDim, checkOptionNames, checkTensor, completeBackwardPlan, describe,
-  type Operand, planArrays, planOptions, type SdpaPlan,
+  type Operand, planArrays, planOptions, refuseDetached, type SdpaPlan,
 } from './validate.js';
 
 export const VARLEN_OPTION_NAMES = [
@@ -67,6 +69,7 @@ function checkStarts(fn: string, name: string, given: unknown, total: number, to
       : `${fn}: options.${name} must be ${expected}, got ${describe(given)}`);
   }
   const length = lengthOf(given);
+  refuseDetached(fn, `options.${name}`, given, length, `it must hold where each sequence's ${rows} start (0, …, ${totalName} = ${total})`);
   if (sequences === null && length < 2) {
     throw new RangeError(`${fn}: options.${name} must have S + 1 >= 2 entries (at least one sequence), got length ${length}`);
   }
@@ -115,6 +118,7 @@ function causalOffsets(fn: string, given: unknown, causal: boolean, isCausal: un
         `(length S = ${S}), got ${describe(given)}`);
     }
     const length = lengthOf(given);
+    refuseDetached(fn, 'options.causalOffset', given, length, `it must hold one offset per sequence (S = ${S})`);
     if (length !== S) {
       throw new RangeError(`${fn}: options.causalOffset must have one offset per sequence (length S = ${S}), got length ${length}`);
     }
@@ -186,17 +190,18 @@ export function planVarlenBackward(query: unknown, key: unknown, value: unknown,
   const fn = 'sdpaVarlenBackward';
   const { saved, out, accumulate, ...forwardOptions } = checkOptionNames(fn, options, VARLEN_BACKWARD_OPTION_NAMES);
   const { plan, q, k, v } = planPacked(fn, query, key, value, { ...forwardOptions, returnLogSumExp: true });
-  return { ...completeBackwardPlan(fn, plan, q, k, v, gradOutput, { saved, out, accumulate }), forward: plan };
+  return { ...completeBackwardPlan(fn, plan, q, k, v, gradOutput, { saved, out, accumulate }, 'sdpaVarlen'), forward: plan };
 }
 
-/** The sequences' starts in wasm memory (the first blocks of the call: the scratch is sized from them). */
-function placeStarts(memory: CallMemory, p: VarlenPlan): { q: number; k: number } {
-  const at = memory.allocate({ q: p.cuSeqlensQ.byteLength, k: p.cuSeqlensK.byteLength });
+/** The sequences' starts, copied into their blocks of the call's request (after its last allocation). */
+function copyStarts(memory: CallMemory, p: VarlenPlan, at: { cuSeqlensQ: number; cuSeqlensK: number }): void {
   const { i32 } = memory.heap;
-  i32.set(p.cuSeqlensQ, at.q >>> 2);
-  i32.set(p.cuSeqlensK, at.k >>> 2);
-  return at;
+  i32.set(p.cuSeqlensQ, at.cuSeqlensQ >>> 2);
+  i32.set(p.cuSeqlensK, at.cuSeqlensK >>> 2);
 }
+
+/** The starts' blocks of a request. */
+const startsBytes = (p: VarlenPlan) => ({ cuSeqlensQ: p.cuSeqlensQ.byteLength, cuSeqlensK: p.cuSeqlensK.byteLength });
 
 /**
  * One-thread packed problems whose Q, K and V together are at least STREAM_MIN_BYTES (beyond a
@@ -257,34 +262,39 @@ function runChunked(memory: CallMemory, p: VarlenPlan): SdpaResult {
     const maxSequences = most((c) => c.end - c.first), maxRows = most((c) => c.q1 - c.q0), maxKeys = most((c) => c.k1 - c.k0);
     const qRow = p.qHeads * p.headDim, oRow = p.qHeads * p.valueDim, kRow = p.kvHeads * p.headDim, vRow = p.kvHeads * p.valueDim;
     const desc = describeProblem(p);
-    const starts = memory.allocate({ q: 4 * (maxSequences + 1), k: 4 * (maxSequences + 1) });
-    // A chunk's starts, from 0 (its rows and keys are copied to the start of their blocks).
-    const placeStartsOf = (c: Chunk) => {
+    // A chunk's starts, from 0 (its rows and keys are copied to the start of their blocks), at
+    // `q` and `k` in wasm memory.
+    const placeStartsOf = (c: Chunk, q: number, k: number) => {
       const { i32 } = memory.heap;
       for (let s = c.first; s <= c.end; s++) {
-        i32[(starts.q >>> 2) + s - c.first] = p.cuSeqlensQ[s] - c.q0;
-        i32[(starts.k >>> 2) + s - c.first] = p.cuSeqlensK[s] - c.k0;
+        i32[(q >>> 2) + s - c.first] = p.cuSeqlensQ[s] - c.q0;
+        i32[(k >>> 2) + s - c.first] = p.cuSeqlensK[s] - c.k0;
       }
       desc.qLen = c.q1 - c.q0;
       desc.kvLen = c.k1 - c.k0;
     };
-    let scratchFloats = 0;
-    for (const c of chunks) {
-      placeStartsOf(c);
-      scratchFloats = Math.max(scratchFloats,
-        module.packedScratchFloats(problemArg(module, desc), c.end - c.first, starts.q, starts.k, 1));
-    }
+    const startsOfChunk = new Int32Array(maxSequences + 1);
+    const scratchFloats = withTemporaryInt32(module, p.fn, [startsOfChunk, startsOfChunk], ([q, k]) => {
+      let most = 0;
+      for (const c of chunks) {
+        placeStartsOf(c, q, k);
+        most = Math.max(most, module.packedScratchFloats(problemArg(module, desc), c.end - c.first, q, k, 1));
+      }
+      return most;
+    });
     const at = memory.allocate({
+      cuSeqlensQ: startsOfChunk.byteLength, cuSeqlensK: startsOfChunk.byteLength,
       query: 4 * maxRows * qRow, key: 4 * maxKeys * kRow, value: 4 * maxKeys * vRow, output: 4 * maxRows * oRow,
       logSumExp: p.lseDims !== null ? 4 * p.qHeads * maxRows : 0, scratch: 4 * scratchFloats, ...smallInputBytes(p),
     });
+    const starts = { q: at.cuSeqlensQ, k: at.cuSeqlensK };
     Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
     copySmallInputs(memory, p, desc, at);  // the sinks, and every sequence's causal offset
     const offsets = desc.causalOffsets;
     const output = p.out !== null ? p.out : new Float32Array(p.outputSize);
     const lse = p.lseDims !== null ? new Float32Array(p.lseSize) : null;
     for (const c of chunks) {
-      placeStartsOf(c);
+      placeStartsOf(c, starts.q, starts.k);
       if (offsets !== 0) desc.causalOffsets = offsets + 4 * c.first;  // the chunk's own
       const rows = c.q1 - c.q0;
       // Fresh views every time: a view is never kept across a call into the module (js/memory.ts).
@@ -316,10 +326,10 @@ function runWhole(memory: CallMemory, threads: number, p: VarlenPlan): SdpaResul
   const module = memory.module;
   try {
     const desc = describeProblem(p);
-    const starts = placeStarts(memory, p);
-    const scratchFloats = module.packedScratchFloats(problemArg(module, desc), p.sequences, starts.q, starts.k, threads);
+    const scratchFloats = withTemporaryInt32(module, p.fn, [p.cuSeqlensQ, p.cuSeqlensK],
+      ([q, k]) => module.packedScratchFloats(problemArg(module, desc), p.sequences, q, k, threads));
     const at = memory.allocate({
-      query: p.queryData.byteLength, key: p.keyData.byteLength, value: p.valueData.byteLength,
+      ...startsBytes(p), query: p.queryData.byteLength, key: p.keyData.byteLength, value: p.valueData.byteLength,
       output: p.outputSize * 4, logSumExp: p.lseSize * 4, scratch: scratchFloats * 4, ...smallInputBytes(p),
     });
     Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
@@ -327,9 +337,10 @@ function runWhole(memory: CallMemory, threads: number, p: VarlenPlan): SdpaResul
     f32.set(p.queryData, at.query >>> 2);
     f32.set(p.keyData, at.key >>> 2);
     f32.set(p.valueData, at.value >>> 2);
+    copyStarts(memory, p, at);
     copySmallInputs(memory, p, desc, at);
-    check(module, p, module.forwardPacked(problemAddressesArg(module, desc), p.sequences, starts.q, starts.k, at.scratch,
-      scratchFloats, threads));
+    check(module, p, module.forwardPacked(problemAddressesArg(module, desc), p.sequences, at.cuSeqlensQ, at.cuSeqlensK,
+      at.scratch, scratchFloats, threads));
     return collectResult(memory, p, desc);
   } finally {
     memory.free();
@@ -347,15 +358,14 @@ export function runVarlenBackward(memory: CallMemory, threads: number, bp: Varle
   try {
     const desc = describeProblem(p);
     const grad = describeBackward(p);
-    const starts = placeStarts(memory, p);
-    const backwardFloats = module.packedBackwardScratchFloats(problemArg(module, desc), backwardArg(module, grad),
-      p.sequences, starts.q, starts.k, threads);
-    const forwardFloats = bp.saved === null
-      ? module.packedScratchFloats(problemArg(module, desc), p.sequences, starts.q, starts.k, threads) : 0;
+    const [backwardFloats, forwardFloats] = withTemporaryInt32(module, p.fn, [p.cuSeqlensQ, p.cuSeqlensK], ([qs, ks]) => [
+      module.packedBackwardScratchFloats(problemArg(module, desc), backwardArg(module, grad), p.sequences, qs, ks, threads),
+      bp.saved === null ? module.packedScratchFloats(problemArg(module, desc), p.sequences, qs, ks, threads) : 0,
+    ]);
     const scratchFloats = Math.max(backwardFloats, forwardFloats);  // one after the other: one block serves both
     const q = p.queryData, k = p.keyData, v = p.valueData;
     const at = memory.allocate({
-      query: q.byteLength, key: k.byteLength, value: v.byteLength, gradOutput: bp.gradOutput.byteLength,
+      ...startsBytes(p), query: q.byteLength, key: k.byteLength, value: v.byteLength, gradOutput: bp.gradOutput.byteLength,
       output: p.outputSize * 4, logSumExp: p.lseSize * 4,
       dQuery: q.byteLength, dKey: k.byteLength, dValue: v.byteLength, dSinks: p.sinks !== null ? p.qHeads * 4 : 0,
       scratch: scratchFloats * 4, ...smallInputBytes(p),
@@ -370,16 +380,17 @@ export function runVarlenBackward(memory: CallMemory, threads: number, bp: Varle
     f32.set(k, at.key >>> 2);
     f32.set(v, at.value >>> 2);
     f32.set(bp.gradOutput, at.gradOutput >>> 2);
+    copyStarts(memory, p, at);
     copySmallInputs(memory, p, desc, at);
     if (bp.saved !== null) {
       f32.set(bp.saved.output, at.output >>> 2);
       f32.set(bp.saved.logSumExp, at.logSumExp >>> 2);
     } else {
-      check(module, p, module.forwardPacked(problemArg(module, desc), p.sequences, starts.q, starts.k, at.scratch,
+      check(module, p, module.forwardPacked(problemArg(module, desc), p.sequences, at.cuSeqlensQ, at.cuSeqlensK, at.scratch,
         forwardFloats, threads));
     }
-    check(module, p, module.backwardPacked(problemArg(module, desc), backwardArg(module, grad), p.sequences, starts.q,
-      starts.k, at.scratch, backwardFloats, threads));
+    check(module, p, module.backwardPacked(problemArg(module, desc), backwardArg(module, grad), p.sequences,
+      at.cuSeqlensQ, at.cuSeqlensK, at.scratch, backwardFloats, threads));
     return takeGradients(memory, bp, { ...at, dMask: 0 }, { query: q.length, key: k.length, value: v.length, mask: 0 });
   } finally {
     memory.free();

@@ -275,6 +275,26 @@ describe('sdpaVarlen: bad input is a TypeError or RangeError naming the argument
     expect(call).toThrow(message);
   });
 
+  test('an option\'s array detached by a later option\'s getter: said so, not blamed on its length', () => {
+    const detach = (array) => structuredClone(array.buffer, { transfer: [array.buffer] });
+    const cuSeqlensQ = p.cuSeqlensQ.slice();
+    const options = { cuSeqlensQ, get cuSeqlensK() { detach(cuSeqlensQ); return p.cuSeqlensK; } };
+    expect(() => attn.sdpaVarlen(p.query, p.key, p.value, options))
+      .toThrow(/sdpaVarlen: options\.cuSeqlensQ has no elements: its ArrayBuffer is detached .*; it must hold where each sequence's query rows start \(0, …, Tq = 7\)/);
+    const causalOffset = Int32Array.of(0, 1);
+    const offsets = { ...ok, isCausal: true, causalOffset, get sinks() { detach(causalOffset); return undefined; } };
+    expect(() => attn.sdpaVarlen(p.query, p.key, p.value, offsets))
+      .toThrow(/options\.causalOffset has no elements: its ArrayBuffer is detached .*; it must hold one offset per sequence \(S = 2\)/);
+  });
+
+  test('the saved messages name sdpaVarlen', () => {
+    expect(() => attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, { ...ok, saved: 5 }))
+      .toThrow(/sdpaVarlenBackward: options\.saved must be \{ output, logSumExp \} from sdpaVarlen\(\.\.\., \{ returnLogSumExp: true \}\), got 5/);
+    const withoutLse = attn.sdpaVarlen(p.query, p.key, p.value, ok);
+    expect(() => attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, { ...ok, saved: withoutLse }))
+      .toThrow(/options\.saved\.logSumExp must be a tensor \{ data: Float32Array, dims \} \(the logSumExp of sdpaVarlen\(\.\.\., \{ returnLogSumExp: true \}\)\), got undefined/);
+  });
+
   test('the backward\'s own errors', () => {
     expect(() => attn.sdpaVarlenBackward(p.query, p.key, p.value, randomTensor([7, 2, 9], 1), ok))
       .toThrow(/sdpaVarlenBackward: gradOutput\.dims must equal the output's dims \[7, 2, 8\], got \[7, 2, 9\]/);
@@ -296,13 +316,24 @@ describe('sdpaVarlen: bad input is a TypeError or RangeError naming the argument
     expect(after.moduleBytesInUse).toBe(before.moduleBytesInUse);
   });
 
-  test('a call beyond maxMemoryBytes is refused before anything is allocated, and the instance keeps working', async () => {
-    const small = await createAttention({ threads: 1, maxMemoryBytes: 4096 });
-    try {
-      expect(() => small.sdpaVarlen(p.query, p.key, p.value, ok)).toThrow(/sdpaVarlen: needs \d+ bytes of wasm memory/);
-      expect(small.memory().bytesInUse).toBe(0);
-    } finally {
-      small.dispose();
+  test('a call beyond maxMemoryBytes is refused whole (every block named, starts and scratch included) before anything is allocated, and the instance keeps working', async () => {
+    const big = packed({ Hq: 2, Hkv: 1, qLens: Array(100).fill(3), seed: 21 });
+    for (const limit of [500, 4096]) {
+      const small = await createAttention({ threads: 1, maxMemoryBytes: limit });
+      try {
+        for (const call of [
+          () => small.sdpaVarlen(big.query, big.key, big.value, { cuSeqlensQ: big.cuSeqlensQ }),
+          () => small.sdpaVarlenBackward(big.query, big.key, big.value, big.gradOutput, { cuSeqlensQ: big.cuSeqlensQ }),
+        ]) {
+          expect(call).toThrow(RangeError);
+          expect(call).toThrow(new RegExp(`^sdpaVarlen(Backward)?: needs \\d+ bytes of wasm memory \\(cuSeqlensQ 404 bytes \\+ cuSeqlensK 404 bytes \\+ query 19200 bytes .*scratch \\d+ bytes\\), ` +
+            `more than is left of this instance's limit of ${limit} bytes \\(maxMemoryBytes\\), of which 0 are in use$`));
+        }
+        expect(small.memory().bytesInUse).toBe(0);
+        expect(small.memory().peakBytes).toBe(0);  // nothing was allocated in the instance's account
+      } finally {
+        small.dispose();
+      }
     }
     expect(attn.sdpaVarlen(p.query, p.key, p.value, ok).output.dims).toEqual([7, 2, 8]);
   });
