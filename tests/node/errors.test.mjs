@@ -458,3 +458,19 @@ describe('allocation sizes of 4 GiB and more', () => {
     expect(outcome.result.error.message).toMatch(/weights/);
   });
 });
+
+describe('a typed-array option detached by a later option\'s getter is said to be detached, not blamed on its length', () => {
+  const detach = (array) => structuredClone(array.buffer, { transfer: [array.buffer] });
+  test.each([
+    ['causalOffset', () => ({ isCausal: true, causalOffset: Int32Array.of(1, 2) }), /options\.causalOffset has no elements: its ArrayBuffer is detached .*; it must hold one offset per batch \(B = 2\)/],
+    ['keyLengths', () => ({ keyLengths: Int32Array.of(7, 4) }), /options\.keyLengths has no elements: its ArrayBuffer is detached .*; it must hold one key index per batch \(B = 2\)/],
+    ['keyStarts', () => ({ keyStarts: Int32Array.of(0, 1) }), /options\.keyStarts has no elements: its ArrayBuffer is detached .*; it must hold one key index per batch \(B = 2\)/],
+    ['sinks', () => ({ sinks: Float32Array.of(0, 1, 2, 3) }), /options\.sinks has no elements: its ArrayBuffer is detached .*; it must hold one sink logit per query head \(Hq = 4\)/],
+  ])('%s', (name, make, message) => {
+    const options = make();
+    const array = options[name];
+    // `layout` is read after every other option (validate.ts, OPTION_NAMES).
+    Object.defineProperty(options, 'layout', { enumerable: true, get() { detach(array); return undefined; } });
+    expectError(() => attn.sdpa(q(), k(), v(), options), RangeError, [message]);
+  });
+});
