@@ -7,7 +7,7 @@
 import { createAttention, type Attention } from './attention.js';
 import type { KVCache } from './kv-cache.js';
 import { recalled, remember, type ForwardRecord } from './saved-forward.js';
-import type { SdpaResult } from './types.js';
+import type { SdpaBackwardResult, SdpaResult } from './types.js';
 import { errorToWire, READY, transferList, type Reply, type Request } from './worker-protocol.js';
 
 interface Port {
@@ -73,27 +73,24 @@ async function handle({ op, args: a }: Request): Promise<Handled> {
       attention ??= await createAttention(a.options as object);
       return { value: { threads: attention.threads, simd: attention.simd, isa: attention.isa } };
     }
-    case 'sdpa': {  // { query, key, value, options } → { result: SdpaResult, record: ForwardRecord | undefined }
-      const { value: result, transfer } = withBuffers(live().sdpa(a.query as never, a.key as never, a.value as never, a.options as never));
+    case 'sdpa':
+    case 'sdpaVarlen': {  // { query, key, value, options } → { result: SdpaResult, record: ForwardRecord | undefined }
+      const attention = live();
+      const result: SdpaResult = op === 'sdpa'
+        ? attention.sdpa(a.query as never, a.key as never, a.value as never, a.options as never)
+        : attention.sdpaVarlen(a.query as never, a.key as never, a.value as never, a.options as never);
+      const { transfer } = withBuffers(result);
       // The record of a result with logSumExp (saved-forward.ts), for the calling side to keep.
       return { value: { result, record: recalled(result.logSumExp?.data) }, transfer };
     }
-    case 'sdpaBackward': {  // { query, key, value, gradOutput, options, record } → SdpaBackwardResult
+    case 'sdpaBackward':
+    case 'sdpaVarlenBackward': {  // { query, key, value, gradOutput, options, record } → SdpaBackwardResult
       keepSavedRecord(a);
-      const g = live().sdpaBackward(a.query as never, a.key as never, a.value as never, a.gradOutput as never, a.options as never);
-      const moved = [g.dQuery.data, g.dKey.data, g.dValue.data];
-      if (g.dAttnMask !== undefined) moved.push(g.dAttnMask.data);
-      if (g.dSinks !== undefined) moved.push(g.dSinks.data);
-      return { value: g, transfer: transferList(moved) };
-    }
-    case 'sdpaVarlen': {  // { query, key, value, options } → { result: SdpaVarlenResult, record: ForwardRecord | undefined }
-      const { value: result, transfer } = withBuffers(live().sdpaVarlen(a.query as never, a.key as never, a.value as never, a.options as never));
-      return { value: { result, record: recalled(result.logSumExp?.data) }, transfer };
-    }
-    case 'sdpaVarlenBackward': {  // { query, key, value, gradOutput, options, record } → SdpaVarlenBackwardResult
-      keepSavedRecord(a);
-      const g = live().sdpaVarlenBackward(a.query as never, a.key as never, a.value as never, a.gradOutput as never, a.options as never);
-      return { value: g, transfer: transferList([g.dQuery.data, g.dKey.data, g.dValue.data, g.dSinks?.data]) };
+      const attention = live();
+      const g: SdpaBackwardResult = op === 'sdpaBackward'
+        ? attention.sdpaBackward(a.query as never, a.key as never, a.value as never, a.gradOutput as never, a.options as never)
+        : attention.sdpaVarlenBackward(a.query as never, a.key as never, a.value as never, a.gradOutput as never, a.options as never);
+      return { value: g, transfer: transferList([g.dQuery.data, g.dKey.data, g.dValue.data, g.dAttnMask?.data, g.dSinks?.data]) };
     }
     case 'createKVCache': {  // { cache: id, options } → null
       caches.set(a.cache as number, live().createKVCache(a.options as never));

@@ -115,23 +115,33 @@ export class AttentionWorker {
   sdpa(query: Tensor, key: Tensor, value: Tensor, options: WorkerSdpaOptions & { returnLogSumExp: true }): Promise<SdpaResultWith<'logSumExp'>>;
   sdpa(query: Tensor, key: Tensor, value: Tensor, options?: WorkerSdpaOptions): Promise<SdpaResult>;
   sdpa(query: Tensor, key: Tensor, value: Tensor, options?: WorkerSdpaOptions): Promise<SdpaResult> {
+    return this.#forward('sdpa', OPTION_NAMES, plan, query, key, value, options);
+  }
+
+  /**
+   * A forward call (sdpa, sdpaVarlen) in the worker: the tensors taken (copied or moved), the
+   * options as the direct API reads them, `check` (the direct API's checks) run before anything
+   * moves and again when the call is sent; the result written into `out`, and its log-sum-exp's
+   * record kept for a backward call's check of options.saved (saved-forward.ts).
+   */
+  #forward(fn: 'sdpa' | 'sdpaVarlen', names: readonly string[], check: (q: unknown, k: unknown, v: unknown, o: unknown) => Plan,
+    query: unknown, key: unknown, value: unknown, options: unknown): Promise<SdpaResult> {
     return settle(() => {
-      this.#check('sdpa');
-      const { signal, transfer } = workerCallOptions('sdpa', options);
+      this.#check(fn);
+      const { signal, transfer } = workerCallOptions(fn, options);
       const take = new Taker(transfer);
       const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
-      const o = take.options(options, OPTION_NAMES);
-      this.#check('sdpa');  // again: the arguments' getters may have disposed it (then nothing moves)
-      take.movesChecked('sdpa', outsOf(o), () => plan(q, k, v, o));
+      const o = take.options(options, names);
+      this.#check(fn);  // again: the arguments' getters may have disposed it (then nothing moves)
+      take.movesChecked(fn, outsOf(o), () => check(q, k, v, o));
       take.done(signal);
       let checked: Plan;
-      return this.#channel.call('sdpa', () => {
-        checked = plan(q, k, v, o);
+      return this.#channel.call(fn, () => {
+        checked = check(q, k, v, o);
         return { query: q, key: k, value: v, options: sendable(o) };
       }, (reply) => {
         const { result, record } = reply as { result: SdpaResult; record: ForwardRecord | undefined };
         const delivered = deliver(result, checked);
-        // Kept for sdpaBackward's check of options.saved (saved-forward.ts).
         if (record !== undefined && delivered.logSumExp !== undefined) remember(delivered.logSumExp.data, record);
         return delivered;
       }, signal);
@@ -154,26 +164,36 @@ export class AttentionWorker {
     options?: SdpaBackwardOptions & WorkerCallOptions): Promise<SdpaBackwardResult>;
   sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
     options?: SdpaBackwardOptions & WorkerCallOptions): Promise<SdpaBackwardResult> {
+    return this.#backward('sdpaBackward', BACKWARD_OPTION_NAMES, planBackward, query, key, value, gradOutput, options);
+  }
+
+  /**
+   * A backward call (sdpaBackward, sdpaVarlenBackward) in the worker: as #forward, with dO, and
+   * the record of the forward call whose log-sum-exp options.saved holds sent along (Taker.copy
+   * kept it for the copy), so that the worker checks saved as the direct API does.
+   */
+  #backward(fn: 'sdpaBackward' | 'sdpaVarlenBackward', names: readonly string[],
+    check: (q: unknown, k: unknown, v: unknown, go: unknown, o: unknown) => BackwardPlan,
+    query: unknown, key: unknown, value: unknown, gradOutput: unknown, options: unknown): Promise<SdpaBackwardResult> {
     return settle(() => {
-      this.#check('sdpaBackward');
-      const { signal, transfer } = workerCallOptions('sdpaBackward', options);
+      this.#check(fn);
+      const { signal, transfer } = workerCallOptions(fn, options);
       const take = new Taker(transfer);
       const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
       const go = take.tensor(gradOutput, true);
-      const o = take.options(options, BACKWARD_OPTION_NAMES);
-      this.#check('sdpaBackward');  // again: the arguments' getters may have disposed it (then nothing moves)
-      take.movesChecked('sdpaBackward', outsOf(o), () => planBackward(q, k, v, go, o));
+      const o = take.options(options, names);
+      this.#check(fn);  // again: the arguments' getters may have disposed it (then nothing moves)
+      take.movesChecked(fn, outsOf(o), () => check(q, k, v, go, o));
       take.done(signal);
       let checked: BackwardPlan;
-      return this.#channel.call('sdpaBackward', () => {
-        checked = planBackward(q, k, v, go, o);
+      return this.#channel.call(fn, () => {
+        checked = check(q, k, v, go, o);
         const { saved } = checked;
-        // The record of the sdpa() call whose logSumExp this is (Taker.copy kept it for the copy).
         return {
           query: q, key: k, value: v, gradOutput: go, options: sendable(o),
           record: saved === null ? undefined : recalled(saved.given),
         };
-      }, (result) => deliverGradients(result, checked), signal);
+      }, (result) => deliverGradients(result, checked, fn), signal);
     });
   }
 
@@ -185,27 +205,7 @@ export class AttentionWorker {
     options: SdpaVarlenOptions & WorkerCallOptions & { returnLogSumExp: true }): Promise<SdpaVarlenResultWithLogSumExp>;
   sdpaVarlen(query: Tensor, key: Tensor, value: Tensor, options: SdpaVarlenOptions & WorkerCallOptions): Promise<SdpaVarlenResult>;
   sdpaVarlen(query: Tensor, key: Tensor, value: Tensor, options: SdpaVarlenOptions & WorkerCallOptions): Promise<SdpaVarlenResult> {
-    return settle(() => {
-      this.#check('sdpaVarlen');
-      const { signal, transfer } = workerCallOptions('sdpaVarlen', options);
-      const take = new Taker(transfer);
-      const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
-      const o = take.options(options, VARLEN_OPTION_NAMES);
-      this.#check('sdpaVarlen');  // again: the arguments' getters may have disposed it (then nothing moves)
-      take.movesChecked('sdpaVarlen', outsOf(o), () => planVarlen(q, k, v, o));
-      take.done(signal);
-      let checked: Plan;
-      return this.#channel.call('sdpaVarlen', () => {
-        checked = planVarlen(q, k, v, o);
-        return { query: q, key: k, value: v, options: sendable(o) };
-      }, (reply) => {
-        const { result, record } = reply as { result: SdpaResult; record: ForwardRecord | undefined };
-        const delivered = deliver(result, checked);
-        // Kept for sdpaVarlenBackward's check of options.saved (saved-forward.ts).
-        if (record !== undefined && delivered.logSumExp !== undefined) remember(delivered.logSumExp.data, record);
-        return delivered;
-      }, signal);
-    });
+    return this.#forward('sdpaVarlen', VARLEN_OPTION_NAMES, planVarlen, query, key, value, options);
   }
 
   /**
@@ -218,26 +218,8 @@ export class AttentionWorker {
     options: SdpaVarlenBackwardOptions & WorkerCallOptions): Promise<SdpaVarlenBackwardResult>;
   sdpaVarlenBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
     options: SdpaVarlenBackwardOptions & WorkerCallOptions): Promise<SdpaVarlenBackwardResult> {
-    return settle(() => {
-      this.#check('sdpaVarlenBackward');
-      const { signal, transfer } = workerCallOptions('sdpaVarlenBackward', options);
-      const take = new Taker(transfer);
-      const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
-      const go = take.tensor(gradOutput, true);
-      const o = take.options(options, VARLEN_BACKWARD_OPTION_NAMES);
-      this.#check('sdpaVarlenBackward');  // again: the arguments' getters may have disposed it (then nothing moves)
-      take.movesChecked('sdpaVarlenBackward', outsOf(o), () => planVarlenBackward(q, k, v, go, o));
-      take.done(signal);
-      let checked: BackwardPlan;
-      return this.#channel.call('sdpaVarlenBackward', () => {
-        checked = planVarlenBackward(q, k, v, go, o);
-        const { saved } = checked;
-        return {
-          query: q, key: k, value: v, gradOutput: go, options: sendable(o),
-          record: saved === null ? undefined : recalled(saved.given),
-        };
-      }, (result) => deliverGradients(result, checked, 'sdpaVarlenBackward'), signal);
-    });
+    return this.#backward('sdpaVarlenBackward', VARLEN_BACKWARD_OPTION_NAMES, planVarlenBackward, query, key, value,
+      gradOutput, options);
   }
 
   /** Attention.createKVCache() in the worker: the storage is in the worker's wasm memory. */

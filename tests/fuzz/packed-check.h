@@ -107,38 +107,25 @@ FUZZ_NO_COVERAGE inline std::vector<float> unpack(const std::vector<float>& x, i
 }  // namespace packed_detail
 
 inline void check_packed(FuzzedDataProvider& in, const Problem& p, sdpa::ThreadPool* two_threads) {
+  using packed_detail::unpack;
   if (p.kv_type != sdpa::KvType::kFloat32) return;
   const int32_t S = p.batch, Hq = p.q_heads, Hkv = p.kv_heads, E = p.head_dim, Ev = p.value_dim;
-  std::vector<int32_t> q_starts{0}, k_starts{0};
-  for (int32_t s = 0; s < S; s++) {
-    q_starts.push_back(q_starts.back() + in.ConsumeIntegralInRange<int32_t>(0, p.q_len));
-    k_starts.push_back(k_starts.back() + in.ConsumeIntegralInRange<int32_t>(0, p.kv_len));
-  }
-  const int32_t Tq = q_starts.back(), Tk = k_starts.back();
+  const packed_detail::Packing pk = packed_detail::draw_packing(in, p);
+  const std::vector<int32_t>& q_starts = pk.q_starts;
+  const std::vector<int32_t>& k_starts = pk.k_starts;
   std::vector<float> q, k, v;
-  const float* key = static_cast<const float*>(p.key);
-  const float* value = static_cast<const float*>(p.value);
   for (int32_t s = 0; s < S; s++) {
-    packed_detail::gather(q, p.query, p.q_stride_b, p.q_stride_h, p.q_stride_l, s, q_starts[s + 1] - q_starts[s], Hq, E);
-    packed_detail::gather(k, key, p.k_stride_b, p.k_stride_h, p.k_stride_l, s, k_starts[s + 1] - k_starts[s], Hkv, E);
-    packed_detail::gather(v, value, p.v_stride_b, p.v_stride_h, p.v_stride_l, s, k_starts[s + 1] - k_starts[s], Hkv, Ev);
+    const int32_t Lq = q_starts[s + 1] - q_starts[s], Lk = k_starts[s + 1] - k_starts[s];
+    packed_detail::gather(q, p.query, p.q_stride_b, p.q_stride_h, p.q_stride_l, s, Lq, Hq, E);
+    packed_detail::gather(k, static_cast<const float*>(p.key), p.k_stride_b, p.k_stride_h, p.k_stride_l, s, Lk, Hkv, E);
+    packed_detail::gather(v, static_cast<const float*>(p.value), p.v_stride_b, p.v_stride_h, p.v_stride_l, s, Lk, Hkv, Ev);
   }
   // A tensor with no rows still needs an address (the kernel checks pointers, never reads it).
   float none = 0.0f;
   auto at = [&none](std::vector<float>& x) { return x.empty() ? &none : x.data(); };
-  std::vector<float> out(static_cast<size_t>(Tq) * Hq * Ev, sentinel()), lse(static_cast<size_t>(Hq) * Tq, sentinel());
-
-  sdpa::PackedProblem pp;
-  Problem& w = pp.whole;
-  w.batch = 1, w.q_heads = Hq, w.kv_heads = Hkv, w.q_len = Tq, w.kv_len = Tk, w.head_dim = E, w.value_dim = Ev;
-  w.query = at(q), w.key = at(k), w.value = at(v), w.output = at(out), w.logsumexp = at(lse);
-  w.q_stride_h = E, w.q_stride_l = static_cast<int64_t>(Hq) * E;
-  w.k_stride_h = E, w.k_stride_l = static_cast<int64_t>(Hkv) * E;
-  w.v_stride_h = Ev, w.v_stride_l = static_cast<int64_t>(Hkv) * Ev;
-  w.o_stride_h = Ev, w.o_stride_l = static_cast<int64_t>(Hq) * Ev;
-  w.scale = p.scale, w.softcap = p.softcap, w.causal = p.causal, w.sliding_window = p.sliding_window;
-  w.causal_offset = p.causal_offset, w.causal_offsets = p.causal_offsets, w.sinks = p.sinks;  // [B] = [S]
-  pp.sequences = S, pp.q_starts = q_starts.data(), pp.k_starts = k_starts.data();
+  std::vector<float> out(static_cast<size_t>(pk.Tq) * Hq * Ev, sentinel()), lse(static_cast<size_t>(Hq) * pk.Tq, sentinel());
+  sdpa::PackedProblem pp = packed_detail::packed_problem(p, pk);
+  pp.whole.query = at(q), pp.whole.key = at(k), pp.whole.value = at(v), pp.whole.output = at(out), pp.whole.logsumexp = at(lse);
 
   const uint8_t mode = in.ConsumeIntegral<uint8_t>();
   if (mode >= 224) {  // broken starts: kBadPacking, nothing written
@@ -162,7 +149,8 @@ inline void check_packed(FuzzedDataProvider& in, const Problem& p, sdpa::ThreadP
 
   // Each sequence against forward() on it alone, dense [1, H, L, D].
   for (int32_t s = 0; s < S; s++) {
-    const int32_t Lq = q_starts[s + 1] - q_starts[s], Lk = k_starts[s + 1] - k_starts[s];
+    const int32_t q0 = q_starts[s], k0 = k_starts[s];
+    const int32_t Lq = q_starts[s + 1] - q0, Lk = k_starts[s + 1] - k0;
     if (Lq == 0) continue;
     std::vector<float> alone_out(static_cast<size_t>(Hq) * Lq * Ev, sentinel()), alone_lse(static_cast<size_t>(Hq) * Lq);
     if (Lk == 0) {  // nothing to attend: zeros, the sink (or -inf) as lse
@@ -172,39 +160,22 @@ inline void check_packed(FuzzedDataProvider& in, const Problem& p, sdpa::ThreadP
                     p.sinks != nullptr ? p.sinks[h] : -std::numeric_limits<float>::infinity());
       }
     } else {
-      Problem one = w;
-      one.q_len = Lq, one.kv_len = Lk;
-      std::vector<float> oq(static_cast<size_t>(Hq) * Lq * E), ok(static_cast<size_t>(Hkv) * Lk * E),
-          ov(static_cast<size_t>(Hkv) * Lk * Ev);
-      for (int32_t i = 0; i < Lq; i++)
-        for (int32_t h = 0; h < Hq; h++)
-          std::memcpy(&oq[(static_cast<size_t>(h) * Lq + i) * E], &q[(static_cast<size_t>(q_starts[s] + i) * Hq + h) * E], 4u * E);
-      for (int32_t j = 0; j < Lk; j++)
-        for (int32_t h = 0; h < Hkv; h++) {
-          std::memcpy(&ok[(static_cast<size_t>(h) * Lk + j) * E], &k[(static_cast<size_t>(k_starts[s] + j) * Hkv + h) * E], 4u * E);
-          std::memcpy(&ov[(static_cast<size_t>(h) * Lk + j) * Ev], &v[(static_cast<size_t>(k_starts[s] + j) * Hkv + h) * Ev], 4u * Ev);
-        }
+      Problem one = packed_detail::alone_problem(pp.whole, p, s, Lq, Lk);
+      std::vector<float> oq = unpack(q, q0, Lq, Hq, E), ok = unpack(k, k0, Lk, Hkv, E), ov = unpack(v, k0, Lk, Hkv, Ev);
       one.query = oq.data(), one.key = ok.data(), one.value = ov.data(), one.output = alone_out.data();
       one.logsumexp = alone_lse.data();
-      one.q_stride_b = static_cast<int64_t>(Hq) * Lq * E, one.q_stride_h = static_cast<int64_t>(Lq) * E, one.q_stride_l = E;
-      one.k_stride_b = static_cast<int64_t>(Hkv) * Lk * E, one.k_stride_h = static_cast<int64_t>(Lk) * E, one.k_stride_l = E;
-      one.v_stride_b = static_cast<int64_t>(Hkv) * Lk * Ev, one.v_stride_h = static_cast<int64_t>(Lk) * Ev, one.v_stride_l = Ev;
-      one.o_stride_b = static_cast<int64_t>(Hq) * Lq * Ev, one.o_stride_h = static_cast<int64_t>(Lq) * Ev, one.o_stride_l = Ev;
-      one.causal_offsets = nullptr;
-      one.causal_offset = p.causal_offsets != nullptr ? p.causal_offsets[s] : p.causal_offset;
       std::vector<float> one_scratch(static_cast<size_t>(sdpa::scratch_floats(one, 1)));
       status = sdpa::forward(one, one_scratch.data(), one_scratch.size());
       FUZZ_CHECK(p, status == Status::kOk, "forward() of sequence %d alone returned %s", s, sdpa::status_name(status));
     }
-    for (int32_t i = 0; i < Lq; i++) {
-      for (int32_t h = 0; h < Hq; h++) {
-        for (int32_t c = 0; c < Ev; c++) {
-          const float packed = out[(static_cast<size_t>(q_starts[s] + i) * Hq + h) * Ev + c];
-          const float alone = alone_out[(static_cast<size_t>(h) * Lq + i) * Ev + c];
-          FUZZ_CHECK(p, same_float(packed, alone), "packed sequence %d row %d head %d col %d: %a, alone %a", s, i, h, c,
-                     packed, alone);
-        }
-        const float packed_lse = lse[static_cast<size_t>(h) * Tq + q_starts[s] + i];
+    const std::vector<float> packed_rows = unpack(out, q0, Lq, Hq, Ev);
+    for (size_t n = 0; n < packed_rows.size(); n++) {
+      FUZZ_CHECK(p, same_float(packed_rows[n], alone_out[n]), "packed sequence %d output %zu: %a, alone %a", s, n,
+                 packed_rows[n], alone_out[n]);
+    }
+    for (int32_t h = 0; h < Hq; h++) {
+      for (int32_t i = 0; i < Lq; i++) {
+        const float packed_lse = lse[static_cast<size_t>(h) * pk.Tq + q0 + i];
         const float alone_lse_v = alone_lse[static_cast<size_t>(h) * Lq + i];
         FUZZ_CHECK(p, same_float(packed_lse, alone_lse_v), "packed sequence %d row %d head %d lse: %a, alone %a", s, i, h,
                    packed_lse, alone_lse_v);
