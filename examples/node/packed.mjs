@@ -77,9 +77,10 @@ const median = (run) => {
   }
   return times.sort((a, b) => a - b)[4];
 };
-const out = new Float32Array(T * H * E);
+// Both into arrays of their own (a new output array per call would time its allocation too).
+const out = new Float32Array(T * H * E), paddedInto = new Float32Array(S * Lmax * H * E);
 const msPacked = median(() => attn.sdpaVarlen(query, key, value, { cuSeqlensQ, out }));
-const msPadded = median(() => attn.sdpa(...padded, { layout: 'bshd', keyLengths }));
+const msPadded = median(() => attn.sdpa(...padded, { layout: 'bshd', keyLengths, out: paddedInto }));
 const work = lengths.reduce((a, L) => a + L * L, 0), paddedWork = lengths.reduce((a, L) => a + Lmax * L, 0);
 console.log(`time: packed ${msPacked.toFixed(2)} ms, padded ${msPadded.toFixed(2)} ms (${(msPadded / msPacked).toFixed(2)}x; ` +
   `padding adds ${((paddedWork / work - 1) * 100).toFixed(0)}% multiply-adds), ${attn.threads} thread${attn.threads === 1 ? '' : 's'}`);
