@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "parallel/thread-pool.h"
 #include "parallel/work-split.h"
@@ -52,20 +54,28 @@ double multiply_adds(const Problem& p) {
   return static_cast<double>(p.q_heads) * p.q_len * p.kv_len * (p.head_dim + p.value_dim);
 }
 
-// A sequence with rows and keys whose forward() would run on one thread anyway.
-bool runs_alone(const Problem& p) { return multiply_adds(p) < kMinParallelMultiplyAdds; }
+// Sequences run side by side, one per pool item, unless one holds at least 1/(kSequencesPerThread
+// · threads) of the whole problem's multiply-adds (and kMinParallelMultiplyAdds, below which
+// forward() runs on one thread anyway): handed out whole, it would keep one thread busy while the
+// others wait, so it runs after them, alone, split over the pool.
+constexpr double kSequencesPerThread = 4;
 
 // Scratch floats of one sequence's own region, rounded to 64 bytes (threads' regions on
 // separate cache lines).
 uint64_t region(uint64_t floats) { return (floats + 15) / 16 * 16; }
 
-// The two places a sequence's work runs in the scratch: [threads][small] for the sequences run
-// side by side (runs_alone, or without keys), then the larger ones one at a time in [large].
-// They run one after the other, so both start at the same address.
-struct PackedScratch {
+// How a packed problem runs: the multiply-adds from which a sequence is split over the pool, and
+// the two places a sequence's work runs in the scratch: [threads][small] for the sequences run
+// side by side (below split_from, or without rows or keys), then the split ones one at a time in
+// [large]. They run one after the other, so both start at the same address.
+struct PackedPlan {
+  double split_from = 0;
   uint64_t small = 0;  // per thread
   uint64_t large = 0;
   uint64_t total(int32_t threads) const { return std::max(small * static_cast<uint64_t>(threads), large); }
+  bool side_by_side(const Problem& seq) const {
+    return seq.q_len == 0 || seq.kv_len == 0 || multiply_adds(seq) < split_from;
+  }
 };
 
 // The sequence's [Hq, Lq] log-sum-exps in the dense layout forward() writes, staged before the
@@ -113,25 +123,51 @@ Status validate_packed(const PackedProblem& p) {
 
 namespace {
 
-PackedScratch plan_packed(const PackedProblem& p, int32_t threads) {
-  PackedScratch need;
+// The multiply-adds from which a sequence is split over the pool (kSequencesPerThread).
+template <typename SequenceOf>
+double split_threshold(int32_t sequences, int32_t threads, SequenceOf sequence_of) {
+  double total = 0;
+  for (int32_t s = 0; s < sequences; s++) total += multiply_adds(sequence_of(s));
+  return std::max(kMinParallelMultiplyAdds, total / (kSequencesPerThread * threads));
+}
+
+PackedPlan plan_packed(const PackedProblem& p, int32_t threads) {
+  PackedPlan plan;
+  plan.split_from = split_threshold(p.sequences, threads, [&p](int32_t s) { return packed_sequence(p, s); });
   for (int32_t s = 0; s < p.sequences; s++) {
     const Problem seq = packed_sequence(p, s);
     if (seq.q_len == 0 || seq.kv_len == 0) continue;  // nothing, or zeros: no scratch
-    const bool alone = runs_alone(seq);
+    const bool side_by_side = plan.side_by_side(seq);
     // The lse's staging whether or not it is asked for: the size depends on the shapes alone
     // (as scratch_floats(), sdpa.h), so a caller sizes the scratch before it has the addresses.
-    const uint64_t floats = region(scratch_floats(seq, alone ? 1 : threads) + lse_floats(seq));
-    uint64_t& slot = alone ? need.small : need.large;
+    const uint64_t floats = region(scratch_floats(seq, side_by_side ? 1 : threads) + lse_floats(seq));
+    uint64_t& slot = side_by_side ? plan.small : plan.large;
     slot = std::max(slot, floats);
   }
-  return need;
+  return plan;
+}
+
+// The sequences that run side by side, the most multiply-adds first (the longest items handed
+// out first keep the threads' finishing times close; the order changes no result).
+template <typename SequenceOf>
+std::vector<int32_t> side_by_side_order(const PackedPlan& plan, int32_t sequences, SequenceOf sequence_of) {
+  std::vector<std::pair<double, int32_t>> work;
+  for (int32_t s = 0; s < sequences; s++) {
+    const Problem seq = sequence_of(s);
+    if (plan.side_by_side(seq)) work.emplace_back(-multiply_adds(seq), s);
+  }
+  std::sort(work.begin(), work.end());
+  std::vector<int32_t> order;
+  order.reserve(work.size());
+  for (const auto& w : work) order.push_back(w.second);
+  return order;
 }
 
 struct PackedForwardWork {
   const PackedProblem* p;
-  PackedScratch need;
+  PackedPlan plan;
   float* scratch;
+  const int32_t* order;  // the side-by-side sequences, one per item
 };
 
 // Sequence s's rows when it has no keys: nothing to attend (sdpa.h): zeros, lse = the sink or -inf.
@@ -167,12 +203,9 @@ void run_sequence(const PackedProblem& p, int32_t s, float* scratch, uint64_t fl
   }
 }
 
-bool runs_side_by_side(const Problem& seq) { return seq.q_len == 0 || seq.kv_len == 0 || runs_alone(seq); }
-
-void small_sequence_item(void* context, int32_t s, int32_t thread) {
+void small_sequence_item(void* context, int32_t item, int32_t thread) {
   const PackedForwardWork& fw = *static_cast<const PackedForwardWork*>(context);
-  if (!runs_side_by_side(packed_sequence(*fw.p, s))) return;  // after these, with the pool
-  run_sequence(*fw.p, s, fw.scratch + static_cast<uint64_t>(thread) * fw.need.small, fw.need.small, nullptr);
+  run_sequence(*fw.p, fw.order[item], fw.scratch + static_cast<uint64_t>(thread) * fw.plan.small, fw.plan.small, nullptr);
 }
 
 }  // namespace
@@ -185,13 +218,14 @@ Status forward_packed(const PackedProblem& p, float* scratch, uint64_t scratch_s
   const Status status = validate_packed(p);
   if (status != Status::kOk) return status;
   const int32_t threads = pool != nullptr ? pool->threads() : 1;
-  PackedForwardWork fw{&p, plan_packed(p, threads), scratch};
-  if (fw.need.total(threads) > 0 && (scratch == nullptr || scratch_size < fw.need.total(threads))) {
-    return Status::kBadScratch;
-  }
-  run_tasks(pool, p.sequences, small_sequence_item, &fw);
+  const PackedPlan plan = plan_packed(p, threads);
+  if (plan.total(threads) > 0 && (scratch == nullptr || scratch_size < plan.total(threads))) return Status::kBadScratch;
+  auto sequence_of = [&p](int32_t s) { return packed_sequence(p, s); };
+  const std::vector<int32_t> order = side_by_side_order(plan, p.sequences, sequence_of);
+  PackedForwardWork fw{&p, plan, scratch, order.data()};
+  run_tasks(pool, static_cast<int32_t>(order.size()), small_sequence_item, &fw);
   for (int32_t s = 0; s < p.sequences; s++) {
-    if (!runs_side_by_side(packed_sequence(p, s))) run_sequence(p, s, scratch, fw.need.large, pool);
+    if (!plan.side_by_side(sequence_of(s))) run_sequence(p, s, scratch, plan.large, pool);
   }
   return Status::kOk;
 }
@@ -216,18 +250,19 @@ BackwardProblem backward_sequence(const PackedBackwardProblem& p, int32_t s) {
 
 // backward_scratch_floats() depends on the shapes (and d_mask, never given here), not on the
 // staged pointers, so a sequence is sized before they are set.
-PackedScratch plan_packed_backward(const PackedBackwardProblem& p, int32_t threads) {
-  PackedScratch need;
+PackedPlan plan_packed_backward(const PackedBackwardProblem& p, int32_t threads) {
+  PackedPlan plan;
+  plan.split_from = split_threshold(p.sequences, threads, [&p](int32_t s) { return backward_sequence(p, s).forward; });
   for (int32_t s = 0; s < p.sequences; s++) {
     const BackwardProblem seq = backward_sequence(p, s);
     const Problem& f = seq.forward;
     if (f.q_len == 0 || f.kv_len == 0) continue;
-    const bool alone = runs_alone(f);
-    const uint64_t floats = region(backward_scratch_floats(seq, alone ? 1 : threads) + lse_floats(f));
-    uint64_t& slot = alone ? need.small : need.large;
+    const bool side_by_side = plan.side_by_side(f);
+    const uint64_t floats = region(backward_scratch_floats(seq, side_by_side ? 1 : threads) + lse_floats(f));
+    uint64_t& slot = side_by_side ? plan.small : plan.large;
     slot = std::max(slot, floats);
   }
-  return need;
+  return plan;
 }
 
 // Each sequence's d_sinks [S][Hq], summed in order at the end; then the regions. Counted
@@ -239,9 +274,10 @@ uint64_t sink_partials_floats(const PackedBackwardProblem& p) {
 
 struct PackedBackwardWork {
   const PackedBackwardProblem* p;
-  PackedScratch need;
+  PackedPlan plan;
   float* sink_partials;  // [S][Hq], when d_sinks
   float* scratch;
+  const int32_t* order;  // the side-by-side sequences, one per item
 };
 
 void zero_rows(float* first, int32_t rows, int64_t row_stride, int32_t heads, int64_t head_stride, int32_t dim) {
@@ -279,10 +315,10 @@ void run_backward_sequence(const PackedBackwardWork& bw, int32_t s, float* scrat
   backward(seq, scratch, floats, pool);  // validated with the whole problem
 }
 
-void small_backward_item(void* context, int32_t s, int32_t thread) {
+void small_backward_item(void* context, int32_t item, int32_t thread) {
   const PackedBackwardWork& bw = *static_cast<const PackedBackwardWork*>(context);
-  if (!runs_side_by_side(backward_sequence(*bw.p, s).forward)) return;
-  run_backward_sequence(bw, s, bw.scratch + static_cast<uint64_t>(thread) * bw.need.small, bw.need.small, nullptr);
+  run_backward_sequence(bw, bw.order[item], bw.scratch + static_cast<uint64_t>(thread) * bw.plan.small, bw.plan.small,
+                        nullptr);
 }
 
 }  // namespace
@@ -304,14 +340,14 @@ Status backward_packed(const PackedBackwardProblem& p, float* scratch, uint64_t 
   if (status != Status::kOk) return status;
   const int32_t threads = pool != nullptr ? pool->threads() : 1;
   if (scratch == nullptr || scratch_size < packed_backward_scratch_floats(p, threads)) return Status::kBadScratch;
-  PackedBackwardWork bw{&p, plan_packed_backward(p, threads), nullptr, nullptr};
+  const PackedPlan plan = plan_packed_backward(p, threads);
+  auto sequence_of = [&p](int32_t s) { return backward_sequence(p, s).forward; };
+  const std::vector<int32_t> order = side_by_side_order(plan, p.sequences, sequence_of);
+  PackedBackwardWork bw{&p, plan, nullptr, scratch + sink_partials_floats(p), order.data()};
   if (p.whole.d_sinks != nullptr) bw.sink_partials = scratch;
-  bw.scratch = scratch + sink_partials_floats(p);
-  run_tasks(pool, p.sequences, small_backward_item, &bw);
+  run_tasks(pool, static_cast<int32_t>(order.size()), small_backward_item, &bw);
   for (int32_t s = 0; s < p.sequences; s++) {
-    if (!runs_side_by_side(backward_sequence(p, s).forward)) {
-      run_backward_sequence(bw, s, bw.scratch, bw.need.large, pool);
-    }
+    if (!plan.side_by_side(sequence_of(s))) run_backward_sequence(bw, s, bw.scratch, plan.large, pool);
   }
   if (p.whole.d_sinks != nullptr) {
     const int32_t heads = p.whole.forward.q_heads;

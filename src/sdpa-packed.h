@@ -19,11 +19,12 @@
 // exact zeros, lse = the row's sink or -inf, as in forward(). One without rows adds nothing,
 // and its keys get zero gradients.
 //
-// Work: a sequence whose forward has fewer multiply-adds than forward() splits over threads
-// (kMinParallelMultiplyAdds, src/parallel/work-split.h) runs whole on one thread, several such
-// sequences side by side, one per item; each larger one runs after them, alone, split over the
-// pool by forward() or backward() itself. Either way a sequence's result does not depend on
-// the thread count: bitwise identical for any number of threads.
+// Work: sequences run whole, side by side, one per pool item (the most multiply-adds first),
+// unless one holds at least 1/(4·threads) of the problem's multiply-adds and at least what
+// forward() splits over threads (kMinParallelMultiplyAdds, src/parallel/work-split.h): those
+// run after them, alone, split over the pool by forward() or backward() itself. Either way a
+// sequence's result does not depend on the thread count: bitwise identical for any number of
+// threads.
 #pragma once
 
 #include <cstdint>
