@@ -117,12 +117,12 @@ export function describe(x: unknown): string {
  * Whether `t` cannot be a tensor: not an object, or a typed array itself where { data, dims }
  * was wanted (tensorGot() then says how to pass it, as a user who passed `q.data` for `q` needs).
  */
-export function notATensor(t: unknown): boolean {
+function notATensor(t: unknown): boolean {
   return t === null || typeof t !== 'object' || ArrayBuffer.isView(t);
 }
 
 /** What a value given for a tensor was, for a notATensor() message (a typed array: how to pass it). */
-export function tensorGot(t: unknown): string {
+function tensorGot(t: unknown): string {
   return viewTag(t) !== undefined ? `${describe(t)}, a bare array: pass it as { data, dims }` : describe(t);
 }
 
@@ -329,7 +329,7 @@ function checkMask(fn: string, mask: unknown, target: [number, number, number, n
   return { kind, data: ownView(data), size: lengthOf(data), dims: d, strides };
 }
 
-export function checkBoolean(fn: string, name: string, x: unknown, fallback: boolean): boolean {
+function checkBoolean(fn: string, name: string, x: unknown, fallback: boolean): boolean {
   if (x === undefined) return fallback;
   if (typeof x !== 'boolean') throw new TypeError(`${fn}: ${name} must be a boolean, got ${describe(x)}`);
   return x;
@@ -344,7 +344,7 @@ export function plan(query: unknown, key: unknown, value: unknown, options: unkn
 }
 
 /** A typed array a call's checks accepted, its name in messages, and the elements it must still have. */
-export type CheckedArray = [name: string, view: ArrayBufferView & { length: number }, needs: number];
+type CheckedArray = [name: string, view: ArrayBufferView & { length: number }, needs: number];
 
 /** The arrays of a plan (inputs, mask, out) with the elements each must keep. */
 export function planArrays(p: Plan | SdpaPlan): CheckedArray[] {
@@ -650,7 +650,7 @@ export function checkOut(fn: string, given: unknown, q: Operand, Ev: number): Pi
   return { outputDims, outputSize, out: view, outResult: result };
 }
 
-export interface KeyValueShape {
+interface KeyValueShape {
   kvHeads: number;
   kvLen: number;
   valueDim: number;

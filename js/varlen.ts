@@ -62,14 +62,15 @@ function checkPacked(fn: string, name: string, t: unknown, axes: string): Operan
  */
 function checkStarts(fn: string, name: string, given: unknown, total: number, totalName: string, rows: string,
   sequences: number | null): Int32Array {
-  const expected = `an Int32Array [S + 1] of where each sequence's ${rows} start (0, …, ${totalName} = ${total})`;
+  const where = `where each sequence's ${rows} start (0, …, ${totalName} = ${total})`;
+  const expected = `an Int32Array [S + 1] of ${where}`;
   if (!isInt32Array(given)) {
     throw new TypeError(given === undefined
       ? `${fn}: options.${name} is required: ${expected}`
       : `${fn}: options.${name} must be ${expected}, got ${describe(given)}`);
   }
   const length = lengthOf(given);
-  refuseDetached(fn, `options.${name}`, given, length, `it must hold where each sequence's ${rows} start (0, …, ${totalName} = ${total})`);
+  refuseDetached(fn, `options.${name}`, given, length, `it must hold ${where}`);
   if (sequences === null && length < 2) {
     throw new RangeError(`${fn}: options.${name} must have S + 1 >= 2 entries (at least one sequence), got length ${length}`);
   }
@@ -101,7 +102,8 @@ function checkStarts(fn: string, name: string, given: unknown, total: number, to
 function causalOffsets(fn: string, given: unknown, causal: boolean, isCausal: unknown, window: number,
   cuQ: Int32Array, cuK: Int32Array): Int32Array | null {
   const S = cuQ.length - 1;
-  let offsets: Int32Array | null = null;
+  // Sequence s's offset before the clamp: the number given, the array's entry, or bottom-right.
+  let offsetOf = (s: number) => (cuK[s + 1] - cuK[s]) - (cuQ[s + 1] - cuQ[s]);
   if (given !== undefined) {
     if (!causal) {
       const shown = isCausal === undefined ? 'undefined (default false)' : describe(isCausal);
@@ -109,28 +111,22 @@ function causalOffsets(fn: string, given: unknown, causal: boolean, isCausal: un
     }
     if (typeof given === 'number') {
       if (!Number.isInteger(given)) throw new RangeError(`${fn}: options.causalOffset must be an integer, got ${given}`);
-      offsets = new Int32Array(S);
-      for (let s = 0; s < S; s++) offsets[s] = clampOffset(given, cuQ, cuK, s, window);
-      return offsets;
-    }
-    if (!isInt32Array(given)) {
+      offsetOf = () => given;  // any integer (clamped below before it is an int32)
+    } else if (isInt32Array(given)) {
+      const length = lengthOf(given);
+      refuseDetached(fn, 'options.causalOffset', given, length, `it must hold one offset per sequence (S = ${S})`);
+      if (length !== S) {
+        throw new RangeError(`${fn}: options.causalOffset must have one offset per sequence (length S = ${S}), got length ${length}`);
+      }
+      const offsets = new Int32Array(given);  // a copy: a getter read later cannot change it
+      offsetOf = (s) => offsets[s];
+    } else {
       throw new TypeError(`${fn}: options.causalOffset must be an integer or an Int32Array of one offset per sequence ` +
         `(length S = ${S}), got ${describe(given)}`);
     }
-    const length = lengthOf(given);
-    refuseDetached(fn, 'options.causalOffset', given, length, `it must hold one offset per sequence (S = ${S})`);
-    if (length !== S) {
-      throw new RangeError(`${fn}: options.causalOffset must have one offset per sequence (length S = ${S}), got length ${length}`);
-    }
-    offsets = new Int32Array(given);
   }
   if (!causal) return null;
-  const result = new Int32Array(S);
-  for (let s = 0; s < S; s++) {
-    const bottomRight = (cuK[s + 1] - cuK[s]) - (cuQ[s + 1] - cuQ[s]);
-    result[s] = clampOffset(offsets === null ? bottomRight : offsets[s], cuQ, cuK, s, window);
-  }
-  return result;
+  return Int32Array.from({ length: S }, (_, s) => clampOffset(offsetOf(s), cuQ, cuK, s, window));
 }
 
 function clampOffset(x: number, cuQ: Int32Array, cuK: Int32Array, s: number, window: number): number {
