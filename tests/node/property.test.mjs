@@ -39,10 +39,8 @@
 // (add SDPA_PROPERTY_CASE=<group>:<index> to run that one case alone; for the relaxed-SIMD
 // build: SDPA_PROPERTY_SEED=<seed> bash scripts/test-js.sh tests/node/property.test.mjs).
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
-import {
-  logSumExpError, maxRelError, randomTensor, referenceLogSumExp, referenceSdpa, referenceSdpaBackward,
-} from './reference.mjs';
-import { startsOf, varlenOracle } from '../shared/varlen-cases.mjs';
+import { logSumExpError, maxRelError, referenceLogSumExp, referenceSdpa, referenceSdpaBackward } from './reference.mjs';
+import { packedProblem, varlenOracle } from '../shared/varlen-cases.mjs';
 import { bitsHash } from '../shared/reference-cases.mjs';
 import {
   blockedPredicate, caseSeed, seedFromEnvironment, describeOptions, halfToFloat, layoutDims, makeRng, maybeOffsetView, mutateCacheOptions, mutateOptions, mutateTensor,
@@ -789,15 +787,9 @@ function randomVarlenCase(r, { forBackward = false } = {}) {
   if (qLens.every((n) => n === 0)) qLens[0] = 1;  // every size is at least 1 (T too)
   if (kLens.every((n) => n === 0)) kLens[S - 1] = 1;
   const Hkv = r.int(1, 3), Hq = Hkv * r.int(1, 3), E = r.pick([1, 2, 3, 4, 5, 8, 16, 32]), Ev = r.chance(0.5) ? E : r.pick([1, 3, 8, 17]);
-  const Tq = qLens.reduce((a, b) => a + b, 0), Tk = kLens.reduce((a, b) => a + b, 0);
-  const seed = r.int(1, 2 ** 30);
-  const p = {
-    qLens, kLens, Tq, Tk, cuSeqlensQ: startsOf(qLens), cuSeqlensK: startsOf(kLens),
-    query: randomTensor([Tq, Hq, E], seed), key: randomTensor([Tk, Hkv, E], seed + 1),
-    value: randomTensor([Tk, Hkv, Ev], seed + 2), gradOutput: randomTensor([Tq, Hq, Ev], seed + 3),
-  };
+  const p = packedProblem(r.int(1, 2 ** 30), { Hq, Hkv, E, Ev, qLens, kLens });
   const options = { cuSeqlensQ: p.cuSeqlensQ };
-  if (r.chance(0.7) || Tk !== Tq) options.cuSeqlensK = p.cuSeqlensK;
+  if (r.chance(0.7) || p.Tk !== p.Tq) options.cuSeqlensK = p.cuSeqlensK;
   else p.cuSeqlensK = p.cuSeqlensQ, p.kLens = [...qLens];  // the default: each sequence's keys are its query rows (Tk = Tq)
   if (r.chance(0.5)) {
     options.isCausal = true;

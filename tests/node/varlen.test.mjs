@@ -12,7 +12,9 @@ import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import {
   logSumExpError, maxRelError, randomTensor, referenceLogSumExp, referenceSdpa, referenceSdpaBackward,
 } from './reference.mjs';
-import { runVarlenCases, startsOf, VARLEN_CASES, varlenErrorCases, varlenOracle } from '../shared/varlen-cases.mjs';
+import {
+  packedProblem, runVarlenCases, sequenceOffset, VARLEN_CASES, varlenErrorCases, varlenOracle,
+} from '../shared/varlen-cases.mjs';
 
 const TOL = 2e-5;           // the forward's, as for sdpa()
 const GRAD_TOL = 1e-4;      // the backward's
@@ -32,37 +34,15 @@ afterAll(() => {
 const bitsOf = (a) => new Uint32Array(a.buffer, a.byteOffset, a.length);
 const sameBits = (a, b) => a.length === b.length && bitsOf(a).every((x, i) => x === bitsOf(b)[i]);
 
-/**
- * Packed tensors for sequences of `qLens` query rows and `kLens` keys (default qLens), and the
- * options sdpaVarlen takes for them.
- */
-function packed({ Hq = 2, Hkv = 1, E = 8, Ev = E, qLens, kLens = qLens, seed = 1 }) {
-  const Tq = qLens.reduce((a, b) => a + b, 0), Tk = kLens.reduce((a, b) => a + b, 0);
-  return {
-    Hq, Hkv, E, Ev, qLens, kLens, Tq, Tk,
-    query: randomTensor([Tq, Hq, E], seed),
-    key: randomTensor([Tk, Hkv, E], seed + 1),
-    value: randomTensor([Tk, Hkv, Ev], seed + 2),
-    gradOutput: randomTensor([Tq, Hq, Ev], seed + 3),
-    cuSeqlensQ: startsOf(qLens),
-    cuSeqlensK: startsOf(kLens),
-  };
-}
-
-/** Each sequence's causal offset as sdpaVarlen takes `causalOffset` (undefined: bottom-right). */
-function offsetOf(p, causalOffset, s) {
-  if (causalOffset === undefined) return p.kLens[s] - p.qLens[s];
-  return typeof causalOffset === 'number' ? causalOffset : causalOffset[s];
-}
-
-const oracle = varlenOracle;
+/** Seeded packed tensors for sequences of `qLens` query rows and `kLens` keys (default qLens, Hq 2, Hkv 1, E 8). */
+const packed = ({ seed = 1, ...shape }) => packedProblem(seed, shape);
 
 function expectForwardMatches(p, extra = {}) {
   const options = { cuSeqlensQ: p.cuSeqlensQ, cuSeqlensK: p.cuSeqlensK, ...extra, returnLogSumExp: true };
   const got = attn.sdpaVarlen(p.query, p.key, p.value, options);
   expect(got.output.dims).toEqual([p.Tq, p.Hq, p.Ev]);
   expect(got.logSumExp.dims).toEqual([p.Hq, p.Tq]);
-  const o = oracle(p, options);
+  const o = varlenOracle(p, options);
   const ref = referenceSdpa(o.query, o.key, o.value, o.options);
   expect(maxRelError(got.output.data, ref.output)).toBeLessThanOrEqual(TOL);
   expect(logSumExpError(got.logSumExp.data, referenceLogSumExp(o.query, o.key, o.value, o.options)))
@@ -81,7 +61,7 @@ function expectForwardMatches(p, extra = {}) {
       dims: [n, t.dims[1], t.dims[2]] });
     const alone = attn.sdpa(rows(p.query, p.cuSeqlensQ[s], Lq), rows(p.key, p.cuSeqlensK[s], Lk),
       rows(p.value, p.cuSeqlensK[s], Lk),
-      { ...score, layout: 'bshd', ...(score.isCausal ? { causalOffset: offsetOf(p, causalOffset, s) } : {}) });
+      { ...score, layout: 'bshd', ...(score.isCausal ? { causalOffset: sequenceOffset(p, causalOffset, s) } : {}) });
     const mine = got.output.data.subarray(p.cuSeqlensQ[s] * p.Hq * p.Ev, (p.cuSeqlensQ[s] + Lq) * p.Hq * p.Ev);
     expect(sameBits(alone.output.data, mine)).toBe(true);
   }
@@ -189,7 +169,7 @@ describe('sdpaVarlenBackward against the float64 reference', () => {
   function expectGradientsMatch(p, extra = {}) {
     const options = { cuSeqlensQ: p.cuSeqlensQ, cuSeqlensK: p.cuSeqlensK, ...extra };
     const got = attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
-    const o = oracle(p, options);
+    const o = varlenOracle(p, options);
     const ref = referenceSdpaBackward(o.query, o.key, o.value, o.gradOutput, o.options);
     expect(got.dQuery.dims).toEqual(p.query.dims);
     expect(got.dKey.dims).toEqual(p.key.dims);

@@ -16,6 +16,12 @@ export const VARLEN_GRAD_TOL = 1e-4;
 /** [0, n0, n0 + n1, …]: the starts of sequences of these lengths. */
 export const startsOf = (lengths) => Int32Array.from([0, ...lengths.map(((sum) => (n) => (sum += n))(0))]);
 
+/** Sequence s's causal offset as sdpaVarlen takes `causalOffset` (undefined: bottom-right, Lk_s − Lq_s). */
+export function sequenceOffset(p, causalOffset, s) {
+  if (causalOffset === undefined) return p.kLens[s] - p.qLens[s];
+  return typeof causalOffset === 'number' ? causalOffset : causalOffset[s];
+}
+
 /**
  * The float64 oracle's problem for sdpaVarlen's `options` over the packed tensors of `p`
  * ({ query, key, value, gradOutput?, qLens, kLens, Tq, Tk, cuSeqlensQ, cuSeqlensK }): the tensors
@@ -28,8 +34,7 @@ export function varlenOracle(p, options) {
   const { cuSeqlensQ: _q, cuSeqlensK: _k, isCausal, causalOffset, slidingWindow: W = 0, returnLogSumExp: _l, out: _o, ...score } = options;
   const mask = new Uint8Array(p.Tq * p.Tk);
   for (let s = 0; s < p.qLens.length; s++) {
-    const offset = causalOffset === undefined ? p.kLens[s] - p.qLens[s]
-      : typeof causalOffset === 'number' ? causalOffset : causalOffset[s];
+    const offset = sequenceOffset(p, causalOffset, s);
     for (let i = 0; i < p.qLens[s]; i++) {
       for (let j = 0; j < p.kLens[s]; j++) {
         const open = !isCausal || (j <= i + offset && (W === 0 || j > i + offset - W));
@@ -44,11 +49,14 @@ export function varlenOracle(p, options) {
   };
 }
 
-/** Seeded packed tensors for sequences of `qLens` query rows and `kLens` keys. */
-function packedProblem(seed, { Hq, Hkv, E, Ev = E, qLens, kLens = qLens }) {
+/**
+ * Seeded packed tensors (and dO) for sequences of `qLens` query rows and `kLens` keys (default
+ * qLens), with the starts sdpaVarlen takes for them.
+ */
+export function packedProblem(seed, { Hq = 2, Hkv = 1, E = 8, Ev = E, qLens, kLens = qLens }) {
   const Tq = qLens.reduce((a, b) => a + b, 0), Tk = kLens.reduce((a, b) => a + b, 0);
   return {
-    qLens, kLens, Tq, Tk, cuSeqlensQ: startsOf(qLens), cuSeqlensK: startsOf(kLens),
+    Hq, Hkv, E, Ev, qLens, kLens, Tq, Tk, cuSeqlensQ: startsOf(qLens), cuSeqlensK: startsOf(kLens),
     query: noiseTensor([Tq, Hq, E], seed, 1), key: noiseTensor([Tk, Hkv, E], seed, 2),
     value: noiseTensor([Tk, Hkv, Ev], seed, 3), gradOutput: noiseTensor([Tq, Hq, Ev], seed, 4),
   };
