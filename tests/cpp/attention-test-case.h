@@ -49,6 +49,12 @@ struct AttentionCase {
   }
 };
 
+// |got - ref| / (1 + |ref|), infinite for a got that is not finite: the gradients' error measure
+// (sdpa-backward-test.cc, sdpa-packed-test.cc).
+inline double relative_error(float got, double ref) {
+  return std::isfinite(got) ? std::abs(got - ref) / (1.0 + std::abs(ref)) : std::numeric_limits<double>::infinity();
+}
+
 // +0 exactly (not -0): what the kernels write for rows and keys with nothing to attend. For
 // EXPECT_PRED1, which prints the value that fails.
 inline bool is_plus_zero(float x) { return x == 0.0f && !std::signbit(x); }

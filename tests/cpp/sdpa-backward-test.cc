@@ -32,10 +32,7 @@ constexpr double kTolerance = 1e-4;  // max |got - ref| / (1 + |ref|)
 
 using Case = test::AttentionCase;
 
-// |got - ref| / (1 + |ref|), infinite for a got that is not finite.
-double relative_error(float got, double ref) {
-  return std::isfinite(got) ? std::abs(got - ref) / (1.0 + std::abs(ref)) : std::numeric_limits<double>::infinity();
-}
+using test::relative_error;
 
 struct Harness : test::OptionArrays {
   Case c;

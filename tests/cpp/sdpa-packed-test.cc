@@ -360,9 +360,7 @@ struct PackedBackwardHarness : PackedHarness {
   }
 };
 
-double relative_error(float got, double ref) {
-  return std::isfinite(got) ? std::abs(got - ref) / (1.0 + std::abs(ref)) : std::numeric_limits<double>::infinity();
-}
+using test::relative_error;
 
 void check_backward(const PackedCase& c) {
   PackedBackwardHarness h(c);
