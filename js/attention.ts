@@ -11,7 +11,21 @@ import type {
   AttentionOptions, KVCacheOptions, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaBackwardResultWithSinkGrad, SdpaOptions, SdpaResult, SdpaResultWith,
   SdpaVarlenBackwardOptions, SdpaVarlenBackwardResult, SdpaVarlenOptions, SdpaVarlenResult, SdpaVarlenResultWithLogSumExp, Tensor,
 } from './types.js';
-import { checkAttentionOptions, DEFAULT_MAX_THREADS, plan, planBackward } from './validate.js';
+import { checkAttentionOptions, DEFAULT_MAX_THREADS, plan, planBackward, type SdpaPlan } from './validate.js';
+
+/**
+ * A forward call (`run`, of plan `p`) whose log-sum-exp, when returned, is remembered with what
+ * made it (saved-forward.ts): what a backward call checks options.saved against. The inputs'
+ * part is taken before the call runs (out may be one of them).
+ */
+function recorded(p: SdpaPlan, run: () => SdpaResult): SdpaResult {
+  const inputs = p.lseDims !== null ? inputsRecord(p, p.keyData, p.valueData) : null;
+  const result = run();
+  if (inputs !== null && result.logSumExp !== undefined) {
+    remember(result.logSumExp.data, [...inputs, ...resultsRecord(p, result.output.data, result.logSumExp.data)]);
+  }
+  return result;
+}
 
 export class Attention {
   /** Threads the kernel runs on: > 1 means the threaded build (pthreads in Web Workers). */
@@ -65,13 +79,7 @@ export class Attention {
     const engines = {
       main: handle.module, threads: handle.threads, single: this.#streamHandle?.module ?? null, account: this.#account,
     };
-    // What sdpaBackward checks options.saved against: the inputs before the call (out may be one).
-    const inputs = p.lseDims !== null ? inputsRecord(p, p.keyData, p.valueData) : null;
-    const result = runSdpa(engines, p, p.queryData, p.keyData, p.valueData);  // the arrays the checks read
-    if (inputs !== null && result.logSumExp !== undefined) {
-      remember(result.logSumExp.data, [...inputs, ...resultsRecord(p, result.output.data, result.logSumExp.data)]);
-    }
-    return result;
+    return recorded(p, () => runSdpa(engines, p, p.queryData, p.keyData, p.valueData));  // the arrays the checks read
   }
 
   /**
@@ -118,13 +126,7 @@ export class Attention {
     this.#live('sdpaVarlen');
     const p = planVarlen(query, key, value, options);
     const handle = this.#live('sdpaVarlen');  // again: the arguments' getters may have disposed it
-    // What sdpaVarlenBackward checks options.saved against: the inputs before the call (out may be one).
-    const inputs = p.lseDims !== null ? inputsRecord(p, p.keyData, p.valueData) : null;
-    const result = runVarlen(new CallMemory(handle.module, this.#account, 'sdpaVarlen'), handle.threads, p);
-    if (inputs !== null && result.logSumExp !== undefined) {
-      remember(result.logSumExp.data, [...inputs, ...resultsRecord(p, result.output.data, result.logSumExp.data)]);
-    }
-    return result;
+    return recorded(p, () => runVarlen(new CallMemory(handle.module, this.#account, 'sdpaVarlen'), handle.threads, p));
   }
 
   /**
