@@ -12,7 +12,7 @@ type Field = ArgumentBlock['fields'][number];
 
 /** The ProblemDesc fields that hold addresses in wasm memory. */
 const ADDRESS_FIELDS = ['query', 'key', 'value', 'output', 'weights', 'mask', 'causalOffsets', 'keyLengths',
-  'logsumexp', 'keyStarts', 'sinks'] as const;
+  'logsumexp', 'keyStarts', 'sinks', 'alibiSlopes'] as const;
 
 interface Blocks {
   problem: ArgumentBlock;

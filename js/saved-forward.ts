@@ -101,17 +101,27 @@ export function inputsRecord(p: Plan | VarlenPlan, key: Float32Array, value: Flo
     ['scale (in float32)', String(Math.fround(p.scale)), false],
     ['softcap (in float32)', String(Math.fround(p.softcap)), false],
     ['isCausal', String(p.causal), false],
-    ['causalOffset', p.causal ? perBatch(p.causalOffsets, p.batch, p.causalOffset) : 'none', false],
+    ['causalOffset', p.causal || p.alibiSlopes !== null ? perBatch(p.causalOffsets, p.batch, p.causalOffset) : 'none', false],
     ['slidingWindow', p.slidingWindow === 0 ? 'none' : String(p.slidingWindow), false],
     ['keyLengths', perBatch(p.keyLengths, p.batch, p.kvLen), false],
     ['keyStarts', perBatch(p.keyStarts, p.batch, 0), false],
     // Sinks that are all -Infinity are no sinks (the same bits).
     ['sinks', p.sinks === null || p.sinks.every((x) => x === -Infinity) ? 'none' : `[${Array.from(p.sinks).join(', ')}]`, false],
+    ['alibiSlopes', alibiRecord(p), false],
     ['attnMask', mask, false],
     ['query.data', contentsOf(p.queryData, p.batch * p.qHeads * p.qLen * p.headDim), true],
     ['key.data', contentsOf(key, kv * p.headDim), true],
     ['value.data', contentsOf(value, kv * p.valueDim), true],
   ];
+}
+
+/** ALiBi slopes spelt out per batch (or sequence), so that [Hq] and the same row repeated [B, Hq] agree. */
+function alibiRecord(p: Plan | VarlenPlan): string {
+  const slopes = p.alibiSlopes;
+  if (slopes === null) return 'none';
+  const rows = p.alibiStrideB === 0 ? 1 : slopes.length / p.qHeads;
+  const perRow = Array.from({ length: rows }, (_, b) => `[${Array.from(slopes.subarray(b * p.qHeads, (b + 1) * p.qHeads)).join(', ')}]`);
+  return rows === 1 ? perRow[0] : perRow.every((r) => r === perRow[0]) ? perRow[0] : `[${perRow.join(', ')}]`;
 }
 
 /** The results' part of a forward call's record: its output and log-sum-exp. */

@@ -6,7 +6,7 @@
 //                      copied out at a time (each fits in L2)
 //   runResident        KVCache.attend(): K/V already in wasm memory (the cache), read in place
 // chooseSdpaStrategy() picks among the first three; every one returns the same bits.
-// All of them copy the small inputs (mask, causal offsets, key lengths and starts, sinks) the same way
+// All of them copy the small inputs (mask, causal offsets, key lengths and starts, sinks, ALiBi slopes) the same way
 // (smallInputBytes, copySmallInputs), request every block of wasm memory at once (refused
 // before any is allocated if the instance's limit would be passed) and free them on every path
 // (CallMemory in try/finally).
@@ -98,7 +98,7 @@ export function describeProblem(p: Plan): ProblemDesc {
     batch: p.batch, qHeads: p.qHeads, kvHeads: p.kvHeads, qLen: p.qLen, kvLen: p.kvLen,
     headDim: p.headDim, valueDim: p.valueDim, kvType: KV_TYPE.float32,
     query: 0, key: 0, value: 0, output: 0, weights: 0, mask: 0, causalOffsets: 0, keyLengths: 0, logsumexp: 0, keyStarts: 0,
-    sinks: 0,
+    sinks: 0, alibiSlopes: 0, alibiStrideB: p.alibiStrideB,
     qStrideB: p.q.b, qStrideH: p.q.h, qStrideL: p.q.l,
     kStrideB: p.k.b, kStrideH: p.k.h, kStrideL: p.k.l,
     vStrideB: p.v.b, vStrideH: p.v.h, vStrideL: p.v.l,
@@ -118,7 +118,7 @@ export function check(module: SdpaModule, p: Plan, status: number): void {
   }
 }
 
-/** Bytes of the mask, causal offsets, key lengths and starts, sinks (0 for those not given): part of a request. */
+/** Bytes of the mask, causal offsets, key lengths and starts, sinks, ALiBi slopes (0 for those not given): part of a request. */
 export function smallInputBytes(p: Plan) {
   return {
     attnMask: p.mask?.data.byteLength ?? 0,
@@ -126,17 +126,19 @@ export function smallInputBytes(p: Plan) {
     keyLengths: p.keyLengths?.byteLength ?? 0,
     keyStarts: p.keyStarts?.byteLength ?? 0,
     sinks: p.sinks?.byteLength ?? 0,
+    alibiSlopes: p.alibiSlopes?.byteLength ?? 0,
   };
 }
 
 /** Sets their addresses in `desc` and copies them in: after the last allocation (heap views). */
 export function copySmallInputs(memory: CallMemory, p: Plan, desc: ProblemDesc,
-  at: { attnMask: number; causalOffset: number; keyLengths: number; keyStarts: number; sinks: number }): void {
+  at: { attnMask: number; causalOffset: number; keyLengths: number; keyStarts: number; sinks: number; alibiSlopes: number }): void {
   desc.mask = at.attnMask;
   desc.causalOffsets = at.causalOffset;
   desc.keyLengths = at.keyLengths;
   desc.keyStarts = at.keyStarts;
   desc.sinks = at.sinks;
+  desc.alibiSlopes = at.alibiSlopes;
   const { f32, i32, u8 } = memory.heap;
   if (p.mask !== null) {
     if (p.mask.kind === 'float') f32.set(p.mask.data, desc.mask >>> 2);
@@ -146,6 +148,7 @@ export function copySmallInputs(memory: CallMemory, p: Plan, desc: ProblemDesc,
   if (p.keyLengths !== null) i32.set(p.keyLengths, desc.keyLengths >>> 2);
   if (p.keyStarts !== null) i32.set(p.keyStarts, desc.keyStarts >>> 2);
   if (p.sinks !== null) f32.set(p.sinks, desc.sinks >>> 2);
+  if (p.alibiSlopes !== null) f32.set(p.alibiSlopes, desc.alibiSlopes >>> 2);
 }
 
 /** The output (into `out` or a new array) and the weights, copied out of wasm memory. */
@@ -238,7 +241,7 @@ export function runResident(memory: CallMemory, threads: number, p: Plan, q: Flo
   }
 }
 
-// The mask, causal offsets, key lengths and starts, sinks stay whole in wasm memory; for one (batch,
+// The mask, causal offsets, key lengths and starts, sinks, ALiBi slopes stay whole in wasm memory; for one (batch,
 // KV head) their addresses move to its batch and first query head (the strides stay).
 function pairAddresses(p: Plan, desc: ProblemDesc, b: number, firstHead: number) {
   const maskElementBytes = p.mask?.kind === 'float' ? 4 : 1;
@@ -248,6 +251,7 @@ function pairAddresses(p: Plan, desc: ProblemDesc, b: number, firstHead: number)
     keyLengths: p.keyLengths === null ? 0 : desc.keyLengths + 4 * b,
     keyStarts: p.keyStarts === null ? 0 : desc.keyStarts + 4 * b,
     sinks: p.sinks === null ? 0 : desc.sinks + 4 * firstHead,
+    alibiSlopes: p.alibiSlopes === null ? 0 : desc.alibiSlopes + 4 * (b * p.alibiStrideB + firstHead),
   };
 }
 
@@ -300,7 +304,7 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, 
         streamer.setPair(
           desc.query + 4 * (b * p.q.b + firstHead * p.q.h),
           desc.output + 4 * (b * p.o.b + firstHead * p.o.h),
-          pairAt.mask, pairAt.causalOffsets, pairAt.keyLengths, pairAt.keyStarts, pairAt.sinks);
+          pairAt.mask, pairAt.causalOffsets, pairAt.keyLengths, pairAt.keyStarts, pairAt.sinks, pairAt.alibiSlopes);
         const keyRows = pair * pairKeyFloats, valueRows = pair * pairValueFloats;
         for (let segment = 0; segment < segments; segment++) {
           const begin = segment * segmentKeys, end = Math.min(p.kvLen, begin + segmentKeys);

@@ -25,7 +25,8 @@ export interface SdpaOptions {
   isCausal?: boolean;
   /**
    * Integer, or an `Int32Array` with one offset per batch; default 0 (PyTorch's top-left
-   * alignment). `Lk - Lq` is the bottom-right alignment of a KV cache. Requires `isCausal`.
+   * alignment). `Lk - Lq` is the bottom-right alignment of a KV cache. Requires `isCausal` or
+   * `alibiSlopes` (whose distances it moves too).
    */
   causalOffset?: number | Int32Array;
   /**
@@ -50,6 +51,13 @@ export interface SdpaOptions {
    * weights. A row with nothing to attend still gives exact zeros (its log-sum-exp is `sinks[h]`).
    */
   sinks?: Float32Array;
+  /**
+   * ALiBi (BLOOM, MPT, Falcon-RW, Baichuan-13B; FlashAttention's `alibi_slopes`): one slope per
+   * query head (`[Hq]`) or per batch and query head (`[B, Hq]`), each in `[0, 2^64]`. Key `j`
+   * of query row `i` gets the bias `-slope·|i + causalOffset - j|`, added with the mask after the
+   * softcap, computed in the kernel: no `[Lq, Lk]` bias is ever stored.
+   */
+  alibiSlopes?: Float32Array;
   /** Also return the softmax probabilities `[..., Hq, Lq, Lk]` (zeros on fully masked rows). */
   returnWeights?: boolean;
   /**
@@ -162,13 +170,18 @@ export interface SdpaVarlenOptions {
   /**
    * Integer for every sequence, or an `Int32Array` of one per sequence (length `S`); default
    * `Lk_s - Lq_s`, each sequence's bottom-right alignment (FlashAttention's varlen; the same as
-   * 0 where `Lq_s = Lk_s`). Requires `isCausal`.
+   * 0 where `Lq_s = Lk_s`). Requires `isCausal` or `alibiSlopes`.
    */
   causalOffset?: number | Int32Array;
   /** Each row attends the `W` keys of its sequence ending at its causal diagonal. Requires `isCausal`. */
   slidingWindow?: number;
   /** One sink logit per query head (`[Hq]`, finite or `-Infinity`), as for sdpa(). */
   sinks?: Float32Array;
+  /**
+   * ALiBi slopes, `[Hq]` for every sequence or `[S, Hq]`, as for sdpa(): row `i` and key `j` of a
+   * sequence (its own positions) get `-slope·|i + causalOffset - j|`.
+   */
+  alibiSlopes?: Float32Array;
   /** Also return `logSumExp` `[Hq, Tq]` (`-Infinity`, or the sink, for a row without keys). */
   returnLogSumExp?: boolean;
   /** Write the output `[Tq, Hq, Ev]` into this buffer instead of a new one. */

@@ -14,12 +14,12 @@ import type { AttentionOptions, MaskTensor, SdpaOptions } from './types.js';
 
 export const OPTION_NAMES = [
   'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'slidingWindow', 'keyLengths', 'keyStarts', 'sinks',
-  'returnWeights', 'returnLogSumExp', 'out', 'layout',
+  'alibiSlopes', 'returnWeights', 'returnLogSumExp', 'out', 'layout',
 ] as const;
 /** sdpaBackward's options: the score pipeline's, `saved`, `returnMaskGrad`, and its own `out` and `accumulate`. */
 export const BACKWARD_OPTION_NAMES = [
-  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'slidingWindow', 'keyLengths', 'keyStarts', 'sinks', 'layout',
-  'saved',
+  'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'slidingWindow', 'keyLengths', 'keyStarts', 'sinks',
+  'alibiSlopes', 'layout', 'saved',
   'returnMaskGrad', 'out', 'accumulate',
 ] as const;
 /** sdpaBackward's results, in the order they are written (and the names options.out takes). */
@@ -76,6 +76,13 @@ export interface Plan {
   keyStarts: Int32Array | null;
   /** Per-query-head sink logits [Hq] (finite, or -Infinity for none), or null for none. */
   sinks: Float32Array | null;
+  /**
+   * ALiBi slopes, [Hq] (every batch) or [B, Hq], each in [0, 2^64], or null for none: key j of
+   * row i gets the bias -slope·|i + causalOffset - j| (src/kernels/alibi.h).
+   */
+  alibiSlopes: Float32Array | null;
+  /** Elements between two batches' slopes: 0 for [Hq], Hq for [B, Hq]. */
+  alibiStrideB: number;
   /** The output's part of options.out: a view of exactly outputSize floats (ownView), or null. */
   out: Float32Array | null;
   /**
@@ -688,16 +695,25 @@ export function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv:
   const mask = o.attnMask === undefined ? null : checkMask(fn, o.attnMask, [B, Hq, Lq, Lk]);
 
   const causal = checkBoolean(fn, 'options.isCausal', o.isCausal, defaults.causal);
-  let causalOffset = causal ? defaults.causalOffset : 0;
+  const alibi = checkAlibiSlopes(fn, o.alibiSlopes, B, Hq);
+  // The diagonal i + offset: the causal frontier, and where ALiBi's distances are measured from
+  // (with or without isCausal).
+  const diagonal = causal || alibi.slopes !== null;
+  let causalOffset = diagonal ? defaults.causalOffset : 0;
   let causalOffsets: Int32Array | null = null;
   if (o.causalOffset !== undefined) {
-    if (!causal) {
+    if (!diagonal) {
       const given = o.isCausal === undefined ? `undefined (default ${defaults.causal})` : describe(o.isCausal);
-      throw new TypeError(`${fn}: options.causalOffset is only meaningful with options.isCausal: true, got options.isCausal ${given}`);
+      throw new TypeError(`${fn}: options.causalOffset is only meaningful with options.isCausal: true or ` +
+        `options.alibiSlopes, got options.isCausal ${given}`);
     }
     if (typeof o.causalOffset === 'number') {
       if (!Number.isInteger(o.causalOffset)) {
         throw new RangeError(`${fn}: options.causalOffset must be an integer, got ${o.causalOffset}`);
+      }
+      if (alibi.slopes !== null && (o.causalOffset < INT32_MIN || o.causalOffset > INT32_MAX)) {
+        throw new RangeError(`${fn}: options.causalOffset must be an integer in [-2^31, 2^31 - 1] with ` +
+          `options.alibiSlopes (ALiBi's distances are measured from it), got ${o.causalOffset}`);
       }
       causalOffset = o.causalOffset;
     } else if (isInt32Array(o.causalOffset)) {
@@ -716,10 +732,13 @@ export function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv:
   const slidingWindow = checkSlidingWindow(fn, o, causal, defaults.causal);
   // Offsets beyond [-Lq, Lk] act exactly like those bounds (nothing / everything visible), and
   // with a window W beyond [-Lq, Lk + W - 1] (the window starts past every key), so they are
-  // clamped to keep the kernel in 32-bit integers.
+  // clamped to keep the kernel in 32-bit integers. Not with ALiBi, whose biases (and so each
+  // row's log-sum-exp) depend on the offset itself: it is then an int32 as given.
   const clamp = (x: number) => Math.min(Math.max(x, -Lq), Lk + Math.max(slidingWindow - 1, 0));
-  causalOffset = causal ? clamp(causalOffset) : 0;
-  if (causalOffsets !== null) causalOffsets = causalOffsets.map(clamp);
+  if (alibi.slopes === null) {
+    causalOffset = causal ? clamp(causalOffset) : 0;
+    if (causalOffsets !== null) causalOffsets = causalOffsets.map(clamp);
+  }
 
   const keyLengths = checkKeyBounds(fn, 'keyLengths', o.keyLengths, B, Lk);
   const keyStarts = checkKeyBounds(fn, 'keyStarts', o.keyStarts, B, Lk);
@@ -741,7 +760,8 @@ export function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv:
     outputDims, outputSize,
     weightsDims, weightsSize: returnWeights ? B * Hq * Lq * Lk : 0,
     lseDims, lseSize: returnLogSumExp ? B * Hq * Lq : 0,
-    scale, softcap, mask, causal, causalOffset, causalOffsets, slidingWindow, keyLengths, keyStarts, sinks, out, outResult,
+    scale, softcap, mask, causal, causalOffset, causalOffsets, slidingWindow, keyLengths, keyStarts, sinks,
+    alibiSlopes: alibi.slopes, alibiStrideB: alibi.strideB, out, outResult,
     queryData: q.data,
   };
 }
@@ -787,6 +807,38 @@ function checkSinks(fn: string, given: unknown, Hq: number): Float32Array | null
     }
   });
   return sinks;
+}
+
+const INT32_MIN = -(2 ** 31), INT32_MAX = 2 ** 31 - 1;
+/** The largest ALiBi slope taken (src/sdpa.h, kMaxAlibiSlope): every bias -slope·distance stays finite. */
+const MAX_ALIBI_SLOPE = 2 ** 64;
+
+/**
+ * options.alibiSlopes: a Float32Array of one ALiBi slope per query head ([Hq], every batch) or
+ * per batch and query head ([B, Hq]), each in [0, 2^64]; a checked copy of its elements and the
+ * batch stride (0 or Hq), or null when not given.
+ */
+export function checkAlibiSlopes(fn: string, given: unknown, B: number, Hq: number,
+  batchName = 'batch', B_ = 'B'): { slopes: Float32Array | null; strideB: number } {
+  if (given === undefined) return { slopes: null, strideB: 0 };
+  const lengths = B === 1 ? `Hq = ${Hq}` : `Hq = ${Hq} or ${B_}·Hq = ${B * Hq}`;
+  if (!isFloat32Array(given)) {
+    throw new TypeError(`${fn}: options.alibiSlopes must be a Float32Array of length ${lengths} (one ALiBi slope per ` +
+      `query head${B === 1 ? '' : `, or per ${batchName} and query head`}), got ${describe(given)}`);
+  }
+  const length = lengthOf(given);
+  refuseDetached(fn, 'options.alibiSlopes', given, length, `it must hold one ALiBi slope per query head (length ${lengths})`);
+  if (length !== Hq && length !== B * Hq) {
+    throw new RangeError(`${fn}: options.alibiSlopes must have length ${lengths}, got ${length}`);
+  }
+  const slopes = new Float32Array(given);
+  slopes.forEach((x, n) => {
+    if (!(x >= 0 && x <= MAX_ALIBI_SLOPE)) {
+      throw new RangeError(`${fn}: options.alibiSlopes[${n}] must be a number in [0, 2^64] (the bias is ` +
+        `-slope·|i + causalOffset - j|), got ${x}`);
+    }
+  });
+  return { slopes, strideB: length === Hq ? 0 : Hq };
 }
 
 /** The widest sliding window taken: 2^30, twice the most keys a problem can have (src/sdpa.h, kMaxCount). */

@@ -17,16 +17,16 @@ import { check, collectResult, copySmallInputs, describeProblem, mayOverlap, sma
 import { isInt32Array, lengthOf } from './typed-arrays.js';
 import type { SdpaBackwardResult, SdpaOptions, SdpaResult } from './types.js';
 import {
-  type BackwardPlan, checkArraysKept, checkHeadDim, checkOptionNames, checkTensor, completeBackwardPlan, describe,
+  type BackwardPlan, checkAlibiSlopes, checkArraysKept, checkHeadDim, checkOptionNames, checkTensor, completeBackwardPlan, describe,
   type Operand, planArrays, planOptions, refuseDetached, type SdpaPlan,
 } from './validate.js';
 
 export const VARLEN_OPTION_NAMES = [
-  'cuSeqlensQ', 'cuSeqlensK', 'scale', 'softcap', 'isCausal', 'causalOffset', 'slidingWindow', 'sinks',
+  'cuSeqlensQ', 'cuSeqlensK', 'scale', 'softcap', 'isCausal', 'causalOffset', 'slidingWindow', 'sinks', 'alibiSlopes',
   'returnLogSumExp', 'out',
 ] as const;
 export const VARLEN_BACKWARD_OPTION_NAMES = [
-  'cuSeqlensQ', 'cuSeqlensK', 'scale', 'softcap', 'isCausal', 'causalOffset', 'slidingWindow', 'sinks',
+  'cuSeqlensQ', 'cuSeqlensK', 'scale', 'softcap', 'isCausal', 'causalOffset', 'slidingWindow', 'sinks', 'alibiSlopes',
   'saved', 'out', 'accumulate',
 ] as const;
 
@@ -97,20 +97,27 @@ function checkStarts(fn: string, name: string, given: unknown, total: number, to
 /**
  * Each sequence's causal offset: options.causalOffset (an integer for all, or an Int32Array of
  * one per sequence) or Lk_s − Lq_s (bottom-right), clamped as planOptions() clamps sdpa()'s
- * (beyond [-Lq_s, Lk_s + W - 1] an offset acts as those bounds); null without isCausal.
+ * (beyond [-Lq_s, Lk_s + W - 1] an offset acts as those bounds); null without isCausal. With
+ * ALiBi (`alibi`), whose distances are measured from it, causal or not, and not clamped: then an
+ * integer in int32's range.
  */
-function causalOffsets(fn: string, given: unknown, causal: boolean, isCausal: unknown, window: number,
+function causalOffsets(fn: string, given: unknown, causal: boolean, alibi: boolean, isCausal: unknown, window: number,
   cuQ: Int32Array, cuK: Int32Array): Int32Array | null {
   const S = cuQ.length - 1;
   // Sequence s's offset before the clamp: the number given, the array's entry, or bottom-right.
   let offsetOf = (s: number) => (cuK[s + 1] - cuK[s]) - (cuQ[s + 1] - cuQ[s]);
   if (given !== undefined) {
-    if (!causal) {
+    if (!causal && !alibi) {
       const shown = isCausal === undefined ? 'undefined (default false)' : describe(isCausal);
-      throw new TypeError(`${fn}: options.causalOffset is only meaningful with options.isCausal: true, got options.isCausal ${shown}`);
+      throw new TypeError(`${fn}: options.causalOffset is only meaningful with options.isCausal: true or ` +
+        `options.alibiSlopes, got options.isCausal ${shown}`);
     }
     if (typeof given === 'number') {
       if (!Number.isInteger(given)) throw new RangeError(`${fn}: options.causalOffset must be an integer, got ${given}`);
+      if (alibi && (given < -(2 ** 31) || given > 2 ** 31 - 1)) {
+        throw new RangeError(`${fn}: options.causalOffset must be an integer in [-2^31, 2^31 - 1] with ` +
+          `options.alibiSlopes (ALiBi's distances are measured from it), got ${given}`);
+      }
       offsetOf = () => given;  // any integer (clamped below before it is an int32)
     } else if (isInt32Array(given)) {
       const length = lengthOf(given);
@@ -125,6 +132,7 @@ function causalOffsets(fn: string, given: unknown, causal: boolean, isCausal: un
         `(length S = ${S}), got ${describe(given)}`);
     }
   }
+  if (alibi) return Int32Array.from({ length: S }, (_, s) => offsetOf(s));
   if (!causal) return null;
   return Int32Array.from({ length: S }, (_, s) => clampOffset(offsetOf(s), cuQ, cuK, s, window));
 }
@@ -160,12 +168,16 @@ function planPacked(fn: string, query: unknown, key: unknown, value: unknown, o:
   delete (scoreOptions as VarlenOptions).cuSeqlensQ;
   delete (scoreOptions as VarlenOptions).cuSeqlensK;
   delete scoreOptions.causalOffset;
+  delete scoreOptions.alibiSlopes;  // [Hq] or [S, Hq]: per sequence, below
   const whole = planOptions(fn, 'bshd', q, { kvHeads: k.H, kvLen: k.L, valueDim: v.D, k: k.strides, v: v.strides },
     scoreOptions, { causal: false, causalOffset: 0 });
+  const alibi = checkAlibiSlopes(fn, o.alibiSlopes, S, q.H, 'sequence', 'S');
   const plan: VarlenPlan = {
     ...whole,
     causalOffset: 0,
-    causalOffsets: causalOffsets(fn, o.causalOffset, whole.causal, o.isCausal, whole.slidingWindow, cuQ, cuK),
+    causalOffsets: causalOffsets(fn, o.causalOffset, whole.causal, alibi.slopes !== null, o.isCausal, whole.slidingWindow,
+      cuQ, cuK),
+    alibiSlopes: alibi.slopes, alibiStrideB: alibi.strideB,
     keyData: k.data, valueData: v.data,
     sequences: S, cuSeqlensQ: cuQ, cuSeqlensK: cuK,
   };
@@ -286,12 +298,13 @@ function runChunked(memory: CallMemory, p: VarlenPlan): SdpaResult {
     const starts = { q: at.cuSeqlensQ, k: at.cuSeqlensK };
     Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
     copySmallInputs(memory, p, desc, at);  // the sinks, and every sequence's causal offset
-    const offsets = desc.causalOffsets;
+    const offsets = desc.causalOffsets, slopes = desc.alibiSlopes;
     const output = p.out !== null ? p.out : new Float32Array(p.outputSize);
     const lse = p.lseDims !== null ? new Float32Array(p.lseSize) : null;
     for (const c of chunks) {
       placeStartsOf(c, starts.q, starts.k);
       if (offsets !== 0) desc.causalOffsets = offsets + 4 * c.first;  // the chunk's own
+      if (slopes !== 0) desc.alibiSlopes = slopes + 4 * c.first * p.alibiStrideB;  // [S, Hq]: the chunk's rows
       const rows = c.q1 - c.q0;
       // Fresh views every time: a view is never kept across a call into the module (js/memory.ts).
       const before = memory.heap.f32;

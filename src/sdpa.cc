@@ -27,6 +27,7 @@ const char* status_name(Status status) {
     case Status::kBadSegment: return "not a single (batch, KV head) decode, or no such segment";
     case Status::kBadWindow: return "sliding window negative, or without causal";
     case Status::kBadSink: return "sink is NaN or +inf";
+    case Status::kBadAlibi: return "ALiBi slope is NaN, negative or above 2^64";
     case Status::kBadPacking: return "packed sequences: bad starts, or an option packing does not take";
     case Status::kBadMaskGrad: return "mask gradient asked for a mask that is not float";
   }
@@ -49,7 +50,8 @@ Status validate(const Problem& p) {
   const int64_t strides[] = {p.q_stride_b, p.q_stride_h, p.q_stride_l, p.k_stride_b,
                              p.k_stride_h, p.k_stride_l, p.v_stride_b, p.v_stride_h,
                              p.v_stride_l, p.o_stride_b, p.o_stride_h, p.o_stride_l,
-                             p.mask_stride_b, p.mask_stride_h, p.mask_stride_q, p.mask_stride_k};
+                             p.mask_stride_b, p.mask_stride_h, p.mask_stride_q, p.mask_stride_k,
+                             p.alibi_stride_b};
   for (int64_t stride : strides) {
     if (stride < 0) return Status::kBadStride;
   }
@@ -62,6 +64,12 @@ Status validate(const Problem& p) {
   if (p.sliding_window < 0 || (p.sliding_window > 0 && !p.causal)) return Status::kBadWindow;
   for (int32_t h = 0; p.sinks != nullptr && h < p.q_heads; h++) {
     if (std::isnan(p.sinks[h]) || p.sinks[h] == std::numeric_limits<float>::infinity()) return Status::kBadSink;
+  }
+  for (int32_t b = 0; p.alibi_slopes != nullptr && b < (p.alibi_stride_b != 0 ? p.batch : 1); b++) {
+    for (int32_t h = 0; h < p.q_heads; h++) {
+      const float slope = p.alibi_slopes[b * p.alibi_stride_b + h];
+      if (!(slope >= 0.0f && slope <= kMaxAlibiSlope)) return Status::kBadAlibi;
+    }
   }
   for (const int32_t* bounds : {p.key_lengths, p.key_starts}) {  // per-batch key indices in [0, Lk]
     for (int32_t b = 0; bounds != nullptr && b < p.batch; b++) {

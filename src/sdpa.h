@@ -20,7 +20,10 @@
 // The score of query row i and key j, in the order the operations are applied:
 //   s  = scale · (q_i · k_j)
 //   s  = softcap · tanh(s / softcap)                     if softcap > 0
-//   s  = s + mask[b, h, i, j]                            float mask (may be -inf)
+//   s  = s + (mask[b, h, i, j] + alibi[b, h, i, j])      float mask (may be -inf), ALiBi bias
+//        alibi = -(slope[b, h] · |i + offset - j|)         with ALiBi slopes, else 0 (a bool mask
+//                                                          or none: s + alibi); offset as below,
+//                                                          causal or not (src/kernels/alibi.h)
 //   s  = -inf  where bool mask == 0, where j >= key_lengths[b] or j < key_starts[b],
 //              or (causal) where j > i + offset (causal_offsets[b], or causal_offset for every b),
 //              or (causal, sliding window W) where j <= i + offset - W: each row attends at most the
@@ -92,6 +95,13 @@ struct Problem {
   // Per-query-head sink logits [Hq] (finite, or -inf for a head without one), or nullptr for
   // none: see the score pipeline above.
   const float* sinks = nullptr;
+  // ALiBi (Press et al.; FlashAttention's alibi_slopes, llama.cpp's max_bias): slopes in
+  // [0, kMaxAlibiSlope], slope of (b, h) at alibi_slopes[b·alibi_stride_b + h] ([Hq] with
+  // stride 0, [B, Hq] with stride Hq), or nullptr for none. Key j of row i gets the bias
+  // -(slope · |i + offset - j|) (offset: causal_offsets[b] or causal_offset, used whether or not
+  // the problem is causal), added with the mask: see the score pipeline above.
+  const float* alibi_slopes = nullptr;
+  int64_t alibi_stride_b = 0;
 
   float* weights = nullptr;  // optional [B, Hq, Lq, Lk] softmax probabilities
   // Optional [B, Hq, Lq], dense: each row's log-sum-exp of its scores, log Σ_j exp(s_j)
@@ -130,6 +140,7 @@ enum class Status : int32_t {
                         // mask is not MaskKind::kFloat
   kBadWindow = 12,      // sliding_window < 0, or > 0 without causal
   kBadSink = 13,        // a sink that is NaN or +inf
+  kBadAlibi = 15,       // an ALiBi slope that is NaN, negative or above kMaxAlibiSlope
   kBadPacking = 14,     // packed sequences (src/sdpa-packed.h): starts not 0 = s[0] <= … <= s[S] =
                         // Tq (or Tk), S < 1, or what a packed problem does not take (batch != 1,
                         // a mask, key lengths or starts, weights, float16 K/V, d_mask)
@@ -144,6 +155,9 @@ const char* status_name(Status status);
 // this (the wasm module's 2 GB memory holds 2^29 floats); only zero strides describe one.
 constexpr int32_t kMaxCount = 1 << 29;
 constexpr int32_t kMaxHeadDim = 1 << 20;
+// The largest ALiBi slope validate() accepts: a distance |i + offset - j| is below 2^32, so every
+// bias -(slope · distance) stays finite (at least -2^96) and never blocks a key as -inf would.
+constexpr float kMaxAlibiSlope = 18446744073709551616.0f;  // 2^64
 
 // Checks what the kernel relies on. The TypeScript layer validates first and gives the
 // user-facing message; this is the C++ boundary's own guard (tests, fuzzers, bindings).

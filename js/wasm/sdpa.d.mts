@@ -19,6 +19,10 @@ export interface ProblemDesc {
   keyStarts: number;
   /** sdpa::Problem::sinks: [Hq] sink logits, 0 for none. */
   sinks: number;
+  /** sdpa::Problem::alibi_slopes: [Hq] or [B, Hq] ALiBi slopes, 0 for none. */
+  alibiSlopes: number;
+  /** sdpa::Problem::alibi_stride_b: 0 for [Hq] slopes, Hq for [B, Hq]. */
+  alibiStrideB: number;
   qStrideB: number; qStrideH: number; qStrideL: number;
   kStrideB: number; kStrideH: number; kStrideL: number;
   vStrideB: number; vStrideH: number; vStrideL: number;
@@ -114,9 +118,9 @@ export interface SdpaModule {
 
 /** Mirrors SegmentStream in src/bindings/embind.cc. Statuses: 0 = ok. */
 export interface SegmentStream {
-  /** Moves to another (batch, KV head): its rows of Q, output, mask, offsets, key lengths and starts, its query heads' sinks. */
+  /** Moves to another (batch, KV head): its rows of Q, output, mask, offsets, key lengths and starts, its query heads' sinks and ALiBi slopes. */
   setPair(query: number, output: number, mask: number, causalOffsets: number, keyLengths: number, keyStarts: number,
-    sinks: number): void;
+    sinks: number, alibiSlopes: number): void;
   /** One segment, its keys alone at `key` and `value`; writes its part of `partials`. */
   forward(segment: number, key: number, value: number, partials: number, scratch: number, scratchFloats: number): number;
   /** The output rows of the (batch, KV head) from every segment's partials. */

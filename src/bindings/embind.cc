@@ -30,6 +30,8 @@ struct ProblemDesc {
   uint32_t logsumexp;  // sdpa::Problem::logsumexp: [B, Hq, Lq] written by forward(), 0 for none
   uint32_t keyStarts;  // sdpa::Problem::key_starts: [B], 0 for none
   uint32_t sinks;      // sdpa::Problem::sinks: [Hq], 0 for none
+  uint32_t alibiSlopes;  // sdpa::Problem::alibi_slopes: [Hq] or [B, Hq], 0 for none
+  int32_t alibiStrideB;  // sdpa::Problem::alibi_stride_b: 0 ([Hq]) or Hq ([B, Hq])
   int32_t qStrideB, qStrideH, qStrideL, kStrideB, kStrideH, kStrideL;
   int32_t vStrideB, vStrideH, vStrideL, oStrideB, oStrideH, oStrideL;
   int32_t maskKind, maskStrideB, maskStrideH, maskStrideQ, maskStrideK;
@@ -77,6 +79,8 @@ sdpa::Problem to_problem(const ProblemDesc& d) {
   p.key_lengths = at<const int32_t>(d.keyLengths);
   p.key_starts = at<const int32_t>(d.keyStarts);
   p.sinks = at<const float>(d.sinks);
+  p.alibi_slopes = at<const float>(d.alibiSlopes);
+  p.alibi_stride_b = d.alibiStrideB;
   p.read_kv_in_order = d.readKvInOrder != 0;
   p.logsumexp = at<float>(d.logsumexp);
   return p;
@@ -125,7 +129,7 @@ constexpr FieldLayout kProblemFields[] = {
     SDPA_FIELD(ProblemDesc, key),         SDPA_FIELD(ProblemDesc, value),         SDPA_FIELD(ProblemDesc, output),
     SDPA_FIELD(ProblemDesc, weights),     SDPA_FIELD(ProblemDesc, mask),          SDPA_FIELD(ProblemDesc, causalOffsets),
     SDPA_FIELD(ProblemDesc, keyLengths),  SDPA_FIELD(ProblemDesc, logsumexp),     SDPA_FIELD(ProblemDesc, keyStarts),
-    SDPA_FIELD(ProblemDesc, sinks),
+    SDPA_FIELD(ProblemDesc, sinks),       SDPA_FIELD(ProblemDesc, alibiSlopes),   SDPA_FIELD(ProblemDesc, alibiStrideB),
     SDPA_FIELD(ProblemDesc, qStrideB),
     SDPA_FIELD(ProblemDesc, qStrideH),    SDPA_FIELD(ProblemDesc, qStrideL),      SDPA_FIELD(ProblemDesc, kStrideB),
     SDPA_FIELD(ProblemDesc, kStrideH),    SDPA_FIELD(ProblemDesc, kStrideL),      SDPA_FIELD(ProblemDesc, vStrideB),
@@ -276,14 +280,15 @@ double segment_partials_floats(uint32_t desc) {
 
 // A streamed decode (sdpa.h, forward_segment) of a problem that is one (batch, KV head):
 // the description (an argument block's address) is read once, then only addresses move, per
-// (batch, KV head) the rows of Q, output, mask, offsets, key lengths and starts, the KV group's sinks,
+// (batch, KV head) the rows of Q, output, mask, offsets, key lengths and starts, the KV group's sinks
+// and ALiBi slopes,
 // per segment K and V.
 class SegmentStream {
  public:
   explicit SegmentStream(uint32_t desc) : p_(to_problem(problem_at(desc))) {}
 
   void set_pair(uint32_t query, uint32_t output, uint32_t mask, uint32_t causal_offsets, uint32_t key_lengths,
-                uint32_t key_starts, uint32_t sinks) {
+                uint32_t key_starts, uint32_t sinks, uint32_t alibi_slopes) {
     p_.query = at<const float>(query);
     p_.output = at<float>(output);
     p_.mask = at<const void>(mask);
@@ -291,6 +296,7 @@ class SegmentStream {
     p_.key_lengths = at<const int32_t>(key_lengths);
     p_.key_starts = at<const int32_t>(key_starts);
     p_.sinks = at<const float>(sinks);
+    p_.alibi_slopes = at<const float>(alibi_slopes);
   }
 
   int32_t forward(int32_t segment, uint32_t key, uint32_t value, uint32_t partials, uint32_t scratch,

@@ -5,7 +5,7 @@
 // rebuild p: the forward's lse (shift = lse, log_sum = 0), or, where a float32 lse is too coarse
 // for that, the row's maximum score m and log(Σ exp(s - m)) recomputed from the scores below.
 // Then per (row tile, key tile) the gradient kernels recompute, from Q, K, V and dO:
-//   s[4][64]  = (scale·Q)·Kᵀ, finished as the forward does (softcap, mask, blocked → -inf)
+//   s[4][64]  = (scale·Q)·Kᵀ, finished as the forward does (softcap, mask + ALiBi, blocked → -inf)
 //   dp[4][64] = dO·Vᵀ
 //   p  = exp(min((s - shift) - log_sum, 0))
 //                                 s <= m <= shift + log_sum = m + log(Σ exp(s - m)) in exact
@@ -38,6 +38,7 @@
 #include <limits>
 #include <new>
 
+#include "kernels/alibi.h"
 #include "kernels/f32-tile-ops-wasmsimd.h"
 #include "kernels/row-limits.h"
 #include "kernels/sdpa-bwd-kernels.h"
@@ -242,8 +243,8 @@ int32_t add_contiguous_mask(const Problem& p, int64_t mask_at, int32_t allowed_e
 
 // The scores s[4][kTile] of one (row tile, key tile) of keys [j0, j0 + count), computed from
 // the tile's scale·Q and K packed from key j0 on, and finished in the forward's order: softcap
-// (t = tanh(r / softcap) kept in tanh_r), mask, blocked → -inf (past a row's limit, before its
-// window's start). Columns [count, round_up(count,
+// (t = tanh(r / softcap) kept in tanh_r), mask + ALiBi (bias = mask + alibi, then s + bias, as the
+// forward's bias rows), blocked → -inf (past a row's limit, before its window's start). Columns [count, round_up(count,
 // 8)) and padding rows end -inf. Returns the first column that is blocked for some real row
 // (columns before it are open for every row). Row statistics and gradients both take their
 // scores from here: the same bits.
@@ -258,7 +259,8 @@ int32_t finished_scores(const BackwardProblem& bp, const RowTile& rt, const RowO
   int32_t open_cols = cols;
   const bool capped = p.softcap > 0.0f;
   const float cap = p.softcap;
-  const bool plain = !capped && p.mask_kind == MaskKind::kNone;
+  const bool has_alibi = p.alibi_slopes != nullptr;
+  const bool plain = !capped && p.mask_kind == MaskKind::kNone && !has_alibi;
   if (plain) {
     // The scores stand as computed; only each row's limit blocks: columns past it are -inf.
     for (int r = 0; r < kQueryTile; r++) {
@@ -276,8 +278,9 @@ int32_t finished_scores(const BackwardProblem& bp, const RowTile& rt, const RowO
     const int32_t allowed_end = std::clamp(rt.limit[r] - j0, 0, count);
     const int64_t mask_row = rt.b * p.mask_stride_b + rt.h[r] * p.mask_stride_h +
                              static_cast<int64_t>(rt.i[r]) * p.mask_stride_q;
-    // A mask contiguous along keys, without softcap: 4 columns at a time, then one at a time.
-    int32_t c = !capped && p.mask_kind != MaskKind::kNone && p.mask_stride_k == 1
+    const AlibiRow alibi = has_alibi ? alibi_row(p, rt.b, rt.h[r], rt.i[r]) : AlibiRow{0.0f, 0};
+    // A mask contiguous along keys, without softcap or ALiBi: 4 columns at a time, then one at a time.
+    int32_t c = !capped && !has_alibi && p.mask_kind != MaskKind::kNone && p.mask_stride_k == 1
                     ? add_contiguous_mask(p, mask_row + j0, allowed_end, row, open_cols)
                     : 0;
     for (; c < cols; c++) {
@@ -297,6 +300,7 @@ int32_t finished_scores(const BackwardProblem& bp, const RowTile& rt, const RowO
         row[c] = kNegInf;
         continue;
       }
+      if (has_alibi) bias += alibi_bias(alibi, j0 + c);
       float score = row[c];
       if (capped) {
         const float t = std::tanh(score / cap);  // as the forward: 1/cap may overflow

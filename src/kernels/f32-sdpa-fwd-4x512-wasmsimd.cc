@@ -68,6 +68,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "kernels/alibi.h"
 #include "kernels/f32-tile-ops-wasmsimd.h"
 #include "kernels/row-limits.h"
 #include "kernels/softmax-sink.h"
@@ -243,7 +244,7 @@ uint64_t layout(const Problem& p, bool packs, float* base, Scratch* s) {
 // The additive bias and the blocked keys of one tile, for the rows of the query tile.
 enum class TileKind {
   kAllBlocked,  // no row may attend any key of the tile: skip it
-  kPartial,     // a mask: bias[] holds the tile's bias, -inf where blocked
+  kPartial,     // a mask or ALiBi: bias[] holds the tile's bias, -inf where blocked
   kLimited,     // no mask, but some row's key limit ends inside the tile (a causal diagonal,
                 // the key-length edge) or its sliding window starts inside it: scores past the
                 // limit and before the start are set to -inf; bias[] unused
@@ -282,8 +283,10 @@ int64_t mask_row_of(const Problem& p, int32_t b, int32_t h, int32_t i) {
   return b * p.mask_stride_b + h * p.mask_stride_h + static_cast<int64_t>(i) * p.mask_stride_q;
 }
 
-// One row of a tile's bias from the mask: bias_row[c] for allowed_begin <= c < allowed_end is
-// the mask's value at key j0 + c (a float mask's value; 0 or -inf for a boolean one), -inf
+// One row of a tile's bias from the mask and ALiBi: bias_row[c] for allowed_begin <= c < allowed_end
+// is the mask's value at key j0 + c (a float mask's value; 0 or -inf for a boolean one; 0
+// without a mask) plus the row's ALiBi bias of that key when `alibi` is not null (which never
+// blocks: src/kernels/alibi.h), -inf
 // before allowed_begin (a row's start: its batch's first key, its sliding window's) and from allowed_end on.
 // Returns the first column whose bias is -inf (allowed_end if none before it), one past the
 // last column whose bias is not (0 if none) and the first such column (kKeyTile if none). A
@@ -295,8 +298,8 @@ struct MaskedRow {
   int32_t first_allowed;  // the first allowed column; kKeyTile: none allowed
 };
 
-MaskedRow mask_bias_row(const Problem& p, int64_t mask_row, int32_t j0, int32_t allowed_begin, int32_t allowed_end,
-                        float* bias_row) {
+MaskedRow mask_bias_row(const Problem& p, int64_t mask_row, const AlibiRow* alibi, int32_t j0, int32_t allowed_begin,
+                        int32_t allowed_end, float* bias_row) {
   assert(0 <= allowed_begin && allowed_begin <= allowed_end && allowed_end <= kKeyTile);
   MaskedRow out{allowed_begin > 0 ? 0 : allowed_end, 0, kKeyTile};
   std::fill(bias_row, bias_row + allowed_begin, kNegInf);
@@ -308,7 +311,12 @@ MaskedRow mask_bias_row(const Problem& p, int64_t mask_row, int32_t j0, int32_t 
     if (blocked_bits != 0 && out.first_blocked == allowed_end) out.first_blocked = c + __builtin_ctz(blocked_bits);
   };
   int32_t c = allowed_begin;
-  if (p.mask_stride_k == 1 && p.mask_kind == MaskKind::kBool) {
+  if (p.mask_kind == MaskKind::kNone) {  // ALiBi alone: zeros, then its bias; no column blocked
+    std::fill(bias_row + allowed_begin, bias_row + allowed_end, 0.0f);
+    c = allowed_end;
+    out.attended_end = allowed_begin < allowed_end ? allowed_end : 0;
+    out.first_allowed = allowed_begin < allowed_end ? allowed_begin : kKeyTile;
+  } else if (p.mask_stride_k == 1 && p.mask_kind == MaskKind::kBool) {
     const uint8_t* m = static_cast<const uint8_t*>(p.mask) + mask_row + j0;
     const v128_t neg_inf_bits = wasm_f32x4_splat(kNegInf), zero = wasm_i8x16_splat(0);
     for (; c + 16 <= allowed_end; c += 16) {
@@ -341,6 +349,7 @@ MaskedRow mask_bias_row(const Problem& p, int64_t mask_row, int32_t j0, int32_t 
     bias_row[c] = value;
     note(c, value == kNegInf ? 1u : 0u, 1u);
   }
+  if (alibi != nullptr) add_alibi(*alibi, j0, allowed_begin, allowed_end, bias_row);
   std::fill(bias_row + allowed_end, bias_row + kKeyTile, kNegInf);
   return out;
 }
@@ -365,7 +374,7 @@ TileBias build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias
     first_allowed = std::min(first_allowed, allowed_begin);
   }
   if (allowed_max == 0) return {TileKind::kAllBlocked, 0, 0, 0};
-  if (p.mask_kind == MaskKind::kNone) {
+  if (p.mask_kind == MaskKind::kNone && p.alibi_slopes == nullptr) {
     return {open_cols == kKeyTile ? TileKind::kClean : TileKind::kLimited, open_cols, allowed_max, first_allowed};
   }
 
@@ -374,24 +383,30 @@ TileBias build_bias(const Problem& p, const RowTile& rt, int32_t j0, float* bias
   MaskedRow previous{0, 0, kKeyTile};
   int64_t previous_mask_row = -1;
   int32_t previous_begin = -1, previous_end = -1;
+  AlibiRow previous_alibi{0.0f, 0};
   for (int r = 0; r < kQueryTile; r++) {
     float* bias_row = bias + r * kKeyTile;
     const int32_t allowed_begin = allowed_begin_of(rt, r, j0), allowed_end = allowed_end_of(rt, r, j0);
     const int64_t mask_row = mask_row_of(p, rt.b, rt.h[r], rt.i[r]);
+    const bool has_alibi = p.alibi_slopes != nullptr;
+    const AlibiRow alibi = has_alibi ? alibi_row(p, rt.b, rt.h[r], rt.i[r]) : AlibiRow{0.0f, 0};
     // Rows reading the same mask row over the same columns (a mask broadcast over heads:
-    // the query heads of a GQA group) get the same bias row: copied, not read again.
+    // the query heads of a GQA group) and with the same ALiBi slope and diagonal, if any, get
+    // the same bias row: copied, not computed again.
     MaskedRow row;
-    if (mask_row == previous_mask_row && allowed_begin == previous_begin && allowed_end == previous_end) {
+    if (mask_row == previous_mask_row && allowed_begin == previous_begin && allowed_end == previous_end &&
+        (!has_alibi || (alibi.slope == previous_alibi.slope && alibi.position == previous_alibi.position))) {
       const float* src = bias_row - kKeyTile;
       for (int32_t c = 0; c < kKeyTile; c += 4) wasm_v128_store(bias_row + c, wasm_v128_load(src + c));
       row = previous;
     } else {
-      row = mask_bias_row(p, mask_row, j0, allowed_begin, allowed_end, bias_row);
+      row = mask_bias_row(p, mask_row, has_alibi ? &alibi : nullptr, j0, allowed_begin, allowed_end, bias_row);
     }
     if (r < rt.rows) open_cols = std::min(open_cols, row.first_blocked);
     attended_cols = std::max(attended_cols, row.attended_end);
     first_attended = std::min(first_attended, row.first_allowed);
     previous = row, previous_mask_row = mask_row, previous_begin = allowed_begin, previous_end = allowed_end;
+    previous_alibi = alibi;
   }
   if (attended_cols == 0) return {TileKind::kAllBlocked, 0, 0, 0};
   return {TileKind::kPartial, open_cols, attended_cols, first_attended};
@@ -941,15 +956,16 @@ float* partial_row(const Problem& p, const KernelWork& w, int32_t f) {
 // when it is one tile of split-K decode of one query row per KV head (MHA), K/V float16 stored
 // whole in memory order (a KV cache; not a streamed segment, whose buffer holds its own keys
 // alone: stored_alone), and its whole group of kInterleavedTiles tiles is open
-// to the row: within Lk, the batch's key length, the causal frontier and the window, no mask (which would
-// need the keys in order), E and Ev multiples of 4 (no column goes to the scalar loops). The
+// to the row: within Lk, the batch's key length, the causal frontier and the window, no mask and
+// no ALiBi (whose biases need the keys in order), E and Ev multiples of 4 (no column goes to the scalar loops). The
 // choice depends on the problem and the segment only, never on the reader of the halves or the
 // thread count: kFloat16 and kFloat16Finite, one thread or many, give the same bits.
 int32_t interleaved_first_key(const Problem& p, const KernelWork& w, const RowLimits& limit_of) {
   constexpr int32_t kGroupKeys = kInterleavedTiles * kKeyTile;
   constexpr int32_t kSlice = kKeyTile / kDecodeStreams<uint16_t, 1>;
   if (!is_half(p.kv_type) || p.q_heads != p.kv_heads || p.q_len != 1 || w.partials == nullptr || w.pack ||
-      w.stored_alone || !p.read_kv_in_order || p.mask_kind != MaskKind::kNone || p.head_dim % 4 != 0 ||
+      w.stored_alone || !p.read_kv_in_order || p.mask_kind != MaskKind::kNone || p.alibi_slopes != nullptr ||
+      p.head_dim % 4 != 0 ||
       p.value_dim % 4 != 0 || w.key_end - w.key_begin != kKeyTile) {
     return -1;
   }

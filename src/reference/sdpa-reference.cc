@@ -43,7 +43,7 @@ std::vector<double> reference_forward(const Problem& p, std::vector<double>* wei
       const int64_t kvh = h / (Hq / Hkv);
       for (int64_t i = 0; i < Lq; i++) {
         const float* q = p.query + b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_l;
-        // 1. logits: scale·q·k, then softcap, then the mask; blocked keys are -inf.
+        // 1. logits: scale·q·k, then softcap, then the mask and ALiBi; blocked keys are -inf.
         for (int64_t j = 0; j < Lk; j++) {
           const int64_t m = b * p.mask_stride_b + h * p.mask_stride_h + i * p.mask_stride_q +
                             j * p.mask_stride_k;
@@ -68,6 +68,9 @@ std::vector<double> reference_forward(const Problem& p, std::vector<double>* wei
           double s = static_cast<double>(p.scale) * dot;
           if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
           if (p.mask_kind == MaskKind::kFloat) s += static_cast<const float*>(p.mask)[m];
+          if (p.alibi_slopes != nullptr) {  // ALiBi: -slope·|i + offset - j|, in double
+            s -= static_cast<double>(p.alibi_slopes[b * p.alibi_stride_b + h]) * std::fabs(static_cast<double>(i + offset - j));
+          }
           logits[j] = s;
         }
         // 2. softmax with the maximum subtracted, over the keys and the head's sink (one more

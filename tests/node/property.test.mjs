@@ -801,6 +801,11 @@ function randomVarlenCase(r, { forBackward = false } = {}) {
   if (r.chance(0.2)) options.softcap = r.pick([0.5, 5, 30]);
   if (r.chance(0.2)) options.scale = r.pick(forBackward ? [0.1, 0.5, 1] : [0.1, 1, 3]);
   if (r.chance(0.25)) options.sinks = Float32Array.from({ length: Hq }, () => r.pick([-Infinity, 0, 2.5, -3, 30]));
+  if (r.chance(0.25)) {  // ALiBi, [Hq] or [S, Hq], biases within ±40 (see randomOptions)
+    const most = 40 / (Math.max(...qLens, ...p.kLens) * 2 + 20);
+    options.alibiSlopes = Float32Array.from({ length: r.chance(0.5) ? Hq : S * Hq }, () => r.pick([0, most, most * r.next()]));
+    if (!options.isCausal && r.chance(0.5)) options.causalOffset = r.int(-5, 12);
+  }
   if (!forBackward && r.chance(0.5)) options.returnLogSumExp = true;
   const description = `S ${S}, Lq ${qLens.join('/')}, Lk ${p.kLens.join('/')}, Hq ${Hq} Hkv ${Hkv} E ${E} Ev ${Ev}, ` +
     `options ${JSON.stringify(options, (k, v) => (ArrayBuffer.isView(v) ? `${v.constructor.name}[${Array.from(v)}]` : v))}`;

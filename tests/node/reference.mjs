@@ -4,6 +4,8 @@
 //   s_ij = scale · (q_i · k_j)                      (scale defaults to 1/sqrt(E))
 //   s_ij = softcap · tanh(s_ij / softcap)           (softcap > 0)
 //   s_ij = s_ij + mask[b, h, i, j]                  (float mask, NEG_INF blocks)
+//   s_ij = s_ij - slope[b, h] · |i + causalOffset[b] - j|   (alibiSlopes [Hq] or [B, Hq]; the
+//                                                    offset counts with or without isCausal)
 //   key j is blocked for row i when a bool mask is 0, when j >= keyLengths[b] or j < keyStarts[b], or (isCausal)
 //   when j > i + causalOffset[b], or (isCausal, slidingWindow W) when j <= i + causalOffset[b] - W
 //   out_i = Σ_j softmax_j(s_i) · v_j; a row with every key blocked is exact zeros.
@@ -76,6 +78,8 @@ export function referenceProblem(query, key, value, options = {}) {
   const validKeys = (b) => (options.keyLengths ? options.keyLengths[b] : Lk);
   const window = causal ? options.slidingWindow ?? 0 : 0;
   const sinkOf = (h) => (options.sinks ? options.sinks[h] : NEG_INF);
+  const slopes = options.alibiSlopes;
+  const slopeOf = (b, h) => (slopes ? slopes[slopes.length === Hq ? h : b * Hq + h] : 0);
 
   /** One row: { out: Float64Array(Ev), weights: Float64Array(Lk), lse: log Σ_j exp(s_j) (-Infinity if empty) }. */
   function row(b, h, i) {
@@ -83,6 +87,7 @@ export function referenceProblem(query, key, value, options = {}) {
     const qi = q.at(b, h, i);
     const limitValid = validKeys(b);
     const offset = offsetOf(b);
+    const slope = slopeOf(b, h);
     const s = new F64(Lk).fill(NEG_INF);
     const allowed = new U8(Lk);
     for (let j = 0; j < Lk; j++) {
@@ -105,7 +110,7 @@ export function referenceProblem(query, key, value, options = {}) {
       for (let d = 0; d < E; d++) dot += q.data[qi + d] * k.data[kj + d];
       let score = scale * dot;
       if (softcap > 0) score = softcap * tanh(score / softcap);
-      s[j] = score + bias;
+      s[j] = score + bias - slope * abs(i + offset - j);
       allowed[j] = 1;
     }
     const sink = sinkOf(h);

@@ -632,6 +632,136 @@ describe('sinks (gpt-oss)', () => {
   });
 });
 
+describe('ALiBi (alibiSlopes)', () => {
+  /** BLOOM's slopes for Hq heads (a power of two): 2^(−8(h+1)/Hq). */
+  const bloomSlopes = (Hq) => Float32Array.from({ length: Hq }, (_, h) => 2 ** (-8 * (h + 1) / Hq));
+  /**
+   * ALiBi written as a float mask [B or 1, Hq, Lq, Lk] of float32 biases −slope·|i + offset − j|
+   * (each the float32 rounding of an exact product, as the kernel's), plus `extra` (a float
+   * mask [Lq, Lk]) when given, added in float32 as the kernel adds them.
+   */
+  function alibiAsMask(slopes, { B, Hq, Lq, Lk }, offsetOf, extra) {
+    const perBatch = slopes.length !== Hq;
+    const rows = perBatch ? B : 1;
+    const data = new Float32Array(rows * Hq * Lq * Lk);
+    for (let b = 0; b < rows; b++) {
+      for (let h = 0; h < Hq; h++) {
+        const slope = slopes[perBatch ? b * Hq + h : h];
+        for (let i = 0; i < Lq; i++) {
+          for (let j = 0; j < Lk; j++) {
+            const bias = Math.fround(-(slope * Math.abs(i + offsetOf(b) - j)));
+            data[((b * Hq + h) * Lq + i) * Lk + j] = extra ? Math.fround(extra.data[i * Lk + j] + bias) : bias;
+          }
+        }
+      }
+    }
+    return { data, dims: [rows, Hq, Lq, Lk] };
+  }
+
+  test('tile edges, MHA and GQA, prefill and decode (512-key segments), causal and not, offsets, masks, windows, softcap, sinks: against the reference', () => {
+    let seed = 700;
+    for (const [Hq, Hkv] of [[4, 4], [4, 1]]) {
+      for (const Lq of [1, 5]) {
+        for (const Lk of [1, 13, 511, 513, 1100]) {
+          const B = 2;
+          const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E: 8, Ev: 12 }, seed++);
+          // Slopes small enough for float32 biases to stay close to the float64 reference's.
+          const slopes = Float32Array.from({ length: Hq }, (_, h) => 4 * 2 ** -h / Lk);
+          const perBatch = Float32Array.from({ length: B * Hq }, (_, n) => (n % 3) / Lk);
+          for (const options of [
+            { alibiSlopes: slopes, returnWeights: true, returnLogSumExp: true },
+            { alibiSlopes: perBatch, causalOffset: Int32Array.of(Lk - Lq, 3), returnWeights: true, returnLogSumExp: true },
+            { alibiSlopes: slopes, isCausal: true, causalOffset: Lk - Lq, returnWeights: true, returnLogSumExp: true },
+            { alibiSlopes: perBatch, attnMask: floatMask([Lq, Lk], seed), softcap: 5, isCausal: true, causalOffset: Lk - Lq, slidingWindow: 9,
+              sinks: Float32Array.from({ length: Hq }, (_, h) => [-Infinity, 0, 2.5, 30][h]), returnLogSumExp: true },
+            { alibiSlopes: slopes, attnMask: boolMask([B, 1, Lq, Lk], seed), keyLengths: Int32Array.of(Lk, Math.min(Lk, 7)),
+              keyStarts: Int32Array.of(0, Math.min(2, Lk)), returnWeights: true },
+          ]) {
+            check(q, k, v, options);
+            if (options.returnLogSumExp) {
+              const got = attn.sdpa(q, k, v, options);
+              expect(logSumExpError(got.logSumExp.data, referenceLogSumExp(q, k, v, options))).toBeLessThanOrEqual(TOL);
+            }
+          }
+        }
+      }
+    }
+  });
+
+  test('the same bits as the biases written as a float mask (alone, and added to another mask), prefill and decode, bshd, two threads', async () => {
+    const two = await createAttention({ threads: 2 });
+    try {
+      for (const [shape, seed] of [
+        [{ B: 2, Hq: 8, Hkv: 2, Lq: 70, Lk: 600, E: 32 }, 720],
+        [{ B: 2, Hq: 8, Hkv: 2, Lq: 1, Lk: 1500, E: 64 }, 721],
+      ]) {
+        const { q, k, v } = problem(shape, seed);
+        const { B, Hq, Lq, Lk } = shape;
+        const perBatch = Float32Array.from({ length: B * Hq }, (_, n) => bloomSlopes(Hq)[n % Hq] * (1 + (n >= Hq)));
+        const extra = floatMask([Lq, Lk], seed, 0.1);
+        for (const [alibi, offsets, causal] of [
+          [bloomSlopes(Hq), [Lk - Lq, Lk - Lq], true],
+          [perBatch, [4, -9], false],
+        ]) {
+          const causalOffset = Int32Array.from(offsets);
+          const base = { isCausal: causal, causalOffset, returnWeights: true, returnLogSumExp: true };
+          for (const withExtra of [false, true]) {
+            const viaAlibi = attn.sdpa(q, k, v, { ...base, alibiSlopes: alibi, ...(withExtra ? { attnMask: extra } : {}) });
+            // Without isCausal the mask's call takes no offset: the biases hold it.
+            const { causalOffset: _, ...maskBase } = causal ? { causalOffset: null } : base;
+            const viaMask = attn.sdpa(q, k, v, {
+              ...(causal ? base : maskBase), attnMask: alibiAsMask(alibi, shape, (b) => offsets[b], withExtra ? extra : null),
+            });
+            expectBitwiseEqual(viaAlibi.output.data, viaMask.output.data);
+            expectBitwiseEqual(viaAlibi.weights.data, viaMask.weights.data);
+            expectBitwiseEqual(viaAlibi.logSumExp.data, viaMask.logSumExp.data);
+            const options = { ...base, alibiSlopes: alibi, ...(withExtra ? { attnMask: extra } : {}) };
+            expectBitwiseEqual(two.sdpa(q, k, v, options).output.data, viaAlibi.output.data);
+            const bshd = attn.sdpa(swap12(q), swap12(k), swap12(v), { ...options, layout: 'bshd' });
+            expectBitwiseEqual(swap12(bshd.output).data, viaAlibi.output.data);
+          }
+        }
+      }
+    } finally {
+      two.dispose();
+    }
+  });
+
+  test('the offset moves the distances without isCausal; slopes of 0 are attention without ALiBi', () => {
+    const shape = { B: 1, Hq: 2, Lq: 6, Lk: 40, E: 16 };
+    const { q, k, v } = problem(shape, 730);
+    const slopes = Float32Array.of(0.75, 0.1);
+    for (const causalOffset of [0, 34, -3, 50]) check(q, k, v, { alibiSlopes: slopes, causalOffset, returnWeights: true });
+    // Not the same as the default offset 0: the biases moved.
+    const moved = attn.sdpa(q, k, v, { alibiSlopes: slopes, causalOffset: 34 }).output.data;
+    expect(firstBitDifference(moved, attn.sdpa(q, k, v, { alibiSlopes: slopes }).output.data)).toBeGreaterThanOrEqual(0);
+    for (const options of [{}, { isCausal: true }, { attnMask: floatMask([6, 40], 731) }]) {
+      const zero = attn.sdpa(q, k, v, { ...options, alibiSlopes: new Float32Array(2), returnWeights: true });
+      const none = attn.sdpa(q, k, v, { ...options, returnWeights: true });
+      expectBitwiseEqual(zero.output.data, none.output.data);
+      expectBitwiseEqual(zero.weights.data, none.weights.data);
+    }
+  });
+
+  test('a large slope attends the diagonal key alone; offsets in int32 are taken as given (not clamped)', () => {
+    const { q, k, v } = problem({ B: 1, Hq: 1, Lq: 3, Lk: 50, E: 8 }, 740);
+    // Slope 1000: every key but the row's diagonal one (distance 0) is 1000 or more below it.
+    const got = attn.sdpa(q, k, v, { alibiSlopes: Float32Array.of(1000), causalOffset: 20, returnWeights: true, returnLogSumExp: true });
+    for (let i = 0; i < 3; i++) {
+      const row = got.weights.data.subarray(i * 50, (i + 1) * 50);
+      row.forEach((w, j) => expect(w).toBe(j === i + 20 ? 1 : 0));
+      expect(Array.from(got.output.data.subarray(i * 8, (i + 1) * 8))).toEqual(Array.from(v.data.subarray((i + 20) * 8, (i + 21) * 8)));
+    }
+    // An offset far past every key: each row's log-sum-exp carries its own distance (not that of
+    // an offset clamped to Lk, which would give the same output and a different lse).
+    const slope = 2 ** -20, offset = 2 ** 30;
+    const far = check(q, k, v, { alibiSlopes: Float32Array.of(slope), causalOffset: offset, returnLogSumExp: true }, 1e-4).got;
+    expect(logSumExpError(far.logSumExp.data, referenceLogSumExp(q, k, v, { alibiSlopes: Float32Array.of(slope), causalOffset: offset })))
+      .toBeLessThanOrEqual(1e-5);
+    expect(far.logSumExp.data[0]).toBeLessThan(-1000);  // ≈ −2^30·2^-20 = −1024
+  });
+});
+
 describe('keyLengths', () => {
   test('lengths 0, 1, 32, 33, Lk with NaN written into the padded keys of K and V', () => {
     const B = 5, Hq = 4, Hkv = 2, Lq = 7, Lk = 70, E = 10, Ev = 6;

@@ -76,7 +76,7 @@ export const CACHE_ERROR_CASES = [
   ['attend: keyLengths beyond the stored length', (c) => c.attend(q(1), { keyLengths: new Int32Array([10, 11]) }), RangeError,
     [/keyLengths\[1\]/, /\[0, Lk = 10\]/, /got 11/]],
   ['attend: causalOffset without isCausal', (c) => c.attend(q(1), { isCausal: false, causalOffset: 3 }), TypeError,
-    [/^KVCache\.attend: options\.causalOffset is only meaningful with options\.isCausal: true, got options\.isCausal false$/]],
+    [/^KVCache\.attend: options\.causalOffset is only meaningful with options\.isCausal: true or options\.alibiSlopes, got options\.isCausal false$/]],
   ['attend: out too small', (c) => c.attend(q(1), { out: new Float32Array(3) }), RangeError, [/options\.out is too small/, /needs 48/]],
   ['attend: softcap 0', (c) => c.attend(q(1), { softcap: 0 }), RangeError, [/KVCache\.attend: options\.softcap must be a number > 0/, /got 0$/]],
   ['attend: unknown option', (c) => c.attend(q(1), { causal: true }), TypeError, [/unknown option "causal"/]],

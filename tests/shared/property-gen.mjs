@@ -252,13 +252,28 @@ export function randomOptions(r, { B, Hq, Lq, Lk, outputSize }, { forCache = fal
   if (r.chance(0.2)) {  // gpt-oss's sinks: none for some heads, about the scores, far above and below them
     options.sinks = Float32Array.from({ length: Hq }, () => r.pick([-Infinity, 0, 30, -30, 1e30, r.next() * 6 - 3]));
   }
+  let alibi = false;
+  if (r.chance(0.2)) {
+    // ALiBi slopes, [Hq] or [B, Hq]: 0 for some heads, the rest small enough that every bias
+    // stays within ±40 (a float32 bias of magnitude M is off by up to M·2^-24 where the float64
+    // reference is exact: within the tolerance only for moderate M).
+    alibi = true;
+    const most = 40 / (Lk + Lq + 4);
+    options.alibiSlopes = Float32Array.from({ length: r.chance(0.5) ? Hq : B * Hq },
+      () => r.pick([0, most, most * r.next(), most * 2 ** -r.int(1, 8)]));
+    if (!causal && r.chance(0.5)) {  // the diagonal ALiBi measures from, without isCausal
+      offset = r.int(-2, 2) + (forCache ? Lk - Lq : 0);
+      options.causalOffset = offset;
+    }
+  }
   if (options.keyLengths) options.keyLengths = maybeOffsetView(r, options.keyLengths);
   if (options.keyStarts) options.keyStarts = maybeOffsetView(r, options.keyStarts);
   if (options.sinks) options.sinks = maybeOffsetView(r, options.sinks);
+  if (options.alibiSlopes) options.alibiSlopes = maybeOffsetView(r, options.alibiSlopes);
   if (r.chance(0.4)) options.returnWeights = true;
   if (r.chance(0.2)) options.out = maybeOffsetView(r, new Float32Array(outputSize + r.pick([0, 0, 3])).fill(NaN));
   const offsetOf = (b) => (offsets ? offsets[b] : offset);
-  return { options, causal, offsetOf };
+  return { options, causal, alibi, offsetOf };
 }
 
 /** The options as the float64 reference takes them (causal spelled out). */
@@ -267,7 +282,7 @@ export function referenceOptions(options, causal, offsetOf, B) {
   return {
     ...rest,
     isCausal: causal,
-    causalOffset: causal ? Int32Array.from({ length: B }, (_, b) => offsetOf(b)) : undefined,
+    causalOffset: causal || options.alibiSlopes ? Int32Array.from({ length: B }, (_, b) => offsetOf(b)) : undefined,
   };
 }
 
@@ -425,8 +440,10 @@ export function mutateOptions(r, fn, { B, Hq, Lq, Lk, outputSize }, options, { f
     () => option('causalOffset', r.pick([new Array(B).fill(0), new Float32Array(B), new Uint32Array(B), '0', null, 1n]), TypeError),
     () => {
       // causalOffset where causal attention is off.
-      const off = forCache ? { ...options, isCausal: false, causalOffset: r.int(-2, 2) }
-        : { ...options, isCausal: r.pick([false, undefined]), causalOffset: r.int(-2, 2) };
+      // (Without ALiBi, whose distances the offset also moves: it is taken there.)
+      const { alibiSlopes: _a, ...noAlibi } = options;
+      const off = forCache ? { ...noAlibi, isCausal: false, causalOffset: r.int(-2, 2) }
+        : { ...noAlibi, isCausal: r.pick([false, undefined]), causalOffset: r.int(-2, 2) };
       if (off.isCausal === undefined) delete off.isCausal;
       return { desc: `options.causalOffset without causal attention (isCausal ${off.isCausal})`, options: off, Cls: TypeError,
         names: ['options.causalOffset', 'isCausal'] };
@@ -466,6 +483,16 @@ export function mutateOptions(r, fn, { B, Hq, Lq, Lk, outputSize }, options, { f
     },
     () => option('sinks', new Float32Array(r.pick([Hq + 1, Hq - 1, 0].filter((n) => n >= 0 && n !== Hq))), RangeError),
     () => option('sinks', r.pick([new Array(Hq).fill(0), new Float64Array(Hq), new Int32Array(Hq), 0, null]), TypeError),
+    () => {
+      const n = r.int(0, Hq - 1);
+      const slopes = new Float32Array(Hq).fill(0.125);
+      slopes[n] = r.pick([NaN, Infinity, -1, -1e-30, 2 ** 65]);
+      return { desc: `options.alibiSlopes [${Array.from(slopes)}]`, options: withOption('alibiSlopes', slopes), Cls: RangeError,
+        names: [`options.alibiSlopes[${n}]`] };
+    },
+    () => option('alibiSlopes', new Float32Array(r.pick([Hq + 1, Hq - 1, 0, B * Hq + 1].filter((n) => n >= 0 && n !== Hq && n !== B * Hq))),
+      RangeError),
+    () => option('alibiSlopes', r.pick([new Array(Hq).fill(0), new Float64Array(Hq), new Int32Array(Hq), 0.5, null]), TypeError),
     () => option('out', new Float32Array(r.pick([outputSize - 1, 0, outputSize >> 1].filter((n) => n >= 0 && n < outputSize))), RangeError),
     () => option('out', r.pick([new Float64Array(outputSize), new Array(outputSize).fill(0), new ArrayBuffer(outputSize * 4),
       new Uint8Array(outputSize * 4), new Int32Array(outputSize), null]), TypeError),

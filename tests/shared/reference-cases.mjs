@@ -74,6 +74,21 @@ export const REFERENCE_CASES = [
     ...qkv(21, [2, 4, 9, 16], [2, 2, 40, 16], [2, 2, 40, 16]),
     options: { sinks: Float32Array.of(1.5, -Infinity, 0, 30), isCausal: true, causalOffset: Int32Array.of(31, -2), slidingWindow: 16, returnWeights: true },
   }) },
+  // ALiBi: BLOOM's slopes 2^(−8(h+1)/Hq); per batch [B, Hq]; with masks, offsets and decode.
+  { name: 'ALiBi (BLOOM slopes), causal: Hq 8, L 37, E 32', make: () => ({
+    ...qkv(22, [1, 8, 37, 32], [1, 8, 37, 32], [1, 8, 37, 32]),
+    options: { alibiSlopes: Float32Array.from({ length: 8 }, (_, h) => 2 ** (-(h + 1))), isCausal: true, returnWeights: true },
+  }) },
+  { name: 'ALiBi [B, Hq] not causal, offset 3, float mask, GQA Hq 4 Hkv 2, Lk 530', make: () => ({
+    ...qkv(23, [2, 4, 9, 16], [2, 2, 530, 16], [2, 2, 530, 16]),
+    options: { alibiSlopes: Float32Array.of(0.5, 0.25, 0, 0.125, 0.03, 0.3, 1, 2 ** -10), causalOffset: 3,
+      attnMask: floatMask([9, 530], 23, 0.2), returnWeights: true },
+  }) },
+  { name: 'ALiBi decode: Hq 8 Hkv 2, Lq 1, Lk 1100, causal bottom-right, per-batch offsets, window 700', make: () => ({
+    ...qkv(24, [2, 8, 1, 64], [2, 2, 1100, 64], [2, 2, 1100, 64]),
+    options: { alibiSlopes: Float32Array.from({ length: 8 }, (_, h) => 2 ** (-(h + 1) / 2)), isCausal: true,
+      causalOffset: Int32Array.of(1099, 800), slidingWindow: 700, returnWeights: true },
+  }) },
   // K and V of 4.3 MB in a decode shape: copied in and computed one 512-key segment at a time,
   // on the single-threaded build even for a threaded instance (js/index.ts).
   { name: 'streamed decode: Hq 8, Hkv 2, Lk 4200, keyLengths with NaN in the padding', make: () => {
@@ -81,6 +96,10 @@ export const REFERENCE_CASES = [
     const t = qkv(20, [2, 8, 1, 64], [2, 2, 4200, 64], [2, 2, 4200, 64]);
     return { query: t.query, key: poisonPadding(t.key, lengths), value: poisonPadding(t.value, lengths), options: { keyLengths: lengths } };
   } },
+  { name: 'streamed decode with ALiBi [B, Hq]: Hq 8, Hkv 2, Lk 4200, causal bottom-right', make: () => ({
+    ...qkv(25, [2, 8, 1, 64], [2, 2, 4200, 64], [2, 2, 4200, 64]),
+    options: { alibiSlopes: Float32Array.from({ length: 16 }, (_, n) => 2 ** -(n % 9)), isCausal: true, causalOffset: 4199 },
+  }) },
 ];
 
 /** FNV-1a over the bits of a Float32Array, as 8 hex digits: equal iff (almost surely) bit-identical. */

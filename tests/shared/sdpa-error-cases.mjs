@@ -123,10 +123,27 @@ export function sdpaErrorCases(api) {
       [/options\.sinks\[2\] must be a finite number, or -Infinity for no sink/, /got NaN$/]],
     ['sinks holding +Infinity', () => api.sdpa(q(), k(), v(), { sinks: Float32Array.of(Infinity, 1, 0, 2) }), RangeError,
       [/options\.sinks\[0\]/, /got Infinity$/]],
+    // alibiSlopes: a Float32Array of Hq or B·Hq slopes, each in [0, 2^64].
+    ['alibiSlopes of wrong length', () => api.sdpa(q(), k(), v(), { alibiSlopes: new Float32Array(Hq + 1) }), RangeError,
+      [/^sdpa: options\.alibiSlopes must have length /, has(`Hq = ${Hq} or B·Hq = ${B * Hq}`), has(`got ${Hq + 1}`)]],
+    ['alibiSlopes a plain array', () => api.sdpa(q(), k(), v(), { alibiSlopes: [0.5, 0.25, 0.125, 0.0625] }), TypeError,
+      [/options\.alibiSlopes must be a Float32Array/, has(`length Hq = ${Hq} or B·Hq = ${B * Hq}`), /one ALiBi slope per query head/, /Array\(4\)/]],
+    ['alibiSlopes a Float64Array', () => api.sdpa(q(), k(), v(), { alibiSlopes: new Float64Array(Hq) }), TypeError,
+      [/options\.alibiSlopes must be a Float32Array/, /Float64Array\(4\)/]],
+    ['alibiSlopes negative', () => api.sdpa(q(), k(), v(), { alibiSlopes: Float32Array.of(0.5, -0.25, 0, 1) }), RangeError,
+      [/^sdpa: options\.alibiSlopes\[1\] must be a number in \[0, 2\^64\]/, /-slope·\|i \+ causalOffset - j\|/, /got -0\.25$/]],
+    ['alibiSlopes holding NaN in the second batch\'s row', () => api.sdpa(q(), k(), v(), {
+      alibiSlopes: Float32Array.of(0.5, 0.25, 0, 1, 0.5, 0.25, NaN, 1) }), RangeError, [/options\.alibiSlopes\[6\]/, /got NaN$/]],
+    ['alibiSlopes holding Infinity', () => api.sdpa(q(), k(), v(), { alibiSlopes: Float32Array.of(Infinity, 1, 0, 2) }), RangeError,
+      [/options\.alibiSlopes\[0\]/, /got Infinity$/]],
+    ['alibiSlopes above 2^64', () => api.sdpa(q(), k(), v(), { alibiSlopes: Float32Array.of(2 ** 65, 1, 0, 2) }), RangeError,
+      [/options\.alibiSlopes\[0\]/, has(`got ${2 ** 65}`)]],
+    ['causalOffset beyond int32 with alibiSlopes', () => api.sdpa(q(), k(), v(), { alibiSlopes: new Float32Array(Hq), causalOffset: 2 ** 31 }), RangeError,
+      [/^sdpa: options\.causalOffset must be an integer in \[-2\^31, 2\^31 - 1\] with options\.alibiSlopes/, has(`got ${2 ** 31}`)]],
 
     // causalOffset / isCausal.
     ['causalOffset without isCausal', () => api.sdpa(q(), k(), v(), { causalOffset: 2 }), TypeError,
-      [/^sdpa: options\.causalOffset is only meaningful with options\.isCausal: true, got options\.isCausal undefined \(default false\)$/]],
+      [/^sdpa: options\.causalOffset is only meaningful with options\.isCausal: true or options\.alibiSlopes, got options\.isCausal undefined \(default false\)$/]],
     ['causalOffset with isCausal false', () => api.sdpa(q(), k(), v(), { isCausal: false, causalOffset: 2 }), TypeError,
       [/options\.causalOffset is only meaningful/, /got options\.isCausal false$/]],
     ['causalOffset Int32Array of wrong length', () => api.sdpa(q(), k(), v(), { isCausal: true, causalOffset: new Int32Array(B + 1) }), RangeError,

@@ -28,25 +28,45 @@ export function sequenceOffset(p, causalOffset, s) {
  * as one batch [1, T, H, D] in the 'bshd' layout, and in place of the packing a boolean mask
  * [Tq, Tk] that opens key c to row r only when both are of sequence s and, with isCausal, c is
  * within s's causal frontier (and window) counted in s's own positions (the offset `causalOffset`
- * gives, else Lk_s − Lq_s). It never cuts the problem into sequences.
+ * gives, else Lk_s − Lq_s); with alibiSlopes a float64 mask [Hq, Tq, Tk] holding each open key's
+ * ALiBi bias in s's own positions instead. It never cuts the problem into sequences.
  */
 export function varlenOracle(p, options) {
-  const { cuSeqlensQ: _q, cuSeqlensK: _k, isCausal, causalOffset, slidingWindow: W = 0, returnLogSumExp: _l, out: _o, ...score } = options;
-  const mask = new Uint8Array(p.Tq * p.Tk);
-  for (let s = 0; s < p.qLens.length; s++) {
+  const {
+    cuSeqlensQ: _q, cuSeqlensK: _k, isCausal, causalOffset, slidingWindow: W = 0, alibiSlopes, returnLogSumExp: _l, out: _o,
+    ...score
+  } = options;
+  const as4 = (t) => (t === undefined ? undefined : { data: t.data, dims: [1, ...t.dims] });
+  const tensors = { query: as4(p.query), key: as4(p.key), value: as4(p.value), gradOutput: as4(p.gradOutput) };
+  const open = (s, i, j) => {
     const offset = sequenceOffset(p, causalOffset, s);
-    for (let i = 0; i < p.qLens[s]; i++) {
-      for (let j = 0; j < p.kLens[s]; j++) {
-        const open = !isCausal || (j <= i + offset && (W === 0 || j > i + offset - W));
-        mask[(p.cuSeqlensQ[s] + i) * p.Tk + p.cuSeqlensK[s] + j] = open ? 1 : 0;
+    return !isCausal || (j <= i + offset && (W === 0 || j > i + offset - W));
+  };
+  if (alibiSlopes !== undefined) {
+    // ALiBi in each sequence's own positions: a float64 mask [Hq, Tq, Tk] of -Infinity (closed)
+    // or -slope[s, h]·|i + offset_s − j| (slopes [Hq] for every sequence, or [S, Hq]).
+    const Hq = p.Hq, mask = new Float64Array(Hq * p.Tq * p.Tk).fill(-Infinity);
+    for (let s = 0; s < p.qLens.length; s++) {
+      const offset = sequenceOffset(p, causalOffset, s);
+      for (let h = 0; h < Hq; h++) {
+        const slope = alibiSlopes[alibiSlopes.length === Hq ? h : s * Hq + h];
+        for (let i = 0; i < p.qLens[s]; i++) {
+          for (let j = 0; j < p.kLens[s]; j++) {
+            if (!open(s, i, j)) continue;
+            mask[(h * p.Tq + p.cuSeqlensQ[s] + i) * p.Tk + p.cuSeqlensK[s] + j] = -slope * Math.abs(i + offset - j);
+          }
+        }
       }
     }
+    return { ...tensors, options: { ...score, layout: 'bshd', attnMask: { data: mask, dims: [Hq, p.Tq, p.Tk] } } };
   }
-  const as4 = (t) => (t === undefined ? undefined : { data: t.data, dims: [1, ...t.dims] });
-  return {
-    query: as4(p.query), key: as4(p.key), value: as4(p.value), gradOutput: as4(p.gradOutput),
-    options: { ...score, layout: 'bshd', attnMask: { data: mask, dims: [p.Tq, p.Tk] } },
-  };
+  const mask = new Uint8Array(p.Tq * p.Tk);
+  for (let s = 0; s < p.qLens.length; s++) {
+    for (let i = 0; i < p.qLens[s]; i++) {
+      for (let j = 0; j < p.kLens[s]; j++) mask[(p.cuSeqlensQ[s] + i) * p.Tk + p.cuSeqlensK[s] + j] = open(s, i, j) ? 1 : 0;
+    }
+  }
+  return { ...tensors, options: { ...score, layout: 'bshd', attnMask: { data: mask, dims: [p.Tq, p.Tk] } } };
 }
 
 /**
@@ -73,6 +93,13 @@ export const VARLEN_CASES = [
     p: packedProblem(3, { Hq: 3, Hkv: 1, E: 8, qLens: [7, 0, 12, 4], kLens: [9, 3, 12, 30] }),
     options: { isCausal: true, causalOffset: Int32Array.of(2, 0, 0, 29), slidingWindow: 6, softcap: 4,
       sinks: Float32Array.of(-Infinity, 0.5, 30) } }) },
+  { name: 'ALiBi slopes per sequence [S, Hq], causal, GQA Hq4 Hkv2, Lq ≠ Lk, empty sequences', make: () => ({
+    p: packedProblem(5, { Hq: 4, Hkv: 2, E: 16, qLens: [5, 0, 37, 1, 3], kLens: [9, 3, 37, 70, 0] }),
+    options: { isCausal: true, alibiSlopes: Float32Array.from({ length: 20 }, (_, n) => 2 ** -(1 + (n % 8))) } }) },
+  { name: 'ALiBi slopes [Hq] (one 0) not causal, per-sequence offsets, sinks, softcap 6', make: () => ({
+    p: packedProblem(6, { Hq: 3, Hkv: 1, E: 8, Ev: 12, qLens: [7, 12, 4], kLens: [9, 12, 30] }),
+    options: { alibiSlopes: Float32Array.of(0.5, 0, 0.0625), causalOffset: Int32Array.of(2, 0, -3), softcap: 6,
+      sinks: Float32Array.of(1, -Infinity, 0.25) } }) },
 ];
 
 /**
@@ -141,6 +168,12 @@ export function varlenErrorCases(api) {
     ['causalOffset without isCausal', call({ ...ok, causalOffset: 1 }), TypeError, /options\.causalOffset is only meaningful with options\.isCausal: true/],
     ['causalOffset of another length', call({ ...ok, isCausal: true, causalOffset: Int32Array.of(1) }), RangeError,
       /options\.causalOffset must have one offset per sequence \(length S = 2\), got length 1/],
+    ['alibiSlopes of another length', call({ ...ok, alibiSlopes: new Float32Array(3) }), RangeError,
+      /^sdpaVarlen: options\.alibiSlopes must have length Hq = 2 or S·Hq = 4, got 3$/],
+    ['alibiSlopes negative in sequence 1\'s row', call({ ...ok, alibiSlopes: Float32Array.of(0.5, 0, 1, -1) }), RangeError,
+      /options\.alibiSlopes\[3\] must be a number in \[0, 2\^64\].*got -1$/],
+    ['causalOffset beyond int32 with alibiSlopes', call({ ...ok, alibiSlopes: Float32Array.of(0.5, 1), causalOffset: -(2 ** 31) - 1 }),
+      RangeError, /options\.causalOffset must be an integer in \[-2\^31, 2\^31 - 1\] with options\.alibiSlopes .*got -2147483649$/],
     ['causalOffset not an integer', call({ ...ok, isCausal: true, causalOffset: 1.5 }), RangeError, /options\.causalOffset must be an integer, got 1\.5/],
     ['causalOffset a string', call({ ...ok, isCausal: true, causalOffset: '1' }), TypeError,
       /options\.causalOffset must be an integer or an Int32Array of one offset per sequence \(length S = 2\), got "1"/],
