@@ -799,6 +799,8 @@ describe('options.saved is checked against the sdpa() call that returned it: a R
       `keyStarts ${there}\\[0, 0\\] there, \\[0, 3\\] here`],
     ['sinks', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, sinks: Float32Array.of(0, 1, -Infinity, 2) }),
       `sinks ${there}none there, \\[0, 1, -Infinity, 2\\] here`],
+    ['alibiSlopes', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, alibiSlopes: Float32Array.of(0.5, 0.25, 0, 1) }),
+      `alibiSlopes ${there}none there, \\[0\\.5, 0\\.25, 0, 1\\] here`],
     ['scale', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, scale: 0.25 }), `scale \\(in float32\\) ${there}0\\.30000001192092896 there, 0\\.25 here`],
     ['softcap', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, softcap: 6 }), `softcap \\(in float32\\) ${there}5 there, 6 here`],
     ['keyLengths', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, keyLengths: new Int32Array([70, 63]) }),
@@ -857,6 +859,18 @@ describe('options.saved is checked against the sdpa() call that returned it: a R
       const want = forwardOptions === pairs[1][0] ? attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, backwardOptions) : recomputed;
       for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(got[name].data, want[name].data)).toBe(true);
     }
+  });
+
+  test('ALiBi slopes [Hq] and the same row for every batch [B, Hq] are the same slopes; other slopes are refused', () => {
+    const shared = Float32Array.of(0.5, 0.25, 0, 0.125);
+    const repeated = Float32Array.from({ length: 8 }, (_, n) => shared[n % 4]);
+    const f = attn.sdpa(p.query, p.key, p.value, { ...options, alibiSlopes: shared, returnLogSumExp: true });
+    const got = backward(attn, f, p.query, p.key, p.value, { ...options, alibiSlopes: repeated });
+    const want = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, alibiSlopes: shared });
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(got[name].data, want[name].data)).toBe(true);
+    const other = Float32Array.from(repeated, (x, n) => (n === 5 ? 0.3 : x));
+    expect(() => backward(attn, f, p.query, p.key, p.value, { ...options, alibiSlopes: other }))
+      .toThrow(/alibiSlopes differs from the sdpa\(\) call that returned options\.saved: \[0\.5, 0\.25, 0, 0\.125\] there, \[\[0\.5, 0\.25, 0, 0\.125\], \[0\.5, 0\.30000001192092896, 0, 0\.125\]\] here/);
   });
 
   test('`out` over an input: the record has the inputs as the forward read them', () => {

@@ -81,7 +81,8 @@ function expectMatchesReference({ k, v, results }, { halves = false, tol = TOL }
   for (const { got, query, length, n, opts } of results) {
     const key = positions(k, 0, length), value = positions(v, 0, length);
     const refOptions = { isCausal: true, causalOffset: length - n, ...opts };
-    if (refOptions.isCausal === false) delete refOptions.causalOffset;
+    // Not causal: no offset, unless ALiBi measures its distances from it (attend's default, length − n).
+    if (refOptions.isCausal === false && !refOptions.alibiSlopes) delete refOptions.causalOffset;
     const ref = referenceSdpa(query, key, value, refOptions);
     expect(got.output.dims).toEqual(ref.outputDims);
     const error = maxRelError(got.output.data, ref.output);
@@ -162,6 +163,23 @@ describe('token-by-token decoding equals attention over the whole history', () =
       expect(Array.from(got.logSumExp.data)).toEqual(Array.from({ length: 2 * Hq * 3 }, (_, row) => sinks[Math.floor(row / 3) % Hq]));
     } finally {
       empty.dispose();
+    }
+  });
+
+  test.each([
+    ['float32', 8, 8], ['float16', 8, 8], ['float32', 8, 2], ['float16', 8, 2],
+  ])("%s cache, ALiBi (BLOOM's slopes; %p query heads on %p KV heads), causal and not (distances from length − Lq): each step within the tolerance of the reference, weights and logSumExp too; one and two threads bitwise", (dtype, Hq, Hkv) => {
+    const slopes = Float32Array.from({ length: Hq }, (_, h) => 2 ** (-8 * (h + 1) / Hq));
+    for (const extra of [{}, { isCausal: false }, { slidingWindow: 64, sinks: Float32Array.from({ length: Hq }, (_, h) => h - 3) }]) {
+      const shape = {
+        Hq, Hkv, E: 64, Ev: 40, steps: STEPS, dtype, seed: 14,
+        options: () => ({ alibiSlopes: slopes, returnWeights: true, returnLogSumExp: true, ...extra }),
+      };
+      const one = decode(attn, shape), two = decode(attn2, shape);
+      expectMatchesReference(one, { halves: dtype === 'float16' });
+      one.results.forEach(({ got }, s) => {
+        expect(Array.from(bits(two.results[s].got.output.data))).toEqual(Array.from(bits(got.output.data)));
+      });
     }
   });
 

@@ -40,6 +40,13 @@ export const BACKWARD_CASES = [
   { name: 'sinks (their gradient dSinks), GQA Hq4 Hkv2, a 32-key window, rows with nothing to attend', make: () => ({
     ...problem(6, [2, 4, 9, 16], [2, 2, 70, 16], [2, 2, 70, 16], [2, 4, 9, 16]),
     options: { sinks: Float32Array.of(1.5, -Infinity, 0, 30), isCausal: true, causalOffset: Int32Array.of(61, -2), slidingWindow: 32 } }) },
+  { name: 'ALiBi [B, Hq] (BLOOM slopes, one 0), GQA Hq4 Hkv2, causal offset 61, a float mask and its gradient, sinks', make: () => ({
+    ...problem(7, [2, 4, 9, 16], [2, 2, 70, 16], [2, 2, 70, 16], [2, 4, 9, 16]),
+    options: { alibiSlopes: Float32Array.of(0.25, 0.0625, 2 ** -6, 0, 0.5, 0.125, 2 ** -5, 2 ** -8), isCausal: true,
+      causalOffset: 61, attnMask: noiseTensor([9, 70], 7, 6), returnMaskGrad: true, sinks: Float32Array.of(1, 0, -Infinity, 3) } }) },
+  { name: 'ALiBi [Hq] not causal, offset −5, softcap 3, N200 E64 (several key tiles)', make: () => ({
+    ...problem(8, [1, 2, 200, 64], [1, 2, 200, 64], [1, 2, 200, 64], [1, 2, 200, 64]),
+    options: { alibiSlopes: Float32Array.of(0.1, 0.02), causalOffset: -5, softcap: 3 } }) },
 ];
 
 /**
