@@ -86,7 +86,7 @@ export class Attention {
    * The gradients of a loss L with respect to query, key and value, given
    * `gradOutput` = ∂L/∂output ([..., Hq, Lq, Ev], the output's dims): `{ dQuery, dKey, dValue }`
    * with the inputs' dims. `options` are the forward call's score options (scale, softcap,
-   * attnMask, isCausal, causalOffset, slidingWindow, keyLengths, keyStarts, sinks, layout),
+   * attnMask, isCausal, causalOffset, slidingWindow, keyLengths, keyStarts, sinks, alibiSlopes, layout),
    * `returnMaskGrad: true` for `dAttnMask` as well (a float mask's gradient, with its dims, summed
    * where it broadcasts), `dSinks` [Hq] whenever `sinks` are given, and
    * optionally `saved: { output, logSumExp }` from sdpa(..., { returnLogSumExp: true }), else

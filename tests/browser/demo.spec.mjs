@@ -113,6 +113,7 @@ async function setHeatmapControls(page, c) {
   if (c.padding !== undefined) await set(() => page.getByTestId('ctl-padding').fill(String(c.padding)));
   if (c.softcap !== undefined) await set(() => page.getByTestId('ctl-softcap').fill(String(c.softcap)));
   if (c.sink !== undefined) await set(() => page.getByTestId('ctl-sink').fill(String(c.sink)));
+  if (c.alibi !== undefined) await set(() => page.getByTestId('ctl-alibi').setChecked(c.alibi));
 }
 
 /** Sets the benchmark panel's controls given in `c` ({ B, H, L, E, reps, js }). */
@@ -250,6 +251,31 @@ test('heatmap: a sliding window keeps each row to the W keys ending at its own, 
   const off = await readHeatmap(page);
   expect(off.params.window).toBe(0);
   expect(off.weights.slice(0, 18).every((p) => p > 0)).toBe(true);
+  expect(errors).toEqual([]);
+});
+
+test('heatmap: ALiBi biases each row toward its own key, as Node computes it (the same bits as the biases as a float mask); off again, the plain map', async ({ page }) => {
+  const errors = await openDemo(page);
+  await setHeatmapControls(page, { seed: 11, seqLen: 24, heads: 4, causal: true, alibi: true });
+  const shown = await readHeatmap(page);
+  expect(shown.params).toMatchObject({ causal: true, alibi: true });
+  const { query, key, value } = randomQKV({ seqLen: 24, dk: 32, heads: 4, seed: 11 });
+  const slopes = Float32Array.from({ length: 4 }, (_, h) => 2 ** (-8 * (h + 1) / 4));
+  const node = attn.sdpa(query, key, value, { isCausal: true, alibiSlopes: slopes, returnWeights: true });
+  expect(bitDifferences(shown.output, Array.from(node.output.data))).toEqual([]);
+  expect(bitDifferences(shown.weights, Array.from(node.weights.data))).toEqual([]);
+  // The same bits as the biases written as a float mask [Hq, L, L] of −slope·(i − j).
+  const bias = new Float32Array(4 * 24 * 24);
+  bias.forEach((_, n) => { const h = Math.floor(n / 576), i = Math.floor(n / 24) % 24, j = n % 24; bias[n] = -(slopes[h] * Math.abs(i - j)); });
+  const asMask = attn.sdpa(query, key, value, { isCausal: true, attnMask: { data: bias, dims: [4, 24, 24] }, returnWeights: true });
+  expect(bitDifferences(shown.weights, Array.from(asMask.weights.data))).toEqual([]);
+  expectRows(shown.weights, 4, 24, (i, j) => j > i);
+  await page.getByTestId('panel-heatmap').screenshot({ path: screenshotPath('02c-heatmap-alibi.png') });
+  await setHeatmapControls(page, { alibi: false });
+  const off = await readHeatmap(page);
+  expect(off.params.alibi).toBe(false);
+  const plain = attn.sdpa(query, key, value, { isCausal: true, returnWeights: true });
+  expect(bitDifferences(off.weights, Array.from(plain.weights.data))).toEqual([]);
   expect(errors).toEqual([]);
 });
 

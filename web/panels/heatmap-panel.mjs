@@ -10,7 +10,7 @@ import { $, availableWidth, byTestId, clampOnChange, errorText, intValue, showPa
 const hm = {
   source: $('hm-source'), text: $('hm-text'), seqLen: $('hm-seqlen'), dk: $('hm-dk'),
   heads: $('hm-heads'), head: $('hm-head'), causal: $('hm-causal'), window: $('hm-window'), padding: $('hm-padding'),
-  softcap: $('hm-softcap'), sink: $('hm-sink'), seed: $('hm-seed'), vscale: $('hm-vscale'), canvas: $('hm-canvas'),
+  softcap: $('hm-softcap'), sink: $('hm-sink'), alibi: $('hm-alibi'), seed: $('hm-seed'), vscale: $('hm-vscale'), canvas: $('hm-canvas'),
   legend: $('hm-legend'),
 };
 let hmState = null;
@@ -59,6 +59,11 @@ function readSink() {
   return { sink: x, error: null };
 }
 
+/** ALiBi slopes for `heads` heads: 2^(-8(h+1)/heads), BLOOM's when heads is a power of two. */
+export function alibiSlopes(heads) {
+  return Float32Array.from({ length: heads }, (_, h) => 2 ** (-8 * (h + 1) / heads));
+}
+
 /** A field's error (or null) said beside it, in the element with test id `noteId`. */
 function showFieldError(field, noteId, error) {
   const note = byTestId(noteId);
@@ -88,6 +93,8 @@ function readHeatmapParams() {
     // The sink logit of every head (gpt-oss), or null for none.
     sink,
     sinkError,
+    // ALiBi with slopes 2^(-8(h+1)/H) (BLOOM's for a power of two heads).
+    alibi: hm.alibi.checked,
     seed: intValue(hm.seed, 0, 4294967295),
     vscale: hm.vscale.value,
   };
@@ -130,6 +137,7 @@ export function computeHeatmap() {
     if (padding > 0) options.keyLengths = Int32Array.of(L - padding);
     if (p.softcap > 0) options.softcap = p.softcap;
     if (p.sink !== null) options.sinks = new Float32Array(p.heads).fill(p.sink);
+    if (p.alibi) options.alibiSlopes = alibiSlopes(p.heads);
     if (L > 0) {
       // The very first call also wakes the thread pool and lets V8 compile: not what to time.
       if (demo.version.heatmap === 0) attn.sdpa(inputs.query, inputs.key, inputs.value, options);
@@ -311,7 +319,7 @@ export function setupHeatmapPanel() {
     renderHeatmap();
   });
 
-  for (const el of [hm.source, hm.text, hm.seqLen, hm.dk, hm.heads, hm.head, hm.causal, hm.window, hm.padding, hm.softcap, hm.sink, hm.seed, hm.vscale]) {
+  for (const el of [hm.source, hm.text, hm.seqLen, hm.dk, hm.heads, hm.head, hm.causal, hm.window, hm.padding, hm.softcap, hm.sink, hm.alibi, hm.seed, hm.vscale]) {
     el.addEventListener(el.tagName === 'SELECT' || el.type === 'checkbox' ? 'change' : 'input', computeHeatmap);
   }
   clampOnChange(hm.seqLen, 1, 128);
