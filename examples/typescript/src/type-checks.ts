@@ -42,6 +42,13 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   cache.attend(q, { sinks, slidingWindow: 128 });
   // @ts-expect-error sinks is a Float32Array
   attn.sdpa(q, k, v, { sinks: [0.5, 1] });
+  // ALiBi slopes: [Hq] or [B, Hq], with or without isCausal (then causalOffset moves the distances).
+  const alibiSlopes = Float32Array.of(0.5, 0.25);
+  attn.sdpa(q, k, v, { alibiSlopes, causalOffset: 3 });
+  cache.attend(q, { alibiSlopes });
+  attn.sdpaBackward(q, k, v, q, { alibiSlopes, isCausal: true });
+  // @ts-expect-error alibiSlopes is a Float32Array
+  attn.sdpa(q, k, v, { alibiSlopes: [0.5, 0.25] });
   // Gradients into the caller's arrays (SdpaBackwardOut), directly and through the worker.
   const into: SdpaBackwardOut = { dQuery: new Float32Array(8), dAttnMask: new Float32Array(4), dSinks: new Float32Array(2) };
   attn.sdpaBackward(q, k, v, q, { attnMask: bias, returnMaskGrad: true, out: into, accumulate: true });
@@ -52,6 +59,7 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   const packedLse: Float32Array = attn.sdpaVarlen(q, k, v, { cuSeqlensQ, isCausal: true, returnLogSumExp: true }).logSumExp.data;
   // @ts-expect-error logSumExp may be absent when not requested
   attn.sdpaVarlen(q, k, v, { cuSeqlensQ }).logSumExp.data;
+  attn.sdpaVarlen(q, k, v, { cuSeqlensQ, alibiSlopes: Float32Array.of(0.5, 0.25, 0.5, 0.125), causalOffset: Int32Array.of(0, 2) });
   // @ts-expect-error cuSeqlensQ is required
   attn.sdpaVarlen(q, k, v, { isCausal: true });
   // @ts-expect-error packed sequences take no mask
