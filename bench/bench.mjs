@@ -1,4 +1,4 @@
-// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode] [-- --no-window] [-- --no-varlen] [-- --no-worker] [-- --no-browser] [-- --no-backward]
+// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode] [-- --no-window] [-- --no-alibi] [-- --no-varlen] [-- --no-worker] [-- --no-browser] [-- --no-backward]
 //
 // Single-threaded forward attention, in one process, side by side:
 //   sdpa-wasm (this package), onnxruntime-web (wasm EP, 1 thread, best of three ONNX graphs),
@@ -25,6 +25,9 @@
 // Then the sliding-window section (window.mjs, also runnable alone; --no-window skips it): a
 // decode step with slidingWindow over a 32768-position cache against a cache holding only the
 // window (and the window as a mask, and no window); under `window`.
+// Then the ALiBi section (alibi.mjs, also runnable alone; --no-alibi skips it): prefill and a
+// cache's decode step with alibiSlopes against none, and prefill against the same biases as a
+// float mask; under `alibi`.
 // Then the packed sequences section (varlen.mjs, also runnable alone; --no-varlen skips it):
 // sdpaVarlen against a padded batch and one sdpa() per sequence, 1 and 2 threads; under `varlen`.
 // Then the worker section (worker.mjs, also runnable alone; --no-worker skips it): what
@@ -47,6 +50,7 @@ import { SHAPES, bytes, describe, flops, isDecode, usefulFlops } from './shapes.
 import { runBrowserBench } from './browser.mjs';
 import { runWorkerBench } from './worker.mjs';
 import { runWindowBench } from './window.mjs';
+import { runAlibiBench } from './alibi.mjs';
 import { runVarlenBench } from './varlen.mjs';
 import { runBackwardBenchInChild } from './backward.mjs';
 
@@ -59,6 +63,7 @@ const peerFilter = arg('--peers')?.split(',');
 const withDecode = !argv.includes('--no-decode');
 const withWorker = !argv.includes('--no-worker');
 const withWindow = !argv.includes('--no-window');
+const withAlibi = !argv.includes('--no-alibi');
 const withVarlen = !argv.includes('--no-varlen');
 const withBackward = !argv.includes('--no-backward');
 const withBrowser = !argv.includes('--no-browser');
@@ -719,6 +724,8 @@ async function section(enabled, name, run) {
 const decode = await section(withDecode, 'decode', () => runDecode({ quick }));
 // The sliding-window section (window.mjs): a window over a long cache against a cache of the window.
 const slidingWindow = await section(withWindow, 'window', () => runWindowBench({ quick }));
+// The ALiBi section (alibi.mjs): alibiSlopes against no ALiBi and against its biases as a float mask.
+const alibi = await section(withAlibi, 'alibi', () => runAlibiBench({ quick }));
 // The packed sequences section (varlen.mjs): sdpaVarlen against a padded batch and one sdpa() per sequence.
 const varlen = await section(withVarlen, 'varlen', () => runVarlenBench({ quick }));
 // The worker section (its own instances and workers).
@@ -744,6 +751,6 @@ writeFileSync(jsonPath, JSON.stringify({
   threads: 1, oneThreadTargets, twoThreadShapes: twoThreadResults.map((e) => e.id), twoThreadTargets: TWO_THREAD_TARGETS,
   quick, settings, totalSeconds, limits,
   peers: peers.map((p) => ({ name: p.name, version: p.version, threads: p.threads, config: p.config, build: p.build, remote: p.remote, failed: p.failed })),
-  shapes: results, rows, decode, window: slidingWindow, varlen, worker, backward, browser,
+  shapes: results, rows, decode, window: slidingWindow, alibi, varlen, worker, backward, browser,
 }, (k, v) => (typeof v === 'number' && !Number.isFinite(v) ? String(v) : v), 2));
 console.log(`results: ${jsonPath}`);
