@@ -1,6 +1,6 @@
 // Token-by-token generation with a KV cache: a toy decoder (random weights) whose attention runs
 // in sdpa-wasm's KVCache, printed with its tokens/s and the cache's memory.
-//   node examples/node/generate.mjs [--context N] [--tokens N] [--dtype float32|float16] [--threads N] [--window W] [--sinks]
+//   node examples/node/generate.mjs [--context N] [--tokens N] [--dtype float32|float16] [--threads N] [--window W] [--sinks] [--alibi]
 //
 // The model: 2 layers, d_model 512, 8 query heads sharing 2 key/value heads (grouped-query
 // attention), head size 64, a vocabulary of 1024. Each layer keeps the keys and values of every
@@ -13,6 +13,9 @@
 // --sinks gives every layer learned attention sinks as gpt-oss has them (attend's sinks: one
 // logit per query head that joins each row's softmax, with a zero value row); gpt-oss also
 // alternates 128-position windows with the whole history: --window 128 --sinks.
+// --alibi gives the model its positions the way BLOOM and MPT do instead of by rotating q and k:
+// every layer attends with ALiBi, head h's slope 2^(-8(h+1)/8) (attend's alibiSlopes; attend's
+// default offset puts each new row at its own position, so the distances are the tokens').
 import { parseArgs } from 'node:util';
 import { createAttention } from 'sdpa-wasm';
 
@@ -23,11 +26,12 @@ const OPTIONS = {
   threads: { type: 'string' },                   // default: the package's choice
   window: { type: 'string' },                    // sliding window of the even layers; default none
   sinks: { type: 'boolean', default: false },    // learned attention sinks (gpt-oss) in every layer
+  alibi: { type: 'boolean', default: false },    // ALiBi positions (BLOOM, MPT) in every layer
 };
 const VOCAB = 1024, D_MODEL = 512, LAYERS = 2, HQ = 8, HKV = 2, E = 64, PROMPT = 37;
 /** Exits with the usage line and what was wrong (status 2). */
 function usage(problem) {
-  console.error(`generate.mjs: ${problem}\nusage: node generate.mjs [--context N] [--tokens N] [--dtype float32|float16] [--threads N] [--window W] [--sinks]`);
+  console.error(`generate.mjs: ${problem}\nusage: node generate.mjs [--context N] [--tokens N] [--dtype float32|float16] [--threads N] [--window W] [--sinks] [--alibi]`);
   process.exit(2);
 }
 /** The parsed arguments, or the usage line for an unknown option or one given a value it does not take. */
@@ -47,11 +51,17 @@ function integerArg(name, min) {
 const context = integerArg('context', PROMPT), tokens = integerArg('tokens', 1);
 const threads = args.threads === undefined ? undefined : integerArg('threads', 1);
 const window = args.window === undefined ? undefined : integerArg('window', 1);
-/** attend's options of layer l: a local layer's window (the even ones, with --window), its sinks (--sinks). */
+/** BLOOM's ALiBi slopes for HQ heads (a power of two): 2^(-8(h+1)/HQ). */
+const ALIBI_SLOPES = Float32Array.from({ length: HQ }, (_, h) => 2 ** (-8 * (h + 1) / HQ));
+/**
+ * attend's options of layer l: a local layer's window (the even ones, with --window), its sinks
+ * (--sinks), ALiBi's slopes (--alibi).
+ */
 const attendOptions = (l) => ({
   layout: 'bshd',
   ...(window !== undefined && l % 2 === 0 ? { slidingWindow: window } : {}),
   ...(layers[l].sinks !== undefined ? { sinks: layers[l].sinks } : {}),
+  ...(args.alibi ? { alibiSlopes: ALIBI_SLOPES } : {}),
 });
 const dtype = args.dtype;
 if (!['float32', 'float16'].includes(dtype)) usage(`--dtype must be float32 or float16, got ${JSON.stringify(dtype)}`);
@@ -173,7 +183,8 @@ console.log(`toy decoder: ${LAYERS} layers, d_model ${D_MODEL}, ${HQ} query head
   `vocabulary ${VOCAB} (random weights)`);
 console.log(`sdpa-wasm: ${attn.threads} thread${attn.threads === 1 ? '' : 's'}, KV cache dtype ${dtype}` +
   (window === undefined ? '' : `; layers ${layers.map((_, l) => (l % 2 === 0 ? `${l} local (slidingWindow ${window})` : `${l} global`)).join(', ')}`) +
-  (args.sinks ? `; learned sinks in every layer (layer 0's: ${Array.from(layers[0].sinks, (x) => x.toFixed(2)).join(' ')})` : ''));
+  (args.sinks ? `; learned sinks in every layer (layer 0's: ${Array.from(layers[0].sinks, (x) => x.toFixed(2)).join(' ')})` : '') +
+  (args.alibi ? `; ALiBi in every layer (slopes 2^-1 … 2^-8)` : ''));
 console.log(filler > 0
   ? `context: ${context} positions: ${filler} of random K/V (standing in for earlier text, so that every step ` +
     `attends to a long history), then the ${PROMPT}-token prompt`

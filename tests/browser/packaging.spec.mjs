@@ -150,7 +150,7 @@ test('Node: examples/node/quickstart.mjs, generate.mjs, packed.mjs, worker.mjs a
   console.log(`Node example from the tarball:\n  ${lines.join('\n  ')}`);
 
   // generate.mjs: token-by-token decoding with the KV cache, the same tokens as from the source tree.
-  const args = ['--context', '300', '--tokens', '6', '--dtype', 'float16', '--window', '128', '--sinks'];
+  const args = ['--context', '300', '--tokens', '6', '--dtype', 'float16', '--window', '128', '--sinks', '--alibi'];
   const gen = await run(process.execPath, ['generate.mjs', ...args], { cwd: app, timeout: 60_000 });
   const genRepo = await run(process.execPath, ['examples/node/generate.mjs', ...args], { cwd: ROOT, timeout: 60_000 });
   const line = (out, start) => out.split('\n').find((l) => l.startsWith(start));
