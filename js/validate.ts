@@ -695,7 +695,7 @@ export function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv:
   const mask = o.attnMask === undefined ? null : checkMask(fn, o.attnMask, [B, Hq, Lq, Lk]);
 
   const causal = checkBoolean(fn, 'options.isCausal', o.isCausal, defaults.causal);
-  const alibi = checkAlibiSlopes(fn, o.alibiSlopes, B, Hq);
+  const alibi = checkAlibiSlopes(fn, o.alibiSlopes, Hq, { count: B, name: 'batch', symbol: 'B' });
   // The diagonal i + offset: the causal frontier, and where ALiBi's distances are measured from
   // (with or without isCausal).
   const diagonal = causal || alibi.slopes !== null;
@@ -815,16 +815,18 @@ const MAX_ALIBI_SLOPE = 2 ** 64;
 
 /**
  * options.alibiSlopes: a Float32Array of one ALiBi slope per query head ([Hq], every batch) or
- * per batch and query head ([B, Hq]), each in [0, 2^64]; a checked copy of its elements and the
- * batch stride (0 or Hq), or null when not given.
+ * per batch and query head ([B, Hq]; sdpaVarlen: per sequence, `rows` { count: S, name:
+ * 'sequence', symbol: 'S' }), each in [0, 2^64]; a checked copy of its elements and the stride
+ * between two batches' (sequences') slopes (0 or Hq), or null when not given.
  */
-export function checkAlibiSlopes(fn: string, given: unknown, B: number, Hq: number,
-  batchName = 'batch', B_ = 'B'): { slopes: Float32Array | null; strideB: number } {
+export function checkAlibiSlopes(fn: string, given: unknown, Hq: number,
+  rows: { count: number; name: string; symbol: string }): { slopes: Float32Array | null; strideB: number } {
   if (given === undefined) return { slopes: null, strideB: 0 };
-  const lengths = B === 1 ? `Hq = ${Hq}` : `Hq = ${Hq} or ${B_}·Hq = ${B * Hq}`;
+  const B = rows.count;
+  const lengths = B === 1 ? `Hq = ${Hq}` : `Hq = ${Hq} or ${rows.symbol}·Hq = ${B * Hq}`;
   if (!isFloat32Array(given)) {
     throw new TypeError(`${fn}: options.alibiSlopes must be a Float32Array of length ${lengths} (one ALiBi slope per ` +
-      `query head${B === 1 ? '' : `, or per ${batchName} and query head`}), got ${describe(given)}`);
+      `query head${B === 1 ? '' : `, or per ${rows.name} and query head`}), got ${describe(given)}`);
   }
   const length = lengthOf(given);
   refuseDetached(fn, 'options.alibiSlopes', given, length, `it must hold one ALiBi slope per query head (length ${lengths})`);

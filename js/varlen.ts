@@ -171,7 +171,7 @@ function planPacked(fn: string, query: unknown, key: unknown, value: unknown, o:
   delete scoreOptions.alibiSlopes;  // [Hq] or [S, Hq]: per sequence, below
   const whole = planOptions(fn, 'bshd', q, { kvHeads: k.H, kvLen: k.L, valueDim: v.D, k: k.strides, v: v.strides },
     scoreOptions, { causal: false, causalOffset: 0 });
-  const alibi = checkAlibiSlopes(fn, o.alibiSlopes, S, q.H, 'sequence', 'S');
+  const alibi = checkAlibiSlopes(fn, o.alibiSlopes, q.H, { count: S, name: 'sequence', symbol: 'S' });
   const plan: VarlenPlan = {
     ...whole,
     causalOffset: 0,
