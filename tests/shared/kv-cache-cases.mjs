@@ -54,7 +54,7 @@ export function positions(t, a, b) {
  * mid-sequence), queryRows (optional: after each step only the last min(n, queryRows) of the n
  * new positions attend, which keeps the reference cheap for long appends), slidingWindow (optional:
  * attend's option, each row attending the W positions ending at its own), sinks (optional: attend's
- * option, a Float32Array of Hq) }.
+ * option, a Float32Array of Hq), alibiSlopes (optional: attend's option, [Hq]) }.
  */
 export const CACHE_CASES = [
   { name: 'MHA H4 E64, float32', shape: { B: 1, Hq: 4, Hkv: 4, E: 64, Ev: 64 }, steps: [37, 1, 1, 3, 129, 1, 400, 1], dtype: 'float32' },
@@ -77,6 +77,11 @@ export const CACHE_CASES = [
   // gpt-oss: learned sinks per query head with a 128-position window, past one 512-key segment.
   { name: 'GQA Hq4 Hkv2 E64, float16, sinks and a window of 128', shape: { B: 1, Hq: 4, Hkv: 2, E: 64, Ev: 64 },
     steps: [37, 1, 600, 1], dtype: 'float16', slidingWindow: 128, sinks: Float32Array.of(1.5, -Infinity, 0, 30) },
+  // BLOOM/MPT: ALiBi's biases from each row's own position, past one 512-key segment.
+  { name: 'GQA Hq8 Hkv2 E64, float16 and ALiBi (BLOOM slopes)', shape: { B: 1, Hq: 8, Hkv: 2, E: 64, Ev: 64 },
+    steps: [37, 1, 600, 1], dtype: 'float16', alibiSlopes: Float32Array.from({ length: 8 }, (_, h) => 2 ** -(h + 1)) },
+  { name: 'B2 MHA H4 E32, float32 and ALiBi', shape: { B: 2, Hq: 4, Hkv: 4, E: 32, Ev: 32 },
+    steps: [20, 1, 3, 520, 1], dtype: 'float32', alibiSlopes: Float32Array.of(0.5, 0.25, 0.125, 0) },
 ];
 
 /**
@@ -85,7 +90,7 @@ export const CACHE_CASES = [
  */
 export async function runCacheCases(attn, cases = CACHE_CASES) {
   const results = [];
-  for (const [index, { name, shape, steps, dtype, grow, queryRows, slidingWindow, sinks }] of cases.entries()) {
+  for (const [index, { name, shape, steps, dtype, grow, queryRows, slidingWindow, sinks, alibiSlopes }] of cases.entries()) {
     const { B, Hq, Hkv, E, Ev } = shape;
     const total = steps.reduce((a, b) => a + b, 0);
     const seed = 700 + index;
@@ -107,7 +112,10 @@ export async function runCacheCases(attn, cases = CACHE_CASES) {
         }
         const rows = Math.min(n, queryRows ?? n);  // the last `rows` new positions attend
         const query = noiseTensor([B, Hq, rows, E], seed, 10 + s);
-        const options = { ...(slidingWindow === undefined ? {} : { slidingWindow }), ...(sinks === undefined ? {} : { sinks }) };
+        const options = {
+          ...(slidingWindow === undefined ? {} : { slidingWindow }), ...(sinks === undefined ? {} : { sinks }),
+          ...(alibiSlopes === undefined ? {} : { alibiSlopes }),
+        };
         const got = await cache.attend(query, Object.keys(options).length === 0 ? undefined : options);
         const key = positions(kStored, 0, length), value = positions(vStored, 0, length);
         const ref = referenceSdpa(query, key, value, { isCausal: true, causalOffset: length - rows, ...options });
