@@ -1,7 +1,8 @@
 // The test problem shared by the forward and backward GoogleTest suites
 // (sdpa-forward-test.cc, sdpa-backward-test.cc): a Case described by shapes and options,
 // and the pieces of a harness that turn it into a Problem: the dimensions, the strides of
-// either layout, scale and softcap, and the mask, causal offsets, key lengths and starts, sinks. Also the
+// either layout, scale and softcap, and the mask, causal offsets, key lengths and starts, sinks,
+// ALiBi slopes. Also the
 // streamed decode of a problem (run_streamed), float32 or float16 (f16-kv-test.cc).
 // A case's data come from one stream seeded by the case (CaseRandom), drawn in a fixed order:
 // Q, K, V (draw_qkv), whatever else the harness draws, then the mask (set_options).
@@ -35,6 +36,9 @@ struct AttentionCase {
   std::vector<int32_t> key_lengths;  // empty = none
   std::vector<int32_t> key_starts;   // empty = none
   std::vector<float> sinks;          // [Hq] sink logits; empty = none
+  // ALiBi slopes: [Hq] for every batch (alibi_stride_b 0), or [B, Hq] (stride Hq, B > 1); empty =
+  // none. The offsets above place each row's diagonal, causal or not.
+  std::vector<float> alibi_slopes;
   float softcap = 0.0f;
   float scale = NAN;                 // NAN = 1/sqrt(E)
   float input_scale = 1.0f;          // multiplies Q (large logits)
@@ -44,7 +48,9 @@ struct AttentionCase {
     std::ostringstream s;
     s << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " E" << E
       << " Ev" << Ev << (bshd ? " bshd" : "") << " mask" << static_cast<int>(mask_kind)
-      << (key_starts.empty() ? "" : " key_starts") << (sinks.empty() ? "" : " sinks") << (causal ? " causal" : "") << (window > 0 ? " window" + std::to_string(window) : "") << " softcap" << softcap << " seed" << seed;
+      << (key_starts.empty() ? "" : " key_starts") << (sinks.empty() ? "" : " sinks")
+      << (alibi_slopes.empty() ? "" : int(alibi_slopes.size()) == Hq ? " alibi[Hq]" : " alibi[B,Hq]")
+      << (offsets.empty() ? "" : " offset" + std::to_string(offsets[0]) + (offsets.size() > 1 ? ",…" : "")) << (causal ? " causal" : "") << (window > 0 ? " window" + std::to_string(window) : "") << " softcap" << softcap << " seed" << seed;
     return s.str();
   }
 };
@@ -112,11 +118,12 @@ struct OptionArrays {
   std::vector<uint8_t> mask_b;
   std::vector<int32_t> offsets, key_lengths, key_starts;
   std::vector<float> sinks;
+  std::vector<float> alibi_slopes;
 };
 
 // p's mask (dense over the case's mask_dims, stride 0 on each broadcast axis; entries drawn
 // from `random`: blocking with probability mask_block_fraction, else a normal value or 1),
-// causal offset(s) and key lengths, pointing into `arrays`.
+// causal offset(s), key lengths and starts, sinks and ALiBi slopes, pointing into `arrays`.
 inline void set_options(const AttentionCase& c, CaseRandom& random, OptionArrays& arrays, Problem& p) {
   std::mt19937& rng = random.rng;
   std::normal_distribution<float>& normal = random.normal;
@@ -165,6 +172,11 @@ inline void set_options(const AttentionCase& c, CaseRandom& random, OptionArrays
     arrays.sinks = c.sinks;
     p.sinks = arrays.sinks.data();
   }
+  if (!c.alibi_slopes.empty()) {
+    arrays.alibi_slopes = c.alibi_slopes;
+    p.alibi_slopes = arrays.alibi_slopes.data();
+    p.alibi_stride_b = int(c.alibi_slopes.size()) == c.Hq ? 0 : c.Hq;
+  }
 }
 
 // Sink logits for Hq heads, cycling through: none (-inf), 0, 2.5 (about a score's size), -3,
@@ -174,6 +186,26 @@ inline std::vector<float> cycling_sinks(int Hq) {
   std::vector<float> sinks(static_cast<size_t>(Hq));
   for (int h = 0; h < Hq; h++) sinks[size_t(h)] = values[h % 5];
   return sinks;
+}
+
+// ALiBi's slopes for Hq heads (Press et al.): 2^(-8·(h + 1) / Hq), from 2^(-8/Hq) down to 2^-8,
+// times `factor`.
+inline std::vector<float> geometric_slopes(int Hq, float factor = 1.0f) {
+  std::vector<float> slopes(static_cast<size_t>(Hq));
+  for (int h = 0; h < Hq; h++) slopes[size_t(h)] = factor * std::exp2(-8.0f * float(h + 1) / float(Hq));
+  return slopes;
+}
+
+// Per-batch slopes [B, Hq]: batch b's row is geometric_slopes(Hq) times 1 + b/2, and one slope of
+// every batch but the first is 0 (a head without ALiBi).
+inline std::vector<float> per_batch_slopes(int B, int Hq) {
+  std::vector<float> slopes;
+  for (int b = 0; b < B; b++) {
+    std::vector<float> row = geometric_slopes(Hq, 1.0f + 0.5f * float(b));
+    if (b > 0) row[size_t(b % Hq)] = 0.0f;
+    slopes.insert(slopes.end(), row.begin(), row.end());
+  }
+  return slopes;
 }
 
 // p (one (batch, KV head), on the decode path) run as the streamed decode of sdpa.h: each

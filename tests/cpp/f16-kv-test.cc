@@ -462,6 +462,7 @@ struct F16Case {
   std::vector<int32_t> key_lengths;  // empty = none
   std::vector<int32_t> key_starts;   // empty = none
   std::vector<float> sinks;          // [Hq]; empty = none
+  std::vector<float> alibi_slopes;   // [Hq] (stride 0) or [B, Hq] (stride Hq); empty = none
   bool float_mask = false;           // a float mask [B, 1, Lq, Lk] (broadcast over heads)
   double mask_block_fraction = 0.2;  // share of its entries that are -inf
   float softcap = 0.0f;
@@ -473,7 +474,7 @@ struct F16Case {
     s << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " E" << E << " Ev" << Ev
       << " max_len" << Lk + extra_len << (causal ? " causal" : "") << (window > 0 ? " window" + std::to_string(window) : "")
       << (key_lengths.empty() ? "" : " key_lengths") << (key_starts.empty() ? "" : " key_starts")
-      << (sinks.empty() ? "" : " sinks")
+      << (sinks.empty() ? "" : " sinks") << (alibi_slopes.empty() ? "" : " alibi")
       << (float_mask ? " mask" : "") << " softcap" << softcap << (weights ? " weights" : "") << " seed" << seed;
     return s.str();
   }
@@ -485,7 +486,7 @@ struct F16Harness {
   std::vector<float> q, mask, out, weights;
   std::vector<uint16_t> k, v;  // halves, cache storage
   std::vector<int32_t> offsets, key_lengths, key_starts;
-  std::vector<float> sinks;
+  std::vector<float> sinks, alibi_slopes;
   Problem p;
 
   explicit F16Harness(const F16Case& cs) : c(cs), max_len(cs.Lk + cs.extra_len) {
@@ -516,6 +517,11 @@ struct F16Harness {
     if (!c.sinks.empty()) {
       sinks = c.sinks;
       p.sinks = sinks.data();
+    }
+    if (!c.alibi_slopes.empty()) {
+      alibi_slopes = c.alibi_slopes;
+      p.alibi_slopes = alibi_slopes.data();
+      p.alibi_stride_b = int(alibi_slopes.size()) == c.Hq ? 0 : c.Hq;
     }
     // Positions no row may attend: past the batch's key length, past the causal frontier of
     // the last query row, before the batch's first key or the window of the first row, and [Lk, max_len) of the storage,
@@ -1075,6 +1081,51 @@ TEST(F16Kernel, DecodeReadInterleavedIsTheSameOnTwoThreads) {
         EXPECT_TRUE(same_bits(single.out, two_threads.out)) << c.describe();
         EXPECT_TRUE(same_bits(single.weights, two_threads.weights)) << c.describe();
       }
+}
+
+// ALiBi on float16 K/V: the biases join the scores as they do on float32, so a float16 problem is
+// still the float32 problem on the halves' values; read in place in memory order (a KV cache's
+// decode step: one query row per KV head, whose groups of tiles are then read in key order, not
+// interleaved, the biases needing the keys in order; and GQA), packed (prefill), split-K, against
+// the reference on the halves' values; kFloat16Finite the bits of kFloat16; two threads the bits of
+// one; float32 copies of the halves against the reference too.
+TEST(F16Kernel, AlibiOnHalvesInPlaceInOrderAndPacked) {
+  uint32_t seed = 1500;
+  for (int lk : {7, 513, 2048 + 515})
+    for (auto heads : {std::pair<int, int>{4, 4}, {8, 2}})
+      for (int variant = 0; variant < 2; variant++) {
+        F16Case c;
+        c.B = 2, c.Hq = heads.first, c.Hkv = heads.second, c.Lq = 1, c.Lk = lk;
+        c.E = c.Ev = c.Hq == c.Hkv ? 32 : 64;  // (GQA: two threads' worth of work at 2563 keys)
+        c.weights = false, c.seed = seed++;
+        c.causal = true, c.offsets = {lk - 1, lk - 1 - lk / 3};
+        c.alibi_slopes = test::per_batch_slopes(c.B, c.Hq);
+        if (variant == 1) {
+          if (lk > 2048) continue;  // (time: 513 keys are two segments already)
+          c.causal = false, c.offsets = {lk - 1}, c.alibi_slopes = test::geometric_slopes(c.Hq, 0.1f);
+          c.float_mask = true, c.softcap = 5.0f, c.key_lengths = {lk, (lk + 1) / 2}, c.weights = lk < 1000;
+        }
+        check(c, true);
+        F16Harness exact(c), finite(c);
+        exact.p.read_kv_in_order = finite.p.read_kv_in_order = true;
+        finite.p.kv_type = KvType::kFloat16Finite;
+        ASSERT_EQ(exact.run(), Status::kOk) << c.describe();
+        ASSERT_EQ(finite.run(), Status::kOk) << c.describe();
+        EXPECT_TRUE(same_bits(finite.out, exact.out)) << c.describe();
+        if (lk > 2048 && c.Hq == 8 && variant == 0) {  // above the size under which forward() stays on one thread
+          ThreadPool pool(2);
+          F16Harness two(c);
+          two.p.read_kv_in_order = true, two.p.kv_type = KvType::kFloat16Finite;
+          ASSERT_EQ(two.run(&pool), Status::kOk) << c.describe();
+          EXPECT_TRUE(same_bits(finite.out, two.out)) << c.describe() << ": 2 threads";
+        }
+      }
+  for (int lk : {7, 1100}) {  // prefill: K/V widened into the packed copies
+    F16Case c;
+    c.B = 2, c.Hq = 2, c.Hkv = 1, c.Lq = 37, c.Lk = lk, c.E = 16, c.Ev = 24, c.seed = seed++;
+    c.causal = true, c.offsets = {lk - 37, 5}, c.alibi_slopes = test::per_batch_slopes(c.B, c.Hq);
+    check(c, false);
+  }
 }
 
 TEST(F16Kernel, ValidateRejectsAnUnknownKvType) {

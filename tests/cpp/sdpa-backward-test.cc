@@ -722,5 +722,163 @@ TEST(Backward, RejectsWhatItDoesNotTake) {
   EXPECT_EQ(validate_backward(bad), Status::kOk);
 }
 
+
+// ALiBi (Problem::alibi_slopes): the backward finishes its scores as the forward does (bias =
+// mask + alibi, then s + bias), so the forward's lse rebuilds its probabilities; the bias has no
+// gradient of its own, d_mask is still ds (the mask is added with it, after the softcap).
+TEST(Backward, AlibiTileEdgesCausalOrNotWithMasksSinksAndGqa) {
+  // Keys around the 64-key tile, rows around the 4-row tile; MHA and GQA (the heads of a KV
+  // group have different slopes); shared slopes on a problem that is not causal (offset
+  // bottom-right), then per-batch slopes with per-batch causal offsets, a float mask (d_mask),
+  // sinks (d_sinks), softcap; 1 and 2 threads bitwise.
+  const int kt = kBackwardKeyTile;
+  uint32_t seed = 2000;
+  for (auto hh : {std::pair<int, int>{2, 2}, {4, 2}})
+    for (int lq : {1, 5, 13})
+      for (int lk : {1, kt - 1, kt, kt + 1, 2 * kt + 3})
+        for (int variant = 0; variant < 2; variant++) {
+          Case c;
+          c.B = 2, c.Hq = hh.first, c.Hkv = hh.second, c.Lq = lq, c.Lk = lk, c.E = 8, c.Ev = 6, c.seed = seed++;
+          c.alibi_slopes = test::geometric_slopes(c.Hq), c.offsets = {lk - lq};
+          if (variant == 1) {
+            c.alibi_slopes = test::per_batch_slopes(c.B, c.Hq);
+            c.causal = true, c.offsets = {lk - lq, lk / 2 - lq}, c.softcap = 5.0f, c.sinks = cycling_sinks(c.Hq);
+            c.mask_kind = MaskKind::kFloat, c.mask_dims = {c.B, 1, lq, lk}, c.mask_block_fraction = 0.2;
+          }
+          Harness h(c);
+          h.run(1);
+          h.expect_matches_reference();
+          Harness two(c);
+          two.run(2);
+          two.expect_same_bits(h, "2 threads " + c.describe());
+        }
+}
+
+TEST(Backward, AlibiMasksWindowsKeyBoundsAndTheSplitKernels) {
+  // Bool and float masks broadcast over heads and rows, a window, key lengths and starts (NaN
+  // padding, from the harness), the layout [B, L, H, D]; 1, 2 and 3 threads (the fused kernel,
+  // then the dK/dV + dQ split), bitwise.
+  uint32_t seed = 2100;
+  for (MaskKind kind : {MaskKind::kFloat, MaskKind::kBool})
+    for (bool causal : {false, true}) {
+      Case c;
+      c.B = 2, c.Hq = 6, c.Hkv = 3, c.Lq = 21, c.Lk = 150, c.E = 9, c.Ev = 5, c.seed = seed++, c.bshd = true;
+      c.mask_kind = kind, c.mask_dims = {150}, c.mask_block_fraction = 0.2;
+      c.causal = causal, c.offsets = {129, 40}, c.window = causal ? 50 : 0;
+      c.key_starts = {4, 0}, c.key_lengths = {150, 120};
+      c.alibi_slopes = test::per_batch_slopes(c.B, c.Hq);
+      Harness one(c);
+      one.run(1);
+      one.expect_matches_reference();
+      for (int threads : {2, 3}) {
+        Harness many(c);
+        many.run(threads);
+        many.expect_same_bits(one, std::to_string(threads) + " threads " + c.describe());
+      }
+    }
+}
+
+TEST(Backward, AlibiRowsFarFromTheirDiagonalRecomputeTheirStatistics) {
+  // Not causal, the diagonal 200 keys before key 0 (or 200 past the last): every bias of a row is
+  // below -100·slope, so |lse| > kExactLseLimit and the row's maximum and sum are recomputed from
+  // the backward's own scores (slope 0: a head whose rows keep their lse).
+  for (int offset : {-200, 200 + 70}) {
+    Case c;
+    c.B = 1, c.Hq = 4, c.Hkv = 2, c.Lq = 9, c.Lk = 70, c.E = 8, c.Ev = 8, c.seed = uint32_t(offset + 1000);
+    c.offsets = {offset}, c.alibi_slopes = {1.0f, 0.5f, 0.0f, 0.125f};
+    c.mask_kind = MaskKind::kFloat, c.mask_dims = {9, 70};
+    Harness h(c);
+    h.run(1);
+    h.expect_matches_reference();
+    int recomputed = 0;
+    for (int hd = 0; hd < c.Hq; hd++)
+      for (int i = 0; i < c.Lq; i++) {
+        const float lse = h.lse[size_t(hd * c.Lq + i)];
+        recomputed += sdpa_f32_bwd_row_stats_recomputed(h.bp, 0, hd, i, lse);
+      }
+    EXPECT_GE(recomputed, 3 * c.Lq) << c.describe();  // the heads with a slope
+    Harness two(c);
+    two.run(2);
+    two.expect_same_bits(h, "2 threads " + c.describe());
+  }
+}
+
+TEST(Backward, AlibiSlopesOfZeroGiveTheBitsOfNoAlibi) {
+  // -(0·d) = -0 added to the mask's bias (or 0): every score keeps its value, so every gradient
+  // has the bits of the same problem without ALiBi (and the forward's lse too).
+  std::vector<Case> cases(3);
+  cases[0].B = 2, cases[0].Hq = 4, cases[0].Hkv = 2, cases[0].Lq = 13, cases[0].Lk = 131, cases[0].E = 8, cases[0].Ev = 6;
+  cases[0].causal = true, cases[0].offsets = {118, 3};
+  cases[1] = cases[0], cases[1].mask_kind = MaskKind::kFloat, cases[1].mask_dims = {13, 131};
+  cases[1].mask_block_fraction = 0.2, cases[1].softcap = 3.0f, cases[1].sinks = cycling_sinks(4);
+  cases[2] = cases[0], cases[2].mask_kind = MaskKind::kBool, cases[2].mask_dims = {2, 1, 13, 131};
+  cases[2].mask_block_fraction = 0.2, cases[2].window = 40;
+  for (Case c : cases) {
+    Harness none(c);
+    none.run(1);
+    none.expect_matches_reference();
+    c.alibi_slopes.assign(size_t(c.B) * c.Hq, 0.0f);
+    Harness zero(c);
+    zero.run(1);
+    zero.expect_same_bits(none, "zero slopes " + c.describe());
+    EXPECT_EQ(std::memcmp(zero.lse.data(), none.lse.data(), none.lse.size() * 4), 0) << c.describe();
+  }
+}
+
+// The oracle with ALiBi: reference_backward against central differences of reference_forward's
+// loss, with per-batch slopes and offsets, not causal and causal with a float mask.
+TEST(Backward, AlibiReferenceGradientsMatchFiniteDifferences) {
+  for (bool causal : {false, true}) {
+    Case c;
+    c.B = 2, c.Hq = 2, c.Hkv = 1, c.Lq = 3, c.Lk = 5, c.E = 3, c.Ev = 2, c.seed = 12;
+    c.causal = causal, c.offsets = {1, 3}, c.alibi_slopes = {0.7f, 0.2f, 0.0f, 1.3f};
+    if (causal) c.mask_kind = MaskKind::kFloat, c.mask_dims = {3, 5}, c.softcap = 2.0f;
+    Harness h(c);
+    const ReferenceGradients ref = reference_backward(h.bp);
+    auto loss = [&]() {
+      const std::vector<double> out = reference_forward(h.bp.forward, nullptr);
+      double sum = 0.0;
+      for (size_t n = 0; n < out.size(); n++) sum += out[n] * h.go[n];
+      return sum;
+    };
+    auto expect_fd = [&](std::vector<float>& x, const std::vector<double>& grad, const char* name) {
+      for (size_t n = 0; n < x.size(); n++) {
+        const float saved = x[n], step = 1e-2f;
+        x[n] = saved + step;
+        const double up = loss();
+        x[n] = saved - step;
+        const double down = loss();
+        x[n] = saved;
+        const double fd = (up - down) / (double(saved + step) - double(saved - step));
+        EXPECT_NEAR(grad[n], fd, 1e-3 * (1.0 + std::abs(fd))) << name << "[" << n << "] causal " << causal;
+      }
+    };
+    expect_fd(h.q, ref.d_query, "dQ");
+    expect_fd(h.k, ref.d_key, "dK");
+    expect_fd(h.v, ref.d_value, "dV");
+    expect_fd(h.mask_f, ref.d_mask, "dMask");
+  }
+}
+
+TEST(Backward, AlibiValidateRejectsBadSlopes) {
+  Case c;
+  c.B = 2, c.Hq = 2, c.Lq = 2, c.Lk = 3, c.alibi_slopes = {0.5f, 0.25f, 0.125f, 0.0f};
+  Harness h(c);
+  EXPECT_EQ(validate_backward(h.bp), Status::kOk);
+  std::vector<float> bad = c.alibi_slopes;
+  bad[3] = kNaN;  // batch 1's row
+  h.bp.forward.alibi_slopes = bad.data();
+  EXPECT_EQ(validate_backward(h.bp), Status::kBadAlibi);
+  std::vector<float> scratch(backward_scratch_floats(h.bp, 1));
+  EXPECT_EQ(backward(h.bp, scratch.data(), scratch.size()), Status::kBadAlibi);
+  for (const std::vector<float>* g : {&h.dq, &h.dk, &h.dv}) {
+    EXPECT_TRUE(std::all_of(g->begin(), g->end(), [](float x) { return std::isnan(x); })) << "written";
+  }
+  bad[3] = -1.0f;
+  EXPECT_EQ(validate_backward(h.bp), Status::kBadAlibi);
+  h.bp.forward.alibi_slopes = c.alibi_slopes.data(), h.bp.forward.alibi_stride_b = -1;
+  EXPECT_EQ(validate_backward(h.bp), Status::kBadStride);
+}
+
 }  // namespace
 }  // namespace sdpa

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/alibi.h"
 #include "parallel/thread-pool.h"
 #include "reference/sdpa-reference.h"
 #include "sdpa.h"
@@ -867,6 +868,383 @@ TEST(SdpaForward, ValidateRejectsWhatTheKernelCannotDo) {
     std::vector<float> scratch(scratch_floats(h.p) - 1);
     EXPECT_EQ(forward(h.p, scratch.data(), scratch.size()), Status::kBadScratch);
   }
+}
+
+
+// ALiBi (Problem::alibi_slopes, src/kernels/alibi.h): key j of row i gets the bias
+// -(slope·|i + offset - j|), added with the mask, the offset (causal_offsets[b] or causal_offset)
+// placing each row's diagonal whether or not the problem is causal. Slopes [Hq] (stride 0) or
+// [B, Hq] (stride Hq), each array exactly that long (ASan sees a read of another row).
+
+// The worst |bias| of the keys that matter to a row is about slope·(distance from the row's
+// diagonal to its nearest key) plus a few; the kernel rounds each bias (the distance past 2^24,
+// the product, the sum with the mask) at that magnitude, as it rounds a score: the tolerance
+// HugeLogitsNeitherOverflowNorNaN gives scores of that size.
+double alibi_tolerance(double bias_magnitude) { return std::max(2e-5, 8.0 * bias_magnitude * std::ldexp(1.0, -23)); }
+
+TEST(SdpaForward, AlibiAroundTileEdgesOfKeysAndRowsMhaAndGqa) {
+  // Keys around the 512-key tile and primes, rows around the 4-row tile; MHA and GQA (8 query
+  // heads on 2 KV heads: the heads of one row tile have different slopes); Ev != E, Lq != Lk;
+  // shared slopes on a problem that is not causal (its diagonal bottom-right all the same), then
+  // per-batch slopes with per-batch causal offsets, the other layout and key lengths.
+  uint32_t seed = 2000;
+  for (auto hh : {std::pair<int, int>{2, 2}, {8, 2}})
+    for (int lq : {1, 3, 4, 5, 67})
+      for (int lk : {1, 37, 511, 512, 513, 1031}) {
+        // (Time: 513 and 1031 cut the key tiles too, and MHA takes 67 rows of 1031 keys.)
+        if (lq == 67 && (lk == 511 || lk == 512 || (lk == 1031 && hh.first == 8))) continue;
+        Case c;
+        c.B = 2, c.Hq = hh.first, c.Hkv = hh.second, c.Lq = lq, c.Lk = lk, c.E = 8, c.Ev = 12, c.seed = seed++;
+        c.alibi_slopes = test::geometric_slopes(c.Hq);
+        c.offsets = {lk - lq};
+        c.weights = lq * lk < 20000;
+        check(c);
+        c.alibi_slopes = test::per_batch_slopes(c.B, c.Hq);
+        c.causal = true, c.offsets = {lk - lq, lk / 2 - lq}, c.key_lengths = {lk, (lk + 1) / 2}, c.bshd = true;
+        if (lq == 67) c.B = 1, c.alibi_slopes.resize(size_t(c.Hq)), c.offsets.resize(1), c.key_lengths.resize(1);
+        check(c);
+      }
+}
+
+TEST(SdpaForward, AlibiOffsetsMoveTheDiagonalCausalOrNot) {
+  // Offsets 0 (top-left), Lk - Lq (bottom-right), negative (rows before key 0: not causal, their
+  // nearest key is key 0; causal, nothing to attend) and past the end; causal and not; then per
+  // batch, with sliding windows and softcap. A head with slope 0 among them.
+  uint32_t seed = 2200;
+  for (int lq : {1, 5, 33})
+    for (int lk : {1, 31, 70, 600})
+      for (int offset : {0, lk - lq, -3, lk + 4})
+        for (bool causal : {false, true}) {
+          Case c;
+          c.Hq = 3, c.Hkv = 1, c.Lq = lq, c.Lk = lk, c.E = 8, c.Ev = 8, c.seed = seed++;
+          c.causal = causal, c.offsets = {offset}, c.alibi_slopes = {0.5f, 0.0625f, 0.0f};
+          check(c);
+        }
+  for (bool causal : {false, true})
+    for (int window : {0, 1, 9, 600}) {
+      if (window > 0 && !causal) continue;
+      Case c;
+      c.B = 3, c.Hq = 4, c.Hkv = 2, c.Lq = 9, c.Lk = 700, c.E = 8, c.Ev = 6, c.seed = seed++;
+      c.causal = causal, c.window = window, c.offsets = {691, 0, -4}, c.softcap = window == 9 ? 4.0f : 0.0f;
+      c.alibi_slopes = test::per_batch_slopes(c.B, c.Hq);
+      check(c);
+    }
+}
+
+TEST(SdpaForward, AlibiOfUniformScoresIsTheSoftmaxOfTheBiasesByHand) {
+  // scale 0: every score is 0, so row i's weights are exp(-slope·|i + offset - j|) normalised,
+  // computed here from the definition (the reference not involved). Not causal: the offset moves
+  // the diagonal all the same (per batch: 2 and -1); per-batch slopes, one of them 0 (uniform).
+  Case c;
+  c.B = 2, c.Hq = 2, c.Hkv = 1, c.Lq = 3, c.Lk = 7, c.E = 4, c.Ev = 5, c.scale = 0.0f;
+  c.offsets = {2, -1}, c.alibi_slopes = {0.6931472f, 0.25f, 1.5f, 0.0f};
+  Harness h(c);
+  ASSERT_EQ(h.run(), Status::kOk);
+  h.expect_matches_reference();
+  for (int b = 0; b < c.B; b++)
+    for (int hd = 0; hd < c.Hq; hd++)
+      for (int i = 0; i < c.Lq; i++) {
+        const double slope = c.alibi_slopes[size_t(b * c.Hq + hd)];
+        std::vector<double> w(size_t(c.Lk));
+        double sum = 0.0;
+        for (int j = 0; j < c.Lk; j++) sum += w[size_t(j)] = std::exp(-slope * std::abs(i + c.offsets[size_t(b)] - j));
+        for (int e = 0; e < c.Ev; e++) {
+          double want = 0.0;
+          for (int j = 0; j < c.Lk; j++) want += w[size_t(j)] / sum * h.value_at(b, 0, j, e);
+          EXPECT_NEAR(h.output_at(b, hd, i, e), want, 1e-5) << "b" << b << " h" << hd << " i" << i << " e" << e;
+        }
+        for (int j = 0; j < c.Lk; j++) {
+          EXPECT_NEAR(h.weights[size_t(((b * c.Hq + hd) * c.Lq + i) * c.Lk + j)], w[size_t(j)] / sum, 1e-6)
+              << "b" << b << " h" << hd << " i" << i << " j" << j;
+        }
+      }
+}
+
+TEST(SdpaForward, AlibiAddsToFloatAndBoolMasksOfEveryBroadcast) {
+  // The bias row of a tile is the mask's plus ALiBi's. Masks broadcast over heads (the rows of a
+  // GQA tile then read one mask row: with different slopes each gets its own bias row, with equal
+  // slopes and one query row per head the first row's is copied), over rows (rows of one head
+  // read one mask row with different diagonals), over keys; float and bool; causal and not.
+  const std::vector<std::vector<int>> shapes = {{-1}, {-2, -1}, {1, -2, -1}, {2, 4, -2, -1}, {-2, 1}};
+  uint32_t seed = 2400;
+  for (int lq : {1, 7})
+    for (int lk : {41, 600})
+      for (const auto& shape : shapes)
+        for (MaskKind kind : {MaskKind::kFloat, MaskKind::kBool})
+          for (bool equal_slopes : {false, true}) {
+            Case c;
+            c.B = 2, c.Hq = 4, c.Hkv = 1, c.Lq = lq, c.Lk = lk, c.E = 8, c.Ev = 5, c.seed = seed++;
+            for (int d : shape) c.mask_dims.push_back(d == -1 ? lk : d == -2 ? lq : d);
+            c.mask_kind = kind, c.mask_block_fraction = 0.3;
+            c.causal = seed % 2 == 0, c.offsets = {lk - lq};
+            c.alibi_slopes = equal_slopes ? std::vector<float>(4, 0.125f) : test::geometric_slopes(4);
+            c.weights = lk < 600;
+            check(c);
+          }
+}
+
+TEST(SdpaForward, AlibiWithKeyLengthsStartsSinksAndLogSumExp) {
+  // Left padding (NaN in K/V before each batch's first key), key lengths, sinks (one far above
+  // every score among them), prefill and split-K decode, causal and not; the log-sum-exp
+  // against the reference's too.
+  uint32_t seed = 2600;
+  for (int lq : {1, 6})
+    for (int lk : {40, 1100})
+      for (bool causal : {false, true}) {
+        Case c;
+        c.B = 2, c.Hq = 5, c.Hkv = 5, c.Lq = lq, c.Lk = lk, c.E = 8, c.Ev = 9, c.seed = seed++;
+        c.key_starts = {3, lk / 3}, c.key_lengths = {lk, lk - 5};
+        c.sinks = cycling_sinks(c.Hq), c.alibi_slopes = test::per_batch_slopes(c.B, c.Hq);
+        c.causal = causal, c.offsets = {lk - lq, lk - lq - 7};
+        c.weights = lq == 6;
+        Harness h(c);
+        for (int b = 0; b < c.B; b++)
+          for (int kvh = 0; kvh < c.Hkv; kvh++)
+            for (int j = 0; j < c.key_starts[size_t(b)]; j++) {
+              for (int d = 0; d < c.E; d++) h.key_at(b, kvh, j, d) = kNaN;
+              for (int e = 0; e < c.Ev; e++) h.value_at(b, kvh, j, e) = kNaN;
+            }
+        std::vector<float> lse(size_t(c.B) * c.Hq * c.Lq, kNaN);
+        h.p.logsumexp = lse.data();
+        ASSERT_EQ(h.run(), Status::kOk) << c.describe();
+        h.expect_matches_reference();
+        const std::vector<double> ref_lse = reference_logsumexp(h.p);
+        for (size_t n = 0; n < lse.size(); n++) {
+          EXPECT_NEAR(lse[n], ref_lse[n], 2e-5 * (1 + std::abs(ref_lse[n]))) << c.describe() << " row " << n;
+        }
+      }
+}
+
+TEST(SdpaForward, AlibiDecodeSplitKOnOneAndTwoThreadsBitwise) {
+  // Lq = 1 with many heads and Lk past one 512-key segment: K/V read in place, split-K segments
+  // merged; above the size under which forward() stays on one thread. Two threads give the bits
+  // of one (output, weights, log-sum-exp); the streamed segments of one (batch, KV head) too.
+  const Case cases[] = {
+      [] { Case c; c.Hq = 16, c.Hkv = 4, c.Lq = 1, c.Lk = 2600, c.E = 96, c.Ev = 96, c.weights = false;
+           c.offsets = {2599}, c.alibi_slopes = test::geometric_slopes(16); return c; }(),
+      [] { Case c; c.B = 2, c.Hq = 8, c.Hkv = 8, c.Lq = 1, c.Lk = 2100, c.E = 64, c.Ev = 64, c.causal = true;
+           c.offsets = {2099, 1400}, c.key_lengths = {2100, 1900}, c.alibi_slopes = test::per_batch_slopes(2, 8);
+           return c; }(),
+      [] { Case c; c.B = 2, c.Hq = 8, c.Hkv = 2, c.Lq = 2, c.Lk = 2100, c.E = 64, c.Ev = 40, c.weights = false;
+           c.offsets = {2098, 1500}, c.sinks = cycling_sinks(8), c.alibi_slopes = test::per_batch_slopes(2, 8);
+           c.mask_kind = MaskKind::kFloat, c.mask_dims = {2, 1, 2, 2100}, c.mask_block_fraction = 0.2; return c; }(),
+  };
+  for (const Case& c : cases) {
+    Harness single(c);
+    ASSERT_TRUE(reads_keys_in_place(single.p)) << c.describe();
+    std::vector<float> lse(size_t(c.B) * c.Hq * c.Lq, kNaN);
+    single.p.logsumexp = lse.data();
+    ASSERT_EQ(single.run(), Status::kOk) << c.describe();
+    single.expect_matches_reference();
+    ThreadPool pool(2);
+    Harness two(c);
+    std::vector<float> two_lse(lse.size(), kNaN);
+    two.p.logsumexp = two_lse.data();
+    std::vector<float> scratch(scratch_floats(two.p, 2));
+    ASSERT_EQ(forward(two.p, scratch.data(), scratch.size(), &pool), Status::kOk) << c.describe();
+    EXPECT_EQ(0, std::memcmp(two.out.data(), single.out.data(), single.out.size() * sizeof(float))) << c.describe();
+    EXPECT_EQ(single.weights, two.weights) << c.describe();
+    EXPECT_EQ(0, std::memcmp(two_lse.data(), lse.data(), lse.size() * sizeof(float))) << c.describe();
+  }
+  // One (batch, KV head): the streamed decode's segments, each K/V copy alone.
+  for (int group : {1, 8}) {
+    Case c;
+    c.Hq = group, c.Lq = 1, c.Lk = 1300, c.E = 20, c.Ev = 13, c.weights = false, c.seed = uint32_t(group);
+    c.offsets = {1299 - 400}, c.alibi_slopes = test::geometric_slopes(group, 0.05f);
+    c.mask_kind = MaskKind::kBool, c.mask_dims = {1300}, c.mask_block_fraction = 0.2;
+    Harness h(c);
+    ASSERT_EQ(h.run(), Status::kOk);
+    h.expect_matches_reference();
+    const std::vector<float> streamed = run_streamed(h);
+    EXPECT_EQ(0, std::memcmp(streamed.data(), h.out.data(), h.out.size() * sizeof(float))) << c.describe();
+  }
+}
+
+TEST(SdpaForward, AlibiSlopesOfZeroGiveTheBitsOfNoAlibi) {
+  // A bias of -(0·d) = -0 added to the mask's (or to 0): every score keeps its value, so the
+  // output, weights and log-sum-exp have the bits of the same problem without ALiBi, on every path
+  // (prefill, decode, split-K with weights, masks, windows, softcap, sinks, left padding).
+  std::vector<Case> cases;
+  {
+    Case c;
+    c.B = 2, c.Hq = 4, c.Hkv = 2, c.Lq = 37, c.Lk = 600, c.E = 8, c.Ev = 9, c.causal = true, c.offsets = {563, 10};
+    c.window = 70;
+    cases.push_back(c);
+    c.mask_kind = MaskKind::kFloat, c.mask_dims = {37, 600}, c.mask_block_fraction = 0.2, c.softcap = 3.0f;
+    cases.push_back(c);
+    c.mask_kind = MaskKind::kBool, c.mask_dims = {2, 1, 37, 600}, c.window = 0, c.sinks = cycling_sinks(4);
+    c.key_starts = {5, 0};
+    cases.push_back(c);
+  }
+  for (int lk : {700, 1500}) {
+    Case c;
+    c.B = 2, c.Hq = 6, c.Hkv = 3, c.Lq = 1, c.Lk = lk, c.E = 16, c.Ev = 8, c.offsets = {lk - 1};
+    cases.push_back(c);
+    c.causal = true, c.key_lengths = {lk, lk / 2}, c.mask_kind = MaskKind::kFloat, c.mask_dims = {lk};
+    cases.push_back(c);
+  }
+  for (Case c : cases) {
+    Harness none(c);
+    c.alibi_slopes.assign(size_t(c.B) * c.Hq, 0.0f);  // per batch
+    Harness zero(c);
+    c.alibi_slopes.assign(size_t(c.Hq), -0.0f);  // shared, -0 (valid: not below 0)
+    Harness negative_zero(c);
+    std::vector<float> lse[3];
+    Harness* hs[3] = {&none, &zero, &negative_zero};
+    for (int n = 0; n < 3; n++) {
+      lse[n].assign(size_t(c.B) * c.Hq * c.Lq, kNaN);
+      hs[n]->p.logsumexp = lse[n].data();
+      ASSERT_EQ(hs[n]->run(), Status::kOk) << c.describe();
+    }
+    none.expect_matches_reference();
+    for (int n = 1; n < 3; n++) {
+      EXPECT_EQ(0, std::memcmp(none.out.data(), hs[n]->out.data(), none.out.size() * sizeof(float))) << n << " " << c.describe();
+      EXPECT_EQ(0, std::memcmp(none.weights.data(), hs[n]->weights.data(), none.weights.size() * sizeof(float))) << n << " " << c.describe();
+      EXPECT_EQ(0, std::memcmp(lse[0].data(), lse[n].data(), lse[0].size() * sizeof(float))) << n << " " << c.describe();
+    }
+  }
+}
+
+TEST(SdpaForward, AlibiRunOfFourColumnsGivesTheBitsOfOneAtATime) {
+  // add_alibi (src/kernels/alibi.h) takes four columns at a time where every distance of the run
+  // is below 2^24, else one at a time (alibi_bias): the same bits, either side of 2^24, and both
+  // the bits of the contract, -(slope · float(|position - j|)), float(d) rounded to nearest.
+  const int64_t kExact = int64_t{1} << 24;
+  const int64_t bases[] = {0, 5, -5, 511, -511, kExact - 600, kExact - 512, kExact - 511, kExact - 1, kExact,
+                           kExact + 1, -kExact + 600, -kExact + 512, -kExact + 511, -kExact, 2 * kExact + 3,
+                           -2 * kExact - 3, int64_t{1} << 31, -(int64_t{1} << 31) - 600};
+  const std::pair<int, int> runs[] = {{0, kKeyTile}, {3, 509}, {0, 1}, {0, 0}, {5, 7}, {1, kKeyTile}, {100, 101}};
+  const float slopes[] = {0.5f, 0x1p-20f, 3.0f, 0.3f, 0.0f, kMaxAlibiSlope};
+  const int64_t j0 = 1024;
+  for (int64_t base : bases)
+    for (auto run : runs)
+      for (float slope : slopes) {
+        const AlibiRow row{slope, base + j0};
+        std::vector<float> bias(kKeyTile), want(kKeyTile);
+        for (int c = 0; c < kKeyTile; c++) bias[size_t(c)] = c % 7 == 3 ? -kInf : 0.25f * float(c % 5) - 0.5f;
+        want = bias;
+        for (int c = run.first; c < run.second; c++) {
+          const int64_t d = std::abs(base - c);
+          const float alibi = -(slope * static_cast<float>(d));
+          const float scalar = alibi_bias(row, j0 + c);
+          ASSERT_EQ(0, std::memcmp(&alibi, &scalar, sizeof(float))) << "base " << base << " c " << c << " slope " << slope;
+          want[size_t(c)] += alibi;
+        }
+        add_alibi(row, j0, run.first, run.second, bias.data());
+        ASSERT_EQ(0, std::memcmp(bias.data(), want.data(), bias.size() * sizeof(float)))
+            << "base " << base << " run " << run.first << ".." << run.second << " slope " << slope;
+      }
+}
+
+TEST(SdpaForward, AlibiDistancesPastTwoToThe24AreRoundedAndStayClose) {
+  // Offsets far from the keys: distances of 2^24 and more, where add_alibi goes one column at a
+  // time and float(d) rounds; a slope small enough (bias about -32) for the reference's exact
+  // distances to stay within a tolerance for scores of that size. Distances straddling 2^24
+  // inside a tile (offset 2^24 + 300), and both ends of int32.
+  struct Far {
+    int32_t offset;
+    float slope;
+  };
+  const Far fars[] = {{1 << 25, 0x1p-20f}, {-(1 << 25), 0x1p-20f}, {(1 << 24) + 300, 0x1p-19f},
+                      {INT32_MAX, 0x1p-26f}, {INT32_MIN, 0x1p-26f}};
+  uint32_t seed = 2800;
+  for (const Far& far : fars)
+    for (int lk : {37, 1031}) {
+      Case c;
+      c.B = 2, c.Hq = 2, c.Hkv = 1, c.Lq = 5, c.Lk = lk, c.E = 8, c.Ev = 8, c.seed = seed++;
+      c.offsets = {far.offset}, c.alibi_slopes = {far.slope, far.slope / 2};
+      const double magnitude = double(far.slope) * (std::abs(double(far.offset)) + lk + 5);
+      check(c, alibi_tolerance(magnitude));
+    }
+}
+
+TEST(SdpaForward, AlibiTheLargestSlopeNeverBlocksAKey) {
+  // slope = kMaxAlibiSlope (2^64): biases down to -2^64·d, finite, so every row keeps its nearest
+  // key (weight 1, its V row exactly), even a row whose diagonal is 1000 keys before key 0, whose
+  // every bias is below -2^73: not a row with nothing to attend (zeros).
+  for (int lk : {9, 600}) {
+    Case c;
+    c.B = 2, c.Hq = 2, c.Hkv = 1, c.Lq = 3, c.Lk = lk, c.E = 8, c.Ev = 8, c.offsets = {1, -1000};
+    c.alibi_slopes = {kMaxAlibiSlope, kMaxAlibiSlope};
+    Harness h(c);
+    ASSERT_EQ(h.run(), Status::kOk);
+    h.expect_matches_reference();
+    for (int b = 0; b < 2; b++)
+      for (int i = 0; i < c.Lq; i++) {
+        const int nearest = std::clamp(i + c.offsets[size_t(b)], 0, lk - 1);
+        for (int e = 0; e < c.Ev; e++) EXPECT_EQ(h.output_at(b, 0, i, e), h.value_at(b, 0, nearest, e)) << b << " " << i;
+        EXPECT_EQ(h.weights[size_t(((b * c.Hq) * c.Lq + i) * lk + nearest)], 1.0f) << b << " " << i;
+      }
+  }
+}
+
+TEST(SdpaForward, AlibiValidateRejectsBadSlopesAndWritesNothing) {
+  // Slopes in [0, kMaxAlibiSlope] (-0 included); NaN, negative, +inf and past 2^64 are kBadAlibi,
+  // in a shared [Hq] array or in any batch's row of [B, Hq] (only in batch 1's); a negative
+  // alibi_stride_b is kBadStride. Nothing written on failure: output, weights, log-sum-exp keep
+  // their NaN; forward_segment() and validate_backward() say the same.
+  Case c;
+  c.B = 2, c.Hq = 2, c.Hkv = 1, c.Lq = 1, c.Lk = 8;
+  const float bad[] = {kNaN, -0.5f, kInf, 0x1p65f, std::nextafter(kMaxAlibiSlope, kInf), -kInf, -0x1p-149f};
+  const float good[] = {0.0f, -0.0f, 0x1p-149f, 1.0f, kMaxAlibiSlope};
+  auto expect_nothing_written = [](const Harness& h, const std::vector<float>& lse, const std::string& what) {
+    EXPECT_TRUE(std::all_of(h.out.begin(), h.out.end(), [](float x) { return std::isnan(x); })) << what;
+    EXPECT_TRUE(std::all_of(h.weights.begin(), h.weights.end(), [](float x) { return std::isnan(x); })) << what;
+    EXPECT_TRUE(std::all_of(lse.begin(), lse.end(), [](float x) { return std::isnan(x); })) << what;
+  };
+  for (bool per_batch : {false, true})
+    for (int at = 0; at < (per_batch ? 4 : 2); at++) {
+      for (float slope : bad) {
+        Case bc = c;
+        bc.alibi_slopes.assign(per_batch ? 4 : 2, 0.25f);
+        bc.alibi_slopes[size_t(at)] = slope;
+        Harness h(bc);
+        std::vector<float> lse(2, kNaN);
+        h.p.logsumexp = lse.data();
+        const std::string what = bc.describe() + " slope " + std::to_string(slope) + " at " + std::to_string(at);
+        EXPECT_EQ(validate(h.p), Status::kBadAlibi) << what;
+        EXPECT_EQ(h.run(), Status::kBadAlibi) << what;
+        expect_nothing_written(h, lse, what);
+        std::vector<float> partials(segment_partials_floats(h.p)), scratch(segment_scratch_floats(h.p));
+        Problem pair = h.p;  // one (batch, KV head) of the streamed decode: batch 0's row
+        pair.batch = 1, pair.weights = nullptr, pair.logsumexp = nullptr;
+        EXPECT_EQ(forward_segment(pair, 0, partials.data(), scratch.data(), scratch.size()),
+                  at < 2 ? Status::kBadAlibi : Status::kOk) << what;
+        BackwardProblem bp;
+        bp.forward = h.p;
+        std::vector<float> go(2 * 2 * 4), dq(go.size()), dk(2 * 8 * 4), dv(dk.size());
+        bp.logsumexp = lse.data(), bp.grad_output = go.data(), bp.d_query = dq.data(), bp.d_key = dk.data();
+        bp.d_value = dv.data();
+        EXPECT_EQ(validate_backward(bp), Status::kBadAlibi) << what;
+      }
+      for (float slope : good) {
+        Case gc = c;
+        gc.alibi_slopes.assign(per_batch ? 4 : 2, 0.25f);
+        gc.alibi_slopes[size_t(at)] = slope;
+        Harness h(gc);
+        EXPECT_EQ(h.run(), Status::kOk) << gc.describe() << " slope " << slope;
+        h.expect_matches_reference();
+      }
+    }
+  // A shared array is read at [h] for every batch: what lies past it is never read (ASan), even
+  // with B > 1.
+  {
+    Case sc = c;
+    sc.alibi_slopes = {0.5f, 0.25f};
+    Harness h(sc);
+    EXPECT_EQ(h.p.alibi_stride_b, 0);
+    EXPECT_EQ(h.run(), Status::kOk);
+    h.expect_matches_reference();
+  }
+  Case sc = c;
+  sc.alibi_slopes = test::per_batch_slopes(2, 2);
+  Harness h(sc);
+  std::vector<float> lse(2, kNaN);
+  h.p.logsumexp = lse.data();
+  h.p.alibi_stride_b = -2;
+  EXPECT_EQ(validate(h.p), Status::kBadStride);
+  EXPECT_EQ(h.run(), Status::kBadStride);
+  expect_nothing_written(h, lse, "negative alibi_stride_b");
 }
 
 }  // namespace

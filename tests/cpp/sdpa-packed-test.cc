@@ -2,7 +2,10 @@
 // of the whole packed problem with a block-diagonal mask: row r of sequence s may attend key c
 // only when c is one of s's keys and (causal) within s's causal frontier and window, counted
 // in s's own positions. That oracle never cuts the problem into sequences, so it checks the
-// cutting too. Sequence lengths from the tile sizes (src/tiles.h): 0, 1, tile - 1, tile,
+// cutting too. With ALiBi the oracle's mask is a float one [Hq, Tq, Tk]: -inf where the block
+// mask blocks, else the bias of row r and key c in s's own positions and offset, -(slope·|i +
+// offset - j|), i = r - q_starts[s], j = c - k_starts[s], slope = s's row of [S, Hq] (or the
+// shared [Hq]), computed as the contract computes it (float(d), times the slope in float). Sequence lengths from the tile sizes (src/tiles.h): 0, 1, tile - 1, tile,
 // tile + 1, primes; sequences long enough to be split over threads beside short ones run side
 // by side.
 #include <gtest/gtest.h>
@@ -44,6 +47,7 @@ struct PackedCase {
   int32_t window = 0;
   float softcap = 0.0f;
   std::vector<float> sinks;        // [Hq] or empty
+  std::vector<float> alibi;        // ALiBi slopes: [Hq] for every sequence (stride 0), [S, Hq] per sequence; empty: none
   uint32_t seed = 1;
 
   std::string describe() const {
@@ -55,7 +59,8 @@ struct PackedCase {
       for (int32_t n : k_lens) s << " " << n;
     }
     s << (causal ? " causal" : "") << (window > 0 ? " window" + std::to_string(window) : "")
-      << (sinks.empty() ? "" : " sinks") << " softcap" << softcap << " seed" << seed;
+ << (sinks.empty() ? "" : " sinks")
+      << (alibi.empty() ? "" : int(alibi.size()) == Hq ? " alibi[Hq]" : " alibi[S,Hq]") << " softcap" << softcap << " seed" << seed;
     return s.str();
   }
 };
@@ -71,8 +76,9 @@ std::vector<int32_t> starts_of(const std::vector<int32_t>& lens) {
 struct PackedHarness {
   PackedCase c;
   std::vector<int32_t> q_starts, k_starts, offsets;
-  std::vector<float> q, k, v, out, lse, sinks;
+  std::vector<float> q, k, v, out, lse, sinks, alibi;
   std::vector<uint8_t> block_mask;
+  std::vector<float> alibi_mask;  // the oracle's float mask [Hq, Tq, Tk] with ALiBi
   PackedProblem pp;
   int32_t Tq = 0, Tk = 0;
 
@@ -108,6 +114,11 @@ struct PackedHarness {
       p.causal_offsets = offsets.data();
     }
     if (!sinks.empty()) p.sinks = sinks.data();
+    alibi = c.alibi;
+    if (!alibi.empty()) {
+      p.alibi_slopes = alibi.data();
+      p.alibi_stride_b = int(alibi.size()) == c.Hq ? 0 : c.Hq;  // the batch stride counts sequences here
+    }
     p.logsumexp = lse.data();
     pp.sequences = S;
     pp.q_starts = q_starts.data();
@@ -123,16 +134,38 @@ struct PackedHarness {
         }
       }
     }
+    if (alibi.empty()) return;
+    alibi_mask.assign(size_t(c.Hq) * Tq * Tk, -kInf);
+    for (int s = 0; s < S; s++) {
+      const int64_t off = c.offsets.empty() ? 0 : c.offsets.size() == 1 ? c.offsets[0] : c.offsets[size_t(s)];
+      for (int h = 0; h < c.Hq; h++) {
+        const float slope = alibi[size_t(p.alibi_stride_b * s + h)];
+        for (int32_t i = 0; i < c.q_lens[size_t(s)]; i++) {
+          for (int32_t j = 0; j < k_lens[size_t(s)]; j++) {
+            const size_t r = size_t(q_starts[s] + i), col = size_t(k_starts[s] + j);
+            if (block_mask[r * Tk + col] == 0) continue;
+            alibi_mask[(size_t(h) * Tq + r) * Tk + col] = -(slope * static_cast<float>(std::abs(i + off - j)));
+          }
+        }
+      }
+    }
   }
 
   // The oracle's problem: one batch of Tq rows and Tk keys, the block-diagonal mask in place
-  // of the packing (causal and the window are in it).
+  // of the packing (causal and the window are in it), or with ALiBi the float mask that holds
+  // its biases too.
   Problem oracle_problem() const {
     Problem p = pp.whole;
     p.causal = false, p.sliding_window = 0, p.causal_offsets = nullptr, p.causal_offset = 0;
+    p.alibi_slopes = nullptr, p.alibi_stride_b = 0;
     p.mask_kind = MaskKind::kBool;
     p.mask = block_mask.data();
     p.mask_stride_q = Tk, p.mask_stride_k = 1;
+    if (!alibi.empty()) {
+      p.mask_kind = MaskKind::kFloat;
+      p.mask = alibi_mask.data();
+      p.mask_stride_h = int64_t(Tq) * Tk;
+    }
     p.logsumexp = nullptr;
     return p;
   }
@@ -190,6 +223,7 @@ void check_forward(const PackedCase& c) {
     p.softcap = c.softcap, p.causal = c.causal, p.sliding_window = c.window;
     p.causal_offset = c.offsets.empty() ? 0 : c.offsets.size() == 1 ? c.offsets[0] : c.offsets[size_t(s)];
     p.sinks = c.sinks.empty() ? nullptr : c.sinks.data();
+    if (!c.alibi.empty()) p.alibi_slopes = c.alibi.data() + (int(c.alibi.size()) == c.Hq ? 0 : s * c.Hq);  // its row
     std::vector<float> q(size_t(c.Hq) * Lq * c.E), k(size_t(c.Hkv) * Lk * c.E), v(size_t(c.Hkv) * Lk * c.Ev),
         o(size_t(c.Hq) * Lq * c.Ev);
     auto gather = [](std::vector<float>& dst, const std::vector<float>& src, int32_t first, int32_t rows, int H, int D) {
@@ -431,6 +465,74 @@ TEST(PackedScratch, DependsOnTheShapesAloneNotOnWhichPointersAreSet) {
     EXPECT_EQ(packed_backward_scratch_floats(bare_backward, threads), packed_backward_scratch_floats(h.bp, threads))
         << threads;
   }
+}
+
+
+// ALiBi in packed sequences: per-sequence slopes [S, Hq] (alibi_stride_b counts sequences) or
+// shared [Hq]; each sequence's biases in its own positions and offset (the oracle's float mask,
+// see the top), and each sequence the bits of forward() on it alone with its row of slopes.
+TEST(PackedForward, AlibiPerSequenceAndSharedSlopes) {
+  const int tile = kKeyTile;
+  check_forward({.q_lens = {1, 3, tile - 1, 0, tile + 1, 17}, .alibi = test::geometric_slopes(2), .seed = 20});
+  check_forward({.Hq = 4, .Hkv = 2, .E = 16, .Ev = 24, .q_lens = {31, 1, 2, 97}, .causal = true,
+                 .alibi = test::per_batch_slopes(4, 4), .seed = 21});
+  // Not causal: each sequence's offset still places its diagonal (7, 49, 0, -2).
+  check_forward({.Hq = 4, .Hkv = 2, .q_lens = {3, 1, 8, 2}, .k_lens = {10, 50, 8, 0}, .offsets = {7, 49, 0, -2},
+                 .alibi = test::per_batch_slopes(4, 4), .seed = 22});
+  check_forward({.Hq = 5, .Hkv = 1, .q_lens = {40, 0, 21, 1}, .k_lens = {40, 4, 0, 1}, .causal = true, .offsets = {2},
+                 .window = 16, .softcap = 5.0f, .sinks = test::cycling_sinks(5), .alibi = test::per_batch_slopes(4, 5),
+                 .seed = 23});
+  // A long sequence split over the pool beside short ones side by side.
+  check_forward({.Hq = 4, .Hkv = 2, .E = 16, .Ev = 16, .q_lens = {3, 400, 1, 5}, .causal = true,
+                 .alibi = test::per_batch_slopes(4, 4), .seed = 24});
+}
+
+TEST(PackedForward, AlibiBadSlopeOfALaterSequence) {
+  // validate() reads batch 0's row of the whole problem (batch 1); the packing's check reads the
+  // other sequences' rows: a bad slope in sequence 1's or 2's is kBadAlibi, nothing written;
+  // forward, backward alike. A shared [Hq] array is not read past its end (ASan) with three
+  // sequences.
+  PackedCase c{.Hq = 2, .Hkv = 1, .q_lens = {2, 3, 4}, .k_lens = {4, 1, 5}, .alibi = test::per_batch_slopes(3, 2)};
+  for (int at : {2 * 2 + 1, 1 * 2 + 0})  // sequence 2, head 1; sequence 1, head 0
+  for (float bad : {kNaN, -0.5f, kInf, 0x1p65f}) {
+    PackedBackwardHarness h(c);
+    std::vector<float> slopes = c.alibi;
+    slopes[size_t(at)] = bad;
+    PackedProblem p = h.pp;
+    p.whole.alibi_slopes = slopes.data();
+    EXPECT_EQ(validate_packed(p), Status::kBadAlibi) << bad;
+    std::fill(h.out.begin(), h.out.end(), 7.0f);
+    std::vector<float> scratch(1 << 16);
+    EXPECT_EQ(forward_packed(p, scratch.data(), scratch.size()), Status::kBadAlibi) << bad;
+    EXPECT_TRUE(std::all_of(h.out.begin(), h.out.end(), [](float x) { return x == 7.0f; })) << bad << ": written";
+    PackedBackwardProblem b = h.bp;
+    b.whole.forward.alibi_slopes = slopes.data();
+    h.dq.assign(h.q.size(), 7.0f), h.dk.assign(h.k.size(), 7.0f), h.dv.assign(h.v.size(), 7.0f);
+    b.whole.d_query = h.dq.data(), b.whole.d_key = h.dk.data(), b.whole.d_value = h.dv.data();
+    EXPECT_EQ(validate_packed_backward(b), Status::kBadAlibi) << bad;
+    EXPECT_EQ(backward_packed(b, scratch.data(), scratch.size()), Status::kBadAlibi) << bad;
+    for (const std::vector<float>* g : {&h.dq, &h.dk, &h.dv}) {
+      EXPECT_TRUE(std::all_of(g->begin(), g->end(), [](float x) { return x == 7.0f; })) << bad << ": gradient written";
+    }
+  }
+  PackedCase shared = c;
+  shared.alibi = {0.5f, 0.25f};
+  PackedHarness h(shared);
+  ASSERT_EQ(h.run(1), Status::kOk);
+  h.expect_matches_reference();
+  PackedProblem negative = h.pp;
+  negative.whole.alibi_stride_b = -2;
+  EXPECT_EQ(validate_packed(negative), Status::kBadStride);
+}
+
+TEST(PackedBackward, AlibiMatchesTheReference) {
+  check_backward({.Hq = 4, .Hkv = 2, .E = 16, .Ev = 24, .q_lens = {31, 1, 2, 97}, .causal = true,
+                  .alibi = test::per_batch_slopes(4, 4), .seed = 30});
+  check_backward({.Hq = 3, .Hkv = 1, .E = 5, .Ev = 7, .q_lens = {1, 7, 0, 4, 13}, .k_lens = {29, 0, 3, 70, 13},
+                  .offsets = {28, 0, 0, 66, -3}, .softcap = 4.0f, .sinks = test::cycling_sinks(3),
+                  .alibi = test::geometric_slopes(3), .seed = 31});
+  check_backward({.Hq = 4, .Hkv = 2, .E = 16, .Ev = 16, .q_lens = {3, 300, 1, 250}, .causal = true, .window = 40,
+                  .alibi = test::per_batch_slopes(4, 4), .seed = 32});
 }
 
 }  // namespace

@@ -111,6 +111,13 @@ void check_result(const Problem& p, const std::vector<float>& output, const std:
             s += m;
             magnitude += std::fabs(m);
             error += 2 * kEps * std::fabs(m);
+            if (p.alibi_slopes != nullptr) error += kEps * std::fabs(m);  // bias = mask + alibi, rounded
+          }
+          if (p.alibi_slopes != nullptr) {
+            const double a = alibi_at(p, b, h, i, j);
+            s += a;
+            magnitude += std::fabs(a);
+            error += 4 * kEps * std::fabs(a);
           }
           if (!(bound < kFloatMax / 4) || !(magnitude < kFloatMax * 0.999)) range_limited = true;
           if (std::isnan(s) || s == kInf) poisoned = true;

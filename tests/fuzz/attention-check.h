@@ -41,6 +41,12 @@
 // zero value row: case 1 and 3's log-sum-exp is the sink itself (-inf without one), case 4's
 // maximum and sum include it, and the convex combination's bound includes 0.
 //
+// With ALiBi (Problem::alibi_slopes), s_j includes -slope·|i + offset - j| (the reference's, in
+// double, on the exact distance); it blocks nothing, so A is unchanged. Its magnitude joins the
+// range limit, and err_j gets what float32 rounds of it: float(d) and the product (2·2^-24 of
+// |alibi|), its sum with a float mask (2^-24 of |mask| + |alibi|) and with the score (2^-24 of
+// |alibi|).
+//
 // And every output element is written (the buffers are filled with a sentinel NaN first),
 // and nothing outside the output's elements (padding between rows, heads, batches).
 #pragma once
@@ -70,7 +76,7 @@ inline std::string describe(const Problem& p) {
   char text[1024];
   std::snprintf(text, sizeof text,
                 "B%d Hq%d Hkv%d Lq%d Lk%d E%d Ev%d kv_type=%d scale=%a softcap=%a mask=%d "
-                "mask_strides=[%lld,%lld,%lld,%lld] causal=%d offset=%s%d window=%d key_lengths=%s key_starts=%s sinks=%s weights=%d "
+                "mask_strides=[%lld,%lld,%lld,%lld] causal=%d offset=%s%d window=%d key_lengths=%s key_starts=%s sinks=%s alibi=%s weights=%d "
                 "in_order=%d q_strides=[%lld,%lld,%lld] k=[%lld,%lld,%lld] v=[%lld,%lld,%lld] o=[%lld,%lld,%lld]",
                 p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len, p.head_dim, p.value_dim,
                 static_cast<int>(p.kv_type), p.scale, p.softcap, static_cast<int>(p.mask_kind),
@@ -78,7 +84,8 @@ inline std::string describe(const Problem& p) {
                 static_cast<long long>(p.mask_stride_q), static_cast<long long>(p.mask_stride_k), p.causal,
                 p.causal_offsets != nullptr ? "per-batch, first " : "", p.causal_offsets != nullptr ? p.causal_offsets[0] : p.causal_offset,
                 p.sliding_window,
-                p.key_lengths != nullptr ? "per-batch" : "none", p.key_starts != nullptr ? "per-batch" : "none", p.sinks != nullptr ? "per-head" : "none", p.weights != nullptr, p.read_kv_in_order,
+                p.key_lengths != nullptr ? "per-batch" : "none", p.key_starts != nullptr ? "per-batch" : "none", p.sinks != nullptr ? "per-head" : "none",
+                p.alibi_slopes == nullptr ? "none" : p.alibi_stride_b != 0 ? "per-batch" : "per-head", p.weights != nullptr, p.read_kv_in_order,
                 static_cast<long long>(p.q_stride_b), static_cast<long long>(p.q_stride_h), static_cast<long long>(p.q_stride_l),
                 static_cast<long long>(p.k_stride_b), static_cast<long long>(p.k_stride_h), static_cast<long long>(p.k_stride_l),
                 static_cast<long long>(p.v_stride_b), static_cast<long long>(p.v_stride_h), static_cast<long long>(p.v_stride_l),
@@ -106,6 +113,13 @@ inline std::string describe(const Problem& p) {
 FUZZ_NO_COVERAGE inline double kv_element(const Problem& p, const void* base, int64_t at) {
   if (sdpa::is_half(p.kv_type)) return sdpa::f16_to_f32(static_cast<const uint16_t*>(base)[at]);
   return static_cast<const float*>(base)[at];
+}
+
+// ALiBi's bias of row (b, h, i) and key j, -(slope·|i + offset - j|) in double (0 without ALiBi).
+FUZZ_NO_COVERAGE inline double alibi_at(const Problem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
+  if (p.alibi_slopes == nullptr) return 0.0;
+  const int64_t offset = p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset;
+  return -static_cast<double>(p.alibi_slopes[b * p.alibi_stride_b + h]) * std::fabs(static_cast<double>(i + offset - j));
 }
 
 FUZZ_NO_COVERAGE inline int64_t mask_at(const Problem& p, int64_t b, int64_t h, int64_t i, int64_t j) {

@@ -161,6 +161,13 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
             s += m;
             magnitude += std::fabs(m);
             error += 2 * kEps * std::fabs(m);
+            if (p.alibi_slopes != nullptr) error += kEps * std::fabs(m);  // bias = mask + alibi, rounded
+          }
+          if (p.alibi_slopes != nullptr) {  // ALiBi (attention-check.h): float(d), the product, the sums
+            const double a = alibi_at(p, b, h, i, j);
+            s += a;
+            magnitude += std::fabs(a);
+            error += 4 * kEps * std::fabs(a);
           }
           if (!(bound < kFloatMax / 4) || !(magnitude < kFloatMax * 0.999) || !std::isfinite(s)) clean = false;
           score.push_back(s);

@@ -10,7 +10,8 @@
 //      dK and dV rows, whatever K/V/Q/dO hold, NaN padding and poisoned rows included.
 //   2. A row is "clean" when float32 can compute its gradients and they are well conditioned:
 //      its q, dO, and the k, v of every key in A_i are finite, every score is finite and in
-//      float32 range (the forward checker's range limits), the scores' float32 error bound
+//      float32 range (the forward checker's range limits; scores with their ALiBi bias, as that
+//      checker has them), the scores' float32 error bound
 //      err_s (attention-check.h's, over the keys that matter) is <= 1e-3, with softcap c > 0
 //      also err_r / c <= 1e-3 (err_r: the error bound of the score before the cap, which moves
 //      tanh's derivative 1 - t²), and the magnitudes below stay far from FLT_MAX (also

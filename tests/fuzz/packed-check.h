@@ -5,12 +5,15 @@
 // same bits.
 //
 // The packed problem takes the decoded problem's heads, head sizes, score options (scale,
-// softcap, causal with one offset or one per batch, window, sinks) and values: one sequence per
+// softcap, causal with one offset or one per batch, window, sinks, ALiBi slopes: shared [Hq],
+// or per batch [B, Hq], which are per sequence [S, Hq] here) and values: one sequence per
 // batch b, with the first Lq_b query rows and the first Lk_b keys of batch b, Lq_b in [0, Lq]
 // and Lk_b in [0, Lk] drawn from the input (0 included: sequences without rows or keys), copied
 // into packed [T, H, D] tensors of exactly their size (AddressSanitizer sees any read past one).
 // Float32 K/V only (packing does not take halves). One input in eight of these also breaks the
-// starts (decreasing, or a wrong total), which must be kBadPacking with nothing written.
+// starts (decreasing, or a wrong total), which must be kBadPacking with nothing written, or, with
+// per-sequence slopes, one slope of a sequence after the first (validate() reads only the whole
+// problem's batch 0), which must be kBadAlibi with nothing written.
 //
 // check_packed_backward (the backward fuzz target): the same packing of Q, K, V and dO;
 // forward_packed() gives O and lse, backward_packed() the gradients, and each sequence's dQ, dK,
@@ -75,12 +78,13 @@ inline sdpa::PackedProblem packed_problem(const Problem& p, const Packing& pk) {
   w.o_stride_h = Ev, w.o_stride_l = static_cast<int64_t>(Hq) * Ev;
   w.scale = p.scale, w.softcap = p.softcap, w.causal = p.causal, w.sliding_window = p.sliding_window;
   w.causal_offset = p.causal_offset, w.causal_offsets = p.causal_offsets, w.sinks = p.sinks;  // [B] = [S]
+  w.alibi_slopes = p.alibi_slopes, w.alibi_stride_b = p.alibi_stride_b;  // [B, Hq] = [S, Hq], or [Hq]
   pp.sequences = p.batch, pp.q_starts = pk.q_starts.data(), pp.k_starts = pk.k_starts.data();
   return pp;
 }
 
 // Sequence s alone: a problem of batch 1 with dense [1, H, L, D] tensors (the caller's), the
-// packed problem's options and the sequence's own causal offset.
+// packed problem's options and the sequence's own causal offset and ALiBi slopes.
 inline Problem alone_problem(const Problem& whole, const Problem& p, int32_t s, int32_t Lq, int32_t Lk) {
   Problem one = whole;
   const int32_t Hq = p.q_heads, Hkv = p.kv_heads, E = p.head_dim, Ev = p.value_dim;
@@ -91,6 +95,8 @@ inline Problem alone_problem(const Problem& whole, const Problem& p, int32_t s, 
   one.o_stride_b = static_cast<int64_t>(Hq) * Lq * Ev, one.o_stride_h = static_cast<int64_t>(Lq) * Ev, one.o_stride_l = Ev;
   one.causal_offsets = nullptr;
   one.causal_offset = p.causal_offsets != nullptr ? p.causal_offsets[s] : p.causal_offset;
+  if (p.alibi_slopes != nullptr) one.alibi_slopes = p.alibi_slopes + s * p.alibi_stride_b;
+  one.alibi_stride_b = 0;
   one.logsumexp = nullptr;
   return one;
 }
@@ -128,6 +134,21 @@ inline void check_packed(FuzzedDataProvider& in, const Problem& p, sdpa::ThreadP
   pp.whole.query = at(q), pp.whole.key = at(k), pp.whole.value = at(v), pp.whole.output = at(out), pp.whole.logsumexp = at(lse);
 
   const uint8_t mode = in.ConsumeIntegral<uint8_t>();
+  if (mode >= 224 && (mode & 4) && p.alibi_slopes != nullptr && p.alibi_stride_b != 0 && S > 1) {
+    // A bad slope of sequence 1.. (per-sequence slopes): kBadAlibi, nothing written.
+    std::vector<float> slopes(p.alibi_slopes, p.alibi_slopes + static_cast<size_t>(S) * Hq);
+    const float bad[] = {kNaN, -1.0f, kInf, 0x1p70f};
+    slopes[static_cast<size_t>(1 + mode % (S - 1)) * Hq + (mode >> 3) % Hq] = bad[(mode >> 3) % 4];
+    sdpa::PackedProblem broken = pp;
+    broken.whole.alibi_slopes = slopes.data();
+    std::vector<float> scratch(1 << 12);
+    const Status status = sdpa::forward_packed(broken, scratch.data(), scratch.size());
+    FUZZ_CHECK(p, status == Status::kBadAlibi, "forward_packed() with a bad slope of a later sequence returned %s",
+               sdpa::status_name(status));
+    for (float f : out) FUZZ_CHECK(p, is_sentinel(f), "forward_packed() with a bad slope wrote its output");
+    for (float f : lse) FUZZ_CHECK(p, is_sentinel(f), "forward_packed() with a bad slope wrote its logsumexp");
+    return;
+  }
   if (mode >= 224) {  // broken starts: kBadPacking, nothing written
     std::vector<int32_t> bad = mode & 1 ? q_starts : k_starts;
     if (mode & 2) bad.back() += 1;                      // not ending at Tq (Tk)

@@ -4,7 +4,9 @@
 // fills and NaN padding, the poisoning of K/V rows no query row attends, and the invalid
 // problems (one field broken) both passes must refuse with the same Status. The bytes are
 // consumed in the order sdpa-fuzz.cc always consumed them, so its committed seed corpus
-// decodes to the same problems.
+// decodes to the same problems (ALiBi, decode_alibi, is drawn from the bytes left after the
+// values, so that the seeds keep their shapes, options and values; what is drawn after it, the
+// field an invalid input breaks and the packing, moves; inputs that leave no bytes have no ALiBi).
 #pragma once
 
 #include <fuzzer/FuzzedDataProvider.h>
@@ -35,6 +37,7 @@ struct OptionBuffers {
   std::vector<uint8_t> mask_b;
   std::vector<int32_t> offsets, key_lengths, key_starts;
   std::vector<float> sinks;
+  std::vector<float> alibi_slopes;
 };
 
 // Lengths around the edges of the row tile, the key group and the key tile.
@@ -286,6 +289,49 @@ inline void decode_sinks(FuzzedDataProvider& in, Problem& p, OptionBuffers& buf)
   p.sinks = buf.sinks.data();
 }
 
+// ALiBi slopes (Problem::alibi_slopes), one in two problems that still have input bytes: shared
+// [Hq] (stride 0) or per batch [B, Hq] (stride Hq), drawn from a seed: ALiBi's own geometric
+// slopes 2^(-8·(h + 1)/Hq) with one in eight 0, or each slope 0 (one in four), 2^-k (k in
+// 0..12), one in [0, 1], or rarely 2^-20 (moderate biases at distances past 2^24, where float(d)
+// rounds), -0, the smallest subnormal, 16, 2^20 or kMaxAlibiSlope (biases far past any score,
+// which never block a key). ALiBi's diagonal is the causal offset, used whether or not the
+// problem is causal: one that is not gets an offset (pick_offset, one or one per batch) here.
+inline void decode_alibi(FuzzedDataProvider& in, Problem& p, OptionBuffers& buf) {
+  if (!in.ConsumeBool()) return;
+  const bool per_batch = in.ConsumeBool();
+  const uint8_t kind = in.ConsumeIntegral<uint8_t>();
+  Rng rng{in.ConsumeIntegral<uint32_t>() ^ 0xA11B1ull};
+  const float rare[] = {0x1p-20f, -0.0f, 0x1p-149f, 16.0f, 0x1p20f, sdpa::kMaxAlibiSlope};
+  const int32_t rows = per_batch ? p.batch : 1;
+  for (int32_t n = 0; n < rows * p.q_heads; n++) {
+    const int32_t h = n % p.q_heads;
+    const uint32_t choice = rng.below(256);
+    float slope;
+    if (kind < 96) {
+      slope = choice < 32 ? 0.0f : std::exp2(-8.0f * static_cast<float>(h + 1) / static_cast<float>(p.q_heads));
+    } else if (choice < 64) {
+      slope = 0.0f;
+    } else if (choice < 144) {
+      slope = std::ldexp(1.0f, -static_cast<int>(choice % 13));
+    } else if (choice < 240) {
+      slope = static_cast<float>(choice - 144) / 96.0f;
+    } else {
+      slope = rare[choice % (sizeof rare / sizeof rare[0])];
+    }
+    buf.alibi_slopes.push_back(slope);
+  }
+  p.alibi_slopes = buf.alibi_slopes.data();
+  p.alibi_stride_b = per_batch ? p.q_heads : 0;
+  if (!p.causal) {
+    if (in.ConsumeBool()) {
+      for (int32_t b = 0; b < p.batch; b++) buf.offsets.push_back(pick_offset(in, p.q_len, p.kv_len));
+      p.causal_offsets = buf.offsets.data();
+    } else {
+      p.causal_offset = pick_offset(in, p.q_len, p.kv_len);
+    }
+  }
+}
+
 // Invalid problems: one field of a valid Problem broken, `detail` (an input byte) picking the
 // bad value. Each returns the Status validate() and validate_backward() give for it: the
 // fields below are checked the same way by both.
@@ -332,6 +378,24 @@ inline Status break_sink(Problem& p, OptionBuffers& buf, uint8_t detail) {
   buf.sinks[detail % buf.sinks.size()] = detail & 0x80 ? kNaN : kInf;
   p.sinks = buf.sinks.data();
   return Status::kBadSink;
+}
+
+// One ALiBi slope NaN, negative, ±inf or past kMaxAlibiSlope, in any batch's row (slopes made,
+// all 0.5, shared or per batch, if p had none): kBadAlibi; or alibi_stride_b negative: kBadStride.
+inline Status break_alibi(Problem& p, OptionBuffers& buf, uint8_t detail) {
+  if (buf.alibi_slopes.empty()) {
+    const bool per_batch = detail & 1;
+    buf.alibi_slopes.assign(static_cast<size_t>(per_batch ? p.batch : 1) * p.q_heads, 0.5f);
+    p.alibi_stride_b = per_batch ? p.q_heads : 0;
+  }
+  p.alibi_slopes = buf.alibi_slopes.data();
+  if ((detail & 0xE0) == 0xE0) {
+    p.alibi_stride_b = detail & 0x10 ? INT64_MIN : -1;
+    return Status::kBadStride;
+  }
+  const float bad[] = {kNaN, -0.5f, kInf, 0x1p65f, -kInf, -0x1p-149f, std::nextafter(sdpa::kMaxAlibiSlope, kInf)};
+  buf.alibi_slopes[(detail >> 1) % buf.alibi_slopes.size()] = bad[detail % 7];
+  return Status::kBadAlibi;
 }
 
 // One batch's key length or key start -1 or kv_len + 1 (key_lengths or key_starts made, all

@@ -11,7 +11,10 @@
 //   options  scale, softcap (including subnormal and huge ones), a float or bool mask with
 //            any broadcast (zero strides) and any axis order, causal with one offset or one
 //            per batch (negative, past the end, INT32_MIN/MAX), key_lengths (including 0),
-//            sinks (none, ordinary, ±1e30, ±FLT_MAX),
+//            sinks (none, ordinary, ±1e30, ±FLT_MAX), ALiBi slopes shared or per batch (0,
+//            ALiBi's geometric ones, [0, 1], 2^-20, rarely up to kMaxAlibiSlope; a problem that is
+//            not causal gets an offset for ALiBi's diagonal; decoded from the bytes left after the
+//            values: problem-decoding.h, decode_alibi),
 //            weights, logsumexp, kv_type float32/float16/float16-finite, read_kv_in_order,
 //            a pool of 1 or 2 threads;
 //   values   per tensor, ordinary numbers of a chosen magnitude mixed with NaN, ±Inf, ±1e30,
@@ -80,7 +83,7 @@ struct Buffers : OptionBuffers {
 
 // One field of a valid problem broken, and the Status validate() gives for it.
 Status corrupt(FuzzedDataProvider& in, Problem& p, Buffers& buf, uint64_t& scratch_size, float*& scratch) {
-  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 23;
+  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 24;
   const uint8_t detail = in.ConsumeIntegral<uint8_t>();
   int32_t* dims[] = {&p.batch, &p.q_heads, &p.kv_heads, &p.q_len, &p.kv_len, &p.head_dim, &p.value_dim};
   int64_t* strides[] = {&p.q_stride_b, &p.q_stride_h, &p.q_stride_l, &p.k_stride_b,
@@ -109,6 +112,7 @@ Status corrupt(FuzzedDataProvider& in, Problem& p, Buffers& buf, uint64_t& scrat
     case 17: return break_key_length(p, buf, detail);
     case 21: return break_window(p, detail);
     case 22: return break_sink(p, buf, detail);
+    case 23: return break_alibi(p, buf, detail);
     case 18:
       scratch = nullptr;
       return Status::kBadScratch;
@@ -140,6 +144,7 @@ void probe_largest_sizes(Problem p, uint8_t choice) {
   p.o_stride_b = p.o_stride_h = p.o_stride_l = 0;
   p.mask_stride_b = p.mask_stride_h = p.mask_stride_q = p.mask_stride_k = 0;
   p.weights = nullptr, p.logsumexp = nullptr, p.key_lengths = nullptr, p.key_starts = nullptr, p.sinks = nullptr;
+  p.alibi_slopes = nullptr;
   p.batch = p.q_heads = p.kv_heads = p.q_len = p.kv_len = 1;
   switch (choice % 4) {
     case 0: p.q_len = kMax; break;                                        // one head's rows
@@ -280,6 +285,7 @@ void run(const uint8_t* data, size_t size) {
     else if (half) (tensor == 1 ? buf.key_h[index % buf.key_h.size()] : buf.value_h[index % buf.value_h.size()]) = h;
     else (tensor == 1 ? buf.key_f[index % buf.key_f.size()] : buf.value_f[index % buf.value_f.size()]) = f;
   }
+  decode_alibi(in, p, buf);  // from the bytes left (problem-decoding.h)
   // Padding: NaN.
   fill_padding(buf.query, B, Hq, Lq, E, q, kNaN);
   if (half) {
