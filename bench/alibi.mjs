@@ -24,6 +24,7 @@ import { createAttention } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
 import { DEFAULT_RESULTS_PATH, writeSection } from './results-file.mjs';
 import { makeInputs } from './reference.mjs';
+import { median, timeRoundRobin } from './round-robin.mjs';
 import { maxRelError, referenceProblem } from '../tests/node/reference.mjs';
 import { roundedToHalves } from '../tests/shared/kv-cache-cases.mjs';
 
@@ -33,10 +34,6 @@ export const ALIBI_DECODE = { B: 1, Hq: 32, Hkv: 8, E: 128, context: 8192, quick
 export const ALIBI_TARGET = 1.15;
 const CHECK_TOLERANCE = 1e-4;
 
-const median = (xs) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-};
 const fmtMs = (ms) => (ms >= 10 ? ms.toFixed(2) : ms.toFixed(3));
 const errText = (e) => String(e?.message ?? e).replace(/\s+/g, ' ').slice(0, 400);
 const bloomSlopes = (H) => Float32Array.from({ length: H }, (_, h) => 2 ** (-8 * (h + 1) / H));
@@ -124,25 +121,12 @@ export async function runAlibiBench({ quick = false, portable = false, log = con
       );
     }
 
-    const timed = (e) => {
-      const t0 = performance.now();
-      e.run();
-      return performance.now() - t0;
-    };
     for (const e of entries) {
-      const output = e.run();
-      if (e.check) {
-        e.error = e.check(output);
-        if (!(e.error <= CHECK_TOLERANCE)) throw new Error(`${e.group} ${e.variant} ${e.role}: WRONG (relative error ${e.error} > ${CHECK_TOLERANCE})`);
-      }
-      for (let i = 0; i < settings.warmRuns; i++) timed(e);
-      e.times = [];
+      if (!e.check) continue;
+      e.error = e.check(e.run());
+      if (!(e.error <= CHECK_TOLERANCE)) throw new Error(`${e.group} ${e.variant} ${e.role}: WRONG (relative error ${e.error} > ${CHECK_TOLERANCE})`);
     }
-    const start = performance.now();
-    for (let round = 0; entries.some((e) => e.times.length < settings.minRuns) || performance.now() - start < settings.minSeconds * 1000; round++) {
-      const order = entries.map((e, i) => [((i + 1) * 2654435761 * (round + 1)) >>> 0, e]).sort((a, b) => a[0] - b[0]);
-      for (const [, e] of order) e.times.push(timed(e));
-    }
+    const seconds = timeRoundRobin(entries, settings);
     const rows = [];
     for (const [group, variant] of [['prefill', 'not causal'], ['prefill', 'causal'], ['decode', 'float32'], ['decode', 'float16']]) {
       const find = (role) => entries.find((e) => e.group === group && e.variant === variant && e.role === role);
@@ -158,7 +142,7 @@ export async function runAlibiBench({ quick = false, portable = false, log = con
     }
     return {
       date: new Date().toISOString(), host, isa: attn.isa, quick, prefill: { ...pf, N }, decode: { ...dc, context },
-      target: ALIBI_TARGET, runs: Math.min(...entries.map((e) => e.times.length)), seconds: (performance.now() - start) / 1000, rows,
+      target: ALIBI_TARGET, runs: Math.min(...entries.map((e) => e.times.length)), seconds, rows,
     };
   } finally {
     for (const c of caches) { try { c.dispose(); } catch { /* ignore */ } }

@@ -29,6 +29,7 @@ import { createAttention } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
 import { DEFAULT_RESULTS_PATH, writeSection } from './results-file.mjs';
 import { checkPassed, compare, randomTensor, referenceRows, RELATIVE_TOLERANCE } from './reference.mjs';
+import { median, timeRoundRobin } from './round-robin.mjs';
 
 export const VARLEN_BATCHES = [
   { name: 'encoder', sequences: 32, minLength: 16, maxLength: 256, Hq: 12, Hkv: 12, E: 64, causal: false, seed: 7 },
@@ -38,10 +39,6 @@ export const VARLEN_BATCHES = [
 /** varlen ÷ one by one, at most; padded ÷ varlen at least this share of the work ratio. */
 export const VARLEN_TARGETS = { vsOneByOne: 1 / 0.95, shareOfWorkRatio: 0.9 };
 
-const median = (xs) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-};
 const fmtMs = (ms) => (ms >= 10 ? ms.toFixed(2) : ms.toFixed(3));
 const errText = (e) => String(e?.message ?? e).replace(/\s+/g, ' ').slice(0, 400);
 const bitsOf = (a) => new Uint32Array(a.buffer, a.byteOffset, a.length);
@@ -156,17 +153,7 @@ export async function runVarlenBench({ quick = false, portable = false, log = co
       }
       return info;
     });
-    const timed = (e) => {
-      const t0 = performance.now();
-      e.run();
-      return performance.now() - t0;
-    };
-    for (const e of entries) for (let i = 0; i < settings.warmRuns; i++) timed(e);
-    const start = performance.now();
-    for (let round = 0; entries.some((e) => e.times.length < settings.minRuns) || performance.now() - start < settings.minSeconds * 1000; round++) {
-      const order = entries.map((e, i) => [((i + 1) * 2654435761 * (round + 1)) >>> 0, e]).sort((a, b) => a[0] - b[0]);
-      for (const [, e] of order) e.times.push(timed(e));
-    }
+    const seconds = timeRoundRobin(entries, settings);
     const rows = [];
     for (const batch of batches) {
       for (const threads of [1, 2]) {
@@ -184,7 +171,7 @@ export async function runVarlenBench({ quick = false, portable = false, log = co
     }
     return {
       date: new Date().toISOString(), host, isa: instances[0].isa, quick, batches, targets: VARLEN_TARGETS,
-      runs: Math.min(...entries.map((e) => e.times.length)), seconds: (performance.now() - start) / 1000, rows,
+      runs: Math.min(...entries.map((e) => e.times.length)), seconds, rows,
     };
   } finally {
     for (const attn of instances) attn.dispose();

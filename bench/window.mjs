@@ -29,6 +29,7 @@ import { DEFAULT_RESULTS_PATH, writeSection } from './results-file.mjs';
 import { evictionBytes, openReadProbe } from './read-probe.mjs';
 import { positions, roundedToHalves } from '../tests/shared/kv-cache-cases.mjs';
 import { checkPassed, compare, makeInputs, referenceRows, RELATIVE_TOLERANCE } from './reference.mjs';
+import { median, timeRoundRobin } from './round-robin.mjs';
 
 export const WINDOW_SHAPE = { kind: 'GQA', B: 1, Hq: 32, Hkv: 8, E: 128, context: 32768, quickContext: 8192 };
 export const WINDOWS = [1024, 4096];
@@ -36,10 +37,6 @@ const DTYPES = ['float32', 'float16'];
 /** A window over the whole context ÷ a cache holding only the window, at most. */
 export const WINDOW_TARGET = 1.15;
 
-const median = (xs) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-};
 const fmtMs = (ms) => (ms >= 10 ? ms.toFixed(2) : ms.toFixed(3));
 const errText = (e) => String(e?.message ?? e).replace(/\s+/g, ' ').slice(0, 400);
 
@@ -85,26 +82,12 @@ export async function runWindowBench({ quick = false, hot = false, portable = fa
         );
       }
     }
-    const timed = (e) => {
-      probe?.evict();
-      const t0 = performance.now();
-      e.run();
-      return performance.now() - t0;
-    };
     for (const e of entries) {
-      const output = e.run();
-      if (e.ref) {
-        e.check = compare({ ...s, Lk: e.W }, e.ref, output);
-        if (!checkPassed(e.check)) throw new Error(`${e.role} ${e.dtype} W ${e.W}: WRONG (max abs error ${e.check.maxAbsErr} > ${RELATIVE_TOLERANCE} × ${e.check.maxAbsRef})`);
-      }
-      for (let i = 0; i < settings.warmRuns; i++) timed(e);
-      e.times = [];
+      if (!e.ref) continue;
+      e.check = compare({ ...s, Lk: e.W }, e.ref, e.run());
+      if (!checkPassed(e.check)) throw new Error(`${e.role} ${e.dtype} W ${e.W}: WRONG (max abs error ${e.check.maxAbsErr} > ${RELATIVE_TOLERANCE} × ${e.check.maxAbsRef})`);
     }
-    const start = performance.now();
-    for (let round = 0; entries.some((e) => e.times.length < settings.minRuns) || performance.now() - start < settings.minSeconds * 1000; round++) {
-      const order = entries.map((e, i) => [((i + 1) * 2654435761 * (round + 1)) >>> 0, e]).sort((a, b) => a[0] - b[0]);
-      for (const [, e] of order) e.times.push(timed(e));
-    }
+    const seconds = timeRoundRobin(entries, settings, () => probe?.evict());
     const rows = [];
     for (const dtype of DTYPES) {
       const whole = median(entries.find((e) => e.dtype === dtype && e.role === 'whole').times);
@@ -123,7 +106,7 @@ export async function runWindowBench({ quick = false, hot = false, portable = fa
     }
     return {
       date: new Date().toISOString(), host, isa: attn.isa, quick, hot, context, shape: { ...sh }, windows: WINDOWS,
-      target: WINDOW_TARGET, runs: Math.min(...entries.map((e) => e.times.length)), seconds: (performance.now() - start) / 1000, rows,
+      target: WINDOW_TARGET, runs: Math.min(...entries.map((e) => e.times.length)), seconds, rows,
     };
   } finally {
     for (const c of caches) { try { c.dispose(); } catch { /* ignore */ } }
