@@ -688,12 +688,15 @@ describe('ALiBi (alibiSlopes)', () => {
     }
   });
 
-  test('the same bits as the biases written as a float mask (alone, and added to another mask), prefill and decode, bshd, two threads', async () => {
+  test('the same bits as the biases written as a float mask (alone, and added to another mask), prefill (copied whole or one (batch, KV head) at a time) and decode, bshd, two threads', async () => {
     const two = await createAttention({ threads: 2 });
     try {
       for (const [shape, seed] of [
         [{ B: 2, Hq: 8, Hkv: 2, Lq: 70, Lk: 600, E: 32 }, 720],
         [{ B: 2, Hq: 8, Hkv: 2, Lq: 1, Lk: 1500, E: 64 }, 721],
+        // 6 MiB of Q/K/V on one thread: computed one (batch, KV head) at a time (the streamed
+        // prefill), each pair's slopes and offset moved to it.
+        [{ B: 2, Hq: 4, Hkv: 4, Lq: 512, Lk: 512, E: 128 }, 722],
       ]) {
         const { q, k, v } = problem(shape, seed);
         const { B, Hq, Lq, Lk } = shape;
