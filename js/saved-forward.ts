@@ -101,13 +101,15 @@ export function inputsRecord(p: Plan | VarlenPlan, key: Float32Array, value: Flo
     ['scale (in float32)', String(Math.fround(p.scale)), false],
     ['softcap (in float32)', String(Math.fround(p.softcap)), false],
     ['isCausal', String(p.causal), false],
-    ['causalOffset', p.causal || p.alibiSlopes !== null ? perBatch(p.causalOffsets, p.batch, p.causalOffset) : 'none', false],
+    // Before the offset, which counts without isCausal only with ALiBi: a call with slopes and
+    // one without differ first in these. Slopes that are all 0 are no ALiBi (the same bits).
+    ['alibiSlopes', alibiRecord(p), false],
+    ['causalOffset', p.causal || hasAlibi(p) ? perBatch(p.causalOffsets, p.batch, p.causalOffset) : 'none', false],
     ['slidingWindow', p.slidingWindow === 0 ? 'none' : String(p.slidingWindow), false],
     ['keyLengths', perBatch(p.keyLengths, p.batch, p.kvLen), false],
     ['keyStarts', perBatch(p.keyStarts, p.batch, 0), false],
     // Sinks that are all -Infinity are no sinks (the same bits).
     ['sinks', p.sinks === null || p.sinks.every((x) => x === -Infinity) ? 'none' : `[${Array.from(p.sinks).join(', ')}]`, false],
-    ['alibiSlopes', alibiRecord(p), false],
     ['attnMask', mask, false],
     ['query.data', contentsOf(p.queryData, p.batch * p.qHeads * p.qLen * p.headDim), true],
     ['key.data', contentsOf(key, kv * p.headDim), true],
@@ -115,10 +117,13 @@ export function inputsRecord(p: Plan | VarlenPlan, key: Float32Array, value: Flo
   ];
 }
 
+/** Whether the call has ALiBi slopes, not all 0 (all 0 give the bits of none). */
+const hasAlibi = (p: Plan | VarlenPlan) => p.alibiSlopes !== null && p.alibiSlopes.some((x) => x !== 0);
+
 /** ALiBi slopes spelt out per batch (or sequence), so that [Hq] and the same row repeated [B, Hq] agree. */
 function alibiRecord(p: Plan | VarlenPlan): string {
   const slopes = p.alibiSlopes;
-  if (slopes === null) return 'none';
+  if (slopes === null || !hasAlibi(p)) return 'none';
   const rows = p.alibiStrideB === 0 ? 1 : slopes.length / p.qHeads;
   const perRow = Array.from({ length: rows }, (_, b) => `[${Array.from(slopes.subarray(b * p.qHeads, (b + 1) * p.qHeads)).join(', ')}]`);
   return rows === 1 ? perRow[0] : perRow.every((r) => r === perRow[0]) ? perRow[0] : `[${perRow.join(', ')}]`;

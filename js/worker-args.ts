@@ -46,6 +46,10 @@ export const isTaken = (buffer: ArrayBufferLike): boolean => takenBuffers.has(bu
  */
 export class Taker {
   readonly #toMove: { holder: Record<string, unknown>; view: TypedArray; buffer: ArrayBuffer; offset: number; length: number }[] = [];
+  // Typed arrays to copy, each into holder[key], by done(): after every getter of the call's
+  // arguments has run, as the direct API reads their elements (a getter of a later option that
+  // changes, detaches or shrinks an earlier array then has the same effect on both).
+  readonly #toCopy: { holder: Record<string, unknown>; key: string; view: unknown }[] = [];
   constructor(readonly transfer: boolean) {}
 
   /**
@@ -61,13 +65,20 @@ export class Taker {
     return taken;
   }
 
+  /** holder[key] = x now, and its copy (copy()) from done() on. */
+  #copyLater(holder: Record<string, unknown>, key: string, x: unknown): void {
+    holder[key] = x;
+    if (isApiTypedArray(x)) this.#toCopy.push({ holder, key, view: x });
+  }
+
   /** A tensor-like object: a new { data, dims } with its data taken, its dims copied; anything else as it is (for the checks' messages). */
   tensor(t: unknown, move: boolean): unknown {
     if (t === null || typeof t !== 'object' || ArrayBuffer.isView(t)) return t;  // (a bare typed array: the checks refuse it)
     const { data, dims } = t as { data?: unknown; dims?: unknown };
     const buffer = isApiTypedArray(data) ? bufferOf(data) : null;
     const movable = move && this.transfer && isArrayBuffer(buffer) && byteLengthOf(buffer) > 0;
-    const taken: Record<string, unknown> = { data: movable ? data : this.copy(data), dims: Array.isArray(dims) ? readOnce(dims) : dims };
+    const taken: Record<string, unknown> = { data, dims: Array.isArray(dims) ? readOnce(dims) : dims };
+    if (!movable) this.#copyLater(taken, 'data', data);
     if (movable) {  // data replaced by done()
       const view = data as TypedArray;
       this.#toMove.push({ holder: taken, view, buffer: buffer as ArrayBuffer, offset: byteOffsetOf(view), length: lengthOf(view) });
@@ -90,9 +101,10 @@ export class Taker {
     for (const name of known) {
       const value = (options as Record<string, unknown>)[name];
       if (value === undefined) continue;
-      copy[name] = name === 'attnMask' ? this.tensor(value, false)
-        : name === 'saved' ? this.saved(value)
-        : name === 'out' ? this.outs(value) : this.copy(value);
+      if (name === 'attnMask') copy[name] = this.tensor(value, false);
+      else if (name === 'saved') copy[name] = this.saved(value);
+      else if (name === 'out') copy[name] = this.outs(value);
+      else this.#copyLater(copy, name, value);
     }
     return copy;
   }
@@ -140,11 +152,15 @@ export class Taker {
   }
 
   /**
-   * Moves the noted buffers (each once) and points the taken tensors at the moved ones; those
-   * whose buffer cannot move are copied. Nothing moves for a call already cancelled (`signal`
+   * Copies the arrays noted to copy (their elements as they are now, after every getter of the
+   * call's arguments), then moves the noted buffers (each once) and points the taken tensors at
+   * the moved ones; those whose buffer cannot move are copied. Nothing moves for a call already cancelled (`signal`
    * aborted): it will not run, and the caller keeps its arrays.
    */
   done(signal: AbortSignal | undefined): void {
+    // First the copies (an array to copy may share its buffer with one about to move).
+    for (const { holder, key, view } of this.#toCopy) holder[key] = this.copy(view);
+    this.#toCopy.length = 0;
     const moved = new Map<ArrayBuffer, ArrayBuffer | null>();  // null: cannot move
     for (const { buffer } of this.#toMove) {
       if (!moved.has(buffer)) moved.set(buffer, signal?.aborted ? null : moveBuffer(buffer));

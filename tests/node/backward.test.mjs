@@ -868,6 +868,14 @@ describe('options.saved is checked against the sdpa() call that returned it: a R
     const got = backward(attn, f, p.query, p.key, p.value, { ...options, alibiSlopes: repeated });
     const want = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, alibiSlopes: shared });
     for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(got[name].data, want[name].data)).toBe(true);
+    // Slopes in one call and none in the other: the message names alibiSlopes (not the offset
+    // they bring along); slopes of 0 are none (the same bits).
+    expect(() => backward(attn, f, p.query, p.key, p.value, options))
+      .toThrow(/alibiSlopes differs from the sdpa\(\) call that returned options\.saved: \[0\.5, 0\.25, 0, 0\.125\] there, none here/);
+    const plain = attn.sdpa(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+    const zeros = backward(attn, plain, p.query, p.key, p.value, { ...options, alibiSlopes: new Float32Array(4) });
+    const none = backward(attn, plain);
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(zeros[name].data, none[name].data)).toBe(true);
     const other = Float32Array.from(repeated, (x, n) => (n === 5 ? 0.3 : x));
     expect(() => backward(attn, f, p.query, p.key, p.value, { ...options, alibiSlopes: other }))
       .toThrow(/alibiSlopes differs from the sdpa\(\) call that returned options\.saved: \[0\.5, 0\.25, 0, 0\.125\] there, \[\[0\.5, 0\.25, 0, 0\.125\], \[0\.5, 0\.30000001192092896, 0, 0\.125\]\] here/);

@@ -160,6 +160,32 @@ describe('results: bitwise the direct API', () => {
       .toBe((await errorOf(() => attn.sdpa(query, key, value, { causal: true })))?.message);
   });
 
+  test('arrays are taken after every getter of the call has run, as the direct API reads them: changed, detached or shrunk by a later option\'s getter, the same result or error', async () => {
+    const { query, key, value } = REFERENCE_CASES[2].make();  // B 1, Hq 2, Lq 33, Lk 65
+    const same = async (makeOptions, makeQuery = () => query) => {
+      const run = (api) => errorOf(() => api.sdpa(makeQuery(), key, value, makeOptions())).then(async (error) =>
+        (error ? `${error.name}: ${error.message}` : hashOf(await api.sdpa(makeQuery(), key, value, makeOptions()))));
+      const direct = await run(attn), viaWorker = await run(worker);
+      expect(viaWorker).toBe(direct);
+      return direct;
+    };
+    // An earlier option's array changed by a later option's getter: the changed values are used.
+    const offsets = () => { const c = Int32Array.of(5); return { isCausal: true, causalOffset: c, get returnWeights() { c[0] = 40; return false; } }; };
+    expect(await same(offsets)).toBe(hashOf(attn.sdpa(query, key, value, { isCausal: true, causalOffset: 40 })));
+    const slopes = () => { const a = Float32Array.of(0.5, 0.25); return { alibiSlopes: a, get returnWeights() { a[0] = NaN; return false; } }; };
+    expect(await same(slopes)).toMatch(/^RangeError: sdpa: options\.alibiSlopes\[0\] must be a number in \[0, 2\^64\]/);
+    const detached = () => {
+      const sinks = new Float32Array(2);
+      return { sinks, get returnLogSumExp() { structuredClone(sinks.buffer, { transfer: [sinks.buffer] }); return false; } };
+    };
+    expect(await same(detached)).toMatch(/^RangeError: sdpa: options\.sinks/);
+    // The query's data changed by an option's getter (the tensors are taken first).
+    let data;
+    const changedQuery = () => ({ data: (data = query.data.slice()), dims: query.dims });
+    expect(await same(() => ({ get scale() { data[0] = 7; return undefined; } }), changedQuery))
+      .toBe(hashOf(attn.sdpa({ data: Float32Array.from(query.data, (x, n) => (n === 0 ? 7 : x)), dims: query.dims }, key, value)));
+  });
+
   test('a call cancelled before it is made (signal already aborted) leaves the caller\'s arrays with transfer: true', async () => {
     const { query, key, value } = REFERENCE_CASES[1].make();
     const error = await errorOf(() => worker.sdpa(query, key, value, { transfer: true, signal: AbortSignal.abort() }));
