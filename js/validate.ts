@@ -711,10 +711,7 @@ export function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv:
       if (!Number.isInteger(o.causalOffset)) {
         throw new RangeError(`${fn}: options.causalOffset must be an integer, got ${o.causalOffset}`);
       }
-      if (alibi.slopes !== null && (o.causalOffset < INT32_MIN || o.causalOffset > INT32_MAX)) {
-        throw new RangeError(`${fn}: options.causalOffset must be an integer in [-2^31, 2^31 - 1] with ` +
-          `options.alibiSlopes (ALiBi's distances are measured from it), got ${o.causalOffset}`);
-      }
+      if (alibi.slopes !== null) checkAlibiOffset(fn, o.causalOffset);
       causalOffset = o.causalOffset;
     } else if (isInt32Array(o.causalOffset)) {
       const length = lengthOf(o.causalOffset);
@@ -810,6 +807,14 @@ function checkSinks(fn: string, given: unknown, Hq: number): Float32Array | null
 }
 
 const INT32_MIN = -(2 ** 31), INT32_MAX = 2 ** 31 - 1;
+
+/** An integer options.causalOffset with ALiBi, which takes it as given (not clamped): within int32. */
+export function checkAlibiOffset(fn: string, offset: number): void {
+  if (offset < INT32_MIN || offset > INT32_MAX) {
+    throw new RangeError(`${fn}: options.causalOffset must be an integer in [-2^31, 2^31 - 1] with ` +
+      `options.alibiSlopes (ALiBi's distances are measured from it), got ${offset}`);
+  }
+}
 /** The largest ALiBi slope taken (src/sdpa.h, kMaxAlibiSlope): every bias -slope·distance stays finite. */
 const MAX_ALIBI_SLOPE = 2 ** 64;
 

@@ -17,7 +17,7 @@ import { check, collectResult, copySmallInputs, describeProblem, mayOverlap, sma
 import { isInt32Array, lengthOf } from './typed-arrays.js';
 import type { SdpaBackwardResult, SdpaOptions, SdpaResult } from './types.js';
 import {
-  type BackwardPlan, checkAlibiSlopes, checkArraysKept, checkHeadDim, checkOptionNames, checkTensor, completeBackwardPlan, describe,
+  type BackwardPlan, checkAlibiOffset, checkAlibiSlopes, checkArraysKept, checkHeadDim, checkOptionNames, checkTensor, completeBackwardPlan, describe,
   type Operand, planArrays, planOptions, refuseDetached, type SdpaPlan,
 } from './validate.js';
 
@@ -114,10 +114,7 @@ function causalOffsets(fn: string, given: unknown, causal: boolean, alibi: boole
     }
     if (typeof given === 'number') {
       if (!Number.isInteger(given)) throw new RangeError(`${fn}: options.causalOffset must be an integer, got ${given}`);
-      if (alibi && (given < -(2 ** 31) || given > 2 ** 31 - 1)) {
-        throw new RangeError(`${fn}: options.causalOffset must be an integer in [-2^31, 2^31 - 1] with ` +
-          `options.alibiSlopes (ALiBi's distances are measured from it), got ${given}`);
-      }
+      if (alibi) checkAlibiOffset(fn, given);
       offsetOf = () => given;  // any integer (clamped below before it is an int32)
     } else if (isInt32Array(given)) {
       const length = lengthOf(given);

@@ -47,13 +47,8 @@ Status check_packing(const Problem& whole, int32_t sequences, const int32_t* q_s
   if (!valid_starts(q_starts, sequences, whole.q_len) || !valid_starts(k_starts, sequences, whole.kv_len)) {
     return Status::kBadPacking;
   }
-  // validate() checked the slopes of batch 0; per-sequence slopes ([S, Hq]) have S rows.
-  for (int32_t s = 1; whole.alibi_slopes != nullptr && whole.alibi_stride_b != 0 && s < sequences; s++) {
-    for (int32_t h = 0; h < whole.q_heads; h++) {
-      const float slope = whole.alibi_slopes[s * whole.alibi_stride_b + h];
-      if (!(slope >= 0.0f && slope <= kMaxAlibiSlope)) return Status::kBadAlibi;
-    }
-  }
+  // validate() checked the slopes of batch 0 (batch 1); per-sequence slopes ([S, Hq]) have S rows.
+  if (!alibi_slopes_valid(whole, sequences)) return Status::kBadAlibi;
   return Status::kOk;
 }
 

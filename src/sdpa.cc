@@ -38,6 +38,16 @@ namespace {
 bool fits_32_bit_indices(const Problem& p);
 }  // namespace
 
+bool alibi_slopes_valid(const Problem& p, int32_t rows) {
+  if (p.alibi_slopes == nullptr) return true;
+  if (p.alibi_stride_b == 0) rows = 1;
+  for (int64_t n = 0; n < static_cast<int64_t>(rows) * p.q_heads; n++) {
+    const float slope = p.alibi_slopes[n / p.q_heads * p.alibi_stride_b + n % p.q_heads];
+    if (!(slope >= 0.0f && slope <= kMaxAlibiSlope)) return false;
+  }
+  return true;
+}
+
 Status validate(const Problem& p) {
   if (p.batch < 1 || p.q_heads < 1 || p.kv_heads < 1 || p.q_len < 1 || p.kv_len < 1 ||
       p.head_dim < 1 || p.value_dim < 1 || p.q_heads % p.kv_heads != 0 || !fits_32_bit_indices(p)) {
@@ -65,12 +75,7 @@ Status validate(const Problem& p) {
   for (int32_t h = 0; p.sinks != nullptr && h < p.q_heads; h++) {
     if (std::isnan(p.sinks[h]) || p.sinks[h] == std::numeric_limits<float>::infinity()) return Status::kBadSink;
   }
-  for (int32_t b = 0; p.alibi_slopes != nullptr && b < (p.alibi_stride_b != 0 ? p.batch : 1); b++) {
-    for (int32_t h = 0; h < p.q_heads; h++) {
-      const float slope = p.alibi_slopes[b * p.alibi_stride_b + h];
-      if (!(slope >= 0.0f && slope <= kMaxAlibiSlope)) return Status::kBadAlibi;
-    }
-  }
+  if (!alibi_slopes_valid(p, p.batch)) return Status::kBadAlibi;
   for (const int32_t* bounds : {p.key_lengths, p.key_starts}) {  // per-batch key indices in [0, Lk]
     for (int32_t b = 0; bounds != nullptr && b < p.batch; b++) {
       if (bounds[b] < 0 || bounds[b] > p.kv_len) return Status::kBadKeyLength;

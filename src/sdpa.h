@@ -158,6 +158,10 @@ constexpr int32_t kMaxHeadDim = 1 << 20;
 // The largest ALiBi slope validate() accepts: a distance |i + offset - j| is below 2^32, so every
 // bias -(slope · distance) stays finite (at least -2^96) and never blocks a key as -inf would.
 constexpr float kMaxAlibiSlope = 18446744073709551616.0f;  // 2^64
+// Whether every ALiBi slope of rows [0, rows) of p.alibi_slopes (rows alibi_stride_b apart, Hq
+// each; a stride of 0 has one row) is in [0, kMaxAlibiSlope]; true without slopes. validate()
+// checks B rows; a packed problem (src/sdpa-packed.h) S, one per sequence.
+bool alibi_slopes_valid(const Problem& p, int32_t rows);
 
 // Checks what the kernel relies on. The TypeScript layer validates first and gives the
 // user-facing message; this is the C++ boundary's own guard (tests, fuzzers, bindings).
