@@ -66,7 +66,9 @@ export function mayOverlap(a: Float32Array, b: Float32Array): boolean {
 
 /** Which way sdpa() runs a problem; each gives bitwise the same result. */
 export function chooseSdpaStrategy(engines: Engines, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): Strategy {
-  if (p.layout !== 'bhsd' || p.weightsDims !== null || p.lseDims !== null) return 'copied';
+  // Dropout draws its mask from each row's (batch, head) in the whole call: a pair computed alone
+  // would number its own from 0.
+  if (p.layout !== 'bhsd' || p.weightsDims !== null || p.lseDims !== null || p.dropoutThreshold !== 0) return 'copied';
   if (k.byteLength + v.byteLength >= STREAM_MIN_BYTES &&
     engines.main.readsKeysInPlace(problemArg(engines.main, describeProblem(p)))) {
     return 'streamed-decode';
@@ -99,6 +101,7 @@ export function describeProblem(p: Plan): ProblemDesc {
     headDim: p.headDim, valueDim: p.valueDim, kvType: KV_TYPE.float32,
     query: 0, key: 0, value: 0, output: 0, weights: 0, mask: 0, causalOffsets: 0, keyLengths: 0, logsumexp: 0, keyStarts: 0,
     sinks: 0, alibiSlopes: 0, alibiStrideB: p.alibiStrideB,
+    dropoutThreshold: p.dropoutThreshold, dropoutSeed: p.dropoutSeed, dropoutBatchBase: 0,
     qStrideB: p.q.b, qStrideH: p.q.h, qStrideL: p.q.l,
     kStrideB: p.k.b, kStrideH: p.k.h, kStrideL: p.k.l,
     vStrideB: p.v.b, vStrideH: p.v.h, vStrideL: p.v.l,

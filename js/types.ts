@@ -58,7 +58,19 @@ export interface SdpaOptions {
    * softcap, computed in the kernel: no `[Lq, Lk]` bias is ever stored.
    */
   alibiSlopes?: Float32Array;
-  /** Also return the softmax probabilities `[..., Hq, Lq, Lk]` (zeros on fully masked rows). */
+  /**
+   * Attention dropout (PyTorch's `dropout_p`), for training: after the softmax each probability
+   * is dropped (0) with probability `dropoutP`, or kept and multiplied by `1/(1 - dropoutP)`. A
+   * number in `[0, 1)` (rounded to a multiple of 2^-32); 0, the default, is none. Needs
+   * `dropoutSeed`: the mask is a function of the seed and `(b, h, i, j)` alone, so the same
+   * seed gives the same mask on any thread count, and `sdpaBackward` given the same two options
+   * draws it again. `weights` are the dropped ones (the output is `weights · V`); `logSumExp`
+   * is the softmax's own.
+   */
+  dropoutP?: number;
+  /** The dropout mask's seed: an integer in `[0, 2^32)`. Required when `dropoutP > 0`. */
+  dropoutSeed?: number;
+  /** Also return the softmax probabilities `[..., Hq, Lq, Lk]` (zeros on fully masked rows; with `dropoutP`, after dropout). */
   returnWeights?: boolean;
   /**
    * Also return `logSumExp` `[..., Hq, Lq]`: each row's log Σ_j exp(s_j) (`-Infinity` for a
@@ -182,6 +194,13 @@ export interface SdpaVarlenOptions {
    * sequence (its own positions) get `-slope·|i + causalOffset - j|`.
    */
   alibiSlopes?: Float32Array;
+  /**
+   * Attention dropout, as for sdpa(): each sequence draws the mask of batch `s` (its index) in
+   * its own positions `(i, j)`. Needs `dropoutSeed`.
+   */
+  dropoutP?: number;
+  /** The dropout mask's seed: an integer in `[0, 2^32)`. Required when `dropoutP > 0`. */
+  dropoutSeed?: number;
   /** Also return `logSumExp` `[Hq, Tq]` (`-Infinity`, or the sink, for a row without keys). */
   returnLogSumExp?: boolean;
   /** Write the output `[Tq, Hq, Ev]` into this buffer instead of a new one. */

@@ -14,12 +14,12 @@ import type { AttentionOptions, MaskTensor, SdpaOptions } from './types.js';
 
 export const OPTION_NAMES = [
   'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'slidingWindow', 'keyLengths', 'keyStarts', 'sinks',
-  'alibiSlopes', 'returnWeights', 'returnLogSumExp', 'out', 'layout',
+  'alibiSlopes', 'dropoutP', 'dropoutSeed', 'returnWeights', 'returnLogSumExp', 'out', 'layout',
 ] as const;
 /** sdpaBackward's options: the score pipeline's, `saved`, `returnMaskGrad`, and its own `out` and `accumulate`. */
 export const BACKWARD_OPTION_NAMES = [
   'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'slidingWindow', 'keyLengths', 'keyStarts', 'sinks',
-  'alibiSlopes', 'layout', 'saved',
+  'alibiSlopes', 'dropoutP', 'dropoutSeed', 'layout', 'saved',
   'returnMaskGrad', 'out', 'accumulate',
 ] as const;
 /** sdpaBackward's results, in the order they are written (and the names options.out takes). */
@@ -83,6 +83,12 @@ export interface Plan {
   alibiSlopes: Float32Array | null;
   /** Elements between two batches' slopes: 0 for [Hq], Hq for [B, Hq]. */
   alibiStrideB: number;
+  /**
+   * Attention dropout (src/kernels/dropout.h): 0 for none, else the uint32 below which a
+   * probability's bits drop it (round(dropoutP·2^32)); and the mask's seed (0 without dropout).
+   */
+  dropoutThreshold: number;
+  dropoutSeed: number;
   /** The output's part of options.out: a view of exactly outputSize floats (ownView), or null. */
   out: Float32Array | null;
   /**
@@ -740,6 +746,7 @@ export function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv:
   const keyLengths = checkKeyBounds(fn, 'keyLengths', o.keyLengths, B, Lk);
   const keyStarts = checkKeyBounds(fn, 'keyStarts', o.keyStarts, B, Lk);
   const sinks = checkSinks(fn, o.sinks, Hq);
+  const dropout = checkDropout(fn, o);
 
   const returnWeights = checkBoolean(fn, 'options.returnWeights', o.returnWeights, false);
   const returnLogSumExp = checkBoolean(fn, 'options.returnLogSumExp', o.returnLogSumExp, false);
@@ -758,7 +765,7 @@ export function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv:
     weightsDims, weightsSize: returnWeights ? B * Hq * Lq * Lk : 0,
     lseDims, lseSize: returnLogSumExp ? B * Hq * Lq : 0,
     scale, softcap, mask, causal, causalOffset, causalOffsets, slidingWindow, keyLengths, keyStarts, sinks,
-    alibiSlopes: alibi.slopes, alibiStrideB: alibi.strideB, out, outResult,
+    alibiSlopes: alibi.slopes, alibiStrideB: alibi.strideB, ...dropout, out, outResult,
     queryData: q.data,
   };
 }
@@ -846,6 +853,39 @@ export function checkAlibiSlopes(fn: string, given: unknown, Hq: number,
     }
   });
   return { slopes, strideB: length === Hq ? 0 : Hq };
+}
+
+/**
+ * options.dropoutP, a number in [0, 1), and options.dropoutSeed, an integer in [0, 2^32) that
+ * dropoutP > 0 needs: the kernel's threshold, round(dropoutP·2^32) (at most 2^32 - 1; 0 is no
+ * dropout), and the seed (0 without dropout, whatever was given, so that it changes nothing).
+ */
+export function checkDropout(fn: string, o: { dropoutP?: unknown; dropoutSeed?: unknown }):
+  { dropoutThreshold: number; dropoutSeed: number } {
+  const { dropoutP, dropoutSeed } = o;
+  let threshold = 0;
+  if (dropoutP !== undefined) {
+    if (typeof dropoutP !== 'number') throw new TypeError(`${fn}: options.dropoutP must be a number, got ${describe(dropoutP)}`);
+    if (!(dropoutP >= 0 && dropoutP < 1)) {
+      throw new RangeError(`${fn}: options.dropoutP must be a number in [0, 1) (the probability of dropping each ` +
+        `attention weight), got ${dropoutP}`);
+    }
+    threshold = Math.min(Math.round(dropoutP * 2 ** 32), 2 ** 32 - 1);
+  }
+  let seed = 0;
+  if (dropoutSeed !== undefined) {
+    if (typeof dropoutSeed !== 'number') {
+      throw new TypeError(`${fn}: options.dropoutSeed must be an integer in [0, 2^32), got ${describe(dropoutSeed)}`);
+    }
+    if (!Number.isInteger(dropoutSeed) || dropoutSeed < 0 || dropoutSeed >= 2 ** 32) {
+      throw new RangeError(`${fn}: options.dropoutSeed must be an integer in [0, 2^32), got ${dropoutSeed}`);
+    }
+    seed = dropoutSeed;
+  } else if (threshold !== 0) {
+    throw new TypeError(`${fn}: options.dropoutSeed is required with options.dropoutP > 0 (an integer in [0, 2^32); ` +
+      `the backward draws the same mask from it), got undefined`);
+  }
+  return { dropoutThreshold: threshold, dropoutSeed: threshold === 0 ? 0 : seed };
 }
 
 /** The widest sliding window taken: 2^30, twice the most keys a problem can have (src/sdpa.h, kMaxCount). */

@@ -23,11 +23,11 @@ import {
 
 export const VARLEN_OPTION_NAMES = [
   'cuSeqlensQ', 'cuSeqlensK', 'scale', 'softcap', 'isCausal', 'causalOffset', 'slidingWindow', 'sinks', 'alibiSlopes',
-  'returnLogSumExp', 'out',
+  'dropoutP', 'dropoutSeed', 'returnLogSumExp', 'out',
 ] as const;
 export const VARLEN_BACKWARD_OPTION_NAMES = [
   'cuSeqlensQ', 'cuSeqlensK', 'scale', 'softcap', 'isCausal', 'causalOffset', 'slidingWindow', 'sinks', 'alibiSlopes',
-  'saved', 'out', 'accumulate',
+  'dropoutP', 'dropoutSeed', 'saved', 'out', 'accumulate',
 ] as const;
 
 /** A checked sdpaVarlen() call: the whole packed problem as one batch, and where each sequence starts. */
@@ -302,6 +302,7 @@ function runChunked(memory: CallMemory, p: VarlenPlan): SdpaResult {
       placeStartsOf(c, starts.q, starts.k);
       if (offsets !== 0) desc.causalOffsets = offsets + 4 * c.first;  // the chunk's own
       if (slopes !== 0) desc.alibiSlopes = slopes + 4 * c.first * p.alibiStrideB;  // [S, Hq]: the chunk's rows
+      desc.dropoutBatchBase = c.first;  // its sequences draw their own dropout masks
       const rows = c.q1 - c.q0;
       // Fresh views every time: a view is never kept across a call into the module (js/memory.ts).
       const before = memory.heap.f32;

@@ -100,6 +100,7 @@ Problem packed_sequence(const PackedProblem& p, int32_t s) {
   seq.causal_offset = w.causal_offsets != nullptr ? w.causal_offsets[s] : w.causal_offset;
   if (w.alibi_slopes != nullptr) seq.alibi_slopes = w.alibi_slopes + s * w.alibi_stride_b;
   seq.alibi_stride_b = 0;
+  seq.dropout_batch_base = w.dropout_batch_base + s;  // the sequence's own dropout mask: its index as the batch
   seq.logsumexp = nullptr;
   return seq;
 }

@@ -13,7 +13,8 @@
 // softcap, causal, sliding_window, sinks) and the causal offset causal_offsets[s] (an array
 // of S offsets here), or causal_offset for every sequence, and ALiBi slopes alibi_slopes +
 // s·alibi_stride_b (the batch stride counts sequences here: [S, Hq] with stride Hq, or [Hq] for
-// every sequence with stride 0); so a sequence's rows get the bits
+// every sequence with stride 0), and with dropout the mask of batch dropout_batch_base + s (the
+// sequence's index as its batch, src/kernels/dropout.h); so a sequence's rows get the bits
 // that forward() gives that sequence alone. Not taken (kBadPacking): a mask, key lengths or
 // starts, weights (each sequence has its own Lq × Lk), float16 K/V.
 // Tq or Tk may be 0 (every sequence without rows, or without keys).

@@ -30,6 +30,10 @@
 //              W most recent keys up to its causal frontier
 // Output row i = Σ_j softmax_j(s) · v_j. A row whose every key is blocked (-inf) has no
 // softmax; its output (and weights) are exact zeros.
+// With dropout (dropout_threshold > 0), each softmax_j(s) is then dropped or kept and multiplied
+// by 1 / (1 - dropout probability), by a mask drawn from the seed and (b, h, i, j): output row
+// i = Σ_j softmax_j(s)·z_ij·v_j, and the weights are softmax_j(s)·z_ij (src/kernels/dropout.h).
+// The log-sum-exp is the softmax's own, without dropout.
 // With sinks (gpt-oss), the softmax of each row of query head h has one more logit, sinks[h],
 // taken as it is (not scaled, capped or masked), whose value row is zero: the keys' weights
 // sum to 1 - exp(sinks[h] - lse), and the output is Σ_j p_j·v_j with those weights. A fully
@@ -102,6 +106,14 @@ struct Problem {
   // the problem is causal), added with the mask: see the score pipeline above.
   const float* alibi_slopes = nullptr;
   int64_t alibi_stride_b = 0;
+  // Attention dropout (src/kernels/dropout.h): 0 for none; else the probability of (b, h, i, j)
+  // is dropped where its bits, drawn from dropout_seed and (dropout_batch_base + b, h, i, j),
+  // are below dropout_threshold, and kept and scaled otherwise. dropout_batch_base >= 0 places
+  // this problem's batch 0 in the call's batches (a packed sequence, or a chunk of them,
+  // computed alone draws the call's mask).
+  uint32_t dropout_threshold = 0;
+  uint32_t dropout_seed = 0;
+  int32_t dropout_batch_base = 0;
 
   float* weights = nullptr;  // optional [B, Hq, Lq, Lk] softmax probabilities
   // Optional [B, Hq, Lq], dense: each row's log-sum-exp of its scores, log Σ_j exp(s_j)
@@ -141,6 +153,7 @@ enum class Status : int32_t {
   kBadWindow = 12,      // sliding_window < 0, or > 0 without causal
   kBadSink = 13,        // a sink that is NaN or +inf
   kBadAlibi = 15,       // an ALiBi slope that is NaN, negative or above kMaxAlibiSlope
+  kBadDropout = 16,     // dropout_batch_base < 0
   kBadPacking = 14,     // packed sequences (src/sdpa-packed.h): starts not 0 = s[0] <= … <= s[S] =
                         // Tq (or Tk), S < 1, or what a packed problem does not take (batch != 1,
                         // a mask, key lengths or starts, weights, float16 K/V, d_mask)

@@ -23,6 +23,12 @@ export interface ProblemDesc {
   alibiSlopes: number;
   /** sdpa::Problem::alibi_stride_b: 0 for [Hq] slopes, Hq for [B, Hq]. */
   alibiStrideB: number;
+  /** sdpa::Problem::dropout_threshold: 0 for no dropout, else the uint32 below which a probability is dropped. */
+  dropoutThreshold: number;
+  /** sdpa::Problem::dropout_seed: a uint32. */
+  dropoutSeed: number;
+  /** sdpa::Problem::dropout_batch_base: the problem's batch 0 in the dropout mask's batches. */
+  dropoutBatchBase: number;
   qStrideB: number; qStrideH: number; qStrideL: number;
   kStrideB: number; kStrideH: number; kStrideL: number;
   vStrideB: number; vStrideH: number; vStrideL: number;

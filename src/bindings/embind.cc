@@ -32,6 +32,9 @@ struct ProblemDesc {
   uint32_t sinks;      // sdpa::Problem::sinks: [Hq], 0 for none
   uint32_t alibiSlopes;  // sdpa::Problem::alibi_slopes: [Hq] or [B, Hq], 0 for none
   int32_t alibiStrideB;  // sdpa::Problem::alibi_stride_b: 0 ([Hq]) or Hq ([B, Hq])
+  uint32_t dropoutThreshold;  // sdpa::Problem::dropout_threshold: 0 for no dropout
+  uint32_t dropoutSeed;       // sdpa::Problem::dropout_seed
+  int32_t dropoutBatchBase;   // sdpa::Problem::dropout_batch_base
   int32_t qStrideB, qStrideH, qStrideL, kStrideB, kStrideH, kStrideL;
   int32_t vStrideB, vStrideH, vStrideL, oStrideB, oStrideH, oStrideL;
   int32_t maskKind, maskStrideB, maskStrideH, maskStrideQ, maskStrideK;
@@ -81,6 +84,9 @@ sdpa::Problem to_problem(const ProblemDesc& d) {
   p.sinks = at<const float>(d.sinks);
   p.alibi_slopes = at<const float>(d.alibiSlopes);
   p.alibi_stride_b = d.alibiStrideB;
+  p.dropout_threshold = d.dropoutThreshold;
+  p.dropout_seed = d.dropoutSeed;
+  p.dropout_batch_base = d.dropoutBatchBase;
   p.read_kv_in_order = d.readKvInOrder != 0;
   p.logsumexp = at<float>(d.logsumexp);
   return p;
@@ -130,6 +136,7 @@ constexpr FieldLayout kProblemFields[] = {
     SDPA_FIELD(ProblemDesc, weights),     SDPA_FIELD(ProblemDesc, mask),          SDPA_FIELD(ProblemDesc, causalOffsets),
     SDPA_FIELD(ProblemDesc, keyLengths),  SDPA_FIELD(ProblemDesc, logsumexp),     SDPA_FIELD(ProblemDesc, keyStarts),
     SDPA_FIELD(ProblemDesc, sinks),       SDPA_FIELD(ProblemDesc, alibiSlopes),   SDPA_FIELD(ProblemDesc, alibiStrideB),
+    SDPA_FIELD(ProblemDesc, dropoutThreshold), SDPA_FIELD(ProblemDesc, dropoutSeed), SDPA_FIELD(ProblemDesc, dropoutBatchBase),
     SDPA_FIELD(ProblemDesc, qStrideB),
     SDPA_FIELD(ProblemDesc, qStrideH),    SDPA_FIELD(ProblemDesc, qStrideL),      SDPA_FIELD(ProblemDesc, kStrideB),
     SDPA_FIELD(ProblemDesc, kStrideH),    SDPA_FIELD(ProblemDesc, kStrideL),      SDPA_FIELD(ProblemDesc, vStrideB),

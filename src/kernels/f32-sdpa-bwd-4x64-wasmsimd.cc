@@ -13,6 +13,11 @@
 //   ds = p·(dp - D)·(1 - t²)      t = tanh(r / softcap) when softcap > 0, else the factor is 1;
 //                                 ds := 0 wherever p == 0 (blocked, or flushed by exp), so a
 //                                 NaN dp from NaN in a blocked V row is dropped
+// With dropout (src/kernels/dropout.h: the forward's output is Σ_j p_j·z_j·v_j, z_j the key's
+// factor or 0, drawn again here from the same seed and indices), the output's gradient reaches
+// p_j through z_j·dp_j, and D = dO·O is still Σ_j p_j·z_j·dp_j, so
+//   ds = p·(z·dp - D)·(1 - t²)    and dV takes p·z in place of p
+// (probabilities_and_ds leaves p·z in s; ds := 0 still wherever p == 0).
 // then the dK/dV kernel accumulates dv_j += Σ_r p[r][j]·dO_r and dk_j += Σ_r ds[r][j]·(scale·q_r)
 // over the rows of its KV group (p and ds of 16 rows at a time, so each dK/dV accumulator stays
 // in a register over them), and the dQ kernel dq_r += Σ_j ds[r][j]·k_j over the keys (times
@@ -39,6 +44,7 @@
 #include <new>
 
 #include "kernels/alibi.h"
+#include "kernels/dropout.h"
 #include "kernels/f32-tile-ops-wasmsimd.h"
 #include "kernels/row-limits.h"
 #include "kernels/sdpa-bwd-kernels.h"
@@ -326,8 +332,8 @@ int32_t finished_scores(const BackwardProblem& bp, const RowTile& rt, const RowO
 enum class ScoreGrad { kBeforeSoftcap, kAfterSoftcap };
 
 // One (row tile, key tile) of keys [j0, j0 + count): s (finished_scores) and dp computed, then
-// turned into p (in s) and ds or dr (in dp, as `grad` says), as the file's opening comment
-// says. Returns finished_scores' first blocked column. Columns [count, round_up(count, 8)) and
+// turned into p (in s; p·z with dropout, what dV takes) and ds or dr (in dp, as `grad` says), as
+// the file's opening comment says. Returns finished_scores' first blocked column. Columns [count, round_up(count, 8)) and
 // padding rows end with p = ds = 0.
 int32_t probabilities_and_ds(const BackwardProblem& bp, const RowTile& rt, const RowOperands& o,
                              const float* k_packed, const float* v_packed, int32_t j0, int32_t count,
@@ -338,6 +344,10 @@ int32_t probabilities_and_ds(const BackwardProblem& bp, const RowTile& rt, const
   const int32_t open_cols = finished_scores(bp, rt, o, k_packed, j0, count, s, tanh_r);
   score_4x8_packed<kTile>(o.go_cols, v_packed, p.value_dim, cols, dp);
   const bool capped = p.softcap > 0.0f && grad == ScoreGrad::kBeforeSoftcap;
+  const bool dropout = p.dropout_threshold != 0;
+  // Dropout's z per column of a row, [kTile]: the factor where kept, else 0 (1s dropped to z).
+  alignas(16) float z[kTile];
+  const float dropout_scale = dropout ? dropout_factor(p) : 1.0f;
 
   const v128_t zero = wasm_f32x4_splat(0.0f);
   for (int r = 0; r < kQueryTile; r++) {
@@ -352,6 +362,11 @@ int32_t probabilities_and_ds(const BackwardProblem& bp, const RowTile& rt, const
     // A NaN shift (the row attends a NaN or +Inf score) makes p NaN for the keys it attends,
     // and -inf - NaN is NaN too: its blocked keys are set back to p = 0.
     const bool nan_shift = std::isnan(shift);
+    const bool dropped = dropout && r < rt.rows;
+    if (dropped) {
+      std::fill(z, z + cols, 1.0f);
+      apply_dropout_row(p, dropout_row(p, rt.b, rt.h[r], rt.i[r]), j0, cols, dropout_scale, z);
+    }
     for (int32_t c = 0; c < cols; c += 4) {
       // p = exp(min((s - shift) - log_sum, 0)): exactly 0 for s = -inf. With log_sum = 0 (the
       // forward's lse) x - 0 = x: the bits of exp(min(s - lse, 0)).
@@ -359,9 +374,12 @@ int32_t probabilities_and_ds(const BackwardProblem& bp, const RowTile& rt, const
       const v128_t x = wasm_f32x4_pmin(wasm_f32x4_sub(wasm_f32x4_sub(sv, vshift), vlog_sum), zero);
       v128_t prob = exp_nonpositive(x, ec);
       if (nan_shift) prob = wasm_v128_andnot(prob, wasm_f32x4_eq(sv, wasm_f32x4_splat(kNegInf)));
-      v128_t ds = wasm_f32x4_mul(prob, wasm_f32x4_sub(wasm_v128_load(dp_row + c), vdelta));
+      v128_t dp_c = wasm_v128_load(dp_row + c);
+      if (dropped) dp_c = wasm_f32x4_mul(dp_c, wasm_v128_load(z + c));  // z·dp
+      v128_t ds = wasm_f32x4_mul(prob, wasm_f32x4_sub(dp_c, vdelta));
       // ds := 0 where p == 0 (and p·NaN would be NaN).
       ds = wasm_v128_andnot(ds, wasm_f32x4_eq(prob, zero));
+      if (dropped) prob = wasm_f32x4_mul(prob, wasm_v128_load(z + c));  // p·z for dV
       wasm_v128_store(s_row + c, prob);
       wasm_v128_store(dp_row + c, ds);
     }

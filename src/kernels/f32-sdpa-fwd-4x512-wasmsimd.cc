@@ -7,6 +7,9 @@
 //   l_t = α_t·l_{t-1} + Σ_j exp(s_j - m_t)       running sum of the softmax denominator
 //   o_t = α_t·o_{t-1} + Σ_j exp(s_j - m_t)·v_j   unnormalised output row
 // and finally out = o / l, or exact zeros when l == 0 (every key of the row was blocked).
+// With dropout (src/kernels/dropout.h) o sums exp(s_j - m_t)·z_j·v_j instead, z_j the key's
+// dropout factor or 0, while l stays the softmax's own sum: each tile's probabilities are
+// dropped after its row sums are taken and before P·V (drop_tile).
 // A sink (gpt-oss, Problem::sinks) joins each row once, at that end: M = max(m, sink),
 // L = l·exp(m - M) + exp(sink - M), out = o·exp(m - M) / L (softmax-sink.h, add_sink).
 // Every exponent is s - m <= 0, so exp never overflows whatever the logits' magnitude; and
@@ -69,6 +72,7 @@
 #include <type_traits>
 
 #include "kernels/alibi.h"
+#include "kernels/dropout.h"
 #include "kernels/f32-tile-ops-wasmsimd.h"
 #include "kernels/row-limits.h"
 #include "kernels/softmax-sink.h"
@@ -523,6 +527,18 @@ void finish_scores(const Problem& p, const RowTile& rt, int32_t j0, TileKind kin
   }
 }
 
+// Dropout of a tile's probabilities (src/kernels/dropout.h): rows r < rt.rows, keys j0 + c
+// for c in [0, cols) (a multiple of 4), each times its z: the factor where kept, else 0.
+// After the row sums are taken (the softmax is the one without dropout), before P·V and the
+// weights. Nothing without dropout.
+void drop_tile(const Problem& p, const RowTile& rt, int32_t j0, int32_t cols, float* probs) {
+  if (p.dropout_threshold == 0) return;
+  const float factor = dropout_factor(p);
+  for (int r = 0; r < rt.rows; r++) {
+    apply_dropout_row(p, dropout_row(p, rt.b, rt.h[r], rt.i[r]), j0, cols, factor, probs + r * kKeyTile);
+  }
+}
+
 // acc[r][col .. col+4·kVecs) = alpha[r]·acc[r][…] + Σ_{j < key_count} probs[r][j]·V[j][…]
 // for r < kRows. Keys j < open_count are open for every row and are multiplied
 // unconditionally; from open_count on, a key whose probability is exactly 0 for a row
@@ -817,6 +833,7 @@ __attribute__((noinline)) void write_row_tile_weights(const Problem& p, const Ro
                       s.scores);
       finish_scores(p, rt, j0, tile.kind, kKeyTile, s.bias, s.scores);
       exponentiate_tile(s.scores, rt.rows, kKeyTile, final_shift, ec);
+      drop_tile(p, rt, j0, kKeyTile, s.scores);  // the weights P·V used
     }
     for (int r = 0; r < rt.rows; r++) {
       float* dst = p.weights +
@@ -880,6 +897,7 @@ __attribute__((noinline)) void attend_row_tile(const Problem& p, const RowTile& 
     const v128_t tile_sum = exponentiate_tile(scores, rt.rows, cols, shift, ec);
     running_sum = wasm_f32x4_add(wasm_f32x4_mul(running_sum, alpha), tile_sum);
     running_max = new_max;
+    drop_tile(p, rt, j0 + lead, cols, scores);  // l is the softmax's own; o sums the kept p·z
 
     // open_cols > 0 only when no row's first column is blocked, so then lead is 0.
     accumulate_pv_from(kv, scores, j0 + lead, rt.rows, std::min(tile.open_cols, key_count), key_count, alpha,
@@ -956,8 +974,8 @@ float* partial_row(const Problem& p, const KernelWork& w, int32_t f) {
 // when it is one tile of split-K decode of one query row per KV head (MHA), K/V float16 stored
 // whole in memory order (a KV cache; not a streamed segment, whose buffer holds its own keys
 // alone: stored_alone), and its whole group of kInterleavedTiles tiles is open
-// to the row: within Lk, the batch's key length, the causal frontier and the window, no mask and
-// no ALiBi (whose biases need the keys in order), E and Ev multiples of 4 (no column goes to the scalar loops). The
+// to the row: within Lk, the batch's key length, the causal frontier and the window, no mask,
+// no ALiBi and no dropout (whose biases and masks need the keys in order), E and Ev multiples of 4 (no column goes to the scalar loops). The
 // choice depends on the problem and the segment only, never on the reader of the halves or the
 // thread count: kFloat16 and kFloat16Finite, one thread or many, give the same bits.
 int32_t interleaved_first_key(const Problem& p, const KernelWork& w, const RowLimits& limit_of) {
@@ -965,7 +983,7 @@ int32_t interleaved_first_key(const Problem& p, const KernelWork& w, const RowLi
   constexpr int32_t kSlice = kKeyTile / kDecodeStreams<uint16_t, 1>;
   if (!is_half(p.kv_type) || p.q_heads != p.kv_heads || p.q_len != 1 || w.partials == nullptr || w.pack ||
       w.stored_alone || !p.read_kv_in_order || p.mask_kind != MaskKind::kNone || p.alibi_slopes != nullptr ||
-      p.head_dim % 4 != 0 ||
+      p.dropout_threshold != 0 || p.head_dim % 4 != 0 ||
       p.value_dim % 4 != 0 || w.key_end - w.key_begin != kKeyTile) {
     return -1;
   }

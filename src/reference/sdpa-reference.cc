@@ -24,9 +24,29 @@ double kv_element(const Problem& p, const void* base, int64_t at) {
   return static_cast<const float*>(base)[at];
 }
 
-}  // namespace
+// Attention dropout's z for (b, h, i, j) from its definition (src/kernels/dropout.h, written
+// out again here): 1 without dropout; else 0 where the key's bits are below the threshold, and
+// 2^32 / (2^32 - threshold) in double where they are not.
+uint32_t murmur3_finalizer(uint32_t x) {
+  x = (x ^ (x >> 16)) * 0x85EBCA6Bu;
+  x = (x ^ (x >> 13)) * 0xC2B2AE35u;
+  return x ^ (x >> 16);
+}
 
-std::vector<double> reference_forward(const Problem& p, std::vector<double>* weights, std::vector<double>* logsumexp) {
+double dropout_z(const Problem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
+  if (p.dropout_threshold == 0) return 1.0;
+  uint32_t row = murmur3_finalizer(p.dropout_seed);
+  for (const int64_t index : {static_cast<int64_t>(p.dropout_batch_base) + b, h, i}) {
+    row = murmur3_finalizer(row + static_cast<uint32_t>(index));
+  }
+  const uint32_t bits = murmur3_finalizer(row + static_cast<uint32_t>(j) * 0x9E3779B9u);
+  return bits < p.dropout_threshold ? 0.0 : 4294967296.0 / (4294967296.0 - p.dropout_threshold);
+}
+
+// reference_forward, with the weights before dropout (`dropped_weights` false: the softmax, what
+// the backward needs) or after it (true: what the kernel returns).
+std::vector<double> forward_rows(const Problem& p, std::vector<double>* weights, std::vector<double>* logsumexp,
+                                 bool dropped_weights) {
   const int64_t B = p.batch, Hq = p.q_heads, Hkv = p.kv_heads, Lq = p.q_len, Lk = p.kv_len,
                 E = p.head_dim, Ev = p.value_dim;
   const double neg_inf = -std::numeric_limits<double>::infinity();
@@ -86,19 +106,26 @@ std::vector<double> reference_forward(const Problem& p, std::vector<double>* wei
           sum += logits[j];
         }
         if (logsumexp != nullptr) (*logsumexp)[static_cast<size_t>((b * Hq + h) * Lq + i)] = max_logit + std::log(sum);
-        // 3. output row = Σ_j p_j·v_j over the keys that are not blocked.
+        // 3. output row = Σ_j p_j·z_j·v_j over the keys that are not blocked (z_j = 1 without
+        // dropout, else the key's dropout factor or 0).
         double* o = out.data() + ((b * Hq + h) * Lq + i) * Ev;
         for (int64_t j = 0; j < Lk; j++) {
           if (blocked[j]) continue;
-          const double prob = logits[j] / sum;
-          if (weights != nullptr) (*weights)[static_cast<size_t>(((b * Hq + h) * Lq + i) * Lk + j)] = prob;
+          const double prob = logits[j] / sum, kept = prob * dropout_z(p, b, h, i, j);
+          if (weights != nullptr) (*weights)[static_cast<size_t>(((b * Hq + h) * Lq + i) * Lk + j)] = dropped_weights ? kept : prob;
           const int64_t v = b * p.v_stride_b + kvh * p.v_stride_h + j * p.v_stride_l;
-          for (int64_t c = 0; c < Ev; c++) o[c] += prob * kv_element(p, p.value, v + c);
+          for (int64_t c = 0; c < Ev; c++) o[c] += kept * kv_element(p, p.value, v + c);
         }
       }
     }
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<double> reference_forward(const Problem& p, std::vector<double>* weights, std::vector<double>* logsumexp) {
+  return forward_rows(p, weights, logsumexp, true);
 }
 
 std::vector<double> reference_logsumexp(const Problem& p) {
@@ -117,14 +144,14 @@ ReferenceGradients reference_backward(const BackwardProblem& bp) {
   const int64_t B = p.batch, Hq = p.q_heads, Hkv = p.kv_heads, Lq = p.q_len, Lk = p.kv_len,
                 E = p.head_dim, Ev = p.value_dim;
   std::vector<double> weights, lse;
-  reference_forward(p, &weights, &lse);  // softmax probabilities, 0 for blocked keys and empty rows
+  forward_rows(p, &weights, &lse, false);  // softmax probabilities (before dropout), 0 for blocked keys and empty rows
   ReferenceGradients g;
   if (p.sinks != nullptr) g.d_sinks.assign(static_cast<size_t>(Hq), 0.0);
   g.d_query.assign(static_cast<size_t>(B * Hq * Lq * E), 0.0);
   g.d_key.assign(static_cast<size_t>(B * Hkv * Lk * E), 0.0);
   g.d_value.assign(static_cast<size_t>(B * Hkv * Lk * Ev), 0.0);
   if (p.mask_kind == MaskKind::kFloat) g.d_mask.assign(static_cast<size_t>(mask_elements(p)), 0.0);
-  std::vector<double> dp(static_cast<size_t>(Lk));
+  std::vector<double> dp(static_cast<size_t>(Lk)), z(static_cast<size_t>(Lk));
   for (int64_t b = 0; b < B; b++) {
     for (int64_t h = 0; h < Hq; h++) {
       const int64_t kvh = h / (Hq / Hkv);
@@ -132,13 +159,16 @@ ReferenceGradients reference_backward(const BackwardProblem& bp) {
         const double* prob = weights.data() + ((b * Hq + h) * Lq + i) * Lk;
         const float* q = p.query + b * p.q_stride_b + h * p.q_stride_h + i * p.q_stride_l;
         const float* go = bp.grad_output + b * bp.go_stride_b + h * bp.go_stride_h + i * bp.go_stride_l;
-        // dp_j = dO·v_j and D = Σ_j p_j·dp_j over the keys the row attends (p_j > 0).
+        // dp_j = z_j·(dO·v_j), the gradient at p_j of output = Σ_j p_j·z_j·v_j (z_j = 1
+        // without dropout), and D = Σ_j p_j·dp_j over the keys the row attends (p_j > 0).
         double delta = 0.0;
         for (int64_t j = 0; j < Lk; j++) {
           dp[j] = 0.0;
+          z[j] = dropout_z(p, b, h, i, j);
           if (prob[j] == 0.0) continue;
           const float* v = static_cast<const float*>(p.value) + b * p.v_stride_b + kvh * p.v_stride_h + j * p.v_stride_l;
           for (int64_t c = 0; c < Ev; c++) dp[j] += static_cast<double>(go[c]) * v[c];
+          dp[j] *= z[j];
           delta += prob[j] * dp[j];
         }
         // The sink's value row is zero: its dp is 0, so ∂L/∂sink = p_sink·(0 - D).
@@ -166,7 +196,7 @@ ReferenceGradients reference_backward(const BackwardProblem& bp) {
             dq[d] += p.scale * dr * k[d];
             dk[d] += p.scale * dr * q[d];
           }
-          for (int64_t c = 0; c < Ev; c++) dv[c] += prob[j] * go[c];
+          for (int64_t c = 0; c < Ev; c++) dv[c] += prob[j] * z[j] * go[c];
         }
       }
     }

@@ -10,7 +10,8 @@
 namespace sdpa {
 
 // Reads the problem's inputs (p.output and p.weights are ignored) and returns
-//   output  [B, Hq, Lq, Ev] dense, and, when `weights` is non-null, weights [B, Hq, Lq, Lk],
+//   output  [B, Hq, Lq, Ev] dense, and, when `weights` is non-null, weights [B, Hq, Lq, Lk]
+//   (with dropout, the dropped ones the output is made of, as the kernel returns them),
 //   and, when `logsumexp` is non-null, each row's lse [B, Hq, Lq] (reference_logsumexp).
 std::vector<double> reference_forward(const Problem& p, std::vector<double>* weights,
                                       std::vector<double>* logsumexp = nullptr);

@@ -11,6 +11,11 @@
 //   out_i = Σ_j softmax_j(s_i) · v_j; a row with every key blocked is exact zeros.
 //   sinks[h] (gpt-oss): one more logit in every softmax row of head h, whose value row is zero
 //   (it joins the maximum and the sum only); a row with every key blocked is still exact zeros.
+//   dropoutP, dropoutSeed: out_i = Σ_j softmax_j(s_i)·z_ij·v_j and the weights are
+//   softmax_j(s_i)·z_ij, where z_ij = 2^32/(2^32 - t) if bits(b, h, i, j) >= t, else 0, with
+//   t = min(round(dropoutP·2^32), 2^32 - 1), and, in uint32 arithmetic (MurmurHash3's finaliser
+//   mix): bits = mix(mix(mix(mix(mix(seed) + b) + h) + i) + j·0x9E3779B9). b counts from the
+//   reference-only option dropoutBatchBase (default 0), for a packed sequence checked alone.
 //
 // Blocked keys are never read from K or V (nor their scores computed), so NaN written
 // there cannot reach the result.
@@ -21,6 +26,31 @@ const { abs, cos, exp, floor, imul, log, sin, sqrt, tanh, PI } = Math;
 const NEG_INF = -Infinity;
 const F32 = Float32Array, F64 = Float64Array, U8 = Uint8Array;
 const isNaNNumber = Number.isNaN;
+
+/** MurmurHash3's 32-bit finaliser, as a uint32. */
+function mix32(x) {
+  x = imul(x ^ (x >>> 16), 0x85EBCA6B);
+  x = imul(x ^ (x >>> 13), 0xC2B2AE35);
+  return (x ^ (x >>> 16)) >>> 0;
+}
+
+/**
+ * Dropout's z(b, h, i, j) for the API's options, from the definition above: null without
+ * dropout (dropoutP absent or rounding to 0), else a function of (b, h, i) giving the row's
+ * z(j).
+ */
+export function dropoutRows(options) {
+  const p = options.dropoutP ?? 0;
+  const threshold = Math.min(Math.round(p * 2 ** 32), 2 ** 32 - 1);
+  if (threshold === 0) return null;
+  const factor = 2 ** 32 / (2 ** 32 - threshold);
+  const seedMix = mix32(options.dropoutSeed >>> 0);
+  const base = options.dropoutBatchBase ?? 0;
+  return (b, h, i) => {
+    const row = mix32((mix32((mix32((seedMix + base + b) >>> 0) + h) >>> 0) + i) >>> 0);
+    return (j) => (mix32((row + imul(j, 0x9E3779B9)) >>> 0) >= threshold ? factor : 0);
+  };
+}
 
 /** A tensor of rank 2..4 seen as [B, H, L, D] in the given layout: sizes and strides. */
 function view(t, layout) {
@@ -80,8 +110,13 @@ export function referenceProblem(query, key, value, options = {}) {
   const sinkOf = (h) => (options.sinks ? options.sinks[h] : NEG_INF);
   const slopes = options.alibiSlopes;
   const slopeOf = (b, h) => (slopes ? slopes[slopes.length === Hq ? h : b * Hq + h] : 0);
+  const dropoutRow = dropoutRows(options);
 
-  /** One row: { out: Float64Array(Ev), weights: Float64Array(Lk), lse: log Σ_j exp(s_j) (-Infinity if empty) }. */
+  /**
+   * One row: { out: Float64Array(Ev), weights: Float64Array(Lk) (the softmax, before dropout),
+   * dropped: the weights after dropout (weights itself without dropout), z: each key's dropout
+   * factor or 0 (null without dropout), lse: log Σ_j exp(s_j) (-Infinity if empty) }.
+   */
   function row(b, h, i) {
     const kh = floor(h / group);
     const qi = q.at(b, h, i);
@@ -118,7 +153,13 @@ export function referenceProblem(query, key, value, options = {}) {
     for (let j = 0; j < Lk; j++) if (allowed[j] && s[j] > max) max = s[j];
     const out = new F64(Ev);
     const weights = new F64(Lk);
-    if (max === NEG_INF) return { out, weights, lse: NEG_INF, sinkWeight: 0 };  // every key blocked, no sink: exact zeros
+    let z = null, dropped = weights;
+    if (dropoutRow !== null) {
+      const zOf = dropoutRow(b, h, i);
+      z = F64.from({ length: Lk }, (_, j) => zOf(j));
+      dropped = new F64(Lk);
+    }
+    if (max === NEG_INF) return { out, weights, dropped, z, lse: NEG_INF, sinkWeight: 0 };  // every key blocked, no sink: exact zeros
     let sum = sink === NEG_INF ? 0 : exp(sink - max);
     for (let j = 0; j < Lk; j++) {
       if (!allowed[j]) continue;
@@ -128,11 +169,12 @@ export function referenceProblem(query, key, value, options = {}) {
     for (let j = 0; j < Lk; j++) {
       if (!allowed[j]) continue;
       weights[j] /= sum;
+      if (z !== null) dropped[j] = weights[j] * z[j];
       const vj = v.at(b, kh, j);
-      for (let c = 0; c < Ev; c++) out[c] += weights[j] * v.data[vj + c];
+      for (let c = 0; c < Ev; c++) out[c] += dropped[j] * v.data[vj + c];
     }
     // The sink's own probability (0 without one), for the sinks' gradient.
-    return { out, weights, lse: max + log(sum), sinkWeight: sink === NEG_INF ? 0 : exp(sink - max) / sum };
+    return { out, weights, dropped, z, lse: max + log(sum), sinkWeight: sink === NEG_INF ? 0 : exp(sink - max) / sum };
   }
 
   const outputDims = [...query.dims.slice(0, -1), Ev];
@@ -164,9 +206,9 @@ export function referenceLogSumExp(query, key, value, options = {}) {
 /**
  * The analytic backward in float64, from the definition (softmax's Jacobian diag(p) - p·pᵀ):
  * for the loss L with ∂L/∂output = gradOutput (the output's dims and layout),
- *   dp_j = dO_i·v_j,  D_i = Σ_j p_j·dp_j,  ds_j = p_j·(dp_j - D_i),
+ *   dp_j = z_j·(dO_i·v_j) (z_j = 1 without dropout),  D_i = Σ_j p_j·dp_j,  ds_j = p_j·(dp_j - D_i),
  *   dr_j = ds_j·(1 - tanh²(r_j/softcap)) with r_j = scale·q_i·k_j (softcap > 0), else ds_j,
- *   dq_i += scale·dr_j·k_j,  dk_j += scale·dr_j·q_i,  dv_j += p_j·dO_i
+ *   dq_i += scale·dr_j·k_j,  dk_j += scale·dr_j·q_i,  dv_j += p_j·z_j·dO_i
  *   dmask[b, h, i, j] += ds_j   (a float mask, added after the softcap; summed where it broadcasts)
  *   dsinks[h] += p_sink·(0 - D_i)   (the sink's value row is zero: its dp is 0)
  * over the keys each row attends (p_j > 0). Returns Float64Arrays dQuery, dKey, dValue laid
@@ -185,7 +227,7 @@ export function referenceSdpaBackward(query, key, value, gradOutput, options = {
     for (let h = 0; h < Hq; h++) {
       const kh = floor(h / group);
       for (let i = 0; i < Lq; i++) {
-        const { weights, sinkWeight } = p.row(b, h, i);
+        const { weights, dropped, z, sinkWeight } = p.row(b, h, i);
         const qi = q.at(b, h, i), gi = go.at(b, h, i);
         let delta = 0;
         for (let j = 0; j < Lk; j++) {
@@ -193,6 +235,7 @@ export function referenceSdpaBackward(query, key, value, gradOutput, options = {
           if (weights[j] === 0) continue;
           const vj = v.at(b, kh, j);
           for (let c = 0; c < Ev; c++) dp[j] += go.data[gi + c] * v.data[vj + c];
+          if (z !== null) dp[j] *= z[j];  // the output is Σ_j p_j·z_j·v_j
           delta += weights[j] * dp[j];
         }
         if (dSinks && sinkWeight !== 0) dSinks[h] -= sinkWeight * delta;
@@ -211,7 +254,7 @@ export function referenceSdpaBackward(query, key, value, gradOutput, options = {
             dQuery[qi + d] += scale * dr * k.data[kj + d];
             dKey[kj + d] += scale * dr * q.data[qi + d];
           }
-          for (let c = 0; c < Ev; c++) dValue[vj + c] += weights[j] * go.data[gi + c];
+          for (let c = 0; c < Ev; c++) dValue[vj + c] += dropped[j] * go.data[gi + c];
         }
       }
     }
@@ -233,7 +276,7 @@ export function referenceSdpa(query, key, value, options = {}) {
       for (let i = 0; i < p.Lq; i++) {
         const r = p.row(b, h, i);
         output.set(r.out, p.outputOffset(b, h, i));
-        weights.set(r.weights, p.weightsOffset(b, h, i));
+        weights.set(r.dropped, p.weightsOffset(b, h, i));
       }
     }
   }
