@@ -49,6 +49,8 @@ Status check_packing(const Problem& whole, int32_t sequences, const int32_t* q_s
   }
   // validate() checked the slopes of batch 0 (batch 1); per-sequence slopes ([S, Hq]) have S rows.
   if (!alibi_slopes_valid(whole, sequences)) return Status::kBadAlibi;
+  // Sequence s draws the dropout mask of batch dropout_batch_base + s, an int32 (packed_sequence).
+  if (whole.dropout_batch_base > INT32_MAX - (sequences - 1)) return Status::kBadDropout;
   return Status::kOk;
 }
 
@@ -100,7 +102,9 @@ Problem packed_sequence(const PackedProblem& p, int32_t s) {
   seq.causal_offset = w.causal_offsets != nullptr ? w.causal_offsets[s] : w.causal_offset;
   if (w.alibi_slopes != nullptr) seq.alibi_slopes = w.alibi_slopes + s * w.alibi_stride_b;
   seq.alibi_stride_b = 0;
-  seq.dropout_batch_base = w.dropout_batch_base + s;  // the sequence's own dropout mask: its index as the batch
+  // The sequence's own dropout mask: its index as the batch. (Added as uint32: the scratch sizes
+  // call this before validate_packed() has refused a base + s past INT32_MAX.)
+  seq.dropout_batch_base = static_cast<int32_t>(static_cast<uint32_t>(w.dropout_batch_base) + static_cast<uint32_t>(s));
   seq.logsumexp = nullptr;
   return seq;
 }

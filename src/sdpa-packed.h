@@ -45,7 +45,8 @@ struct PackedProblem {
 };
 
 // The whole problem's own checks (validate()), then kBadPacking for what it does not take
-// (above) or starts that are not as described (kNullPointer for null starts). Each sequence is
+// (above) or starts that are not as described (kNullPointer for null starts), and kBadDropout
+// for a dropout_batch_base + S - 1 past INT32_MAX (the last sequence's batch index). Each sequence is
 // then within the whole problem's checked sizes.
 Status validate_packed(const PackedProblem& p);
 

@@ -110,7 +110,7 @@ struct Problem {
   // is dropped where its bits, drawn from dropout_seed and (dropout_batch_base + b, h, i, j),
   // are below dropout_threshold, and kept and scaled otherwise. dropout_batch_base >= 0 places
   // this problem's batch 0 in the call's batches (a packed sequence, or a chunk of them,
-  // computed alone draws the call's mask).
+  // computed alone draws the call's mask); base + B - 1 is at most INT32_MAX.
   uint32_t dropout_threshold = 0;
   uint32_t dropout_seed = 0;
   int32_t dropout_batch_base = 0;
@@ -153,7 +153,8 @@ enum class Status : int32_t {
   kBadWindow = 12,      // sliding_window < 0, or > 0 without causal
   kBadSink = 13,        // a sink that is NaN or +inf
   kBadAlibi = 15,       // an ALiBi slope that is NaN, negative or above kMaxAlibiSlope
-  kBadDropout = 16,     // dropout_batch_base < 0
+  kBadDropout = 16,     // dropout_batch_base < 0, or past INT32_MAX - (B - 1) (a packed problem's:
+                        // INT32_MAX - (S - 1)): the call's batch indices base + b are int32
   kBadPacking = 14,     // packed sequences (src/sdpa-packed.h): starts not 0 = s[0] <= … <= s[S] =
                         // Tq (or Tk), S < 1, or what a packed problem does not take (batch != 1,
                         // a mask, key lengths or starts, weights, float16 K/V, d_mask)

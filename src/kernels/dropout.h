@@ -53,13 +53,27 @@ inline float dropout_factor(const Problem& p) {
   return static_cast<float>(4294967296.0 / (4294967296.0 - static_cast<double>(p.dropout_threshold)));
 }
 
+// Each lane times c, mod 2^32. wasm's i32x4.mul wraps; SIMDe's emulation of it in the native
+// builds multiplies signed int32 lanes (an overflow there is undefined, and UBSan aborts the
+// sanitized tests on it), so those multiply the lanes as uint32: the same bits.
+inline v128_t dropout_mul_lanes(v128_t x, uint32_t c) {
+#if defined(__wasm_simd128__)
+  return wasm_i32x4_mul(x, wasm_i32x4_splat(static_cast<int32_t>(c)));
+#else
+  alignas(16) uint32_t lanes[4];
+  wasm_v128_store(lanes, x);
+  for (uint32_t& lane : lanes) lane *= c;
+  return wasm_v128_load(lanes);
+#endif
+}
+
 // Four lanes of bits(j0 + c) .. bits(j0 + c + 3) at once: the scalar mix on i32x4 (the shifts
 // logical, the products mod 2^32, as uint32 multiplication is).
 inline v128_t dropout_mix4(v128_t x) {
   x = wasm_v128_xor(x, wasm_u32x4_shr(x, 16));
-  x = wasm_i32x4_mul(x, wasm_i32x4_splat(static_cast<int32_t>(0x85EBCA6Bu)));
+  x = dropout_mul_lanes(x, 0x85EBCA6Bu);
   x = wasm_v128_xor(x, wasm_u32x4_shr(x, 13));
-  x = wasm_i32x4_mul(x, wasm_i32x4_splat(static_cast<int32_t>(0xC2B2AE35u)));
+  x = dropout_mul_lanes(x, 0xC2B2AE35u);
   return wasm_v128_xor(x, wasm_u32x4_shr(x, 16));
 }
 

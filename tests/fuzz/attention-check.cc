@@ -9,6 +9,9 @@ void check_result(const Problem& p, const std::vector<float>& output, const std:
   const std::vector<double> ref = sdpa::reference_forward(p, weights != nullptr ? &ref_weights : nullptr);
   const int64_t B = p.batch, Hq = p.q_heads, Lq = p.q_len, Lk = p.kv_len, E = p.head_dim, Ev = p.value_dim;
   const int64_t group = Hq / p.kv_heads;
+  // Dropout (attention-check.h): coefficients p_j·z_j >= 0 summing to at most F.
+  const bool dropout = p.dropout_threshold != 0;
+  const double F = dropout ? dropout_factor_exact(p) : 1.0;
 
   // Written exactly where the output's elements are.
   std::vector<bool> is_element(output.size(), false);
@@ -202,9 +205,10 @@ void check_result(const Problem& p, const std::vector<float>& output, const std:
         }
         for (size_t n = 0; n < keys.size(); n++) {
           prob[n] /= sum;
+          const double kept = prob[n] * dropout_z(p, b, h, i, keys[n]);  // p_j·z_j
           const int64_t v_row = b * p.v_stride_b + kvh * p.v_stride_h + keys[n] * p.v_stride_l;
           for (int64_t c = 0; c < Ev; c++) {
-            if (prob[n] != 0.0) col_abs_sum[c] += prob[n] * std::fabs(kv_element(p, p.value, v_row + c));
+            if (kept != 0.0) col_abs_sum[c] += kept * std::fabs(kv_element(p, p.value, v_row + c));
           }
         }
         const bool well_conditioned = !range_limited && err_s <= kWellConditioned;
@@ -222,25 +226,28 @@ void check_result(const Problem& p, const std::vector<float>& output, const std:
 
         for (int64_t c = 0; c < Ev; c++) {
           if (!col_finite[c]) continue;
-          const bool column_range_limited = range_limited || !(count * col_abs_max[c] < kFloatMax / 4);
+          const bool column_range_limited = range_limited || !(count * F * col_abs_max[c] < kFloatMax / 4);
           const double g = got[c];
           // Float32 overflow may also have made every score -Inf: the row then attends nothing.
           if (column_range_limited && (!std::isfinite(g) || g == 0.0)) continue;
           FUZZ_CHECK(p, std::isfinite(g), "row (b%lld h%lld i%lld): output[%lld] = %a is not finite, reference %a",
                      (long long)b, (long long)h, (long long)i, (long long)c, g, want[c]);
           if (well_conditioned && !column_range_limited) {
-            const double allowed = kTolerance * (std::fabs(want[c]) + col_abs_sum[c]) + 4 * err_s * col_abs_max[c] +
-                                   1e-40 * count * col_abs_max[c] + tiny;
+            const double allowed = kTolerance * (std::fabs(want[c]) + col_abs_sum[c]) + 4 * err_s * F * col_abs_max[c] +
+                                   1e-40 * count * F * col_abs_max[c] + F * tiny;
             FUZZ_CHECK(p, std::fabs(g - want[c]) <= allowed,
                        "row (b%lld h%lld i%lld): output[%lld] = %.9g, reference %.9g, |diff| %.3g > allowed %.3g (err_s %.3g)",
                        (long long)b, (long long)h, (long long)i, (long long)c, g, want[c], std::fabs(g - want[c]), allowed,
                        err_s);
           } else {
-            const double slack = (count + 16) * 0x1p-22 * col_abs_max[c] + tiny;
-            FUZZ_CHECK(p, g >= col_min[c] - slack && g <= col_max[c] + slack,
+            const double slack = F * ((count + 16) * 0x1p-22 * col_abs_max[c] + tiny);
+            // With dropout, within [F·min(min, 0), F·max(max, 0)] (attention-check.h).
+            const double lo = dropout ? F * std::min(col_min[c], 0.0) : col_min[c];
+            const double hi = dropout ? F * std::max(col_max[c], 0.0) : col_max[c];
+            FUZZ_CHECK(p, g >= lo - slack && g <= hi + slack,
                        "row (b%lld h%lld i%lld): output[%lld] = %.9g outside [%.9g, %.9g], the values it averages "
                        "(reference %.9g, err_s %.3g)",
-                       (long long)b, (long long)h, (long long)i, (long long)c, g, col_min[c], col_max[c], want[c], err_s);
+                       (long long)b, (long long)h, (long long)i, (long long)c, g, lo, hi, want[c], err_s);
           }
         }
 
@@ -251,8 +258,13 @@ void check_result(const Problem& p, const std::vector<float>& output, const std:
           const int64_t j = keys[n];
           const double w = p.weights[weights_row + j];
           if (range_limited && !std::isfinite(w)) continue;
-          FUZZ_CHECK(p, w >= 0.0 && w <= 1.0 + 1e-6, "row (b%lld h%lld i%lld): weight %lld = %a outside [0, 1]",
-                     (long long)b, (long long)h, (long long)i, (long long)j, w);
+          FUZZ_CHECK(p, w >= 0.0 && w <= F * (1.0 + 1e-6), "row (b%lld h%lld i%lld): weight %lld = %a outside [0, %g]",
+                     (long long)b, (long long)h, (long long)i, (long long)j, w, F);
+          if (dropout && dropout_z(p, b, h, i, j) == 0.0) {  // dropped: exactly 0, however conditioned
+            FUZZ_CHECK(p, w == 0.0, "row (b%lld h%lld i%lld): weight %lld = %a of a dropped key, not 0", (long long)b,
+                       (long long)h, (long long)i, (long long)j, w);
+            continue;
+          }
           if (!well_conditioned) continue;
           const double w_ref = ref_weights[static_cast<size_t>(weights_row + j)];
           const double allowed = (kTolerance + 4 * err_s) * w_ref + 1e-18;

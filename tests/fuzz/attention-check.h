@@ -47,6 +47,17 @@
 // |alibi|), its sum with a float mask (2^-24 of |mask| + |alibi|) and with the score (2^-24 of
 // |alibi|).
 //
+// With dropout (Problem::dropout_threshold > 0), the reference's output and weights are
+// Σ_j p_j·z_ij·v_j and p_j·z_ij, z_ij the factor F = 2^32/(2^32 - threshold) where (b, h, i, j)
+// is kept, else 0 (dropout_z below: src/kernels/dropout.h's scalar definition, drawn for the
+// bounds; the reference draws it from its own copy). Cases 1 to 3 and the log-sum-exp are
+// unchanged (the softmax is the one without dropout: its NaN, its empty rows). In case 4 the
+// output is no longer a convex combination: its coefficients p_j·z_j are >= 0 and sum to at
+// most F, so the bound that replaces the hull is [F·min(min, 0), F·max(max, 0)] (slack times
+// F), the tolerance's Σ_j p_j|v_jc| becomes Σ_j p_j·z_j·|v_jc|, and the terms in err_s, in
+// tiny and in the overflow limits scale with F; weights are in [0, F] (exact zeros where
+// dropped, as the reference's).
+//
 // And every output element is written (the buffers are filled with a sentinel NaN first),
 // and nothing outside the output's elements (padding between rows, heads, batches).
 #pragma once
@@ -63,6 +74,7 @@
 #include <vector>
 
 #include "fuzz-values.h"
+#include "kernels/dropout.h"
 #include "math/f16-f32-cvt-wasmsimd.h"
 #include "reference/sdpa-reference.h"
 #include "sdpa.h"
@@ -76,7 +88,8 @@ inline std::string describe(const Problem& p) {
   char text[1024];
   std::snprintf(text, sizeof text,
                 "B%d Hq%d Hkv%d Lq%d Lk%d E%d Ev%d kv_type=%d scale=%a softcap=%a mask=%d "
-                "mask_strides=[%lld,%lld,%lld,%lld] causal=%d offset=%s%d window=%d key_lengths=%s key_starts=%s sinks=%s alibi=%s weights=%d "
+                "mask_strides=[%lld,%lld,%lld,%lld] causal=%d offset=%s%d window=%d key_lengths=%s key_starts=%s sinks=%s alibi=%s "
+                "dropout=(threshold %u, seed %u, base %d) weights=%d "
                 "in_order=%d q_strides=[%lld,%lld,%lld] k=[%lld,%lld,%lld] v=[%lld,%lld,%lld] o=[%lld,%lld,%lld]",
                 p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len, p.head_dim, p.value_dim,
                 static_cast<int>(p.kv_type), p.scale, p.softcap, static_cast<int>(p.mask_kind),
@@ -85,7 +98,8 @@ inline std::string describe(const Problem& p) {
                 p.causal_offsets != nullptr ? "per-batch, first " : "", p.causal_offsets != nullptr ? p.causal_offsets[0] : p.causal_offset,
                 p.sliding_window,
                 p.key_lengths != nullptr ? "per-batch" : "none", p.key_starts != nullptr ? "per-batch" : "none", p.sinks != nullptr ? "per-head" : "none",
-                p.alibi_slopes == nullptr ? "none" : p.alibi_stride_b != 0 ? "per-batch" : "per-head", p.weights != nullptr, p.read_kv_in_order,
+                p.alibi_slopes == nullptr ? "none" : p.alibi_stride_b != 0 ? "per-batch" : "per-head", p.dropout_threshold,
+                p.dropout_seed, p.dropout_batch_base, p.weights != nullptr, p.read_kv_in_order,
                 static_cast<long long>(p.q_stride_b), static_cast<long long>(p.q_stride_h), static_cast<long long>(p.q_stride_l),
                 static_cast<long long>(p.k_stride_b), static_cast<long long>(p.k_stride_h), static_cast<long long>(p.k_stride_l),
                 static_cast<long long>(p.v_stride_b), static_cast<long long>(p.v_stride_h), static_cast<long long>(p.v_stride_l),
@@ -120,6 +134,20 @@ FUZZ_NO_COVERAGE inline double alibi_at(const Problem& p, int64_t b, int64_t h, 
   if (p.alibi_slopes == nullptr) return 0.0;
   const int64_t offset = p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset;
   return -static_cast<double>(p.alibi_slopes[b * p.alibi_stride_b + h]) * std::fabs(static_cast<double>(i + offset - j));
+}
+
+// Attention dropout's factor F = 2^32 / (2^32 - threshold) in double (the reference's; the kernel
+// multiplies by it rounded to float), 1 without dropout.
+FUZZ_NO_COVERAGE inline double dropout_factor_exact(const Problem& p) {
+  return 4294967296.0 / (4294967296.0 - static_cast<double>(p.dropout_threshold));
+}
+
+// z of (b, h, i, j): 1 without dropout, else F where kept and 0 where dropped, by the scalar
+// definition of src/kernels/dropout.h (dropout_row, dropout_kept).
+FUZZ_NO_COVERAGE inline double dropout_z(const Problem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
+  if (p.dropout_threshold == 0) return 1.0;
+  const uint32_t row = sdpa::dropout_row(p, static_cast<int32_t>(b), static_cast<int32_t>(h), static_cast<int32_t>(i));
+  return sdpa::dropout_kept(p, row, j) ? dropout_factor_exact(p) : 0.0;
 }
 
 FUZZ_NO_COVERAGE inline int64_t mask_at(const Problem& p, int64_t b, int64_t h, int64_t i, int64_t j) {

@@ -53,8 +53,14 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
   }
 
   const sdpa::ReferenceGradients ref = sdpa::reference_backward(bp);
+  // The softmax p (the weights without dropout) and its lse; with dropout, z (dropout_z) and its
+  // factor F multiply the bounds' magnitudes (backward-check.h).
   std::vector<double> weights, ref_lse;
-  sdpa::reference_forward(p, &weights, &ref_lse);
+  Problem softmax_only = p;
+  softmax_only.dropout_threshold = 0;
+  sdpa::reference_forward(softmax_only, &weights, &ref_lse);
+  const bool dropout = p.dropout_threshold != 0;
+  const double F = dropout ? dropout_factor_exact(p) : 1.0;
   const float* key = static_cast<const float*>(p.key);
   const float* value = static_cast<const float*>(p.value);
   const double abs_scale = std::fabs(static_cast<double>(p.scale));
@@ -194,13 +200,15 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
           G += std::fabs(static_cast<double>(go[c])) * v_abs_max[c];
           // The forward's O_c may overflow (a sum of |A| values near FLT_MAX), and D = dO·O
           // with it, even where dO_c = 0 (Inf·0).
-          if (!(static_cast<double>(keys.size()) * v_abs_max[c] < kFloatMax / 16)) clean = false;
+          if (!(static_cast<double>(keys.size()) * F * v_abs_max[c] < kFloatMax / 16)) clean = false;
         }
+        // With dropout dp_j = z_j·(dO·v_j) and D = dO·O are within F·G, dV's terms p·z·dO within F·|dO|.
+        const double GF = F * G;
         // Far from overflow: dp, D (≤ G), ds·k, ds·q before and after the scale.
         double go_abs_max = 0.0;  // dV sums p·dO over the rows
         for (int64_t c = 0; c < Ev; c++) go_abs_max = std::max(go_abs_max, std::fabs(static_cast<double>(go[c])));
-        const double big = std::max({G, go_abs_max, 2 * G * k_abs_max_row, 2 * G * q_abs_max,
-                                     2 * G * abs_scale * std::max(k_abs_max_row, q_abs_max)});
+        const double big = std::max({GF, F * go_abs_max, 2 * GF * k_abs_max_row, 2 * GF * q_abs_max,
+                                     2 * GF * abs_scale * std::max(k_abs_max_row, q_abs_max)});
         if (!(big * static_cast<double>(Lk + group * Lq) < kFloatMax / 16)) clean = false;
 
         // The size of the row's lse, whose float32 ulp is a relative error of every p_j: its
@@ -216,7 +224,8 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
         // (a score moved by err_s moves p_sink by at most 2·err_s·p_sink·(1 - p_sink)); a
         // recomputed sum adds its roundings (the keys', and M, exp and L's few).
         const bool has_sink = sink != -kInf;
-        if (finite_row && (clean || (recomputed && !has_sink))) {
+        // (Not with dropout: Σ_j p_j·z_j is not 1, and depends on the scores.)
+        if (!dropout && finite_row && (clean || (recomputed && !has_sink))) {
           const double computed = 2 * tol + 4 * err_s + 16 * kEps * (1 + std::fabs(lse_size));
           const double summed = static_cast<double>(keys.size() + 16) * 4 * kEps;
           const double row_error = has_sink ? computed + (recomputed ? summed : 0.0) : recomputed ? summed : computed;
@@ -251,19 +260,19 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
         // (a V column of subnormals under dO_c = 1e30: an error of the order of G itself), and
         // every ds = p·(dp - D)·(1 - t²) of the row carries it, times |k| in dQ and |q| in dK.
         double d_abs_error = 0.0;
-        for (int64_t c = 0; c < Ev; c++) d_abs_error += std::fabs(static_cast<double>(go[c])) * static_cast<double>(Lk + 4) * 0x1p-149;
+        for (int64_t c = 0; c < Ev; c++) d_abs_error += std::fabs(static_cast<double>(go[c])) * static_cast<double>(Lk + 4) * 0x1p-149 * F;
         const double tiny = 64 * n_all * 0x1p-149 * std::max(1.0, abs_scale) *
-                            std::max(1.0, G) * std::max({1.0, k_abs_max_row, q_abs_max});
+                            std::max(1.0, GF) * std::max({1.0, k_abs_max_row, q_abs_max});
         // Case 6: this row's term of d_sinks, -p_sink·D: p_sink within rel, D within the
         // forward's O error times |dO| (f covers both), its subnormal error, and tiny.
-        sink_bound[static_cast<size_t>(h)] += p_sink * (f * G + 2 * d_abs_error) + tiny;
-        sink_magnitude[static_cast<size_t>(h)] += p_sink * G;
+        sink_bound[static_cast<size_t>(h)] += p_sink * (f * GF + 2 * d_abs_error) + tiny;
+        sink_magnitude[static_cast<size_t>(h)] += p_sink * GF;
         std::fill(dq_bound.begin(), dq_bound.end(), 0.0);
         for (int64_t j : keys) {
           const size_t key_at = static_cast<size_t>((b * Hkv + kvh) * Lk + j);
           attending[key_at]++;
           key_tiny_factor[key_at] = std::max(key_tiny_factor[key_at], tiny);
-          const double pj = prob[j];
+          const double pj = prob[j], zj = dropout_z(p, b, h, i, j);
           const float* k = key + b * p.k_stride_b + kvh * p.k_stride_h + j * p.k_stride_l;
           // The kernel's exp flushes p < 2^-63.5 to 0 (src/math/f32-vexp-nonpositive-rr1-p5-
           // wasmsimd.h): such a term (bounded by |scale|·p·2G·|k|, p·|dO|) may be dropped.
@@ -271,15 +280,15 @@ void check_backward(const sdpa::BackwardProblem& bp, const std::vector<float>& d
           const double fk = (flushable ? 2.0 : f) + 2 * double_rounding,  // |dp - D| ≤ 2G
                        fv = (flushable ? 1.0 : rel + static_cast<double>(group * Lq) * 2 * kEps) + double_rounding;
           for (int64_t d = 0; d < E; d++) {
-            dq_bound[d] += abs_scale * pj * std::fabs(static_cast<double>(k[d])) * (fk * G + 2 * d_abs_error);
-            dk_bound[key_at * E + d] += abs_scale * pj * std::fabs(static_cast<double>(q[d])) * (fk * G + 2 * d_abs_error);
+            dq_bound[d] += abs_scale * pj * std::fabs(static_cast<double>(k[d])) * (fk * GF + 2 * d_abs_error);
+            dk_bound[key_at * E + d] += abs_scale * pj * std::fabs(static_cast<double>(q[d])) * (fk * GF + 2 * d_abs_error);
           }
-          for (int64_t c = 0; c < Ev; c++) dv_bound[key_at * Ev + c] += fv * pj * std::fabs(static_cast<double>(go[c]));
+          for (int64_t c = 0; c < Ev; c++) dv_bound[key_at * Ev + c] += fv * pj * zj * std::fabs(static_cast<double>(go[c]));
           if (mask_grad) {  // case 5: ds_ij itself
             const size_t m = static_cast<size_t>(mask_at(p, b, h, i, j));
             dm_terms[m]++;
-            dm_bound[m] += pj * (fk * G + 2 * d_abs_error);
-            dm_magnitude[m] += pj * 2 * G;
+            dm_bound[m] += pj * (fk * GF + 2 * d_abs_error);
+            dm_magnitude[m] += pj * 2 * GF;
             dm_tiny[m] = std::max(dm_tiny[m], tiny);
           }
         }

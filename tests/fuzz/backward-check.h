@@ -72,6 +72,14 @@
 //      does; D = dO·O the forward's O error times |dO|), plus the float32 result's rounding. A row
 //      with nothing to attend adds nothing (its O is zero), whatever its dO holds.
 //
+//   7. With dropout (attention-check.h: z_ij = F or 0 from src/kernels/dropout.h's scalar
+//      definition, F = 2^32/(2^32 - threshold)), p_ij above is still the softmax (the reference's
+//      weights without dropout), and the reference differentiates output = Σ_j p_j·z_j·v_j:
+//      dp_j = z_j·(dO·v_j) and D = dO·O are within F·G, so every G above becomes F·G (in ds's
+//      bounds, in tiny, in the limits of case 2), D's subnormal error and |O|'s overflow limit
+//      scale with F, and dV's terms are p_ij·z_ij·|dO_ic|. Case 4 is not checked (Σ_j p_j·z_j is
+//      not 1, and depends on the scores).
+//
 // And every gradient element is written (the buffers hold a sentinel NaN before the call),
 // and nothing else (the padding of the output tensors and of the mask).
 #pragma once

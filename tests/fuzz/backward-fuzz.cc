@@ -13,8 +13,8 @@
 //   options  everything problem-decoding.h decodes (scale, softcap including subnormal and
 //            huge ones, float/bool masks with broadcasts, causal with one or per-batch
 //            offsets including negative and INT32_MIN/MAX, key_lengths including 0), sinks
-//            (with their gradient, d_sinks), and ALiBi slopes (problem-decoding.h, decode_alibi:
-//            from the bytes left after the values);
+//            (with their gradient, d_sinks), ALiBi slopes and attention dropout (problem-decoding.h,
+//            decode_alibi then decode_dropout: from the bytes left after the values);
 //   values   mostly (3 inputs in 4) moderate ordinary values with no special ones: gradients
 //            of huge logits are ill-conditioned and the checker can only skip them; else
 //            fuzz-values.h's styles (NaN, ±Inf, ±1e30, FLT_MAX, subnormals, -0, tiny/huge
@@ -30,7 +30,7 @@
 // thread, the dK/dV + dQ split on 2 and 3 threads unless pairs ≥ 4·threads): the results must
 // be bitwise equal (NaN payloads aside). One input in eight is made invalid (a null pointer,
 // a negative stride, a non-float32 kv_type, too little or no scratch, a bad shape, scale,
-// softcap, key length, sink or ALiBi slope, a d_mask without a float mask, a d_sinks without sinks): backward() and validate_backward()
+// softcap, key length, sink or ALiBi slope, dropout batch base, a d_mask without a float mask, a d_sinks without sinks): backward() and validate_backward()
 // must return the exact Status and write nothing. One valid input in four also checks the
 // packed sequences' backward (tests/fuzz/packed-check.h: each sequence bitwise backward() on it alone).
 #include <fuzzer/FuzzedDataProvider.h>
@@ -119,7 +119,7 @@ FUZZ_NO_COVERAGE void check_same(const Problem& p, const std::vector<float>& a, 
 Status corrupt(FuzzedDataProvider& in, BackwardProblem& bp, Buffers& buf, uint64_t& scratch_size, float*& scratch,
                float* spare_d_mask) {
   Problem& p = bp.forward;
-  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 21;
+  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 22;
   const uint8_t detail = in.ConsumeIntegral<uint8_t>();
   switch (which) {
     case 0: bp.logsumexp = nullptr; return Status::kNullPointer;
@@ -164,6 +164,7 @@ Status corrupt(FuzzedDataProvider& in, BackwardProblem& bp, Buffers& buf, uint64
     case 17: return break_window(p, detail);
     case 18: return break_sink(p, buf, detail);
     case 20: return break_alibi(p, buf, detail);
+    case 21: return break_dropout(p, detail);
     case 19: {  // a sinks' gradient of a problem without sinks
       p.sinks = nullptr;
       bp.d_sinks = spare_d_mask;
@@ -230,6 +231,7 @@ void run(const uint8_t* data, size_t size) {
     x[index % x.size()] = f;
   }
   decode_alibi(in, p, buf);  // from the bytes left (problem-decoding.h)
+  decode_dropout(in, p);     // and then dropout
   fill_padding(buf.query, B, Hq, Lq, E, q, kNaN);
   fill_padding(buf.key, B, Hkv, Lk, E, k, kNaN);
   fill_padding(buf.value, B, Hkv, Lk, Ev, v, kNaN);

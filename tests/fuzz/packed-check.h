@@ -6,7 +6,8 @@
 //
 // The packed problem takes the decoded problem's heads, head sizes, score options (scale,
 // softcap, causal with one offset or one per batch, window, sinks, ALiBi slopes: shared [Hq],
-// or per batch [B, Hq], which are per sequence [S, Hq] here) and values: one sequence per
+// or per batch [B, Hq], which are per sequence [S, Hq] here, dropout: sequence s draws the mask
+// of batch dropout_batch_base + s, which its problem alone gets as its own base) and values: one sequence per
 // batch b, with the first Lq_b query rows and the first Lk_b keys of batch b, Lq_b in [0, Lq]
 // and Lk_b in [0, Lk] drawn from the input (0 included: sequences without rows or keys), copied
 // into packed [T, H, D] tensors of exactly their size (AddressSanitizer sees any read past one).
@@ -79,12 +80,15 @@ inline sdpa::PackedProblem packed_problem(const Problem& p, const Packing& pk) {
   w.scale = p.scale, w.softcap = p.softcap, w.causal = p.causal, w.sliding_window = p.sliding_window;
   w.causal_offset = p.causal_offset, w.causal_offsets = p.causal_offsets, w.sinks = p.sinks;  // [B] = [S]
   w.alibi_slopes = p.alibi_slopes, w.alibi_stride_b = p.alibi_stride_b;  // [B, Hq] = [S, Hq], or [Hq]
+  w.dropout_threshold = p.dropout_threshold, w.dropout_seed = p.dropout_seed;
+  w.dropout_batch_base = p.dropout_batch_base;  // sequence s: base + s, batch s's of p
   pp.sequences = p.batch, pp.q_starts = pk.q_starts.data(), pp.k_starts = pk.k_starts.data();
   return pp;
 }
 
 // Sequence s alone: a problem of batch 1 with dense [1, H, L, D] tensors (the caller's), the
-// packed problem's options and the sequence's own causal offset and ALiBi slopes.
+// packed problem's options and the sequence's own causal offset, ALiBi slopes and dropout batch
+// (the packed base + s).
 inline Problem alone_problem(const Problem& whole, const Problem& p, int32_t s, int32_t Lq, int32_t Lk) {
   Problem one = whole;
   const int32_t Hq = p.q_heads, Hkv = p.kv_heads, E = p.head_dim, Ev = p.value_dim;
@@ -97,6 +101,7 @@ inline Problem alone_problem(const Problem& whole, const Problem& p, int32_t s, 
   one.causal_offset = p.causal_offsets != nullptr ? p.causal_offsets[s] : p.causal_offset;
   if (p.alibi_slopes != nullptr) one.alibi_slopes = p.alibi_slopes + s * p.alibi_stride_b;
   one.alibi_stride_b = 0;
+  one.dropout_batch_base = whole.dropout_batch_base + s;
   one.logsumexp = nullptr;
   return one;
 }

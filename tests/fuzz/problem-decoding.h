@@ -4,9 +4,10 @@
 // fills and NaN padding, the poisoning of K/V rows no query row attends, and the invalid
 // problems (one field broken) both passes must refuse with the same Status. The bytes are
 // consumed in the order sdpa-fuzz.cc always consumed them, so its committed seed corpus
-// decodes to the same problems (ALiBi, decode_alibi, is drawn from the bytes left after the
-// values, so that the seeds keep their shapes, options and values; what is drawn after it, the
-// field an invalid input breaks and the packing, moves; inputs that leave no bytes have no ALiBi).
+// decodes to the same problems (ALiBi, decode_alibi, and then dropout, decode_dropout, are drawn
+// from the bytes left after the values, so that the seeds keep their shapes, options and values;
+// what is drawn after them, the field an invalid input breaks and the packing, moves; inputs that
+// leave no bytes have neither ALiBi nor dropout).
 #pragma once
 
 #include <fuzzer/FuzzedDataProvider.h>
@@ -332,6 +333,29 @@ inline void decode_alibi(FuzzedDataProvider& in, Problem& p, OptionBuffers& buf)
   }
 }
 
+// Attention dropout (Problem::dropout_threshold, dropout_seed, dropout_batch_base), drawn after
+// ALiBi from the bytes left (none when none are left): in about half the problems none
+// (threshold 0, whatever the seed: the bits of no dropout); else a threshold that is small (1 to
+// 2^16: almost nothing dropped, the factor 1.0f), round(q·2^32) for q in 0.1 .. 0.9, about 2^31,
+// near 2^32 - 1 (almost everything dropped, factors up to 2^32) or any; any seed; a batch base 0
+// mostly, else small or the largest validate() takes, INT32_MAX - (B - 1). (A packed check's
+// sequences then draw batch base + s each: packed-check.h.)
+inline void decode_dropout(FuzzedDataProvider& in, Problem& p) {
+  const uint8_t kind = in.ConsumeIntegral<uint8_t>();
+  const uint32_t value = in.ConsumeIntegral<uint32_t>();
+  p.dropout_seed = in.ConsumeIntegral<uint32_t>();
+  const uint8_t base = in.ConsumeIntegral<uint8_t>();
+  if (kind < 112) return;  // threshold 0
+  switch (kind % 5) {
+    case 0: p.dropout_threshold = 1 + value % 65536; break;
+    case 1: p.dropout_threshold = static_cast<uint32_t>(std::lround((1 + value % 9) * 0.1 * 4294967296.0)); break;
+    case 2: p.dropout_threshold = 0x80000000u - 32768u + value % 65536; break;
+    case 3: p.dropout_threshold = 0xFFFFFFFFu - value % 65536; break;
+    default: p.dropout_threshold = value == 0 ? 1 : value; break;
+  }
+  if (base >= 192) p.dropout_batch_base = base >= 248 ? INT32_MAX - (p.batch - 1) : base % 16;
+}
+
 // Invalid problems: one field of a valid Problem broken, `detail` (an input byte) picking the
 // bad value. Each returns the Status validate() and validate_backward() give for it: the
 // fields below are checked the same way by both.
@@ -396,6 +420,18 @@ inline Status break_alibi(Problem& p, OptionBuffers& buf, uint8_t detail) {
   const float bad[] = {kNaN, -0.5f, kInf, 0x1p65f, -kInf, -0x1p-149f, std::nextafter(sdpa::kMaxAlibiSlope, kInf)};
   buf.alibi_slopes[(detail >> 1) % buf.alibi_slopes.size()] = bad[detail % 7];
   return Status::kBadAlibi;
+}
+
+// A dropout_batch_base that is negative (-1 .. -64, or INT32_MIN), or, with B > 1, one past the
+// largest validate() takes (base + B - 1 would pass INT32_MAX); with or without dropout.
+inline Status break_dropout(Problem& p, uint8_t detail) {
+  if ((detail & 0xC0) == 0xC0 && p.batch > 1) {
+    p.dropout_batch_base = INT32_MAX - (p.batch - 2);
+  } else {
+    p.dropout_batch_base = detail & 0x80 ? INT32_MIN : -1 - (detail % 64);
+  }
+  if (detail & 0x20) p.dropout_threshold = 0;
+  return Status::kBadDropout;
 }
 
 // One batch's key length or key start -1 or kv_len + 1 (key_lengths or key_starts made, all

@@ -14,7 +14,9 @@
 //            sinks (none, ordinary, ±1e30, ±FLT_MAX), ALiBi slopes shared or per batch (0,
 //            ALiBi's geometric ones, [0, 1], 2^-20, rarely up to kMaxAlibiSlope; a problem that is
 //            not causal gets an offset for ALiBi's diagonal; decoded from the bytes left after the
-//            values: problem-decoding.h, decode_alibi),
+//            values: problem-decoding.h, decode_alibi), attention dropout (threshold 0 in about
+//            half, small, q·2^32, about 2^31, near 2^32 - 1 or any; any seed; batch base 0, small
+//            or the largest taken; after ALiBi: decode_dropout),
 //            weights, logsumexp, kv_type float32/float16/float16-finite, read_kv_in_order,
 //            a pool of 1 or 2 threads;
 //   values   per tensor, ordinary numbers of a chosen magnitude mixed with NaN, ±Inf, ±1e30,
@@ -31,7 +33,7 @@
 // forward(); and packed sequences (tests/fuzz/packed-check.h: forward_packed() over one sequence
 // per batch of drawn lengths, each sequence bitwise forward() on it alone). One input in eight is turned into an invalid problem (one field broken: a size,
 // a pointer, a stride, the scale, ...), which must return the Status validate() documents and
-// write nothing.
+// write nothing (dropout_batch_base negative, or past INT32_MAX - (B - 1), among them).
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -83,7 +85,7 @@ struct Buffers : OptionBuffers {
 
 // One field of a valid problem broken, and the Status validate() gives for it.
 Status corrupt(FuzzedDataProvider& in, Problem& p, Buffers& buf, uint64_t& scratch_size, float*& scratch) {
-  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 24;
+  const uint8_t which = in.ConsumeIntegral<uint8_t>() % 25;
   const uint8_t detail = in.ConsumeIntegral<uint8_t>();
   int32_t* dims[] = {&p.batch, &p.q_heads, &p.kv_heads, &p.q_len, &p.kv_len, &p.head_dim, &p.value_dim};
   int64_t* strides[] = {&p.q_stride_b, &p.q_stride_h, &p.q_stride_l, &p.k_stride_b,
@@ -113,6 +115,7 @@ Status corrupt(FuzzedDataProvider& in, Problem& p, Buffers& buf, uint64_t& scrat
     case 21: return break_window(p, detail);
     case 22: return break_sink(p, buf, detail);
     case 23: return break_alibi(p, buf, detail);
+    case 24: return break_dropout(p, detail);
     case 18:
       scratch = nullptr;
       return Status::kBadScratch;
@@ -144,7 +147,7 @@ void probe_largest_sizes(Problem p, uint8_t choice) {
   p.o_stride_b = p.o_stride_h = p.o_stride_l = 0;
   p.mask_stride_b = p.mask_stride_h = p.mask_stride_q = p.mask_stride_k = 0;
   p.weights = nullptr, p.logsumexp = nullptr, p.key_lengths = nullptr, p.key_starts = nullptr, p.sinks = nullptr;
-  p.alibi_slopes = nullptr;
+  p.alibi_slopes = nullptr, p.dropout_batch_base = 0;  // B up to kMaxCount: base + B - 1 stays an int32
   p.batch = p.q_heads = p.kv_heads = p.q_len = p.kv_len = 1;
   switch (choice % 4) {
     case 0: p.q_len = kMax; break;                                        // one head's rows
@@ -286,6 +289,7 @@ void run(const uint8_t* data, size_t size) {
     else (tensor == 1 ? buf.key_f[index % buf.key_f.size()] : buf.value_f[index % buf.value_f.size()]) = f;
   }
   decode_alibi(in, p, buf);  // from the bytes left (problem-decoding.h)
+  decode_dropout(in, p);     // and then dropout
   // Padding: NaN.
   fill_padding(buf.query, B, Hq, Lq, E, q, kNaN);
   if (half) {
