@@ -205,6 +205,90 @@ describe('sdpaBackward against the float64 analytic backward', () => {
   });
 });
 
+describe('attention dropout (dropoutP, dropoutSeed): the gradients of output = Σ_j p_j·z_j·v_j, the mask drawn again', () => {
+  const dropout = (p, seed) => ({ dropoutP: p, dropoutSeed: seed });
+  const edges = [1, 7, KEY_TILE - 1, KEY_TILE, KEY_TILE + 1, 2 * KEY_TILE + 3];
+  test.each(edges.flatMap((Lk) => [1, QUERY_TILE, QUERY_TILE + 1, 13].map((Lq) => [Lq, Lk])))(
+    'tile edges: Lq %p, Lk %p (GQA, B 2, Ev ≠ E), causal and not; 1 and 2 threads bitwise; saved the same bits', (Lq, Lk) => {
+      const p = problem({ B: 2, Hq: 4, Hkv: 2, Lq, Lk, E: 8, Ev: 6, seed: 300 + Lq * 1000 + Lk });
+      for (const options of [dropout(0.3, Lq * 1000 + Lk), { ...dropout(0.75, 2 ** 32 - Lk), isCausal: true, causalOffset: Lk - Lq }]) {
+        const got = expectGradientsMatch(attn, p, options);
+        const two = attn2.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+        const forward = attn.sdpa(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+        const saved = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, saved: forward });
+        for (const name of ['dQuery', 'dKey', 'dValue']) {
+          expect(sameBits(two[name].data, got[name].data)).toBe(true);
+          expect(sameBits(saved[name].data, got[name].data)).toBe(true);
+        }
+      }
+    });
+
+  test('with a float mask and its gradient, bool masks, sinks (dSinks), keyLengths and keyStarts, windows, ALiBi, softcap, bshd; 1 and 2 threads bitwise', () => {
+    const sinks = Float32Array.of(-Infinity, 0, 2.5, 30);
+    for (const [Hkv, Lq, Lk] of [[4, 1, 70], [2, 9, 140], [1, 37, 65]]) {
+      const p = problem({ B: 2, Hq: 4, Hkv, Lq, Lk, E: 8, Ev: 6, seed: 320 + Lk });
+      for (const options of [
+        { ...dropout(0.2, 1), attnMask: floatMask([2, 1, Lq, Lk], 321, 0.2), returnMaskGrad: true },
+        { ...dropout(0.5, 2), attnMask: floatMask([Lq, Lk], 322, 0.1), returnMaskGrad: true, sinks, softcap: 4 },
+        { ...dropout(0.4, 3), attnMask: t(Uint8Array.from({ length: Lk }, (_, j) => Number(j % 5 !== 2)), [Lk]), sinks },
+        { ...dropout(0.6, 4), isCausal: true, causalOffset: Int32Array.of(Lk - Lq, -2), slidingWindow: 40, sinks },
+        { ...dropout(0.1, 5), keyLengths: Int32Array.of(Lk, 0), keyStarts: Int32Array.of(3, 0), scale: 0.4 },
+        { ...dropout(0.9, 6), alibiSlopes: Float32Array.of(0.5, 0.25, 0, 0.125), isCausal: true, causalOffset: Lk - Lq, sinks },
+      ]) {
+        const got = expectGradientsMatch(attn, p, options);
+        const two = attn2.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+        for (const name of Object.keys(got)) expect(sameBits(two[name].data, got[name].data)).toBe(true);
+      }
+      const bshd = problem({ B: 2, Hq: 4, Hkv, Lq, Lk, E: 8, Ev: 6, layout: 'bshd', seed: 323 });
+      expectGradientsMatch(attn, bshd, { ...dropout(0.3, 7), sinks, layout: 'bshd', isCausal: true });
+    }
+  });
+
+  test('above the pool threshold (split over the threads): 1 and 2 threads, saved and recomputed, the same bits, within the tolerance', () => {
+    const p = problem({ B: 2, Hq: 4, Hkv: 2, Lq: 200, Lk: 300, E: 32, Ev: 16, seed: 330 });
+    const options = { ...dropout(0.35, 2 ** 31 + 5), isCausal: true, causalOffset: 100, attnMask: floatMask([200, 300], 331, 0.05), returnMaskGrad: true,
+      sinks: Float32Array.of(0, 1, -Infinity, 2) };
+    const got = expectGradientsMatch(attn, p, options);
+    const { returnMaskGrad: _m, ...forwardOptions } = options;
+    const forward = attn2.sdpa(p.query, p.key, p.value, { ...forwardOptions, returnLogSumExp: true });
+    for (const other of [attn2.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options),
+      attn2.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, saved: forward })]) {
+      for (const name of Object.keys(got)) expect(sameBits(other[name].data, got[name].data)).toBe(true);
+    }
+  });
+
+  test('dropoutP 0 (any seed) is no dropout: the bits of the call without; another seed gives other gradients', () => {
+    const p = problem({ B: 2, Hq: 4, Hkv: 2, Lq: 9, Lk: 70, seed: 340 });
+    const base = { isCausal: true, causalOffset: 61, sinks: Float32Array.of(0, 1, -Infinity, 2) };
+    const none = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, base);
+    const zero = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...base, ...dropout(0, 99) });
+    for (const name of Object.keys(none)) expect(sameBits(zero[name].data, none[name].data)).toBe(true);
+    const a = expectGradientsMatch(attn, p, { ...base, ...dropout(0.5, 1) });
+    const b = expectGradientsMatch(attn, p, { ...base, ...dropout(0.5, 2) });
+    expect(sameBits(a.dValue.data, b.dValue.data)).toBe(false);
+    // p = 1 − 2^-33 (threshold 2^32 − 1): every weight dropped, the output 0, so is every gradient.
+    const all = expectGradientsMatch(attn, p, { ...base, ...dropout(1 - 2 ** -33, 3) });
+    for (const name of Object.keys(all)) expect([name, all[name].data.every((x) => x === 0)]).toEqual([name, true]);
+  });
+
+  test('dValue from the forward\'s weights: dV_j = Σ_i weights_ij·dO_i with the dropped weights sdpa() returns', () => {
+    const p = problem({ B: 1, Hq: 2, Hkv: 1, Lq: 13, Lk: 70, E: 8, Ev: 6, seed: 350 });
+    const options = { ...dropout(0.4, 351), isCausal: true, causalOffset: 57 };
+    const { weights } = attn.sdpa(p.query, p.key, p.value, { ...options, returnWeights: true });
+    const got = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    const want = new Float64Array(70 * 6);
+    for (let h = 0; h < 2; h++) {
+      for (let i = 0; i < 13; i++) {
+        for (let j = 0; j < 70; j++) {
+          const w = weights.data[(h * 13 + i) * 70 + j];
+          for (let c = 0; c < 6; c++) want[j * 6 + c] += w * p.gradOutput.data[(h * 13 + i) * 6 + c];
+        }
+      }
+    }
+    expect(maxRelError(got.dValue.data, want)).toBeLessThanOrEqual(TOL);
+  });
+});
+
 describe("the float mask's gradient (options.returnMaskGrad)", () => {
   // The kernel's items are blocks of 64 rows × 256 keys of the mask (kMaskGradRows,
   // kMaskGradKeys in src/tiles.h): Lq and Lk cross a block edge.
@@ -576,6 +660,10 @@ describe('finite differences of the float64 forward', () => {
       { isCausal: true, causalOffset: 1, softcap: 2, scale: 0.7, attnMask: t(Float32Array.of(0, -1, 0.5, -Infinity, 0.25), [5]) }],
     ['key lengths, bool mask, bshd', { B: 2, Hq: 2, Hkv: 2, layout: 'bshd' },
       { keyLengths: Int32Array.of(4, 2), attnMask: t(Uint8Array.of(1, 0, 1, 1, 1), [5]), layout: 'bshd' }],
+    // The mask does not depend on the inputs: the loss stays differentiable through the kept keys.
+    ['dropout 0.4, GQA, causal offset 1, float mask, sinks', { B: 2, Hq: 2, Hkv: 1 },
+      { dropoutP: 0.4, dropoutSeed: 9, isCausal: true, causalOffset: 1, attnMask: t(Float32Array.of(0, -1, 0.5, -Infinity, 0.25), [5]), sinks: Float32Array.of(0.5, -1) }],
+    ['dropout 0.7, softcap 2', { B: 1, Hq: 2, Hkv: 2 }, { dropoutP: 0.7, dropoutSeed: 2 ** 32 - 1, softcap: 2 }],
   ];
   test.each(cases)('%s', (_, shape, options) => {
     const p = problem({ Lq: 3, Lk: 5, E: 3, Ev: 2, seed: 5, ...shape });
@@ -740,6 +828,12 @@ describe('bad input: TypeError or RangeError naming the argument; the instance k
     ['saved.logSumExp a bare Float32Array', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { saved: { output: forward().output, logSumExp: forward().logSumExp.data } }),
       TypeError, /^sdpaBackward: options\.saved\.logSumExp must be a tensor .*, got Float32Array\(6\), a bare array: pass it as \{ data, dims \}$/],
     ['a bad scale', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { scale: NaN }), RangeError, /^sdpaBackward: options\.scale must be a finite number.*, got NaN$/],
+    ['dropoutP 1', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { dropoutP: 1, dropoutSeed: 1 }), RangeError,
+      /^sdpaBackward: options\.dropoutP must be a number in \[0, 1\) .*, got 1$/],
+    ['dropoutP without dropoutSeed', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { dropoutP: 0.5 }), TypeError,
+      /^sdpaBackward: options\.dropoutSeed is required with options\.dropoutP > 0 .*, got undefined$/],
+    ['dropoutSeed 2^32', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { dropoutP: 0.5, dropoutSeed: 2 ** 32 }), RangeError,
+      /^sdpaBackward: options\.dropoutSeed must be an integer in \[0, 2\^32\), got 4294967296$/],
     ['returnLogSumExp not a boolean', () => attn.sdpa(p.query, p.key, p.value, { returnLogSumExp: 1 }), TypeError, /^sdpa: options\.returnLogSumExp must be a boolean, got 1$/],
     ['returnMaskGrad not a boolean', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { returnMaskGrad: 'yes' }), TypeError,
       /^sdpaBackward: options\.returnMaskGrad must be a boolean, got "yes"$/],
@@ -801,6 +895,8 @@ describe('options.saved is checked against the sdpa() call that returned it: a R
       `sinks ${there}none there, \\[0, 1, -Infinity, 2\\] here`],
     ['alibiSlopes', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, alibiSlopes: Float32Array.of(0.5, 0.25, 0, 1) }),
       `alibiSlopes ${there}none there, \\[0\\.5, 0\\.25, 0, 1\\] here`],
+    ['dropout', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, dropoutP: 0.5, dropoutSeed: 7 }),
+      `dropout ${there}none there, dropoutP 0\\.5 .*dropoutSeed 7 here`],
     ['scale', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, scale: 0.25 }), `scale \\(in float32\\) ${there}0\\.30000001192092896 there, 0\\.25 here`],
     ['softcap', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, softcap: 6 }), `softcap \\(in float32\\) ${there}5 there, 6 here`],
     ['keyLengths', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, keyLengths: new Int32Array([70, 63]) }),
@@ -910,6 +1006,35 @@ describe('options.saved is checked against the sdpa() call that returned it: a R
     const f = attn.sdpa(p.query, p.key, p.value, { ...options, sinks: minusInf, returnLogSumExp: true });
     const back = backward(attn, f);
     for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(back[name].data, plain[name].data)).toBe(true);
+  });
+
+  test('dropout: saved from a forward with another seed, another p or none is refused, naming dropout; the same dropout (p in the same 2^-32 step) is accepted', () => {
+    const withDropout = { ...options, dropoutP: 0.25, dropoutSeed: 5 };
+    const f = attn.sdpa(p.query, p.key, p.value, { ...withDropout, returnLogSumExp: true });
+    const recomputed = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, withDropout);
+    const refused = (o, saved, pattern) => {
+      let error;
+      try {
+        backward(attn, saved, p.query, p.key, p.value, o);
+      } catch (e) {
+        error = e;
+      }
+      expect(error?.constructor).toBe(RangeError);
+      expect(error.message).toMatch(new RegExp(`^sdpaBackward: options\\.saved is not this call's forward: dropout ${there}${pattern}`));
+      expect(attn.memory().bytesInUse).toBe(0);
+    };
+    refused({ ...withDropout, dropoutSeed: 6 }, f, 'dropoutP 0\\.25 \\(in 2\\^-32 steps\\), dropoutSeed 5 there, dropoutP 0\\.25 \\(in 2\\^-32 steps\\), dropoutSeed 6 here');
+    refused({ ...withDropout, dropoutP: 0.5 }, f, 'dropoutP 0\\.25 .*dropoutSeed 5 there, dropoutP 0\\.5 .*dropoutSeed 5 here');
+    refused(options, f, 'dropoutP 0\\.25 .*dropoutSeed 5 there, none here');
+    refused(withDropout, forward(), 'none there, dropoutP 0\\.25 .*dropoutSeed 5 here');
+    // dropoutP 0 with a seed is no dropout: a forward without it is its saved.
+    const plain = backward(attn, forward(), p.query, p.key, p.value, { ...options, dropoutP: 0, dropoutSeed: 3 });
+    const none = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(plain[name].data, none[name].data)).toBe(true);
+    // The same threshold: p within half a 2^-32 step of 0.25 is the same dropout.
+    const got = backward(attn, f, p.query, p.key, p.value, { ...withDropout, dropoutP: 0.25 + 2 ** -34 });
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(got[name].data, recomputed[name].data)).toBe(true);
+    expect(sameBits(backward(attn, f, p.query, p.key, p.value, withDropout).dKey.data, recomputed.dKey.data)).toBe(true);
   });
 
   test('through the worker: saved from its forward or from a direct one is checked there, with the direct API message', async () => {

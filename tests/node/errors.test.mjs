@@ -365,6 +365,46 @@ describe('no leaks of wasm memory', () => {
   });
 });
 
+describe('no leaks with attention dropout', () => {
+  test('sdpa (prefill, a decode of 4 MiB of K/V, weights), sdpaBackward (saved and not), KVCache.attend and sdpaVarlen with dropout, and calls refused for their dropout options, leave nothing allocated', () => {
+    const query = q(), key = k(), value = v();
+    const dropout = { dropoutP: 0.3, dropoutSeed: 2 ** 32 - 1 };
+    const dq = randomTensor([2, 8, 1, 64], 60), dk = randomTensor([2, 2, 4200, 64], 61), dv = randomTensor([2, 2, 4200, 64], 62);
+    const go = randomTensor([B, Hq, Lq, Ev], 63);
+    const packedQ = randomTensor([9, 2, 8], 64), packedK = randomTensor([9, 1, 8], 65), packedV = randomTensor([9, 1, 8], 66);
+    const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: 16 });
+    try {
+      cache.append(key, value);
+      const calls = () => {
+        attn.sdpa(query, key, value, { ...dropout, isCausal: true, returnWeights: true, returnLogSumExp: true });
+        attn.sdpa(dq, dk, dv, { ...dropout, keyLengths: Int32Array.of(3000, 4200) });
+        const forward = attn.sdpa(query, key, value, { ...dropout, returnLogSumExp: true });
+        attn.sdpaBackward(query, key, value, go, dropout);
+        attn.sdpaBackward(query, key, value, go, { ...dropout, saved: forward });
+        expect(() => attn.sdpaBackward(query, key, value, go, { ...dropout, dropoutSeed: 1, saved: forward })).toThrow(/dropout differs/);
+        cache.attend(query, { ...dropout, returnWeights: true });
+        attn.sdpaVarlen(packedQ, packedK, packedV, { ...dropout, cuSeqlensQ: Int32Array.of(0, 4, 9), isCausal: true });
+        attn.sdpaVarlenBackward(packedQ, packedK, packedV, packedQ, { ...dropout, cuSeqlensQ: Int32Array.of(0, 4, 9) });
+        expect(() => attn.sdpa(query, key, value, { dropoutP: 0.5 })).toThrow(TypeError);
+        expect(() => attn.sdpa(dq, dk, dv, { dropoutP: 1, dropoutSeed: 1 })).toThrow(RangeError);
+        expect(() => attn.sdpaBackward(query, key, value, go, { dropoutP: 0.5, dropoutSeed: -1 })).toThrow(RangeError);
+        expect(() => cache.attend(query, { dropoutP: 0.5, dropoutSeed: 'x' })).toThrow(TypeError);
+      };
+      calls();  // warm up
+      const before = attn.memory();
+      for (let rep = 0; rep < 10; rep++) calls();
+      const after = attn.memory();
+      expect(after.bytesInUse).toBe(before.bytesInUse);  // the cache's storage alone
+      expect(after.moduleBytesInUse).toBe(before.moduleBytesInUse);
+      expect(after.capacityBytes).toBe(before.capacityBytes);
+    } finally {
+      cache.dispose();
+    }
+    expect(attn.memory().bytesInUse).toBe(0);
+    expectStillWorks();
+  });
+});
+
 describe('no leaks in streamed decoding', () => {
   test('streamed decodes, from a one-thread and a two-thread instance, leave the one-thread heap as it was', async () => {
     // Decodes with K and V of 4 MiB or more are streamed segment by segment on the

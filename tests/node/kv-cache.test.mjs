@@ -183,6 +183,69 @@ describe('token-by-token decoding equals attention over the whole history', () =
     }
   });
 
+  test.each([
+    ['float32', 8, 8], ['float16', 8, 8], ['float32', 8, 2], ['float16', 8, 2],
+  ])("%s cache, dropout (%p query heads on %p KV heads), decode steps and chunks: the reference (float16: on the rounded halves), sdpa() over the concatenated history with the same options, the same dropped weights; one and two threads bitwise", (dtype, Hq, Hkv) => {
+    const B = 2, E = 64, Ev = 40;
+    // Past one 512-key segment (decode splits 513 and more keys); after each append the last
+    // min(n, 5) new positions attend (attend's default offset: length − Lq).
+    const steps = [37, 300, 176, 1, 6];
+    const total = steps.reduce((a, b) => a + b, 0);
+    const k = randomTensor([B, Hkv, total, E], 15), v = randomTensor([B, Hkv, total, Ev], 16);
+    const halves = dtype === 'float16';
+    const kStored = halves ? roundedToHalves(k) : k, vStored = halves ? roundedToHalves(v) : v;
+    const sinks = Float32Array.from({ length: Hq }, (_, h) => [1.5, -Infinity, 0, 3][h % 4]);
+    for (const extra of [{}, { slidingWindow: 64, sinks, attnMask: null }, { isCausal: false, dropoutP: 0.8 }]) {
+      const caches = [attn, attn2].map((instance) => instance.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: total, dtype }));
+      try {
+        let length = 0;
+        for (const [s, n] of steps.entries()) {
+          for (const cache of caches) cache.append(positions(k, length, length + n), positions(v, length, length + n));
+          length += n;
+          const Lq = Math.min(n, 5);
+          const query = randomTensor([B, Hq, Lq, E], 100 + s);
+          // A seed of its own at every step, some above 2^31; a float mask [Lq, length] unless null.
+          const { attnMask: maskGiven, ...rest } = extra;
+          const options = {
+            dropoutP: 0.3, dropoutSeed: (length * 0x9E3779B1) >>> 0, returnWeights: true, returnLogSumExp: true,
+            ...(maskGiven === null ? {} : { attnMask: { data: randn(Lq * length, 200 + s), dims: [Lq, length] } }), ...rest,
+          };
+          const [got, two] = caches.map((cache) => cache.attend(query, options));
+          const sameBits = (a, b) => {
+            const x = bits(a), y = bits(b);
+            return x.length === y.length && x.every((word, i) => word === y[i]);
+          };
+          expect(sameBits(two.output.data, got.output.data)).toBe(true);
+          expect(sameBits(two.weights.data, got.weights.data)).toBe(true);
+          // attend's defaults spelled out: bottom-right causal (none with isCausal: false).
+          const full = { isCausal: true, causalOffset: length - Lq, ...options };
+          if (full.isCausal === false) delete full.causalOffset;
+          const key = positions(kStored, 0, length), value = positions(vStored, 0, length);
+          const ref = referenceSdpa(query, key, value, full);
+          expect(maxRelError(got.output.data, ref.output)).toBeLessThanOrEqual(TOL);
+          expect(maxRelError(got.weights.data, ref.weights)).toBeLessThanOrEqual(TOL);
+          // The log-sum-exp is the softmax's own: the bits of the same attend without dropout.
+          const { dropoutP: _p, dropoutSeed: _s, ...none } = options;
+          expect(sameBits(caches[0].attend(query, none).logSumExp.data, got.logSumExp.data)).toBe(true);
+          // sdpa() over the history as stored, with the same options: the same result and mask.
+          const { returnLogSumExp: _l, ...fullNoLse } = full;
+          const direct = attn.sdpa(query, key, value, fullNoLse);
+          expect(maxRelError(got.output.data, Float64Array.from(direct.output.data))).toBeLessThanOrEqual(TOL);
+          expect(maxRelError(got.weights.data, Float64Array.from(direct.weights.data))).toBeLessThanOrEqual(TOL);
+          let otherMask = 0, drops = 0;
+          got.weights.data.forEach((x, n) => {
+            if ((x === 0) !== (direct.weights.data[n] === 0)) otherMask++;
+            if (x === 0) drops++;
+          });
+          expect(otherMask).toBe(0);
+          expect(drops).toBeGreaterThan(0);
+        }
+      } finally {
+        for (const cache of caches) cache.dispose();
+      }
+    }
+  });
+
   test('one and two threads give bitwise the same outputs, float32 and float16, GQA and MHA, with weights or not', () => {
     // GQA (4 query rows per tile) and MHA (one row per tile: the float16 tiles read in 8
     // streams, float32 in 2), each past 512 keys (split-K segments) and, for the single tokens

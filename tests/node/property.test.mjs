@@ -3,7 +3,8 @@
 //   valid calls     attn.sdpa(): random shapes at the kernel's tile edges, GQA, Lq ≠ Lk, Ev ≠ E,
 //                   ranks 2..4, both layouts, float/bool masks of every broadcast shape,
 //                   isCausal with number and per-batch offsets and sliding windows, keyLengths
-//                   (0 included), keyStarts (Lk included) and sinks (-Infinity to 1e30), fully
+//                   (0 included), keyStarts (Lk included), sinks (-Infinity to 1e30), attention
+//                   dropout (p from 2^-33 to 0.999, and 0, any uint32 seed; not with huge logits), fully
 //                   masked rows (exact zeros), softcap, returnWeights, `out`, NaN written into
 //                   keys no row may attend, and into keys some rows attend (the rows that block
 //                   them must still match the reference), huge logits (convex-combination
@@ -26,7 +27,8 @@
 //                   sdpaVarlen(): random packed sequences (0 to 90 rows and keys each, empty ones
 //                   included), GQA, Ev ≠ E, causal offsets (default, one, per sequence), windows,
 //                   softcap, scale, sinks, logSumExp, against the float64 reference of the whole
-//                   problem with a block-diagonal mask (tests/shared/varlen-cases.mjs); some
+//                   problem with a block-diagonal mask (tests/shared/varlen-cases.mjs; with
+//                   dropout, which draws batch s's mask for sequence s, sequence by sequence); some
 //                   bitwise across thread counts and through the worker; some with
 //                   sdpaVarlenBackward() against the float64 backward.
 //   invalid calls   a valid call with one random mutation (tensor kinds, dims, sizes, every option,
@@ -40,7 +42,7 @@
 // build: SDPA_PROPERTY_SEED=<seed> bash scripts/test-js.sh tests/node/property.test.mjs).
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import { logSumExpError, maxRelError, referenceLogSumExp, referenceSdpa, referenceSdpaBackward } from './reference.mjs';
-import { packedProblem, varlenOracle } from '../shared/varlen-cases.mjs';
+import { packedProblem, varlenOracle, varlenSequenceReference } from '../shared/varlen-cases.mjs';
 import { bitsHash } from '../shared/reference-cases.mjs';
 import {
   blockedPredicate, caseSeed, seedFromEnvironment, describeOptions, halfToFloat, layoutDims, makeRng, maybeOffsetView, mutateCacheOptions, mutateOptions, mutateTensor,
@@ -286,8 +288,11 @@ function randomSdpaCase(r, { maxWork, decode = false } = {}) {
   const q = normalTensor(r, [B, Hq, Lq, E]), k = normalTensor(r, [B, Hkv, Lk, E]), v = normalTensor(r, [B, Hkv, Lk, Ev]);
   let huge = '';
   if (r.chance(0.08)) {
-    // Logits of 1e3..1e5: too ill-conditioned for a 2e-5 comparison, so the bound is checked.
+    // Logits of 1e3..1e5: too ill-conditioned for a 2e-5 comparison, so the bound is checked
+    // (without dropout, whose kept weights are scaled past the convex combination).
     mode = 'bound';
+    delete options.dropoutP;
+    delete options.dropoutSeed;
     if (r.chance(0.5)) {
       options.scale = r.pick([1e3, 1e4, -1e4, 1e5]);
       huge = `huge logits: scale ${options.scale}`;
@@ -806,18 +811,29 @@ function randomVarlenCase(r, { forBackward = false } = {}) {
     options.alibiSlopes = Float32Array.from({ length: r.chance(0.5) ? Hq : S * Hq }, () => r.pick([0, most, most * r.next()]));
     if (!options.isCausal && r.chance(0.5)) options.causalOffset = r.int(-5, 12);
   }
+  if (r.chance(0.25)) {  // dropout: sequence s draws batch s's mask (checked one sequence at a time)
+    options.dropoutP = r.pick([0.1, 0.5, 0.9, r.next()]);
+    options.dropoutSeed = r.u32();
+  }
   if (!forBackward && r.chance(0.5)) options.returnLogSumExp = true;
   const description = `S ${S}, Lq ${qLens.join('/')}, Lk ${p.kLens.join('/')}, Hq ${Hq} Hkv ${Hkv} E ${E} Ev ${Ev}, ` +
     `options ${JSON.stringify(options, (k, v) => (ArrayBuffer.isView(v) ? `${v.constructor.name}[${Array.from(v)}]` : v))}`;
   return { p, options, description };
 }
 
-function checkVarlen(got, c) {
+/** The float64 reference of a packed case: the block-diagonal oracle, or per sequence with dropout. */
+function varlenReference(c, { gradients = false } = {}) {
+  if (c.options.dropoutP) return varlenSequenceReference(c.p, c.options, { gradients });
   const o = varlenOracle(c.p, c.options);
-  const ref = referenceSdpa(o.query, o.key, o.value, o.options);
+  const ref = gradients ? referenceSdpaBackward(o.query, o.key, o.value, o.gradOutput, o.options) : referenceSdpa(o.query, o.key, o.value, o.options);
+  return { ...ref, logSumExp: gradients ? undefined : referenceLogSumExp(o.query, o.key, o.value, o.options) };
+}
+
+function checkVarlen(got, c) {
+  const ref = varlenReference(c);
   expectWithinTolerance(got.output.data, ref.output, 'sdpaVarlen output');
   if (c.options.returnLogSumExp) {
-    const error = logSumExpError(got.logSumExp.data, referenceLogSumExp(o.query, o.key, o.value, o.options));
+    const error = logSumExpError(got.logSumExp.data, ref.logSumExp);
     if (!(error <= TOL)) throw new Error(`sdpaVarlen logSumExp: error ${error} > ${TOL}`);
   } else if (got.logSumExp !== undefined) {
     throw new Error('logSumExp without returnLogSumExp');
@@ -844,6 +860,9 @@ function randomInvalidVarlen(r) {
       [fn, `options.causalOffset must have one offset per sequence (length S = ${S})`]],
     ['an attnMask', args({ ...options, attnMask: { data: new Uint8Array(p.Tq * p.Tk), dims: [p.Tq, p.Tk] } }), TypeError, [fn, 'unknown option "attnMask"']],
     ['layout', args({ ...options, layout: 'bshd' }), TypeError, [fn, 'unknown option "layout"']],
+    ['dropoutP 1', args({ ...options, dropoutP: 1, dropoutSeed: 1 }), RangeError, [fn, 'options.dropoutP must be a number in [0, 1)', 'got 1']],
+    ['dropoutP without dropoutSeed', args({ ...options, dropoutP: 0.5, dropoutSeed: undefined }), TypeError, [fn, 'options.dropoutSeed is required']],
+    ['dropoutSeed 2^32', args({ ...options, dropoutP: 0.5, dropoutSeed: 2 ** 32 }), RangeError, [fn, 'options.dropoutSeed must be an integer in [0, 2^32)']],
     ['the query of rank 4', args(options, { ...p.query, dims: [1, ...p.query.dims] }), RangeError, [fn, 'query.dims must be [Tq, Hq, E] (rank 3']],
     ['a key one row short', args(options, p.query, { data: p.key.data.subarray(p.key.dims[1] * p.key.dims[2]), dims: [p.Tk - 1, ...p.key.dims.slice(1)] }),
       RangeError, [fn]],
@@ -870,8 +889,7 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
       }
       if (backward) {
         const grads = instance.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
-        const o = varlenOracle(p, options);
-        const ref = referenceSdpaBackward(o.query, o.key, o.value, o.gradOutput, o.options);
+        const ref = varlenReference(c, { gradients: true });
         for (const name of ['dQuery', 'dKey', 'dValue', ...(options.sinks ? ['dSinks'] : [])]) {
           const error = maxRelError(grads[name].data, ref[name]);
           if (!(error <= 1e-4)) throw new Error(`sdpaVarlenBackward ${name}: error ${error} > 1e-4`);

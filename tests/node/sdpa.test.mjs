@@ -765,6 +765,277 @@ describe('ALiBi (alibiSlopes)', () => {
   });
 });
 
+describe('attention dropout (dropoutP, dropoutSeed)', () => {
+  // After the softmax, probability (b, h, i, j) is dropped (0) or kept and multiplied by
+  // 2^32/(2^32 − t), t = min(round(dropoutP·2^32), 2^32 − 1), kept iff bits(b, h, i, j) >= t
+  // (js/types.ts, src/kernels/dropout.h). The weights returned are the dropped ones; the
+  // log-sum-exp is the softmax's own.
+  const dropout = (p, seed) => ({ dropoutP: p, dropoutSeed: seed });
+  const thresholdOf = (p) => Math.min(Math.round(p * 2 ** 32), 2 ** 32 - 1);
+  const factorOf = (p) => 2 ** 32 / (2 ** 32 - thresholdOf(p));
+
+  // The mask's bits from the definition, in BigInt arithmetic mod 2^32 (written apart from
+  // reference.mjs's Math.imul version): MurmurHash3's finaliser, chained over seed, b, h, i,
+  // then the key's j·0x9E3779B9.
+  const M32 = (1n << 32n) - 1n;
+  const fmix = (x) => {
+    x ^= x >> 16n;
+    x = (x * 0x85EBCA6Bn) & M32;
+    x ^= x >> 13n;
+    x = (x * 0xC2B2AE35n) & M32;
+    return x ^ (x >> 16n);
+  };
+  const bitsOfKey = (seed, b, h, i, j) => {
+    let x = fmix(BigInt(seed));
+    for (const n of [b, h, i]) x = fmix((x + BigInt(n)) & M32);
+    return Number(fmix((x + BigInt(j) * 0x9E3779B9n) & M32));
+  };
+
+  /** lse against the reference, and bitwise the lse of the same call without dropout. */
+  function expectLogSumExp(got, q, k, v, options) {
+    expect(logSumExpError(got.logSumExp.data, referenceLogSumExp(q, k, v, options))).toBeLessThanOrEqual(TOL);
+    const { dropoutP: _p, dropoutSeed: _s, ...none } = options;
+    expectBitwiseEqual(got.logSumExp.data, attn.sdpa(q, k, v, { ...none, returnLogSumExp: true }).logSumExp.data);
+  }
+
+  test('tile edges (Lq 1, 4, 5, 37 × Lk 1, 7, 8, 9, 511, 512, 513, 1031), GQA, B 2, Ev ≠ E, causal and not: output, weights and logSumExp against the reference', () => {
+    let seed = 900;
+    for (const Lq of [1, 4, 5, 37]) {
+      for (const Lk of [1, 7, 8, 9, 511, 512, 513, 1031]) {
+        const { q, k, v } = problem({ B: 2, Hq: 4, Hkv: 2, Lq, Lk, E: 5, Ev: 9 }, seed++);
+        for (const options of [
+          { ...dropout(0.3, seed), returnWeights: true, returnLogSumExp: true },
+          { ...dropout(0.7, 2 ** 32 - seed), isCausal: true, causalOffset: Lk - Lq, returnWeights: true, returnLogSumExp: true },
+        ]) {
+          const { got } = check(q, k, v, options);
+          expectLogSumExp(got, q, k, v, options);
+        }
+        // Without weights or lse (the output alone): the bits of the call with them.
+        const options = { ...dropout(0.3, seed) };
+        expectBitwiseEqual(check(q, k, v, options).got.output.data, attn.sdpa(q, k, v, { ...options, returnWeights: true }).output.data);
+      }
+    }
+  });
+
+  test('with every other option: float and bool masks of broadcast shapes, keyLengths and keyStarts, causal offsets per batch, sliding window, sinks, ALiBi, softcap, scale, Lq ≠ Lk, bshd', () => {
+    const B = 2, Hq = 4, Hkv = 2, E = 16, Ev = 8;
+    let seed = 950;
+    for (const [Lq, Lk] of [[5, 600], [37, 70], [70, 37]]) {
+      const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E, Ev }, seed++);
+      const sinks = Float32Array.from({ length: Hq }, (_, h) => [-Infinity, 0, 2.5, -3][h]);
+      const slopes = Float32Array.from({ length: B * Hq }, (_, n) => (n % 3) / Lk);
+      const all = { returnWeights: true, returnLogSumExp: true };
+      for (const options of [
+        { ...dropout(0.25, 1), attnMask: floatMask([Lq, Lk], seed), ...all },
+        { ...dropout(0.25, 2), attnMask: boolMask([B, 1, Lq, Lk], seed), ...all },
+        { ...dropout(0.5, 3), attnMask: floatMask([B, Hq, 1, Lk], seed), softcap: 3, scale: 0.6, ...all },
+        { ...dropout(0.5, 4), attnMask: boolMask([Hq, Lq, 1], seed, 0.8), ...all },
+        { ...dropout(0.1, 5), keyLengths: Int32Array.of(Lk, Math.min(Lk, 9)), keyStarts: Int32Array.of(Math.min(3, Lk), 0), ...all },
+        { ...dropout(0.4, 6), isCausal: true, causalOffset: Int32Array.of(Lk - Lq, -2), ...all },
+        { ...dropout(0.4, 7), isCausal: true, causalOffset: Lk - Lq, slidingWindow: 9, sinks, ...all },
+        { ...dropout(0.9, 8), alibiSlopes: slopes, causalOffset: Lk - Lq, sinks, ...all },
+        { ...dropout(0.2, 9), alibiSlopes: slopes.subarray(0, Hq), isCausal: true, attnMask: floatMask([Lq, Lk], seed + 1), softcap: 5, ...all },
+      ]) {
+        const { got } = check(q, k, v, options);
+        expectLogSumExp(got, q, k, v, options);
+        // The same problem in the 'bshd' layout: the same mask (its indices are the problem's,
+        // not the memory's), against the reference in that layout.
+        const [qs, ks, vs] = [swap12(q), swap12(k), swap12(v)];
+        const bshd = check(qs, ks, vs, { ...options, layout: 'bshd' }).got;
+        expectBitwiseEqual(bshd.weights.data, got.weights.data);
+        expectSameResult(swap12(bshd.output).data, got.output.data);
+      }
+    }
+  });
+
+  test('decode: Lq 1 against 4200 and 9000 keys (K + V of 4 MiB and more: streamed without dropout), Lq 3 against 1500 (GQA rows packed in a tile): the reference, one and two threads, bhsd and bshd, bitwise', async () => {
+    const two = await createAttention({ threads: 2 });
+    try {
+      for (const [shape, seed] of [
+        [{ B: 2, Hq: 8, Hkv: 2, Lq: 1, Lk: 4200, E: 64, Ev: 48 }, 970],
+        [{ B: 1, Hq: 4, Hkv: 4, Lq: 1, Lk: 9000, E: 64, Ev: 64 }, 971],
+        [{ B: 2, Hq: 8, Hkv: 1, Lq: 3, Lk: 1500, E: 32, Ev: 32 }, 972],
+      ]) {
+        const { q, k, v } = problem(shape, seed);
+        const { B, Hq, Lq, Lk } = shape;
+        if (Lq === 1) expect((k.data.byteLength + v.data.byteLength) / 2 ** 20).toBeGreaterThanOrEqual(4);
+        for (const options of [
+          dropout(0.3, seed),
+          { ...dropout(0.6, 2 ** 31 + seed), keyLengths: Int32Array.from({ length: B }, (_, b) => Lk - 700 * b), isCausal: true,
+            causalOffset: Int32Array.from({ length: B }, (_, b) => Lk - Lq - 1000 * b), slidingWindow: 1300 },
+          { ...dropout(0.1, 3), keyStarts: Int32Array.from({ length: B }, (_, b) => 511 + b), attnMask: floatMask([1, Hq, Lq, Lk], seed),
+            sinks: Float32Array.from({ length: Hq }, (_, h) => h - 3), softcap: 4 },
+        ]) {
+          const { got } = check(q, k, v, options);
+          expect(allFinite(got.output.data)).toBe(true);
+          expectBitwiseEqual(two.sdpa(q, k, v, options).output.data, got.output.data);
+          const bshd = attn.sdpa(swap12(q), swap12(k), swap12(v), { ...options, layout: 'bshd' });
+          expectBitwiseEqual(swap12(bshd.output).data, got.output.data);
+          // The weights (written after the segments are merged): the same output bits. (The log-sum-exp
+          // only for the smallest K/V: returnLogSumExp hashes the inputs for `saved`, slow under Jest.)
+          const small = k.data.length < 2 ** 20;
+          const weighted = check(q, k, v, { ...options, returnWeights: true, ...(small ? { returnLogSumExp: true } : {}) }).got;
+          expectBitwiseEqual(weighted.output.data, got.output.data);
+          if (small) expectLogSumExp(weighted, q, k, v, options);
+        }
+      }
+    } finally {
+      two.dispose();
+    }
+  });
+
+  test('threads 1, 2 and 3 give bitwise the same outputs and weights (above the pool threshold, and the one-thread streamed prefill size), all matching the reference', async () => {
+    const instances = await Promise.all([1, 2, 3].map((threads) => createAttention({ threads })));
+    try {
+      const cases = [
+        [{ B: 2, Hq: 1, Lq: 300, Lk: 300, E: 16, Ev: 8 }, { isCausal: true, returnWeights: true }],
+        [{ B: 2, Hq: 6, Hkv: 2, Lq: 70, Lk: 450, E: 9, Ev: 5 }, { attnMask: floatMask([70, 450], 980), keyLengths: new Int32Array([450, 300]) }],
+        [{ B: 3, Hq: 2, Hkv: 1, Lq: 129, Lk: 257, E: 32, Ev: 32 }, { isCausal: true, causalOffset: new Int32Array([-5, 128, 0]), softcap: 6, returnLogSumExp: true }],
+        // 2 MiB of Q, K, V on one thread, a pair within 1 MiB: streamed one (batch, KV head) at a time without dropout.
+        [{ B: 2, Hq: 4, Hkv: 2, Lq: 700, Lk: 700, E: 64, Ev: 48 }, { isCausal: true, sinks: Float32Array.of(1, -1, 0, 2) }],
+      ];
+      for (const [n, [dims, options]] of cases.entries()) {
+        const { q, k, v } = problem(dims, 981 + n);
+        const withDropout = { ...options, ...dropout(0.35, 981 + n) };
+        const results = instances.map((instance) => instance.sdpa(q, k, v, withDropout));
+        const ref = referenceSdpa(q, k, v, withDropout);
+        expect(maxRelError(results[0].output.data, ref.output)).toBeLessThanOrEqual(TOL);
+        if (options.returnWeights) expect(maxRelError(results[0].weights.data, ref.weights)).toBeLessThanOrEqual(TOL);
+        for (const r of results.slice(1)) {
+          expectBitwiseEqual(r.output.data, results[0].output.data);
+          if (options.returnWeights) expectBitwiseEqual(r.weights.data, results[0].weights.data);
+          if (options.returnLogSumExp) expectBitwiseEqual(r.logSumExp.data, results[0].logSumExp.data);
+        }
+      }
+    } finally {
+      for (const instance of instances) instance.dispose();
+    }
+  });
+
+  test('dropoutP 0 (any seed, or none), -0, and a p that rounds to 0 (below 2^-33) are no dropout: the bits of the call without; the seed is then not needed', () => {
+    const { q, k, v } = problem({ B: 2, Hq: 4, Hkv: 2, Lq: 9, Lk: 600, E: 16 }, 990);
+    for (const base of [{}, { isCausal: true, attnMask: floatMask([9, 600], 991), sinks: Float32Array.of(0, 1, -Infinity, 2) }]) {
+      const all = { ...base, returnWeights: true, returnLogSumExp: true };
+      const none = attn.sdpa(q, k, v, all);
+      for (const extra of [{ dropoutP: 0 }, dropout(0, 12345), dropout(0, 2 ** 32 - 1), { dropoutP: -0 }, { dropoutSeed: 7 },
+        { dropoutP: 2 ** -34 }, dropout(1e-12, 3)]) {
+        const got = attn.sdpa(q, k, v, { ...all, ...extra });
+        expectBitwiseEqual(got.output.data, none.output.data);
+        expectBitwiseEqual(got.weights.data, none.weights.data);
+        expectBitwiseEqual(got.logSumExp.data, none.logSumExp.data);
+      }
+      // The smallest p that does not round to 0: threshold 1, a mask (and the seed) needed.
+      expect(() => attn.sdpa(q, k, v, { ...all, dropoutP: 2 ** -33 })).toThrow(TypeError);
+      const smallest = check(q, k, v, { ...all, ...dropout(2 ** -33, 5) }).got;
+      expectBitwiseEqual(smallest.logSumExp.data, none.logSumExp.data);
+    }
+  });
+
+  test('the mask is the documented hash of (seed, b, h, i, j): a weight is 0 exactly where bits < t, else the softmax times 2^32/(2^32 − t); kept at bits = t', () => {
+    const B = 2, Hq = 3, Hkv = 1, Lq = 5, Lk = 70;
+    const { q, k, v } = problem({ B, Hq, Hkv, Lq, Lk, E: 8, Ev: 4 }, 1000);
+    const softmax = attn.sdpa(q, k, v, { returnWeights: true }).weights.data;
+    expect(softmax.every((w) => w > 0)).toBe(true);  // no weight underflows: each 0 below is a drop
+    const expectMask = (p, seed) => {
+      const got = attn.sdpa(q, k, v, { ...dropout(p, seed), returnWeights: true }).weights.data;
+      const t = thresholdOf(p), factor = factorOf(p);
+      let kept = 0, wrong = 0, off = 0;
+      for (let b = 0; b < B; b++) {
+        for (let h = 0; h < Hq; h++) {
+          for (let i = 0; i < Lq; i++) {
+            for (let j = 0; j < Lk; j++) {
+              const n = ((b * Hq + h) * Lq + i) * Lk + j;
+              if (bitsOfKey(seed, b, h, i, j) >= t) {
+                kept++;
+                const want = softmax[n] * factor;
+                if (!(Math.abs(got[n] - want) <= 1e-6 * want)) off++;
+              } else if (!Object.is(got[n], 0)) {
+                wrong++;
+              }
+            }
+          }
+        }
+      }
+      expect([p, seed, wrong, off]).toEqual([p, seed, 0, 0]);
+      return { got, kept };
+    };
+    for (const seed of [0, 1, 12345, 2 ** 31, 2 ** 32 - 1]) {
+      for (const p of [2 ** -33, 0.05, 0.5, 0.9, 1 - 2 ** -33]) expectMask(p, seed);
+    }
+    // p = 1 − 2^-33: t = 2^32 − 1, a key kept only where its bits are all ones; the rows where
+    // every key is dropped are exact zeros.
+    const { got, kept } = expectMask(1 - 2 ** -33, 77);
+    expect(kept).toBe(0);
+    expect(allExactZeros(got)).toBe(true);
+    expect(allExactZeros(attn.sdpa(q, k, v, dropout(1 - 2 ** -33, 77)).output.data)).toBe(true);
+    // The boundary: with t equal to a key's bits it is kept, with t one more dropped.
+    const X = bitsOfKey(9, 1, 2, 3, 45);
+    const n = ((1 * Hq + 2) * Lq + 3) * Lk + 45;
+    const at = (p) => attn.sdpa(q, k, v, { ...dropout(p, 9), returnWeights: true }).weights.data[n];
+    expect(at(X / 2 ** 32)).toBeGreaterThan(softmax[n]);
+    expect(Object.is(at((X + 1) / 2 ** 32), 0)).toBe(true);
+  });
+
+  test('kept fraction ≈ 1 − p (within 5σ), masks differ between seeds, heads, batches and rows; the output is the returned weights times V', () => {
+    const B = 2, Hq = 4, Lq = 64, Lk = 512, E = 8, Ev = 6;
+    const { q, k, v } = problem({ B, Hq, Lq, Lk, E, Ev }, 1010);
+    const softmax = attn.sdpa(q, k, v, { returnWeights: true }).weights.data;
+    const n = softmax.length;
+    expect(softmax.every((w) => w > 0)).toBe(true);
+    for (const p of [0.1, 0.5, 0.9]) {
+      const masks = [11, 12].map((seed) => attn.sdpa(q, k, v, { ...dropout(p, seed), returnWeights: true }));
+      for (const { weights } of masks) {
+        const kept = weights.data.reduce((count, w) => count + (w > 0 ? 1 : 0), 0);
+        const sigma = Math.sqrt(n * p * (1 - p));
+        expect(Math.abs(kept - n * (1 - p))).toBeLessThanOrEqual(5 * sigma);
+      }
+      // Another seed: another mask (about 2p(1 − p)·n keys differ).
+      let differ = 0;
+      for (let m = 0; m < n; m++) if ((masks[0].weights.data[m] > 0) !== (masks[1].weights.data[m] > 0)) differ++;
+      expect(Math.abs(differ - 2 * p * (1 - p) * n)).toBeLessThanOrEqual(5 * Math.sqrt(n));
+      // Every row its own mask: no two (b, h, i) rows of 512 keys the same.
+      const rows = new Set();
+      for (let r = 0; r < B * Hq * Lq; r++) {
+        rows.add(Array.from(masks[0].weights.data.subarray(r * Lk, (r + 1) * Lk), (w) => (w > 0 ? 1 : 0)).join(''));
+      }
+      expect(rows.size).toBe(B * Hq * Lq);
+      // output row = Σ_j weights_j · v_j, in float64 from the returned (float32) weights.
+      const { output, weights } = masks[0];
+      let worst = 0;
+      for (let r = 0; r < B * Hq * Lq; r++) {
+        const b = Math.floor(r / (Hq * Lq)), h = Math.floor(r / Lq) % Hq;
+        for (let c = 0; c < Ev; c++) {
+          let sum = 0;
+          for (let j = 0; j < Lk; j++) sum += weights.data[r * Lk + j] * v.data[((b * Hq + h) * Lk + j) * Ev + c];
+          worst = Math.max(worst, Math.abs(output.data[r * Ev + c] - sum) / (1 + Math.abs(sum)));
+        }
+      }
+      expect(worst).toBeLessThanOrEqual(TOL);
+      // The same call again: the same bits (the mask is a function of the seed alone).
+      expectBitwiseEqual(attn.sdpa(q, k, v, { ...dropout(p, 11), returnWeights: true }).weights.data, masks[0].weights.data);
+    }
+  });
+
+  test('the mean over many seeds approaches the output without dropout (the expectation of each weight is the softmax)', () => {
+    const { q, k, v } = problem({ B: 1, Hq: 2, Lq: 4, Lk: 16, E: 8, Ev: 8 }, 1020);
+    const plain = attn.sdpa(q, k, v).output.data;
+    const N = 3000, p = 0.5;
+    const sum = new Float64Array(plain.length), squares = new Float64Array(plain.length);
+    for (let seed = 0; seed < N; seed++) {
+      const out = attn.sdpa(q, k, v, dropout(p, seed * 7919 + 1)).output.data;
+      for (let n = 0; n < out.length; n++) {
+        sum[n] += out[n];
+        squares[n] += out[n] * out[n];
+      }
+    }
+    for (let n = 0; n < plain.length; n++) {
+      const mean = sum[n] / N, sd = Math.sqrt(Math.max(squares[n] / N - mean * mean, 0));
+      expect(sd).toBeGreaterThan(0);  // dropout did change the outputs
+      expect(Math.abs(mean - plain[n])).toBeLessThanOrEqual(5 * sd / Math.sqrt(N) + 1e-6);
+    }
+  });
+});
+
 describe('keyLengths', () => {
   test('lengths 0, 1, 32, 33, Lk with NaN written into the padded keys of K and V', () => {
     const B = 5, Hq = 4, Hkv = 2, Lq = 7, Lk = 70, E = 10, Ev = 6;

@@ -13,7 +13,7 @@ import {
   logSumExpError, maxRelError, randomTensor, referenceLogSumExp, referenceSdpa, referenceSdpaBackward,
 } from './reference.mjs';
 import {
-  packedProblem, runVarlenCases, sequenceOffset, VARLEN_CASES, varlenErrorCases, varlenOracle,
+  packedProblem, runVarlenCases, sequenceOffset, VARLEN_CASES, varlenErrorCases, varlenOracle, varlenSequenceReference,
 } from '../shared/varlen-cases.mjs';
 
 const TOL = 2e-5;           // the forward's, as for sdpa()
@@ -238,6 +238,143 @@ describe('sdpaVarlenBackward against the float64 reference', () => {
     expect(() => attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput,
       { cuSeqlensQ: Int32Array.of(0, p.Tq), saved: { output: { ...dense.output, dims: [p.Tq, 2, p.Ev] }, logSumExp: { ...dense.logSumExp, dims: [2, p.Tq] } } }))
       .toThrow(/the forward call differs from the sdpa\(\) call that returned options\.saved: sdpa\(\) there, sdpaVarlen\(\) here/);
+  });
+});
+
+describe('attention dropout: sequence s draws the mask of batch s in its own positions (i, j)', () => {
+  const rows = (t, from, n) => ({ data: t.data.subarray(from * t.dims[1] * t.dims[2], (from + n) * t.dims[1] * t.dims[2]),
+    dims: [n, t.dims[1], t.dims[2]] });
+
+  /** Forward with dropout against the per-sequence reference; lse the bits of no dropout; 2 threads bitwise; sdpa() as batch s. */
+  function expectDropoutForward(p, extra) {
+    const options = { cuSeqlensQ: p.cuSeqlensQ, cuSeqlensK: p.cuSeqlensK, ...extra, returnLogSumExp: true };
+    const got = attn.sdpaVarlen(p.query, p.key, p.value, options);
+    const ref = varlenSequenceReference(p, options);
+    expect(maxRelError(got.output.data, ref.output)).toBeLessThanOrEqual(TOL);
+    expect(logSumExpError(got.logSumExp.data, ref.logSumExp)).toBeLessThanOrEqual(TOL);
+    const { dropoutP: _p, dropoutSeed: _s, ...none } = options;
+    expect(sameBits(attn.sdpaVarlen(p.query, p.key, p.value, none).logSumExp.data, got.logSumExp.data)).toBe(true);
+    const two = attn2.sdpaVarlen(p.query, p.key, p.value, options);
+    expect(sameBits(two.output.data, got.output.data)).toBe(true);
+    expect(sameBits(two.logSumExp.data, got.logSumExp.data)).toBe(true);
+    // Sequence s: the bits of batch s of sdpa() on s + 1 copies of it (its dropout mask is batch s's).
+    const { cuSeqlensQ: _q, cuSeqlensK: _k, causalOffset, returnLogSumExp: _l, alibiSlopes, ...score } = options;
+    for (let s = 0; s < Math.min(p.qLens.length, 4); s++) {
+      const Lq = p.qLens[s], Lk = p.kLens[s];
+      if (Lq === 0 || Lk === 0) continue;
+      const copies = (t, from, n) => {
+        const one = rows(t, from, n).data;
+        const data = new Float32Array(one.length * (s + 1));
+        for (let b = 0; b <= s; b++) data.set(one, b * one.length);
+        return { data, dims: [s + 1, n, t.dims[1], t.dims[2]] };
+      };
+      const offset = sequenceOffset(p, causalOffset, s);
+      const slopes = alibiSlopes === undefined ? {}
+        : { alibiSlopes: alibiSlopes.length === p.Hq ? alibiSlopes : alibiSlopes.subarray(s * p.Hq, (s + 1) * p.Hq) };
+      const batched = attn.sdpa(copies(p.query, p.cuSeqlensQ[s], Lq), copies(p.key, p.cuSeqlensK[s], Lk), copies(p.value, p.cuSeqlensK[s], Lk),
+        { ...score, ...slopes, layout: 'bshd', ...(score.isCausal || alibiSlopes ? { causalOffset: offset } : {}) });
+      const n = Lq * p.Hq * p.Ev;
+      const mine = got.output.data.subarray(p.cuSeqlensQ[s] * p.Hq * p.Ev, p.cuSeqlensQ[s] * p.Hq * p.Ev + n);
+      expect(sameBits(batched.output.data.subarray(s * n, (s + 1) * n), mine)).toBe(true);
+    }
+    return got;
+  }
+
+  /** Backward with dropout against the per-sequence reference; 2 threads and saved bitwise. */
+  function expectDropoutGradients(p, extra) {
+    const options = { cuSeqlensQ: p.cuSeqlensQ, cuSeqlensK: p.cuSeqlensK, ...extra };
+    const got = attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
+    const ref = varlenSequenceReference(p, options, { gradients: true });
+    for (const name of ['dQuery', 'dKey', 'dValue', ...(extra.sinks ? ['dSinks'] : [])]) {
+      expect([name, maxRelError(got[name].data, ref[name]) <= GRAD_TOL]).toEqual([name, true]);
+    }
+    const two = attn2.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
+    const forward = attn2.sdpaVarlen(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+    const saved = attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, { ...options, saved: forward });
+    for (const name of Object.keys(got)) {
+      expect(sameBits(two[name].data, got[name].data)).toBe(true);
+      expect(sameBits(saved[name].data, got[name].data)).toBe(true);
+    }
+    return got;
+  }
+
+  const sinks = Float32Array.of(-Infinity, 0, 2.5, 30);
+  test.each([
+    ['tile edges', { qLens: [1, 3, KEY_TILE - 1, 0, KEY_TILE, 5, KEY_TILE + 1, 17] }, { dropoutP: 0.3, dropoutSeed: 1 }],
+    ['GQA, Ev != E, causal, primes', { Hq: 4, Hkv: 2, E: 16, Ev: 24, qLens: [31, 1, 2, 97], seed: 2 }, { dropoutP: 0.5, dropoutSeed: 2 ** 32 - 1, isCausal: true }],
+    ['Lq != Lk, sequences without rows or keys, offsets per sequence, a window, sinks', { Hq: 4, Hkv: 1, E: 5, Ev: 7, qLens: [1, 7, 0, 4, 13],
+      kLens: [29, 0, 3, KEY_TILE + 3, 13], seed: 3 }, { dropoutP: 0.2, dropoutSeed: 3, isCausal: true, causalOffset: Int32Array.of(28, 0, 0, 600, -2),
+      slidingWindow: 9, sinks, softcap: 4 }],
+    ['ALiBi [S, Hq] not causal, scale', { Hq: 2, Hkv: 1, qLens: [5, 9, 1, 40], kLens: [7, 9, 60, 40], seed: 4 },
+      { dropoutP: 0.9, dropoutSeed: 4, alibiSlopes: Float32Array.of(0.5, 0, 0.25, 0.125, 0.01, 1, 0.1, 0.2), scale: 0.4 }],
+  ])('sdpaVarlen, %s: the per-sequence reference, lse of no dropout, 2 threads, sequence s as sdpa()\'s batch s', (_, shape, options) => {
+    const got = expectDropoutForward(packed(shape), options);
+    expect(got.output.data.every(Number.isFinite)).toBe(true);
+  });
+
+  test.each([
+    ['tile edges', { qLens: [1, 3, BACKWARD_TILE - 1, 0, BACKWARD_TILE, 5, BACKWARD_TILE + 1, 17] }, { dropoutP: 0.3, dropoutSeed: 5 }],
+    ['GQA, Ev != E, causal', { Hq: 4, Hkv: 2, E: 16, Ev: 24, qLens: [31, 1, 2, 97], seed: 2 }, { dropoutP: 0.6, dropoutSeed: 2 ** 31, isCausal: true }],
+    ['Lq != Lk, empty sequences, window, softcap, sinks, ALiBi', { Hq: 4, Hkv: 1, E: 5, Ev: 7, qLens: [1, 7, 0, 4, 13],
+      kLens: [29, 0, 3, 70, 13], seed: 3 }, { dropoutP: 0.25, dropoutSeed: 6, isCausal: true, slidingWindow: 9, softcap: 4, sinks,
+      alibiSlopes: Float32Array.of(0.5, 0.25, 0, 0.125) }],
+    ['long beside short', { Hq: 4, Hkv: 2, E: 16, qLens: [3, 700, 1, 650], seed: 4 }, { dropoutP: 0.1, dropoutSeed: 7, isCausal: true, sinks }],
+  ])('sdpaVarlenBackward, %s: the per-sequence reference; 2 threads and saved bitwise', (_, shape, options) => {
+    expectDropoutGradients(packed(shape), options);
+  });
+
+  test('a large batch on one thread runs in chunks of sequences (each chunk placed in the batches by its first sequence): the bits of the whole copy on two threads, the per-sequence reference', () => {
+    const short = Array.from({ length: 40 }, (_, s) => 7 + ((s * 13) % 23));
+    const qLens = [600, 0, 5, ...short, 900, 0, 0], kLens = [600, 3, 0, ...short, 900, 0, 0];
+    const p = packed({ Hq: 4, Hkv: 2, E: 32, qLens, kLens, seed: 41 });
+    // js/varlen.ts: chunked from 2 MiB of Q, K, V on one thread, chunks of at most 1 MiB (the
+    // 900-row sequence, 1.4 MB, is one alone): several chunks, most starting past sequence 0.
+    expect(p.query.data.byteLength + p.key.data.byteLength + p.value.data.byteLength).toBeGreaterThanOrEqual(2 * 2 ** 20);
+    const options = { cuSeqlensQ: p.cuSeqlensQ, cuSeqlensK: p.cuSeqlensK, isCausal: true, returnLogSumExp: true,
+      sinks: Float32Array.of(0, -Infinity, 1, 2), dropoutP: 0.4, dropoutSeed: 77 };
+    const one = attn.sdpaVarlen(p.query, p.key, p.value, options);
+    const two = attn2.sdpaVarlen(p.query, p.key, p.value, options);
+    expect(sameBits(one.output.data, two.output.data)).toBe(true);
+    expect(sameBits(one.logSumExp.data, two.logSumExp.data)).toBe(true);
+    const { dropoutP: _p, dropoutSeed: _s, ...none } = options;
+    expect(sameBits(attn.sdpaVarlen(p.query, p.key, p.value, none).logSumExp.data, one.logSumExp.data)).toBe(true);
+    // Against the reference, sequence by sequence (the 900-row one too: the last chunk's).
+    const picked = [0, 2, 3, 10, 21, 42, 43, 44];
+    const sub = { ...p, qLens: p.qLens.map((n, s) => (picked.includes(s) ? n : 0)) };
+    const ref = varlenSequenceReference(sub, options);
+    for (const s of picked) {
+      const at = p.cuSeqlensQ[s] * p.Hq * p.Ev, n = p.qLens[s] * p.Hq * p.Ev;
+      expect([s, maxRelError(one.output.data.subarray(at, at + n), ref.output.subarray(at, at + n)) <= TOL]).toEqual([s, true]);
+    }
+    // Into `out` (chunked too): the same bits.
+    const out = new Float32Array(p.Tq * p.Hq * p.Ev);
+    attn.sdpaVarlen(p.query, p.key, p.value, { ...options, out });
+    expect(sameBits(out, one.output.data)).toBe(true);
+  });
+
+  test('saved from a forward with another seed, another p or no dropout: a RangeError naming dropout', () => {
+    const p = packed({ Hq: 2, qLens: [3, 5], seed: 42 });
+    const options = { cuSeqlensQ: p.cuSeqlensQ, dropoutP: 0.5, dropoutSeed: 1 };
+    const forward = attn.sdpaVarlen(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+    for (const [other, pattern] of [
+      [{ ...options, dropoutSeed: 2 }, /dropoutSeed 1 there, dropoutP 0\.5 \(in 2\^-32 steps\), dropoutSeed 2 here/],
+      [{ ...options, dropoutP: 0.25 }, /dropoutP 0\.5 .*dropoutSeed 1 there, dropoutP 0\.25 .*dropoutSeed 1 here/],
+      [{ cuSeqlensQ: p.cuSeqlensQ }, /dropoutSeed 1 there, none here/],
+    ]) {
+      let error;
+      try {
+        attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, { ...other, saved: forward });
+      } catch (e) {
+        error = e;
+      }
+      expect(error?.constructor).toBe(RangeError);
+      expect(error.message).toMatch(/^sdpaVarlenBackward: options\.saved is not this call's forward: dropout differs from the sdpaVarlen\(\) call that returned options\.saved: /);
+      expect(error.message).toMatch(pattern);
+    }
+    expect(attn.memory().bytesInUse).toBe(0);
+    const right = attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, { ...options, saved: forward });
+    const recomputed = attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(right[name].data, recomputed[name].data)).toBe(true);
   });
 });
 

@@ -12,6 +12,7 @@ import { CACHE_ERROR_CASES, CACHE_OPTIONS, createCacheErrorCases, STORED, k as c
 import { bitsHash, REFERENCE_CASES, runReferenceCases } from '../shared/reference-cases.mjs';
 import { sdpaErrorCases } from '../shared/sdpa-error-cases.mjs';
 import { noiseTensor } from '../../web/seeded.mjs';
+import { maxRelError, referenceSdpa, referenceSdpaBackward } from './reference.mjs';
 
 const DIST_INDEX = fileURLToPath(new URL('../../dist/index.js', import.meta.url));
 const RAW_WORKER = Symbol.for('sdpa-wasm.worker');
@@ -242,6 +243,77 @@ describe('results: bitwise the direct API', () => {
     } finally {
       await two.dispose();
     }
+  });
+});
+
+describe('attention dropout through the worker: bitwise the direct calls', () => {
+  const dropout = { dropoutP: 0.4, dropoutSeed: 2 ** 32 - 2 };
+  const query = noiseTensor([2, 4, 5, 8], 40, 1), key = noiseTensor([2, 2, 70, 8], 40, 2), value = noiseTensor([2, 2, 70, 6], 40, 3);
+  const gradOutput = noiseTensor([2, 4, 5, 6], 40, 4);
+
+  test('sdpa: output, weights and lse (prefill, and a decode of 4 MiB of K/V), copied and transferred; the reference; another seed another result', async () => {
+    for (const options of [
+      { ...dropout, returnWeights: true, returnLogSumExp: true },
+      { ...dropout, isCausal: true, causalOffset: 65, sinks: Float32Array.of(0, 1, -Infinity, 2), attnMask: noiseTensor([5, 70], 41, 1), returnWeights: true },
+    ]) {
+      const direct = attn.sdpa(query, key, value, options);
+      const through = await worker.sdpa(query, key, value, options);
+      expect(hashOf(through)).toBe(hashOf(direct));
+      expect(maxRelError(through.output.data, referenceSdpa(query, key, value, options).output)).toBeLessThanOrEqual(2e-5);
+      expect(through.weights.data.some((w) => w === 0)).toBe(true);
+      const copy = cloneCase({ query, key, value, options });
+      const moved = await worker.sdpa(copy.query, copy.key, copy.value, { ...copy.options, transfer: true });
+      expect(copy.query.data.length).toBe(0);  // moved to the worker
+      expect(hashOf(moved)).toBe(hashOf(direct));
+      const other = await worker.sdpa(query, key, value, { ...options, dropoutSeed: 5 });
+      expect(bitsHash(other.output.data)).not.toBe(bitsHash(direct.output.data));
+    }
+    const dq = noiseTensor([2, 8, 1, 64], 42, 1), dk = noiseTensor([2, 2, 4200, 64], 42, 2), dv = noiseTensor([2, 2, 4200, 64], 42, 3);
+    const options = { ...dropout, keyLengths: Int32Array.of(3000, 4200) };
+    expect(hashOf(await worker.sdpa(dq, dk, dv, options))).toBe(hashOf(attn.sdpa(dq, dk, dv, options)));
+  });
+
+  test('sdpaBackward: recomputed, and saved from the worker\'s forward; a forward with another seed refused with the direct API\'s message', async () => {
+    const options = { ...dropout, isCausal: true, causalOffset: 65, sinks: Float32Array.of(0, 1, -Infinity, 2), attnMask: noiseTensor([5, 70], 43, 1),
+      returnMaskGrad: true };
+    const direct = attn.sdpaBackward(query, key, value, gradOutput, options);
+    const ref = referenceSdpaBackward(query, key, value, gradOutput, options);
+    const gradHash = (g) => ['dQuery', 'dKey', 'dValue', 'dAttnMask', 'dSinks'].map((name) => bitsHash(g[name].data)).join(' ');
+    for (const name of ['dQuery', 'dKey', 'dValue', 'dAttnMask', 'dSinks']) expect(maxRelError(direct[name].data, ref[name])).toBeLessThanOrEqual(1e-4);
+    expect(gradHash(await worker.sdpaBackward(query, key, value, gradOutput, options))).toBe(gradHash(direct));
+    const { returnMaskGrad: _m, ...forwardOptions } = options;
+    const forward = await worker.sdpa(query, key, value, { ...forwardOptions, returnLogSumExp: true });
+    expect(gradHash(await worker.sdpaBackward(query, key, value, gradOutput, { ...options, saved: forward }))).toBe(gradHash(direct));
+    const otherForward = await worker.sdpa(query, key, value, { ...forwardOptions, dropoutSeed: 1, returnLogSumExp: true });
+    const expected = await errorOf(() => attn.sdpaBackward(query, key, value, gradOutput, { ...options,
+      saved: attn.sdpa(query, key, value, { ...forwardOptions, dropoutSeed: 1, returnLogSumExp: true }) }));
+    const error = await errorOf(() => worker.sdpaBackward(query, key, value, gradOutput, { ...options, saved: otherForward }));
+    expect(error?.constructor).toBe(RangeError);
+    expect(error.message).toBe(expected.message);
+    expect(error.message).toMatch(/dropout differs from the sdpa\(\) call that returned options\.saved/);
+  });
+
+  test('KVCache.attend (float32 and float16) and sdpaVarlen / sdpaVarlenBackward', async () => {
+    for (const dtype of ['float32', 'float16']) {
+      const shape = { batch: 2, kvHeads: 2, headDim: 8, valueDim: 6, maxLength: 80, dtype };
+      const local = attn.createKVCache(shape), remote = await worker.createKVCache(shape);
+      try {
+        local.append(key, value);
+        await remote.append(key, value);
+        const options = { ...dropout, returnWeights: true, returnLogSumExp: true };
+        expect(hashOf(await remote.attend(query, options))).toBe(hashOf(local.attend(query, options)));
+      } finally {
+        local.dispose();
+        await remote.dispose();
+      }
+    }
+    const pq = noiseTensor([9, 2, 8], 44, 1), pk = noiseTensor([9, 1, 8], 44, 2), pv = noiseTensor([9, 1, 8], 44, 3);
+    const options = { ...dropout, cuSeqlensQ: Int32Array.of(0, 4, 9), isCausal: true, returnLogSumExp: true };
+    expect(hashOf(await worker.sdpaVarlen(pq, pk, pv, options))).toBe(hashOf(attn.sdpaVarlen(pq, pk, pv, options)));
+    const { returnLogSumExp: _l, ...backwardOptions } = options;
+    const direct = attn.sdpaVarlenBackward(pq, pk, pv, pq, backwardOptions);
+    const through = await worker.sdpaVarlenBackward(pq, pk, pv, pq, backwardOptions);
+    for (const name of ['dQuery', 'dKey', 'dValue']) expect(bitsHash(through[name].data)).toBe(bitsHash(direct[name].data));
   });
 });
 

@@ -47,6 +47,14 @@ export const BACKWARD_CASES = [
   { name: 'ALiBi [Hq] not causal, offset −5, softcap 3, N200 E64 (several key tiles)', make: () => ({
     ...problem(8, [1, 2, 200, 64], [1, 2, 200, 64], [1, 2, 200, 64], [1, 2, 200, 64]),
     options: { alibiSlopes: Float32Array.of(0.1, 0.02), causalOffset: -5, softcap: 3 } }) },
+  // Attention dropout: the backward draws the forward's mask again from the seed.
+  { name: 'dropout 0.3 (seed 2^32 − 7), GQA Hq4 Hkv2, causal offset 61, a float mask and its gradient, sinks', make: () => ({
+    ...problem(9, [2, 4, 9, 16], [2, 2, 70, 16], [2, 2, 70, 16], [2, 4, 9, 16]),
+    options: { dropoutP: 0.3, dropoutSeed: 2 ** 32 - 7, isCausal: true, causalOffset: 61, attnMask: noiseTensor([9, 70], 9, 6), returnMaskGrad: true,
+      sinks: Float32Array.of(1, 0, -Infinity, 3) } }) },
+  { name: 'dropout 0.6, bshd B2 Lq5 Lk130 H2 E32 (several key tiles), key lengths 130 and 17', make: () => ({
+    ...problem(10, [2, 5, 2, 32], [2, 130, 2, 32], [2, 130, 2, 32], [2, 5, 2, 32]),
+    options: { dropoutP: 0.6, dropoutSeed: 12, layout: 'bshd', keyLengths: Int32Array.of(130, 17) } }) },
 ];
 
 /**

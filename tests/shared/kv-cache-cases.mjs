@@ -54,7 +54,8 @@ export function positions(t, a, b) {
  * mid-sequence), queryRows (optional: after each step only the last min(n, queryRows) of the n
  * new positions attend, which keeps the reference cheap for long appends), slidingWindow (optional:
  * attend's option, each row attending the W positions ending at its own), sinks (optional: attend's
- * option, a Float32Array of Hq), alibiSlopes (optional: attend's option, [Hq]) }.
+ * option, a Float32Array of Hq), alibiSlopes (optional: attend's option, [Hq]), dropout (optional:
+ * attend's dropoutP and dropoutSeed, the seed plus the step's index at each step) }.
  */
 export const CACHE_CASES = [
   { name: 'MHA H4 E64, float32', shape: { B: 1, Hq: 4, Hkv: 4, E: 64, Ev: 64 }, steps: [37, 1, 1, 3, 129, 1, 400, 1], dtype: 'float32' },
@@ -82,6 +83,14 @@ export const CACHE_CASES = [
     steps: [37, 1, 600, 1], dtype: 'float16', alibiSlopes: Float32Array.from({ length: 8 }, (_, h) => 2 ** -(h + 1)) },
   { name: 'B2 MHA H4 E32, float32 and ALiBi', shape: { B: 2, Hq: 4, Hkv: 4, E: 32, Ev: 32 },
     steps: [20, 1, 3, 520, 1], dtype: 'float32', alibiSlopes: Float32Array.of(0.5, 0.25, 0.125, 0) },
+  // Attention dropout (training through the cache): each step's mask from its own seed, past one
+  // 512-key segment; float16 single-query-head decode (not read in interleaved streams with dropout).
+  { name: 'GQA Hq8 Hkv2 E64, float16, dropout 0.25 and a window of 128', shape: { B: 1, Hq: 8, Hkv: 2, E: 64, Ev: 64 },
+    steps: [37, 1, 600, 1], dtype: 'float16', slidingWindow: 128, dropout: { dropoutP: 0.25, dropoutSeed: 2 ** 32 - 9 } },
+  { name: 'B2 MHA H2 E16, float16, decode steps past 2048 positions, dropout 0.5', shape: { B: 2, Hq: 2, Hkv: 2, E: 16, Ev: 16 },
+    steps: [2049, 1, 2], dtype: 'float16', queryRows: 1, dropout: { dropoutP: 0.5, dropoutSeed: 11 } },
+  { name: 'B2 MHA H4 E32, float32, dropout 0.1 and sinks', shape: { B: 2, Hq: 4, Hkv: 4, E: 32, Ev: 32 },
+    steps: [20, 1, 3, 520, 1], dtype: 'float32', sinks: Float32Array.of(0, 1, -Infinity, 2), dropout: { dropoutP: 0.1, dropoutSeed: 3 } },
 ];
 
 /**
@@ -90,7 +99,7 @@ export const CACHE_CASES = [
  */
 export async function runCacheCases(attn, cases = CACHE_CASES) {
   const results = [];
-  for (const [index, { name, shape, steps, dtype, grow, queryRows, slidingWindow, sinks, alibiSlopes }] of cases.entries()) {
+  for (const [index, { name, shape, steps, dtype, grow, queryRows, slidingWindow, sinks, alibiSlopes, dropout }] of cases.entries()) {
     const { B, Hq, Hkv, E, Ev } = shape;
     const total = steps.reduce((a, b) => a + b, 0);
     const seed = 700 + index;
@@ -115,6 +124,7 @@ export async function runCacheCases(attn, cases = CACHE_CASES) {
         const options = {
           ...(slidingWindow === undefined ? {} : { slidingWindow }), ...(sinks === undefined ? {} : { sinks }),
           ...(alibiSlopes === undefined ? {} : { alibiSlopes }),
+          ...(dropout === undefined ? {} : { dropoutP: dropout.dropoutP, dropoutSeed: (dropout.dropoutSeed + s) >>> 0 }),
         };
         const got = await cache.attend(query, Object.keys(options).length === 0 ? undefined : options);
         const key = positions(kStored, 0, length), value = positions(vStored, 0, length);

@@ -272,6 +272,12 @@ export function randomOptions(r, { B, Hq, Lq, Lk, outputSize }, { forCache = fal
   if (options.alibiSlopes) options.alibiSlopes = maybeOffsetView(r, options.alibiSlopes);
   if (r.chance(0.4)) options.returnWeights = true;
   if (r.chance(0.2)) options.out = maybeOffsetView(r, new Float32Array(outputSize + r.pick([0, 0, 3])).fill(NaN));
+  if (r.chance(0.2)) {
+    // Attention dropout: a seed anywhere in [0, 2^32); p about the middle and near both ends,
+    // 0 (no dropout, the seed ignored) and 2^-33 (the least p that drops: threshold 1).
+    options.dropoutP = r.pick([0.1, 0.5, 0.9, 0.999, r.next(), 0, 2 ** -33]);
+    options.dropoutSeed = r.u32();
+  }
   const offsetOf = (b) => (offsets ? offsets[b] : offset);
   return { options, causal, alibi, offsetOf };
 }
@@ -493,6 +499,20 @@ export function mutateOptions(r, fn, { B, Hq, Lq, Lk, outputSize }, options, { f
     () => option('alibiSlopes', new Float32Array(r.pick([Hq + 1, Hq - 1, 0, B * Hq + 1].filter((n) => n >= 0 && n !== Hq && n !== B * Hq))),
       RangeError),
     () => option('alibiSlopes', r.pick([new Array(Hq).fill(0), new Float64Array(Hq), new Int32Array(Hq), 0.5, null]), TypeError),
+    () => option('dropoutP', r.pick([NaN, -0.1, 1, 1.5, Infinity, -Infinity]), RangeError),
+    () => option('dropoutP', r.pick(['0.1', null, true, 1n, {}]), TypeError),
+    () => {
+      // dropoutP > 0 without a seed.
+      const { dropoutSeed: _, ...rest } = options;
+      const p = r.pick([0.1, 0.5, 0.999, 2 ** -33]);
+      return { desc: `options.dropoutP ${p} without dropoutSeed`, options: { ...rest, dropoutP: p }, Cls: TypeError, names: ['options.dropoutSeed', 'required'] };
+    },
+    () => {
+      const seed = r.pick([-1, 2 ** 32, 1.5, NaN, Infinity, -(2 ** 31)]);
+      return { desc: `options.dropoutSeed = ${seed} (dropoutP 0.5)`, options: { ...options, dropoutP: 0.5, dropoutSeed: seed }, Cls: RangeError,
+        names: ['options.dropoutSeed', `got ${seed}`] };
+    },
+    () => option('dropoutSeed', r.pick(['1', null, true, 1n]), TypeError),
     () => option('out', new Float32Array(r.pick([outputSize - 1, 0, outputSize >> 1].filter((n) => n >= 0 && n < outputSize))), RangeError),
     () => option('out', r.pick([new Float64Array(outputSize), new Array(outputSize).fill(0), new ArrayBuffer(outputSize * 4),
       new Uint8Array(outputSize * 4), new Int32Array(outputSize), null]), TypeError),

@@ -141,6 +141,30 @@ export function sdpaErrorCases(api) {
     ['causalOffset beyond int32 with alibiSlopes', () => api.sdpa(q(), k(), v(), { alibiSlopes: new Float32Array(Hq), causalOffset: 2 ** 31 }), RangeError,
       [/^sdpa: options\.causalOffset must be an integer in \[-2\^31, 2\^31 - 1\] with options\.alibiSlopes/, has(`got ${2 ** 31}`)]],
 
+    // dropoutP: a number in [0, 1); dropoutSeed: an integer in [0, 2^32), needed when dropoutP rounds to > 0.
+    ['dropoutP NaN', () => api.sdpa(q(), k(), v(), { dropoutP: NaN, dropoutSeed: 1 }), RangeError,
+      [/^sdpa: options\.dropoutP must be a number in \[0, 1\) \(the probability of dropping each attention weight\), got NaN$/]],
+    ['dropoutP -0.1', () => api.sdpa(q(), k(), v(), { dropoutP: -0.1, dropoutSeed: 1 }), RangeError, [/options\.dropoutP must be a number in \[0, 1\)/, /got -0\.1$/]],
+    ['dropoutP 1', () => api.sdpa(q(), k(), v(), { dropoutP: 1, dropoutSeed: 1 }), RangeError, [/options\.dropoutP must be a number in \[0, 1\)/, /got 1$/]],
+    ['dropoutP Infinity', () => api.sdpa(q(), k(), v(), { dropoutP: Infinity, dropoutSeed: 1 }), RangeError, [/options\.dropoutP/, /got Infinity$/]],
+    ['dropoutP 1 without a seed (the range is checked first)', () => api.sdpa(q(), k(), v(), { dropoutP: 1 }), RangeError, [/options\.dropoutP/, /got 1$/]],
+    ['dropoutP a string', () => api.sdpa(q(), k(), v(), { dropoutP: '0.1', dropoutSeed: 1 }), TypeError,
+      [/^sdpa: options\.dropoutP must be a number, got "0\.1"$/]],
+    ['dropoutP null', () => api.sdpa(q(), k(), v(), { dropoutP: null, dropoutSeed: 1 }), TypeError, [/options\.dropoutP must be a number, got null$/]],
+    ['dropoutP 0.1 without dropoutSeed', () => api.sdpa(q(), k(), v(), { dropoutP: 0.1 }), TypeError,
+      [/^sdpa: options\.dropoutSeed is required with options\.dropoutP > 0 \(an integer in \[0, 2\^32\); the backward draws the same mask from it\), got undefined$/]],
+    ['dropoutSeed -1', () => api.sdpa(q(), k(), v(), { dropoutP: 0.1, dropoutSeed: -1 }), RangeError,
+      [/^sdpa: options\.dropoutSeed must be an integer in \[0, 2\^32\), got -1$/]],
+    ['dropoutSeed 2^32', () => api.sdpa(q(), k(), v(), { dropoutP: 0.1, dropoutSeed: 2 ** 32 }), RangeError,
+      [/options\.dropoutSeed must be an integer in \[0, 2\^32\), got 4294967296$/]],
+    ['dropoutSeed 1.5', () => api.sdpa(q(), k(), v(), { dropoutP: 0.1, dropoutSeed: 1.5 }), RangeError, [/options\.dropoutSeed/, /got 1\.5$/]],
+    ['dropoutSeed NaN', () => api.sdpa(q(), k(), v(), { dropoutP: 0.1, dropoutSeed: NaN }), RangeError, [/options\.dropoutSeed/, /got NaN$/]],
+    ['dropoutSeed a string', () => api.sdpa(q(), k(), v(), { dropoutP: 0.1, dropoutSeed: '1' }), TypeError,
+      [/^sdpa: options\.dropoutSeed must be an integer in \[0, 2\^32\), got "1"$/]],
+    ['dropoutSeed a BigInt', () => api.sdpa(q(), k(), v(), { dropoutP: 0.1, dropoutSeed: 1n }), TypeError, [/options\.dropoutSeed/, /got 1n/]],
+    // A seed given without dropoutP (or with dropoutP 0) is checked all the same.
+    ['dropoutSeed -1 with dropoutP 0', () => api.sdpa(q(), k(), v(), { dropoutP: 0, dropoutSeed: -1 }), RangeError, [/options\.dropoutSeed/, /got -1$/]],
+
     // causalOffset / isCausal.
     ['causalOffset without isCausal', () => api.sdpa(q(), k(), v(), { causalOffset: 2 }), TypeError,
       [/^sdpa: options\.causalOffset is only meaningful with options\.isCausal: true or options\.alibiSlopes, got options\.isCausal undefined \(default false\)$/]],

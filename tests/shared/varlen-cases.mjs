@@ -70,6 +70,60 @@ export function varlenOracle(p, options) {
 }
 
 /**
+ * The float64 reference of sdpaVarlen's `options` computed one sequence at a time, for attention
+ * dropout, whose mask a sequence draws as batch s in its own positions (i, j) (js/types.ts): the
+ * block-diagonal oracle above cannot pose that as one batch. Sequence s is referenceSdpa() on
+ * its rows and keys alone ([L, H, D] in the 'bshd' layout) with its causal offset (the one
+ * given, else Lk_s − Lq_s), its row of [S, Hq] ALiBi slopes and dropoutBatchBase s. Returns
+ * { output [Tq, Hq, Ev], logSumExp [Hq, Tq] } and, with `gradients`, { dQuery, dKey, dValue,
+ * dSinks } (referenceSdpaBackward per sequence, dSinks summed), all Float64Arrays laid out as
+ * the API's results; rows without keys are zeros (their lse the sink, or -Infinity), keys
+ * without rows get zero gradients.
+ */
+export function varlenSequenceReference(p, options, { gradients = false } = {}) {
+  const {
+    cuSeqlensQ: _q, cuSeqlensK: _k, isCausal, causalOffset, slidingWindow, alibiSlopes, returnLogSumExp: _l, out: _o,
+    saved: _s, accumulate: _a, ...score
+  } = options;
+  const { Hq, Hkv, E, Ev, Tq } = p;
+  const rows = (t, from, n) => {
+    const width = t.dims[1] * t.dims[2];
+    return { data: t.data.subarray(from * width, (from + n) * width), dims: [n, t.dims[1], t.dims[2]] };
+  };
+  const output = new Float64Array(Tq * Hq * Ev), logSumExp = new Float64Array(Hq * Tq);
+  const grads = gradients ? {
+    dQuery: new Float64Array(Tq * Hq * E), dKey: new Float64Array(p.Tk * Hkv * E), dValue: new Float64Array(p.Tk * Hkv * Ev),
+    dSinks: score.sinks ? new Float64Array(Hq) : null,
+  } : null;
+  for (let s = 0; s < p.qLens.length; s++) {
+    const Lq = p.qLens[s], Lk = p.kLens[s], q0 = p.cuSeqlensQ[s], k0 = p.cuSeqlensK[s];
+    if (Lq === 0) continue;
+    if (Lk === 0) {  // nothing to attend: zeros, the sink as lse
+      for (let h = 0; h < Hq; h++) logSumExp.fill(score.sinks ? score.sinks[h] : -Infinity, h * Tq + q0, h * Tq + q0 + Lq);
+      continue;
+    }
+    const offset = sequenceOffset(p, causalOffset, s);
+    const o = {
+      ...score, layout: 'bshd', dropoutBatchBase: s,
+      ...(isCausal ? { isCausal: true, causalOffset: offset, ...(slidingWindow ? { slidingWindow } : {}) } : {}),
+      ...(alibiSlopes ? { alibiSlopes: alibiSlopes.length === Hq ? alibiSlopes : alibiSlopes.subarray(s * Hq, (s + 1) * Hq), causalOffset: offset } : {}),
+    };
+    const query = rows(p.query, q0, Lq), key = rows(p.key, k0, Lk), value = rows(p.value, k0, Lk);
+    output.set(referenceSdpa(query, key, value, o).output, q0 * Hq * Ev);
+    const lse = referenceLogSumExp(query, key, value, o);  // [1, Hq, Lq]
+    for (let h = 0; h < Hq; h++) logSumExp.set(lse.subarray(h * Lq, (h + 1) * Lq), h * Tq + q0);
+    if (grads) {
+      const g = referenceSdpaBackward(query, key, value, rows(p.gradOutput, q0, Lq), o);
+      grads.dQuery.set(g.dQuery, q0 * Hq * E);
+      grads.dKey.set(g.dKey, k0 * Hkv * E);
+      grads.dValue.set(g.dValue, k0 * Hkv * Ev);
+      if (grads.dSinks) g.dSinks.forEach((x, h) => { grads.dSinks[h] += x; });
+    }
+  }
+  return { output, logSumExp, ...(grads ?? {}) };
+}
+
+/**
  * Seeded packed tensors (and dO) for sequences of `qLens` query rows and `kLens` keys (default
  * qLens), with the starts sdpaVarlen takes for them.
  */
@@ -100,6 +154,13 @@ export const VARLEN_CASES = [
     p: packedProblem(6, { Hq: 3, Hkv: 1, E: 8, Ev: 12, qLens: [7, 12, 4], kLens: [9, 12, 30] }),
     options: { alibiSlopes: Float32Array.of(0.5, 0, 0.0625), causalOffset: Int32Array.of(2, 0, -3), softcap: 6,
       sinks: Float32Array.of(1, -Infinity, 0.25) } }) },
+  // Dropout: sequence s draws the mask of batch s in its own positions (varlenSequenceReference).
+  { name: 'dropout 0.3, GQA Hq4 Hkv2, causal, a 9-key window, sinks, sequences 1, 64, 0, 65, 3 (Lq ≠ Lk)', make: () => ({
+    p: packedProblem(7, { Hq: 4, Hkv: 2, E: 16, Ev: 8, qLens: [1, 64, 0, 65, 3], kLens: [9, 64, 5, 70, 0] }),
+    options: { dropoutP: 0.3, dropoutSeed: 2 ** 32 - 3, isCausal: true, slidingWindow: 9, sinks: Float32Array.of(0, -Infinity, 1, 2) } }) },
+  { name: 'dropout 0.7, ALiBi [S, Hq] not causal, MHA H2 E8, sequences 511, 2, 513', make: () => ({
+    p: packedProblem(8, { Hq: 2, Hkv: 2, E: 8, qLens: [511, 2, 513] }),
+    options: { dropoutP: 0.7, dropoutSeed: 4, alibiSlopes: Float32Array.of(0.01, 0, 0.1, 0.5, 0.002, 0.03) } }) },
 ];
 
 /**
@@ -112,14 +173,21 @@ export async function runVarlenCases(attn, cases = VARLEN_CASES) {
   for (const { name, make } of cases) {
     const { p, options: given } = make();
     const options = { cuSeqlensQ: p.cuSeqlensQ, cuSeqlensK: p.cuSeqlensK, ...given };
-    const o = varlenOracle(p, options);
     const forward = await attn.sdpaVarlen(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
     const grads = await attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
-    const ref = referenceSdpa(o.query, o.key, o.value, o.options);
-    const refGrads = referenceSdpaBackward(o.query, o.key, o.value, o.gradOutput, o.options);
+    let ref, refGrads, refLse;
+    if (options.dropoutP) {  // the mask of batch s for sequence s: the reference one sequence at a time
+      ref = refGrads = varlenSequenceReference(p, options, { gradients: true });
+      refLse = ref.logSumExp;
+    } else {
+      const o = varlenOracle(p, options);
+      ref = referenceSdpa(o.query, o.key, o.value, o.options);
+      refGrads = referenceSdpaBackward(o.query, o.key, o.value, o.gradOutput, o.options);
+      refLse = referenceLogSumExp(o.query, o.key, o.value, o.options);
+    }
     const errors = {
       output: maxRelError(forward.output.data, ref.output),
-      logSumExp: logSumExpError(forward.logSumExp.data, referenceLogSumExp(o.query, o.key, o.value, o.options)),
+      logSumExp: logSumExpError(forward.logSumExp.data, refLse),
       dQuery: maxRelError(grads.dQuery.data, refGrads.dQuery),
       dKey: maxRelError(grads.dKey.data, refGrads.dKey),
       dValue: maxRelError(grads.dValue.data, refGrads.dValue),
@@ -213,5 +281,15 @@ export function varlenErrorCases(api) {
     ['backward: saved of other dims', backward(gradOutput, { ...ok, saved: { output: randomTensor([7, 2, 8], 1), logSumExp: randomTensor([7, 2], 2) } }),
       RangeError, /options\.saved\.logSumExp must have dims \[2, 7\] and 14 elements, got dims \[7, 2\]/],
     ['backward: cuSeqlensQ missing', backward(gradOutput, {}), TypeError, /sdpaVarlenBackward: options\.cuSeqlensQ is required/],
+    ['dropoutP 1', call({ ...ok, dropoutP: 1, dropoutSeed: 0 }), RangeError,
+      /^sdpaVarlen: options\.dropoutP must be a number in \[0, 1\) \(the probability of dropping each attention weight\), got 1$/],
+    ['dropoutP a string', call({ ...ok, dropoutP: '0.1', dropoutSeed: 0 }), TypeError, /^sdpaVarlen: options\.dropoutP must be a number, got "0\.1"$/],
+    ['dropoutP without dropoutSeed', call({ ...ok, dropoutP: 0.1 }), TypeError,
+      /^sdpaVarlen: options\.dropoutSeed is required with options\.dropoutP > 0 \(an integer in \[0, 2\^32\); .*\), got undefined$/],
+    ['dropoutSeed 1.5', call({ ...ok, dropoutP: 0.1, dropoutSeed: 1.5 }), RangeError, /^sdpaVarlen: options\.dropoutSeed must be an integer in \[0, 2\^32\), got 1\.5$/],
+    ['backward: dropoutSeed -1', backward(gradOutput, { ...ok, dropoutP: 0.1, dropoutSeed: -1 }), RangeError,
+      /^sdpaVarlenBackward: options\.dropoutSeed must be an integer in \[0, 2\^32\), got -1$/],
+    ['backward: dropoutP without dropoutSeed', backward(gradOutput, { ...ok, dropoutP: 0.5 }), TypeError,
+      /^sdpaVarlenBackward: options\.dropoutSeed is required with options\.dropoutP > 0/],
   ];
 }
