@@ -1,4 +1,4 @@
-// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode] [-- --no-window] [-- --no-alibi] [-- --no-varlen] [-- --no-worker] [-- --no-browser] [-- --no-backward]
+// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode] [-- --no-window] [-- --no-alibi] [-- --no-dropout] [-- --no-varlen] [-- --no-worker] [-- --no-browser] [-- --no-backward]
 //
 // Single-threaded forward attention, in one process, side by side:
 //   sdpa-wasm (this package), onnxruntime-web (wasm EP, 1 thread, best of three ONNX graphs),
@@ -28,6 +28,8 @@
 // Then the ALiBi section (alibi.mjs, also runnable alone; --no-alibi skips it): prefill and a
 // cache's decode step with alibiSlopes against none, and prefill against the same biases as a
 // float mask; under `alibi`.
+// Then the dropout section (dropout.mjs, also runnable alone; --no-dropout skips it): forward and
+// backward with dropoutP against none; under `dropout`.
 // Then the packed sequences section (varlen.mjs, also runnable alone; --no-varlen skips it):
 // sdpaVarlen against a padded batch and one sdpa() per sequence, 1 and 2 threads; under `varlen`.
 // Then the worker section (worker.mjs, also runnable alone; --no-worker skips it): what
@@ -51,6 +53,7 @@ import { runBrowserBench } from './browser.mjs';
 import { runWorkerBench } from './worker.mjs';
 import { runWindowBench } from './window.mjs';
 import { runAlibiBench } from './alibi.mjs';
+import { runDropoutBench } from './dropout.mjs';
 import { runVarlenBench } from './varlen.mjs';
 import { runBackwardBenchInChild } from './backward.mjs';
 
@@ -64,6 +67,7 @@ const withDecode = !argv.includes('--no-decode');
 const withWorker = !argv.includes('--no-worker');
 const withWindow = !argv.includes('--no-window');
 const withAlibi = !argv.includes('--no-alibi');
+const withDropout = !argv.includes('--no-dropout');
 const withVarlen = !argv.includes('--no-varlen');
 const withBackward = !argv.includes('--no-backward');
 const withBrowser = !argv.includes('--no-browser');
@@ -726,6 +730,8 @@ const decode = await section(withDecode, 'decode', () => runDecode({ quick }));
 const slidingWindow = await section(withWindow, 'window', () => runWindowBench({ quick }));
 // The ALiBi section (alibi.mjs): alibiSlopes against no ALiBi and against its biases as a float mask.
 const alibi = await section(withAlibi, 'alibi', () => runAlibiBench({ quick }));
+// The dropout section (dropout.mjs): dropoutP against none, forward and backward.
+const dropout = await section(withDropout, 'dropout', () => runDropoutBench({ quick }));
 // The packed sequences section (varlen.mjs): sdpaVarlen against a padded batch and one sdpa() per sequence.
 const varlen = await section(withVarlen, 'varlen', () => runVarlenBench({ quick }));
 // The worker section (its own instances and workers).
@@ -751,6 +757,6 @@ writeFileSync(jsonPath, JSON.stringify({
   threads: 1, oneThreadTargets, twoThreadShapes: twoThreadResults.map((e) => e.id), twoThreadTargets: TWO_THREAD_TARGETS,
   quick, settings, totalSeconds, limits,
   peers: peers.map((p) => ({ name: p.name, version: p.version, threads: p.threads, config: p.config, build: p.build, remote: p.remote, failed: p.failed })),
-  shapes: results, rows, decode, window: slidingWindow, alibi, varlen, worker, backward, browser,
+  shapes: results, rows, decode, window: slidingWindow, alibi, dropout, varlen, worker, backward, browser,
 }, (k, v) => (typeof v === 'number' && !Number.isFinite(v) ? String(v) : v), 2));
 console.log(`results: ${jsonPath}`);

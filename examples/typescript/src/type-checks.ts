@@ -49,6 +49,13 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   attn.sdpaBackward(q, k, v, q, { alibiSlopes, isCausal: true });
   // @ts-expect-error alibiSlopes is a Float32Array
   attn.sdpa(q, k, v, { alibiSlopes: [0.5, 0.25] });
+  // Dropout for training: a probability and a seed, the same two for the backward.
+  const dropout = { dropoutP: 0.1, dropoutSeed: 42 };
+  attn.sdpa(q, k, v, { ...dropout, isCausal: true });
+  attn.sdpaBackward(q, k, v, q, { ...dropout, isCausal: true });
+  void worker.sdpaVarlen(q, k, v, { cuSeqlensQ: Int32Array.of(0, 8), ...dropout });
+  // @ts-expect-error dropoutSeed is a number
+  attn.sdpa(q, k, v, { dropoutP: 0.1, dropoutSeed: 42n });
   // Gradients into the caller's arrays (SdpaBackwardOut), directly and through the worker.
   const into: SdpaBackwardOut = { dQuery: new Float32Array(8), dAttnMask: new Float32Array(4), dSinks: new Float32Array(2) };
   attn.sdpaBackward(q, k, v, q, { attnMask: bias, returnMaskGrad: true, out: into, accumulate: true });
