@@ -111,7 +111,7 @@ export function inputsRecord(p: Plan | VarlenPlan, key: Float32Array, value: Flo
     // Sinks that are all -Infinity are no sinks (the same bits).
     ['sinks', p.sinks === null || p.sinks.every((x) => x === -Infinity) ? 'none' : `[${Array.from(p.sinks).join(', ')}]`, false],
     ['dropout', p.dropoutThreshold === 0 ? 'none'
-      : `dropoutP ${p.dropoutThreshold / 2 ** 32} (in 2^-32 steps), dropoutSeed ${p.dropoutSeed}`, false],
+      : `dropoutP ${p.dropoutThreshold}/2^32 (round(dropoutP·2^32)), dropoutSeed ${p.dropoutSeed}`, false],
     ['attnMask', mask, false],
     ['query.data', contentsOf(p.queryData, p.batch * p.qHeads * p.qLen * p.headDim), true],
     ['key.data', contentsOf(key, kv * p.headDim), true],

@@ -66,9 +66,7 @@ export function mayOverlap(a: Float32Array, b: Float32Array): boolean {
 
 /** Which way sdpa() runs a problem; each gives bitwise the same result. */
 export function chooseSdpaStrategy(engines: Engines, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): Strategy {
-  // Dropout draws its mask from each row's (batch, head) in the whole call: a pair computed alone
-  // would number its own from 0.
-  if (p.layout !== 'bhsd' || p.weightsDims !== null || p.lseDims !== null || p.dropoutThreshold !== 0) return 'copied';
+  if (p.layout !== 'bhsd' || p.weightsDims !== null || p.lseDims !== null) return 'copied';
   if (k.byteLength + v.byteLength >= STREAM_MIN_BYTES &&
     engines.main.readsKeysInPlace(problemArg(engines.main, describeProblem(p)))) {
     return 'streamed-decode';
@@ -101,7 +99,7 @@ export function describeProblem(p: Plan): ProblemDesc {
     headDim: p.headDim, valueDim: p.valueDim, kvType: KV_TYPE.float32,
     query: 0, key: 0, value: 0, output: 0, weights: 0, mask: 0, causalOffsets: 0, keyLengths: 0, logsumexp: 0, keyStarts: 0,
     sinks: 0, alibiSlopes: 0, alibiStrideB: p.alibiStrideB,
-    dropoutThreshold: p.dropoutThreshold, dropoutSeed: p.dropoutSeed, dropoutBatchBase: 0,
+    dropoutThreshold: p.dropoutThreshold, dropoutSeed: p.dropoutSeed, dropoutBatchBase: 0, dropoutHeadBase: 0,
     qStrideB: p.q.b, qStrideH: p.q.h, qStrideL: p.q.l,
     kStrideB: p.k.b, kStrideH: p.k.h, kStrideL: p.k.l,
     vStrideB: p.v.b, vStrideH: p.v.h, vStrideL: p.v.l,
@@ -245,8 +243,9 @@ export function runResident(memory: CallMemory, threads: number, p: Plan, q: Flo
 }
 
 // The mask, causal offsets, key lengths and starts, sinks, ALiBi slopes stay whole in wasm memory; for one (batch,
-// KV head) their addresses move to its batch and first query head (the strides stay).
-function pairAddresses(p: Plan, desc: ProblemDesc, b: number, firstHead: number) {
+// KV head) their addresses move to its batch and first query head (the strides stay), and the
+// dropout mask's batch and head count from them, so that the pair draws the whole call's.
+function pairFields(p: Plan, desc: ProblemDesc, b: number, firstHead: number) {
   const maskElementBytes = p.mask?.kind === 'float' ? 4 : 1;
   return {
     mask: p.mask === null ? 0 : desc.mask + maskElementBytes * (b * p.mask.strides[0] + firstHead * p.mask.strides[1]),
@@ -255,6 +254,8 @@ function pairAddresses(p: Plan, desc: ProblemDesc, b: number, firstHead: number)
     keyStarts: p.keyStarts === null ? 0 : desc.keyStarts + 4 * b,
     sinks: p.sinks === null ? 0 : desc.sinks + 4 * firstHead,
     alibiSlopes: p.alibiSlopes === null ? 0 : desc.alibiSlopes + 4 * (b * p.alibiStrideB + firstHead),
+    dropoutBatchBase: b,
+    dropoutHeadBase: firstHead,
   };
 }
 
@@ -303,11 +304,12 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, 
       copySmallInputs(memory, p, desc, at);
       for (let pair = 0; pair < p.batch * p.kvHeads; pair++) {
         const b = Math.floor(pair / p.kvHeads), firstHead = (pair % p.kvHeads) * group;
-        const pairAt = pairAddresses(p, desc, b, firstHead);
+        const pairAt = pairFields(p, desc, b, firstHead);
         streamer.setPair(
           desc.query + 4 * (b * p.q.b + firstHead * p.q.h),
           desc.output + 4 * (b * p.o.b + firstHead * p.o.h),
-          pairAt.mask, pairAt.causalOffsets, pairAt.keyLengths, pairAt.keyStarts, pairAt.sinks, pairAt.alibiSlopes);
+          pairAt.mask, pairAt.causalOffsets, pairAt.keyLengths, pairAt.keyStarts, pairAt.sinks, pairAt.alibiSlopes,
+          pairAt.dropoutBatchBase, pairAt.dropoutHeadBase);
         const keyRows = pair * pairKeyFloats, valueRows = pair * pairValueFloats;
         for (let segment = 0; segment < segments; segment++) {
           const begin = segment * segmentKeys, end = Math.min(p.kvLen, begin + segmentKeys);
@@ -363,7 +365,7 @@ export function runStreamedPrefill(memory: CallMemory, p: Plan, q: Float32Array,
       before.set(q.subarray(qAt, qAt + pairQueryFloats), pairDesc.query >>> 2);
       before.set(k.subarray(kAt, kAt + p.k.h), pairDesc.key >>> 2);
       before.set(v.subarray(vAt, vAt + p.v.h), pairDesc.value >>> 2);
-      Object.assign(pairDesc, pairAddresses(p, desc, b, firstHead));
+      Object.assign(pairDesc, pairFields(p, desc, b, firstHead));
       check(module, p, module.forward(problemArg(module, pairDesc), scratch, scratchFloats, 1));
       const from = pairDesc.output >>> 2;
       output.set(memory.heap.f32.subarray(from, from + pairOutputFloats), b * p.o.b + firstHead * p.o.h);

@@ -62,13 +62,17 @@ export interface SdpaOptions {
    * Attention dropout (PyTorch's `dropout_p`), for training: after the softmax each probability
    * is dropped (0) with probability `dropoutP`, or kept and multiplied by `1/(1 - dropoutP)`. A
    * number in `[0, 1)` (rounded to a multiple of 2^-32); 0, the default, is none. Needs
-   * `dropoutSeed`: the mask is a function of the seed and `(b, h, i, j)` alone, so the same
-   * seed gives the same mask on any thread count, and `sdpaBackward` given the same two options
-   * draws it again. `weights` are the dropped ones (the output is `weights · V`); `logSumExp`
-   * is the softmax's own.
+   * `dropoutSeed`: the mask is a function of the seed and `(b, h, i, j)` alone (`i` the row's
+   * index in this call's query), so the same seed gives the same mask on any thread count, and
+   * `sdpaBackward` given the same two options draws it again; give every call (each layer,
+   * each step) its own seed. `weights` are the dropped ones (the output is `weights · V`);
+   * `logSumExp` is the softmax's own.
    */
   dropoutP?: number;
-  /** The dropout mask's seed: an integer in `[0, 2^32)`. Required when `dropoutP > 0`. */
+  /**
+   * The dropout mask's seed: an integer in `[0, 2^32)`, a new one per call. Required when
+   * `dropoutP` rounds to a step above 0 (`dropoutP >= 2^-33`); without dropout checked but not used.
+   */
   dropoutSeed?: number;
   /** Also return the softmax probabilities `[..., Hq, Lq, Lk]` (zeros on fully masked rows; with `dropoutP`, after dropout). */
   returnWeights?: boolean;
@@ -199,7 +203,7 @@ export interface SdpaVarlenOptions {
    * its own positions `(i, j)`. Needs `dropoutSeed`.
    */
   dropoutP?: number;
-  /** The dropout mask's seed: an integer in `[0, 2^32)`. Required when `dropoutP > 0`. */
+  /** The dropout mask's seed: an integer in `[0, 2^32)`, as for sdpa(). */
   dropoutSeed?: number;
   /** Also return `logSumExp` `[Hq, Tq]` (`-Infinity`, or the sink, for a row without keys). */
   returnLogSumExp?: boolean;

@@ -28,7 +28,7 @@ const char* status_name(Status status) {
     case Status::kBadWindow: return "sliding window negative, or without causal";
     case Status::kBadSink: return "sink is NaN or +inf";
     case Status::kBadAlibi: return "ALiBi slope is NaN, negative or above 2^64";
-    case Status::kBadDropout: return "dropout batch base is negative, or base + batches - 1 past INT32_MAX";
+    case Status::kBadDropout: return "dropout batch or head base negative, or base + batches (heads) - 1 past INT32_MAX";
     case Status::kBadPacking: return "packed sequences: bad starts, or an option packing does not take";
     case Status::kBadMaskGrad: return "mask gradient asked for a mask that is not float";
   }
@@ -77,8 +77,11 @@ Status validate(const Problem& p) {
     if (std::isnan(p.sinks[h]) || p.sinks[h] == std::numeric_limits<float>::infinity()) return Status::kBadSink;
   }
   if (!alibi_slopes_valid(p, p.batch)) return Status::kBadAlibi;
-  // The call's batch index base + b is an int32 (src/kernels/dropout.h, dropout_row).
-  if (p.dropout_batch_base < 0 || p.dropout_batch_base > INT32_MAX - (p.batch - 1)) return Status::kBadDropout;
+  // The call's batch and head indices base + b and base + h are int32 (src/kernels/dropout.h, dropout_row).
+  if (p.dropout_batch_base < 0 || p.dropout_batch_base > INT32_MAX - (p.batch - 1) || p.dropout_head_base < 0 ||
+      p.dropout_head_base > INT32_MAX - (p.q_heads - 1)) {
+    return Status::kBadDropout;
+  }
   for (const int32_t* bounds : {p.key_lengths, p.key_starts}) {  // per-batch key indices in [0, Lk]
     for (int32_t b = 0; bounds != nullptr && b < p.batch; b++) {
       if (bounds[b] < 0 || bounds[b] > p.kv_len) return Status::kBadKeyLength;

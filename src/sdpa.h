@@ -107,13 +107,15 @@ struct Problem {
   const float* alibi_slopes = nullptr;
   int64_t alibi_stride_b = 0;
   // Attention dropout (src/kernels/dropout.h): 0 for none; else the probability of (b, h, i, j)
-  // is dropped where its bits, drawn from dropout_seed and (dropout_batch_base + b, h, i, j),
-  // are below dropout_threshold, and kept and scaled otherwise. dropout_batch_base >= 0 places
-  // this problem's batch 0 in the call's batches (a packed sequence, or a chunk of them,
-  // computed alone draws the call's mask); base + B - 1 is at most INT32_MAX.
+  // is dropped where its bits, drawn from dropout_seed and (dropout_batch_base + b,
+  // dropout_head_base + h, i, j), are below dropout_threshold, and kept and scaled otherwise.
+  // The bases (>= 0) place this problem's batch 0 and query head 0 in the call's (a packed
+  // sequence, a chunk of them, or one (batch, KV head) computed alone draws the call's mask);
+  // base + B - 1 and base + Hq - 1 are at most INT32_MAX.
   uint32_t dropout_threshold = 0;
   uint32_t dropout_seed = 0;
   int32_t dropout_batch_base = 0;
+  int32_t dropout_head_base = 0;
 
   float* weights = nullptr;  // optional [B, Hq, Lq, Lk] softmax probabilities
   // Optional [B, Hq, Lq], dense: each row's log-sum-exp of its scores, log Σ_j exp(s_j)
@@ -154,7 +156,8 @@ enum class Status : int32_t {
   kBadSink = 13,        // a sink that is NaN or +inf
   kBadAlibi = 15,       // an ALiBi slope that is NaN, negative or above kMaxAlibiSlope
   kBadDropout = 16,     // dropout_batch_base < 0, or past INT32_MAX - (B - 1) (a packed problem's:
-                        // INT32_MAX - (S - 1)): the call's batch indices base + b are int32
+                        // INT32_MAX - (S - 1)), or dropout_head_base < 0 or past
+                        // INT32_MAX - (Hq - 1): the call's indices base + b and base + h are int32
   kBadPacking = 14,     // packed sequences (src/sdpa-packed.h): starts not 0 = s[0] <= … <= s[S] =
                         // Tq (or Tk), S < 1, or what a packed problem does not take (batch != 1,
                         // a mask, key lengths or starts, weights, float16 K/V, d_mask)

@@ -29,6 +29,8 @@ export interface ProblemDesc {
   dropoutSeed: number;
   /** sdpa::Problem::dropout_batch_base: the problem's batch 0 in the dropout mask's batches. */
   dropoutBatchBase: number;
+  /** sdpa::Problem::dropout_head_base: the problem's query head 0 in the dropout mask's heads. */
+  dropoutHeadBase: number;
   qStrideB: number; qStrideH: number; qStrideL: number;
   kStrideB: number; kStrideH: number; kStrideL: number;
   vStrideB: number; vStrideH: number; vStrideL: number;
@@ -124,9 +126,12 @@ export interface SdpaModule {
 
 /** Mirrors SegmentStream in src/bindings/embind.cc. Statuses: 0 = ok. */
 export interface SegmentStream {
-  /** Moves to another (batch, KV head): its rows of Q, output, mask, offsets, key lengths and starts, its query heads' sinks and ALiBi slopes. */
+  /**
+   * Moves to another (batch, KV head): its rows of Q, output, mask, offsets, key lengths and starts, its query heads' sinks and ALiBi slopes,
+   * and its batch and first query head in the dropout mask.
+   */
   setPair(query: number, output: number, mask: number, causalOffsets: number, keyLengths: number, keyStarts: number,
-    sinks: number, alibiSlopes: number): void;
+    sinks: number, alibiSlopes: number, dropoutBatchBase: number, dropoutHeadBase: number): void;
   /** One segment, its keys alone at `key` and `value`; writes its part of `partials`. */
   forward(segment: number, key: number, value: number, partials: number, scratch: number, scratchFloats: number): number;
   /** The output rows of the (batch, KV head) from every segment's partials. */

@@ -35,6 +35,7 @@ struct ProblemDesc {
   uint32_t dropoutThreshold;  // sdpa::Problem::dropout_threshold: 0 for no dropout
   uint32_t dropoutSeed;       // sdpa::Problem::dropout_seed
   int32_t dropoutBatchBase;   // sdpa::Problem::dropout_batch_base
+  int32_t dropoutHeadBase;    // sdpa::Problem::dropout_head_base
   int32_t qStrideB, qStrideH, qStrideL, kStrideB, kStrideH, kStrideL;
   int32_t vStrideB, vStrideH, vStrideL, oStrideB, oStrideH, oStrideL;
   int32_t maskKind, maskStrideB, maskStrideH, maskStrideQ, maskStrideK;
@@ -87,6 +88,7 @@ sdpa::Problem to_problem(const ProblemDesc& d) {
   p.dropout_threshold = d.dropoutThreshold;
   p.dropout_seed = d.dropoutSeed;
   p.dropout_batch_base = d.dropoutBatchBase;
+  p.dropout_head_base = d.dropoutHeadBase;
   p.read_kv_in_order = d.readKvInOrder != 0;
   p.logsumexp = at<float>(d.logsumexp);
   return p;
@@ -137,6 +139,7 @@ constexpr FieldLayout kProblemFields[] = {
     SDPA_FIELD(ProblemDesc, keyLengths),  SDPA_FIELD(ProblemDesc, logsumexp),     SDPA_FIELD(ProblemDesc, keyStarts),
     SDPA_FIELD(ProblemDesc, sinks),       SDPA_FIELD(ProblemDesc, alibiSlopes),   SDPA_FIELD(ProblemDesc, alibiStrideB),
     SDPA_FIELD(ProblemDesc, dropoutThreshold), SDPA_FIELD(ProblemDesc, dropoutSeed), SDPA_FIELD(ProblemDesc, dropoutBatchBase),
+    SDPA_FIELD(ProblemDesc, dropoutHeadBase),
     SDPA_FIELD(ProblemDesc, qStrideB),
     SDPA_FIELD(ProblemDesc, qStrideH),    SDPA_FIELD(ProblemDesc, qStrideL),      SDPA_FIELD(ProblemDesc, kStrideB),
     SDPA_FIELD(ProblemDesc, kStrideH),    SDPA_FIELD(ProblemDesc, kStrideL),      SDPA_FIELD(ProblemDesc, vStrideB),
@@ -288,14 +291,15 @@ double segment_partials_floats(uint32_t desc) {
 // A streamed decode (sdpa.h, forward_segment) of a problem that is one (batch, KV head):
 // the description (an argument block's address) is read once, then only addresses move, per
 // (batch, KV head) the rows of Q, output, mask, offsets, key lengths and starts, the KV group's sinks
-// and ALiBi slopes,
+// and ALiBi slopes, and the pair's batch and first query head in the dropout mask,
 // per segment K and V.
 class SegmentStream {
  public:
   explicit SegmentStream(uint32_t desc) : p_(to_problem(problem_at(desc))) {}
 
   void set_pair(uint32_t query, uint32_t output, uint32_t mask, uint32_t causal_offsets, uint32_t key_lengths,
-                uint32_t key_starts, uint32_t sinks, uint32_t alibi_slopes) {
+                uint32_t key_starts, uint32_t sinks, uint32_t alibi_slopes, int32_t dropout_batch_base,
+                int32_t dropout_head_base) {
     p_.query = at<const float>(query);
     p_.output = at<float>(output);
     p_.mask = at<const void>(mask);
@@ -304,6 +308,8 @@ class SegmentStream {
     p_.key_starts = at<const int32_t>(key_starts);
     p_.sinks = at<const float>(sinks);
     p_.alibi_slopes = at<const float>(alibi_slopes);
+    p_.dropout_batch_base = dropout_batch_base;
+    p_.dropout_head_base = dropout_head_base;
   }
 
   int32_t forward(int32_t segment, uint32_t key, uint32_t value, uint32_t partials, uint32_t scratch,

@@ -4,13 +4,18 @@
 //   output_i = Σ_j p_ij·z_ij·v_j,  z_ij = factor if kept, else 0
 // The softmax itself (its maximum, its sum, the log-sum-exp) is the one without dropout.
 // Whether (b, h, i, j) is kept is a pure function of the seed and those four indices (the
-// call's: a part computed alone adds its place, dropout_batch_base, to b), never of the tile,
-// the order or the thread count, so the backward draws the same mask again and every split of
-// the work gives the same bits. All arithmetic is on uint32, mod 2^32:
+// call's: a part computed alone adds its place, dropout_batch_base and dropout_head_base, to b
+// and h), never of the tile, the order or the thread count, so the backward draws the same mask
+// again and every split of the work gives the same bits. i is the row's index in the call's
+// query, not a position in a longer sequence: calls with the same seed draw the same masks (a
+// new seed per call, as PyTorch draws new numbers per call). All arithmetic is on uint32,
+// mod 2^32:
 //   mix(x)  = MurmurHash3's finaliser: x ^= x >> 16; x *= 0x85EBCA6B; x ^= x >> 13;
 //             x *= 0xC2B2AE35; x ^= x >> 16  (a bijection of uint32)
 //   row     = mix(mix(mix(mix(seed) + b) + h) + i)
-//   bits(j) = mix(row + j·0x9E3779B9)  (an odd step: distinct j give distinct bits in a row)
+//   bits(j) = mix(row ^ (j·0x9E3779B9))  (an odd step: distinct j give distinct bits in a row;
+//             XOR, not +: with +, two rows whose states differ by d·0x9E3779B9 would have the
+//             same mask shifted by d keys)
 //   kept    = bits(j) >= threshold      (probability 1 - threshold/2^32)
 //   factor  = 2^32 / (2^32 - threshold), rounded to float once (dropout_factor)
 // threshold = 0 is no dropout: every kernel then skips all of this (the bits of a problem
@@ -36,16 +41,17 @@ inline uint32_t dropout_mix(uint32_t x) {
 
 constexpr uint32_t kDropoutKeyStep = 0x9E3779B9u;
 
-// The key-independent part of row i of (b, h): bits(j) = dropout_mix(row + j·kDropoutKeyStep).
+// The key-independent part of row i of (b, h): bits(j) = dropout_mix(row ^ j·kDropoutKeyStep).
+// validate() keeps base + b and base + h within int32.
 inline uint32_t dropout_row(const Problem& p, int32_t b, int32_t h, int32_t i) {
   uint32_t x = dropout_mix(p.dropout_seed);
   x = dropout_mix(x + static_cast<uint32_t>(p.dropout_batch_base + b));
-  x = dropout_mix(x + static_cast<uint32_t>(h));
+  x = dropout_mix(x + static_cast<uint32_t>(p.dropout_head_base + h));
   return dropout_mix(x + static_cast<uint32_t>(i));
 }
 
 inline bool dropout_kept(const Problem& p, uint32_t row, int64_t j) {
-  return dropout_mix(row + static_cast<uint32_t>(j) * kDropoutKeyStep) >= p.dropout_threshold;
+  return dropout_mix(row ^ (static_cast<uint32_t>(j) * kDropoutKeyStep)) >= p.dropout_threshold;
 }
 
 // What a kept probability is multiplied by: 1 / (1 - threshold/2^32), in double, rounded once.
@@ -83,12 +89,13 @@ inline void apply_dropout_row(const Problem& p, uint32_t row, int64_t j0, int32_
   const v128_t step4 = wasm_i32x4_splat(static_cast<int32_t>(4u * kDropoutKeyStep));
   const v128_t threshold = wasm_i32x4_splat(static_cast<int32_t>(p.dropout_threshold));
   const v128_t scale = wasm_f32x4_splat(factor);
-  const uint32_t first = row + static_cast<uint32_t>(j0) * kDropoutKeyStep;
+  const v128_t row_bits = wasm_i32x4_splat(static_cast<int32_t>(row));
+  const uint32_t first = static_cast<uint32_t>(j0) * kDropoutKeyStep;  // j·step, for j = j0 + c + lane
   v128_t keys = wasm_i32x4_make(static_cast<int32_t>(first), static_cast<int32_t>(first + kDropoutKeyStep),
                                 static_cast<int32_t>(first + 2 * kDropoutKeyStep),
                                 static_cast<int32_t>(first + 3 * kDropoutKeyStep));
   for (int32_t c = 0; c < cols; c += 4, keys = wasm_i32x4_add(keys, step4)) {
-    const v128_t kept = wasm_u32x4_ge(dropout_mix4(keys), threshold);
+    const v128_t kept = wasm_u32x4_ge(dropout_mix4(wasm_v128_xor(row_bits, keys)), threshold);
     wasm_v128_store(probs + c, wasm_v128_and(wasm_f32x4_mul(wasm_v128_load(probs + c), scale), kept));
   }
 }

@@ -71,7 +71,7 @@ bool plain_kept(uint32_t threshold, uint32_t seed, int64_t batch, int64_t h, int
   row = plain_mix(row + static_cast<uint32_t>(batch));
   row = plain_mix(row + static_cast<uint32_t>(h));
   row = plain_mix(row + static_cast<uint32_t>(i));
-  return plain_mix(row + static_cast<uint32_t>(j) * 0x9E3779B9u) >= threshold;
+  return plain_mix(row ^ (static_cast<uint32_t>(j) * 0x9E3779B9u)) >= threshold;
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -558,6 +558,115 @@ TEST(DropoutBatchBase, BasesAtTheInt32LimitAreTakenAndPastItRefused) {
   }
 }
 
+// One KV group of h's problem, (batch b, KV head g), as a problem of its own, the way
+// js/strategies.ts streams a call one (batch, KV head) at a time: its query heads' rows against
+// its K/V, batch 1 and one KV head, dropout_batch_base = b and dropout_head_base = its first
+// query head. Output, weights and lse dense, into the given buffers.
+Problem kv_group_alone(const Harness& h, int b, int g, std::vector<float>& out, std::vector<float>& weights,
+                       std::vector<float>& lse) {
+  const Case& c = h.c;
+  const int group = c.Hq / c.Hkv, first = g * group;
+  Problem one = h.p;
+  one.batch = 1, one.q_heads = group, one.kv_heads = 1;
+  one.query += b * h.p.q_stride_b + first * h.p.q_stride_h;
+  const size_t elem = is_half(h.p.kv_type) ? 2 : 4;
+  one.key = static_cast<const char*>(h.p.key) + size_t(b * h.p.k_stride_b + g * h.p.k_stride_h) * elem;
+  one.value = static_cast<const char*>(h.p.value) + size_t(b * h.p.v_stride_b + g * h.p.v_stride_h) * elem;
+  out.assign(size_t(group) * c.Lq * c.Ev, kNaN);
+  one.output = out.data(), one.o_stride_b = 0, one.o_stride_h = int64_t(c.Lq) * c.Ev, one.o_stride_l = c.Ev;
+  weights.assign(c.weights ? size_t(group) * c.Lq * c.Lk : 0, kNaN);
+  one.weights = c.weights ? weights.data() : nullptr;
+  lse.assign(size_t(group) * c.Lq, kNaN);
+  one.logsumexp = lse.data();
+  if (h.p.mask != nullptr) {
+    const size_t mask_elem = h.p.mask_kind == MaskKind::kFloat ? 4 : 1;
+    one.mask = static_cast<const char*>(h.p.mask) + size_t(b * h.p.mask_stride_b + first * h.p.mask_stride_h) * mask_elem;
+  }
+  if (h.p.causal_offsets != nullptr) one.causal_offsets = h.p.causal_offsets + b;
+  if (h.p.sinks != nullptr) one.sinks = h.p.sinks + first;
+  if (h.p.alibi_slopes != nullptr) one.alibi_slopes = h.p.alibi_slopes + b * h.p.alibi_stride_b + first;
+  one.dropout_batch_base = h.p.dropout_batch_base + b;
+  one.dropout_head_base = h.p.dropout_head_base + first;
+  return one;
+}
+
+TEST(DropoutHeadBase, AKvGroupAloneWithItsPlaceAsBasesGivesTheCallsBits) {
+  std::vector<Case> cases;
+  {
+    Case c;  // prefill: GQA, causal, a float mask per head, sinks, ALiBi per batch
+    c.B = 2, c.Hq = 8, c.Hkv = 2, c.Lq = 37, c.Lk = 300, c.E = 16, c.Ev = 12, c.causal = true, c.offsets = {263, 100};
+    c.mask_kind = MaskKind::kFloat, c.mask_dims = {8, 37, 300}, c.mask_block_fraction = 0.1;
+    c.sinks = test::cycling_sinks(8), c.alibi_slopes = test::per_batch_slopes(2, 8);
+    cases.push_back(c);
+  }
+  {
+    Case c;  // decode split-K with weights, GQA
+    c.B = 2, c.Hq = 8, c.Hkv = 2, c.Lq = 1, c.Lk = 1500, c.E = 32, c.Ev = 32;
+    cases.push_back(c);
+  }
+  {
+    Case c;  // float16 MHA decode in order
+    c.B = 1, c.Hq = 3, c.Hkv = 3, c.Lq = 1, c.Lk = 2100, c.E = 64, c.Ev = 64, c.weights = false;
+    c.kv_type = KvType::kFloat16, c.in_order = true;
+    cases.push_back(c);
+  }
+  for (const Case& shape : cases) {
+    Case c = shape;
+    c.dropout = {kThresholds[1], 777u, 0};
+    Harness h(c);
+    ASSERT_EQ(h.run(), Status::kOk) << c.what();
+    h.expect_matches_reference();
+    const int group = c.Hq / c.Hkv;
+    const int b = c.B - 1, g = c.Hkv - 1, first = g * group;
+    std::vector<float> out, weights, lse;
+    const Problem one = kv_group_alone(h, b, g, out, weights, lse);
+    EXPECT_EQ(one.dropout_head_base, first);
+    std::vector<float> scratch(scratch_floats(one));
+    ASSERT_EQ(forward(one, scratch.data(), scratch.size()), Status::kOk) << c.what();
+    for (int hd = 0; hd < group; hd++) {
+      const size_t row = size_t(b * c.Hq + first + hd) * c.Lq;
+      EXPECT_TRUE(same_bits(slice(out, size_t(hd) * c.Lq * c.Ev, size_t(c.Lq) * c.Ev), slice(h.out, row * c.Ev, size_t(c.Lq) * c.Ev)))
+          << c.what() << " head " << hd;
+      EXPECT_TRUE(same_bits(slice(lse, size_t(hd) * c.Lq, c.Lq), slice(h.lse, row, c.Lq))) << c.what();
+      if (c.weights) {
+        EXPECT_TRUE(same_bits(slice(weights, size_t(hd) * c.Lq * c.Lk, size_t(c.Lq) * c.Lk),
+                              slice(h.weights, row * c.Lk, size_t(c.Lq) * c.Lk))) << c.what();
+      }
+    }
+    // Without the head base, the group's heads draw heads 0.. instead: other bits.
+    Problem wrong = one;
+    wrong.dropout_head_base = 0;
+    ASSERT_EQ(forward(wrong, scratch.data(), scratch.size()), Status::kOk) << c.what();
+    const size_t row = size_t(b * c.Hq + first) * c.Lq;
+    EXPECT_FALSE(same_bits(slice(out, 0, size_t(c.Lq) * c.Ev), slice(h.out, row * c.Ev, size_t(c.Lq) * c.Ev))) << c.what();
+  }
+}
+
+// Head bases near INT32_MAX: base + Hq - 1 must be an int32.
+TEST(DropoutHeadBase, BasesAtTheInt32LimitAreTakenAndPastItRefused) {
+  Case c;
+  c.B = 1, c.Hq = 3, c.Hkv = 1, c.Lq = 5, c.Lk = 40, c.E = 8, c.Ev = 8;
+  for (int32_t base : {-1, INT32_MAX - 2, INT32_MAX - 1}) {
+    c.dropout = {kThresholds[1], 31u, 0};
+    Harness h(c);
+    h.p.dropout_head_base = base;
+    const Status want = base >= 0 && base <= INT32_MAX - 2 ? Status::kOk : Status::kBadDropout;
+    EXPECT_EQ(validate(h.p), want) << base;
+    std::fill(h.out.begin(), h.out.end(), kNaN);
+    ASSERT_EQ(h.run(), want) << base;
+    if (want != Status::kOk) {
+      EXPECT_TRUE(std::all_of(h.out.begin(), h.out.end(), [](float x) { return std::isnan(x); })) << "written on refusal";
+      continue;
+    }
+    for (int hd = 0; hd < c.Hq; hd++)
+      for (int i = 0; i < c.Lq; i++)
+        for (int j = 0; j < c.Lk; j++) {
+          const bool kept = h.weights[size_t((hd * c.Lq + i) * c.Lk + j)] != 0.0f;
+          ASSERT_EQ(kept, plain_kept(kThresholds[1], 31u, 0, int64_t(base) + hd, i, j)) << base;
+        }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // 6. Statistics.
 // ---------------------------------------------------------------------------------------
@@ -625,7 +734,7 @@ TEST(DropoutDefinition, SimdRowEqualsTheScalarKeptAndFactorAroundTheWrapOfJ) {
             const int64_t j = j0 + c;
             const bool is_kept = dropout_kept(p, row, j);
             // The definition, plainly: bits(j) = mix(row + uint32(j)·step), j mod 2^32.
-            ASSERT_EQ(is_kept, plain_mix(row + static_cast<uint32_t>(j) * 0x9E3779B9u) >= threshold);
+            ASSERT_EQ(is_kept, plain_mix(row ^ (static_cast<uint32_t>(j) * 0x9E3779B9u)) >= threshold);
             const float want = is_kept ? probs[c] * factor : 0.0f;
             ASSERT_EQ(0, std::memcmp(&want, &got[c], 4))
                 << "threshold " << threshold << " row " << row << " j " << j << ": " << got[c] << " want " << want;
@@ -652,11 +761,13 @@ TEST(DropoutDefinition, RowHashIsTheChainOfFinalisersOverSeedBatchHeadAndRow) {
   for (int n = 0; n < 2000; n++) {
     p.dropout_seed = rng();
     p.dropout_batch_base = static_cast<int32_t>(rng() % 1000);
+    p.dropout_head_base = static_cast<int32_t>(rng() % 1000);
     const int32_t b = static_cast<int32_t>(rng() % 64), h = static_cast<int32_t>(rng() % 64);
     const int32_t i = static_cast<int32_t>(rng() % 100000);
     const uint32_t x = rng();
     ASSERT_EQ(dropout_mix(x), plain_mix(x));
-    uint32_t row = plain_mix(plain_mix(plain_mix(plain_mix(p.dropout_seed) + uint32_t(p.dropout_batch_base + b)) + uint32_t(h)) + uint32_t(i));
+    uint32_t row = plain_mix(plain_mix(plain_mix(plain_mix(p.dropout_seed) + uint32_t(p.dropout_batch_base + b)) +
+                                       uint32_t(p.dropout_head_base + h)) + uint32_t(i));
     ASSERT_EQ(dropout_row(p, b, h, i), row);
   }
 }

@@ -14,7 +14,7 @@
 //   dropoutP, dropoutSeed: out_i = Σ_j softmax_j(s_i)·z_ij·v_j and the weights are
 //   softmax_j(s_i)·z_ij, where z_ij = 2^32/(2^32 - t) if bits(b, h, i, j) >= t, else 0, with
 //   t = min(round(dropoutP·2^32), 2^32 - 1), and, in uint32 arithmetic (MurmurHash3's finaliser
-//   mix): bits = mix(mix(mix(mix(mix(seed) + b) + h) + i) + j·0x9E3779B9). b counts from the
+//   mix): bits = mix(mix(mix(mix(mix(seed) + b) + h) + i) ^ j·0x9E3779B9). b counts from the
 //   reference-only option dropoutBatchBase (default 0), for a packed sequence checked alone.
 //
 // Blocked keys are never read from K or V (nor their scores computed), so NaN written
@@ -48,7 +48,7 @@ export function dropoutRows(options) {
   const base = options.dropoutBatchBase ?? 0;
   return (b, h, i) => {
     const row = mix32((mix32((mix32((seedMix + base + b) >>> 0) + h) >>> 0) + i) >>> 0);
-    return (j) => (mix32((row + imul(j, 0x9E3779B9)) >>> 0) >= threshold ? factor : 0);
+    return (j) => (mix32((row ^ imul(j, 0x9E3779B9)) >>> 0) >= threshold ? factor : 0);
   };
 }
 

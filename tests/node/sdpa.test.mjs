@@ -776,7 +776,7 @@ describe('attention dropout (dropoutP, dropoutSeed)', () => {
 
   // The mask's bits from the definition, in BigInt arithmetic mod 2^32 (written apart from
   // reference.mjs's Math.imul version): MurmurHash3's finaliser, chained over seed, b, h, i,
-  // then the key's j·0x9E3779B9.
+  // then XOR with the key's j·0x9E3779B9.
   const M32 = (1n << 32n) - 1n;
   const fmix = (x) => {
     x ^= x >> 16n;
@@ -788,7 +788,7 @@ describe('attention dropout (dropoutP, dropoutSeed)', () => {
   const bitsOfKey = (seed, b, h, i, j) => {
     let x = fmix(BigInt(seed));
     for (const n of [b, h, i]) x = fmix((x + BigInt(n)) & M32);
-    return Number(fmix((x + BigInt(j) * 0x9E3779B9n) & M32));
+    return Number(fmix(x ^ ((BigInt(j) * 0x9E3779B9n) & M32)));
   };
 
   /** lse against the reference, and bitwise the lse of the same call without dropout. */
@@ -848,7 +848,7 @@ describe('attention dropout (dropoutP, dropoutSeed)', () => {
     }
   });
 
-  test('decode: Lq 1 against 4200 and 9000 keys (K + V of 4 MiB and more: streamed without dropout), Lq 3 against 1500 (GQA rows packed in a tile): the reference, one and two threads, bhsd and bshd, bitwise', async () => {
+  test('decode: Lq 1 against 4200 and 9000 keys (K + V of 4 MiB and more: streamed one key segment of one (batch, KV head) at a time, each drawing the mask of the whole call), Lq 3 against 1500 (GQA rows packed in a tile): the reference, one and two threads, bhsd and bshd, bitwise', async () => {
     const two = await createAttention({ threads: 2 });
     try {
       for (const [shape, seed] of [
@@ -891,7 +891,7 @@ describe('attention dropout (dropoutP, dropoutSeed)', () => {
         [{ B: 2, Hq: 1, Lq: 300, Lk: 300, E: 16, Ev: 8 }, { isCausal: true, returnWeights: true }],
         [{ B: 2, Hq: 6, Hkv: 2, Lq: 70, Lk: 450, E: 9, Ev: 5 }, { attnMask: floatMask([70, 450], 980), keyLengths: new Int32Array([450, 300]) }],
         [{ B: 3, Hq: 2, Hkv: 1, Lq: 129, Lk: 257, E: 32, Ev: 32 }, { isCausal: true, causalOffset: new Int32Array([-5, 128, 0]), softcap: 6, returnLogSumExp: true }],
-        // 2 MiB of Q, K, V on one thread, a pair within 1 MiB: streamed one (batch, KV head) at a time without dropout.
+        // 2 MiB of Q, K, V on one thread, a pair within 1 MiB: streamed one (batch, KV head) at a time, each drawing the mask of the whole call.
         [{ B: 2, Hq: 4, Hkv: 2, Lq: 700, Lk: 700, E: 64, Ev: 48 }, { isCausal: true, sinks: Float32Array.of(1, -1, 0, 2) }],
       ];
       for (const [n, [dims, options]] of cases.entries()) {
