@@ -896,7 +896,7 @@ describe('options.saved is checked against the sdpa() call that returned it: a R
     ['alibiSlopes', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, alibiSlopes: Float32Array.of(0.5, 0.25, 0, 1) }),
       `alibiSlopes ${there}none there, \\[0\\.5, 0\\.25, 0, 1\\] here`],
     ['dropout', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, dropoutP: 0.5, dropoutSeed: 7 }),
-      `dropout ${there}none there, dropoutP 0\\.5 .*dropoutSeed 7 here`],
+      `dropout ${there}none there, dropoutP 2147483648/2\\^32 .*dropoutSeed 7 here`],
     ['scale', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, scale: 0.25 }), `scale \\(in float32\\) ${there}0\\.30000001192092896 there, 0\\.25 here`],
     ['softcap', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, softcap: 6 }), `softcap \\(in float32\\) ${there}5 there, 6 here`],
     ['keyLengths', (f) => backward(attn, f, p.query, p.key, p.value, { ...options, keyLengths: new Int32Array([70, 63]) }),
@@ -1023,10 +1023,10 @@ describe('options.saved is checked against the sdpa() call that returned it: a R
       expect(error.message).toMatch(new RegExp(`^sdpaBackward: options\\.saved is not this call's forward: dropout ${there}${pattern}`));
       expect(attn.memory().bytesInUse).toBe(0);
     };
-    refused({ ...withDropout, dropoutSeed: 6 }, f, 'dropoutP 0\\.25 \\(in 2\\^-32 steps\\), dropoutSeed 5 there, dropoutP 0\\.25 \\(in 2\\^-32 steps\\), dropoutSeed 6 here');
-    refused({ ...withDropout, dropoutP: 0.5 }, f, 'dropoutP 0\\.25 .*dropoutSeed 5 there, dropoutP 0\\.5 .*dropoutSeed 5 here');
-    refused(options, f, 'dropoutP 0\\.25 .*dropoutSeed 5 there, none here');
-    refused(withDropout, forward(), 'none there, dropoutP 0\\.25 .*dropoutSeed 5 here');
+    refused({ ...withDropout, dropoutSeed: 6 }, f, 'dropoutP 1073741824/2\\^32 \\(round\\(dropoutP·2\\^32\\)\\), dropoutSeed 5 there, dropoutP 1073741824/2\\^32 \\(round\\(dropoutP·2\\^32\\)\\), dropoutSeed 6 here');
+    refused({ ...withDropout, dropoutP: 0.5 }, f, 'dropoutP 1073741824/2\\^32 .*dropoutSeed 5 there, dropoutP 2147483648/2\\^32 .*dropoutSeed 5 here');
+    refused(options, f, 'dropoutP 1073741824/2\\^32 .*dropoutSeed 5 there, none here');
+    refused(withDropout, forward(), 'none there, dropoutP 1073741824/2\\^32 .*dropoutSeed 5 here');
     // dropoutP 0 with a seed is no dropout: a forward without it is its saved.
     const plain = backward(attn, forward(), p.query, p.key, p.value, { ...options, dropoutP: 0, dropoutSeed: 3 });
     const none = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);

@@ -357,8 +357,8 @@ describe('attention dropout: sequence s draws the mask of batch s in its own pos
     const options = { cuSeqlensQ: p.cuSeqlensQ, dropoutP: 0.5, dropoutSeed: 1 };
     const forward = attn.sdpaVarlen(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
     for (const [other, pattern] of [
-      [{ ...options, dropoutSeed: 2 }, /dropoutSeed 1 there, dropoutP 0\.5 \(in 2\^-32 steps\), dropoutSeed 2 here/],
-      [{ ...options, dropoutP: 0.25 }, /dropoutP 0\.5 .*dropoutSeed 1 there, dropoutP 0\.25 .*dropoutSeed 1 here/],
+      [{ ...options, dropoutSeed: 2 }, /dropoutSeed 1 there, dropoutP 2147483648\/2\^32 \(round\(dropoutP·2\^32\)\), dropoutSeed 2 here/],
+      [{ ...options, dropoutP: 0.25 }, /dropoutP 2147483648\/2\^32 .*dropoutSeed 1 there, dropoutP 1073741824\/2\^32 .*dropoutSeed 1 here/],
       [{ cuSeqlensQ: p.cuSeqlensQ }, /dropoutSeed 1 there, none here/],
     ]) {
       let error;
