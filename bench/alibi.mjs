@@ -18,11 +18,9 @@
 // none (its biases are made where a masked tile's are, without reading a mask).
 // Results go into the results JSON under `alibi` (standalone: merged into the existing file).
 import os from 'node:os';
-import { resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { createAttention } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
-import { DEFAULT_RESULTS_PATH, writeSection } from './results-file.mjs';
+import { runStandalone } from './results-file.mjs';
 import { makeInputs } from './reference.mjs';
 import { median, timeRoundRobin } from './round-robin.mjs';
 import { maxRelError, referenceProblem } from '../tests/node/reference.mjs';
@@ -35,7 +33,6 @@ export const ALIBI_TARGET = 1.15;
 const CHECK_TOLERANCE = 1e-4;
 
 const fmtMs = (ms) => (ms >= 10 ? ms.toFixed(2) : ms.toFixed(3));
-const errText = (e) => String(e?.message ?? e).replace(/\s+/g, ' ').slice(0, 400);
 const bloomSlopes = (H) => Float32Array.from({ length: H }, (_, h) => 2 ** (-8 * (h + 1) / H));
 const sameBits = (a, b) => a.length === b.length &&
   new Uint32Array(a.buffer, a.byteOffset, a.length).every((x, n) => x === new Uint32Array(b.buffer, b.byteOffset, b.length)[n]);
@@ -151,16 +148,4 @@ export async function runAlibiBench({ quick = false, portable = false, log = con
 }
 
 // --- standalone ----------------------------------------------------------------------------------
-if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
-  const argv = process.argv.slice(2);
-  const arg = (name) => { const i = argv.indexOf(name); return i >= 0 ? argv[i + 1] : undefined; };
-  const jsonPath = arg('--json') ? resolve(arg('--json')) : DEFAULT_RESULTS_PATH;
-  let alibi;
-  try {
-    alibi = await runAlibiBench({ quick: argv.includes('--quick'), portable: argv.includes('--portable') });
-  } catch (e) {
-    console.log(`alibi section FAILED: ${errText(e)}`);
-    process.exit(1);
-  }
-  writeSection(jsonPath, 'alibi', alibi);
-}
+await runStandalone(import.meta.url, 'alibi', (has) => runAlibiBench({ quick: has('--quick'), portable: has('--portable') }));

@@ -16,11 +16,9 @@
 // 2·(E + Ev) multiply-adds that make and use it).
 // Results go into the results JSON under `dropout` (standalone: merged into the existing file).
 import os from 'node:os';
-import { resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { createAttention } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
-import { DEFAULT_RESULTS_PATH, writeSection } from './results-file.mjs';
+import { runStandalone } from './results-file.mjs';
 import { makeInputs } from './reference.mjs';
 import { median, timeRoundRobin } from './round-robin.mjs';
 import { maxRelError, referenceProblem, referenceSdpaBackward } from '../tests/node/reference.mjs';
@@ -33,7 +31,6 @@ const CHECK_TOLERANCE = 1e-4;
 const SEED = 20261204;
 
 const fmtMs = (ms) => (ms >= 10 ? ms.toFixed(2) : ms.toFixed(3));
-const errText = (e) => String(e?.message ?? e).replace(/\s+/g, ' ').slice(0, 400);
 
 /** Max relative error of `rows` ([b, h, i]) of `output` [B, H, Lq, Ev] against the float64 reference. */
 function checkRows(query, key, value, options, output, rows) {
@@ -124,16 +121,4 @@ export async function runDropoutBench({ quick = false, portable = false, log = c
 }
 
 // --- standalone ----------------------------------------------------------------------------------
-if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
-  const argv = process.argv.slice(2);
-  const arg = (name) => { const i = argv.indexOf(name); return i >= 0 ? argv[i + 1] : undefined; };
-  const jsonPath = arg('--json') ? resolve(arg('--json')) : DEFAULT_RESULTS_PATH;
-  let dropout;
-  try {
-    dropout = await runDropoutBench({ quick: argv.includes('--quick'), portable: argv.includes('--portable') });
-  } catch (e) {
-    console.log(`dropout section FAILED: ${errText(e)}`);
-    process.exit(1);
-  }
-  writeSection(jsonPath, 'dropout', dropout);
-}
+await runStandalone(import.meta.url, 'dropout', (has) => runDropoutBench({ quick: has('--quick'), portable: has('--portable') }));

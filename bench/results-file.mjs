@@ -1,7 +1,7 @@
 // The benchmark's results file (bench/results/latest.json, or --json PATH): each section run
 // alone merges its results into it under its own key, keeping what the other sections wrote.
 import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { dirname } from 'node:path';
+import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 /** bench/results/latest.json. */
@@ -24,4 +24,25 @@ export function writeSection(jsonPath, key, result) {
   mkdirSync(dirname(jsonPath), { recursive: true });
   writeFileSync(jsonPath, JSON.stringify(json, keepNonFinite, 2));
   console.log(`results: ${jsonPath} (key "${key}")`);
+}
+
+/**
+ * A section's own file run as a script (`node bench/<section>.mjs [--quick] [--json PATH] ...`;
+ * `moduleUrl` its import.meta.url; nothing when it is imported, as bench.mjs does): `run(has)`
+ * (has('--quick') tells a flag) and its results merged into the results file under `key`. A
+ * failure is printed and exits with 1.
+ */
+export async function runStandalone(moduleUrl, key, run) {
+  if (!process.argv[1] || resolve(process.argv[1]) !== fileURLToPath(moduleUrl)) return;
+  const argv = process.argv.slice(2);
+  const given = argv.includes('--json') ? argv[argv.indexOf('--json') + 1] : undefined;
+  const jsonPath = given !== undefined ? resolve(given) : DEFAULT_RESULTS_PATH;
+  let result;
+  try {
+    result = await run((flag) => argv.includes(flag));
+  } catch (e) {
+    console.log(`${key} section FAILED: ${String(e?.message ?? e).replace(/\s+/g, ' ').slice(0, 400)}`);
+    process.exit(1);
+  }
+  writeSection(jsonPath, key, result);
 }

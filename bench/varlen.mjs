@@ -23,11 +23,9 @@
 // 0.9 × the work ratio (packing saves what padding adds).
 // Results go into the results JSON under `varlen` (standalone: merged into the existing file).
 import os from 'node:os';
-import { resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { createAttention } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
-import { DEFAULT_RESULTS_PATH, writeSection } from './results-file.mjs';
+import { runStandalone } from './results-file.mjs';
 import { checkPassed, compare, randomTensor, referenceRows, RELATIVE_TOLERANCE } from './reference.mjs';
 import { median, timeRoundRobin } from './round-robin.mjs';
 
@@ -40,7 +38,6 @@ export const VARLEN_BATCHES = [
 export const VARLEN_TARGETS = { vsOneByOne: 1 / 0.95, shareOfWorkRatio: 0.9 };
 
 const fmtMs = (ms) => (ms >= 10 ? ms.toFixed(2) : ms.toFixed(3));
-const errText = (e) => String(e?.message ?? e).replace(/\s+/g, ' ').slice(0, 400);
 const bitsOf = (a) => new Uint32Array(a.buffer, a.byteOffset, a.length);
 const sameBits = (a, b) => a.length === b.length && bitsOf(a).every((x, i) => x === bitsOf(b)[i]);
 
@@ -179,16 +176,4 @@ export async function runVarlenBench({ quick = false, portable = false, log = co
 }
 
 // --- standalone ----------------------------------------------------------------------------------
-if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
-  const argv = process.argv.slice(2);
-  const arg = (name) => { const i = argv.indexOf(name); return i >= 0 ? argv[i + 1] : undefined; };
-  const jsonPath = arg('--json') ? resolve(arg('--json')) : DEFAULT_RESULTS_PATH;
-  let varlen;
-  try {
-    varlen = await runVarlenBench({ quick: argv.includes('--quick'), portable: argv.includes('--portable') });
-  } catch (e) {
-    console.log(`varlen section FAILED: ${errText(e)}`);
-    process.exit(1);
-  }
-  writeSection(jsonPath, 'varlen', varlen);
-}
+await runStandalone(import.meta.url, 'varlen', (has) => runVarlenBench({ quick: has('--quick'), portable: has('--portable') }));

@@ -21,11 +21,9 @@
 // not read; what is left is the check of each and the merge of the segments).
 // Results go into the results JSON under `window` (standalone: merged into the existing file).
 import os from 'node:os';
-import { resolve } from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { createAttention } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
-import { DEFAULT_RESULTS_PATH, writeSection } from './results-file.mjs';
+import { runStandalone } from './results-file.mjs';
 import { evictionBytes, openReadProbe } from './read-probe.mjs';
 import { positions, roundedToHalves } from '../tests/shared/kv-cache-cases.mjs';
 import { checkPassed, compare, makeInputs, referenceRows, RELATIVE_TOLERANCE } from './reference.mjs';
@@ -38,7 +36,6 @@ const DTYPES = ['float32', 'float16'];
 export const WINDOW_TARGET = 1.15;
 
 const fmtMs = (ms) => (ms >= 10 ? ms.toFixed(2) : ms.toFixed(3));
-const errText = (e) => String(e?.message ?? e).replace(/\s+/g, ' ').slice(0, 400);
 
 /**
  * Runs the window section and returns its results (the `window` key of the results JSON).
@@ -116,16 +113,4 @@ export async function runWindowBench({ quick = false, hot = false, portable = fa
 }
 
 // --- standalone ----------------------------------------------------------------------------------
-if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
-  const argv = process.argv.slice(2);
-  const arg = (name) => { const i = argv.indexOf(name); return i >= 0 ? argv[i + 1] : undefined; };
-  const jsonPath = arg('--json') ? resolve(arg('--json')) : DEFAULT_RESULTS_PATH;
-  let window;
-  try {
-    window = await runWindowBench({ quick: argv.includes('--quick'), hot: argv.includes('--hot'), portable: argv.includes('--portable') });
-  } catch (e) {
-    console.log(`window section FAILED: ${errText(e)}`);
-    process.exit(1);
-  }
-  writeSection(jsonPath, 'window', window);
-}
+await runStandalone(import.meta.url, 'window', (has) => runWindowBench({ quick: has('--quick'), hot: has('--hot'), portable: has('--portable') }));
