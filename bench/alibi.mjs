@@ -22,7 +22,7 @@ import { createAttention } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
 import { runStandalone } from './results-file.mjs';
 import { makeInputs } from './reference.mjs';
-import { median, timeRoundRobin } from './round-robin.mjs';
+import { checkEntries, median, timeRoundRobin } from './round-robin.mjs';
 import { maxRelError, referenceProblem } from '../tests/node/reference.mjs';
 import { roundedToHalves } from '../tests/shared/kv-cache-cases.mjs';
 
@@ -118,11 +118,7 @@ export async function runAlibiBench({ quick = false, portable = false, log = con
       );
     }
 
-    for (const e of entries) {
-      if (!e.check) continue;
-      e.error = e.check(e.run());
-      if (!(e.error <= CHECK_TOLERANCE)) throw new Error(`${e.group} ${e.variant} ${e.role}: WRONG (relative error ${e.error} > ${CHECK_TOLERANCE})`);
-    }
+    checkEntries(entries, CHECK_TOLERANCE);
     const seconds = timeRoundRobin(entries, settings);
     const rows = [];
     for (const [group, variant] of [['prefill', 'not causal'], ['prefill', 'causal'], ['decode', 'float32'], ['decode', 'float16']]) {

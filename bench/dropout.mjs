@@ -20,7 +20,7 @@ import { createAttention } from 'sdpa-wasm';
 import { describeHostCpu, hostCpu } from './host.mjs';
 import { runStandalone } from './results-file.mjs';
 import { makeInputs } from './reference.mjs';
-import { median, timeRoundRobin } from './round-robin.mjs';
+import { checkEntries, median, timeRoundRobin } from './round-robin.mjs';
 import { maxRelError, referenceProblem, referenceSdpaBackward } from '../tests/node/reference.mjs';
 
 export const DROPOUT_SHAPE = { B: 1, H: 8, N: 1024, quickN: 512, E: 64 };
@@ -93,11 +93,7 @@ export async function runDropoutBench({ quick = false, portable = false, log = c
       }
     }
 
-    for (const e of entries) {
-      if (!e.check) continue;
-      e.error = e.check(e.run());
-      if (!(e.error <= CHECK_TOLERANCE)) throw new Error(`${e.group} ${e.variant} ${e.role}: WRONG (relative error ${e.error} > ${CHECK_TOLERANCE})`);
-    }
+    checkEntries(entries, CHECK_TOLERANCE);
     const seconds = timeRoundRobin(entries, settings);
     const rows = [];
     for (const group of ['forward', 'backward']) {

@@ -1,4 +1,4 @@
-// The timing of the bench's side sections (window.mjs, varlen.mjs, alibi.mjs): every entry run
+// The timing of the bench's side sections (window.mjs, varlen.mjs, alibi.mjs, dropout.mjs): every entry run
 // in the same rounds, in a new shuffled order every round, so that a slow phase of the shared
 // machine falls on all of them alike; then medians.
 
@@ -31,4 +31,16 @@ export function timeRoundRobin(entries, settings, before = () => {}) {
     for (const [, e] of order) e.times.push(timed(e));
   }
   return (performance.now() - start) / 1000;
+}
+
+/**
+ * Runs each entry's `check(output)` once, before timing, into `e.error` (a relative error); a
+ * result past `tolerance` throws, naming the entry's group, variant and role.
+ */
+export function checkEntries(entries, tolerance) {
+  for (const e of entries) {
+    if (!e.check) continue;
+    e.error = e.check(e.run());
+    if (!(e.error <= tolerance)) throw new Error(`${e.group} ${e.variant} ${e.role}: WRONG (relative error ${e.error} > ${tolerance})`);
+  }
 }
