@@ -114,8 +114,10 @@ struct F16FiniteElements {
 // 2^112 goes into the other factor: q_tile = (scale·q)·2^112 and p·2^112 in P·V. Both products
 // are then the same real numbers as with the widened halves, so every rounding, and the
 // result, is bitwise the same, provided (scale·q)·2^112 stays finite: |scale·q| < 2^16 for
-// every query element (query_fits_scaled_halves); p <= 1 always fits. Only for K/V read in
-// place (packed K/V are float32, read by kF32Elements).
+// every query element (query_fits_scaled_halves), and p·2^112 too: p <= 1 fits, and so does
+// a dropped p·z <= z while the dropout factor z < 2^16 (probabilities_fit_scaled_halves; a
+// keep share of 2^-16 or less makes z·2^112 overflow). Only for K/V read in place (packed
+// K/V are float32, read by kF32Elements).
 struct F16FiniteScaledElements {
   using Elem = uint16_t;
   static constexpr float kReadScale = 0x1p-112f;
@@ -1146,20 +1148,27 @@ bool query_fits_scaled_halves(const Problem& p, const KernelWork& w) {
   return !wasm_v128_any_true(too_large);
 }
 
+// Whether every probability P·V multiplies, times 2^112, stays finite: p <= 1 does, and a kept
+// p·z <= z (dropout, src/kernels/dropout.h) does while the factor z < 2^16. Then
+// F16FiniteScaledElements may read V. A property of the problem alone.
+bool probabilities_fit_scaled_halves(const Problem& p) {
+  return p.dropout_threshold == 0 || dropout_factor(p) < 0x1p16f;
+}
+
 template <typename T>
 struct ReaderTag {
   using type = T;
 };
 
 // Calls run(ReaderTag<Src>{}) with the reader Src of K/V elements for this problem and work:
-// float32, or float16 widened (read as value·2^-112 where the queries allow it:
-// query_fits_scaled_halves). The choice depends on the problem and the work's rows only, so an
-// attend call and a weights call over the same rows read alike (and every reader gives a key's
-// score the same bits).
+// float32, or float16 widened (read as value·2^-112 where the queries and the dropout factor
+// allow it: query_fits_scaled_halves, probabilities_fit_scaled_halves). The choice depends on
+// the problem and the work's rows only, so an attend call and a weights call over the same
+// rows read alike (and every reader gives a key's score the same bits).
 template <typename Run>
 void with_element_reader(const Problem& p, const KernelWork& w, const Run& run) {
   if (p.kv_type == KvType::kFloat16Finite) {
-    if (!w.pack && query_fits_scaled_halves(p, w)) {
+    if (!w.pack && probabilities_fit_scaled_halves(p) && query_fits_scaled_halves(p, w)) {
       run(ReaderTag<F16FiniteScaledElements>{});
     } else {
       run(ReaderTag<F16FiniteElements>{});

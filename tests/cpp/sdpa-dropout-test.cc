@@ -318,6 +318,57 @@ TEST(DropoutDecode, SplitKSegmentsFloat32AndHalvesInOrderMhaAndGqa) {
   }
 }
 
+// Halves without Inf/NaN (a float16 cache's) are read as value·2^-112 with the probabilities
+// times 2^112 where that stays finite (F16FiniteScaledElements): a kept p·z can reach the
+// factor z, and z·2^112 overflows from z = 2^16 on (a keep share of 2^-16 or less), which once
+// made the output Inf (found by the sdpa fuzzer: threshold 4294908699, a key with p near 1).
+// Here each head's key kDominant scores far above the rest (K row = 8·q, so p = 1 - 1e-6 or
+// so), and the seed is the first one (from 1000, by the plain hash above) keeping that key in
+// some head: factors just below 2^16, at it, the fuzzer's and 2^20; the decode (MHA, one row
+// per KV head, as a float16 cache's), V read in order or not. Finite and the reference's.
+TEST(DropoutDecode, KeptKeyWithPNearOneAndFactorsFrom2To16OnStaysFinite) {
+  constexpr int kDominant = 1234;
+  const uint32_t thresholds[] = {0xFFFFFFFFu - 0x10000u,  // keep 2^-16 + 2^-32: z just below 2^16
+                                 0xFFFFFFFFu - 0xFFFFu,   // keep 2^-16: z = 2^16
+                                 4294908699u,             // the fuzzer's: z ≈ 73298
+                                 0xFFFFFFFFu - 0x0FFFu};  // keep 2^-20: z = 2^20
+  uint32_t case_seed = 900;
+  for (uint32_t threshold : thresholds)
+    for (bool in_order : {false, true}) {
+      Case c;
+      c.B = 1, c.Hq = 8, c.Hkv = 8, c.Lq = 1, c.Lk = 2048, c.E = 64, c.Ev = 64;
+      c.kv_type = KvType::kFloat16Finite, c.in_order = in_order, c.seed = case_seed++;
+      c.dropout = {threshold, 0, 0};
+      Harness h(c);
+      for (int hd = 0; hd < c.Hq; hd++) {
+        for (int e = 0; e < c.E; e++) {
+          const size_t at = (size_t(hd) * c.Lk + kDominant) * c.E + e;
+          h.k[at] = 8.0f * h.q[size_t(hd) * c.E + e];  // a half's 11 bits: 8·q rounded
+          h.k_half[at] = f32_to_f16(h.k[at]);
+        }
+      }
+      uint32_t seed = 1000;
+      auto kept_somewhere = [&](uint32_t s) {
+        for (int hd = 0; hd < c.Hq; hd++)
+          if (plain_kept(threshold, s, 0, hd, 0, kDominant)) return true;
+        return false;
+      };
+      while (!kept_somewhere(seed)) seed++;
+      h.c.dropout.seed = h.p.dropout_seed = seed;
+      ASSERT_EQ(h.run(), Status::kOk) << h.c.what();
+      h.expect_matches_reference();
+      int dominant_kept = 0;
+      for (int hd = 0; hd < c.Hq; hd++) {
+        const float w = h.weights[size_t(hd) * c.Lk + kDominant];
+        if (w > 0.0f) {
+          dominant_kept++;
+          EXPECT_GT(w, 0.99 * h.c.factor()) << h.c.what() << " head " << hd << ": p·z, p near 1";
+        }
+      }
+      EXPECT_GT(dominant_kept, 0) << h.c.what();
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // 3. The log-sum-exp is the softmax's own; threshold 0 is no dropout.
 // ---------------------------------------------------------------------------------------

@@ -147,7 +147,8 @@ void probe_largest_sizes(Problem p, uint8_t choice) {
   p.o_stride_b = p.o_stride_h = p.o_stride_l = 0;
   p.mask_stride_b = p.mask_stride_h = p.mask_stride_q = p.mask_stride_k = 0;
   p.weights = nullptr, p.logsumexp = nullptr, p.key_lengths = nullptr, p.key_starts = nullptr, p.sinks = nullptr;
-  p.alibi_slopes = nullptr, p.dropout_batch_base = 0;  // B up to kMaxCount: base + B - 1 stays an int32
+  // B and Hq go up to kMaxCount: with bases 0, base + B - 1 and base + Hq - 1 stay int32s.
+  p.alibi_slopes = nullptr, p.dropout_batch_base = 0, p.dropout_head_base = 0;
   p.batch = p.q_heads = p.kv_heads = p.q_len = p.kv_len = 1;
   switch (choice % 4) {
     case 0: p.q_len = kMax; break;                                        // one head's rows
