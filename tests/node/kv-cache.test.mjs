@@ -12,7 +12,7 @@ import { reorderSteps, SAVED } from '../../dist/kv-cache.js';
 import { positions, roundedToHalves, roundToHalf, runCacheCases } from '../shared/kv-cache-cases.mjs';
 import { bitsHash } from '../shared/reference-cases.mjs';
 import { adapt, halfToFloat, loadCase, loadIndex, mismatches, onnxOutputDims, TOL as ONNX_TOL } from '../shared/onnx-cases.mjs';
-import { logSumExpError, maxRelError, mulberry32, randn, randomTensor, referenceLogSumExp, referenceSdpa } from './reference.mjs';
+import { dropoutRows, logSumExpError, maxRelError, mulberry32, randn, randomTensor, referenceLogSumExp, referenceSdpa } from './reference.mjs';
 
 const TOL = 2e-5;
 
@@ -244,6 +244,45 @@ describe('token-by-token decoding equals attention over the whole history', () =
         for (const cache of caches) cache.dispose();
       }
     }
+  });
+
+  test('float16 cache, a dropout factor of 2^17 on a kept key holding nearly all of its row: finite, the reference (once Inf)', () => {
+    // The kernel reads a float16 cache as value·2^-112 and carries the probabilities times
+    // 2^112 where that stays finite; p·z near 2^17 did not (fixed in the kernel). Key 1234 of
+    // each head is 8·q (p near 1); the seed is the first from 1 keeping it in some head.
+    const B = 1, H = 8, L = 2048, E = 64, dominant = 1234;
+    const dropoutP = 1 - 2 ** -17;  // threshold 2^32 - 2^15: z = 2^17
+    const query = randomTensor([B, H, 1, E], 31);
+    const key = randomTensor([B, H, L, E], 32), value = randomTensor([B, H, L, E], 33);
+    for (let h = 0; h < H; h++) {
+      for (let e = 0; e < E; e++) key.data[(h * L + dominant) * E + e] = 8 * query.data[h * E + e];
+    }
+    const keptIn = (seed) => {
+      const rows = dropoutRows({ dropoutP, dropoutSeed: seed });
+      return Array.from({ length: H }, (_, h) => rows(0, h, 0)(dominant) > 0);
+    };
+    let dropoutSeed = 1;
+    while (!keptIn(dropoutSeed).some(Boolean)) dropoutSeed++;
+    const options = { dropoutP, dropoutSeed, returnWeights: true };
+    const ref = referenceSdpa(query, roundedToHalves(key), roundedToHalves(value), { ...options, isCausal: true, causalOffset: L - 1 });
+    const results = [];
+    for (const instance of [attn, attn2]) {
+      const cache = instance.createKVCache({ batch: B, kvHeads: H, headDim: E, maxLength: L, dtype: 'float16' });
+      try {
+        cache.append(key, value);
+        results.push(cache.attend(query, options));
+      } finally {
+        cache.dispose();
+      }
+    }
+    const [got, two] = results;
+    expect(got.output.data.every(Number.isFinite)).toBe(true);
+    expect(maxRelError(got.output.data, ref.output)).toBeLessThanOrEqual(TOL);
+    expect(maxRelError(got.weights.data, ref.weights)).toBeLessThanOrEqual(TOL);
+    keptIn(dropoutSeed).forEach((kept, h) => {
+      if (kept) expect(got.weights.data[h * L + dominant]).toBeGreaterThan(0.99 * 2 ** 17);
+    });
+    expect(Array.from(bits(two.output.data))).toEqual(Array.from(bits(got.output.data)));
   });
 
   test('one and two threads give bitwise the same outputs, float32 and float16, GQA and MHA, with weights or not', () => {
