@@ -11,7 +11,8 @@
 //             length - Lq by default (the last Lq positions are the query's own), the cache's
 //             kv_type: kFloat16Finite when no Inf/NaN half may be stored (as the TypeScript
 //             layer decides), read_kv_in_order; sometimes weights, logsumexp, key_lengths (and key_starts), a sliding window,
-//             sinks;
+//             sinks; in one attend of two ALiBi and dropout (from bytes derived from the
+//             query's seed, not read from the input, so that the corpus keeps its meaning);
 //   a broken copy (negative size, zero dim, null pointer, unknown type, negative stride),
 //             which must return its Status and write nothing.
 // After every operation the whole storage is compared with a model of what it should hold,
@@ -242,10 +243,10 @@ void attend(FuzzedDataProvider& in, Cache& c) {
   const Layout q = make_layout(c.B, Hq, Lq, c.E, in.ConsumeIntegral<uint8_t>() & 1, false);
   const Layout o = make_layout(c.B, Hq, Lq, c.Ev, in.ConsumeIntegral<uint8_t>() & 1, false);
   std::vector<float> query(q.size), output(o.size, sentinel()), weights;
+  const ValueStyle query_style = ValueStyle::from(in);
   {
-    const ValueStyle style = ValueStyle::from(in);
-    Rng rng{style.seed};
-    for (float& f : query) f = draw_float(rng, style);
+    Rng rng{query_style.seed};
+    for (float& f : query) f = draw_float(rng, query_style);
   }
 
   Problem p;
@@ -273,8 +274,22 @@ void attend(FuzzedDataProvider& in, Cache& c) {
       p.key_starts = key_starts.data();
     }
   }
-  OptionBuffers sink_buffers;  // gpt-oss's sinks, drawn as the sdpa target draws them
-  decode_sinks(in, p, sink_buffers);
+  OptionBuffers option_buffers;  // gpt-oss's sinks, drawn as the sdpa target draws them
+  decode_sinks(in, p, option_buffers);
+  {
+    // ALiBi and dropout in one attend of two, drawn as the sdpa target draws them
+    // (decode_alibi, decode_dropout), from bytes derived from the query's value seed rather
+    // than read from the input: these options came later, and reading more input here would
+    // make the committed corpus decode to other operations.
+    Rng rng{query_style.seed ^ 0xA11B1D20ull};
+    if (rng.below(2) == 0) {
+      uint8_t bytes[32];
+      for (uint8_t& byte : bytes) byte = static_cast<uint8_t>(rng.next());
+      FuzzedDataProvider derived(bytes, sizeof bytes);
+      decode_alibi(derived, p, option_buffers);
+      decode_dropout(derived, p);
+    }
+  }
   if (options & 8) {
     weights.assign(static_cast<size_t>(c.B) * Hq * Lq * std::max(c.length, 0), sentinel());
     p.weights = weights.data();
