@@ -15,12 +15,16 @@
 //   one by one    attn.sdpa on each sequence in turn (subarrays of the packed tensors, 'bshd')
 // Every entry's output is checked first: varlen and one by one bitwise equal, and the first and
 // the longest sequences of varlen and padded against the float64 reference within
-// RELATIVE_TOLERANCE. Reported: medians, and the ratios padded ÷ varlen and one by one ÷ varlen,
+// RELATIVE_TOLERANCE. The backward too (training on packed sequences), each with its forward's
+// saved output and log-sum-exp:
+//   varlen backward      attn.sdpaVarlenBackward (one thread: in chunks of sequences, as varlen)
+//   one by one backward  attn.sdpaBackward on each sequence in turn
+// checked bitwise equal first. Reported: medians, and the ratios padded ÷ varlen and one by one ÷ varlen,
 // beside the work ratio (the padded batch's multiply-adds ÷ the packed ones': its padding query
 // rows attend their sequence's keys; its padding keys are skipped, keyLengths). The project's
 // expectation, printed met / NOT met: varlen at least as fast as one by one (≥ 0.95×: it is that
-// loop, in C++, with short sequences side by side on the threads), and padded ÷ varlen at least
-// 0.9 × the work ratio (packing saves what padding adds).
+// loop, in C++, with short sequences side by side on the threads), forward and backward, and
+// padded ÷ varlen at least 0.9 × the work ratio (packing saves what padding adds).
 // Results go into the results JSON under `varlen` (standalone: merged into the existing file).
 import os from 'node:os';
 import { createAttention } from 'sdpa-wasm';
@@ -144,8 +148,35 @@ export async function runVarlenBench({ quick = false, portable = false, log = co
             }
           },
         };
+        // The backward (training on packed sequences): sdpaVarlenBackward with its forward's
+        // saved output and log-sum-exp, against sdpaBackward on each sequence in turn with its
+        // own (the forwards made once, not timed).
+        const gradOutput = { data: randomTensor([x.T, batch.Hq, batch.E], 4).data, dims: [x.T, batch.Hq, batch.E] };
+        const varlenSaved = attn.sdpaVarlen(x.q, x.k, x.v, { cuSeqlensQ: x.starts, ...options, returnLogSumExp: true });
+        const sequenceSaved = Array.from({ length: x.S }, (_, s) => {
+          const seq = x.sequence(s);
+          return attn.sdpa(seq.q, seq.k, seq.v, { layout: 'bshd', ...options, returnLogSumExp: true });
+        });
+        const gradOf = (s) => ({ data: packedRows(gradOutput.data, x, s, batch.Hq, batch.E), dims: [x.lengths[s], batch.Hq, batch.E] });
+        const dVarlen = { dQuery: new Float32Array(x.T * batch.Hq * batch.E), dKey: new Float32Array(x.T * batch.Hkv * batch.E),
+          dValue: new Float32Array(x.T * batch.Hkv * batch.E) };
+        const dOne = { dQuery: new Float32Array(x.T * batch.Hq * batch.E), dKey: new Float32Array(x.T * batch.Hkv * batch.E),
+          dValue: new Float32Array(x.T * batch.Hkv * batch.E) };
+        run['varlen backward'] = () => attn.sdpaVarlenBackward(x.q, x.k, x.v, gradOutput,
+          { cuSeqlensQ: x.starts, ...options, saved: varlenSaved, out: dVarlen });
+        run['one by one backward'] = () => {
+          for (let s = 0; s < x.S; s++) {
+            const seq = x.sequence(s);
+            attn.sdpaBackward(seq.q, seq.k, seq.v, gradOf(s), { layout: 'bshd', ...options, saved: sequenceSaved[s], out: {
+              dQuery: packedRows(dOne.dQuery, x, s, batch.Hq, batch.E), dKey: packedRows(dOne.dKey, x, s, batch.Hkv, batch.E),
+              dValue: packedRows(dOne.dValue, x, s, batch.Hkv, batch.E) } });
+          }
+        };
         for (const role of Object.keys(run)) run[role]();
         check(batch, x, { varlen: varlenOut, padded: paddedOut, oneByOne: oneOut });
+        for (const name of ['dQuery', 'dKey', 'dValue']) {  // each sequence's gradients are sdpaBackward()'s for it alone
+          if (!sameBits(dVarlen[name], dOne[name])) throw new Error(`${batch.name}: sdpaVarlenBackward's ${name} differs from sdpaBackward() one sequence at a time`);
+        }
         for (const [role, fn] of Object.entries(run)) entries.push({ batch: batch.name, threads, role, run: fn, times: [] });
       }
       return info;
@@ -155,15 +186,19 @@ export async function runVarlenBench({ quick = false, portable = false, log = co
     for (const batch of batches) {
       for (const threads of [1, 2]) {
         const ms = (role) => median(entries.find((e) => e.batch === batch.name && e.threads === threads && e.role === role).times);
-        const row = { batch: batch.name, threads, varlenMs: ms('varlen'), paddedMs: ms('padded'), oneByOneMs: ms('one by one'), workRatio: batch.workRatio };
+        const row = { batch: batch.name, threads, varlenMs: ms('varlen'), paddedMs: ms('padded'), oneByOneMs: ms('one by one'), workRatio: batch.workRatio,
+          backwardMs: ms('varlen backward'), oneByOneBackwardMs: ms('one by one backward') };
         row.paddedVsVarlen = row.paddedMs / row.varlenMs;
         row.oneByOneVsVarlen = row.oneByOneMs / row.varlenMs;
+        row.oneByOneVsVarlenBackward = row.oneByOneBackwardMs / row.backwardMs;
         row.met = row.varlenMs <= VARLEN_TARGETS.vsOneByOne * row.oneByOneMs &&
-          row.paddedVsVarlen >= VARLEN_TARGETS.shareOfWorkRatio * batch.workRatio;
+          row.paddedVsVarlen >= VARLEN_TARGETS.shareOfWorkRatio * batch.workRatio &&
+          row.backwardMs <= VARLEN_TARGETS.vsOneByOne * row.oneByOneBackwardMs;
         rows.push(row);
         log(`  ${batch.name.padEnd(7)} ${threads} thread${threads > 1 ? 's' : ' '}: varlen ${fmtMs(row.varlenMs)} ms, padded ${fmtMs(row.paddedMs)} ms, ` +
           `one by one ${fmtMs(row.oneByOneMs)} ms; padded ÷ varlen ${row.paddedVsVarlen.toFixed(2)}× (work ratio ${batch.workRatio.toFixed(2)}), ` +
-          `one by one ÷ varlen ${row.oneByOneVsVarlen.toFixed(2)}× (${row.met ? 'met' : 'NOT met'})`);
+          `one by one ÷ varlen ${row.oneByOneVsVarlen.toFixed(2)}×; backward: varlen ${fmtMs(row.backwardMs)} ms, ` +
+          `one by one ${fmtMs(row.oneByOneBackwardMs)} ms (÷ varlen ${row.oneByOneVsVarlenBackward.toFixed(2)}×) (${row.met ? 'met' : 'NOT met'})`);
       }
     }
     return {

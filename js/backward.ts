@@ -79,6 +79,15 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
   }
 }
 
+/** The gradients as computed, in wasm memory (takeGradients) or in arrays of their own (the chunked varlen backward). */
+export interface ComputedGradients {
+  dQuery: Float32Array;
+  dKey: Float32Array;
+  dValue: Float32Array;
+  dMask?: Float32Array;
+  dSinks?: Float32Array;
+}
+
 /**
  * The gradients computed at `at` (addresses in wasm memory), each into options.out's array for
  * it (written, or added to with accumulate; every input was copied in before, so out may be
@@ -89,17 +98,34 @@ export function takeGradients(memory: CallMemory, bp: BackwardPlan,
   sizes: { query: number; key: number; value: number; mask: number }): SdpaBackwardResult {
   const p = bp.forward;
   const heap = memory.heap.f32;  // fresh views, as everywhere after a call
-  const take = (name: GradientName, address: number, length: number, dims: number[]): Tensor => {
-    const computed = heap.subarray(address >>> 2, (address >>> 2) + length);
+  const view = (address: number, length: number) => heap.subarray(address >>> 2, (address >>> 2) + length);
+  return gradientResult(bp, {
+    dQuery: view(at.dQuery, sizes.query), dKey: view(at.dKey, sizes.key), dValue: view(at.dValue, sizes.value),
+    dMask: bp.maskGrad && p.mask !== null ? view(at.dMask, sizes.mask) : undefined,
+    dSinks: p.sinks !== null ? view(at.dSinks, p.qHeads) : undefined,
+  }, false);
+}
+
+/**
+ * The result of `computed`: each gradient into options.out's array for it (written, or added
+ * to with accumulate; every input was read before) or, without one, a copy (`owned` false: views
+ * of wasm memory) or the array itself (`owned` true). A gradient computed straight into its out
+ * array (`computed` holds that array's view) is left as it is.
+ */
+export function gradientResult(bp: BackwardPlan, computed: ComputedGradients, owned: boolean): SdpaBackwardResult {
+  const p = bp.forward;
+  const take = (name: GradientName, values: Float32Array, dims: number[]): Tensor => {
     const target = bp.out[name];
-    return { data: target === undefined ? computed.slice() : writeOut(target, computed, bp.accumulate), dims };
+    if (target !== undefined && target.view === values) return { data: target.result, dims };
+    if (target !== undefined) return { data: writeOut(target, values, bp.accumulate), dims };
+    return { data: owned ? values : values.slice(), dims };
   };
   const result: SdpaBackwardResult = {
-    dQuery: take('dQuery', at.dQuery, sizes.query, bp.queryDims),
-    dKey: take('dKey', at.dKey, sizes.key, bp.keyDims),
-    dValue: take('dValue', at.dValue, sizes.value, bp.valueDims),
+    dQuery: take('dQuery', computed.dQuery, bp.queryDims),
+    dKey: take('dKey', computed.dKey, bp.keyDims),
+    dValue: take('dValue', computed.dValue, bp.valueDims),
   };
-  if (bp.maskGrad && p.mask !== null) result.dAttnMask = take('dAttnMask', at.dMask, sizes.mask, [...p.mask.dims]);
-  if (p.sinks !== null) result.dSinks = take('dSinks', at.dSinks, p.qHeads, [p.qHeads]);
+  if (computed.dMask !== undefined && p.mask !== null) result.dAttnMask = take('dAttnMask', computed.dMask, [...p.mask.dims]);
+  if (computed.dSinks !== undefined) result.dSinks = take('dSinks', computed.dSinks, [p.qHeads]);
   return result;
 }

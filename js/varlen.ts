@@ -11,11 +11,12 @@
 // starts included, is requested at once (refused whole, before any is allocated, past the
 // instance's limit) and freed on every path (CallMemory).
 import { backwardArg, problemAddressesArg, problemArg } from './kernel-args.js';
-import { describeBackward, takeGradients } from './backward.js';
+import { describeBackward, gradientResult, takeGradients } from './backward.js';
 import { type CallMemory, withTemporaryInt32 } from './memory.js';
 import { check, collectResult, copySmallInputs, describeProblem, mayOverlap, smallInputBytes } from './strategies.js';
 import { isInt32Array, lengthOf } from './typed-arrays.js';
 import type { SdpaBackwardResult, SdpaOptions, SdpaResult } from './types.js';
+import type { ProblemDesc } from './wasm/sdpa.mjs';
 import {
   type BackwardPlan, checkAlibiOffset, checkAlibiSlopes, checkArraysKept, checkHeadDim, checkOptionNames, checkTensor, completeBackwardPlan, describe,
   type Operand, planArrays, planOptions, refuseDetached, type SdpaPlan,
@@ -241,9 +242,11 @@ interface Chunk {
   k1: number;
 }
 
-/** Consecutive sequences, each chunk's bytes (Q and output rows, K and V rows) within CHUNK_MAX_BYTES or one sequence. */
-function chunksOf(p: VarlenPlan): Chunk[] {
-  const rowBytes = 4 * p.qHeads * (p.headDim + p.valueDim), keyBytes = 4 * p.kvHeads * (p.headDim + p.valueDim);
+/**
+ * Consecutive sequences, each chunk's bytes within CHUNK_MAX_BYTES or one sequence: `rowBytes`
+ * per query row and `keyBytes` per key of the blocks the call copies in and out per chunk.
+ */
+function chunksOf(p: VarlenPlan, rowBytes: number, keyBytes: number): Chunk[] {
   const { cuSeqlensQ: cuQ, cuSeqlensK: cuK } = p;
   const chunks: Chunk[] = [];
   let first = 0;
@@ -258,67 +261,116 @@ function chunksOf(p: VarlenPlan): Chunk[] {
   return chunks;
 }
 
+/** Row and key element counts of one packed row of each tensor. */
+const rowElements = (p: VarlenPlan) => ({
+  q: p.qHeads * p.headDim, o: p.qHeads * p.valueDim, k: p.kvHeads * p.headDim, v: p.kvHeads * p.valueDim,
+});
+
+/** The most sequences, rows and keys of any chunk (the sizes of the chunk blocks). */
+function largestChunk(chunks: Chunk[]) {
+  const most = (f: (c: Chunk) => number) => chunks.reduce((m, c) => Math.max(m, f(c)), 0);
+  return { sequences: most((c) => c.end - c.first), rows: most((c) => c.q1 - c.q0), keys: most((c) => c.k1 - c.k0) };
+}
+
+/**
+ * Chunk c's starts, from 0 (its rows and keys are copied to the start of their blocks), into
+ * wasm memory at `q` and `k`; desc's lengths become the chunk's.
+ */
+function placeChunkStarts(memory: CallMemory, p: VarlenPlan, c: Chunk, q: number, k: number, desc: ProblemDesc): void {
+  const { i32 } = memory.heap;
+  for (let s = c.first; s <= c.end; s++) {
+    i32[(q >>> 2) + s - c.first] = p.cuSeqlensQ[s] - c.q0;
+    i32[(k >>> 2) + s - c.first] = p.cuSeqlensK[s] - c.k0;
+  }
+  desc.qLen = c.q1 - c.q0;
+  desc.kvLen = c.k1 - c.k0;
+}
+
+/**
+ * The most scratch any chunk needs: `floats(qStarts, kStarts, sequences)` (a sizing call of the
+ * module) with each chunk's starts placed in temporary wasm memory.
+ */
+function largestChunkScratch(memory: CallMemory, p: VarlenPlan, chunks: Chunk[], desc: ProblemDesc,
+  floats: (qStarts: number, kStarts: number, sequences: number) => number): number {
+  const startsOfChunk = new Int32Array(largestChunk(chunks).sequences + 1);
+  return withTemporaryInt32(memory.module, p.fn, [startsOfChunk, startsOfChunk], ([q, k]) => {
+    let most = 0;
+    for (const c of chunks) {
+      placeChunkStarts(memory, p, c, q, k, desc);
+      most = Math.max(most, floats(q, k, c.end - c.first));
+    }
+    return most;
+  });
+}
+
+/**
+ * desc's per-sequence inputs from chunk c's first sequence on: the causal offsets and ALiBi
+ * rows (`whole`: their addresses for sequence 0, from copySmallInputs, 0 for none), and the
+ * dropout batch base (its sequences draw their own masks).
+ */
+function pointAtChunk(desc: ProblemDesc, p: VarlenPlan, c: Chunk, whole: { offsets: number; slopes: number }): void {
+  if (whole.offsets !== 0) desc.causalOffsets = whole.offsets + 4 * c.first;
+  if (whole.slopes !== 0) desc.alibiSlopes = whole.slopes + 4 * c.first * p.alibiStrideB;  // [S, Hq]: the chunk's rows
+  desc.dropoutBatchBase = c.first;
+}
+
+/** Copies packed rows [from, to) of `data` (`row` elements each) to `address` in wasm memory. */
+function copyRowsIn(memory: CallMemory, data: Float32Array, row: number, from: number, to: number, address: number): void {
+  memory.heap.f32.set(data.subarray(from * row, to * row), address >>> 2);
+}
+
+/** Copies `rows` packed rows (`row` elements each) from `address` in wasm memory into `into` from row `at`. */
+function copyRowsOut(memory: CallMemory, address: number, row: number, rows: number, into: Float32Array, at: number): void {
+  into.set(memory.heap.f32.subarray(address >>> 2, (address >>> 2) + rows * row), at * row);
+}
+
+/** A chunk's log-sum-exp [Hq, rows] and the columns [q0, q1) of the call's [Hq, Tq]: `toChunk` copies in, else out. */
+function copyLogSumExp(memory: CallMemory, p: VarlenPlan, c: Chunk, address: number, whole: Float32Array,
+  toChunk: boolean): void {
+  const rows = c.q1 - c.q0;
+  const heap = memory.heap.f32;
+  for (let h = 0; h < p.qHeads; h++) {
+    const at = (address >>> 2) + h * rows;
+    if (toChunk) {
+      heap.set(whole.subarray(h * p.qLen + c.q0, h * p.qLen + c.q1), at);
+    } else {
+      whole.set(heap.subarray(at, at + rows), h * p.qLen + c.q0);
+    }
+  }
+}
+
 /** sdpaVarlen() on one thread, chunk by chunk (STREAM_MIN_BYTES); the same bits as runWhole. */
 function runChunked(memory: CallMemory, p: VarlenPlan): SdpaResult {
   const module = memory.module;
   try {
-    const chunks = chunksOf(p);
-    const most = (f: (c: Chunk) => number) => chunks.reduce((m, c) => Math.max(m, f(c)), 0);
-    const maxSequences = most((c) => c.end - c.first), maxRows = most((c) => c.q1 - c.q0), maxKeys = most((c) => c.k1 - c.k0);
-    const qRow = p.qHeads * p.headDim, oRow = p.qHeads * p.valueDim, kRow = p.kvHeads * p.headDim, vRow = p.kvHeads * p.valueDim;
+    const n = rowElements(p);
+    const chunks = chunksOf(p, 4 * (n.q + n.o), 4 * (n.k + n.v));  // per chunk: Q and output rows, K and V rows
+    const largest = largestChunk(chunks);
     const desc = describeProblem(p);
-    // A chunk's starts, from 0 (its rows and keys are copied to the start of their blocks), at
-    // `q` and `k` in wasm memory.
-    const placeStartsOf = (c: Chunk, q: number, k: number) => {
-      const { i32 } = memory.heap;
-      for (let s = c.first; s <= c.end; s++) {
-        i32[(q >>> 2) + s - c.first] = p.cuSeqlensQ[s] - c.q0;
-        i32[(k >>> 2) + s - c.first] = p.cuSeqlensK[s] - c.k0;
-      }
-      desc.qLen = c.q1 - c.q0;
-      desc.kvLen = c.k1 - c.k0;
-    };
-    const startsOfChunk = new Int32Array(maxSequences + 1);
-    const scratchFloats = withTemporaryInt32(module, p.fn, [startsOfChunk, startsOfChunk], ([q, k]) => {
-      let most = 0;
-      for (const c of chunks) {
-        placeStartsOf(c, q, k);
-        most = Math.max(most, module.packedScratchFloats(problemArg(module, desc), c.end - c.first, q, k, 1));
-      }
-      return most;
-    });
+    const scratchFloats = largestChunkScratch(memory, p, chunks, desc,
+      (q, k, sequences) => module.packedScratchFloats(problemArg(module, desc), sequences, q, k, 1));
+    const startsBytes = 4 * (largest.sequences + 1);
     const at = memory.allocate({
-      cuSeqlensQ: startsOfChunk.byteLength, cuSeqlensK: startsOfChunk.byteLength,
-      query: 4 * maxRows * qRow, key: 4 * maxKeys * kRow, value: 4 * maxKeys * vRow, output: 4 * maxRows * oRow,
-      logSumExp: p.lseDims !== null ? 4 * p.qHeads * maxRows : 0, scratch: 4 * scratchFloats, ...smallInputBytes(p),
+      cuSeqlensQ: startsBytes, cuSeqlensK: startsBytes,
+      query: 4 * largest.rows * n.q, key: 4 * largest.keys * n.k, value: 4 * largest.keys * n.v,
+      output: 4 * largest.rows * n.o, logSumExp: p.lseDims !== null ? 4 * p.qHeads * largest.rows : 0,
+      scratch: 4 * scratchFloats, ...smallInputBytes(p),
     });
-    const starts = { q: at.cuSeqlensQ, k: at.cuSeqlensK };
     Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
     copySmallInputs(memory, p, desc, at);  // the sinks, and every sequence's causal offset
-    const offsets = desc.causalOffsets, slopes = desc.alibiSlopes;
+    const whole = { offsets: desc.causalOffsets, slopes: desc.alibiSlopes };
     const output = p.out !== null ? p.out : new Float32Array(p.outputSize);
     const lse = p.lseDims !== null ? new Float32Array(p.lseSize) : null;
     for (const c of chunks) {
-      placeStartsOf(c, starts.q, starts.k);
-      if (offsets !== 0) desc.causalOffsets = offsets + 4 * c.first;  // the chunk's own
-      if (slopes !== 0) desc.alibiSlopes = slopes + 4 * c.first * p.alibiStrideB;  // [S, Hq]: the chunk's rows
-      desc.dropoutBatchBase = c.first;  // its sequences draw their own dropout masks
-      const rows = c.q1 - c.q0;
-      // Fresh views every time: a view is never kept across a call into the module (js/memory.ts).
-      const before = memory.heap.f32;
-      before.set(p.queryData.subarray(c.q0 * qRow, c.q1 * qRow), at.query >>> 2);
-      before.set(p.keyData.subarray(c.k0 * kRow, c.k1 * kRow), at.key >>> 2);
-      before.set(p.valueData.subarray(c.k0 * vRow, c.k1 * vRow), at.value >>> 2);
-      check(module, p, module.forwardPacked(problemArg(module, desc), c.end - c.first, starts.q, starts.k, at.scratch,
-        scratchFloats, 1));
-      const after = memory.heap.f32;
-      output.set(after.subarray(at.output >>> 2, (at.output >>> 2) + rows * oRow), c.q0 * oRow);
-      if (lse !== null) {  // the chunk's [Hq, rows] into the columns [q0, q1) of [Hq, Tq]
-        for (let h = 0; h < p.qHeads; h++) {
-          const from = (at.logSumExp >>> 2) + h * rows;
-          lse.set(after.subarray(from, from + rows), h * p.qLen + c.q0);
-        }
-      }
+      placeChunkStarts(memory, p, c, at.cuSeqlensQ, at.cuSeqlensK, desc);
+      pointAtChunk(desc, p, c, whole);
+      copyRowsIn(memory, p.queryData, n.q, c.q0, c.q1, at.query);
+      copyRowsIn(memory, p.keyData, n.k, c.k0, c.k1, at.key);
+      copyRowsIn(memory, p.valueData, n.v, c.k0, c.k1, at.value);
+      check(module, p, module.forwardPacked(problemArg(module, desc), c.end - c.first, at.cuSeqlensQ, at.cuSeqlensK,
+        at.scratch, scratchFloats, 1));
+      copyRowsOut(memory, at.output, n.o, c.q1 - c.q0, output, c.q0);
+      if (lse !== null) copyLogSumExp(memory, p, c, at.logSumExp, lse, false);
     }
     const result: SdpaResult = { output: { data: p.outResult ?? output, dims: p.outputDims } };
     if (lse !== null) result.logSumExp = { data: lse, dims: p.lseDims as number[] };
@@ -355,11 +407,114 @@ function runWhole(memory: CallMemory, threads: number, p: VarlenPlan): SdpaResul
 }
 
 /**
- * sdpaVarlenBackward(): as runBackward (backward.ts), with the packed entry points: Q, K, V, dO
- * copied in, O and lse copied in (options.saved) or computed by forward_packed() first (the
- * same bits as sdpaVarlen(..., { returnLogSumExp: true })), then backward_packed().
+ * sdpaVarlenBackward(): chunked on one thread when its inputs (Q, K, V, dO) are large, as
+ * sdpaVarlen() is (runVarlen), else whole. Both give the bits of the other.
  */
 export function runVarlenBackward(memory: CallMemory, threads: number, bp: VarlenBackwardPlan): SdpaBackwardResult {
+  const p = bp.forward;
+  const inputs = [p.queryData, p.keyData, p.valueData, bp.gradOutput];
+  const chunked = threads === 1 && inputs.reduce((sum, x) => sum + x.byteLength, 0) >= STREAM_MIN_BYTES;
+  return chunked ? runBackwardChunked(memory, bp) : runBackwardWhole(memory, threads, bp);
+}
+
+/**
+ * sdpaVarlenBackward() on one thread, chunk by chunk: per chunk its Q, K, V, dO copied in, O and
+ * lse copied in (options.saved) or computed by forward_packed() on the chunk (each sequence
+ * alone: the bits of the whole call's), backward_packed(), its dQ, dK, dV rows copied out.
+ * Each sequence's dSinks is kept (d_sinks_by_sequence) and they are added as backward_packed()
+ * adds them (src/sdpa-packed.h: in double, in sequence order, rounded once), so dSinks too has
+ * the whole call's bits. The gradients go to `out` only after every chunk has run: out may be
+ * an input. Measured (a backward of the encoder and short batches of bench/varlen.mjs, AMD
+ * EPYC Zen 5, one thread): see docs/performance-log.md.
+ */
+function runBackwardChunked(memory: CallMemory, bp: VarlenBackwardPlan): SdpaBackwardResult {
+  const p = bp.forward;
+  const module = memory.module;
+  try {
+    const n = rowElements(p);
+    // Per chunk: Q, dQ, O and dO rows; K, V, dK and dV rows.
+    const chunks = chunksOf(p, 8 * (n.q + n.o), 8 * (n.k + n.v));
+    const largest = largestChunk(chunks);
+    const desc = describeProblem(p);
+    const grad = describeBackward(p);
+    const backwardFloats = largestChunkScratch(memory, p, chunks, desc, (q, k, sequences) =>
+      module.packedBackwardScratchFloats(problemArg(module, desc), backwardArg(module, grad), sequences, q, k, 1));
+    const forwardFloats = bp.saved !== null ? 0 : largestChunkScratch(memory, p, chunks, desc,
+      (q, k, sequences) => module.packedScratchFloats(problemArg(module, desc), sequences, q, k, 1));
+    const scratchFloats = Math.max(backwardFloats, forwardFloats);  // one after the other: one block serves both
+    const startsBytes = 4 * (largest.sequences + 1);
+    const sinks = p.sinks !== null;
+    const at = memory.allocate({
+      cuSeqlensQ: startsBytes, cuSeqlensK: startsBytes,
+      query: 4 * largest.rows * n.q, key: 4 * largest.keys * n.k, value: 4 * largest.keys * n.v,
+      gradOutput: 4 * largest.rows * n.o, output: 4 * largest.rows * n.o, logSumExp: 4 * p.qHeads * largest.rows,
+      dQuery: 4 * largest.rows * n.q, dKey: 4 * largest.keys * n.k, dValue: 4 * largest.keys * n.v,
+      dSinks: sinks ? 4 * p.qHeads : 0, dSinksBySequence: sinks ? 4 * largest.sequences * p.qHeads : 0,
+      scratch: 4 * scratchFloats, ...smallInputBytes(p),
+    });
+    Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
+    Object.assign(grad, {
+      logsumexp: at.logSumExp, gradOutput: at.gradOutput, dQuery: at.dQuery, dKey: at.dKey, dValue: at.dValue,
+      dSinks: sinks ? at.dSinks : 0,
+    });
+    copySmallInputs(memory, p, desc, at);
+    const whole = { offsets: desc.causalOffsets, slopes: desc.alibiSlopes };
+    // Each gradient straight into its out array when it is written (not added to) and shares no
+    // memory with an input (a later chunk still reads them), else into an array of its own: a
+    // new array's first writes cost page faults (fresh memory), which an out array reused
+    // from step to step does not.
+    const inputs = [p.queryData, p.keyData, p.valueData, bp.gradOutput, ...(bp.saved !== null ? [bp.saved.output, bp.saved.logSumExp] : [])];
+    const destination = (name: 'dQuery' | 'dKey' | 'dValue', length: number) => {
+      const target = bp.out[name];
+      const direct = target !== undefined && !bp.accumulate && !inputs.some((x) => mayOverlap(x, target.view));
+      return direct ? target.view : new Float32Array(length);
+    };
+    const dQuery = destination('dQuery', p.queryData.length), dKey = destination('dKey', p.keyData.length);
+    const dValue = destination('dValue', p.valueData.length);
+    const sinksBySequence = sinks ? new Float32Array(p.sequences * p.qHeads) : null;  // [S, Hq]
+    for (const c of chunks) {
+      const sequences = c.end - c.first, rows = c.q1 - c.q0, keys = c.k1 - c.k0;
+      placeChunkStarts(memory, p, c, at.cuSeqlensQ, at.cuSeqlensK, desc);
+      pointAtChunk(desc, p, c, whole);
+      copyRowsIn(memory, p.queryData, n.q, c.q0, c.q1, at.query);
+      copyRowsIn(memory, p.keyData, n.k, c.k0, c.k1, at.key);
+      copyRowsIn(memory, p.valueData, n.v, c.k0, c.k1, at.value);
+      copyRowsIn(memory, bp.gradOutput, n.o, c.q0, c.q1, at.gradOutput);
+      if (bp.saved !== null) {
+        copyRowsIn(memory, bp.saved.output, n.o, c.q0, c.q1, at.output);
+        copyLogSumExp(memory, p, c, at.logSumExp, bp.saved.logSumExp, true);
+      } else {
+        check(module, p, module.forwardPacked(problemArg(module, desc), sequences, at.cuSeqlensQ, at.cuSeqlensK,
+          at.scratch, forwardFloats, 1));
+      }
+      check(module, p, module.backwardPacked(problemArg(module, desc), backwardArg(module, grad), sequences,
+        at.cuSeqlensQ, at.cuSeqlensK, sinks ? at.dSinksBySequence : 0, at.scratch, backwardFloats, 1));
+      copyRowsOut(memory, at.dQuery, n.q, rows, dQuery, c.q0);
+      copyRowsOut(memory, at.dKey, n.k, keys, dKey, c.k0);
+      copyRowsOut(memory, at.dValue, n.v, keys, dValue, c.k0);
+      if (sinksBySequence !== null) copyRowsOut(memory, at.dSinksBySequence, p.qHeads, sequences, sinksBySequence, c.first);
+    }
+    let dSinks: Float32Array | undefined;
+    if (sinksBySequence !== null) {  // as backward_packed() adds them
+      dSinks = new Float32Array(p.qHeads);
+      for (let h = 0; h < p.qHeads; h++) {
+        let sum = 0;  // a double, as there
+        for (let s = 0; s < p.sequences; s++) sum += sinksBySequence[s * p.qHeads + h];
+        dSinks[h] = sum;  // rounded to float once
+      }
+    }
+    return gradientResult(bp, { dQuery, dKey, dValue, dSinks }, true);
+  } finally {
+    memory.free();
+  }
+}
+
+/**
+ * sdpaVarlenBackward(), whole: as runBackward (backward.ts), with the packed entry points: Q, K,
+ * V, dO copied in, O and lse copied in (options.saved) or computed by forward_packed() first
+ * (the same bits as sdpaVarlen(..., { returnLogSumExp: true })), then backward_packed().
+ */
+function runBackwardWhole(memory: CallMemory, threads: number, bp: VarlenBackwardPlan): SdpaBackwardResult {
   const p = bp.forward;
   const module = memory.module;
   try {
@@ -397,7 +552,7 @@ export function runVarlenBackward(memory: CallMemory, threads: number, bp: Varle
         forwardFloats, threads));
     }
     check(module, p, module.backwardPacked(problemArg(module, desc), backwardArg(module, grad), p.sequences,
-      at.cuSeqlensQ, at.cuSeqlensK, at.scratch, backwardFloats, threads));
+      at.cuSeqlensQ, at.cuSeqlensK, 0, at.scratch, backwardFloats, threads));
     return takeGradients(memory, bp, { ...at, dMask: 0 }, { query: q.length, key: k.length, value: v.length, mask: 0 });
   } finally {
     memory.free();

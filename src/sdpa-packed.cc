@@ -365,6 +365,9 @@ Status backward_packed(const PackedBackwardProblem& p, float* scratch, uint64_t 
       for (int32_t s = 0; s < p.sequences; s++) sum += bw.sink_partials[static_cast<int64_t>(s) * heads + h];
       p.whole.d_sinks[h] = static_cast<float>(sum);
     }
+    if (p.d_sinks_by_sequence != nullptr) {
+      std::memcpy(p.d_sinks_by_sequence, bw.sink_partials, sizeof(float) * static_cast<size_t>(p.sequences) * heads);
+    }
   }
   return Status::kOk;
 }

@@ -64,13 +64,17 @@ Status forward_packed(const PackedProblem& p, float* scratch, uint64_t scratch_s
 // The backward of a packed problem: `whole` is the BackwardProblem of the packed one (its
 // forward as above, logsumexp [Hq, Tq] from forward_packed(), the gradients' packed pointers
 // and strides; d_mask not taken). Sequence s's gradients are backward()'s for it alone;
-// d_sinks, when asked for, is the sum over the sequences in order (each sequence's sum in
-// double, as backward() makes it, then added in double).
+// d_sinks, when asked for, is the sum over the sequences in order: each sequence's d_sinks
+// (a float: its sum in double, as backward() makes it), added in double from 0 and rounded to
+// float once. d_sinks_by_sequence [S, Hq], when set with d_sinks, receives those per-sequence
+// floats, so that a caller running the sequences in several calls (the TypeScript layer's
+// chunks) can add them itself and get d_sinks' bits.
 struct PackedBackwardProblem {
   BackwardProblem whole;
   int32_t sequences = 0;
   const int32_t* q_starts = nullptr;
   const int32_t* k_starts = nullptr;
+  float* d_sinks_by_sequence = nullptr;  // [S, Hq]; only with whole.d_sinks
 };
 
 Status validate_packed_backward(const PackedBackwardProblem& p);

@@ -91,9 +91,9 @@ export interface SdpaModule {
   /** Floats of scratch backward_packed() needs on `threads` threads. */
   packedBackwardScratchFloats(desc: number, grad: number, sequences: number, qStarts: number, kStarts: number,
     threads: number): number;
-  /** dQ, dK, dV (and dSinks) of every sequence: a status (0 = ok). */
-  backwardPacked(desc: number, grad: number, sequences: number, qStarts: number, kStarts: number, scratch: number,
-    scratchFloats: number, threads: number): number;
+  /** dQ, dK, dV (and dSinks; each sequence's [S, Hq] at dSinksBySequence unless 0) of every sequence: a status (0 = ok). */
+  backwardPacked(desc: number, grad: number, sequences: number, qStarts: number, kStarts: number,
+    dSinksBySequence: number, scratch: number, scratchFloats: number, threads: number): number;
   /** Whether forward() reads K/V in place (the decode path: no packing). */
   readsKeysInPlace(desc: number): boolean;
   /** Streamed decoding (src/sdpa.h): keys per segment, the same for every problem. */

@@ -269,11 +269,13 @@ double packed_backward_scratch_floats(uint32_t desc, uint32_t grad, int32_t sequ
       sdpa::packed_backward_scratch_floats(to_packed_backward(desc, grad, sequences, q_starts, k_starts), threads));
 }
 
+// d_sinks_by_sequence: [S, Hq] for each sequence's d_sinks (sdpa-packed.h), 0 for none.
 int32_t backward_packed(uint32_t desc, uint32_t grad, int32_t sequences, uint32_t q_starts, uint32_t k_starts,
-                        uint32_t scratch, double scratch_floats, int32_t threads) {
-  return static_cast<int32_t>(sdpa::backward_packed(to_packed_backward(desc, grad, sequences, q_starts, k_starts),
-                                                    at<float>(scratch), static_cast<uint64_t>(scratch_floats),
-                                                    pool_for(threads)));
+                        uint32_t d_sinks_by_sequence, uint32_t scratch, double scratch_floats, int32_t threads) {
+  sdpa::PackedBackwardProblem p = to_packed_backward(desc, grad, sequences, q_starts, k_starts);
+  p.d_sinks_by_sequence = at<float>(d_sinks_by_sequence);
+  return static_cast<int32_t>(
+      sdpa::backward_packed(p, at<float>(scratch), static_cast<uint64_t>(scratch_floats), pool_for(threads)));
 }
 
 bool reads_keys_in_place(uint32_t desc) { return sdpa::reads_keys_in_place(to_problem(problem_at(desc))); }

@@ -439,6 +439,38 @@ TEST(PackedBackward, MatchesTheReference) {
                   .sinks = test::cycling_sinks(4), .seed = 4});
 }
 
+// d_sinks_by_sequence [S, Hq]: each sequence's d_sinks, which added in double in sequence order
+// and rounded once are d_sinks' bits (the TypeScript layer, running the sequences in chunks, adds
+// them so); a sequence without rows or keys contributes +0; the same bits on 1 and 2 threads.
+TEST(PackedBackward, SinkGradientsBySequenceAddUpToDSinks) {
+  const PackedCase c{.Hq = 3, .Hkv = 1, .E = 5, .Ev = 7, .q_lens = {1, 7, 0, 4, 13, 300}, .k_lens = {29, 0, 3, 70, 13, 280},
+                     .causal = true, .offsets = {28, 0, 0, 66, 0, -20}, .sinks = test::cycling_sinks(3), .seed = 31};
+  PackedBackwardHarness h(c);
+  const int32_t S = h.bp.sequences, Hq = c.Hq;
+  std::vector<float> by_sequence_one;
+  for (int threads : {1, 2}) {
+    std::vector<float> by_sequence(size_t(S) * Hq, kNaN);
+    h.bp.d_sinks_by_sequence = by_sequence.data();
+    ASSERT_EQ(h.run_backward(threads), Status::kOk) << threads;
+    for (int32_t hd = 0; hd < Hq; hd++) {
+      double sum = 0.0;
+      for (int32_t s = 0; s < S; s++) sum += by_sequence[size_t(s) * Hq + hd];
+      const float total = static_cast<float>(sum);
+      EXPECT_EQ(0, std::memcmp(&total, &h.ds[hd], 4)) << "head " << hd << ", threads " << threads << ": " << total
+                                                       << " vs " << h.ds[hd];
+    }
+    for (int32_t s : {1, 2}) {  // no keys, no rows
+      for (int32_t hd = 0; hd < Hq; hd++) EXPECT_PRED1(test::is_plus_zero, by_sequence[size_t(s) * Hq + hd]) << s;
+    }
+    for (float x : by_sequence) EXPECT_TRUE(std::isfinite(x));
+    if (threads == 1) {
+      by_sequence_one = by_sequence;
+    } else {
+      EXPECT_EQ(0, std::memcmp(by_sequence_one.data(), by_sequence.data(), by_sequence.size() * 4)) << "threads differ";
+    }
+  }
+}
+
 TEST(PackedBackward, RejectsAMaskGradient) {
   PackedBackwardHarness h({.q_lens = {2, 3}});
   std::vector<float> dm(25);

@@ -352,6 +352,64 @@ describe('attention dropout: sequence s draws the mask of batch s in its own pos
     expect(sameBits(out, one.output.data)).toBe(true);
   });
 
+  test('a large backward on one thread runs in chunks of sequences: the bits of the whole copy on two threads (dSinks too), with saved or not, into out and accumulated; the per-sequence reference; within a memory limit the whole copy exceeds', async () => {
+    const short = Array.from({ length: 40 }, (_, s) => 7 + ((s * 13) % 23));
+    const qLens = [600, 0, 5, ...short, 900, 0, 0], kLens = [600, 3, 0, ...short, 900, 0, 0];
+    const p = packed({ Hq: 4, Hkv: 2, E: 32, qLens, kLens, seed: 43 });
+    // js/varlen.ts: chunked from 2 MiB of Q, K, V and dO on one thread, chunks of at most 1 MiB
+    // of the blocks copied per chunk (Q, dQ, O, dO rows; K, V, dK, dV rows): the 600- and the
+    // 900-row sequences alone, the short ones several to a chunk.
+    const inputBytes = p.query.data.byteLength + p.key.data.byteLength + p.value.data.byteLength + p.gradOutput.data.byteLength;
+    expect(inputBytes).toBeGreaterThanOrEqual(2 * 2 ** 20);
+    const S = qLens.length;
+    const options = { cuSeqlensQ: p.cuSeqlensQ, cuSeqlensK: p.cuSeqlensK, isCausal: true,
+      causalOffset: Int32Array.from(qLens, (n, s) => (s % 3 === 0 ? kLens[s] - n : 2 - s % 5)),
+      sinks: Float32Array.of(0, -Infinity, 1, 2), dropoutP: 0.3, dropoutSeed: 78,
+      alibiSlopes: Float32Array.from({ length: S * p.Hq }, (_, n) => (n % 5) / 8) };
+    const one = attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
+    const two = attn2.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
+    const names = ['dQuery', 'dKey', 'dValue', 'dSinks'];
+    for (const name of names) expect([name, sameBits(one[name].data, two[name].data)]).toEqual([name, true]);
+    // With saved (the two-thread forward's): the same bits.
+    const forward = attn2.sdpaVarlen(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+    const saved = attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, { ...options, saved: forward });
+    for (const name of names) expect([name, sameBits(saved[name].data, two[name].data)]).toEqual([name, true]);
+    // Against the reference, sequence by sequence (the long ones, each a chunk of its own, too).
+    const picked = [0, 2, 3, 10, 21, 42, 43, 44];
+    const sub = { ...p, qLens: p.qLens.map((n, s) => (picked.includes(s) ? n : 0)),
+      kLens: p.kLens.map((n, s) => (picked.includes(s) ? n : 0)) };
+    const ref = varlenSequenceReference(sub, options, { gradients: true });
+    for (const s of picked) {
+      const rowsOf = (data, starts, lens, width) => data.subarray(starts[s] * width, (starts[s] + lens[s]) * width);
+      const q = p.Hq * p.E, k = p.Hkv * p.E, v = p.Hkv * p.Ev;
+      for (const [name, starts, lens, width] of [['dQuery', p.cuSeqlensQ, p.qLens, q], ['dKey', p.cuSeqlensK, p.kLens, k],
+        ['dValue', p.cuSeqlensK, p.kLens, v]]) {
+        const error = maxRelError(rowsOf(one[name].data, starts, lens, width), rowsOf(ref[name], starts, lens, width));
+        expect([s, name, error <= GRAD_TOL]).toEqual([s, name, true]);
+      }
+    }
+    // Into out, and added to it: every gradient's bits (out given for some, new arrays for the others).
+    const dQuery = new Float32Array(p.query.data.length).fill(NaN), dSinks = new Float32Array(p.Hq).fill(1);
+    const into = attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out: { dQuery } });
+    expect(into.dQuery.data).toBe(dQuery);
+    expect(sameBits(dQuery, two.dQuery.data)).toBe(true);
+    attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out: { dSinks }, accumulate: true });
+    expect(Array.from(dSinks)).toEqual(Array.from(two.dSinks.data, (x) => Math.fround(x + 1)));
+    expect(attn.memory().bytesInUse).toBe(0);
+    // A limit the whole copy (two threads) exceeds, and the chunks (one thread) fit.
+    const limit = 4 * 2 ** 20;
+    const [small1, small2] = await Promise.all([1, 2].map((threads) => createAttention({ threads, maxMemoryBytes: limit })));
+    try {
+      expect(() => small2.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options)).toThrow(RangeError);
+      const fits = small1.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
+      for (const name of names) expect([name, sameBits(fits[name].data, two[name].data)]).toEqual([name, true]);
+      expect(small1.memory().bytesInUse).toBe(0);
+    } finally {
+      small1.dispose();
+      small2.dispose();
+    }
+  });
+
   test('saved from a forward with another seed, another p or no dropout: a RangeError naming dropout', () => {
     const p = packed({ Hq: 2, qLens: [3, 5], seed: 42 });
     const options = { cuSeqlensQ: p.cuSeqlensQ, dropoutP: 0.5, dropoutSeed: 1 };
