@@ -64,21 +64,26 @@ export class MemoryAccount {
    * on one build) with what is allocated there already. Allocates nothing.
    */
   check(module: SdpaModule, fn: string, request: ByteRequest, bytes: number): void {
+    const refusal = this.refusal(module, fn, request, bytes);
+    if (refusal !== null) throw new RangeError(refusal);
+  }
+
+  /** check()'s message, or null where check() would pass. */
+  refusal(module: SdpaModule, fn: string, request: ByteRequest, bytes: number): string | null {
     if (this.#inUse + bytes > this.limitBytes) {
       const limit = this.limitBytes === MAX_WASM_BYTES ? '2 GiB, the wasm memory limit' : 'maxMemoryBytes';
-      throw new RangeError(
-        `${fn}: needs ${bytes} bytes of wasm memory${itemised(request)}, more than is left of this instance's ` +
-        `limit of ${this.limitBytes} bytes (${limit}), of which ${this.#inUse} are in use`);
+      return `${fn}: needs ${bytes} bytes of wasm memory${itemised(request)}, more than is left of this instance's ` +
+        `limit of ${this.limitBytes} bytes (${limit}), of which ${this.#inUse} are in use`;
     }
     // The module has at most its memory's size in use: with room for `bytes` beside all of it
     // there is nothing to ask (the call into the module cost a small call 2% of its time).
-    if (module.HEAPU8.length + bytes <= MAX_WASM_BYTES) return;
+    if (module.HEAPU8.length + bytes <= MAX_WASM_BYTES) return null;
     const moduleInUse = module.heapBytesInUse();
     if (moduleInUse + bytes > MAX_WASM_BYTES) {
-      throw new RangeError(
-        `${fn}: needs ${bytes} bytes of wasm memory${itemised(request)}, more than is left: the module's memory ` +
-        `is limited to 2 GiB (${MAX_WASM_BYTES} bytes), of which ${moduleInUse} are in use`);
+      return `${fn}: needs ${bytes} bytes of wasm memory${itemised(request)}, more than is left: the module's memory ` +
+        `is limited to 2 GiB (${MAX_WASM_BYTES} bytes), of which ${moduleInUse} are in use`;
     }
+    return null;
   }
 
   add(bytes: number): void {
@@ -223,6 +228,15 @@ export class CallMemory {
     if (block !== 0) this.#blocks[this.#blockCount++] = block;
     this.#bytes += bytes;
     return addresses;
+  }
+
+  /**
+   * Whether allocate(request) would pass the limits (this instance's, the module's memory's),
+   * allocating nothing: for a call with a way to run in less memory (sdpaVarlen's chunks).
+   */
+  fits(request: ByteRequest): boolean {
+    const bytes = Object.values(request).reduce((sum, b) => sum + b, 0);
+    return this.#account.refusal(this.#module, this.#fn, request, bytes) === null;
   }
 
   get module(): SdpaModule {

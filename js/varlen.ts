@@ -219,17 +219,26 @@ const startsBytes = (p: VarlenPlan) => ({ cuSeqlensQ: p.cuSeqlensQ.byteLength, c
  * (bench/varlen.mjs, AMD EPYC Zen 5, one thread), time of the whole copy ÷ chunked: the encoder
  * batch (32 sequences of 27–253 tokens, H12 E64) 1.15×, the short one (256 of 4–48) 1.45×. On two
  * threads and more the copy stays whole (runWhole): chunked there, the short batch took 1.25× the
- * time (a pool run per chunk), the encoder one 0.95×.
+ * time (a pool run per chunk), the encoder one 0.95×; but where the whole copy would pass the
+ * memory limits (maxMemoryBytes, the module's 2 GiB) and chunks take less, it runs in chunks on
+ * any thread count (CallMemory.fits), each chunk on all the threads.
  */
 const STREAM_MIN_BYTES = 2 * 2 ** 20;
 const CHUNK_MAX_BYTES = 2 ** 20;
 
-/** sdpaVarlen(): chunked on one thread when large (and `out` shares no memory with an input), else whole. */
+/**
+ * sdpaVarlen(): chunked on one thread when large, or when the whole copy would not fit; else
+ * whole. Not chunked when `out` shares memory with an input (a chunk's output rows would be
+ * written before later chunks' inputs are read).
+ */
 export function runVarlen(memory: CallMemory, threads: number, p: VarlenPlan): SdpaResult {
   const inputs = [p.queryData, p.keyData, p.valueData];
-  const chunked = threads === 1 && inputs.reduce((sum, x) => sum + x.byteLength, 0) >= STREAM_MIN_BYTES &&
-    (p.out === null || !inputs.some((x) => mayOverlap(x, p.out as Float32Array)));
-  return chunked ? runChunked(memory, p) : runWhole(memory, threads, p);
+  const mayChunk = p.out === null || !inputs.some((x) => mayOverlap(x, p.out as Float32Array));
+  if (mayChunk && threads === 1 && inputs.reduce((sum, x) => sum + x.byteLength, 0) >= STREAM_MIN_BYTES) {
+    return runChunked(memory, 1, p);
+  }
+  const whole = planWhole(memory, threads, p);
+  return !mayChunk || memory.fits(whole.request) ? runWhole(memory, threads, p, whole) : runChunked(memory, threads, p);
 }
 
 /** A run of whole sequences [first, end) and their rows [q0, q1) and keys [k0, k1). */
@@ -339,8 +348,8 @@ function copyLogSumExp(memory: CallMemory, p: VarlenPlan, c: Chunk, address: num
   }
 }
 
-/** sdpaVarlen() on one thread, chunk by chunk (STREAM_MIN_BYTES); the same bits as runWhole. */
-function runChunked(memory: CallMemory, p: VarlenPlan): SdpaResult {
+/** sdpaVarlen() chunk by chunk (see STREAM_MIN_BYTES), each chunk on `threads` threads; the same bits as runWhole. */
+function runChunked(memory: CallMemory, threads: number, p: VarlenPlan): SdpaResult {
   const module = memory.module;
   try {
     const n = rowElements(p);
@@ -348,7 +357,7 @@ function runChunked(memory: CallMemory, p: VarlenPlan): SdpaResult {
     const largest = largestChunk(chunks);
     const desc = describeProblem(p);
     const scratchFloats = largestChunkScratch(memory, p, chunks, desc,
-      (q, k, sequences) => module.packedScratchFloats(problemArg(module, desc), sequences, q, k, 1));
+      (q, k, sequences) => module.packedScratchFloats(problemArg(module, desc), sequences, q, k, threads));
     const startsBytes = 4 * (largest.sequences + 1);
     const at = memory.allocate({
       cuSeqlensQ: startsBytes, cuSeqlensK: startsBytes,
@@ -368,7 +377,7 @@ function runChunked(memory: CallMemory, p: VarlenPlan): SdpaResult {
       copyRowsIn(memory, p.keyData, n.k, c.k0, c.k1, at.key);
       copyRowsIn(memory, p.valueData, n.v, c.k0, c.k1, at.value);
       check(module, p, module.forwardPacked(problemArg(module, desc), c.end - c.first, at.cuSeqlensQ, at.cuSeqlensK,
-        at.scratch, scratchFloats, 1));
+        at.scratch, scratchFloats, threads));
       copyRowsOut(memory, at.output, n.o, c.q1 - c.q0, output, c.q0);
       if (lse !== null) copyLogSumExp(memory, p, c, at.logSumExp, lse, false);
     }
@@ -380,17 +389,25 @@ function runChunked(memory: CallMemory, p: VarlenPlan): SdpaResult {
   }
 }
 
+/** runWhole's blocks, sized by the module from the starts (copied in for that call alone). */
+function planWhole(memory: CallMemory, threads: number, p: VarlenPlan) {
+  const module = memory.module;
+  const desc = describeProblem(p);
+  const scratchFloats = withTemporaryInt32(module, p.fn, [p.cuSeqlensQ, p.cuSeqlensK],
+    ([q, k]) => module.packedScratchFloats(problemArg(module, desc), p.sequences, q, k, threads));
+  const request = {
+    ...startsBytes(p), query: p.queryData.byteLength, key: p.keyData.byteLength, value: p.valueData.byteLength,
+    output: p.outputSize * 4, logSumExp: p.lseSize * 4, scratch: scratchFloats * 4, ...smallInputBytes(p),
+  };
+  return { desc, scratchFloats, request };
+}
+
 /** sdpaVarlen(): Q, K, V copied in whole, forward_packed(), the output (and lse [Hq, Tq]) copied out. */
-function runWhole(memory: CallMemory, threads: number, p: VarlenPlan): SdpaResult {
+function runWhole(memory: CallMemory, threads: number, p: VarlenPlan, plan: ReturnType<typeof planWhole>): SdpaResult {
   const module = memory.module;
   try {
-    const desc = describeProblem(p);
-    const scratchFloats = withTemporaryInt32(module, p.fn, [p.cuSeqlensQ, p.cuSeqlensK],
-      ([q, k]) => module.packedScratchFloats(problemArg(module, desc), p.sequences, q, k, threads));
-    const at = memory.allocate({
-      ...startsBytes(p), query: p.queryData.byteLength, key: p.keyData.byteLength, value: p.valueData.byteLength,
-      output: p.outputSize * 4, logSumExp: p.lseSize * 4, scratch: scratchFloats * 4, ...smallInputBytes(p),
-    });
+    const { desc, scratchFloats } = plan;
+    const at = memory.allocate(plan.request);
     Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
     const { f32 } = memory.heap;  // after the last allocation
     f32.set(p.queryData, at.query >>> 2);
@@ -407,27 +424,33 @@ function runWhole(memory: CallMemory, threads: number, p: VarlenPlan): SdpaResul
 }
 
 /**
- * sdpaVarlenBackward(): chunked on one thread when its inputs (Q, K, V, dO) are large, as
- * sdpaVarlen() is (runVarlen), else whole. Both give the bits of the other.
+ * sdpaVarlenBackward(): chunked on one thread when its inputs (Q, K, V, dO) are large, or when the
+ * whole copy would not fit, as sdpaVarlen() is (runVarlen); else whole. Both give the bits of the
+ * other.
  */
 export function runVarlenBackward(memory: CallMemory, threads: number, bp: VarlenBackwardPlan): SdpaBackwardResult {
   const p = bp.forward;
   const inputs = [p.queryData, p.keyData, p.valueData, bp.gradOutput];
-  const chunked = threads === 1 && inputs.reduce((sum, x) => sum + x.byteLength, 0) >= STREAM_MIN_BYTES;
-  return chunked ? runBackwardChunked(memory, bp) : runBackwardWhole(memory, threads, bp);
+  if (threads === 1 && inputs.reduce((sum, x) => sum + x.byteLength, 0) >= STREAM_MIN_BYTES) {
+    return runBackwardChunked(memory, 1, bp);
+  }
+  const whole = planBackwardWhole(memory, threads, bp);
+  return memory.fits(whole.request) ? runBackwardWhole(memory, threads, bp, whole) : runBackwardChunked(memory, threads, bp);
 }
 
 /**
- * sdpaVarlenBackward() on one thread, chunk by chunk: per chunk its Q, K, V, dO copied in, O and
+ * sdpaVarlenBackward() chunk by chunk, each chunk on `threads` threads: per chunk its Q, K, V, dO copied in, O and
  * lse copied in (options.saved) or computed by forward_packed() on the chunk (each sequence
  * alone: the bits of the whole call's), backward_packed(), its dQ, dK, dV rows copied out.
  * Each sequence's dSinks is kept (d_sinks_by_sequence) and they are added as backward_packed()
  * adds them (src/sdpa-packed.h: in double, in sequence order, rounded once), so dSinks too has
- * the whole call's bits. The gradients go to `out` only after every chunk has run: out may be
- * an input. Measured (a backward of the encoder and short batches of bench/varlen.mjs, AMD
- * EPYC Zen 5, one thread): see docs/performance-log.md.
+ * the whole call's bits. A gradient goes straight into its out array where that is written (not
+ * added to) and shares no memory with an input (later chunks still read the inputs), else into
+ * an array of its own, written or added to out at the end (gradientResult). Measured on the
+ * bench's batches (AMD EPYC Zen 5, docs/performance-log.md): the whole copy's time, with the
+ * memory of the largest chunk instead of the batch's.
  */
-function runBackwardChunked(memory: CallMemory, bp: VarlenBackwardPlan): SdpaBackwardResult {
+function runBackwardChunked(memory: CallMemory, threads: number, bp: VarlenBackwardPlan): SdpaBackwardResult {
   const p = bp.forward;
   const module = memory.module;
   try {
@@ -438,9 +461,9 @@ function runBackwardChunked(memory: CallMemory, bp: VarlenBackwardPlan): SdpaBac
     const desc = describeProblem(p);
     const grad = describeBackward(p);
     const backwardFloats = largestChunkScratch(memory, p, chunks, desc, (q, k, sequences) =>
-      module.packedBackwardScratchFloats(problemArg(module, desc), backwardArg(module, grad), sequences, q, k, 1));
+      module.packedBackwardScratchFloats(problemArg(module, desc), backwardArg(module, grad), sequences, q, k, threads));
     const forwardFloats = bp.saved !== null ? 0 : largestChunkScratch(memory, p, chunks, desc,
-      (q, k, sequences) => module.packedScratchFloats(problemArg(module, desc), sequences, q, k, 1));
+      (q, k, sequences) => module.packedScratchFloats(problemArg(module, desc), sequences, q, k, threads));
     const scratchFloats = Math.max(backwardFloats, forwardFloats);  // one after the other: one block serves both
     const startsBytes = 4 * (largest.sequences + 1);
     const sinks = p.sinks !== null;
@@ -485,10 +508,10 @@ function runBackwardChunked(memory: CallMemory, bp: VarlenBackwardPlan): SdpaBac
         copyLogSumExp(memory, p, c, at.logSumExp, bp.saved.logSumExp, true);
       } else {
         check(module, p, module.forwardPacked(problemArg(module, desc), sequences, at.cuSeqlensQ, at.cuSeqlensK,
-          at.scratch, forwardFloats, 1));
+          at.scratch, forwardFloats, threads));
       }
       check(module, p, module.backwardPacked(problemArg(module, desc), backwardArg(module, grad), sequences,
-        at.cuSeqlensQ, at.cuSeqlensK, sinks ? at.dSinksBySequence : 0, at.scratch, backwardFloats, 1));
+        at.cuSeqlensQ, at.cuSeqlensK, sinks ? at.dSinksBySequence : 0, at.scratch, backwardFloats, threads));
       copyRowsOut(memory, at.dQuery, n.q, rows, dQuery, c.q0);
       copyRowsOut(memory, at.dKey, n.k, keys, dKey, c.k0);
       copyRowsOut(memory, at.dValue, n.v, keys, dValue, c.k0);
@@ -509,29 +532,40 @@ function runBackwardChunked(memory: CallMemory, bp: VarlenBackwardPlan): SdpaBac
   }
 }
 
+/** runBackwardWhole's blocks, sized by the module from the starts (copied in for that call alone). */
+function planBackwardWhole(memory: CallMemory, threads: number, bp: VarlenBackwardPlan) {
+  const p = bp.forward;
+  const module = memory.module;
+  const desc = describeProblem(p);
+  const grad = describeBackward(p);
+  const [backwardFloats, forwardFloats] = withTemporaryInt32(module, p.fn, [p.cuSeqlensQ, p.cuSeqlensK], ([qs, ks]) => [
+    module.packedBackwardScratchFloats(problemArg(module, desc), backwardArg(module, grad), p.sequences, qs, ks, threads),
+    bp.saved === null ? module.packedScratchFloats(problemArg(module, desc), p.sequences, qs, ks, threads) : 0,
+  ]);
+  const scratchFloats = Math.max(backwardFloats, forwardFloats);  // one after the other: one block serves both
+  const q = p.queryData, k = p.keyData, v = p.valueData;
+  const request = {
+    ...startsBytes(p), query: q.byteLength, key: k.byteLength, value: v.byteLength, gradOutput: bp.gradOutput.byteLength,
+    output: p.outputSize * 4, logSumExp: p.lseSize * 4,
+    dQuery: q.byteLength, dKey: k.byteLength, dValue: v.byteLength, dSinks: p.sinks !== null ? p.qHeads * 4 : 0,
+    scratch: scratchFloats * 4, ...smallInputBytes(p),
+  };
+  return { desc, grad, backwardFloats, forwardFloats, request };
+}
+
 /**
  * sdpaVarlenBackward(), whole: as runBackward (backward.ts), with the packed entry points: Q, K,
  * V, dO copied in, O and lse copied in (options.saved) or computed by forward_packed() first
  * (the same bits as sdpaVarlen(..., { returnLogSumExp: true })), then backward_packed().
  */
-function runBackwardWhole(memory: CallMemory, threads: number, bp: VarlenBackwardPlan): SdpaBackwardResult {
+function runBackwardWhole(memory: CallMemory, threads: number, bp: VarlenBackwardPlan,
+  plan: ReturnType<typeof planBackwardWhole>): SdpaBackwardResult {
   const p = bp.forward;
   const module = memory.module;
   try {
-    const desc = describeProblem(p);
-    const grad = describeBackward(p);
-    const [backwardFloats, forwardFloats] = withTemporaryInt32(module, p.fn, [p.cuSeqlensQ, p.cuSeqlensK], ([qs, ks]) => [
-      module.packedBackwardScratchFloats(problemArg(module, desc), backwardArg(module, grad), p.sequences, qs, ks, threads),
-      bp.saved === null ? module.packedScratchFloats(problemArg(module, desc), p.sequences, qs, ks, threads) : 0,
-    ]);
-    const scratchFloats = Math.max(backwardFloats, forwardFloats);  // one after the other: one block serves both
+    const { desc, grad, backwardFloats, forwardFloats } = plan;
     const q = p.queryData, k = p.keyData, v = p.valueData;
-    const at = memory.allocate({
-      ...startsBytes(p), query: q.byteLength, key: k.byteLength, value: v.byteLength, gradOutput: bp.gradOutput.byteLength,
-      output: p.outputSize * 4, logSumExp: p.lseSize * 4,
-      dQuery: q.byteLength, dKey: k.byteLength, dValue: v.byteLength, dSinks: p.sinks !== null ? p.qHeads * 4 : 0,
-      scratch: scratchFloats * 4, ...smallInputBytes(p),
-    });
+    const at = memory.allocate(plan.request);
     Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
     Object.assign(grad, {
       logsumexp: at.logSumExp, gradOutput: at.gradOutput, dQuery: at.dQuery, dKey: at.dKey, dValue: at.dValue,

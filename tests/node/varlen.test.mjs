@@ -352,7 +352,7 @@ describe('attention dropout: sequence s draws the mask of batch s in its own pos
     expect(sameBits(out, one.output.data)).toBe(true);
   });
 
-  test('a large backward on one thread runs in chunks of sequences: the bits of the whole copy on two threads (dSinks too), with saved or not, into out and accumulated; the per-sequence reference; within a memory limit the whole copy exceeds', async () => {
+  test('a large backward on one thread runs in chunks of sequences: the bits of the whole copy on two threads (dSinks too), with saved or not, into out and accumulated; the per-sequence reference; in chunks on two threads too within a memory limit the whole copy exceeds', async () => {
     const short = Array.from({ length: 40 }, (_, s) => 7 + ((s * 13) % 23));
     const qLens = [600, 0, 5, ...short, 900, 0, 0], kLens = [600, 3, 0, ...short, 900, 0, 0];
     const p = packed({ Hq: 4, Hkv: 2, E: 32, qLens, kLens, seed: 43 });
@@ -396,14 +396,30 @@ describe('attention dropout: sequence s draws the mask of batch s in its own pos
     attn.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out: { dSinks }, accumulate: true });
     expect(Array.from(dSinks)).toEqual(Array.from(two.dSinks.data, (x) => Math.fround(x + 1)));
     expect(attn.memory().bytesInUse).toBe(0);
-    // A limit the whole copy (two threads) exceeds, and the chunks (one thread) fit.
+    // A limit the whole copy exceeds and the chunks fit: on two threads, the call then runs in
+    // chunks too (js/varlen.ts, CallMemory.fits), the forward and the backward, the same bits.
     const limit = 4 * 2 ** 20;
+    expect(attn2.memory().peakBytes).toBeGreaterThan(limit);  // the whole copies above
     const [small1, small2] = await Promise.all([1, 2].map((threads) => createAttention({ threads, maxMemoryBytes: limit })));
     try {
-      expect(() => small2.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options)).toThrow(RangeError);
-      const fits = small1.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
-      for (const name of names) expect([name, sameBits(fits[name].data, two[name].data)]).toEqual([name, true]);
-      expect(small1.memory().bytesInUse).toBe(0);
+      for (const small of [small1, small2]) {
+        const fits = small.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
+        for (const name of names) expect([small.threads, name, sameBits(fits[name].data, two[name].data)]).toEqual([small.threads, name, true]);
+        const forwardFits = small.sdpaVarlen(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+        expect(sameBits(forwardFits.output.data, forward.output.data)).toBe(true);
+        expect(sameBits(forwardFits.logSumExp.data, forward.logSumExp.data)).toBe(true);
+        expect(small.memory().bytesInUse).toBe(0);
+        expect(small.memory().peakBytes).toBeLessThanOrEqual(limit);
+      }
+      // A limit below even one chunk's blocks: refused, naming them; nothing held afterwards.
+      const tiny = await createAttention({ threads: 2, maxMemoryBytes: 2 ** 16 });
+      try {
+        expect(() => tiny.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options))
+          .toThrow(/^sdpaVarlenBackward: needs \d+ bytes of wasm memory \(cuSeqlensQ \d+ bytes .*dSinksBySequence \d+ bytes .*\), more than is left of this instance's limit of 65536 bytes/);
+        expect(tiny.memory().bytesInUse).toBe(0);
+      } finally {
+        tiny.dispose();
+      }
     } finally {
       small1.dispose();
       small2.dispose();
