@@ -226,19 +226,14 @@ const startsBytes = (p: VarlenPlan) => ({ cuSeqlensQ: p.cuSeqlensQ.byteLength, c
 const STREAM_MIN_BYTES = 2 * 2 ** 20;
 const CHUNK_MAX_BYTES = 2 ** 20;
 
-/**
- * sdpaVarlen(): chunked on one thread when large, or when the whole copy would not fit; else
- * whole. Not chunked when `out` shares memory with an input (a chunk's output rows would be
- * written before later chunks' inputs are read).
- */
+/** sdpaVarlen(): chunked on one thread when large, or when the whole copy would not fit; else whole. */
 export function runVarlen(memory: CallMemory, threads: number, p: VarlenPlan): SdpaResult {
   const inputs = [p.queryData, p.keyData, p.valueData];
-  const mayChunk = p.out === null || !inputs.some((x) => mayOverlap(x, p.out as Float32Array));
-  if (mayChunk && threads === 1 && inputs.reduce((sum, x) => sum + x.byteLength, 0) >= STREAM_MIN_BYTES) {
+  if (threads === 1 && inputs.reduce((sum, x) => sum + x.byteLength, 0) >= STREAM_MIN_BYTES) {
     return runChunked(memory, 1, p);
   }
   const whole = planWhole(memory, threads, p);
-  return !mayChunk || memory.fits(whole.request) ? runWhole(memory, threads, p, whole) : runChunked(memory, threads, p);
+  return memory.fits(whole.request) ? runWhole(memory, threads, p, whole) : runChunked(memory, threads, p);
 }
 
 /** A run of whole sequences [first, end) and their rows [q0, q1) and keys [k0, k1). */
@@ -368,7 +363,11 @@ function runChunked(memory: CallMemory, threads: number, p: VarlenPlan): SdpaRes
     Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
     copySmallInputs(memory, p, desc, at);  // the sinks, and every sequence's causal offset
     const whole = { offsets: desc.causalOffsets, slopes: desc.alibiSlopes };
-    const output = p.out !== null ? p.out : new Float32Array(p.outputSize);
+    // Into `out` straight, unless it shares memory with an input: a chunk's output rows would be
+    // written before later chunks' rows are read, so then into an array of its own, copied into
+    // out at the end.
+    const outShared = p.out !== null && [p.queryData, p.keyData, p.valueData].some((x) => mayOverlap(x, p.out as Float32Array));
+    const output = p.out !== null && !outShared ? p.out : new Float32Array(p.outputSize);
     const lse = p.lseDims !== null ? new Float32Array(p.lseSize) : null;
     for (const c of chunks) {
       placeChunkStarts(memory, p, c, at.cuSeqlensQ, at.cuSeqlensK, desc);
@@ -381,6 +380,7 @@ function runChunked(memory: CallMemory, threads: number, p: VarlenPlan): SdpaRes
       copyRowsOut(memory, at.output, n.o, c.q1 - c.q0, output, c.q0);
       if (lse !== null) copyLogSumExp(memory, p, c, at.logSumExp, lse, false);
     }
+    if (outShared) (p.out as Float32Array).set(output);
     const result: SdpaResult = { output: { data: p.outResult ?? output, dims: p.outputDims } };
     if (lse !== null) result.logSumExp = { data: lse, dims: p.lseDims as number[] };
     return result;
