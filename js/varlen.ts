@@ -226,12 +226,13 @@ const startsBytes = (p: VarlenPlan) => ({ cuSeqlensQ: p.cuSeqlensQ.byteLength, c
 const STREAM_MIN_BYTES = 2 * 2 ** 20;
 const CHUNK_MAX_BYTES = 2 ** 20;
 
+/** Whether a call on `threads` threads with these inputs runs in chunks whether or not it fits whole. */
+const chunkedAnyway = (threads: number, inputs: Float32Array[]) =>
+  threads === 1 && inputs.reduce((sum, x) => sum + x.byteLength, 0) >= STREAM_MIN_BYTES;
+
 /** sdpaVarlen(): chunked on one thread when large, or when the whole copy would not fit; else whole. */
 export function runVarlen(memory: CallMemory, threads: number, p: VarlenPlan): SdpaResult {
-  const inputs = [p.queryData, p.keyData, p.valueData];
-  if (threads === 1 && inputs.reduce((sum, x) => sum + x.byteLength, 0) >= STREAM_MIN_BYTES) {
-    return runChunked(memory, 1, p);
-  }
+  if (chunkedAnyway(threads, [p.queryData, p.keyData, p.valueData])) return runChunked(memory, 1, p);
   const whole = planWhole(memory, threads, p);
   return memory.fits(whole.request) ? runWhole(memory, threads, p, whole) : runChunked(memory, threads, p);
 }
@@ -430,10 +431,7 @@ function runWhole(memory: CallMemory, threads: number, p: VarlenPlan, plan: Retu
  */
 export function runVarlenBackward(memory: CallMemory, threads: number, bp: VarlenBackwardPlan): SdpaBackwardResult {
   const p = bp.forward;
-  const inputs = [p.queryData, p.keyData, p.valueData, bp.gradOutput];
-  if (threads === 1 && inputs.reduce((sum, x) => sum + x.byteLength, 0) >= STREAM_MIN_BYTES) {
-    return runBackwardChunked(memory, 1, bp);
-  }
+  if (chunkedAnyway(threads, [p.queryData, p.keyData, p.valueData, bp.gradOutput])) return runBackwardChunked(memory, 1, bp);
   const whole = planBackwardWhole(memory, threads, bp);
   return memory.fits(whole.request) ? runBackwardWhole(memory, threads, bp, whole) : runBackwardChunked(memory, threads, bp);
 }
