@@ -63,16 +63,19 @@ export class MemoryAccount {
    * limit it would pass: this instance's limit, or the module's memory (shared by the instances
    * on one build) with what is allocated there already. Allocates nothing.
    */
-  check(module: SdpaModule, fn: string, request: ByteRequest, bytes: number): void {
-    const refusal = this.refusal(module, fn, request, bytes);
+  check(module: SdpaModule, fn: string, request: ByteRequest, bytes: number, purpose = ''): void {
+    const refusal = this.refusal(module, fn, request, bytes, purpose);
     if (refusal !== null) throw new RangeError(refusal);
   }
 
-  /** check()'s message, or null where check() would pass. */
-  refusal(module: SdpaModule, fn: string, request: ByteRequest, bytes: number): string | null {
+  /**
+   * check()'s message, or null where check() would pass. `purpose` follows "needs N bytes of
+   * wasm memory" (e.g. " to run one (batch, KV head) at a time"): for a call's smaller way of running.
+   */
+  refusal(module: SdpaModule, fn: string, request: ByteRequest, bytes: number, purpose = ''): string | null {
     if (this.#inUse + bytes > this.limitBytes) {
       const limit = this.limitBytes === MAX_WASM_BYTES ? '2 GiB, the wasm memory limit' : 'maxMemoryBytes';
-      return `${fn}: needs ${bytes} bytes of wasm memory${itemised(request)}, more than is left of this instance's ` +
+      return `${fn}: needs ${bytes} bytes of wasm memory${purpose}${itemised(request)}, more than is left of this instance's ` +
         `limit of ${this.limitBytes} bytes (${limit}), of which ${this.#inUse} are in use`;
     }
     // The module has at most its memory's size in use: with room for `bytes` beside all of it
@@ -80,7 +83,7 @@ export class MemoryAccount {
     if (module.HEAPU8.length + bytes <= MAX_WASM_BYTES) return null;
     const moduleInUse = module.heapBytesInUse();
     if (moduleInUse + bytes > MAX_WASM_BYTES) {
-      return `${fn}: needs ${bytes} bytes of wasm memory${itemised(request)}, more than is left: the module's memory ` +
+      return `${fn}: needs ${bytes} bytes of wasm memory${purpose}${itemised(request)}, more than is left: the module's memory ` +
         `is limited to 2 GiB (${MAX_WASM_BYTES} bytes), of which ${moduleInUse} are in use`;
     }
     return null;
@@ -123,19 +126,19 @@ function paddedBytes(bytes: number): number {
  * own cost is mostly such bookkeeping.
  */
 function allocateAll<R extends ByteRequest>(module: SdpaModule, account: MemoryAccount, fn: string,
-  request: R): Allocation<R> {
+  request: R, purpose = ''): Allocation<R> {
   let bytes = 0, span = 0;
   for (const what in request) {
     bytes += request[what];
     span += paddedBytes(request[what]);
   }
-  account.check(module, fn, request, bytes);
+  account.check(module, fn, request, bytes, purpose);
   // malloc's block is 8-byte aligned: at most PART_ALIGNMENT - 8 bytes go to reaching the first
   // boundary. Below 2^32 bytes: check() holds `bytes` to 2 GiB at most.
   const block = span === 0 ? 0 : module._malloc(span + PART_ALIGNMENT - 8);
   if (span !== 0 && block === 0) {
     throw new RangeError(
-      `${fn}: cannot allocate ${bytes} bytes of wasm memory${itemised(request)}: the module's memory is limited to ` +
+      `${fn}: cannot allocate ${bytes} bytes of wasm memory${purpose}${itemised(request)}: the module's memory is limited to ` +
       `2 GiB (${MAX_WASM_BYTES} bytes), of which ${module.heapBytesInUse()} are in use`);
   }
   const addresses = {} as { [K in keyof R]: number };
@@ -221,10 +224,10 @@ export class CallMemory {
 
   /**
    * Every block the call needs, in one request: refused with a RangeError (bytes needed, the
-   * limit) before any is allocated if they would not fit.
+   * limit) before any is allocated if they would not fit. `purpose`: see MemoryAccount.refusal.
    */
-  allocate<R extends ByteRequest>(request: R): { [K in keyof R]: number } {
-    const { block, bytes, addresses } = allocateAll(this.#module, this.#account, this.#fn, request);
+  allocate<R extends ByteRequest>(request: R, purpose = ''): { [K in keyof R]: number } {
+    const { block, bytes, addresses } = allocateAll(this.#module, this.#account, this.#fn, request, purpose);
     if (block !== 0) this.#blocks[this.#blockCount++] = block;
     this.#bytes += bytes;
     return addresses;
@@ -232,7 +235,8 @@ export class CallMemory {
 
   /**
    * Whether allocate(request) would pass the limits (this instance's, the module's memory's),
-   * allocating nothing: for a call with a way to run in less memory (sdpaVarlen's chunks).
+   * allocating nothing: for a call with a way to run in less memory (sdpaVarlen's chunks,
+   * sdpa()'s slices of heads).
    */
   fits(request: ByteRequest): boolean {
     const bytes = Object.values(request).reduce((sum, b) => sum + b, 0);

@@ -2,10 +2,12 @@
 //   runCopied          sdpa(): Q, K, V copied in whole, one forward() (threads split the work)
 //   runStreamedDecode  sdpa(), large decodes: K/V copied one key segment of one (batch, KV
 //                      head) at a time and computed while the copy is in the core's cache
-//   runStreamedPrefill sdpa(), one-thread prefill: one (batch, KV head) copied, computed and
-//                      copied out at a time (each fits in L2)
+//   runSlices          sdpa(), a slice of KV heads of one batch (with their query heads) copied
+//                      in, computed and copied out at a time: one KV head on one thread for a
+//                      prefill (each fits in L2), or as many as fit where the whole copy would
+//                      pass the memory limits
 //   runResident        KVCache.attend(): K/V already in wasm memory (the cache), read in place
-// chooseSdpaStrategy() picks among the first three; every one returns the same bits.
+// runSdpa() picks among the first three; every one returns the same bits.
 // All of them copy the small inputs (mask, causal offsets, key lengths and starts, sinks, ALiBi slopes) the same way
 // (smallInputBytes, copySmallInputs), request every block of wasm memory at once (refused
 // before any is allocated if the instance's limit would be passed) and free them on every path
@@ -15,7 +17,7 @@ import { CallMemory, COPY_PLACEMENT_SLACK, placeCopy, type MemoryAccount } from 
 import { sharesBytes } from './typed-arrays.js';
 import type { ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 import type { SdpaResult } from './types.js';
-import type { Plan } from './validate.js';
+import { layoutStrides, type Plan, type Strides } from './validate.js';
 
 const MASK_KIND = { float: 1, bool: 2 } as const;
 /** sdpa::KvType (src/sdpa.h): float16Finite = halves holding no Inf/NaN pattern (widened faster). */
@@ -51,8 +53,6 @@ export interface Engines {
   account: MemoryAccount;
 }
 
-type Strategy = 'copied' | 'streamed-decode' | 'streamed-prefill';
-
 const isShared = (buffer: ArrayBufferLike) => Object.prototype.toString.call(buffer) === '[object SharedArrayBuffer]';
 
 /**
@@ -64,32 +64,50 @@ export function mayOverlap(a: Float32Array, b: Float32Array): boolean {
   return sharesBytes(a, b) || (a.buffer !== b.buffer && isShared(a.buffer) && isShared(b.buffer));
 }
 
-/** Which way sdpa() runs a problem; each gives bitwise the same result. */
-export function chooseSdpaStrategy(engines: Engines, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): Strategy {
-  if (p.layout !== 'bhsd' || p.weightsDims !== null || p.lseDims !== null) return 'copied';
-  if (k.byteLength + v.byteLength >= STREAM_MIN_BYTES &&
-    engines.main.readsKeysInPlace(problemArg(engines.main, describeProblem(p)))) {
-    return 'streamed-decode';
-  }
-  // One (batch, KV head)'s Q rows, K, V and output. Not streamed when `out` may share memory
-  // with an input: a pair's output would overwrite inputs of pairs not yet copied in (the
-  // whole copy-in comes first otherwise).
-  const pairBytes = 4 * ((p.qHeads / p.kvHeads) * (p.q.h + p.o.h) + p.k.h + p.v.h);
-  if (engines.threads === 1 && p.batch * p.kvHeads > 1 &&
-    q.byteLength + k.byteLength + v.byteLength >= PREFILL_STREAM_MIN_BYTES && pairBytes <= PREFILL_STREAM_MAX_PAIR_BYTES &&
-    (p.out === null || ![q, k, v].some((input) => mayOverlap(input, p.out as Float32Array)))) {
-    return 'streamed-prefill';
-  }
-  return 'copied';
+/** Whether options.out may share memory with one of `inputs` (then it is written only after every input was read). */
+export function outMayShareInput(p: { out: Float32Array | null }, inputs: Float32Array[]): boolean {
+  const out = p.out;
+  return out !== null && inputs.some((input) => mayOverlap(input, out));
 }
 
-/** sdpa(): runs the plan the way chooseSdpaStrategy() picks. */
+/**
+ * Whether sdpa() streams this decode (runStreamedDecode): K and V of at least STREAM_MIN_BYTES
+ * that the kernel reads in place, in the bhsd layout, no weights or log-sum-exp asked for.
+ */
+function streamsDecode(engines: Engines, p: Plan, k: Float32Array, v: Float32Array): boolean {
+  return p.layout === 'bhsd' && p.weightsDims === null && p.lseDims === null &&
+    k.byteLength + v.byteLength >= STREAM_MIN_BYTES &&
+    engines.main.readsKeysInPlace(problemArg(engines.main, describeProblem(p)));
+}
+
+/** Whether sdpa() streams this prefill one (batch, KV head) at a time on one thread (see PREFILL_STREAM_MIN_BYTES). */
+function streamsPrefill(engines: Engines, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): boolean {
+  if (p.layout !== 'bhsd' || p.weightsDims !== null || p.lseDims !== null) return false;
+  // One (batch, KV head)'s Q rows, K, V and output. Not streamed when `out` may share memory
+  // with an input (runSlices would then compute into an array of its own and copy it into
+  // `out` at the end: no gain).
+  const pairBytes = 4 * ((p.qHeads / p.kvHeads) * (p.q.h + p.o.h) + p.k.h + p.v.h);
+  return engines.threads === 1 && p.batch * p.kvHeads > 1 &&
+    q.byteLength + k.byteLength + v.byteLength >= PREFILL_STREAM_MIN_BYTES && pairBytes <= PREFILL_STREAM_MAX_PAIR_BYTES &&
+    !outMayShareInput(p, [q, k, v]);
+}
+
+/**
+ * sdpa(): streamed when a decode or a one-thread prefill gains by it; else Q, K, V copied in
+ * whole (runCopied), or, when that copy would pass the memory limits (maxMemoryBytes, the
+ * module's 2 GiB), slices of KV heads as large as fit (runSlices, on all the threads). Every way
+ * gives the same bits.
+ */
 export function runSdpa(engines: Engines, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): SdpaResult {
-  switch (chooseSdpaStrategy(engines, p, q, k, v)) {
-    case 'streamed-decode': return runStreamedDecode(new CallMemory(engines.single ?? engines.main, engines.account, p.fn), p, q, k, v);
-    case 'streamed-prefill': return runStreamedPrefill(new CallMemory(engines.main, engines.account, p.fn), p, q, k, v);
-    case 'copied': return runCopied(new CallMemory(engines.main, engines.account, p.fn), engines.threads, p, q, k, v);
+  if (streamsDecode(engines, p, k, v)) {
+    return runStreamedDecode(new CallMemory(engines.single ?? engines.main, engines.account, p.fn), p, q, k, v);
   }
+  const memory = new CallMemory(engines.main, engines.account, p.fn);
+  if (streamsPrefill(engines, p, q, k, v)) return runSlices(memory, 1, p, q, k, v, 1);
+  const desc = describeProblem(p);
+  const whole = planWhole(memory.module, engines.threads, p, desc, q.byteLength, { key: k.byteLength, value: v.byteLength });
+  if (p.batch * p.kvHeads === 1 || memory.fits(whole.request)) return runCopied(memory, engines.threads, p, desc, whole, q, k, v);
+  return runSlices(memory, engines.threads, p, q, k, v, kvHeadsPerSlice(memory, engines.threads, p));
 }
 
 /** The kernel's view of a validated problem (float32 K/V); addresses are filled in once allocated. */
@@ -131,9 +149,13 @@ export function smallInputBytes(p: Plan) {
   };
 }
 
-/** Sets their addresses in `desc` and copies them in: after the last allocation (heap views). */
+/**
+ * Sets their addresses in `desc` and copies them in: after the last allocation (heap views).
+ * With `wholeMask` false the mask's block is left to the caller (runSlices copies each slice's part).
+ */
 export function copySmallInputs(memory: CallMemory, p: Plan, desc: ProblemDesc,
-  at: { attnMask: number; causalOffset: number; keyLengths: number; keyStarts: number; sinks: number; alibiSlopes: number }): void {
+  at: { attnMask: number; causalOffset: number; keyLengths: number; keyStarts: number; sinks: number; alibiSlopes: number },
+  wholeMask = true): void {
   desc.mask = at.attnMask;
   desc.causalOffsets = at.causalOffset;
   desc.keyLengths = at.keyLengths;
@@ -141,7 +163,7 @@ export function copySmallInputs(memory: CallMemory, p: Plan, desc: ProblemDesc,
   desc.sinks = at.sinks;
   desc.alibiSlopes = at.alibiSlopes;
   const { f32, i32, u8 } = memory.heap;
-  if (p.mask !== null) {
+  if (p.mask !== null && wholeMask) {
     if (p.mask.kind === 'float') f32.set(p.mask.data, desc.mask >>> 2);
     else u8.set(p.mask.data, desc.mask);
   }
@@ -175,21 +197,28 @@ export function collectResult(memory: CallMemory, p: Plan, desc: ProblemDesc): S
   return result;
 }
 
+/** runWhole's blocks: Q, K and V (`keyValueBytes`: 0 when resident), the outputs, the scratch and the small inputs. */
+function planWhole(module: SdpaModule, threads: number, p: Plan, desc: ProblemDesc, queryBytes: number,
+  keyValueBytes: { key: number; value: number }) {
+  const scratchFloats = module.scratchFloats(problemArg(module, desc), threads);
+  const request = {
+    query: queryBytes, ...keyValueBytes, output: p.outputSize * 4, weights: p.weightsSize * 4,
+    logSumExp: p.lseSize * 4, scratch: scratchFloats * 4, ...smallInputBytes(p),
+  };
+  return { scratchFloats, request };
+}
+
 /**
  * forward() on a problem whose K/V are placed by `placeKeyValue` (given the addresses of the
- * `keyValueBytes` blocks, zero-sized when K/V are resident): allocates everything at once,
- * copies Q and the small inputs in, runs, copies the results out. Shared by runCopied and
- * runResident.
+ * request's key and value blocks, zero-sized when K/V are resident): allocates everything at
+ * once, copies Q and the small inputs in, runs, copies the results out. Shared by runCopied
+ * and runResident.
  */
-function runWhole(memory: CallMemory, threads: number, p: Plan, desc: ProblemDesc, q: Float32Array,
-  keyValueBytes: { key: number; value: number }, placeKeyValue: (at: { key: number; value: number }) => void): SdpaResult {
+function runWhole(memory: CallMemory, threads: number, p: Plan, desc: ProblemDesc, whole: ReturnType<typeof planWhole>,
+  q: Float32Array, placeKeyValue: (at: { key: number; value: number }) => void): SdpaResult {
   const module = memory.module;
-  // Written whole once; the addresses allocated below are filled in before the call.
-  const scratchFloats = module.scratchFloats(problemArg(module, desc), threads);
-  const at = memory.allocate({
-    query: q.byteLength, ...keyValueBytes, output: p.outputSize * 4, weights: p.weightsSize * 4,
-    logSumExp: p.lseSize * 4, scratch: scratchFloats * 4, ...smallInputBytes(p),
-  });
+  const { scratchFloats } = whole;
+  const at = memory.allocate(whole.request);
   desc.query = at.query;
   desc.output = at.output;
   desc.weights = at.weights;
@@ -203,11 +232,10 @@ function runWhole(memory: CallMemory, threads: number, p: Plan, desc: ProblemDes
 }
 
 /** Q, K, V copied in whole; one forward() call (split over the threads). */
-export function runCopied(memory: CallMemory, threads: number, p: Plan, q: Float32Array, k: Float32Array,
-  v: Float32Array): SdpaResult {
+function runCopied(memory: CallMemory, threads: number, p: Plan, desc: ProblemDesc, whole: ReturnType<typeof planWhole>,
+  q: Float32Array, k: Float32Array, v: Float32Array): SdpaResult {
   try {
-    const desc = describeProblem(p);
-    return runWhole(memory, threads, p, desc, q, { key: k.byteLength, value: v.byteLength }, (at) => {
+    return runWhole(memory, threads, p, desc, whole, q, (at) => {
       desc.key = at.key;
       desc.value = at.value;
       const { f32 } = memory.heap;
@@ -236,7 +264,8 @@ export function runResident(memory: CallMemory, threads: number, p: Plan, q: Flo
     desc.kvType = kv.kvType;
     // Read once per step from main memory, not from a copy still in the core's cache.
     desc.readKvInOrder = true;
-    return runWhole(memory, threads, p, desc, q, { key: 0, value: 0 }, () => {});
+    const whole = planWhole(memory.module, threads, p, desc, q.byteLength, { key: 0, value: 0 });
+    return runWhole(memory, threads, p, desc, whole, q, () => {});
   } finally {
     memory.free();
   }
@@ -331,46 +360,145 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, 
   }
 }
 
+// Slices: the KV heads [h0, h0 + n) of one batch b with their query heads [h0·G, (h0 + n)·G)
+// (G = Hq/Hkv), a problem of its own, [1, n·G, Lq, E] against [1, n, Lk, E]: each (batch, KV
+// head) is computed alone by the kernel (bitwise the same in any problem and on any number of
+// threads), so slices give the whole call's bits. Each tensor's slice is copied into a block of
+// its own, dense in the call's layout: in 'bhsd' one run of n·L·D floats, in 'bshd' one run of
+// n·D floats per position.
+
+/** A slice's tensor of `heads` heads of L rows of D floats, dense in `layout`: its strides. */
+const sliceStrides = (layout: Plan['layout'], heads: number, L: number, D: number): Strides =>
+  layoutStrides(layout, heads, L, D);
+
 /**
- * One-thread prefill, one (batch, KV head) at a time: its Q rows, K and V copied in,
- * computed, its output copied out; wasm memory holds one pair's tensors at a time.
+ * Copies heads [h0, h0 + heads) of batch b of `data` (strides `s` in `layout`) into, or out of
+ * (`into` true: from wasm memory into data), the dense slice at `address`.
  */
-export function runStreamedPrefill(memory: CallMemory, p: Plan, q: Float32Array, k: Float32Array,
-  v: Float32Array): SdpaResult {
+function copySlice(f32: Float32Array, address: number, data: Float32Array, s: Strides, layout: Plan['layout'],
+  b: number, h0: number, heads: number, L: number, D: number, direction: 'in' | 'out'): void {
+  const at = address >>> 2;
+  // One run per slice ('bhsd') or per position ('bshd').
+  const runs = layout === 'bhsd' ? 1 : L, runFloats = layout === 'bhsd' ? heads * L * D : heads * D;
+  for (let r = 0; r < runs; r++) {
+    const from = b * s.b + h0 * s.h + r * s.l, to = at + r * runFloats;
+    if (direction === 'in') f32.set(data.subarray(from, from + runFloats), to);
+    else data.set(f32.subarray(to, to + runFloats), from);
+  }
+}
+
+/**
+ * The mask elements a slice of `heads` query heads reads, from its first (batch, head)'s: the
+ * rows and keys of each head, heads apart by the mask's head stride (0 when it broadcasts).
+ */
+function maskSpan(p: Plan, heads: number): number {
+  if (p.mask === null) return 0;
+  const [, sh, sq, sk] = p.mask.strides;
+  return (heads - 1) * sh + (p.qLen - 1) * sq + (p.kvLen - 1) * sk + 1;
+}
+
+/** The slice problem of `kvHeads` KV heads of one batch; its addresses are set by runSlices. */
+function sliceProblem(p: Plan, desc: ProblemDesc, kvHeads: number): ProblemDesc {
+  const heads = kvHeads * (p.qHeads / p.kvHeads);
+  const q = sliceStrides(p.layout, heads, p.qLen, p.headDim), o = sliceStrides(p.layout, heads, p.qLen, p.valueDim);
+  const k = sliceStrides(p.layout, kvHeads, p.kvLen, p.headDim), v = sliceStrides(p.layout, kvHeads, p.kvLen, p.valueDim);
+  return {
+    ...desc, batch: 1, qHeads: heads, kvHeads,
+    qStrideB: q.b, qStrideH: q.h, qStrideL: q.l, kStrideB: k.b, kStrideH: k.h, kStrideL: k.l,
+    vStrideB: v.b, vStrideH: v.h, vStrideL: v.l, oStrideB: o.b, oStrideH: o.h, oStrideL: o.l,
+  };
+}
+
+/** The blocks of slices of `kvHeads` KV heads: each slice tensor, the slice's mask, the scratch, the other small inputs whole. */
+function planSlices(module: SdpaModule, threads: number, p: Plan, kvHeads: number) {
+  const desc = describeProblem(p);
+  const sliceDesc = sliceProblem(p, desc, kvHeads);
+  const heads = sliceDesc.qHeads;
+  // The last slice of a batch holds the rest of its KV heads (when kvHeads does not divide Hkv).
+  const rest = p.kvHeads % kvHeads;
+  const scratchFloats = Math.max(module.scratchFloats(problemArg(module, sliceDesc), threads),
+    rest === 0 ? 0 : module.scratchFloats(problemArg(module, sliceProblem(p, desc, rest)), threads));
+  const request = {
+    query: 4 * heads * p.qLen * p.headDim, key: 4 * kvHeads * p.kvLen * p.headDim,
+    value: 4 * kvHeads * p.kvLen * p.valueDim, output: 4 * heads * p.qLen * p.valueDim,
+    weights: p.weightsDims !== null ? 4 * heads * p.qLen * p.kvLen : 0, logSumExp: p.lseDims !== null ? 4 * heads * p.qLen : 0,
+    scratch: 4 * scratchFloats,
+    ...smallInputBytes(p), attnMask: p.mask === null ? 0 : maskSpan(p, heads) * (p.mask.kind === 'float' ? 4 : 1),
+  };
+  return { desc, sliceDesc, scratchFloats, request };
+}
+
+/**
+ * The most KV heads a slice may hold within the memory limits: Hkv, then about a half, a
+ * quarter... down to 1 (whose refusal, should it not fit either, runSlices reports).
+ */
+function kvHeadsPerSlice(memory: CallMemory, threads: number, p: Plan): number {
+  for (let parts = 1; ; parts *= 2) {
+    const kvHeads = Math.ceil(p.kvHeads / parts);
+    if (kvHeads === 1 || memory.fits(planSlices(memory.module, threads, p, kvHeads).request)) return kvHeads;
+  }
+}
+
+/**
+ * sdpa() a slice of `kvHeads` KV heads at a time (of one batch; the last of a batch may be
+ * smaller), each slice copied in, computed on `threads` threads and copied out: wasm memory
+ * holds one slice's tensors. The one-thread streamed prefill (one KV head a slice: each
+ * computed from the core's cache, see PREFILL_STREAM_MIN_BYTES) and the fallback of calls whose
+ * whole copy would not fit.
+ */
+function runSlices(memory: CallMemory, threads: number, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array,
+  kvHeads: number): SdpaResult {
   try {
     const module = memory.module;
-    const desc = describeProblem(p);
-    const pairDesc = pairProblem(p, desc);
+    const { desc, sliceDesc, scratchFloats, request } = planSlices(module, threads, p, kvHeads);
+    const at = memory.allocate(request, kvHeads === 1 ? ' to run one (batch, KV head) at a time' :
+      ` to run ${kvHeads} KV heads of one batch at a time`);
+    Object.assign(sliceDesc, { query: at.query, key: at.key, value: at.value, output: at.output, weights: at.weights,
+      logsumexp: at.logSumExp });
+    copySmallInputs(memory, p, desc, at, false);
+    // Into `out` straight, unless it may share memory with an input: a slice's output would be
+    // written before later slices' inputs are read, so then into an array of its own, copied
+    // into out at the end.
+    const outShared = outMayShareInput(p, [q, k, v]);
+    const output = p.out !== null && !outShared ? p.out : new Float32Array(p.outputSize);
+    const weights = p.weightsDims !== null ? new Float32Array(p.weightsSize) : null;
+    const lse = p.lseDims !== null ? new Float32Array(p.lseSize) : null;
     const group = p.qHeads / p.kvHeads;
-    const pairQueryFloats = group * p.q.h, pairOutputFloats = group * p.o.h;
-    const scratchFloats = module.scratchFloats(problemArg(module, pairDesc), 1);
-    const at = memory.allocate({
-      query: pairQueryFloats * 4, key: p.k.h * 4, value: p.v.h * 4, output: pairOutputFloats * 4,
-      scratch: scratchFloats * 4, ...smallInputBytes(p),
-    });
-    const { scratch } = at;
-    pairDesc.query = at.query;
-    pairDesc.key = at.key;
-    pairDesc.value = at.value;
-    pairDesc.output = at.output;
-    copySmallInputs(memory, p, desc, at);
-
-    const output = p.out !== null ? p.out : new Float32Array(p.outputSize);
-    for (let pair = 0; pair < p.batch * p.kvHeads; pair++) {
-      const b = Math.floor(pair / p.kvHeads), kvHead = pair % p.kvHeads, firstHead = kvHead * group;
-      const qAt = b * p.q.b + firstHead * p.q.h, kAt = b * p.k.b + kvHead * p.k.h, vAt = b * p.v.b + kvHead * p.v.h;
-      // Fresh views every time: a view is never kept across a call into the module
-      // (js/memory.ts), whatever that call allocates.
-      const before = memory.heap.f32;
-      before.set(q.subarray(qAt, qAt + pairQueryFloats), pairDesc.query >>> 2);
-      before.set(k.subarray(kAt, kAt + p.k.h), pairDesc.key >>> 2);
-      before.set(v.subarray(vAt, vAt + p.v.h), pairDesc.value >>> 2);
-      Object.assign(pairDesc, pairFields(p, desc, b, firstHead));
-      check(module, p, module.forward(problemArg(module, pairDesc), scratch, scratchFloats, 1));
-      const from = pairDesc.output >>> 2;
-      output.set(memory.heap.f32.subarray(from, from + pairOutputFloats), b * p.o.b + firstHead * p.o.h);
+    let maskCopiedFrom = -1;  // the mask element the mask block holds a copy from (slices may share it)
+    for (let b = 0; b < p.batch; b++) {
+      for (let h0 = 0; h0 < p.kvHeads; h0 += kvHeads) {
+        const n = Math.min(kvHeads, p.kvHeads - h0), heads = n * group, firstHead = h0 * group;
+        const slice = n === kvHeads ? sliceDesc : sliceProblem(p, sliceDesc, n);
+        Object.assign(slice, pairFields(p, desc, b, firstHead));
+        // Fresh views every time: a view is never kept across a call into the module
+        // (js/memory.ts), whatever that call allocates.
+        const before = memory.heap;
+        copySlice(before.f32, at.query, q, p.q, p.layout, b, firstHead, heads, p.qLen, p.headDim, 'in');
+        copySlice(before.f32, at.key, k, p.k, p.layout, b, h0, n, p.kvLen, p.headDim, 'in');
+        copySlice(before.f32, at.value, v, p.v, p.layout, b, h0, n, p.kvLen, p.valueDim, 'in');
+        if (p.mask !== null) {
+          const from = b * p.mask.strides[0] + firstHead * p.mask.strides[1];
+          if (from !== maskCopiedFrom) {
+            const span = p.mask.data.subarray(from, from + maskSpan(p, heads));
+            if (span instanceof Float32Array) before.f32.set(span, at.attnMask >>> 2);
+            else before.u8.set(span, at.attnMask);
+            maskCopiedFrom = from;
+          }
+          slice.mask = at.attnMask;
+        }
+        check(module, p, module.forward(problemArg(module, slice), at.scratch, scratchFloats, threads));
+        const after = memory.heap.f32;
+        copySlice(after, at.output, output, p.o, p.layout, b, firstHead, heads, p.qLen, p.valueDim, 'out');
+        const row = b * p.qHeads + firstHead;  // weights and log-sum-exp: [B, Hq, Lq, ·], dense
+        if (weights !== null) weights.set(after.subarray(at.weights >>> 2, (at.weights >>> 2) + heads * p.qLen * p.kvLen), row * p.qLen * p.kvLen);
+        if (lse !== null) lse.set(after.subarray(at.logSumExp >>> 2, (at.logSumExp >>> 2) + heads * p.qLen), row * p.qLen);
+      }
     }
-    return { output: { data: p.outResult ?? output, dims: p.outputDims } };
+    if (outShared) (p.out as Float32Array).set(output);
+    const result: SdpaResult = { output: { data: p.outResult ?? output, dims: p.outputDims } };
+    if (weights !== null) result.weights = { data: weights, dims: p.weightsDims as number[] };
+    if (lse !== null) result.logSumExp = { data: lse, dims: p.lseDims as number[] };
+    return result;
   } finally {
     memory.free();
   }

@@ -239,6 +239,145 @@ describe('createAttention({ maxMemoryBytes })', () => {
   });
 });
 
+describe('sdpa() past maxMemoryBytes runs a slice of KV heads at a time: the bits of the whole copy', () => {
+  // B·Hkv = 10 (batch, KV head) pairs, GQA (2 query heads per KV head), Lq ≠ Lk, Ev ≠ E. Where
+  // the whole copy would pass the limit, sdpa() runs slices of 5, 3, 2 or 1 KV heads of one
+  // batch (the most that fit; 3 and 2 leave a smaller last slice), each on all the threads.
+  const B = 2, Hq = 10, Hkv = 5, Lq = 37, Lk = 600, E = 32, Ev = 24;
+  const query = randomTensor([B, Hq, Lq, E], 401), key = randomTensor([B, Hkv, Lk, E], 402);
+  const value = randomTensor([B, Hkv, Lk, Ev], 403);
+  // Keys past keyLengths hold NaN: a slice must not read them either.
+  const keyLengths = new Int32Array([600, 531]), keyStarts = new Int32Array([0, 7]);
+  for (let h = 0; h < Hkv; h++) key.data.fill(NaN, ((Hkv + h) * Lk + 531) * E, (Hkv + h + 1) * Lk * E);
+  const random = mulberry32(404);
+  const floatMask = (dims) => ({ data: Float32Array.from({ length: dims.reduce((a, b) => a * b) }, () => (random() < 0.2 ? -Infinity : random() * 4 - 2)), dims });
+  const boolMask = (dims) => ({ data: Uint8Array.from({ length: dims.reduce((a, b) => a * b) }, () => Number(random() < 0.7)), dims });
+  const slopes = (n) => Float32Array.from({ length: n }, (_, i) => 2 ** -(1 + (i % Hq)));
+  const cases = {
+    'key lengths and starts, per-batch causal offsets, a sliding window, a float mask [B, 1, Lq, Lk]': {
+      keyLengths, keyStarts, isCausal: true, causalOffset: new Int32Array([563, 490]), slidingWindow: 200, attnMask: floatMask([B, 1, Lq, Lk]),
+    },
+    'a bool mask [1, Hq, Lq, Lk], softcap, sinks, ALiBi [B, Hq]': {
+      keyLengths, attnMask: boolMask([1, Hq, Lq, Lk]), softcap: 3, sinks: Float32Array.from({ length: Hq }, (_, h) => h - 4),
+      alibiSlopes: slopes(B * Hq),
+    },
+    'a float mask [Lk], dropout, the weights and the log-sum-exp': {
+      keyLengths, attnMask: floatMask([Lk]), dropoutP: 0.3, dropoutSeed: 77, returnWeights: true, returnLogSumExp: true,
+    },
+    'a bool mask [B, Hq, 1, Lk], causal ALiBi [Hq], a scale': {
+      keyLengths, attnMask: boolMask([B, Hq, 1, Lk]), isCausal: true, alibiSlopes: slopes(Hq), scale: 0.7,
+    },
+  };
+  // bshd: the same tensors with their H and L axes swapped.
+  const swap = ({ data, dims: [b, h, l, d] }) => {
+    const out = new Float32Array(data.length);
+    for (let i = 0; i < b * h * l; i++) {
+      const bb = Math.floor(i / (h * l)), hh = Math.floor(i / l) % h, ll = i % l;
+      out.set(data.subarray(i * d, (i + 1) * d), ((bb * l + ll) * h + hh) * d);
+    }
+    return { data: out, dims: [b, l, h, d] };
+  };
+  const inputs = { bhsd: [query, key, value], bshd: [query, key, value].map(swap) };
+  const bshd = { layout: 'bshd' };
+  /** The call on a fresh instance without a limit (one thread), and the memory it took. */
+  const unlimited = async (q, k, v, options) => {
+    const attn = await createAttention({ threads: 1 });
+    try {
+      return { result: attn.sdpa(q, k, v, options), peak: attn.memory().peakBytes };
+    } finally {
+      attn.dispose();
+    }
+  };
+
+  test.each(Object.keys(cases).flatMap((name) => [[name, 'bhsd'], [name, 'bshd']]))('%s (%s): threads 1 and 2, three limits, bitwise the whole copy; within the reference', async (name, layout) => {
+    const options = layout === 'bshd' ? { ...cases[name], ...bshd } : cases[name];
+    const [q, k, v] = inputs[layout];
+    const { result: expected, peak: wholePeak } = await unlimited(q, k, v, options);
+    const ref = referenceSdpa(q, k, v, options);
+    expect(maxRelError(expected.output.data, ref.output)).toBeLessThanOrEqual(TOL);
+    if (options.returnWeights) expect(maxRelError(expected.weights.data, ref.weights)).toBeLessThanOrEqual(TOL);
+    for (const threads of [1, 2]) {
+      for (const share of [0.9, 0.5, 0.3]) {
+        const limit = Math.floor(wholePeak * share);
+        const attn = await createAttention({ threads, maxMemoryBytes: limit });
+        try {
+          const got = attn.sdpa(q, k, v, options);
+          expectBitwiseEqual(got.output.data, expected.output.data);
+          expect(got.output.dims).toEqual(expected.output.dims);
+          if (options.returnWeights) expectBitwiseEqual(got.weights.data, expected.weights.data);
+          if (options.returnLogSumExp) expectBitwiseEqual(got.logSumExp.data, expected.logSumExp.data);
+          expect(attn.memory().peakBytes).toBeLessThanOrEqual(limit);
+          expect(attn.memory().bytesInUse).toBe(0);
+          // The same instance, unlimited by this call, keeps working.
+          expectMatchesReference(attn, smallProblem(410));
+        } finally {
+          attn.dispose();
+        }
+      }
+    }
+  });
+
+  test('into out, and into an out that is an input (then written after every slice was read)', async () => {
+    const limit = 640 * 1024;
+    const attn = await createAttention({ threads: 2, maxMemoryBytes: limit });
+    try {
+      const L = 300;
+      const square = { q: randomTensor([B, Hq, L, E], 405), k: randomTensor([B, Hkv, L, E], 406), v: randomTensor([B, Hkv, L, E], 407) };
+      const options = { isCausal: true, attnMask: floatMask([B, 1, 1, L]) };
+      const { result, peak } = await unlimited(square.q, square.k, square.v, options);
+      const expected = result.output.data;
+      expect(peak).toBeGreaterThan(2 * limit);
+      const out = new Float32Array(expected.length);
+      expect(attn.sdpa(square.q, square.k, square.v, { ...options, out }).output.data).toBe(out);
+      expectBitwiseEqual(out, expected);
+      const inPlace = { data: square.q.data.slice(), dims: square.q.dims };
+      expect(attn.sdpa(inPlace, square.k, square.v, { ...options, out: inPlace.data }).output.data).toBe(inPlace.data);
+      expectBitwiseEqual(inPlace.data, expected);
+      expect(attn.memory().peakBytes).toBeLessThanOrEqual(limit);
+    } finally {
+      attn.dispose();
+    }
+  });
+
+  test('a decode (Lq = 1) with its weights, and through a worker', async () => {
+    const q1 = randomTensor([B, Hq, 1, E], 408);
+    const options = { keyLengths, returnWeights: true };
+    const { result: expected, peak } = await unlimited(q1, key, value, options);
+    const limit = 256 * 1024;
+    expect(peak).toBeGreaterThan(2 * limit);
+    const attn = await createAttention({ threads: 2, maxMemoryBytes: limit });
+    const worker = await createAttentionWorker({ threads: 1, maxMemoryBytes: limit });
+    try {
+      for (const got of [attn.sdpa(q1, key, value, options), await worker.sdpa(q1, key, value, options)]) {
+        expectBitwiseEqual(got.output.data, expected.output.data);
+        expectBitwiseEqual(got.weights.data, expected.weights.data);
+      }
+      expect(attn.memory().peakBytes).toBeLessThanOrEqual(limit);
+      expect((await worker.memory()).peakBytes).toBeLessThanOrEqual(limit);
+    } finally {
+      attn.dispose();
+      await worker.dispose();
+    }
+  });
+
+  test('refused when even one (batch, KV head) does not fit, naming its blocks; nothing held, the instance keeps working', async () => {
+    const limit = 20 * 1024;
+    const attn = await createAttention({ threads: 1, maxMemoryBytes: limit });
+    try {
+      const error = await errorOf(() => attn.sdpa(query, key, value, { returnWeights: true }));
+      expectError(error, RangeError, [
+        new RegExp(`^sdpa: needs \\d+ bytes of wasm memory to run one \\(batch, KV head\\) at a time \\(query ${2 * Lq * E * 4} bytes \\+ ` +
+          `key ${Lk * E * 4} bytes \\+ value ${Lk * Ev * 4} bytes \\+ output ${2 * Lq * Ev * 4} bytes \\+ weights ${2 * Lq * Lk * 4} bytes`),
+        new RegExp(`more than is left of this instance's limit of ${limit} bytes \\(maxMemoryBytes\\), of which 0 are in use$`)]);
+      expect(attn.memory().bytesInUse).toBe(0);
+      expect(attn.memory().peakBytes).toBe(0);
+      expectMatchesReference(attn, smallProblem(409));
+    } finally {
+      attn.dispose();
+    }
+  });
+});
+
 describe('no leaks: 10,000 mixed calls return bytesInUse and the module heap to where they were', () => {
   test('direct, cache, backward and worker calls, valid and failing, weights on and off', async () => {
     const attn = await createAttention({ threads: 1, maxMemoryBytes: 1 << 20 });

@@ -1555,7 +1555,7 @@ describe('decode streamed one segment of one (batch, KV head) at a time', () => 
 describe('prefill streamed one (batch, KV head) at a time', () => {
   // On one thread, bhsd prefill with Q, K and V of at least 2 MiB together and at most 1 MiB
   // of Q, K, V and output per (batch, KV head) (as here: 940 KB) is copied in,
-  // computed and copied out one (batch, KV head) at a time (js/index.ts,
+  // computed and copied out one (batch, KV head) at a time (js/strategies.ts,
   // PREFILL_STREAM_MIN_BYTES), every pointer moved to the pair's rows; 'bshd' inputs and
   // instances with threads > 1 take the whole-copy path, so all must agree bit for bit.
   const B = 2, Hq = 4, Hkv = 2, L = 700, E = 64, Ev = 48;
