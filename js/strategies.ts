@@ -2,10 +2,10 @@
 //   runCopied          sdpa(): Q, K, V copied in whole, one forward() (threads split the work)
 //   runStreamedDecode  sdpa(), large decodes: K/V copied one key segment of one (batch, KV
 //                      head) at a time and computed while the copy is in the core's cache
-//   runSlices          sdpa(), a slice of KV heads of one batch (with their query heads) copied
-//                      in, computed and copied out at a time: one KV head on one thread for a
-//                      prefill (each fits in L2), or as many as fit where the whole copy would
-//                      pass the memory limits
+//   runSlices          sdpa(), a slice of batches and KV heads (with their query heads, slices.ts)
+//                      copied in, computed and copied out at a time: one (batch, KV head) on
+//                      one thread for a prefill (each fits in L2), or the largest slices that fit
+//                      where the whole copy would pass the memory limits
 //   runResident        KVCache.attend(): K/V already in wasm memory (the cache), read in place
 // runSdpa() picks among the first three; every one returns the same bits.
 // All of them copy the small inputs (mask, causal offsets, key lengths and starts, sinks, ALiBi slopes) the same way
@@ -17,7 +17,11 @@ import { CallMemory, COPY_PLACEMENT_SLACK, placeCopy, type MemoryAccount } from 
 import { sharesBytes } from './typed-arrays.js';
 import type { ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 import type { SdpaResult } from './types.js';
-import { layoutStrides, type Plan, type Strides } from './validate.js';
+import {
+  copyMaskSpan, copySlice, denseStrides, maskSpanBytes, maskStart, sliceCandidates, sliceInputs, sliceProblem, slicePurpose,
+  sliceShapes, slicesOf, type SliceShape,
+} from './slices.js';
+import type { Plan } from './validate.js';
 
 const MASK_KIND = { float: 1, bool: 2 } as const;
 /** sdpa::KvType (src/sdpa.h): float16Finite = halves holding no Inf/NaN pattern (widened faster). */
@@ -95,19 +99,19 @@ function streamsPrefill(engines: Engines, p: Plan, q: Float32Array, k: Float32Ar
 /**
  * sdpa(): streamed when a decode or a one-thread prefill gains by it; else Q, K, V copied in
  * whole (runCopied), or, when that copy would pass the memory limits (maxMemoryBytes, the
- * module's 2 GiB), slices of KV heads as large as fit (runSlices, on all the threads). Every way
- * gives the same bits.
+ * module's 2 GiB), slices of batches and KV heads as large as fit (runSlices, on all the
+ * threads). Every way gives the same bits.
  */
 export function runSdpa(engines: Engines, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): SdpaResult {
   if (streamsDecode(engines, p, k, v)) {
     return runStreamedDecode(new CallMemory(engines.single ?? engines.main, engines.account, p.fn), p, q, k, v);
   }
   const memory = new CallMemory(engines.main, engines.account, p.fn);
-  if (streamsPrefill(engines, p, q, k, v)) return runSlices(memory, 1, p, q, k, v, 1);
+  if (streamsPrefill(engines, p, q, k, v)) return runSlices(memory, 1, p, q, k, v, { batches: 1, kvHeads: 1 });
   const desc = describeProblem(p);
   const whole = planWhole(memory.module, engines.threads, p, desc, q.byteLength, { key: k.byteLength, value: v.byteLength });
   if (p.batch * p.kvHeads === 1 || memory.fits(whole.request)) return runCopied(memory, engines.threads, p, desc, whole, q, k, v);
-  return runSlices(memory, engines.threads, p, q, k, v, kvHeadsPerSlice(memory, engines.threads, p));
+  return runSlices(memory, engines.threads, p, q, k, v, sliceShapeThatFits(memory, engines.threads, p));
 }
 
 /** The kernel's view of a validated problem (float32 K/V); addresses are filled in once allocated. */
@@ -271,23 +275,6 @@ export function runResident(memory: CallMemory, threads: number, p: Plan, q: Flo
   }
 }
 
-// The mask, causal offsets, key lengths and starts, sinks, ALiBi slopes stay whole in wasm memory; for one (batch,
-// KV head) their addresses move to its batch and first query head (the strides stay), and the
-// dropout mask's batch and head count from them, so that the pair draws the whole call's.
-function pairFields(p: Plan, desc: ProblemDesc, b: number, firstHead: number) {
-  const maskElementBytes = p.mask?.kind === 'float' ? 4 : 1;
-  return {
-    mask: p.mask === null ? 0 : desc.mask + maskElementBytes * (b * p.mask.strides[0] + firstHead * p.mask.strides[1]),
-    causalOffsets: p.causalOffsets === null ? 0 : desc.causalOffsets + 4 * b,
-    keyLengths: p.keyLengths === null ? 0 : desc.keyLengths + 4 * b,
-    keyStarts: p.keyStarts === null ? 0 : desc.keyStarts + 4 * b,
-    sinks: p.sinks === null ? 0 : desc.sinks + 4 * firstHead,
-    alibiSlopes: p.alibiSlopes === null ? 0 : desc.alibiSlopes + 4 * (b * p.alibiStrideB + firstHead),
-    dropoutBatchBase: b,
-    dropoutHeadBase: firstHead,
-  };
-}
-
 /** The problem of one (batch, KV head): [1, Hq/Hkv, Lq, E] against [1, 1, Lk, E]. */
 function pairProblem(p: Plan, desc: ProblemDesc): ProblemDesc {
   return { ...desc, batch: 1, qHeads: p.qHeads / p.kvHeads, kvHeads: 1, kStrideB: 0, kStrideH: 0, vStrideB: 0, vStrideH: 0 };
@@ -333,7 +320,7 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, 
       copySmallInputs(memory, p, desc, at);
       for (let pair = 0; pair < p.batch * p.kvHeads; pair++) {
         const b = Math.floor(pair / p.kvHeads), firstHead = (pair % p.kvHeads) * group;
-        const pairAt = pairFields(p, desc, b, firstHead);
+        const pairAt = sliceInputs(p, desc, b, firstHead);
         streamer.setPair(
           desc.query + 4 * (b * p.q.b + firstHead * p.q.h),
           desc.output + 4 * (b * p.o.b + firstHead * p.o.h),
@@ -360,101 +347,41 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, 
   }
 }
 
-// Slices: the KV heads [h0, h0 + n) of one batch b with their query heads [h0·G, (h0 + n)·G)
-// (G = Hq/Hkv), a problem of its own, [1, n·G, Lq, E] against [1, n, Lk, E]: each (batch, KV
-// head) is computed alone by the kernel (bitwise the same in any problem and on any number of
-// threads), so slices give the whole call's bits. Each tensor's slice is copied into a block of
-// its own, dense in the call's layout: in 'bhsd' one run of n·L·D floats, in 'bshd' one run of
-// n·D floats per position.
-
-/** A slice's tensor of `heads` heads of L rows of D floats, dense in `layout`: its strides. */
-const sliceStrides = (layout: Plan['layout'], heads: number, L: number, D: number): Strides =>
-  layoutStrides(layout, heads, L, D);
-
-/**
- * Copies heads [h0, h0 + heads) of batch b of `data` (strides `s` in `layout`) into, or out of
- * (`into` true: from wasm memory into data), the dense slice at `address`.
- */
-function copySlice(f32: Float32Array, address: number, data: Float32Array, s: Strides, layout: Plan['layout'],
-  b: number, h0: number, heads: number, L: number, D: number, direction: 'in' | 'out'): void {
-  const at = address >>> 2;
-  // One run per slice ('bhsd') or per position ('bshd').
-  const runs = layout === 'bhsd' ? 1 : L, runFloats = layout === 'bhsd' ? heads * L * D : heads * D;
-  for (let r = 0; r < runs; r++) {
-    const from = b * s.b + h0 * s.h + r * s.l, to = at + r * runFloats;
-    if (direction === 'in') f32.set(data.subarray(from, from + runFloats), to);
-    else data.set(f32.subarray(to, to + runFloats), from);
-  }
-}
-
-/**
- * The mask elements a slice of `heads` query heads reads, from its first (batch, head)'s: the
- * rows and keys of each head, heads apart by the mask's head stride (0 when it broadcasts).
- */
-function maskSpan(p: Plan, heads: number): number {
-  if (p.mask === null) return 0;
-  const [, sh, sq, sk] = p.mask.strides;
-  return (heads - 1) * sh + (p.qLen - 1) * sq + (p.kvLen - 1) * sk + 1;
-}
-
-/** The slice problem of `kvHeads` KV heads of one batch; its addresses are set by runSlices. */
-function sliceProblem(p: Plan, desc: ProblemDesc, kvHeads: number): ProblemDesc {
-  const heads = kvHeads * (p.qHeads / p.kvHeads);
-  const q = sliceStrides(p.layout, heads, p.qLen, p.headDim), o = sliceStrides(p.layout, heads, p.qLen, p.valueDim);
-  const k = sliceStrides(p.layout, kvHeads, p.kvLen, p.headDim), v = sliceStrides(p.layout, kvHeads, p.kvLen, p.valueDim);
-  return {
-    ...desc, batch: 1, qHeads: heads, kvHeads,
-    qStrideB: q.b, qStrideH: q.h, qStrideL: q.l, kStrideB: k.b, kStrideH: k.h, kStrideL: k.l,
-    vStrideB: v.b, vStrideH: v.h, vStrideL: v.l, oStrideB: o.b, oStrideH: o.h, oStrideL: o.l,
-  };
-}
-
-/** The blocks of slices of `kvHeads` KV heads: each slice tensor, the slice's mask, the scratch, the other small inputs whole. */
-function planSlices(module: SdpaModule, threads: number, p: Plan, kvHeads: number) {
+/** The blocks of slices of `shape` (slices.ts): each slice tensor, the slice's mask, the scratch, the other small inputs whole. */
+function planSlices(module: SdpaModule, threads: number, p: Plan, shape: SliceShape) {
   const desc = describeProblem(p);
-  const sliceDesc = sliceProblem(p, desc, kvHeads);
-  const heads = sliceDesc.qHeads;
-  // The last slice of a batch holds the rest of its KV heads (when kvHeads does not divide Hkv).
-  const rest = p.kvHeads % kvHeads;
-  const scratchFloats = Math.max(module.scratchFloats(problemArg(module, sliceDesc), threads),
-    rest === 0 ? 0 : module.scratchFloats(problemArg(module, sliceProblem(p, desc, rest)), threads));
+  const sliceDesc = sliceProblem(p, desc, shape);
+  const heads = sliceDesc.qHeads, rows = shape.batches * heads * p.qLen;
+  const scratchFloats = Math.max(...sliceShapes(p, shape).map((s) =>
+    module.scratchFloats(problemArg(module, sliceProblem(p, desc, s)), threads)));
   const request = {
-    query: 4 * heads * p.qLen * p.headDim, key: 4 * kvHeads * p.kvLen * p.headDim,
-    value: 4 * kvHeads * p.kvLen * p.valueDim, output: 4 * heads * p.qLen * p.valueDim,
-    weights: p.weightsDims !== null ? 4 * heads * p.qLen * p.kvLen : 0, logSumExp: p.lseDims !== null ? 4 * heads * p.qLen : 0,
-    scratch: 4 * scratchFloats,
-    ...smallInputBytes(p), attnMask: p.mask === null ? 0 : maskSpan(p, heads) * (p.mask.kind === 'float' ? 4 : 1),
+    query: 4 * rows * p.headDim, key: 4 * shape.batches * shape.kvHeads * p.kvLen * p.headDim,
+    value: 4 * shape.batches * shape.kvHeads * p.kvLen * p.valueDim, output: 4 * rows * p.valueDim,
+    weights: p.weightsDims !== null ? 4 * rows * p.kvLen : 0, logSumExp: p.lseDims !== null ? 4 * rows : 0,
+    scratch: 4 * scratchFloats, ...smallInputBytes(p), attnMask: maskSpanBytes(p, shape.batches, heads),
   };
   return { desc, sliceDesc, scratchFloats, request };
 }
 
-/**
- * The most KV heads a slice may hold within the memory limits: Hkv, then about a half, a
- * quarter... down to 1 (whose refusal, should it not fit either, runSlices reports).
- */
-function kvHeadsPerSlice(memory: CallMemory, threads: number, p: Plan): number {
-  for (let parts = 1; ; parts *= 2) {
-    const kvHeads = Math.ceil(p.kvHeads / parts);
-    if (kvHeads === 1 || memory.fits(planSlices(memory.module, threads, p, kvHeads).request)) return kvHeads;
-  }
+/** The largest slices (sliceCandidates) that fit within the memory limits, else the smallest (whose refusal runSlices reports). */
+function sliceShapeThatFits(memory: CallMemory, threads: number, p: Plan): SliceShape {
+  const candidates = sliceCandidates(p, false);
+  return candidates.find((shape) => memory.fits(planSlices(memory.module, threads, p, shape).request)) ??
+    candidates[candidates.length - 1];
 }
 
 /**
- * sdpa() a slice of `kvHeads` KV heads at a time (of one batch; the last of a batch may be
- * smaller), each slice copied in, computed on `threads` threads and copied out: wasm memory
- * holds one slice's tensors. The one-thread streamed prefill (one KV head a slice: each
- * computed from the core's cache, see PREFILL_STREAM_MIN_BYTES) and the fallback of calls whose
- * whole copy would not fit.
+ * sdpa() a slice (slices.ts) at a time, each copied in, computed on `threads` threads and
+ * copied out: wasm memory holds one slice's tensors. The one-thread streamed prefill (one
+ * (batch, KV head) a slice: each computed from the core's cache, see PREFILL_STREAM_MIN_BYTES)
+ * and the fallback of calls whose whole copy would not fit.
  */
 function runSlices(memory: CallMemory, threads: number, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array,
-  kvHeads: number): SdpaResult {
+  shape: SliceShape): SdpaResult {
   try {
     const module = memory.module;
-    const { desc, sliceDesc, scratchFloats, request } = planSlices(module, threads, p, kvHeads);
-    const at = memory.allocate(request, kvHeads === 1 ? ' to run one (batch, KV head) at a time' :
-      ` to run ${kvHeads} KV heads of one batch at a time`);
-    Object.assign(sliceDesc, { query: at.query, key: at.key, value: at.value, output: at.output, weights: at.weights,
-      logsumexp: at.logSumExp });
+    const { desc, sliceDesc, scratchFloats, request } = planSlices(module, threads, p, shape);
+    const at = memory.allocate(request, slicePurpose(p, shape));
     copySmallInputs(memory, p, desc, at, false);
     // Into `out` straight, unless it may share memory with an input: a slice's output would be
     // written before later slices' inputs are read, so then into an array of its own, copied
@@ -463,36 +390,30 @@ function runSlices(memory: CallMemory, threads: number, p: Plan, q: Float32Array
     const output = p.out !== null && !outShared ? p.out : new Float32Array(p.outputSize);
     const weights = p.weightsDims !== null ? new Float32Array(p.weightsSize) : null;
     const lse = p.lseDims !== null ? new Float32Array(p.lseSize) : null;
-    const group = p.qHeads / p.kvHeads;
-    let maskCopiedFrom = -1;  // the mask element the mask block holds a copy from (slices may share it)
-    for (let b = 0; b < p.batch; b++) {
-      for (let h0 = 0; h0 < p.kvHeads; h0 += kvHeads) {
-        const n = Math.min(kvHeads, p.kvHeads - h0), heads = n * group, firstHead = h0 * group;
-        const slice = n === kvHeads ? sliceDesc : sliceProblem(p, sliceDesc, n);
-        Object.assign(slice, pairFields(p, desc, b, firstHead));
-        // Fresh views every time: a view is never kept across a call into the module
-        // (js/memory.ts), whatever that call allocates.
-        const before = memory.heap;
-        copySlice(before.f32, at.query, q, p.q, p.layout, b, firstHead, heads, p.qLen, p.headDim, 'in');
-        copySlice(before.f32, at.key, k, p.k, p.layout, b, h0, n, p.kvLen, p.headDim, 'in');
-        copySlice(before.f32, at.value, v, p.v, p.layout, b, h0, n, p.kvLen, p.valueDim, 'in');
-        if (p.mask !== null) {
-          const from = b * p.mask.strides[0] + firstHead * p.mask.strides[1];
-          if (from !== maskCopiedFrom) {
-            const span = p.mask.data.subarray(from, from + maskSpan(p, heads));
-            if (span instanceof Float32Array) before.f32.set(span, at.attnMask >>> 2);
-            else before.u8.set(span, at.attnMask);
-            maskCopiedFrom = from;
-          }
-          slice.mask = at.attnMask;
-        }
-        check(module, p, module.forward(problemArg(module, slice), at.scratch, scratchFloats, threads));
-        const after = memory.heap.f32;
-        copySlice(after, at.output, output, p.o, p.layout, b, firstHead, heads, p.qLen, p.valueDim, 'out');
-        const row = b * p.qHeads + firstHead;  // weights and log-sum-exp: [B, Hq, Lq, ·], dense
-        if (weights !== null) weights.set(after.subarray(at.weights >>> 2, (at.weights >>> 2) + heads * p.qLen * p.kvLen), row * p.qLen * p.kvLen);
-        if (lse !== null) lse.set(after.subarray(at.logSumExp >>> 2, (at.logSumExp >>> 2) + heads * p.qLen), row * p.qLen);
+    let maskCopiedFrom = -1;  // the mask element the mask block's copy starts at (slices may share it)
+    for (const c of slicesOf(p, shape)) {
+      const slice = c.batches === shape.batches && c.kvHeads === shape.kvHeads ? sliceDesc : sliceProblem(p, sliceDesc, c);
+      Object.assign(slice, sliceInputs(p, desc, c.b0, c.firstHead), {
+        query: at.query, key: at.key, value: at.value, output: at.output, weights: at.weights, logsumexp: at.logSumExp,
+      });
+      const kv = { ...c, h0: c.h0, heads: c.kvHeads };
+      // Fresh views every time: a view is never kept across a call into the module
+      // (js/memory.ts), whatever that call allocates.
+      const before = memory.heap;
+      copySlice(before.f32, at.query, q, p.q, p.layout, { ...c, h0: c.firstHead }, p.qLen, p.headDim, 'in');
+      copySlice(before.f32, at.key, k, p.k, p.layout, kv, p.kvLen, p.headDim, 'in');
+      copySlice(before.f32, at.value, v, p.v, p.layout, kv, p.kvLen, p.valueDim, 'in');
+      if (p.mask !== null) {
+        if (maskStart(p, c) !== maskCopiedFrom) copyMaskSpan(before, at.attnMask, p, c);
+        maskCopiedFrom = maskStart(p, c);
+        slice.mask = at.attnMask;
       }
+      check(module, p, module.forward(problemArg(module, slice), at.scratch, scratchFloats, threads));
+      const after = memory.heap.f32;
+      const rows = { ...c, h0: c.firstHead };
+      copySlice(after, at.output, output, p.o, p.layout, rows, p.qLen, p.valueDim, 'out');
+      if (weights !== null) copySlice(after, at.weights, weights, denseStrides(p, p.kvLen), 'bhsd', rows, p.qLen, p.kvLen, 'out');
+      if (lse !== null) copySlice(after, at.logSumExp, lse, denseStrides(p, 1), 'bhsd', rows, p.qLen, 1, 'out');
     }
     if (outShared) (p.out as Float32Array).set(output);
     const result: SdpaResult = { output: { data: p.outResult ?? output, dims: p.outputDims } };

@@ -1,0 +1,164 @@
+// Slices of a call: the batches [b0, b0 + m) and KV heads [h0, h0 + n) with their query heads
+// [h0·G, (h0 + n)·G) (G = Hq/Hkv), a problem of its own, [m, n·G, Lq, E] against [m, n, Lk, E].
+// The kernel computes each (batch, KV head) alone, with the same operations in any problem and
+// on any number of threads, so running a call slice by slice gives the whole call's bits
+// (sdpa()'s forward, strategies.ts runSlices; sdpaBackward's, backward.ts runBackwardSlices).
+// Each tensor's slice is copied into a block of its own, dense in the call's layout: in 'bhsd'
+// one run of n·L·D floats per batch, in 'bshd' one run of n·D floats per (batch, position).
+// The small per-batch and per-head inputs (causal offsets, key lengths and starts, sinks, ALiBi
+// slopes) stay whole in wasm memory, their addresses moved to the slice's first batch and head;
+// the mask's elements the slice reads (maskSpan) are copied for it; the dropout mask's batch and
+// head count from the slice's first ones, so that the slice draws the whole call's.
+import type { ProblemDesc } from './wasm/sdpa.mjs';
+import { layoutStrides, type Plan, type Strides } from './validate.js';
+
+/** A slice's shape: `batches` batches from b0, `kvHeads` KV heads from h0 (the last ones of each axis may be fewer). */
+export interface SliceShape {
+  batches: number;
+  kvHeads: number;
+}
+
+/** One slice of a call cut into slices of `shape`. */
+export interface Slice {
+  b0: number;
+  batches: number;
+  /** The first KV head, and the first query head (h0·G). */
+  h0: number;
+  kvHeads: number;
+  firstHead: number;
+  heads: number;
+}
+
+/** The slices of `shape`, batch-major: each batch's KV heads, then the next batches'. */
+export function* slicesOf(p: Plan, shape: SliceShape): Generator<Slice> {
+  const group = p.qHeads / p.kvHeads;
+  for (let b0 = 0; b0 < p.batch; b0 += shape.batches) {
+    for (let h0 = 0; h0 < p.kvHeads; h0 += shape.kvHeads) {
+      const batches = Math.min(shape.batches, p.batch - b0), kvHeads = Math.min(shape.kvHeads, p.kvHeads - h0);
+      yield { b0, batches, h0, kvHeads, firstHead: h0 * group, heads: kvHeads * group };
+    }
+  }
+}
+
+/** The distinct slice shapes of a call cut into `shape` (up to four: the last batches and heads may be fewer). */
+export function sliceShapes(p: Plan, shape: SliceShape): SliceShape[] {
+  const batches = new Set([shape.batches, p.batch % shape.batches || shape.batches]);
+  const kvHeads = new Set([shape.kvHeads, p.kvHeads % shape.kvHeads || shape.kvHeads]);
+  return [...batches].flatMap((m) => [...kvHeads].map((n) => ({ batches: m, kvHeads: n })));
+}
+
+/**
+ * Slice shapes from the largest to the smallest, for a call whose whole copy does not fit: all
+ * KV heads of half the batches, of a quarter… of one batch, then half its KV heads… one KV head of
+ * one batch. With `everyBatch` (sdpaBackward with sinks: each head's sink gradient is one sum
+ * over every batch and row, src/sdpa-backward.cc) every slice holds all batches instead: half the
+ * KV heads… one.
+ */
+export function sliceCandidates(p: Plan, everyBatch: boolean): SliceShape[] {
+  const halvings = (n: number) => {
+    const sizes: number[] = [];
+    for (let parts = 2; ; parts *= 2) {
+      const size = Math.ceil(n / parts);
+      if (sizes.length === 0 || size < sizes[sizes.length - 1]) sizes.push(size);
+      if (size === 1) return sizes;
+    }
+  };
+  const byHeads = (batches: number) => (p.kvHeads > 1 ? halvings(p.kvHeads) : []).map((kvHeads) => ({ batches, kvHeads }));
+  if (everyBatch) return byHeads(p.batch);
+  const byBatches = (p.batch > 1 ? halvings(p.batch) : []).map((batches) => ({ batches, kvHeads: p.kvHeads }));
+  return [...byBatches, ...byHeads(1)];
+}
+
+/**
+ * Copies heads [h0, h0 + heads) of batches [b0, b0 + batches) of `data` (strides `s` in
+ * `layout`, L rows of D floats per head) into (`'in'`), or out of (`'out'`, from wasm memory into
+ * data), the dense slice at byte `address` of `f32`.
+ */
+export function copySlice(f32: Float32Array, address: number, data: Float32Array, s: Strides, layout: Plan['layout'],
+  c: { b0: number; batches: number; h0: number; heads: number }, L: number, D: number, direction: 'in' | 'out'): void {
+  let to = address >>> 2;
+  const rows = layout === 'bhsd' ? 1 : L, runFloats = layout === 'bhsd' ? c.heads * L * D : c.heads * D;
+  for (let b = c.b0; b < c.b0 + c.batches; b++) {
+    for (let r = 0; r < rows; r++, to += runFloats) {
+      const from = b * s.b + c.h0 * s.h + r * s.l;
+      if (direction === 'in') f32.set(data.subarray(from, from + runFloats), to);
+      else data.set(f32.subarray(to, to + runFloats), from);
+    }
+  }
+}
+
+/** Strides of the dense [B, Hq, Lq, D] arrays (weights with D = Lk, log-sum-exp with D = 1), as copySlice takes them. */
+export const denseStrides = (p: Plan, D: number): Strides => layoutStrides('bhsd', p.qHeads, p.qLen, D);
+
+/**
+ * The mask elements a slice of `batches` batches and `heads` query heads reads, from its first
+ * (batch, head)'s: each (batch, head)'s rows and keys, the mask's strides apart (0 where it
+ * broadcasts).
+ */
+export function maskSpan(p: Plan, batches: number, heads: number): number {
+  if (p.mask === null) return 0;
+  const [sb, sh, sq, sk] = p.mask.strides;
+  return (batches - 1) * sb + (heads - 1) * sh + (p.qLen - 1) * sq + (p.kvLen - 1) * sk + 1;
+}
+
+/** Bytes of maskSpan() elements (the mask's whole block when the slice is the whole call). */
+export function maskSpanBytes(p: Plan, batches: number, heads: number): number {
+  return p.mask === null ? 0 : maskSpan(p, batches, heads) * (p.mask.kind === 'float' ? 4 : 1);
+}
+
+/** Copies slice c's mask elements to byte `address`: the first of them is the mask's element `maskStart(p, c)`. */
+export function copyMaskSpan(heap: { f32: Float32Array; u8: Uint8Array }, address: number, p: Plan, c: Slice): void {
+  if (p.mask === null) return;
+  const from = maskStart(p, c);
+  const span = p.mask.data.subarray(from, from + maskSpan(p, c.batches, c.heads));
+  if (span instanceof Float32Array) heap.f32.set(span, address >>> 2);
+  else heap.u8.set(span, address);
+}
+
+/** The mask element at slice c's first batch and head. */
+export const maskStart = (p: Plan, c: Slice) =>
+  p.mask === null ? 0 : c.b0 * p.mask.strides[0] + c.firstHead * p.mask.strides[1];
+
+/**
+ * The slice problem of `shape` cut from `desc` (the whole call's): its counts and dense strides.
+ * Its addresses (tensors, and sliceInputs()'s) are set per slice.
+ */
+export function sliceProblem(p: Plan, desc: ProblemDesc, shape: SliceShape): ProblemDesc {
+  const heads = shape.kvHeads * (p.qHeads / p.kvHeads);
+  const q = layoutStrides(p.layout, heads, p.qLen, p.headDim), o = layoutStrides(p.layout, heads, p.qLen, p.valueDim);
+  const k = layoutStrides(p.layout, shape.kvHeads, p.kvLen, p.headDim), v = layoutStrides(p.layout, shape.kvHeads, p.kvLen, p.valueDim);
+  return {
+    ...desc, batch: shape.batches, qHeads: heads, kvHeads: shape.kvHeads,
+    qStrideB: q.b, qStrideH: q.h, qStrideL: q.l, kStrideB: k.b, kStrideH: k.h, kStrideL: k.l,
+    vStrideB: v.b, vStrideH: v.h, vStrideL: v.l, oStrideB: o.b, oStrideH: o.h, oStrideL: o.l,
+  };
+}
+
+/**
+ * A slice's fields for its small inputs, whole in wasm memory at `desc`'s addresses: moved to
+ * its first batch b0 and query head firstHead (their strides stay), and the dropout mask's batch
+ * and head bases. The mask's address moves the same way (a caller with the slice's own copy of
+ * the mask sets it after).
+ */
+export function sliceInputs(p: Plan, desc: ProblemDesc, b0: number, firstHead: number) {
+  const maskElementBytes = p.mask?.kind === 'float' ? 4 : 1;
+  return {
+    mask: p.mask === null ? 0 : desc.mask + maskElementBytes * (b0 * p.mask.strides[0] + firstHead * p.mask.strides[1]),
+    causalOffsets: p.causalOffsets === null ? 0 : desc.causalOffsets + 4 * b0,
+    keyLengths: p.keyLengths === null ? 0 : desc.keyLengths + 4 * b0,
+    keyStarts: p.keyStarts === null ? 0 : desc.keyStarts + 4 * b0,
+    sinks: p.sinks === null ? 0 : desc.sinks + 4 * firstHead,
+    alibiSlopes: p.alibiSlopes === null ? 0 : desc.alibiSlopes + 4 * (b0 * p.alibiStrideB + firstHead),
+    dropoutBatchBase: b0,
+    dropoutHeadBase: firstHead,
+  };
+}
+
+/** The purpose a refusal of slices of `shape` names (MemoryAccount.refusal). */
+export function slicePurpose(p: Plan, shape: SliceShape): string {
+  if (shape.kvHeads === 1 && shape.batches === 1) return ' to run one (batch, KV head) at a time';
+  const batches = shape.batches === 1 ? 'one batch' : `${shape.batches} batches`;
+  if (shape.kvHeads === p.kvHeads) return ` to run ${batches} at a time`;
+  const heads = shape.kvHeads === 1 ? 'one KV head' : `${shape.kvHeads} KV heads`;
+  return ` to run ${heads} of ${shape.batches === p.batch && p.batch > 1 ? 'every batch' : batches} at a time`;
+}
