@@ -2,17 +2,23 @@
 // and the float mask's (laid out as the mask, summed over its broadcast axes) when asked for, and
 // the sinks' ([Hq], summed over batches and rows) when there are sinks,
 // each copied out into options.out's array for it (or added to it: options.accumulate) or a new one.
-// One way of running it: Q, K, V and dO copied in, with the forward's output O and
-// log-sum-exp either copied in (options.saved) or computed first by forward() on the same
-// problem (the same bits as sdpa(..., { returnLogSumExp: true }) gives: its kernel, its
-// thread-count-independent split); then backward(). Every block is requested at once
-// (refused before allocating past the instance's limit) and freed on every path.
+// Two ways of running it: Q, K, V and dO copied in whole (runBackwardWhole), or a slice of
+// batches and KV heads at a time (runBackwardSlices, slices.ts) where the whole copy would pass
+// the memory limits; in each, the forward's output O and log-sum-exp are either copied in
+// (options.saved) or computed first by forward() on the same problem (the same bits as
+// sdpa(..., { returnLogSumExp: true }) gives: its kernel, its thread-count-independent split);
+// then backward(). Both give the same bits. Every block is requested at once (refused before
+// allocating past the instance's limit) and freed on every path.
 import { backwardArg, problemArg } from './kernel-args.js';
 import { CallMemory } from './memory.js';
+import {
+  copyMaskSpan, copySlice, denseStrides, maskSpanBytes, maskStart, sliceCandidates, sliceInputs, sliceProblem, slicePurpose,
+  sliceShapes, slicesOf, type SliceShape,
+} from './slices.js';
 import { check, copySmallInputs, describeProblem, smallInputBytes } from './strategies.js';
 import type { SdpaBackwardResult, Tensor } from './types.js';
 import { type BackwardPlan, type GradientName, type SdpaPlan, writeOut } from './validate.js';
-import type { BackwardDesc } from './wasm/sdpa.mjs';
+import type { BackwardDesc, ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 
 /**
  * The backward's own operands, addresses 0 until allocated: its keys in the module's order
@@ -30,29 +36,60 @@ export function describeBackward(p: SdpaPlan): BackwardDesc {
   };
 }
 
+/**
+ * sdpaBackward(): Q, K, V and dO copied in whole (runBackwardWhole), or, where that copy would
+ * pass the memory limits (maxMemoryBytes, the module's 2 GiB), a slice of the call at a time,
+ * the largest that fits (runBackwardSlices). Not with the mask's gradient (its sums over the
+ * mask's broadcast axes and its split into parts follow the whole call's shape), nor where there
+ * is one (batch, KV head), or sinks and one KV head (their gradient sums over every batch):
+ * those are refused past the limits, naming the whole copy's blocks.
+ */
 export function runBackward(memory: CallMemory, threads: number, bp: BackwardPlan, q: Float32Array, k: Float32Array,
   v: Float32Array): SdpaBackwardResult {
   const p = bp.forward;
+  const whole = planBackwardWhole(memory.module, threads, bp, q, k, v);
+  const candidates = bp.maskGrad ? [] : sliceCandidates(p, p.sinks !== null);
+  if (candidates.length === 0 || memory.fits(whole.request)) return runBackwardWhole(memory, threads, bp, q, k, v, whole);
+  const shape = candidates.find((c) => memory.fits(planBackwardSlices(memory.module, threads, bp, c).request)) ??
+    candidates[candidates.length - 1];
+  return runBackwardSlices(memory, threads, bp, q, k, v, shape);
+}
+
+/** runBackwardWhole's blocks. */
+function planBackwardWhole(module: SdpaModule, threads: number, bp: BackwardPlan, q: Float32Array, k: Float32Array,
+  v: Float32Array) {
+  const p = bp.forward;
+  const desc = describeProblem(p);
+  const grad = describeBackward(p);
+  // backward_scratch_floats counts the mask gradient's scratch when dMask is not 0: any
+  // address stands in for it until the allocation.
+  const maskSize = p.mask?.size ?? 0;
+  if (bp.maskGrad) grad.dMask = 1;
+  // The forward (when O and lse are not saved) and the backward run one after the other:
+  // one scratch block serves both.
+  const backwardFloats = module.backwardScratchFloats(problemArg(module, desc), backwardArg(module, grad), threads);
+  const forwardFloats = bp.saved === null ? module.scratchFloats(problemArg(module, desc), threads) : 0;
+  const request = {
+    query: q.byteLength, key: k.byteLength, value: v.byteLength, gradOutput: bp.gradOutput.byteLength,
+    output: p.outputSize * 4, logSumExp: p.lseSize * 4,
+    dQuery: q.length * 4, dKey: k.length * 4, dValue: v.length * 4,
+    dMask: bp.maskGrad ? maskSize * 4 : 0, dSinks: p.sinks !== null ? p.qHeads * 4 : 0,
+    scratch: Math.max(backwardFloats, forwardFloats) * 4, ...smallInputBytes(p),
+  };
+  return { desc, grad, maskSize, backwardFloats, forwardFloats, request };
+}
+
+/**
+ * Q, K, V and dO copied in whole, with the forward's output O and log-sum-exp either copied in
+ * (options.saved) or computed first by forward() on the same problem; then backward().
+ */
+function runBackwardWhole(memory: CallMemory, threads: number, bp: BackwardPlan, q: Float32Array, k: Float32Array,
+  v: Float32Array, whole: ReturnType<typeof planBackwardWhole>): SdpaBackwardResult {
+  const p = bp.forward;
   const module = memory.module;
   try {
-    const desc = describeProblem(p);
-    const grad = describeBackward(p);
-    // backward_scratch_floats counts the mask gradient's scratch when dMask is not 0: any
-    // address stands in for it until the allocation.
-    const maskSize = p.mask?.size ?? 0;
-    if (bp.maskGrad) grad.dMask = 1;
-    // The forward (when O and lse are not saved) and the backward run one after the other:
-    // one scratch block serves both.
-    const backwardFloats = module.backwardScratchFloats(problemArg(module, desc), backwardArg(module, grad), threads);
-    const forwardFloats = bp.saved === null ? module.scratchFloats(problemArg(module, desc), threads) : 0;
-    const scratchFloats = Math.max(backwardFloats, forwardFloats);
-    const at = memory.allocate({
-      query: q.byteLength, key: k.byteLength, value: v.byteLength, gradOutput: bp.gradOutput.byteLength,
-      output: p.outputSize * 4, logSumExp: p.lseSize * 4,
-      dQuery: q.length * 4, dKey: k.length * 4, dValue: v.length * 4,
-      dMask: bp.maskGrad ? maskSize * 4 : 0, dSinks: p.sinks !== null ? p.qHeads * 4 : 0,
-      scratch: scratchFloats * 4, ...smallInputBytes(p),
-    });
+    const { desc, grad, maskSize, backwardFloats, forwardFloats } = whole;
+    const at = memory.allocate(whole.request);
     Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
     Object.assign(grad, {
       logsumexp: at.logSumExp, gradOutput: at.gradOutput, dQuery: at.dQuery, dKey: at.dKey, dValue: at.dValue,
@@ -74,6 +111,104 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
     check(module, p, module.backward(problemArg(module, desc), backwardArg(module, grad), at.scratch, backwardFloats,
       threads));
     return takeGradients(memory, bp, at, { query: q.length, key: k.length, value: v.length, mask: maskSize });
+  } finally {
+    memory.free();
+  }
+}
+
+/** The backward operands of a slice problem (sliceProblem): its gradients dense like its inputs. */
+function sliceBackward(slice: ProblemDesc): BackwardDesc {
+  return {
+    logsumexp: 0, gradOutput: 0, dQuery: 0, dKey: 0, dValue: 0,
+    goStrideB: slice.oStrideB, goStrideH: slice.oStrideH, goStrideL: slice.oStrideL,
+    dqStrideB: slice.qStrideB, dqStrideH: slice.qStrideH, dqStrideL: slice.qStrideL,
+    dkStrideB: slice.kStrideB, dkStrideH: slice.kStrideH, dkStrideL: slice.kStrideL,
+    dvStrideB: slice.vStrideB, dvStrideH: slice.vStrideH, dvStrideL: slice.vStrideL,
+    dMask: 0, dSinks: 0,
+  };
+}
+
+/** runBackwardSlices' blocks for slices of `shape`: each slice tensor and gradient, its mask, the scratch, the other small inputs whole. */
+function planBackwardSlices(module: SdpaModule, threads: number, bp: BackwardPlan, shape: SliceShape) {
+  const p = bp.forward;
+  const desc = describeProblem(p);
+  const sliceDesc = sliceProblem(p, desc, shape);
+  const heads = sliceDesc.qHeads, rows = shape.batches * heads * p.qLen, keys = shape.batches * shape.kvHeads * p.kvLen;
+  const scratch = (s: SliceShape) => {
+    const slice = sliceProblem(p, desc, s);
+    const backward = module.backwardScratchFloats(problemArg(module, slice), backwardArg(module, sliceBackward(slice)), threads);
+    return { backward, forward: bp.saved === null ? module.scratchFloats(problemArg(module, slice), threads) : 0 };
+  };
+  const needs = sliceShapes(p, shape).map(scratch);
+  const backwardFloats = Math.max(...needs.map((n) => n.backward)), forwardFloats = Math.max(...needs.map((n) => n.forward));
+  const request = {
+    query: 4 * rows * p.headDim, key: 4 * keys * p.headDim, value: 4 * keys * p.valueDim,
+    gradOutput: 4 * rows * p.valueDim, output: 4 * rows * p.valueDim, logSumExp: 4 * rows,
+    dQuery: 4 * rows * p.headDim, dKey: 4 * keys * p.headDim, dValue: 4 * keys * p.valueDim,
+    dSinks: p.sinks !== null ? 4 * heads : 0,
+    scratch: 4 * Math.max(backwardFloats, forwardFloats), ...smallInputBytes(p), attnMask: maskSpanBytes(p, shape.batches, heads),
+  };
+  return { desc, sliceDesc, backwardFloats, forwardFloats, request };
+}
+
+/**
+ * sdpaBackward() a slice (slices.ts) at a time: its Q, K, V, dO (and saved O and log-sum-exp)
+ * copied in, the forward (unless saved) and the backward computed on `threads` threads, its
+ * gradients copied out into arrays of the call's shapes, which go into options.out (written or
+ * added to) at the end, when every input has been read. With sinks every slice holds every
+ * batch, so that each head's sink gradient is the whole call's one sum.
+ */
+function runBackwardSlices(memory: CallMemory, threads: number, bp: BackwardPlan, q: Float32Array, k: Float32Array,
+  v: Float32Array, shape: SliceShape): SdpaBackwardResult {
+  const p = bp.forward;
+  const module = memory.module;
+  try {
+    const { desc, sliceDesc, backwardFloats, forwardFloats, request } = planBackwardSlices(module, threads, bp, shape);
+    const at = memory.allocate(request, slicePurpose(p, shape));
+    copySmallInputs(memory, p, desc, at, false);
+    const gradients = {
+      dQuery: new Float32Array(q.length), dKey: new Float32Array(k.length), dValue: new Float32Array(v.length),
+      dSinks: p.sinks !== null ? new Float32Array(p.qHeads) : undefined,
+    };
+    let maskCopiedFrom = -1;  // the mask element the mask block's copy starts at (slices may share it)
+    for (const c of slicesOf(p, shape)) {
+      const slice = c.batches === shape.batches && c.kvHeads === shape.kvHeads ? sliceDesc : sliceProblem(p, sliceDesc, c);
+      Object.assign(slice, sliceInputs(p, desc, c.b0, c.firstHead), {
+        query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp,
+      });
+      const grad = Object.assign(sliceBackward(slice), {
+        logsumexp: at.logSumExp, gradOutput: at.gradOutput, dQuery: at.dQuery, dKey: at.dKey, dValue: at.dValue,
+        dSinks: p.sinks !== null ? at.dSinks : 0,
+      });
+      const rows = { ...c, h0: c.firstHead }, kv = { ...c, heads: c.kvHeads };
+      // Fresh views every time: a view is never kept across a call into the module.
+      const before = memory.heap;
+      copySlice(before.f32, at.query, q, p.q, p.layout, rows, p.qLen, p.headDim, 'in');
+      copySlice(before.f32, at.key, k, p.k, p.layout, kv, p.kvLen, p.headDim, 'in');
+      copySlice(before.f32, at.value, v, p.v, p.layout, kv, p.kvLen, p.valueDim, 'in');
+      copySlice(before.f32, at.gradOutput, bp.gradOutput, p.o, p.layout, rows, p.qLen, p.valueDim, 'in');
+      if (p.mask !== null) {
+        if (maskStart(p, c) !== maskCopiedFrom) copyMaskSpan(before, at.attnMask, p, c);
+        maskCopiedFrom = maskStart(p, c);
+        slice.mask = at.attnMask;
+      }
+      if (bp.saved !== null) {
+        copySlice(before.f32, at.output, bp.saved.output, p.o, p.layout, rows, p.qLen, p.valueDim, 'in');
+        copySlice(before.f32, at.logSumExp, bp.saved.logSumExp, denseStrides(p, 1), 'bhsd', rows, p.qLen, 1, 'in');
+      } else {
+        check(module, p, module.forward(problemArg(module, slice), at.scratch, forwardFloats, threads));
+      }
+      check(module, p, module.backward(problemArg(module, slice), backwardArg(module, grad), at.scratch, backwardFloats,
+        threads));
+      const after = memory.heap.f32;
+      copySlice(after, at.dQuery, gradients.dQuery, p.q, p.layout, rows, p.qLen, p.headDim, 'out');
+      copySlice(after, at.dKey, gradients.dKey, p.k, p.layout, kv, p.kvLen, p.headDim, 'out');
+      copySlice(after, at.dValue, gradients.dValue, p.v, p.layout, kv, p.kvLen, p.valueDim, 'out');
+      if (gradients.dSinks !== undefined) {
+        gradients.dSinks.set(after.subarray(at.dSinks >>> 2, (at.dSinks >>> 2) + c.heads), c.firstHead);
+      }
+    }
+    return gradientResult(bp, gradients, true);
   } finally {
     memory.free();
   }

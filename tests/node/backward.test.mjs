@@ -869,6 +869,117 @@ describe('bad input: TypeError or RangeError naming the argument; the instance k
   });
 });
 
+describe('sdpaBackward past maxMemoryBytes runs a slice of batches and KV heads at a time: the bits of the whole copy', () => {
+  // B·Hkv = 15 (batch, KV head) pairs, GQA, Lq ≠ Lk, Ev ≠ E. Where the whole copy would pass the
+  // limit, sdpaBackward runs slices of 2 batches (the third alone), or 5, 3, 2 or 1 KV heads of
+  // one batch; with sinks every slice holds all three batches (3, 2 or 1 KV heads of each),
+  // since each head's sink gradient is one sum over every batch and row.
+  const B = 3, Hq = 10, Hkv = 5, Lq = 29, Lk = 150, E = 16, Ev = 12;
+  const keyLengths = new Int32Array([150, 131, 97]);
+  const cases = {
+    'key lengths, per-batch causal offsets, a float mask [B, 1, Lq, Lk], softcap': {
+      keyLengths, isCausal: true, causalOffset: new Int32Array([121, 90, -3]), attnMask: floatMask([B, 1, Lq, Lk], 501, 0.1), softcap: 4,
+    },
+    'sinks, ALiBi [B, Hq], dropout, a bool mask [1, Hq, Lq, Lk]': {
+      keyLengths, sinks: Float32Array.from({ length: Hq }, (_, h) => h / 2 - 2), alibiSlopes: Float32Array.from({ length: B * Hq }, (_, i) => 2 ** -(1 + (i % 7))),
+      dropoutP: 0.25, dropoutSeed: 5, attnMask: t(Uint8Array.from({ length: Hq * Lq * Lk }, (_, i) => Number(i % 5 !== 2)), [1, Hq, Lq, Lk]),
+    },
+    'keyStarts, a sliding window, a scale': {
+      keyStarts: new Int32Array([3, 0, 11]), isCausal: true, causalOffset: 120, slidingWindow: 40, scale: 0.4,
+    },
+  };
+  /** The call on a fresh instance without a limit (two threads: the whole copy), and the memory it took. */
+  const unlimited = async (p, options) => {
+    const instance = await createAttention({ threads: 2 });
+    try {
+      return { result: instance.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options), peak: instance.memory().peakBytes };
+    } finally {
+      instance.dispose();
+    }
+  };
+  const expectSameGradients = (got, expected) => {
+    for (const name of ['dQuery', 'dKey', 'dValue', 'dSinks']) {
+      expect(got[name] === undefined).toBe(expected[name] === undefined);
+      if (expected[name] !== undefined) {
+        expect(got[name].dims).toEqual(expected[name].dims);
+        expect(sameBits(got[name].data, expected[name].data)).toBe(true);
+      }
+    }
+  };
+
+  test.each(Object.keys(cases).flatMap((name) => ['bhsd', 'bshd'].map((layout) => [name, layout])))('%s (%s): threads 1 and 2, saved or not, three or four limits; within the reference', async (name, layout) => {
+    const p = problem({ B, Hq, Hkv, Lq, Lk, E, Ev, layout, seed: 510 });
+    const options = layout === 'bshd' ? { ...cases[name], layout } : cases[name];
+    const forward = attn.sdpa(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+    const saved = { output: forward.output, logSumExp: forward.logSumExp };
+    const { result: expected, peak } = await unlimited(p, options);
+    const ref = referenceSdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    for (const grad of ['dQuery', 'dKey', 'dValue', 'dSinks']) {
+      if (ref[grad]) expect(maxRelError(expected[grad].data, ref[grad])).toBeLessThanOrEqual(TOL);
+    }
+    for (const threads of [1, 2]) {
+      // With sinks the smallest slice (one KV head of every batch) is a fifth of the call.
+      for (const share of options.sinks ? [0.8, 0.5, 0.3] : [0.8, 0.5, 0.3, 0.2]) {
+        const limit = Math.floor(peak * share);
+        const small = await createAttention({ threads, maxMemoryBytes: limit });
+        try {
+          expectSameGradients(small.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options), expected);
+          expectSameGradients(small.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, saved }), expected);
+          expect(small.memory().peakBytes).toBeLessThanOrEqual(limit);
+          expect(small.memory().bytesInUse).toBe(0);
+        } finally {
+          small.dispose();
+        }
+      }
+    }
+  });
+
+  test('into out and accumulated, with out arrays that are the inputs', async () => {
+    const p = problem({ B, Hq, Hkv: Hq, Lq, Lk: Lq, E, Ev: E, seed: 520 });
+    const options = { isCausal: true, sinks: Float32Array.from({ length: Hq }, () => 0.5) };
+    const { result: expected, peak } = await unlimited(p, options);
+    const small = await createAttention({ threads: 2, maxMemoryBytes: Math.floor(peak / 3) });
+    try {
+      // Written into the inputs' own arrays (each read before any is written).
+      const copy = (x) => t(x.data.slice(), x.dims);
+      const q = copy(p.query), k = copy(p.key), v = copy(p.value);
+      const written = small.sdpaBackward(q, k, v, p.gradOutput, { ...options, out: { dQuery: q.data, dKey: k.data, dValue: v.data } });
+      expect(written.dQuery.data).toBe(q.data);
+      expectSameGradients(written, expected);
+      // Added to what out holds.
+      const base = randomTensor([B, Hq, Lq, E], 521).data;
+      const dQuery = base.slice();
+      small.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { ...options, out: { dQuery }, accumulate: true });
+      expect(sameBits(dQuery, base.map((x, i) => x + expected.dQuery.data[i]))).toBe(true);
+      expect(small.memory().peakBytes).toBeLessThanOrEqual(Math.floor(peak / 3));
+    } finally {
+      small.dispose();
+    }
+  });
+
+  test('the mask gradient, and sinks with one KV head, are refused past the limit (whole copy named); one (batch, KV head) that does not fit is named', async () => {
+    const small = await createAttention({ threads: 1, maxMemoryBytes: 64 * 1024 });
+    try {
+      const p = problem({ B, Hq, Hkv, Lq, Lk, E, Ev, seed: 530 });
+      const attnMask = floatMask([Lq, Lk], 531);
+      expect(() => small.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { attnMask, returnMaskGrad: true }))
+        .toThrow(/^sdpaBackward: needs \d+ bytes of wasm memory \(query \d+ bytes .*dMask \d+ bytes/);
+      const mqa = problem({ B, Hq: 2, Hkv: 1, Lq, Lk: 300, E, Ev, seed: 532 });
+      expect(() => small.sdpaBackward(mqa.query, mqa.key, mqa.value, mqa.gradOutput, { sinks: new Float32Array([0, 1]) }))
+        .toThrow(/^sdpaBackward: needs \d+ bytes of wasm memory \(query \d+ bytes .*dSinks 8 bytes/);
+      const big = problem({ B: 2, Hq: 2, Hkv: 2, Lq: 200, Lk: 200, E: 32, seed: 533 });
+      expect(() => small.sdpaBackward(big.query, big.key, big.value, big.gradOutput))
+        .toThrow(new RegExp('^sdpaBackward: needs \\d+ bytes of wasm memory to run one \\(batch, KV head\\) at a time ' +
+          `\\(query ${200 * 32 * 4} bytes \\+ key ${200 * 32 * 4} bytes .*more than is left of this instance's limit of 65536 bytes`));
+      expect(small.memory().bytesInUse).toBe(0);
+      expect(small.memory().peakBytes).toBe(0);
+      expectGradientsMatch(small, problem({ Lq: 2, Lk: 3, E: 4, seed: 534 }));
+    } finally {
+      small.dispose();
+    }
+  });
+});
+
 describe('options.saved is checked against the sdpa() call that returned it: a RangeError naming the first difference', () => {
   const p = problem({ B: 2, Hq: 4, Hkv: 2, Lq: 9, Lk: 70, E: 8, Ev: 6, seed: 70 });
   const mask = (j0) => ({ data: Uint8Array.from({ length: 70 }, (_, j) => Number(j % 7 !== j0)), dims: [70] });
