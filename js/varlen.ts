@@ -12,7 +12,7 @@
 // instance's limit) and freed on every path (CallMemory).
 import { backwardArg, problemAddressesArg, problemArg } from './kernel-args.js';
 import { describeBackward, gradientResult, takeGradients } from './backward.js';
-import { type CallMemory, withTemporaryInt32 } from './memory.js';
+import { type ByteRequest, type CallMemory, withTemporaryInt32 } from './memory.js';
 import { check, collectResult, copySmallInputs, describeProblem, mayOverlap, smallInputBytes } from './strategies.js';
 import { isInt32Array, lengthOf } from './typed-arrays.js';
 import type { SdpaBackwardResult, SdpaOptions, SdpaResult } from './types.js';
@@ -230,11 +230,32 @@ const CHUNK_MAX_BYTES = 2 ** 20;
 const chunkedAnyway = (threads: number, inputs: Float32Array[]) =>
   threads === 1 && inputs.reduce((sum, x) => sum + x.byteLength, 0) >= STREAM_MIN_BYTES;
 
+/**
+ * Chunk sizes (Chunk bytes at most, chunksOf) from CHUNK_MAX_BYTES down, for a chunked call
+ * whose chunks would not fit within the memory limits: halves of it down to 16 KiB, then 0 (a
+ * sequence a chunk). Any size gives the same bits.
+ */
+const CHUNK_BYTES_TRIED = [...Array.from({ length: 7 }, (_, i) => CHUNK_MAX_BYTES / 2 ** i), 0];
+
+/**
+ * The plan of the first chunk size (CHUNK_BYTES_TRIED) whose blocks fit within the memory
+ * limits, or of the last (whose allocation then refuses, naming its blocks).
+ */
+function firstChunkingThatFits<T extends { request: ByteRequest }>(memory: CallMemory, plan: (chunkBytes: number) => T): T {
+  let planned: T | undefined;
+  for (const chunkBytes of CHUNK_BYTES_TRIED) {
+    planned = plan(chunkBytes);
+    if (memory.fits(planned.request)) break;
+  }
+  return planned as T;
+}
+
 /** sdpaVarlen(): chunked on one thread when large, or when the whole copy would not fit; else whole. */
 export function runVarlen(memory: CallMemory, threads: number, p: VarlenPlan): SdpaResult {
-  if (chunkedAnyway(threads, [p.queryData, p.keyData, p.valueData])) return runChunked(memory, 1, p);
+  const chunked = (t: number) => runChunked(memory, t, p, firstChunkingThatFits(memory, (bytes) => planChunked(memory, t, p, bytes)));
+  if (chunkedAnyway(threads, [p.queryData, p.keyData, p.valueData])) return chunked(1);
   const whole = planWhole(memory, threads, p);
-  return memory.fits(whole.request) ? runWhole(memory, threads, p, whole) : runChunked(memory, threads, p);
+  return memory.fits(whole.request) ? runWhole(memory, threads, p, whole) : chunked(threads);
 }
 
 /** A run of whole sequences [first, end) and their rows [q0, q1) and keys [k0, k1). */
@@ -248,17 +269,17 @@ interface Chunk {
 }
 
 /**
- * Consecutive sequences, each chunk's bytes within CHUNK_MAX_BYTES or one sequence: `rowBytes`
+ * Consecutive sequences, each chunk's bytes within `maxBytes` or one sequence: `rowBytes`
  * per query row and `keyBytes` per key of the blocks the call copies in and out per chunk.
  */
-function chunksOf(p: VarlenPlan, rowBytes: number, keyBytes: number): Chunk[] {
+function chunksOf(p: VarlenPlan, rowBytes: number, keyBytes: number, maxBytes: number): Chunk[] {
   const { cuSeqlensQ: cuQ, cuSeqlensK: cuK } = p;
   const chunks: Chunk[] = [];
   let first = 0;
   for (let end = 1; end <= p.sequences; end++) {
     const bytes = (rows: number, keys: number) => rows * rowBytes + keys * keyBytes;
     const next = end < p.sequences ? bytes(cuQ[end + 1] - cuQ[first], cuK[end + 1] - cuK[first]) : Infinity;
-    if (next > CHUNK_MAX_BYTES) {  // sequence `end` would not fit: close the chunk here
+    if (next > maxBytes) {  // sequence `end` would not fit: close the chunk here
       chunks.push({ first, end, q0: cuQ[first], q1: cuQ[end], k0: cuK[first], k1: cuK[end] });
       first = end;
     }
@@ -344,23 +365,31 @@ function copyLogSumExp(memory: CallMemory, p: VarlenPlan, c: Chunk, address: num
   }
 }
 
+/** runChunked's chunks of at most `chunkBytes` (or a sequence) and their blocks. */
+function planChunked(memory: CallMemory, threads: number, p: VarlenPlan, chunkBytes: number) {
+  const module = memory.module;
+  const n = rowElements(p);
+  const chunks = chunksOf(p, 4 * (n.q + n.o), 4 * (n.k + n.v), chunkBytes);  // per chunk: Q and output rows, K and V rows
+  const largest = largestChunk(chunks);
+  const desc = describeProblem(p);
+  const scratchFloats = largestChunkScratch(memory, p, chunks, desc,
+    (q, k, sequences) => module.packedScratchFloats(problemArg(module, desc), sequences, q, k, threads));
+  const startsBytes = 4 * (largest.sequences + 1);
+  const request = {
+    cuSeqlensQ: startsBytes, cuSeqlensK: startsBytes,
+    query: 4 * largest.rows * n.q, key: 4 * largest.keys * n.k, value: 4 * largest.keys * n.v,
+    output: 4 * largest.rows * n.o, logSumExp: p.lseDims !== null ? 4 * p.qHeads * largest.rows : 0,
+    scratch: 4 * scratchFloats, ...smallInputBytes(p),
+  };
+  return { n, chunks, desc, scratchFloats, request };
+}
+
 /** sdpaVarlen() chunk by chunk (see STREAM_MIN_BYTES), each chunk on `threads` threads; the same bits as runWhole. */
-function runChunked(memory: CallMemory, threads: number, p: VarlenPlan): SdpaResult {
+function runChunked(memory: CallMemory, threads: number, p: VarlenPlan, plan: ReturnType<typeof planChunked>): SdpaResult {
   const module = memory.module;
   try {
-    const n = rowElements(p);
-    const chunks = chunksOf(p, 4 * (n.q + n.o), 4 * (n.k + n.v));  // per chunk: Q and output rows, K and V rows
-    const largest = largestChunk(chunks);
-    const desc = describeProblem(p);
-    const scratchFloats = largestChunkScratch(memory, p, chunks, desc,
-      (q, k, sequences) => module.packedScratchFloats(problemArg(module, desc), sequences, q, k, threads));
-    const startsBytes = 4 * (largest.sequences + 1);
-    const at = memory.allocate({
-      cuSeqlensQ: startsBytes, cuSeqlensK: startsBytes,
-      query: 4 * largest.rows * n.q, key: 4 * largest.keys * n.k, value: 4 * largest.keys * n.v,
-      output: 4 * largest.rows * n.o, logSumExp: p.lseDims !== null ? 4 * p.qHeads * largest.rows : 0,
-      scratch: 4 * scratchFloats, ...smallInputBytes(p),
-    });
+    const { n, chunks, desc, scratchFloats } = plan;
+    const at = memory.allocate(plan.request, ' to run a chunk of sequences at a time');
     Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
     copySmallInputs(memory, p, desc, at);  // the sinks, and every sequence's causal offset
     const whole = { offsets: desc.causalOffsets, slopes: desc.alibiSlopes };
@@ -431,9 +460,11 @@ function runWhole(memory: CallMemory, threads: number, p: VarlenPlan, plan: Retu
  */
 export function runVarlenBackward(memory: CallMemory, threads: number, bp: VarlenBackwardPlan): SdpaBackwardResult {
   const p = bp.forward;
-  if (chunkedAnyway(threads, [p.queryData, p.keyData, p.valueData, bp.gradOutput])) return runBackwardChunked(memory, 1, bp);
+  const chunked = (t: number) =>
+    runBackwardChunked(memory, t, bp, firstChunkingThatFits(memory, (bytes) => planBackwardChunked(memory, t, bp, bytes)));
+  if (chunkedAnyway(threads, [p.queryData, p.keyData, p.valueData, bp.gradOutput])) return chunked(1);
   const whole = planBackwardWhole(memory, threads, bp);
-  return memory.fits(whole.request) ? runBackwardWhole(memory, threads, bp, whole) : runBackwardChunked(memory, threads, bp);
+  return memory.fits(whole.request) ? runBackwardWhole(memory, threads, bp, whole) : chunked(threads);
 }
 
 /**
@@ -448,31 +479,42 @@ export function runVarlenBackward(memory: CallMemory, threads: number, bp: Varle
  * bench's batches (AMD EPYC Zen 5, docs/performance-log.md): the whole copy's time, with the
  * memory of the largest chunk instead of the batch's.
  */
-function runBackwardChunked(memory: CallMemory, threads: number, bp: VarlenBackwardPlan): SdpaBackwardResult {
+/** runBackwardChunked's chunks of at most `chunkBytes` (or a sequence) and their blocks. */
+function planBackwardChunked(memory: CallMemory, threads: number, bp: VarlenBackwardPlan, chunkBytes: number) {
+  const p = bp.forward;
+  const module = memory.module;
+  const n = rowElements(p);
+  // Per chunk: Q, dQ, O and dO rows; K, V, dK and dV rows.
+  const chunks = chunksOf(p, 8 * (n.q + n.o), 8 * (n.k + n.v), chunkBytes);
+  const largest = largestChunk(chunks);
+  const desc = describeProblem(p);
+  const grad = describeBackward(p);
+  const backwardFloats = largestChunkScratch(memory, p, chunks, desc, (q, k, sequences) =>
+    module.packedBackwardScratchFloats(problemArg(module, desc), backwardArg(module, grad), sequences, q, k, threads));
+  const forwardFloats = bp.saved !== null ? 0 : largestChunkScratch(memory, p, chunks, desc,
+    (q, k, sequences) => module.packedScratchFloats(problemArg(module, desc), sequences, q, k, threads));
+  const scratchFloats = Math.max(backwardFloats, forwardFloats);  // one after the other: one block serves both
+  const startsBytes = 4 * (largest.sequences + 1);
+  const sinks = p.sinks !== null;
+  const request = {
+    cuSeqlensQ: startsBytes, cuSeqlensK: startsBytes,
+    query: 4 * largest.rows * n.q, key: 4 * largest.keys * n.k, value: 4 * largest.keys * n.v,
+    gradOutput: 4 * largest.rows * n.o, output: 4 * largest.rows * n.o, logSumExp: 4 * p.qHeads * largest.rows,
+    dQuery: 4 * largest.rows * n.q, dKey: 4 * largest.keys * n.k, dValue: 4 * largest.keys * n.v,
+    dSinks: sinks ? 4 * p.qHeads : 0, dSinksBySequence: sinks ? 4 * largest.sequences * p.qHeads : 0,
+    scratch: 4 * scratchFloats, ...smallInputBytes(p),
+  };
+  return { n, chunks, desc, grad, backwardFloats, forwardFloats, request };
+}
+
+function runBackwardChunked(memory: CallMemory, threads: number, bp: VarlenBackwardPlan,
+  plan: ReturnType<typeof planBackwardChunked>): SdpaBackwardResult {
   const p = bp.forward;
   const module = memory.module;
   try {
-    const n = rowElements(p);
-    // Per chunk: Q, dQ, O and dO rows; K, V, dK and dV rows.
-    const chunks = chunksOf(p, 8 * (n.q + n.o), 8 * (n.k + n.v));
-    const largest = largestChunk(chunks);
-    const desc = describeProblem(p);
-    const grad = describeBackward(p);
-    const backwardFloats = largestChunkScratch(memory, p, chunks, desc, (q, k, sequences) =>
-      module.packedBackwardScratchFloats(problemArg(module, desc), backwardArg(module, grad), sequences, q, k, threads));
-    const forwardFloats = bp.saved !== null ? 0 : largestChunkScratch(memory, p, chunks, desc,
-      (q, k, sequences) => module.packedScratchFloats(problemArg(module, desc), sequences, q, k, threads));
-    const scratchFloats = Math.max(backwardFloats, forwardFloats);  // one after the other: one block serves both
-    const startsBytes = 4 * (largest.sequences + 1);
+    const { n, chunks, desc, grad, backwardFloats, forwardFloats } = plan;
     const sinks = p.sinks !== null;
-    const at = memory.allocate({
-      cuSeqlensQ: startsBytes, cuSeqlensK: startsBytes,
-      query: 4 * largest.rows * n.q, key: 4 * largest.keys * n.k, value: 4 * largest.keys * n.v,
-      gradOutput: 4 * largest.rows * n.o, output: 4 * largest.rows * n.o, logSumExp: 4 * p.qHeads * largest.rows,
-      dQuery: 4 * largest.rows * n.q, dKey: 4 * largest.keys * n.k, dValue: 4 * largest.keys * n.v,
-      dSinks: sinks ? 4 * p.qHeads : 0, dSinksBySequence: sinks ? 4 * largest.sequences * p.qHeads : 0,
-      scratch: 4 * scratchFloats, ...smallInputBytes(p),
-    });
+    const at = memory.allocate(plan.request, ' to run a chunk of sequences at a time');
     Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
     Object.assign(grad, {
       logsumexp: at.logSumExp, gradOutput: at.gradOutput, dQuery: at.dQuery, dKey: at.dKey, dValue: at.dValue,

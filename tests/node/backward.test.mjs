@@ -29,7 +29,11 @@ afterAll(() => {
 
 const t = (data, dims) => ({ data, dims });
 const bitsOf = (a) => new Uint32Array(a.buffer, a.byteOffset, a.length);
-const sameBits = (a, b) => a.length === b.length && bitsOf(a).every((x, i) => x === bitsOf(b)[i]);
+const sameBits = (a, b) => {
+  if (a.length !== b.length) return false;
+  const x = bitsOf(a), y = bitsOf(b);
+  return x.every((bits, i) => bits === y[i]);
+};
 
 /** A problem [B, H, L, E] (or bshd) with random Q, K, V, dO and the given options. */
 function problem({ B = 1, Hq = 1, Hkv = 1, Lq, Lk, E = 8, Ev = E, layout = 'bhsd', seed = 1 }) {

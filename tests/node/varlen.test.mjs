@@ -32,7 +32,11 @@ afterAll(() => {
 });
 
 const bitsOf = (a) => new Uint32Array(a.buffer, a.byteOffset, a.length);
-const sameBits = (a, b) => a.length === b.length && bitsOf(a).every((x, i) => x === bitsOf(b)[i]);
+const sameBits = (a, b) => {
+  if (a.length !== b.length) return false;
+  const x = bitsOf(a), y = bitsOf(b);
+  return x.every((bits, i) => bits === y[i]);
+};
 
 /** Seeded packed tensors for sequences of `qLens` query rows and `kLens` keys (default qLens, Hq 2, Hkv 1, E 8). */
 const packed = ({ seed = 1, ...shape }) => packedProblem(seed, shape);
@@ -421,7 +425,7 @@ describe('attention dropout: sequence s draws the mask of batch s in its own pos
       const tiny = await createAttention({ threads: 2, maxMemoryBytes: 2 ** 16 });
       try {
         expect(() => tiny.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options))
-          .toThrow(/^sdpaVarlenBackward: needs \d+ bytes of wasm memory \(cuSeqlensQ \d+ bytes .*dSinksBySequence \d+ bytes .*\), more than is left of this instance's limit of 65536 bytes/);
+          .toThrow(/^sdpaVarlenBackward: needs \d+ bytes of wasm memory to run a chunk of sequences at a time \(cuSeqlensQ \d+ bytes .*dSinksBySequence \d+ bytes .*\), more than is left of this instance's limit of 65536 bytes/);
         expect(tiny.memory().bytesInUse).toBe(0);
       } finally {
         tiny.dispose();
@@ -429,6 +433,37 @@ describe('attention dropout: sequence s draws the mask of batch s in its own pos
     } finally {
       small1.dispose();
       small2.dispose();
+    }
+  });
+
+  test('under a limit that 1 MiB chunks pass, chunks get smaller (halves, down to a sequence each): the bits of the whole copy, forward and backward, one and two threads', async () => {
+    // 256 short sequences (4 to 48 tokens), 3.3 MB of Q, K, V and dO: 1 MiB chunks alone pass both
+    // limits below, so the chunks are halved until they fit.
+    const lens = Array.from({ length: 256 }, (_, s) => 4 + ((s * 37) % 45));
+    const T = lens.reduce((x, y) => x + y, 0), Hq = 8, Hkv = 4, E = 32;
+    const starts = Int32Array.from({ length: 257 }, (_, s) => lens.slice(0, s).reduce((x, y) => x + y, 0));
+    const p = { query: randomTensor([T, Hq, E], 47), key: randomTensor([T, Hkv, E], 48), value: randomTensor([T, Hkv, E], 49),
+      gradOutput: randomTensor([T, Hq, E], 50) };
+    const options = { cuSeqlensQ: starts, cuSeqlensK: starts, isCausal: true, sinks: Float32Array.from({ length: Hq }, (_, h) => h / 4) };
+    const forward = attn2.sdpaVarlen(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+    const backward = attn2.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
+    for (const limit of [900 * 1024, 560 * 1024]) {
+      for (const threads of [1, 2]) {
+        const small = await createAttention({ threads, maxMemoryBytes: limit });
+        try {
+          const got = small.sdpaVarlen(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+          expect(sameBits(got.output.data, forward.output.data)).toBe(true);
+          expect(sameBits(got.logSumExp.data, forward.logSumExp.data)).toBe(true);
+          const grads = small.sdpaVarlenBackward(p.query, p.key, p.value, p.gradOutput, options);
+          for (const name of ['dQuery', 'dKey', 'dValue', 'dSinks']) {
+            expect([limit, threads, name, sameBits(grads[name].data, backward[name].data)]).toEqual([limit, threads, name, true]);
+          }
+          expect(small.memory().peakBytes).toBeLessThanOrEqual(limit);
+          expect(small.memory().bytesInUse).toBe(0);
+        } finally {
+          small.dispose();
+        }
+      }
     }
   });
 
@@ -513,7 +548,7 @@ describe('sdpaVarlen: bad input is a TypeError or RangeError naming the argument
     expect(after.moduleBytesInUse).toBe(before.moduleBytesInUse);
   });
 
-  test('a call beyond maxMemoryBytes is refused whole (every block named, starts and scratch included) before anything is allocated, and the instance keeps working', async () => {
+  test('a call whose smallest chunk (one sequence) is beyond maxMemoryBytes is refused (every block of that chunk named, starts and scratch included) before anything is allocated, and the instance keeps working', async () => {
     const big = packed({ Hq: 2, Hkv: 1, qLens: Array(100).fill(3), seed: 21 });
     for (const limit of [500, 4096]) {
       const small = await createAttention({ threads: 1, maxMemoryBytes: limit });
@@ -523,7 +558,8 @@ describe('sdpaVarlen: bad input is a TypeError or RangeError naming the argument
           () => small.sdpaVarlenBackward(big.query, big.key, big.value, big.gradOutput, { cuSeqlensQ: big.cuSeqlensQ }),
         ]) {
           expect(call).toThrow(RangeError);
-          expect(call).toThrow(new RegExp(`^sdpaVarlen(Backward)?: needs \\d+ bytes of wasm memory \\(cuSeqlensQ 404 bytes \\+ cuSeqlensK 404 bytes \\+ query 19200 bytes .*scratch \\d+ bytes\\), ` +
+          expect(call).toThrow(new RegExp('^sdpaVarlen(Backward)?: needs \\d+ bytes of wasm memory to run a chunk of sequences at a time ' +
+            `\\(cuSeqlensQ 8 bytes \\+ cuSeqlensK 8 bytes \\+ query 192 bytes .*scratch \\d+ bytes\\), ` +
             `more than is left of this instance's limit of ${limit} bytes \\(maxMemoryBytes\\), of which 0 are in use$`));
         }
         expect(small.memory().bytesInUse).toBe(0);
