@@ -31,6 +31,12 @@
 //                   dropout, which draws batch s's mask for sequence s, sequence by sequence); some
 //                   bitwise across thread counts and through the worker; some with
 //                   sdpaVarlenBackward() against the float64 backward.
+//                   Past maxMemoryBytes: random sdpa() and sdpaBackward() calls of more than one
+//                   (batch, KV head) on an instance whose limit lies between the least the call
+//                   can run in (the bytes a refusal under a 1-byte limit names: its smallest slice
+//                   of batches and KV heads) and its whole copy's peak: they run in slices
+//                   (js/slices.ts) with the unlimited call's bits, within the limit, holding
+//                   nothing after.
 //   invalid calls   a valid call with one random mutation (tensor kinds, dims, sizes, every option,
 //                   createKVCache's options, sdpaVarlen's starts and offsets) must throw (or reject, for the worker, with the direct
 //                   API's message) the documented TypeError/RangeError with a message naming the
@@ -61,8 +67,9 @@ const ONLY = process.env.SDPA_PROPERTY_CASE;
 const COUNTS = {
   sdpa: 1000, sdpaInvalid: 400, cache: 120, cacheInvalid: 120, createCacheInvalid: 60,
   worker: 100, workerInvalid: 60, workerCache: 24, workerCacheInvalid: 30, workerCachePipelined: 30,
-  backward: 150, backwardInvalid: 80, varlen: 150, varlenInvalid: 80,
+  backward: 150, backwardInvalid: 80, varlen: 150, varlenInvalid: 80, limited: 240,
 };
+
 
 // The default instance (threads: min(cores, 4)), a single-threaded one, and a worker.
 let attn, attn1, worker;
@@ -974,6 +981,66 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
       }
     });
   }, 60_000);
+
+  test(`sdpa() and sdpaBackward() past maxMemoryBytes: ${COUNTS.limited} random valid calls under a limit between their smallest slice's bytes and their whole copy's run in slices, bitwise the unlimited calls' results; refusals hold nothing`, async () => {
+    let sliced = 0;
+    await runCases('limited', COUNTS.limited, async (r, note) => {
+      const backward = r.chance(0.4);
+      // Calls with more than one (batch, KV head), the least a slice holds.
+      let c;
+      do c = backward ? randomBackwardCase(r) : randomSdpaCase(r, { decode: r.chance(0.05) }); while (c.shape.B * c.shape.Hkv === 1);
+      // The backward's out arrays would be written (or added to) by both calls: gradients in new arrays.
+      const { out: _out, accumulate: _accumulate, ...backwardOptions } = c.options;
+      const call = (instance) => (backward ? instance.sdpaBackward(c.query, c.key, c.value, c.gradOutput, backwardOptions) :
+        instance.sdpa(c.query, c.key, c.value, c.options));
+      const threads = r.chance(0.5) ? attn.threads : 1;
+      const arraysOf = (result) => Object.entries(result).filter(([, t]) => t?.data instanceof Float32Array)
+        .map(([name, t]) => [name, t.data.slice()]);
+      // On a fresh instance without a limit, the call's peak: its whole copy (or its streamed way).
+      const unlimited = await createAttention({ threads });
+      let expectedArrays, peak;
+      try {
+        expectedArrays = arraysOf(call(unlimited));
+        peak = unlimited.memory().peakBytes;
+      } finally {
+        unlimited.dispose();
+      }
+      // The least it may run in: the bytes a refusal under a 1-byte limit names (its smallest
+      // slice's; the whole copy's where it cannot slice: the mask's gradient, or sinks with one
+      // KV head in the backward). A limit between that and the whole call's peak must succeed.
+      const least = await createAttention({ threads, maxMemoryBytes: 1 });
+      let smallest;
+      try {
+        const error = await errorOf(() => call(least));
+        smallest = Number(/^sdpa(?:Backward)?: needs (\d+) bytes of wasm memory/.exec(error?.message ?? '')?.[1]);
+        if (!(error instanceof RangeError) || !(smallest > 0)) throw new Error(`under a 1-byte limit: ${error}`);
+        if (least.memory().bytesInUse !== 0) throw new Error(`refused, and ${least.memory().bytesInUse} bytes still held`);
+      } finally {
+        least.dispose();
+      }
+      if (smallest >= peak) {
+        note(`${c.description}: no smaller way (needs ${smallest} bytes, the whole call ${peak})`);
+        return;
+      }
+      const limit = smallest + Math.floor(r.next() * (peak - smallest));
+      note(`${backward ? 'sdpaBackward' : 'sdpa'} ${c.description}, threads ${threads}, maxMemoryBytes ${limit} (at least ${smallest}; the whole call's peak ${peak})`);
+      const instance = await createAttention({ threads, maxMemoryBytes: limit });
+      let got;
+      try {
+        got = call(instance);
+        if (instance.memory().peakBytes > limit || instance.memory().bytesInUse !== 0) {
+          throw new Error(`memory: peak ${instance.memory().peakBytes} past the limit ${limit}, or ${instance.memory().bytesInUse} bytes held`);
+        }
+      } finally {
+        instance.dispose();
+      }
+      sliced++;
+      const gotArrays = new Map(arraysOf(got));
+      for (const [name, data] of expectedArrays) expectBitwiseEqual(gotArrays.get(name), data, `limited: ${name}`);
+    });
+    // Most calls ran in slices (the rest had no smaller way: the mask's gradient, sinks with one KV head).
+    if (ONLY === undefined) expect(sliced).toBeGreaterThan(COUNTS.limited * 0.6);
+  }, 120_000);
 
   test(`sdpaBackward(): ${COUNTS.backwardInvalid} random invalid calls throw a TypeError/RangeError naming the argument; the instance keeps working`, async () => {
     await runCases('backwardInvalid', COUNTS.backwardInvalid, async (r, note) => {
