@@ -3,7 +3,8 @@
 // comparisons (tests/shared/reference-cases.mjs over tests/node/reference.mjs), on the cross-origin
 // isolated server (threaded build where available) and on the plain one (single thread).
 // Also the backward pass (tests/shared/backward-cases.mjs) against the float64 analytic backward,
-// and packed variable-length sequences (tests/shared/varlen-cases.mjs, sdpaVarlen and its backward).
+// and packed variable-length sequences (tests/shared/varlen-cases.mjs, sdpaVarlen and its backward),
+// and calls past maxMemoryBytes run in slices (tests/shared/limited-cases.mjs).
 // Both builds: relaxed SIMD (Chromium's default) and the portable one (relaxedSimd: false).
 // Node runs the same cases in this process on the same build (scripts/test-browser.sh runs
 // Playwright with relaxed SIMD on): the browser's output bits must equal Node's.
@@ -14,6 +15,7 @@ import { CASE_COUNT, checkCase, loadCase, loadIndex } from '../shared/onnx-cases
 import { bitsHash, REFERENCE_CASES, runReferenceCases } from '../shared/reference-cases.mjs';
 import { BACKWARD_CASES, runBackwardCases } from '../shared/backward-cases.mjs';
 import { runVarlenCases, VARLEN_CASES } from '../shared/varlen-cases.mjs';
+import { LIMITED_CASES, runLimitedCases } from '../shared/limited-cases.mjs';
 import { ISOLATED, PLAIN, ROOT, nodePackage } from './helpers.mjs';
 
 const ONNX_DIR = join(ROOT, 'tests', 'conformance', 'onnx-attention');
@@ -23,10 +25,14 @@ const nodeOnnx = {};       // by isa: [{ name, failures, hash }] computed in Nod
 const nodeReference = {};  // by isa: [{ name, ok, hash, ... }]
 const nodeBackward = {};   // by isa: [{ name, errors, ok, hash }]
 const nodeVarlen = {};     // by isa: [{ name, errors, ok, hash }]
+const nodeLimited = {};    // by isa: [{ name, same, withinLimit, limited, hash }]
 
 test.beforeAll(async () => {
   const { createAttention } = await nodePackage();
-  for (const [isa, relaxedSimd] of ISAS) await nodeCases(await createAttention({ threads: 1, relaxedSimd }), isa);
+  for (const [isa, relaxedSimd] of ISAS) {
+    await nodeCases(await createAttention({ threads: 1, relaxedSimd }), isa);
+    nodeLimited[isa] = await runLimitedCases(createAttention, { threads: 1, relaxedSimd });
+  }
 });
 
 async function nodeCases(attn, isa) {
@@ -136,6 +142,25 @@ for (const [label, base, isolated] of [['cross-origin isolated', ISOLATED, true]
       expect(result.cases.filter((c) => !c.ok).map((c) => `${c.name}: ${JSON.stringify(c.errors)}`)).toEqual([]);
       expect(nodeBackward[isa].filter((c) => !c.ok)).toEqual([]);
       expect(result.cases.map((c) => `${c.name} ${c.hash}`)).toEqual(nodeBackward[isa].map((c) => `${c.name} ${c.hash}`));
+    });
+
+    test('past maxMemoryBytes, sdpa and sdpaBackward run in slices: the unlimited calls\' bits, within the limit, bit-identical to Node', async ({ page }) => {
+      const result = await page.evaluate(async (relaxedSimd) => {
+        const { createAttention } = await import('/dist/index.js');
+        const { runLimitedCases } = await import('/tests/shared/limited-cases.mjs');
+        const cases = await runLimitedCases(createAttention, { relaxedSimd });
+        const attn = await createAttention({ relaxedSimd });
+        const { isa, threads } = attn;
+        attn.dispose();
+        return { cases, isa, threads };
+      }, relaxedSimd);
+      expect(result.isa).toBe(isa);
+      expect(result.cases).toHaveLength(LIMITED_CASES.length);
+      const wrong = (cases) => cases.filter((c) => !(c.same && c.withinLimit && c.limited)).map((c) => `${c.name}: ${JSON.stringify(c)}`);
+      expect(wrong(result.cases)).toEqual([]);
+      expect(wrong(nodeLimited[isa])).toEqual([]);
+      expect(result.cases.map((c) => `${c.name} ${c.hash}`)).toEqual(nodeLimited[isa].map((c) => `${c.name} ${c.hash}`));
+      if (!isolated) expect(result.threads).toBe(1);
     });
 
     test('sdpaVarlen and its backward match the float64 reference, bit-identical to Node', async ({ page }) => {

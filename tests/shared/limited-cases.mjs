@@ -1,0 +1,71 @@
+// Calls past maxMemoryBytes, runnable in Node and in a browser page: each case runs on an
+// instance without a limit and on one whose limit is a share of that call's peak, so that the
+// call runs a slice of batches and KV heads at a time (js/slices.ts). Both must give the same
+// bits, the limited one within its limit and holding nothing after. Every result carries a hash
+// of the bits, so a browser run can be checked against a Node run.
+// Plain ES module: no Node built-ins.
+import { noiseTensor } from '../../web/seeded.mjs';
+import { bitsHash } from './reference-cases.mjs';
+
+const B = 3, Hq = 6, Hkv = 3, Lq = 40, Lk = 300, E = 32, Ev = 24;
+const tensor = (dims, stream) => noiseTensor(dims, 61, stream);
+const inputs = () => ({
+  query: tensor([B, Hq, Lq, E], 1), key: tensor([B, Hkv, Lk, E], 2), value: tensor([B, Hkv, Lk, Ev], 3),
+  gradOutput: tensor([B, Hq, Lq, Ev], 4),
+});
+const boolMask = (dims) => ({ data: Uint8Array.from({ length: dims.reduce((a, b) => a * b) }, (_, i) => Number(i % 7 !== 3)), dims });
+
+export const LIMITED_CASES = [
+  { name: 'sdpa: per-batch causal offsets, key lengths, a bool mask [B, 1, Lq, Lk], weights and log-sum-exp', backward: false,
+    options: { isCausal: true, causalOffset: Int32Array.of(260, 200, -4), keyLengths: Int32Array.of(300, 251, 170),
+      attnMask: boolMask([B, 1, Lq, Lk]), returnWeights: true, returnLogSumExp: true } },
+  { name: 'sdpa, bshd: sinks, ALiBi [B, Hq], dropout', backward: false, bshd: true,
+    options: { sinks: Float32Array.of(0, 1, -1, 2, -Infinity, 0.5), alibiSlopes: Float32Array.from({ length: B * Hq }, (_, i) => 2 ** -(1 + (i % 5))),
+      dropoutP: 0.2, dropoutSeed: 9, layout: 'bshd' } },
+  // With sinks the backward's slices hold every batch: one KV head of three is its smallest.
+  { name: 'sdpaBackward: sinks (slices of every batch), softcap, a sliding window', backward: true, share: 0.6,
+    options: { sinks: Float32Array.of(0, 1, -1, 2, -Infinity, 0.5), softcap: 5, isCausal: true, causalOffset: 260, slidingWindow: 90 } },
+];
+
+/** [B, H, L, D] as [B, L, H, D]. */
+function toBshd({ data, dims: [b, h, l, d] }) {
+  const out = new Float32Array(data.length);
+  for (let i = 0; i < b * h * l; i++) {
+    const bb = Math.floor(i / (h * l)), hh = Math.floor(i / l) % h, ll = i % l;
+    out.set(data.subarray(i * d, (i + 1) * d), ((bb * l + ll) * h + hh) * d);
+  }
+  return { data: out, dims: [b, l, h, d] };
+}
+
+/**
+ * Runs every case with `createAttention` (the package's), `options` for each instance (e.g.
+ * { relaxedSimd }). Returns [{ name, same, withinLimit, limited, hash }]: same, that the limited call's
+ * results have the unlimited call's bits; withinLimit, that its peak stayed within the limit
+ * and nothing is held after; limited, that the limit was below the unlimited call's peak.
+ */
+export async function runLimitedCases(createAttention, options = {}, cases = LIMITED_CASES) {
+  const results = [];
+  for (const c of cases) {
+    let { query, key, value, gradOutput } = inputs();
+    if (c.bshd) [query, key, value, gradOutput] = [query, key, value, gradOutput].map(toBshd);
+    const call = (attn) => (c.backward ? attn.sdpaBackward(query, key, value, gradOutput, c.options) : attn.sdpa(query, key, value, c.options));
+    const arraysOf = (result) => Object.keys(result).sort().map((name) => result[name].data);
+    const unlimited = await createAttention(options);
+    const expected = arraysOf(call(unlimited));
+    const peak = unlimited.memory().peakBytes;
+    unlimited.dispose();
+    const limit = Math.floor(peak * (c.share ?? 0.35));
+    const attn = await createAttention({ ...options, maxMemoryBytes: limit });
+    const got = arraysOf(call(attn));
+    const { peakBytes, bytesInUse } = attn.memory();
+    attn.dispose();
+    const bits = (data) => new Uint32Array(data.buffer, data.byteOffset, data.length);
+    const same = got.length === expected.length && got.every((data, i) => {
+      const x = bits(data), y = bits(expected[i]);
+      return x.length === y.length && x.every((word, j) => word === y[j]);
+    });
+    results.push({ name: c.name, same, withinLimit: peakBytes <= limit && bytesInUse === 0, limited: limit < peak,
+      hash: got.map(bitsHash).join(' ') });
+  }
+  return results;
+}
