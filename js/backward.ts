@@ -12,7 +12,7 @@
 import { backwardArg, problemArg } from './kernel-args.js';
 import { CallMemory } from './memory.js';
 import {
-  copyMaskSpan, copySlice, denseStrides, maskSpanBytes, maskStart, sliceCandidates, sliceInputs, sliceProblem, slicePurpose,
+  copySlice, denseStrides, maskSpanBytes, problemOfSlice, sliceCandidates, SliceMasks, sliceProblem, slicePurpose,
   sliceShapes, slicesOf, type SliceShape,
 } from './slices.js';
 import { check, copySmallInputs, describeProblem, smallInputBytes } from './strategies.js';
@@ -166,16 +166,14 @@ function runBackwardSlices(memory: CallMemory, threads: number, bp: BackwardPlan
     const { desc, sliceDesc, backwardFloats, forwardFloats, request } = planBackwardSlices(module, threads, bp, shape);
     const at = memory.allocate(request, slicePurpose(p, shape));
     copySmallInputs(memory, p, desc, at, false);
+    Object.assign(sliceDesc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
+    const masks = new SliceMasks(p, at.attnMask);
     const gradients = {
       dQuery: new Float32Array(q.length), dKey: new Float32Array(k.length), dValue: new Float32Array(v.length),
       dSinks: p.sinks !== null ? new Float32Array(p.qHeads) : undefined,
     };
-    let maskCopiedFrom = -1;  // the mask element the mask block's copy starts at (slices may share it)
     for (const c of slicesOf(p, shape)) {
-      const slice = c.batches === shape.batches && c.kvHeads === shape.kvHeads ? sliceDesc : sliceProblem(p, sliceDesc, c);
-      Object.assign(slice, sliceInputs(p, desc, c.b0, c.firstHead), {
-        query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp,
-      });
+      const slice = problemOfSlice(p, desc, sliceDesc, shape, c);
       const grad = Object.assign(sliceBackward(slice), {
         logsumexp: at.logSumExp, gradOutput: at.gradOutput, dQuery: at.dQuery, dKey: at.dKey, dValue: at.dValue,
         dSinks: p.sinks !== null ? at.dSinks : 0,
@@ -187,11 +185,7 @@ function runBackwardSlices(memory: CallMemory, threads: number, bp: BackwardPlan
       copySlice(before.f32, at.key, k, p.k, p.layout, kv, p.kvLen, p.headDim, 'in');
       copySlice(before.f32, at.value, v, p.v, p.layout, kv, p.kvLen, p.valueDim, 'in');
       copySlice(before.f32, at.gradOutput, bp.gradOutput, p.o, p.layout, rows, p.qLen, p.valueDim, 'in');
-      if (p.mask !== null) {
-        if (maskStart(p, c) !== maskCopiedFrom) copyMaskSpan(before, at.attnMask, p, c);
-        maskCopiedFrom = maskStart(p, c);
-        slice.mask = at.attnMask;
-      }
+      slice.mask = masks.place(before, c);
       if (bp.saved !== null) {
         copySlice(before.f32, at.output, bp.saved.output, p.o, p.layout, rows, p.qLen, p.valueDim, 'in');
         copySlice(before.f32, at.logSumExp, bp.saved.logSumExp, denseStrides(p, 1), 'bhsd', rows, p.qLen, 1, 'in');

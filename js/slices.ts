@@ -106,18 +106,35 @@ export function maskSpanBytes(p: Plan, batches: number, heads: number): number {
   return p.mask === null ? 0 : maskSpan(p, batches, heads) * (p.mask.kind === 'float' ? 4 : 1);
 }
 
-/** Copies slice c's mask elements to byte `address`: the first of them is the mask's element `maskStart(p, c)`. */
-export function copyMaskSpan(heap: { f32: Float32Array; u8: Uint8Array }, address: number, p: Plan, c: Slice): void {
-  if (p.mask === null) return;
-  const from = maskStart(p, c);
-  const span = p.mask.data.subarray(from, from + maskSpan(p, c.batches, c.heads));
-  if (span instanceof Float32Array) heap.f32.set(span, address >>> 2);
-  else heap.u8.set(span, address);
-}
+/**
+ * Each slice's mask elements, copied into one block of maskSpanBytes() (at `address`): a copy
+ * starts at the mask's element at the slice's first batch and head, and is skipped when the
+ * block holds it already (slices that the mask broadcasts over read the same elements).
+ */
+export class SliceMasks {
+  readonly #p: Plan;
+  readonly #address: number;
+  #copiedFrom = -1;
 
-/** The mask element at slice c's first batch and head. */
-export const maskStart = (p: Plan, c: Slice) =>
-  p.mask === null ? 0 : c.b0 * p.mask.strides[0] + c.firstHead * p.mask.strides[1];
+  constructor(p: Plan, address: number) {
+    this.#p = p;
+    this.#address = address;
+  }
+
+  /** Copies slice c's mask elements (unless held already); their address (0 without a mask). */
+  place(heap: { f32: Float32Array; u8: Uint8Array }, c: Slice): number {
+    const mask = this.#p.mask;
+    if (mask === null) return 0;
+    const from = c.b0 * mask.strides[0] + c.firstHead * mask.strides[1];
+    if (from !== this.#copiedFrom) {
+      const span = mask.data.subarray(from, from + maskSpan(this.#p, c.batches, c.heads));
+      if (span instanceof Float32Array) heap.f32.set(span, this.#address >>> 2);
+      else heap.u8.set(span, this.#address);
+      this.#copiedFrom = from;
+    }
+    return this.#address;
+  }
+}
 
 /**
  * The slice problem of `shape` cut from `desc` (the whole call's): its counts and dense strides.
@@ -132,6 +149,16 @@ export function sliceProblem(p: Plan, desc: ProblemDesc, shape: SliceShape): Pro
     qStrideB: q.b, qStrideH: q.h, qStrideL: q.l, kStrideB: k.b, kStrideH: k.h, kStrideL: k.l,
     vStrideB: v.b, vStrideH: v.h, vStrideL: v.l, oStrideB: o.b, oStrideH: o.h, oStrideL: o.l,
   };
+}
+
+/**
+ * The problem of slice c: `sliceDesc` (made by sliceProblem for `shape`) or, for a smaller last
+ * slice, one of its own; its small inputs' fields set (sliceInputs), its tensors' addresses as
+ * sliceDesc's.
+ */
+export function problemOfSlice(p: Plan, desc: ProblemDesc, sliceDesc: ProblemDesc, shape: SliceShape, c: Slice): ProblemDesc {
+  const slice = c.batches === shape.batches && c.kvHeads === shape.kvHeads ? sliceDesc : sliceProblem(p, sliceDesc, c);
+  return Object.assign(slice, sliceInputs(p, desc, c.b0, c.firstHead));
 }
 
 /**

@@ -18,7 +18,7 @@ import { sharesBytes } from './typed-arrays.js';
 import type { ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 import type { SdpaResult } from './types.js';
 import {
-  copyMaskSpan, copySlice, denseStrides, maskSpanBytes, maskStart, sliceCandidates, sliceInputs, sliceProblem, slicePurpose,
+  copySlice, denseStrides, maskSpanBytes, problemOfSlice, sliceCandidates, SliceMasks, sliceInputs, sliceProblem, slicePurpose,
   sliceShapes, slicesOf, type SliceShape,
 } from './slices.js';
 import type { Plan } from './validate.js';
@@ -383,6 +383,10 @@ function runSlices(memory: CallMemory, threads: number, p: Plan, q: Float32Array
     const { desc, sliceDesc, scratchFloats, request } = planSlices(module, threads, p, shape);
     const at = memory.allocate(request, slicePurpose(p, shape));
     copySmallInputs(memory, p, desc, at, false);
+    Object.assign(sliceDesc, {
+      query: at.query, key: at.key, value: at.value, output: at.output, weights: at.weights, logsumexp: at.logSumExp,
+    });
+    const masks = new SliceMasks(p, at.attnMask);
     // Into `out` straight, unless it may share memory with an input: a slice's output would be
     // written before later slices' inputs are read, so then into an array of its own, copied
     // into out at the end.
@@ -390,27 +394,18 @@ function runSlices(memory: CallMemory, threads: number, p: Plan, q: Float32Array
     const output = p.out !== null && !outShared ? p.out : new Float32Array(p.outputSize);
     const weights = p.weightsDims !== null ? new Float32Array(p.weightsSize) : null;
     const lse = p.lseDims !== null ? new Float32Array(p.lseSize) : null;
-    let maskCopiedFrom = -1;  // the mask element the mask block's copy starts at (slices may share it)
     for (const c of slicesOf(p, shape)) {
-      const slice = c.batches === shape.batches && c.kvHeads === shape.kvHeads ? sliceDesc : sliceProblem(p, sliceDesc, c);
-      Object.assign(slice, sliceInputs(p, desc, c.b0, c.firstHead), {
-        query: at.query, key: at.key, value: at.value, output: at.output, weights: at.weights, logsumexp: at.logSumExp,
-      });
-      const kv = { ...c, h0: c.h0, heads: c.kvHeads };
+      const slice = problemOfSlice(p, desc, sliceDesc, shape, c);
+      const rows = { ...c, h0: c.firstHead }, kv = { ...c, heads: c.kvHeads };
       // Fresh views every time: a view is never kept across a call into the module
       // (js/memory.ts), whatever that call allocates.
       const before = memory.heap;
-      copySlice(before.f32, at.query, q, p.q, p.layout, { ...c, h0: c.firstHead }, p.qLen, p.headDim, 'in');
+      copySlice(before.f32, at.query, q, p.q, p.layout, rows, p.qLen, p.headDim, 'in');
       copySlice(before.f32, at.key, k, p.k, p.layout, kv, p.kvLen, p.headDim, 'in');
       copySlice(before.f32, at.value, v, p.v, p.layout, kv, p.kvLen, p.valueDim, 'in');
-      if (p.mask !== null) {
-        if (maskStart(p, c) !== maskCopiedFrom) copyMaskSpan(before, at.attnMask, p, c);
-        maskCopiedFrom = maskStart(p, c);
-        slice.mask = at.attnMask;
-      }
+      slice.mask = masks.place(before, c);
       check(module, p, module.forward(problemArg(module, slice), at.scratch, scratchFloats, threads));
       const after = memory.heap.f32;
-      const rows = { ...c, h0: c.firstHead };
       copySlice(after, at.output, output, p.o, p.layout, rows, p.qLen, p.valueDim, 'out');
       if (weights !== null) copySlice(after, at.weights, weights, denseStrides(p, p.kvLen), 'bhsd', rows, p.qLen, p.kvLen, 'out');
       if (lse !== null) copySlice(after, at.logSumExp, lse, denseStrides(p, 1), 'bhsd', rows, p.qLen, 1, 'out');
