@@ -49,10 +49,18 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
   const p = bp.forward;
   const whole = planBackwardWhole(memory.module, threads, bp, q, k, v);
   const candidates = bp.maskGrad ? [] : sliceCandidates(p, p.sinks !== null);
-  if (candidates.length === 0 || memory.fits(whole.request)) return runBackwardWhole(memory, threads, bp, q, k, v, whole);
-  const shape = candidates.find((c) => memory.fits(planBackwardSlices(memory.module, threads, bp, c).request)) ??
-    candidates[candidates.length - 1];
-  return runBackwardSlices(memory, threads, bp, q, k, v, shape);
+  const copied = () => runBackwardWhole(memory, threads, bp, q, k, v, whole);
+  if (candidates.length === 0 || memory.fits(whole.request)) return copied();
+  // The largest slices that fit, else whichever way needs the least (whose refusal names that):
+  // smaller slices may need more scratch than larger ones (fewer pairs than threads split
+  // otherwise), or than the whole copy.
+  return memory.firstThatFits((function* ways() {
+    for (const shape of candidates) {
+      const slices = planBackwardSlices(memory.module, threads, bp, shape);
+      yield { request: slices.request, run: () => runBackwardSlices(memory, threads, bp, q, k, v, slices) };
+    }
+    yield { request: whole.request, run: copied };
+  })()).run();
 }
 
 /** runBackwardWhole's blocks. */
@@ -148,7 +156,7 @@ function planBackwardSlices(module: SdpaModule, threads: number, bp: BackwardPla
     dSinks: p.sinks !== null ? 4 * heads : 0,
     scratch: 4 * Math.max(backwardFloats, forwardFloats), ...smallInputBytes(p), attnMask: maskSpanBytes(p, shape.batches, heads),
   };
-  return { desc, sliceDesc, backwardFloats, forwardFloats, request };
+  return { shape, desc, sliceDesc, backwardFloats, forwardFloats, request };
 }
 
 /**
@@ -159,11 +167,11 @@ function planBackwardSlices(module: SdpaModule, threads: number, bp: BackwardPla
  * batch, so that each head's sink gradient is the whole call's one sum.
  */
 function runBackwardSlices(memory: CallMemory, threads: number, bp: BackwardPlan, q: Float32Array, k: Float32Array,
-  v: Float32Array, shape: SliceShape): SdpaBackwardResult {
+  v: Float32Array, plan: ReturnType<typeof planBackwardSlices>): SdpaBackwardResult {
   const p = bp.forward;
   const module = memory.module;
   try {
-    const { desc, sliceDesc, backwardFloats, forwardFloats, request } = planBackwardSlices(module, threads, bp, shape);
+    const { shape, desc, sliceDesc, backwardFloats, forwardFloats, request } = plan;
     const at = memory.allocate(request, slicePurpose(p, shape));
     copySmallInputs(memory, p, desc, at, false);
     Object.assign(sliceDesc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });

@@ -82,10 +82,16 @@ export class MemoryAccount {
     // there is nothing to ask (the call into the module cost a small call 2% of its time).
     if (module.HEAPU8.length + bytes <= MAX_WASM_BYTES) return null;
     const moduleInUse = module.heapBytesInUse();
-    if (moduleInUse + bytes > MAX_WASM_BYTES) {
-      return `${fn}: needs ${bytes} bytes of wasm memory${purpose}${itemised(request)}, more than is left: the module's memory ` +
-        `is limited to 2 GiB (${MAX_WASM_BYTES} bytes), of which ${moduleInUse} are in use`;
-    }
+    const refused = `${fn}: needs ${bytes} bytes of wasm memory${purpose}${itemised(request)}, more than is left: the module's memory ` +
+      `is limited to 2 GiB (${MAX_WASM_BYTES} bytes), of which ${moduleInUse} are in use`;
+    if (moduleInUse + bytes > MAX_WASM_BYTES) return refused;
+    // Near the ceiling the sum is not enough: the module's static data and stack (about 5 MB)
+    // and malloc's own bookkeeping and fragmentation count too. So the block allocateAll() would
+    // ask for is asked for here, and given back: where malloc cannot give it, this is a refusal
+    // (and a call with a smaller way of running, CallMemory.fits(), takes that way).
+    const trial = module._malloc(allocationSpan(request));
+    if (trial === 0) return `${refused} (no free block of that size)`;
+    module._free(trial);
     return null;
   }
 
@@ -125,17 +131,25 @@ function paddedBytes(bytes: number): number {
  * or should malloc still fail (a fragmented heap). One malloc, not one per part: a small call's
  * own cost is mostly such bookkeeping.
  */
+/**
+ * The bytes of the one malloc block allocateAll() asks for `request`: its parts, each padded to
+ * PART_ALIGNMENT, and up to PART_ALIGNMENT - 8 bytes to reach the first boundary (malloc's
+ * blocks are 8-byte aligned); 0 when every part is empty.
+ */
+function allocationSpan(request: ByteRequest): number {
+  let span = 0;
+  for (const what in request) span += paddedBytes(request[what]);
+  return span === 0 ? 0 : span + PART_ALIGNMENT - 8;
+}
+
 function allocateAll<R extends ByteRequest>(module: SdpaModule, account: MemoryAccount, fn: string,
   request: R, purpose = ''): Allocation<R> {
-  let bytes = 0, span = 0;
-  for (const what in request) {
-    bytes += request[what];
-    span += paddedBytes(request[what]);
-  }
+  let bytes = 0;
+  for (const what in request) bytes += request[what];
   account.check(module, fn, request, bytes, purpose);
-  // malloc's block is 8-byte aligned: at most PART_ALIGNMENT - 8 bytes go to reaching the first
-  // boundary. Below 2^32 bytes: check() holds `bytes` to 2 GiB at most.
-  const block = span === 0 ? 0 : module._malloc(span + PART_ALIGNMENT - 8);
+  // Below 2^32 bytes: check() holds `bytes` to 2 GiB at most.
+  const span = allocationSpan(request);
+  const block = span === 0 ? 0 : module._malloc(span);
   if (span !== 0 && block === 0) {
     throw new RangeError(
       `${fn}: cannot allocate ${bytes} bytes of wasm memory${purpose}${itemised(request)}: the module's memory is limited to ` +
@@ -241,6 +255,22 @@ export class CallMemory {
   fits(request: ByteRequest): boolean {
     const bytes = Object.values(request).reduce((sum, b) => sum + b, 0);
     return this.#account.refusal(this.#module, this.#fn, request, bytes) === null;
+  }
+
+  /**
+   * The first of `plans` (a call's ways of running, from the one it prefers, made as they are
+   * needed) whose request fits(), else the one whose request is the least (whose refusal then
+   * names the least the call needs: a smaller part may need more scratch than a larger one).
+   */
+  firstThatFits<T extends { request: ByteRequest }>(plans: Iterable<T>): T {
+    let least: T | undefined, leastBytes = Infinity;
+    for (const plan of plans) {
+      if (this.fits(plan.request)) return plan;
+      const bytes = Object.values(plan.request).reduce((sum, b) => sum + b, 0);
+      if (bytes < leastBytes) [least, leastBytes] = [plan, bytes];
+    }
+    if (least === undefined) throw new Error(`${this.#fn}: internal error: no way to run the call was planned`);
+    return least;
   }
 
   get module(): SdpaModule {

@@ -14,7 +14,7 @@
 // (CallMemory in try/finally).
 import { problemAddressesArg, problemArg } from './kernel-args.js';
 import { CallMemory, COPY_PLACEMENT_SLACK, placeCopy, type MemoryAccount } from './memory.js';
-import { sharesBytes } from './typed-arrays.js';
+import { sharesBytes, type TypedArray } from './typed-arrays.js';
 import type { ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 import type { SdpaResult } from './types.js';
 import {
@@ -64,15 +64,22 @@ const isShared = (buffer: ArrayBufferLike) => Object.prototype.toString.call(buf
  * SharedArrayBuffer objects, which may be views of the same memory (structuredClone or
  * postMessage of one, a grown shared WebAssembly.Memory) in a way JavaScript cannot see.
  */
-export function mayOverlap(a: Float32Array, b: Float32Array): boolean {
+export function mayOverlap(a: TypedArray, b: TypedArray): boolean {
   return sharesBytes(a, b) || (a.buffer !== b.buffer && isShared(a.buffer) && isShared(b.buffer));
 }
 
 /** Whether options.out may share memory with one of `inputs` (then it is written only after every input was read). */
-export function outMayShareInput(p: { out: Float32Array | null }, inputs: Float32Array[]): boolean {
+export function outMayShareInput(p: { out: Float32Array | null }, inputs: TypedArray[]): boolean {
   const out = p.out;
   return out !== null && inputs.some((input) => mayOverlap(input, out));
 }
+
+/**
+ * The caller's arrays runSlices reads slice by slice, after earlier slices' outputs were written:
+ * Q, K, V and the mask (the other small inputs are checked copies, copied in whole first).
+ */
+const readBySlice = (p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): TypedArray[] =>
+  p.mask === null ? [q, k, v] : [q, k, v, p.mask.data];
 
 /**
  * Whether sdpa() streams this decode (runStreamedDecode): K and V of at least STREAM_MIN_BYTES
@@ -88,12 +95,12 @@ function streamsDecode(engines: Engines, p: Plan, k: Float32Array, v: Float32Arr
 function streamsPrefill(engines: Engines, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): boolean {
   if (p.layout !== 'bhsd' || p.weightsDims !== null || p.lseDims !== null) return false;
   // One (batch, KV head)'s Q rows, K, V and output. Not streamed when `out` may share memory
-  // with an input (runSlices would then compute into an array of its own and copy it into
-  // `out` at the end: no gain).
+  // with an input or the mask (runSlices would then compute into an array of its own and copy
+  // it into `out` at the end: no gain).
   const pairBytes = 4 * ((p.qHeads / p.kvHeads) * (p.q.h + p.o.h) + p.k.h + p.v.h);
   return engines.threads === 1 && p.batch * p.kvHeads > 1 &&
     q.byteLength + k.byteLength + v.byteLength >= PREFILL_STREAM_MIN_BYTES && pairBytes <= PREFILL_STREAM_MAX_PAIR_BYTES &&
-    !outMayShareInput(p, [q, k, v]);
+    !outMayShareInput(p, readBySlice(p, q, k, v));
 }
 
 /**
@@ -103,15 +110,32 @@ function streamsPrefill(engines: Engines, p: Plan, q: Float32Array, k: Float32Ar
  * threads). Every way gives the same bits.
  */
 export function runSdpa(engines: Engines, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): SdpaResult {
+  // The streamed ways where they gain, if they fit (a streamed decode copies Q, the output and
+  // the mask whole); else the whole copy, or slices.
   if (streamsDecode(engines, p, k, v)) {
-    return runStreamedDecode(new CallMemory(engines.single ?? engines.main, engines.account, p.fn), p, q, k, v);
+    const memory = new CallMemory(engines.single ?? engines.main, engines.account, p.fn);
+    const streamed = planStreamedDecode(memory.module, p, q);
+    if (memory.fits(streamed.request)) return runStreamedDecode(memory, p, q, k, v, streamed);
   }
   const memory = new CallMemory(engines.main, engines.account, p.fn);
-  if (streamsPrefill(engines, p, q, k, v)) return runSlices(memory, 1, p, q, k, v, { batches: 1, kvHeads: 1 });
+  if (streamsPrefill(engines, p, q, k, v)) {
+    const pairs = planSlices(memory.module, 1, p, { batches: 1, kvHeads: 1 });
+    if (memory.fits(pairs.request)) return runSlices(memory, 1, p, q, k, v, pairs);
+  }
   const desc = describeProblem(p);
   const whole = planWhole(memory.module, engines.threads, p, desc, q.byteLength, { key: k.byteLength, value: v.byteLength });
-  if (p.batch * p.kvHeads === 1 || memory.fits(whole.request)) return runCopied(memory, engines.threads, p, desc, whole, q, k, v);
-  return runSlices(memory, engines.threads, p, q, k, v, sliceShapeThatFits(memory, engines.threads, p));
+  const copied = () => runCopied(memory, engines.threads, p, desc, whole, q, k, v);
+  if (p.batch * p.kvHeads === 1 || memory.fits(whole.request)) return copied();
+  // The largest slices (sliceCandidates) that fit, else whichever way needs the least (whose
+  // refusal names that): smaller slices may need more scratch than larger ones, or the whole copy.
+  const threads = engines.threads;
+  return memory.firstThatFits((function* ways() {
+    for (const shape of sliceCandidates(p, false)) {
+      const slices = planSlices(memory.module, threads, p, shape);
+      yield { request: slices.request, run: () => runSlices(memory, threads, p, q, k, v, slices) };
+    }
+    yield { request: whole.request, run: copied };
+  })()).run();
 }
 
 /** The kernel's view of a validated problem (float32 K/V); addresses are filled in once allocated. */
@@ -286,26 +310,34 @@ function pairProblem(p: Plan, desc: ProblemDesc): ProblemDesc {
  * in the core's cache; the segments' partial softmax states are merged per (batch, KV head).
  * Runs on one thread (the copies in between are serial).
  */
+/** runStreamedDecode's blocks: Q, one segment of K and of V, the output, the scratch and partials, the small inputs. */
+function planStreamedDecode(module: SdpaModule, p: Plan, q: Float32Array) {
+  const desc = describeProblem(p);
+  const pairDesc = pairProblem(p, desc);
+  const segmentKeys = module.segmentKeys();
+  const pairArg = problemArg(module, pairDesc);
+  const scratchFloats = module.segmentScratchFloats(pairArg);
+  const request = {
+    query: q.byteLength,
+    // Each segment's copy is placed in its block by placeCopy(), away from its source modulo 4 KiB.
+    key: Math.min(segmentKeys, p.kvLen) * p.headDim * 4 + COPY_PLACEMENT_SLACK,
+    value: Math.min(segmentKeys, p.kvLen) * p.valueDim * 4 + COPY_PLACEMENT_SLACK,
+    output: p.outputSize * 4,
+    scratch: scratchFloats * 4,
+    partials: module.segmentPartialsFloats(pairArg) * 4,
+    ...smallInputBytes(p),
+  };
+  return { desc, pairDesc, segmentKeys, scratchFloats, request };
+}
+
 export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, k: Float32Array,
-  v: Float32Array): SdpaResult {
+  v: Float32Array, plan: ReturnType<typeof planStreamedDecode>): SdpaResult {
   try {
     const module = memory.module;
-    const desc = describeProblem(p);
-    const pairDesc = pairProblem(p, desc);
-    const segmentKeys = module.segmentKeys();
-    // The pair's description, written once: nothing below writes the block again.
+    const { desc, pairDesc, segmentKeys, scratchFloats } = plan;
+    const at = memory.allocate(plan.request);
+    // The pair's description, written once (after the allocation): nothing below writes the block again.
     const pairArg = problemArg(module, pairDesc);
-    const scratchFloats = module.segmentScratchFloats(pairArg);
-    const at = memory.allocate({
-      query: q.byteLength,
-      // Each segment's copy is placed in its block by placeCopy(), away from its source modulo 4 KiB.
-      key: Math.min(segmentKeys, p.kvLen) * p.headDim * 4 + COPY_PLACEMENT_SLACK,
-      value: Math.min(segmentKeys, p.kvLen) * p.valueDim * 4 + COPY_PLACEMENT_SLACK,
-      output: p.outputSize * 4,
-      scratch: scratchFloats * 4,
-      partials: module.segmentPartialsFloats(pairArg) * 4,
-      ...smallInputBytes(p),
-    });
     const { scratch, partials } = at;
     desc.query = at.query;
     desc.output = at.output;
@@ -360,14 +392,7 @@ function planSlices(module: SdpaModule, threads: number, p: Plan, shape: SliceSh
     weights: p.weightsDims !== null ? 4 * rows * p.kvLen : 0, logSumExp: p.lseDims !== null ? 4 * rows : 0,
     scratch: 4 * scratchFloats, ...smallInputBytes(p), attnMask: maskSpanBytes(p, shape.batches, heads),
   };
-  return { desc, sliceDesc, scratchFloats, request };
-}
-
-/** The largest slices (sliceCandidates) that fit within the memory limits, else the smallest (whose refusal runSlices reports). */
-function sliceShapeThatFits(memory: CallMemory, threads: number, p: Plan): SliceShape {
-  const candidates = sliceCandidates(p, false);
-  return candidates.find((shape) => memory.fits(planSlices(memory.module, threads, p, shape).request)) ??
-    candidates[candidates.length - 1];
+  return { shape, desc, sliceDesc, scratchFloats, request };
 }
 
 /**
@@ -377,20 +402,20 @@ function sliceShapeThatFits(memory: CallMemory, threads: number, p: Plan): Slice
  * and the fallback of calls whose whole copy would not fit.
  */
 function runSlices(memory: CallMemory, threads: number, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array,
-  shape: SliceShape): SdpaResult {
+  plan: ReturnType<typeof planSlices>): SdpaResult {
   try {
     const module = memory.module;
-    const { desc, sliceDesc, scratchFloats, request } = planSlices(module, threads, p, shape);
+    const { shape, desc, sliceDesc, scratchFloats, request } = plan;
     const at = memory.allocate(request, slicePurpose(p, shape));
     copySmallInputs(memory, p, desc, at, false);
     Object.assign(sliceDesc, {
       query: at.query, key: at.key, value: at.value, output: at.output, weights: at.weights, logsumexp: at.logSumExp,
     });
     const masks = new SliceMasks(p, at.attnMask);
-    // Into `out` straight, unless it may share memory with an input: a slice's output would be
-    // written before later slices' inputs are read, so then into an array of its own, copied
-    // into out at the end.
-    const outShared = outMayShareInput(p, [q, k, v]);
+    // Into `out` straight, unless it may share memory with an input or the mask: a slice's
+    // output would be written before later slices' inputs are read, so then into an array of
+    // its own, copied into out at the end.
+    const outShared = outMayShareInput(p, readBySlice(p, q, k, v));
     const output = p.out !== null && !outShared ? p.out : new Float32Array(p.outputSize);
     const weights = p.weightsDims !== null ? new Float32Array(p.weightsSize) : null;
     const lse = p.lseDims !== null ? new Float32Array(p.lseSize) : null;

@@ -237,25 +237,35 @@ const chunkedAnyway = (threads: number, inputs: Float32Array[]) =>
  */
 const CHUNK_BYTES_TRIED = [...Array.from({ length: 7 }, (_, i) => CHUNK_MAX_BYTES / 2 ** i), 0];
 
+/** A way of running a call: the blocks it requests, and the run. */
+interface Way<R> {
+  request: ByteRequest;
+  run: () => R;
+}
+
 /**
- * The plan of the first chunk size (CHUNK_BYTES_TRIED) whose blocks fit within the memory
- * limits, or of the last (whose allocation then refuses, naming its blocks).
+ * Runs the first chunk size (CHUNK_BYTES_TRIED; `chunking(bytes)` plans it) whose blocks fit
+ * within the memory limits, else whichever way needs the least, `others` (the whole copy)
+ * included: its allocation then refuses, naming its blocks.
  */
-function firstChunkingThatFits<T extends { request: ByteRequest }>(memory: CallMemory, plan: (chunkBytes: number) => T): T {
-  let planned: T | undefined;
-  for (const chunkBytes of CHUNK_BYTES_TRIED) {
-    planned = plan(chunkBytes);
-    if (memory.fits(planned.request)) break;
-  }
-  return planned as T;
+function runFirstChunkingThatFits<R>(memory: CallMemory, chunking: (chunkBytes: number) => Way<R>, others: Way<R>[] = []): R {
+  return memory.firstThatFits((function* ways() {
+    for (const chunkBytes of CHUNK_BYTES_TRIED) yield chunking(chunkBytes);
+    yield* others;
+  })()).run();
 }
 
 /** sdpaVarlen(): chunked on one thread when large, or when the whole copy would not fit; else whole. */
 export function runVarlen(memory: CallMemory, threads: number, p: VarlenPlan): SdpaResult {
-  const chunked = (t: number) => runChunked(memory, t, p, firstChunkingThatFits(memory, (bytes) => planChunked(memory, t, p, bytes)));
-  if (chunkedAnyway(threads, [p.queryData, p.keyData, p.valueData])) return chunked(1);
+  const chunking = (t: number) => (bytes: number): Way<SdpaResult> => {
+    const plan = planChunked(memory, t, p, bytes);
+    return { request: plan.request, run: () => runChunked(memory, t, p, plan) };
+  };
+  if (chunkedAnyway(threads, [p.queryData, p.keyData, p.valueData])) return runFirstChunkingThatFits(memory, chunking(1));
   const whole = planWhole(memory, threads, p);
-  return memory.fits(whole.request) ? runWhole(memory, threads, p, whole) : chunked(threads);
+  const copied = () => runWhole(memory, threads, p, whole);
+  return memory.fits(whole.request) ? copied() :
+    runFirstChunkingThatFits(memory, chunking(threads), [{ request: whole.request, run: copied }]);
 }
 
 /** A run of whole sequences [first, end) and their rows [q0, q1) and keys [k0, k1). */
@@ -460,25 +470,17 @@ function runWhole(memory: CallMemory, threads: number, p: VarlenPlan, plan: Retu
  */
 export function runVarlenBackward(memory: CallMemory, threads: number, bp: VarlenBackwardPlan): SdpaBackwardResult {
   const p = bp.forward;
-  const chunked = (t: number) =>
-    runBackwardChunked(memory, t, bp, firstChunkingThatFits(memory, (bytes) => planBackwardChunked(memory, t, bp, bytes)));
-  if (chunkedAnyway(threads, [p.queryData, p.keyData, p.valueData, bp.gradOutput])) return chunked(1);
+  const chunking = (t: number) => (bytes: number): Way<SdpaBackwardResult> => {
+    const plan = planBackwardChunked(memory, t, bp, bytes);
+    return { request: plan.request, run: () => runBackwardChunked(memory, t, bp, plan) };
+  };
+  if (chunkedAnyway(threads, [p.queryData, p.keyData, p.valueData, bp.gradOutput])) return runFirstChunkingThatFits(memory, chunking(1));
   const whole = planBackwardWhole(memory, threads, bp);
-  return memory.fits(whole.request) ? runBackwardWhole(memory, threads, bp, whole) : chunked(threads);
+  const copied = () => runBackwardWhole(memory, threads, bp, whole);
+  return memory.fits(whole.request) ? copied() :
+    runFirstChunkingThatFits(memory, chunking(threads), [{ request: whole.request, run: copied }]);
 }
 
-/**
- * sdpaVarlenBackward() chunk by chunk, each chunk on `threads` threads: per chunk its Q, K, V, dO copied in, O and
- * lse copied in (options.saved) or computed by forward_packed() on the chunk (each sequence
- * alone: the bits of the whole call's), backward_packed(), its dQ, dK, dV rows copied out.
- * Each sequence's dSinks is kept (d_sinks_by_sequence) and they are added as backward_packed()
- * adds them (src/sdpa-packed.h: in double, in sequence order, rounded once), so dSinks too has
- * the whole call's bits. A gradient goes straight into its out array where that is written (not
- * added to) and shares no memory with an input (later chunks still read the inputs), else into
- * an array of its own, written or added to out at the end (gradientResult). Measured on the
- * bench's batches (AMD EPYC Zen 5, docs/performance-log.md): the whole copy's time, with the
- * memory of the largest chunk instead of the batch's.
- */
 /** runBackwardChunked's chunks of at most `chunkBytes` (or a sequence) and their blocks. */
 function planBackwardChunked(memory: CallMemory, threads: number, bp: VarlenBackwardPlan, chunkBytes: number) {
   const p = bp.forward;
@@ -507,6 +509,18 @@ function planBackwardChunked(memory: CallMemory, threads: number, bp: VarlenBack
   return { n, chunks, desc, grad, backwardFloats, forwardFloats, request };
 }
 
+/**
+ * sdpaVarlenBackward() chunk by chunk, each chunk on `threads` threads: per chunk its Q, K, V, dO copied in, O and
+ * lse copied in (options.saved) or computed by forward_packed() on the chunk (each sequence
+ * alone: the bits of the whole call's), backward_packed(), its dQ, dK, dV rows copied out.
+ * Each sequence's dSinks is kept (d_sinks_by_sequence) and they are added as backward_packed()
+ * adds them (src/sdpa-packed.h: in double, in sequence order, rounded once), so dSinks too has
+ * the whole call's bits. A gradient goes straight into its out array where that is written (not
+ * added to) and shares no memory with an input (later chunks still read the inputs), else into
+ * an array of its own, written or added to out at the end (gradientResult). Measured on the
+ * bench's batches (AMD EPYC Zen 5, docs/performance-log.md): the whole copy's time, with the
+ * memory of the largest chunk instead of the batch's.
+ */
 function runBackwardChunked(memory: CallMemory, threads: number, bp: VarlenBackwardPlan,
   plan: ReturnType<typeof planBackwardChunked>): SdpaBackwardResult {
   const p = bp.forward;

@@ -213,6 +213,36 @@ describe('createAttention({ maxMemoryBytes })', () => {
     }
   });
 
+  test('near the module\'s 2 GiB, a request is asked of malloc before it counts as fitting (static data, stack and fragmentation count too)', async () => {
+    // MemoryAccount against a stand-in module whose memory is grown to 2 GiB: the sum of the
+    // bytes in use and the request fits, but malloc decides. (A real instance reached this in a
+    // review: a call within 4 MB of what the sum left threw "cannot allocate" instead of running
+    // in slices, which CallMemory.fits() chooses when refusal() says so.)
+    const { MemoryAccount } = await import('../../dist/memory.js');
+    const calls = [];
+    const module = (mallocResult) => ({
+      HEAPU8: { length: GIB2 - 4096 }, heapBytesInUse: () => GIB2 - 2 ** 20,
+      _malloc: (bytes) => { calls.push(['malloc', bytes]); return mallocResult; },
+      _free: (address) => calls.push(['free', address]),
+    });
+    const account = new MemoryAccount();
+    const request = { query: 100000, scratch: 1000 };  // 101,000 bytes: within the sum's 1 MiB
+    expect(account.refusal(module(0), 'sdpa', request, 101000, ' to run one (batch, KV head) at a time')).toBe(
+      'sdpa: needs 101000 bytes of wasm memory to run one (batch, KV head) at a time (query 100000 bytes + scratch 1000 bytes), ' +
+      `more than is left: the module's memory is limited to 2 GiB (${GIB2} bytes), of which ${GIB2 - 2 ** 20} are in use (no free block of that size)`);
+    // allocateAll's block: each part padded to 64 bytes, and 56 bytes to reach the first boundary.
+    expect(calls).toEqual([['malloc', 100032 + 1024 + 56]]);
+    calls.length = 0;
+    expect(account.refusal(module(4096), 'sdpa', request, 101000)).toBeNull();
+    expect(calls).toEqual([['malloc', 101112], ['free', 4096]]);
+    // Past the sum, refused without asking; far from 2 GiB, fits without asking.
+    calls.length = 0;
+    expect(account.refusal(module(4096), 'sdpa', { query: 2 ** 20 + 1 }, 2 ** 20 + 1)).toMatch(/of which \d+ are in use$/);
+    expect(account.refusal({ ...module(4096), HEAPU8: { length: 2 ** 24 } }, 'sdpa', request, 101000)).toBeNull();
+    expect(calls).toEqual([]);
+    expect(account.bytesInUse).toBe(0);
+  });
+
   test('through a worker: the limit holds there, refusals are the same RangeError, worker.memory() reports it', async () => {
     const worker = await createAttentionWorker({ threads: 1, maxMemoryBytes: LIMIT });
     const attn = await createAttention({ threads: 1, maxMemoryBytes: LIMIT });
@@ -322,11 +352,11 @@ describe('sdpa() past maxMemoryBytes runs a slice of batches and KV heads at a t
     }
   });
 
-  test('into out, and into an out that is an input (then written after every slice was read)', async () => {
-    const limit = 640 * 1024;
+  test('into out, and into an out that is an input or overlaps the mask (then written after every slice was read)', async () => {
+    const limit = 1024 * 1024;
     const attn = await createAttention({ threads: 2, maxMemoryBytes: limit });
     try {
-      const L = 300;
+      const L = 420;  // Q, K and V of 2.15 MB: on one thread, a prefill streamed a (batch, KV head) at a time
       const square = { q: randomTensor([B, Hq, L, E], 405), k: randomTensor([B, Hkv, L, E], 406), v: randomTensor([B, Hkv, L, E], 407) };
       const options = { isCausal: true, attnMask: floatMask([B, 1, 1, L]) };
       const { result, peak } = await unlimited(square.q, square.k, square.v, options);
@@ -338,9 +368,48 @@ describe('sdpa() past maxMemoryBytes runs a slice of batches and KV heads at a t
       const inPlace = { data: square.q.data.slice(), dims: square.q.dims };
       expect(attn.sdpa(inPlace, square.k, square.v, { ...options, out: inPlace.data }).output.data).toBe(inPlace.data);
       expectBitwiseEqual(inPlace.data, expected);
+      // out in the same buffer as a bool mask [B, Hq, L, L] (read slice by slice), its first half
+      // over the mask's last bytes (the last batch's, which the first slices' outputs would
+      // overwrite before the last slices read them): on this limited instance (slices), and on an unlimited
+      // one-thread instance (whose large prefill streams one (batch, KV head) at a time, runSlices too).
+      const maskDims = [B, Hq, L, L], maskSize = B * Hq * L * L;
+      const mask = boolMask(maskDims);
+      const withMask = (await unlimited(square.q, square.k, square.v, { attnMask: mask })).result.output.data;
+      const single = await createAttention({ threads: 1 });
+      try {
+        for (const instance of [attn, single]) {
+          const outBytes = expected.length * 4;
+          const buffer = new ArrayBuffer(maskSize + outBytes / 2);
+          const overlapping = { data: new Uint8Array(buffer, 0, maskSize), dims: maskDims };
+          overlapping.data.set(mask.data);
+          const out = new Float32Array(buffer, maskSize - outBytes / 2, expected.length);
+          instance.sdpa(square.q, square.k, square.v, { attnMask: overlapping, out });
+          expectBitwiseEqual(out, withMask);
+        }
+      } finally {
+        single.dispose();
+      }
       expect(attn.memory().peakBytes).toBeLessThanOrEqual(limit);
     } finally {
       attn.dispose();
+    }
+  });
+
+  test('a large decode (K + V >= 4 MiB, streamed where it fits) whose streamed way passes the limit (its whole mask) runs in slices: the same bits', async () => {
+    const Bd = 2, H = 16, Lkd = 8192, Ed = 8;
+    const q1 = randomTensor([Bd, H, 1, Ed], 411), k = randomTensor([Bd, H, Lkd, Ed], 412), v = randomTensor([Bd, H, Lkd, Ed], 413);
+    const options = { attnMask: floatMask([Bd, H, 1, Lkd]) };  // 1 MiB, copied whole by the streamed decode
+    const { result: expected } = await unlimited(q1, k, v, options);
+    const limit = 768 * 1024;
+    for (const threads of [1, 2]) {
+      const attn = await createAttention({ threads, maxMemoryBytes: limit });
+      try {
+        expectBitwiseEqual(attn.sdpa(q1, k, v, options).output.data, expected.output.data);
+        expect(attn.memory().peakBytes).toBeLessThanOrEqual(limit);
+        expect(attn.memory().bytesInUse).toBe(0);
+      } finally {
+        attn.dispose();
+      }
     }
   });
 
@@ -362,6 +431,36 @@ describe('sdpa() past maxMemoryBytes runs a slice of batches and KV heads at a t
     } finally {
       attn.dispose();
       await worker.dispose();
+    }
+  });
+
+  test('a refusal names the least any way of running the call needs: a limit of that many bytes runs it, one byte less is refused (1 to 3 threads)', async () => {
+    // Few (batch, KV head) pairs for the threads: a smaller slice may need more scratch than a
+    // larger one, or than the whole copy (the backward then splits each pair's keys and rows).
+    const p = smallProblem(420, { B: 4, Hq: 5, Hkv: 5, Lq: 1, Lk: 1, E: 2, Ev: 20 });
+    const gradOutput = randomTensor([4, 5, 1, 20], 424);
+    const calls = {
+      sdpa: (attn) => attn.sdpa(p.query, p.key, p.value),
+      sdpaBackward: (attn) => attn.sdpaBackward(p.query, p.key, p.value, gradOutput),
+    };
+    for (const threads of [1, 2, 3]) {
+      for (const [name, call] of Object.entries(calls)) {
+        const needs = async (limit) => {
+          const attn = await createAttention({ threads, maxMemoryBytes: limit });
+          try {
+            const error = await errorOf(() => call(attn));
+            expect(attn.memory().bytesInUse).toBe(0);
+            if (error === undefined) return null;
+            expectError(error, RangeError, [new RegExp(`^${name}: needs \\d+ bytes of wasm memory`)]);
+            return Number(/needs (\d+) bytes/.exec(error.message)[1]);
+          } finally {
+            attn.dispose();
+          }
+        };
+        const least = await needs(64);
+        expect([threads, name, await needs(least)]).toEqual([threads, name, null]);
+        expect([threads, name, await needs(least - 1)]).toEqual([threads, name, least]);
+      }
     }
   });
 
