@@ -10,7 +10,7 @@
 // then backward(). Both give the same bits. Every block is requested at once (refused before
 // allocating past the instance's limit) and freed on every path.
 import { backwardArg, problemArg } from './kernel-args.js';
-import { CallMemory } from './memory.js';
+import { type CallMemory, runFirstThatFits, type Way } from './memory.js';
 import {
   copySlice, denseStrides, maskSpanBytes, problemOfSlice, sliceCandidates, SliceMasks, sliceProblem, slicePurpose,
   sliceShapes, slicesOf, type SliceShape,
@@ -48,19 +48,16 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
   v: Float32Array): SdpaBackwardResult {
   const p = bp.forward;
   const whole = planBackwardWhole(memory.module, threads, bp, q, k, v);
-  const candidates = bp.maskGrad ? [] : sliceCandidates(p, p.sinks !== null);
-  const copied = () => runBackwardWhole(memory, threads, bp, q, k, v, whole);
-  if (candidates.length === 0 || memory.fits(whole.request)) return copied();
-  // The largest slices that fit, else whichever way needs the least (whose refusal names that):
-  // smaller slices may need more scratch than larger ones (fewer pairs than threads split
-  // otherwise), or than the whole copy.
-  return memory.firstThatFits((function* ways() {
-    for (const shape of candidates) {
+  // The whole copy, then the largest slices that fit, else whichever way needs the least (whose
+  // refusal names that): smaller slices may need more scratch than larger ones (with fewer pairs
+  // than threads, the backward splits each pair's keys and rows).
+  return runFirstThatFits((function* ways(): Generator<Way<SdpaBackwardResult>> {
+    yield { memory, request: whole.request, run: () => runBackwardWhole(memory, threads, bp, q, k, v, whole) };
+    for (const shape of bp.maskGrad ? [] : sliceCandidates(p, p.sinks !== null)) {
       const slices = planBackwardSlices(memory.module, threads, bp, shape);
-      yield { request: slices.request, run: () => runBackwardSlices(memory, threads, bp, q, k, v, slices) };
+      yield { memory, request: slices.request, run: () => runBackwardSlices(memory, threads, bp, q, k, v, slices) };
     }
-    yield { request: whole.request, run: copied };
-  })()).run();
+  })());
 }
 
 /** runBackwardWhole's blocks. */

@@ -257,22 +257,6 @@ export class CallMemory {
     return this.#account.refusal(this.#module, this.#fn, request, bytes) === null;
   }
 
-  /**
-   * The first of `plans` (a call's ways of running, from the one it prefers, made as they are
-   * needed) whose request fits(), else the one whose request is the least (whose refusal then
-   * names the least the call needs: a smaller part may need more scratch than a larger one).
-   */
-  firstThatFits<T extends { request: ByteRequest }>(plans: Iterable<T>): T {
-    let least: T | undefined, leastBytes = Infinity;
-    for (const plan of plans) {
-      if (this.fits(plan.request)) return plan;
-      const bytes = Object.values(plan.request).reduce((sum, b) => sum + b, 0);
-      if (bytes < leastBytes) [least, leastBytes] = [plan, bytes];
-    }
-    if (least === undefined) throw new Error(`${this.#fn}: internal error: no way to run the call was planned`);
-    return least;
-  }
-
   get module(): SdpaModule {
     return this.#module;
   }
@@ -289,4 +273,28 @@ export class CallMemory {
     this.#account.remove(this.#bytes);
     this.#bytes = 0;
   }
+}
+
+/** One way of running a call: its blocks (requested from `memory`) and the run, which makes that request. */
+export interface Way<R> {
+  memory: CallMemory;
+  request: ByteRequest;
+  run: () => R;
+}
+
+/**
+ * Runs the first of `ways` (a call's ways of running, from the one it prefers, made as they are
+ * needed) whose request fits (CallMemory.fits), else the one whose request is the least: its
+ * allocation then refuses, naming the least the call needs (a smaller part may need more scratch
+ * than a larger one).
+ */
+export function runFirstThatFits<R>(ways: Iterable<Way<R>>): R {
+  let least: Way<R> | undefined, leastBytes = Infinity;
+  for (const way of ways) {
+    if (way.memory.fits(way.request)) return way.run();
+    const bytes = Object.values(way.request).reduce((sum, b) => sum + b, 0);
+    if (bytes < leastBytes) [least, leastBytes] = [way, bytes];
+  }
+  if (least === undefined) throw new Error('sdpa-wasm: internal error: no way to run the call was planned');
+  return least.run();
 }

@@ -13,7 +13,7 @@
 // before any is allocated if the instance's limit would be passed) and free them on every path
 // (CallMemory in try/finally).
 import { problemAddressesArg, problemArg } from './kernel-args.js';
-import { CallMemory, COPY_PLACEMENT_SLACK, placeCopy, type MemoryAccount } from './memory.js';
+import { CallMemory, COPY_PLACEMENT_SLACK, placeCopy, runFirstThatFits, type MemoryAccount, type Way } from './memory.js';
 import { sharesBytes, type TypedArray } from './typed-arrays.js';
 import type { ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 import type { SdpaResult } from './types.js';
@@ -110,32 +110,29 @@ function streamsPrefill(engines: Engines, p: Plan, q: Float32Array, k: Float32Ar
  * threads). Every way gives the same bits.
  */
 export function runSdpa(engines: Engines, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): SdpaResult {
-  // The streamed ways where they gain, if they fit (a streamed decode copies Q, the output and
-  // the mask whole); else the whole copy, or slices.
-  if (streamsDecode(engines, p, k, v)) {
-    const memory = new CallMemory(engines.single ?? engines.main, engines.account, p.fn);
-    const streamed = planStreamedDecode(memory.module, p, q);
-    if (memory.fits(streamed.request)) return runStreamedDecode(memory, p, q, k, v, streamed);
-  }
-  const memory = new CallMemory(engines.main, engines.account, p.fn);
-  if (streamsPrefill(engines, p, q, k, v)) {
-    const pairs = planSlices(memory.module, 1, p, { batches: 1, kvHeads: 1 });
-    if (memory.fits(pairs.request)) return runSlices(memory, 1, p, q, k, v, pairs);
-  }
-  const desc = describeProblem(p);
-  const whole = planWhole(memory.module, engines.threads, p, desc, q.byteLength, { key: k.byteLength, value: v.byteLength });
-  const copied = () => runCopied(memory, engines.threads, p, desc, whole, q, k, v);
-  if (p.batch * p.kvHeads === 1 || memory.fits(whole.request)) return copied();
-  // The largest slices (sliceCandidates) that fit, else whichever way needs the least (whose
-  // refusal names that): smaller slices may need more scratch than larger ones, or the whole copy.
-  const threads = engines.threads;
-  return memory.firstThatFits((function* ways() {
-    for (const shape of sliceCandidates(p, false)) {
-      const slices = planSlices(memory.module, threads, p, shape);
-      yield { request: slices.request, run: () => runSlices(memory, threads, p, q, k, v, slices) };
+  // The first way that fits, in this order, else the one that needs the least (whose refusal
+  // names that: a smaller slice may need more scratch than a larger one, or the whole copy).
+  return runFirstThatFits((function* ways(): Generator<Way<SdpaResult>> {
+    // The streamed ways where they gain (a streamed decode copies Q, the output and the mask whole).
+    if (streamsDecode(engines, p, k, v)) {
+      const memory = new CallMemory(engines.single ?? engines.main, engines.account, p.fn);
+      const streamed = planStreamedDecode(memory.module, p, q);
+      yield { memory, request: streamed.request, run: () => runStreamedDecode(memory, p, q, k, v, streamed) };
     }
-    yield { request: whole.request, run: copied };
-  })()).run();
+    const memory = new CallMemory(engines.main, engines.account, p.fn);
+    if (streamsPrefill(engines, p, q, k, v)) {
+      const pairs = planSlices(memory.module, 1, p, { batches: 1, kvHeads: 1 });
+      yield { memory, request: pairs.request, run: () => runSlices(memory, 1, p, q, k, v, pairs) };
+    }
+    // The whole copy, then the largest slices (sliceCandidates).
+    const desc = describeProblem(p);
+    const whole = planWhole(memory.module, engines.threads, p, desc, q.byteLength, { key: k.byteLength, value: v.byteLength });
+    yield { memory, request: whole.request, run: () => runCopied(memory, engines.threads, p, desc, whole, q, k, v) };
+    for (const shape of sliceCandidates(p, false)) {
+      const slices = planSlices(memory.module, engines.threads, p, shape);
+      yield { memory, request: slices.request, run: () => runSlices(memory, engines.threads, p, q, k, v, slices) };
+    }
+  })());
 }
 
 /** The kernel's view of a validated problem (float32 K/V); addresses are filled in once allocated. */
@@ -304,12 +301,6 @@ function pairProblem(p: Plan, desc: ProblemDesc): ProblemDesc {
   return { ...desc, batch: 1, qHeads: p.qHeads / p.kvHeads, kvHeads: 1, kStrideB: 0, kStrideH: 0, vStrideB: 0, vStrideH: 0 };
 }
 
-/**
- * A decode (reads K/V in place) streamed one segment of keys of one (batch, KV head) at a
- * time: each segment is copied into a segment-sized buffer and computed at once, while it is
- * in the core's cache; the segments' partial softmax states are merged per (batch, KV head).
- * Runs on one thread (the copies in between are serial).
- */
 /** runStreamedDecode's blocks: Q, one segment of K and of V, the output, the scratch and partials, the small inputs. */
 function planStreamedDecode(module: SdpaModule, p: Plan, q: Float32Array) {
   const desc = describeProblem(p);
@@ -330,6 +321,12 @@ function planStreamedDecode(module: SdpaModule, p: Plan, q: Float32Array) {
   return { desc, pairDesc, segmentKeys, scratchFloats, request };
 }
 
+/**
+ * A decode (reads K/V in place) streamed one segment of keys of one (batch, KV head) at a
+ * time: each segment is copied into a segment-sized buffer and computed at once, while it is
+ * in the core's cache; the segments' partial softmax states are merged per (batch, KV head).
+ * Runs on one thread (the copies in between are serial).
+ */
 export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, k: Float32Array,
   v: Float32Array, plan: ReturnType<typeof planStreamedDecode>): SdpaResult {
   try {

@@ -12,7 +12,7 @@
 // instance's limit) and freed on every path (CallMemory).
 import { backwardArg, problemAddressesArg, problemArg } from './kernel-args.js';
 import { describeBackward, gradientResult, takeGradients } from './backward.js';
-import { type ByteRequest, type CallMemory, withTemporaryInt32 } from './memory.js';
+import { type CallMemory, runFirstThatFits, type Way, withTemporaryInt32 } from './memory.js';
 import { check, collectResult, copySmallInputs, describeProblem, mayOverlap, smallInputBytes } from './strategies.js';
 import { isInt32Array, lengthOf } from './typed-arrays.js';
 import type { SdpaBackwardResult, SdpaOptions, SdpaResult } from './types.js';
@@ -237,35 +237,29 @@ const chunkedAnyway = (threads: number, inputs: Float32Array[]) =>
  */
 const CHUNK_BYTES_TRIED = [...Array.from({ length: 7 }, (_, i) => CHUNK_MAX_BYTES / 2 ** i), 0];
 
-/** A way of running a call: the blocks it requests, and the run. */
-interface Way<R> {
-  request: ByteRequest;
-  run: () => R;
-}
-
 /**
  * Runs the first chunk size (CHUNK_BYTES_TRIED; `chunking(bytes)` plans it) whose blocks fit
  * within the memory limits, else whichever way needs the least, `others` (the whole copy)
  * included: its allocation then refuses, naming its blocks.
  */
-function runFirstChunkingThatFits<R>(memory: CallMemory, chunking: (chunkBytes: number) => Way<R>, others: Way<R>[] = []): R {
-  return memory.firstThatFits((function* ways() {
+function runFirstChunkingThatFits<R>(chunking: (chunkBytes: number) => Way<R>, others: Way<R>[] = []): R {
+  return runFirstThatFits((function* ways() {
     for (const chunkBytes of CHUNK_BYTES_TRIED) yield chunking(chunkBytes);
     yield* others;
-  })()).run();
+  })());
 }
 
 /** sdpaVarlen(): chunked on one thread when large, or when the whole copy would not fit; else whole. */
 export function runVarlen(memory: CallMemory, threads: number, p: VarlenPlan): SdpaResult {
   const chunking = (t: number) => (bytes: number): Way<SdpaResult> => {
     const plan = planChunked(memory, t, p, bytes);
-    return { request: plan.request, run: () => runChunked(memory, t, p, plan) };
+    return { memory, request: plan.request, run: () => runChunked(memory, t, p, plan) };
   };
-  if (chunkedAnyway(threads, [p.queryData, p.keyData, p.valueData])) return runFirstChunkingThatFits(memory, chunking(1));
+  if (chunkedAnyway(threads, [p.queryData, p.keyData, p.valueData])) return runFirstChunkingThatFits(chunking(1));
   const whole = planWhole(memory, threads, p);
   const copied = () => runWhole(memory, threads, p, whole);
   return memory.fits(whole.request) ? copied() :
-    runFirstChunkingThatFits(memory, chunking(threads), [{ request: whole.request, run: copied }]);
+    runFirstChunkingThatFits(chunking(threads), [{ memory, request: whole.request, run: copied }]);
 }
 
 /** A run of whole sequences [first, end) and their rows [q0, q1) and keys [k0, k1). */
@@ -472,13 +466,13 @@ export function runVarlenBackward(memory: CallMemory, threads: number, bp: Varle
   const p = bp.forward;
   const chunking = (t: number) => (bytes: number): Way<SdpaBackwardResult> => {
     const plan = planBackwardChunked(memory, t, bp, bytes);
-    return { request: plan.request, run: () => runBackwardChunked(memory, t, bp, plan) };
+    return { memory, request: plan.request, run: () => runBackwardChunked(memory, t, bp, plan) };
   };
-  if (chunkedAnyway(threads, [p.queryData, p.keyData, p.valueData, bp.gradOutput])) return runFirstChunkingThatFits(memory, chunking(1));
+  if (chunkedAnyway(threads, [p.queryData, p.keyData, p.valueData, bp.gradOutput])) return runFirstChunkingThatFits(chunking(1));
   const whole = planBackwardWhole(memory, threads, bp);
   const copied = () => runBackwardWhole(memory, threads, bp, whole);
   return memory.fits(whole.request) ? copied() :
-    runFirstChunkingThatFits(memory, chunking(threads), [{ request: whole.request, run: copied }]);
+    runFirstChunkingThatFits(chunking(threads), [{ memory, request: whole.request, run: copied }]);
 }
 
 /** runBackwardChunked's chunks of at most `chunkBytes` (or a sequence) and their blocks. */
