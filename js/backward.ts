@@ -50,9 +50,12 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
   const whole = planBackwardWhole(memory.module, threads, bp, q, k, v);
   // The whole copy, then the largest slices that fit, else whichever way needs the least (whose
   // refusal names that): smaller slices may need more scratch than larger ones (with fewer pairs
-  // than threads, the backward splits each pair's keys and rows).
+  // than threads, the backward splits each pair's keys and rows). The whole copy is tried first
+  // outside the generator, which would cost a small call a few µs (see runSdpa).
+  const copied = () => runBackwardWhole(memory, threads, bp, q, k, v, whole);
+  if (memory.fits(whole.request)) return copied();
   return runFirstThatFits((function* ways(): Generator<Way<SdpaBackwardResult>> {
-    yield { memory, request: whole.request, run: () => runBackwardWhole(memory, threads, bp, q, k, v, whole) };
+    yield { memory, request: whole.request, run: copied };
     for (const shape of bp.maskGrad ? [] : sliceCandidates(p, p.sinks !== null)) {
       const slices = planBackwardSlices(memory.module, threads, bp, shape);
       yield { memory, request: slices.request, run: () => runBackwardSlices(memory, threads, bp, q, k, v, slices) };
