@@ -15,6 +15,8 @@ import type { SdpaModule } from './wasm/sdpa.mjs';
 
 /** The wasm memory limit of every build (-sMAXIMUM_MEMORY=2GB in CMakeLists.txt). */
 export const MAX_WASM_BYTES = 2 ** 31;
+/** Room for malloc beside a block: its chunk headers and memory growth by whole 64 KiB pages. */
+const MALLOC_SLACK = 2 ** 16;
 
 /** Views of the module's current heap. */
 export interface HeapViews {
@@ -61,7 +63,9 @@ export class MemoryAccount {
   /**
    * Throws a RangeError naming `fn`, the `bytes` that `request` adds up to (itemised) and the
    * limit it would pass: this instance's limit, or the module's memory (shared by the instances
-   * on one build) with what is allocated there already. Allocates nothing.
+   * on one build) with what is allocated there already. Keeps nothing allocated (near the
+   * module's 2 GiB it asks malloc for the block and gives it back, which may grow the memory:
+   * take heap views after it).
    */
   check(module: SdpaModule, fn: string, request: ByteRequest, bytes: number, purpose = ''): void {
     const refusal = this.refusal(module, fn, request, bytes, purpose);
@@ -78,9 +82,10 @@ export class MemoryAccount {
       return `${fn}: needs ${bytes} bytes of wasm memory${purpose}${itemised(request)}, more than is left of this instance's ` +
         `limit of ${this.limitBytes} bytes (${limit}), of which ${this.#inUse} are in use`;
     }
-    // The module has at most its memory's size in use: with room for `bytes` beside all of it
-    // there is nothing to ask (the call into the module cost a small call 2% of its time).
-    if (module.HEAPU8.length + bytes <= MAX_WASM_BYTES) return null;
+    // The module has at most its memory's size in use: with room for the block beside all of it
+    // (and MALLOC_SLACK for malloc's headers and its growth in 64 KiB pages) there is nothing
+    // to ask (the call into the module cost a small call 2% of its time).
+    if (module.HEAPU8.length + allocationSpan(request) + MALLOC_SLACK <= MAX_WASM_BYTES) return null;
     const moduleInUse = module.heapBytesInUse();
     const refused = `${fn}: needs ${bytes} bytes of wasm memory${purpose}${itemised(request)}, more than is left: the module's memory ` +
       `is limited to 2 GiB (${MAX_WASM_BYTES} bytes), of which ${moduleInUse} are in use`;
@@ -126,12 +131,6 @@ function paddedBytes(bytes: number): number {
 }
 
 /**
- * The parts of `request` in one block of wasm memory, in the request's order, each starting
- * on a 64-byte boundary; or a RangeError, from account.check() before anything is allocated,
- * or should malloc still fail (a fragmented heap). One malloc, not one per part: a small call's
- * own cost is mostly such bookkeeping.
- */
-/**
  * The bytes of the one malloc block allocateAll() asks for `request`: its parts, each padded to
  * PART_ALIGNMENT, and up to PART_ALIGNMENT - 8 bytes to reach the first boundary (malloc's
  * blocks are 8-byte aligned); 0 when every part is empty.
@@ -142,6 +141,12 @@ function allocationSpan(request: ByteRequest): number {
   return span === 0 ? 0 : span + PART_ALIGNMENT - 8;
 }
 
+/**
+ * The parts of `request` in one block of wasm memory, in the request's order, each starting
+ * on a 64-byte boundary; or a RangeError, from account.check() before anything is allocated,
+ * or should malloc still fail (a fragmented heap). One malloc, not one per part: a small call's
+ * own cost is mostly such bookkeeping.
+ */
 function allocateAll<R extends ByteRequest>(module: SdpaModule, account: MemoryAccount, fn: string,
   request: R, purpose = ''): Allocation<R> {
   let bytes = 0;
@@ -249,8 +254,8 @@ export class CallMemory {
 
   /**
    * Whether allocate(request) would pass the limits (this instance's, the module's memory's),
-   * allocating nothing: for a call with a way to run in less memory (sdpaVarlen's chunks,
-   * sdpa()'s slices of heads).
+   * keeping nothing allocated (see MemoryAccount.refusal: near the module's 2 GiB a trial block,
+   * which may grow the memory): for a call with ways to run in less memory (runFirstThatFits).
    */
   fits(request: ByteRequest): boolean {
     const bytes = Object.values(request).reduce((sum, b) => sum + b, 0);

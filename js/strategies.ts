@@ -133,7 +133,12 @@ export function runSdpa(engines: Engines, p: Plan, q: Float32Array, k: Float32Ar
   const desc = describeProblem(p);
   const whole = planWhole(memory.module, engines.threads, p, desc, q.byteLength, { key: k.byteLength, value: v.byteLength });
   if (memory.fits(whole.request)) return runCopied(memory, engines.threads, p, desc, whole, q, k, v);
-  tried.push({ memory, request: whole.request, run: () => runCopied(memory, engines.threads, p, desc, whole, q, k, v) });
+  tried.push({ memory, request: whole.request, run: () => {
+    // The slices' planning below rewrote the module's ProblemDesc block, which runWhole then
+    // only updates with the addresses (problemAddressesArg): written again first.
+    problemArg(memory.module, desc);
+    return runCopied(memory, engines.threads, p, desc, whole, q, k, v);
+  } });
   return runFirstThatFits((function* ways(): Generator<Way<SdpaResult>> {
     yield* tried;
     for (const shape of sliceCandidates(p, false)) {

@@ -258,8 +258,11 @@ export function runVarlen(memory: CallMemory, threads: number, p: VarlenPlan): S
   if (chunkedAnyway(threads, [p.queryData, p.keyData, p.valueData])) return runFirstChunkingThatFits(chunking(1));
   const whole = planWhole(memory, threads, p);
   const copied = () => runWhole(memory, threads, p, whole);
+  // After the chunks' planning, which rewrote the module's ProblemDesc block that runWhole only
+  // updates with the addresses (problemAddressesArg), the block is written again first.
+  const copiedAfterChunks = () => (problemArg(memory.module, whole.desc), copied());
   return memory.fits(whole.request) ? copied() :
-    runFirstChunkingThatFits(chunking(threads), [{ memory, request: whole.request, run: copied }]);
+    runFirstChunkingThatFits(chunking(threads), [{ memory, request: whole.request, run: copiedAfterChunks }]);
 }
 
 /** A run of whole sequences [first, end) and their rows [q0, q1) and keys [k0, k1). */
