@@ -13,7 +13,7 @@
 import { backwardArg, problemAddressesArg, problemArg } from './kernel-args.js';
 import { describeBackward, gradientResult, takeGradients } from './backward.js';
 import { type CallMemory, runFirstThatFits, type Way, withTemporaryInt32 } from './memory.js';
-import { check, collectResult, copySmallInputs, describeProblem, mayOverlap, smallInputBytes } from './strategies.js';
+import { check, collectResult, copySmallInputs, describeProblem, outMayShareInput, smallInputBytes } from './strategies.js';
 import { isInt32Array, lengthOf } from './typed-arrays.js';
 import type { SdpaBackwardResult, SdpaOptions, SdpaResult } from './types.js';
 import type { ProblemDesc } from './wasm/sdpa.mjs';
@@ -403,7 +403,7 @@ function runChunked(memory: CallMemory, threads: number, p: VarlenPlan, plan: Re
     // Into `out` straight, unless it shares memory with an input: a chunk's output rows would be
     // written before later chunks' rows are read, so then into an array of its own, copied into
     // out at the end.
-    const outShared = p.out !== null && [p.queryData, p.keyData, p.valueData].some((x) => mayOverlap(x, p.out as Float32Array));
+    const outShared = outMayShareInput(p, [p.queryData, p.keyData, p.valueData]);
     const output = p.out !== null && !outShared ? p.out : new Float32Array(p.outputSize);
     const lse = p.lseDims !== null ? new Float32Array(p.lseSize) : null;
     for (const c of chunks) {
@@ -540,7 +540,7 @@ function runBackwardChunked(memory: CallMemory, threads: number, bp: VarlenBackw
     const inputs = [p.queryData, p.keyData, p.valueData, bp.gradOutput, ...(bp.saved !== null ? [bp.saved.output, bp.saved.logSumExp] : [])];
     const destination = (name: 'dQuery' | 'dKey' | 'dValue', length: number) => {
       const target = bp.out[name];
-      const direct = target !== undefined && !bp.accumulate && !inputs.some((x) => mayOverlap(x, target.view));
+      const direct = target !== undefined && !bp.accumulate && !outMayShareInput({ out: target.view }, inputs);
       return direct ? target.view : new Float32Array(length);
     };
     const dQuery = destination('dQuery', p.queryData.length), dKey = destination('dKey', p.keyData.length);
