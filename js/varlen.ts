@@ -12,7 +12,7 @@
 // instance's limit) and freed on every path (CallMemory).
 import { backwardArg, problemAddressesArg, problemArg } from './kernel-args.js';
 import { describeBackward, gradientResult, takeGradients } from './backward.js';
-import { type CallMemory, runFirstThatFits, type Way, withTemporaryInt32 } from './memory.js';
+import { type ByteRequest, type CallMemory, runFirstThatFits, type Way, withTemporaryInt32 } from './memory.js';
 import { check, collectResult, copySmallInputs, describeProblem, outMayShareInput, smallInputBytes } from './strategies.js';
 import { isInt32Array, lengthOf } from './typed-arrays.js';
 import type { SdpaBackwardResult, SdpaOptions, SdpaResult } from './types.js';
@@ -237,32 +237,45 @@ const chunkedAnyway = (threads: number, inputs: Float32Array[]) =>
  */
 const CHUNK_BYTES_TRIED = [...Array.from({ length: 7 }, (_, i) => CHUNK_MAX_BYTES / 2 ** i), 0];
 
+/** A packed call's whole copy: its blocks, its run, and its run after the chunks were planned. */
+interface WholeWay<R> {
+  request: ByteRequest;
+  run: () => R;
+  /** The chunks' planning rewrote the module's argument block, which `run` may expect to hold its description. */
+  runAfterChunksPlanned: () => R;
+}
+
 /**
- * Runs the first chunk size (CHUNK_BYTES_TRIED; `chunking(bytes)` plans it) whose blocks fit
- * within the memory limits, else whichever way needs the least, `others` (the whole copy)
- * included: its allocation then refuses, naming its blocks.
+ * A packed call (forward or backward): in chunks on one thread when its `inputs` are large;
+ * else whole where that fits; else the first chunk size (CHUNK_BYTES_TRIED, `chunking(threads)`
+ * plans each) whose blocks fit, or, where none does, whichever way needs the least, the whole
+ * copy included (its allocation then refuses, naming its blocks). Chunks give the whole copy's bits.
  */
-function runFirstChunkingThatFits<R>(chunking: (chunkBytes: number) => Way<R>, others: Way<R>[] = []): R {
+function runPacked<R>(memory: CallMemory, threads: number, inputs: Float32Array[],
+  chunking: (threads: number) => (chunkBytes: number) => Way<R>, planWholeWay: () => WholeWay<R>): R {
+  const chunkings = (t: number) => (function* ways() {
+    for (const chunkBytes of CHUNK_BYTES_TRIED) yield chunking(t)(chunkBytes);
+  })();
+  if (chunkedAnyway(threads, inputs)) return runFirstThatFits(chunkings(1));
+  const whole = planWholeWay();
+  if (memory.fits(whole.request)) return whole.run();
   return runFirstThatFits((function* ways() {
-    for (const chunkBytes of CHUNK_BYTES_TRIED) yield chunking(chunkBytes);
-    yield* others;
+    yield* chunkings(threads);
+    yield { memory, request: whole.request, run: whole.runAfterChunksPlanned };
   })());
 }
 
 /** sdpaVarlen(): chunked on one thread when large, or when the whole copy would not fit; else whole. */
 export function runVarlen(memory: CallMemory, threads: number, p: VarlenPlan): SdpaResult {
-  const chunking = (t: number) => (bytes: number): Way<SdpaResult> => {
+  return runPacked(memory, threads, [p.queryData, p.keyData, p.valueData], (t) => (bytes) => {
     const plan = planChunked(memory, t, p, bytes);
     return { memory, request: plan.request, run: () => runChunked(memory, t, p, plan) };
-  };
-  if (chunkedAnyway(threads, [p.queryData, p.keyData, p.valueData])) return runFirstChunkingThatFits(chunking(1));
-  const whole = planWhole(memory, threads, p);
-  const copied = () => runWhole(memory, threads, p, whole);
-  // After the chunks' planning, which rewrote the module's ProblemDesc block that runWhole only
-  // updates with the addresses (problemAddressesArg), the block is written again first.
-  const copiedAfterChunks = () => (problemArg(memory.module, whole.desc), copied());
-  return memory.fits(whole.request) ? copied() :
-    runFirstChunkingThatFits(chunking(threads), [{ memory, request: whole.request, run: copiedAfterChunks }]);
+  }, () => {
+    const whole = planWhole(memory, threads, p);
+    const run = () => runWhole(memory, threads, p, whole);
+    // runWhole only updates the block's addresses (problemAddressesArg): written whole again first.
+    return { request: whole.request, run, runAfterChunksPlanned: () => (problemArg(memory.module, whole.desc), run()) };
+  });
 }
 
 /** A run of whole sequences [first, end) and their rows [q0, q1) and keys [k0, k1). */
@@ -467,15 +480,15 @@ function runWhole(memory: CallMemory, threads: number, p: VarlenPlan, plan: Retu
  */
 export function runVarlenBackward(memory: CallMemory, threads: number, bp: VarlenBackwardPlan): SdpaBackwardResult {
   const p = bp.forward;
-  const chunking = (t: number) => (bytes: number): Way<SdpaBackwardResult> => {
+  return runPacked(memory, threads, [p.queryData, p.keyData, p.valueData, bp.gradOutput], (t) => (bytes) => {
     const plan = planBackwardChunked(memory, t, bp, bytes);
     return { memory, request: plan.request, run: () => runBackwardChunked(memory, t, bp, plan) };
-  };
-  if (chunkedAnyway(threads, [p.queryData, p.keyData, p.valueData, bp.gradOutput])) return runFirstChunkingThatFits(chunking(1));
-  const whole = planBackwardWhole(memory, threads, bp);
-  const copied = () => runBackwardWhole(memory, threads, bp, whole);
-  return memory.fits(whole.request) ? copied() :
-    runFirstChunkingThatFits(chunking(threads), [{ memory, request: whole.request, run: copied }]);
+  }, () => {
+    const whole = planBackwardWhole(memory, threads, bp);
+    // runBackwardWhole writes its descriptions whole.
+    const run = () => runBackwardWhole(memory, threads, bp, whole);
+    return { request: whole.request, run, runAfterChunksPlanned: run };
+  });
 }
 
 /** runBackwardChunked's chunks of at most `chunkBytes` (or a sequence) and their blocks. */
