@@ -258,7 +258,8 @@ export class CallMemory {
    * which may grow the memory): for a call with ways to run in less memory (runFirstThatFits).
    */
   fits(request: ByteRequest): boolean {
-    const bytes = Object.values(request).reduce((sum, b) => sum + b, 0);
+    let bytes = 0;
+    for (const what in request) bytes += request[what];  // no array: on every call's path
     return this.#account.refusal(this.#module, this.#fn, request, bytes) === null;
   }
 

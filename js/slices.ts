@@ -4,7 +4,8 @@
 // on any number of threads, so running a call slice by slice gives the whole call's bits
 // (sdpa()'s forward, strategies.ts runSlices; sdpaBackward's, backward.ts runBackwardSlices).
 // Each tensor's slice is copied into a block of its own, dense in the call's layout: in 'bhsd'
-// one run of n·L·D floats per batch, in 'bshd' one run of n·D floats per (batch, position).
+// one run of n·L·D floats per batch, in 'bshd' one run of n·D floats per (batch, position);
+// a KV cache's K/V are read in place instead (KVCache.attend, strategies.ts runResident).
 // The small per-batch and per-head inputs (causal offsets, key lengths and starts, sinks, ALiBi
 // slopes) stay whole in wasm memory, their addresses moved to the slice's first batch and head;
 // the mask's elements the slice reads (maskSpan) are copied for it; the dropout mask's batch and
@@ -137,18 +138,20 @@ export class SliceMasks {
 }
 
 /**
- * The slice problem of `shape` cut from `desc` (the whole call's): its counts and dense strides.
+ * The slice problem of `shape` cut from `desc` (the whole call's): its counts and dense strides,
+ * or with `keyValueInPlace` (a KV cache's storage, read where it is) K/V keep `desc`'s strides.
  * Its addresses (tensors, and sliceInputs()'s) are set per slice.
  */
-export function sliceProblem(p: Plan, desc: ProblemDesc, shape: SliceShape): ProblemDesc {
+export function sliceProblem(p: Plan, desc: ProblemDesc, shape: SliceShape, keyValueInPlace = false): ProblemDesc {
   const heads = shape.kvHeads * (p.qHeads / p.kvHeads);
   const q = layoutStrides(p.layout, heads, p.qLen, p.headDim), o = layoutStrides(p.layout, heads, p.qLen, p.valueDim);
-  const k = layoutStrides(p.layout, shape.kvHeads, p.kvLen, p.headDim), v = layoutStrides(p.layout, shape.kvHeads, p.kvLen, p.valueDim);
-  return {
+  const slice = {
     ...desc, batch: shape.batches, qHeads: heads, kvHeads: shape.kvHeads,
-    qStrideB: q.b, qStrideH: q.h, qStrideL: q.l, kStrideB: k.b, kStrideH: k.h, kStrideL: k.l,
-    vStrideB: v.b, vStrideH: v.h, vStrideL: v.l, oStrideB: o.b, oStrideH: o.h, oStrideL: o.l,
+    qStrideB: q.b, qStrideH: q.h, qStrideL: q.l, oStrideB: o.b, oStrideH: o.h, oStrideL: o.l,
   };
+  if (keyValueInPlace) return slice;
+  const k = layoutStrides(p.layout, shape.kvHeads, p.kvLen, p.headDim), v = layoutStrides(p.layout, shape.kvHeads, p.kvLen, p.valueDim);
+  return { ...slice, kStrideB: k.b, kStrideH: k.h, kStrideL: k.l, vStrideB: v.b, vStrideH: v.h, vStrideL: v.l };
 }
 
 /**
@@ -156,8 +159,9 @@ export function sliceProblem(p: Plan, desc: ProblemDesc, shape: SliceShape): Pro
  * slice, one of its own; its small inputs' fields set (sliceInputs), its tensors' addresses as
  * sliceDesc's.
  */
-export function problemOfSlice(p: Plan, desc: ProblemDesc, sliceDesc: ProblemDesc, shape: SliceShape, c: Slice): ProblemDesc {
-  const slice = c.batches === shape.batches && c.kvHeads === shape.kvHeads ? sliceDesc : sliceProblem(p, sliceDesc, c);
+export function problemOfSlice(p: Plan, desc: ProblemDesc, sliceDesc: ProblemDesc, shape: SliceShape, c: Slice,
+  keyValueInPlace = false): ProblemDesc {
+  const slice = c.batches === shape.batches && c.kvHeads === shape.kvHeads ? sliceDesc : sliceProblem(p, sliceDesc, c, keyValueInPlace);
   return Object.assign(slice, sliceInputs(p, desc, c.b0, c.firstHead));
 }
 

@@ -6,7 +6,8 @@
 //                      copied in, computed and copied out at a time: one (batch, KV head) on
 //                      one thread for a prefill (each fits in L2), or the largest slices that fit
 //                      where the whole copy would pass the memory limits
-//   runResident        KVCache.attend(): K/V already in wasm memory (the cache), read in place
+//   runResident        KVCache.attend(): K/V already in wasm memory (the cache), read in place;
+//                      past the memory limits in slices too (runSlices, K/V not copied)
 // runSdpa() picks among the first three; every one returns the same bits.
 // All of them copy the small inputs (mask, causal offsets, key lengths and starts, sinks, ALiBi slopes) the same way
 // (smallInputBytes, copySmallInputs), request every block of wasm memory at once (refused
@@ -19,7 +20,7 @@ import type { ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 import type { SdpaResult } from './types.js';
 import {
   copySlice, denseStrides, maskSpanBytes, problemOfSlice, sliceCandidates, SliceMasks, sliceInputs, sliceProblem, slicePurpose,
-  sliceShapes, slicesOf, type SliceShape,
+  sliceShapes, slicesOf, type Slice, type SliceShape,
 } from './slices.js';
 import type { Plan } from './validate.js';
 
@@ -76,10 +77,11 @@ export function outMayShareInput(p: { out: Float32Array | null }, inputs: TypedA
 
 /**
  * The caller's arrays runSlices reads slice by slice, after earlier slices' outputs were written:
- * Q, K, V and the mask (the other small inputs are checked copies, copied in whole first).
+ * Q, K and V (`keyValue`: none where read in place) and the mask (the other small inputs are
+ * checked copies, copied in whole first).
  */
-const readBySlice = (p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): TypedArray[] =>
-  p.mask === null ? [q, k, v] : [q, k, v, p.mask.data];
+const readBySlice = (p: Plan, q: Float32Array, keyValue: Float32Array[]): TypedArray[] =>
+  p.mask === null ? [q, ...keyValue] : [q, ...keyValue, p.mask.data];
 
 /**
  * Whether sdpa() streams this decode (runStreamedDecode): K and V of at least STREAM_MIN_BYTES
@@ -100,7 +102,7 @@ function streamsPrefill(engines: Engines, p: Plan, q: Float32Array, k: Float32Ar
   const pairBytes = 4 * ((p.qHeads / p.kvHeads) * (p.q.h + p.o.h) + p.k.h + p.v.h);
   return engines.threads === 1 && p.batch * p.kvHeads > 1 &&
     q.byteLength + k.byteLength + v.byteLength >= PREFILL_STREAM_MIN_BYTES && pairBytes <= PREFILL_STREAM_MAX_PAIR_BYTES &&
-    !outMayShareInput(p, readBySlice(p, q, k, v));
+    !outMayShareInput(p, readBySlice(p, q, [k, v]));
 }
 
 /**
@@ -126,7 +128,7 @@ export function runSdpa(engines: Engines, p: Plan, q: Float32Array, k: Float32Ar
   const memory = new CallMemory(engines.main, engines.account, p.fn);
   if (streamsPrefill(engines, p, q, k, v)) {
     const pairs = planSlices(memory.module, 1, p, { batches: 1, kvHeads: 1 });
-    const way = { memory, request: pairs.request, run: () => runSlices(memory, 1, p, q, k, v, pairs) };
+    const way = { memory, request: pairs.request, run: () => runSlices(memory, 1, p, q, copiedSlices(p, k, v), pairs) };
     if (fits(way)) return way.run();
   }
   // The whole copy, then the largest slices (sliceCandidates).
@@ -143,7 +145,7 @@ export function runSdpa(engines: Engines, p: Plan, q: Float32Array, k: Float32Ar
     yield* tried;
     for (const shape of sliceCandidates(p, false)) {
       const slices = planSlices(memory.module, engines.threads, p, shape);
-      yield { memory, request: slices.request, run: () => runSlices(memory, engines.threads, p, q, k, v, slices) };
+      yield { memory, request: slices.request, run: () => runSlices(memory, engines.threads, p, q, copiedSlices(p, k, v), slices) };
     }
   })());
 }
@@ -292,21 +294,36 @@ export interface ResidentKeyValue {
   kvType: number;
 }
 
-/** K/V read in place from wasm memory (plan.k / plan.v give their strides); Q copied in. */
+/**
+ * K/V read in place from wasm memory (plan.k / plan.v give their strides); Q copied in whole,
+ * or, when that would pass the memory limits (a long prompt's Q, output or weights beside a
+ * large cache), a slice of batches and KV heads at a time as large as fits (runSlices).
+ */
 export function runResident(memory: CallMemory, threads: number, p: Plan, q: Float32Array,
   kv: ResidentKeyValue): SdpaResult {
-  try {
-    const desc = describeProblem(p);
-    desc.key = kv.key;
-    desc.value = kv.value;
-    desc.kvType = kv.kvType;
-    // Read once per step from main memory, not from a copy still in the core's cache.
-    desc.readKvInOrder = true;
-    const whole = planWhole(memory.module, threads, p, desc, q.byteLength, { key: 0, value: 0 });
-    return runWhole(memory, threads, p, desc, whole, q, () => {});
-  } finally {
-    memory.free();
-  }
+  const desc = describeProblem(p);
+  desc.key = kv.key;
+  desc.value = kv.value;
+  desc.kvType = kv.kvType;
+  // Read once per step from main memory, not from a copy still in the core's cache.
+  desc.readKvInOrder = true;
+  const whole = planWhole(memory.module, threads, p, desc, q.byteLength, { key: 0, value: 0 });
+  const runResidentWhole = () => {
+    try {
+      return runWhole(memory, threads, p, desc, whole, q, () => {});
+    } finally {
+      memory.free();
+    }
+  };
+  if (memory.fits(whole.request)) return runResidentWhole();
+  return runFirstThatFits((function* ways(): Generator<Way<SdpaResult>> {
+    // The slices' planning rewrote the module's ProblemDesc block (see runSdpa): written again first.
+    yield { memory, request: whole.request, run: () => (problemArg(memory.module, desc), runResidentWhole()) };
+    for (const shape of sliceCandidates(p, false)) {
+      const slices = planSlices(memory.module, threads, p, shape, kv);
+      yield { memory, request: slices.request, run: () => runSlices(memory, threads, p, q, residentSlices(p, kv), slices) };
+    }
+  })());
 }
 
 /** The problem of one (batch, KV head): [1, Hq/Hkv, Lq, E] against [1, 1, Lk, E]. */
@@ -389,55 +406,93 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, 
   }
 }
 
-/** The blocks of slices of `shape` (slices.ts): each slice tensor, the slice's mask, the scratch, the other small inputs whole. */
-function planSlices(module: SdpaModule, threads: number, p: Plan, shape: SliceShape) {
+/**
+ * The blocks of slices of `shape` (slices.ts): each slice tensor, the slice's mask, the scratch,
+ * the other small inputs whole; no K/V blocks where they are `resident` (read in place).
+ */
+function planSlices(module: SdpaModule, threads: number, p: Plan, shape: SliceShape, resident: ResidentKeyValue | null = null) {
   const desc = describeProblem(p);
-  const sliceDesc = sliceProblem(p, desc, shape);
+  const inPlace = resident !== null;
+  if (inPlace) Object.assign(desc, { kvType: resident.kvType, readKvInOrder: true });
+  const sliceDesc = sliceProblem(p, desc, shape, inPlace);
   const heads = sliceDesc.qHeads, rows = shape.batches * heads * p.qLen;
   const scratchFloats = Math.max(...sliceShapes(p, shape).map((s) =>
-    module.scratchFloats(problemArg(module, sliceProblem(p, desc, s)), threads)));
+    module.scratchFloats(problemArg(module, sliceProblem(p, desc, s, inPlace)), threads)));
+  const keyValueRows = inPlace ? 0 : shape.batches * shape.kvHeads * p.kvLen;
   const request = {
-    query: 4 * rows * p.headDim, key: 4 * shape.batches * shape.kvHeads * p.kvLen * p.headDim,
-    value: 4 * shape.batches * shape.kvHeads * p.kvLen * p.valueDim, output: 4 * rows * p.valueDim,
-    weights: p.weightsDims !== null ? 4 * rows * p.kvLen : 0, logSumExp: p.lseDims !== null ? 4 * rows : 0,
+    query: 4 * rows * p.headDim, key: 4 * keyValueRows * p.headDim, value: 4 * keyValueRows * p.valueDim,
+    output: 4 * rows * p.valueDim, weights: p.weightsDims !== null ? 4 * rows * p.kvLen : 0,
+    logSumExp: p.lseDims !== null ? 4 * rows : 0,
     scratch: 4 * scratchFloats, ...smallInputBytes(p), attnMask: maskSpanBytes(p, shape.batches, heads),
   };
-  return { shape, desc, sliceDesc, scratchFloats, request };
+  return { shape, desc, sliceDesc, inPlace, scratchFloats, request };
+}
+
+/** Where runSlices gets each slice's K/V from. */
+interface SliceKeyValue {
+  /** The caller's K/V arrays, read slice by slice (none when K/V are read in place). */
+  callerArrays: Float32Array[];
+  /** Sets `slice`'s key and value addresses for slice c, copying them in first if they are copied (into the request's blocks `at`). */
+  place(slice: ProblemDesc, c: Slice, f32: Float32Array, at: { key: number; value: number }): void;
+}
+
+/** Each slice's K/V copied from the caller's arrays into the slice's blocks. */
+function copiedSlices(p: Plan, k: Float32Array, v: Float32Array): SliceKeyValue {
+  return {
+    callerArrays: [k, v],
+    place(slice, c, f32, at) {
+      const kv = { ...c, heads: c.kvHeads };
+      copySlice(f32, at.key, k, p.k, p.layout, kv, p.kvLen, p.headDim, 'in');
+      copySlice(f32, at.value, v, p.v, p.layout, kv, p.kvLen, p.valueDim, 'in');
+      slice.key = at.key;
+      slice.value = at.value;
+    },
+  };
+}
+
+/** Each slice's K/V read in place: its first (batch, KV head)'s rows in the resident storage (strides p.k, p.v). */
+function residentSlices(p: Plan, kv: ResidentKeyValue): SliceKeyValue {
+  const elementBytes = kv.kvType === KV_TYPE.float32 ? 4 : 2;
+  return {
+    callerArrays: [],
+    place(slice, c) {
+      slice.key = kv.key + elementBytes * (c.b0 * p.k.b + c.h0 * p.k.h);
+      slice.value = kv.value + elementBytes * (c.b0 * p.v.b + c.h0 * p.v.h);
+    },
+  };
 }
 
 /**
  * sdpa() a slice (slices.ts) at a time, each copied in, computed on `threads` threads and
  * copied out: wasm memory holds one slice's tensors. The one-thread streamed prefill (one
- * (batch, KV head) a slice: each computed from the core's cache, see PREFILL_STREAM_MIN_BYTES)
- * and the fallback of calls whose whole copy would not fit.
+ * (batch, KV head) a slice: each computed from the core's cache, see PREFILL_STREAM_MIN_BYTES),
+ * the fallback of calls whose whole copy would not fit, and KVCache.attend()'s (its K/V
+ * read in place, `keyValue` residentSlices).
  */
-function runSlices(memory: CallMemory, threads: number, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array,
+function runSlices(memory: CallMemory, threads: number, p: Plan, q: Float32Array, keyValue: SliceKeyValue,
   plan: ReturnType<typeof planSlices>): SdpaResult {
   try {
     const module = memory.module;
-    const { shape, desc, sliceDesc, scratchFloats, request } = plan;
+    const { shape, desc, sliceDesc, inPlace, scratchFloats, request } = plan;
     const at = memory.allocate(request, slicePurpose(p, shape));
     copySmallInputs(memory, p, desc, at, false);
-    Object.assign(sliceDesc, {
-      query: at.query, key: at.key, value: at.value, output: at.output, weights: at.weights, logsumexp: at.logSumExp,
-    });
+    Object.assign(sliceDesc, { query: at.query, output: at.output, weights: at.weights, logsumexp: at.logSumExp });
     const masks = new SliceMasks(p, at.attnMask);
     // Into `out` straight, unless it may share memory with an input or the mask: a slice's
     // output would be written before later slices' inputs are read, so then into an array of
     // its own, copied into out at the end.
-    const outShared = outMayShareInput(p, readBySlice(p, q, k, v));
+    const outShared = outMayShareInput(p, readBySlice(p, q, keyValue.callerArrays));
     const output = p.out !== null && !outShared ? p.out : new Float32Array(p.outputSize);
     const weights = p.weightsDims !== null ? new Float32Array(p.weightsSize) : null;
     const lse = p.lseDims !== null ? new Float32Array(p.lseSize) : null;
     for (const c of slicesOf(p, shape)) {
-      const slice = problemOfSlice(p, desc, sliceDesc, shape, c);
-      const rows = { ...c, h0: c.firstHead }, kv = { ...c, heads: c.kvHeads };
+      const slice = problemOfSlice(p, desc, sliceDesc, shape, c, inPlace);
+      const rows = { ...c, h0: c.firstHead };
       // Fresh views every time: a view is never kept across a call into the module
       // (js/memory.ts), whatever that call allocates.
       const before = memory.heap;
       copySlice(before.f32, at.query, q, p.q, p.layout, rows, p.qLen, p.headDim, 'in');
-      copySlice(before.f32, at.key, k, p.k, p.layout, kv, p.kvLen, p.headDim, 'in');
-      copySlice(before.f32, at.value, v, p.v, p.layout, kv, p.kvLen, p.valueDim, 'in');
+      keyValue.place(slice, c, before.f32, at);
       slice.mask = masks.place(before, c);
       check(module, p, module.forward(problemArg(module, slice), at.scratch, scratchFloats, threads));
       const after = memory.heap.f32;

@@ -12,7 +12,15 @@ const TOL = 2e-5;
 const GIB2 = 2 ** 31;
 const t = (data, dims) => ({ data, dims });
 const bitsOf = (a) => new Uint32Array(a.buffer, a.byteOffset, a.length);
-const expectBitwiseEqual = (a, b) => expect(Array.from(bitsOf(a))).toEqual(Array.from(bitsOf(b)));
+/** Same length and bits; on a difference, reports the first one (toEqual on arrays of 10^6 numbers takes seconds). */
+function expectBitwiseEqual(a, b) {
+  const got = bitsOf(a), expected = bitsOf(b);
+  let first = -1;
+  for (let i = 0; i < Math.min(got.length, expected.length) && first < 0; i++) if (got[i] !== expected[i]) first = i;
+  const at = (bits) => (first < 0 ? null : bits[first]);
+  expect({ length: got.length, firstDifference: first, bits: at(got) })
+    .toEqual({ length: expected.length, firstDifference: -1, bits: at(expected) });
+}
 
 /** The error fn throws (undefined if none); async calls are awaited. */
 async function errorOf(fn) {
@@ -150,8 +158,10 @@ describe('createAttention({ maxMemoryBytes })', () => {
       cache.append(randomTensor([1, 2, 10, 8], 7), randomTensor([1, 2, 10, 8], 8));
       const q = randomTensor([1, 4, 2, 8], 9);
       const before = cache.attend(q).output.data;
+      // (Its least: one KV head's two query heads at a time, half the query.)
       expectError(await errorOf(() => cache.attend(randomTensor([1, 4, 600, 8], 10))), RangeError,
-        [/^KVCache\.attend: needs \d+ bytes/, /query 76800 bytes/, /of which 73728 are in use/]);
+        [/^KVCache\.attend: needs \d+ bytes of wasm memory to run one \(batch, KV head\) at a time \(query 38400 bytes \+ output 38400 bytes/,
+          /of which 73728 are in use/]);
       // Float32 rows into a float16 cache are staged (converted in wasm memory): 1000 rows × 2
       // heads × 8 dims × 4 bytes = 64,000 bytes, past the limit beside 72 KiB. Nothing is appended.
       expectError(await errorOf(() => cache.append(randomTensor([1, 1000, 2, 8], 11), randomTensor([1, 1000, 2, 8], 12), { layout: 'bshd' })),
@@ -464,6 +474,122 @@ describe('sdpa() past maxMemoryBytes runs a slice of batches and KV heads at a t
         expect([threads, name, await needs(least)]).toEqual([threads, name, null]);
         expect([threads, name, await needs(least - 1)]).toEqual([threads, name, least]);
       }
+    }
+  });
+
+  // KVCache.attend(): the cache's storage stays where it is; the query, output, weights and
+  // log-sum-exp (and the mask) go through wasm memory a slice at a time when all at once would
+  // pass the limit beside the cache.
+  /** A cache on `attn` holding key, value (appended 4 positions at a time: a float16 cache stages each append, 7,680 bytes). */
+  const filledCache = (attn, dtype) => {
+    const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: Lk, dtype });
+    const rows = (t, from, to) => {
+      const [b, h, , d] = t.dims, data = new Float32Array(b * h * (to - from) * d);
+      for (let i = 0; i < b * h; i++) data.set(t.data.subarray((i * Lk + from) * d, (i * Lk + to) * d), i * (to - from) * d);
+      return { data, dims: [b, h, to - from, d] };
+    };
+    for (let at = 0; at < Lk; at += 4) cache.append(rows(key, at, at + 4), rows(value, at, at + 4));
+    return cache;
+  };
+  /**
+   * cache.attend(q, options) on a fresh instance with `threads` and `maxMemoryBytes` set to the
+   * cache's bytes + `callLimit`: `{ got }`, or the error it threw.
+   */
+  const attendLimited = async (dtype, threads, callLimit, q, options) => {
+    const bytesPerElement = dtype === 'float32' ? 4 : 2;
+    const cacheBytes = B * Hkv * Lk * (E + Ev) * bytesPerElement;
+    const attn = await createAttention({ threads, maxMemoryBytes: cacheBytes + callLimit });
+    try {
+      const cache = filledCache(attn, dtype);
+      expect(cache.byteLength).toBe(cacheBytes);
+      let result;
+      try {
+        result = { got: cache.attend(q, options) };
+      } catch (error) {
+        result = error;
+      }
+      expect(attn.memory().bytesInUse).toBe(cacheBytes);
+      expect(attn.memory().peakBytes).toBeLessThanOrEqual(cacheBytes + callLimit);
+      return result;
+    } finally {
+      attn.dispose();
+    }
+  };
+
+  test.each(Object.keys(cases).flatMap((name) => [[name, 'float32'], [name, 'float16']]))('KVCache.attend past the limit beside its cache, %s (%s cache): threads 1 and 2, bitwise the unlimited call, down to the least that runs it', async (name, dtype) => {
+    // The float16 cache's query and output in the bshd layout: both layouts through slices.
+    const layout = dtype === 'float16' ? 'bshd' : 'bhsd';
+    const options = layout === 'bshd' ? { ...cases[name], ...bshd } : cases[name];
+    const q = layout === 'bshd' ? inputs.bshd[0] : query;
+    const unlimitedAttn = await createAttention({ threads: 2 });
+    let expected, callBytes;
+    try {
+      const cache = filledCache(unlimitedAttn, dtype);
+      expected = cache.attend(q, options);
+      callBytes = unlimitedAttn.memory().peakBytes - cache.byteLength;
+    } finally {
+      unlimitedAttn.dispose();
+    }
+    if (dtype === 'float32') {
+      // The cache holds K/V as they are: the float64 reference on them, with the cache's default causal alignment.
+      const ref = referenceSdpa(q, inputs[layout][1], inputs[layout][2], { isCausal: true, causalOffset: Lk - Lq, ...options });
+      expect(maxRelError(expected.output.data, ref.output)).toBeLessThanOrEqual(TOL);
+    }
+    for (const threads of [1, 2]) {
+      // The least any way of running the call needs, from a refusal at 8 KiB.
+      const refused = await attendLimited(dtype, threads, 8192, q, options);
+      expectError(refused, RangeError, [/^KVCache\.attend: needs \d+ bytes of wasm memory to run one \(batch, KV head\) at a time \(query /]);
+      const least = Number(/needs (\d+) bytes/.exec(refused.message)[1]);
+      expect(least).toBeLessThan(callBytes);
+      for (const callLimit of [Math.floor(callBytes * 0.6), least]) {
+        const { got } = await attendLimited(dtype, threads, callLimit, q, options);
+        expectBitwiseEqual(got.output.data, expected.output.data);
+        expect(got.output.dims).toEqual(expected.output.dims);
+        if (options.returnWeights) expectBitwiseEqual(got.weights.data, expected.weights.data);
+        if (options.returnLogSumExp) expectBitwiseEqual(got.logSumExp.data, expected.logSumExp.data);
+      }
+      expect((await attendLimited(dtype, threads, least - 1, q, options)).message).toBe(refused.message.replace(
+        /limit of (\d+) bytes/, (_, n) => `limit of ${Number(n) + least - 1 - 8192} bytes`));
+    }
+  });
+
+  test('KVCache.attend past the limit: into out, into the query\'s own array, and through a worker', async () => {
+    const options = { returnWeights: true };
+    const unlimitedAttn = await createAttention({ threads: 1 });
+    let expected;
+    try {
+      expected = filledCache(unlimitedAttn, 'float16').attend(query, options);
+    } finally {
+      unlimitedAttn.dispose();
+    }
+    const cacheBytes = B * Hkv * Lk * (E + Ev) * 2;
+    const limit = cacheBytes + 512 * 1024;  // the weights alone are 2.7 MB
+    const attn = await createAttention({ threads: 2, maxMemoryBytes: limit });
+    const worker = await createAttentionWorker({ threads: 1, maxMemoryBytes: limit });
+    try {
+      const cache = filledCache(attn, 'float16');
+      const out = new Float32Array(expected.output.data.length);
+      expect(cache.attend(query, { ...options, out }).output.data).toBe(out);
+      expectBitwiseEqual(out, expected.output.data);
+      // Ev < E: the output fills the start of the query's array, written after every slice's rows were read.
+      const inPlace = { data: query.data.slice(), dims: query.dims };
+      const got = cache.attend(inPlace, { ...options, out: inPlace.data.subarray(0, out.length) });
+      expectBitwiseEqual(got.output.data, expected.output.data);
+      expectBitwiseEqual(got.weights.data, expected.weights.data);
+      const workerCache = await worker.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: Lk, dtype: 'float16' });
+      for (let at = 0; at < Lk; at += 4) {
+        const part = cache.read(at, at + 4);  // raw halves
+        await workerCache.append(part.key, part.value);
+      }
+      const viaWorker = await workerCache.attend(query, options);
+      expectBitwiseEqual(viaWorker.output.data, expected.output.data);
+      expectBitwiseEqual(viaWorker.weights.data, expected.weights.data);
+      expect(attn.memory().peakBytes).toBeLessThanOrEqual(limit);
+      expect(attn.memory().bytesInUse).toBe(cacheBytes);
+      expect((await worker.memory()).peakBytes).toBeLessThanOrEqual(limit);
+    } finally {
+      attn.dispose();
+      await worker.dispose();
     }
   });
 
