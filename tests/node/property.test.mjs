@@ -31,12 +31,13 @@
 //                   dropout, which draws batch s's mask for sequence s, sequence by sequence); some
 //                   bitwise across thread counts and through the worker; some with
 //                   sdpaVarlenBackward() against the float64 backward.
-//                   Past maxMemoryBytes: random sdpa() and sdpaBackward() calls of more than one
-//                   (batch, KV head) on an instance whose limit lies between the least the call
-//                   can run in (the bytes a refusal under a 1-byte limit names: its smallest slice
-//                   of batches and KV heads) and its whole copy's peak: they run in slices
-//                   (js/slices.ts) with the unlimited call's bits, within the limit, holding
-//                   nothing after.
+//                   Past maxMemoryBytes: random sdpa(), sdpaBackward() and KVCache.attend() (a
+//                   prompt of 16 to 100 rows) calls of more than one (batch, KV head) on an
+//                   instance whose limit lies between the least the call can run in (what is in
+//                   use before it, the cache, and the bytes its refusal names under a limit of
+//                   that: its smallest slice of batches and KV heads) and its whole copy's peak:
+//                   they run in slices (js/slices.ts) with the unlimited call's bits, within the
+//                   limit, holding nothing after.
 //   invalid calls   a valid call with one random mutation (tensor kinds, dims, sizes, every option,
 //                   createKVCache's options, sdpaVarlen's starts and offsets) must throw (or reject, for the worker, with the direct
 //                   API's message) the documented TypeError/RangeError with a message naming the
@@ -540,11 +541,11 @@ function randomAppend(r, model) {
   return { key, value, options: Object.keys(options).length || r.chance(0.5) ? options : undefined, stored: { k: storedK, v: storedV }, Lnew, valueScale, description };
 }
 
-/** A random valid attend on `model`, with the reference problem it must equal. */
-function randomAttend(r, model) {
+/** A random valid attend on `model` (with `prompt`, of 16 to 100 query rows), with the reference problem it must equal. */
+function randomAttend(r, model, { prompt = false } = {}) {
   const { B, Hkv, E, length: Lk } = model;
   const Hq = Hkv * r.pick([1, 1, 2, 4]);
-  const Lq = r.pick([1, 1, 1, 2, 3, 4, 5, 9]);
+  const Lq = prompt ? r.pick([16, 40, 100]) : r.pick([1, 1, 1, 2, 3, 4, 5, 9]);
   const { Ev } = model;
   const layout = r.chance(0.3) ? 'bshd' : 'bhsd';
   const outputSize = B * Hq * Lq * Ev;
@@ -567,6 +568,46 @@ function randomAttend(r, model) {
     blocked: blockedPredicate(options, Lk, causal, offsetOf), query, refKey, refValue,
     refOptions: referenceOptions(options, causal, offsetOf, B),
   };
+}
+
+/**
+ * A random sdpa() or sdpaBackward() call of more than one (batch, KV head) (the least a slice
+ * holds), for the past-maxMemoryBytes group: { call(instance), description }.
+ */
+function randomLimitedCall(r, kind) {
+  const backward = kind === 'sdpaBackward';
+  let c;
+  do c = backward ? randomBackwardCase(r) : randomSdpaCase(r, { decode: r.chance(0.05) }); while (c.shape.B * c.shape.Hkv === 1);
+  // The backward's out arrays would be written (or added to) by both calls: gradients in new arrays.
+  const { out: _out, accumulate: _accumulate, ...backwardOptions } = c.options;
+  const call = (instance) => (backward ? instance.sdpaBackward(c.query, c.key, c.value, c.gradOutput, backwardOptions) :
+    instance.sdpa(c.query, c.key, c.value, c.options));
+  return { call, description: c.description };
+}
+
+/**
+ * A random KV cache of more than one (batch, KV head), its appends and a prompt's attend, for
+ * the past-maxMemoryBytes group: { call(instance, filled), description }, the call making the
+ * cache on `instance`, appending, calling `filled()`, then attending.
+ */
+function randomLimitedAttend(r) {
+  let shape;
+  do shape = randomCacheShape(r); while (shape.batch * shape.kvHeads === 1);
+  const model = new CacheModel(shape);
+  const appends = [];
+  for (let n = r.int(1, 3); n > 0 && model.length < model.max; n--) {
+    const a = randomAppend(r, model);
+    appends.push(a);
+    model.append(a.stored.k, a.stored.v, a.Lnew, a.valueScale);
+  }
+  const c = randomAttend(r, model, { prompt: true });
+  const call = (instance, filled = () => {}) => {
+    const cache = instance.createKVCache(shape);
+    for (const a of appends) cache.append(a.key, a.value, a.options);
+    filled();
+    return cache.attend(c.query, c.options);
+  };
+  return { call, description: `createKVCache ${JSON.stringify(shape)}; ${appends.map((a) => a.description).join('; ')}; ${c.description}` };
 }
 
 // ─── invalid calls ────────────────────────────────────────────────────────────────────────
@@ -982,64 +1023,76 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
     });
   }, 60_000);
 
-  test(`sdpa() and sdpaBackward() past maxMemoryBytes: ${COUNTS.limited} random valid calls under a limit between their smallest slice's bytes and their whole copy's run in slices, bitwise the unlimited calls' results; refusals hold nothing`, async () => {
-    let sliced = 0;
+  test(`sdpa(), sdpaBackward() and KVCache.attend() past maxMemoryBytes: ${COUNTS.limited} random valid calls under a limit between their smallest slice's bytes and their whole copy's run in slices, bitwise the unlimited calls' results; refusals hold nothing`, async () => {
+    let sliced = 0, attends = 0, attendsSliced = 0;
     await runCases('limited', COUNTS.limited, async (r, note) => {
-      const backward = r.chance(0.4);
-      // Calls with more than one (batch, KV head), the least a slice holds.
-      let c;
-      do c = backward ? randomBackwardCase(r) : randomSdpaCase(r, { decode: r.chance(0.05) }); while (c.shape.B * c.shape.Hkv === 1);
-      // The backward's out arrays would be written (or added to) by both calls: gradients in new arrays.
-      const { out: _out, accumulate: _accumulate, ...backwardOptions } = c.options;
-      const call = (instance) => (backward ? instance.sdpaBackward(c.query, c.key, c.value, c.gradOutput, backwardOptions) :
-        instance.sdpa(c.query, c.key, c.value, c.options));
+      const kind = r.pick(['sdpa', 'sdpa', 'sdpa', 'sdpaBackward', 'sdpaBackward', 'KVCache.attend']);
       const threads = r.chance(0.5) ? attn.threads : 1;
+      // The call on an instance (the cache's made and filled there first), and what it was.
+      const { call, description } = kind === 'KVCache.attend' ? randomLimitedAttend(r) : randomLimitedCall(r, kind);
       const arraysOf = (result) => Object.entries(result).filter(([, t]) => t?.data instanceof Float32Array)
         .map(([name, t]) => [name, t.data.slice()]);
-      // On a fresh instance without a limit, the call's peak: its whole copy (or its streamed way).
+      // On a fresh instance without a limit, the call's peak: its whole copy (or its streamed
+      // way); with a cache, also the peak before the call (the cache and its appends' staging).
       const unlimited = await createAttention({ threads });
-      let expectedArrays, peak;
+      let expectedArrays, peak, before;
       try {
-        expectedArrays = arraysOf(call(unlimited));
+        expectedArrays = arraysOf(call(unlimited, () => { before = unlimited.memory().peakBytes; }));
         peak = unlimited.memory().peakBytes;
       } finally {
         unlimited.dispose();
       }
-      // The least it may run in: the bytes a refusal under a 1-byte limit names (its smallest
-      // slice's; the whole copy's where it cannot slice: the mask's gradient, or sinks with one
-      // KV head in the backward). A limit between that and the whole call's peak must succeed.
-      const least = await createAttention({ threads, maxMemoryBytes: 1 });
+      // The least it may run in: what is in use before the call and the bytes its refusal names
+      // under a limit of what came before it (1 byte without a cache): its smallest slice's; the
+      // whole copy's where it cannot slice (the mask's gradient, or sinks with one KV head in
+      // the backward). A limit between that and the whole call's peak must succeed.
+      const least = await createAttention({ threads, maxMemoryBytes: Math.max(1, before ?? 0) });
       let smallest;
       try {
         const error = await errorOf(() => call(least));
-        smallest = Number(/^sdpa(?:Backward)?: needs (\d+) bytes of wasm memory/.exec(error?.message ?? '')?.[1]);
-        if (!(error instanceof RangeError) || !(smallest > 0)) throw new Error(`under a 1-byte limit: ${error}`);
-        if (least.memory().bytesInUse !== 0) throw new Error(`refused, and ${least.memory().bytesInUse} bytes still held`);
+        if (error === undefined) {
+          note(`${kind} ${description}: runs within what came before it (${before} bytes)`);
+          return;
+        }
+        const refusal = new RegExp(`^${kind.replace('.', '\\.')}: needs (\\d+) bytes of wasm memory.* of which (\\d+) are in use$`).exec(error.message);
+        smallest = Number(refusal?.[1]) + Number(refusal?.[2]);
+        if (!(error instanceof RangeError) || !(smallest > 0)) throw new Error(`under a limit of ${least.memory().limitBytes}: ${error}`);
+        const held = least.memory().bytesInUse - Number(refusal[2]);
+        if (held !== 0) throw new Error(`refused, and ${held} bytes still held`);
       } finally {
         least.dispose();
       }
-      if (smallest >= peak) {
-        note(`${c.description}: no smaller way (needs ${smallest} bytes, the whole call ${peak})`);
+      if (kind === 'KVCache.attend') attends++;
+      // (And no less than the cache's appends needed.)
+      const lowest = Math.max(smallest, before ?? 0);
+      if (lowest >= peak) {
+        note(`${kind} ${description}: no smaller way (needs ${lowest} bytes, the whole call ${peak})`);
         return;
       }
-      const limit = smallest + Math.floor(r.next() * (peak - smallest));
-      note(`${backward ? 'sdpaBackward' : 'sdpa'} ${c.description}, threads ${threads}, maxMemoryBytes ${limit} (at least ${smallest}; the whole call's peak ${peak})`);
+      const limit = lowest + Math.floor(r.next() * (peak - lowest));
+      note(`${kind} ${description}, threads ${threads}, maxMemoryBytes ${limit} (at least ${smallest}; the whole call's peak ${peak})`);
       const instance = await createAttention({ threads, maxMemoryBytes: limit });
       let got;
       try {
-        got = call(instance);
-        if (instance.memory().peakBytes > limit || instance.memory().bytesInUse !== 0) {
-          throw new Error(`memory: peak ${instance.memory().peakBytes} past the limit ${limit}, or ${instance.memory().bytesInUse} bytes held`);
+        before = 0;
+        got = call(instance, () => { before = instance.memory().bytesInUse; });
+        if (instance.memory().peakBytes > limit || instance.memory().bytesInUse !== before) {
+          throw new Error(`memory: peak ${instance.memory().peakBytes} past the limit ${limit}, or ${instance.memory().bytesInUse - before} bytes held`);
         }
       } finally {
         instance.dispose();
       }
       sliced++;
+      if (kind === 'KVCache.attend') attendsSliced++;
       const gotArrays = new Map(arraysOf(got));
       for (const [name, data] of expectedArrays) expectBitwiseEqual(gotArrays.get(name), data, `limited: ${name}`);
     });
-    // Most calls ran in slices (the rest had no smaller way: the mask's gradient, sinks with one KV head).
-    if (ONLY === undefined) expect(sliced).toBeGreaterThan(COUNTS.limited * 0.6);
+    // Most calls ran in slices (the rest had no smaller way: the mask's gradient, sinks with one
+    // KV head, a cache's decode whose scratch outweighs its query), the cache's prompts too.
+    if (ONLY === undefined) {
+      expect(sliced).toBeGreaterThan(COUNTS.limited * 0.6);
+      expect(attendsSliced).toBeGreaterThan(attends * 0.5);
+    }
   }, 120_000);
 
   test(`sdpaBackward(): ${COUNTS.backwardInvalid} random invalid calls throw a TypeError/RangeError naming the argument; the instance keeps working`, async () => {
