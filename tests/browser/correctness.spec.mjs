@@ -144,7 +144,7 @@ for (const [label, base, isolated] of [['cross-origin isolated', ISOLATED, true]
       expect(result.cases.map((c) => `${c.name} ${c.hash}`)).toEqual(nodeBackward[isa].map((c) => `${c.name} ${c.hash}`));
     });
 
-    test('past maxMemoryBytes, sdpa and sdpaBackward run in slices: the unlimited calls\' bits, within the limit, bit-identical to Node', async ({ page }) => {
+    test('past maxMemoryBytes, sdpa, sdpaBackward and KVCache.attend run in slices: the unlimited calls\' bits, within the limit, bit-identical to Node', async ({ page }) => {
       const result = await page.evaluate(async (relaxedSimd) => {
         const { createAttention } = await import('/dist/index.js');
         const { runLimitedCases } = await import('/tests/shared/limited-cases.mjs');

@@ -1,6 +1,7 @@
 // Calls past maxMemoryBytes, runnable in Node and in a browser page: each case runs on an
-// instance without a limit and on one whose limit is a share of that call's peak, so that the
-// call runs a slice of batches and KV heads at a time (js/slices.ts). Both must give the same
+// instance without a limit and on one whose limit is a share of that call's peak (for a KV
+// cache's attend, the cache's bytes and a share of the call's), so that the call runs a slice of
+// batches and KV heads at a time (js/slices.ts). Both must give the same
 // bits, the limited one within its limit and holding nothing after. Every result carries a hash
 // of the bits, so a browser run can be checked against a Node run.
 // Plain ES module: no Node built-ins.
@@ -25,7 +26,19 @@ export const LIMITED_CASES = [
   // With sinks the backward's slices hold every batch: one KV head of three is its smallest.
   { name: 'sdpaBackward: sinks (slices of every batch), softcap, a sliding window', backward: true, share: 0.6,
     options: { sinks: Float32Array.of(0, 1, -1, 2, -Infinity, 0.5), softcap: 5, isCausal: true, causalOffset: 260, slidingWindow: 90 } },
+  // K/V in a float16 cache, read in place; the query's rows, the output, weights and mask in slices.
+  { name: 'KVCache.attend (float16): key lengths, a float mask [B, Hq, 1, Lk], weights', cache: 'float16', share: 0.3,
+    options: { keyLengths: Int32Array.of(300, 280, 9), attnMask: { data: noiseTensor([B, Hq, 1, Lk], 61, 5).data, dims: [B, Hq, 1, Lk] },
+      returnWeights: true } },
 ];
+
+/** KVCache.attend on a cache of `dtype` made on `attn` and filled with key, value; `filled()` is called before the attend. */
+function attendFromCache(attn, dtype, { query, key, value }, options, filled) {
+  const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: Lk, dtype });
+  cache.append(key, value);
+  filled();
+  return cache.attend(query, options);
+}
 
 /** [B, H, L, D] as [B, L, H, D]. */
 function toBshd({ data, dims: [b, h, l, d] }) {
@@ -48,16 +61,23 @@ export async function runLimitedCases(createAttention, options = {}, cases = LIM
   for (const c of cases) {
     let { query, key, value, gradOutput } = inputs();
     if (c.bshd) [query, key, value, gradOutput] = [query, key, value, gradOutput].map(toBshd);
-    const call = (attn) => (c.backward ? attn.sdpaBackward(query, key, value, gradOutput, c.options) : attn.sdpa(query, key, value, c.options));
+    // `before`: the peak before the call (a cache and its append's staging; 0 without).
+    let before = 0;
+    const call = (attn, filled) => {
+      if (c.cache) return attendFromCache(attn, c.cache, { query, key, value }, c.options, filled);
+      return c.backward ? attn.sdpaBackward(query, key, value, gradOutput, c.options) : attn.sdpa(query, key, value, c.options);
+    };
     const arraysOf = (result) => Object.keys(result).sort().map((name) => result[name].data);
     const unlimited = await createAttention(options);
-    const expected = arraysOf(call(unlimited));
+    const expected = arraysOf(call(unlimited, () => { before = unlimited.memory().peakBytes; }));
     const peak = unlimited.memory().peakBytes;
     unlimited.dispose();
-    const limit = Math.floor(peak * (c.share ?? 0.35));
+    const limit = before + Math.floor((peak - before) * (c.share ?? 0.35));
     const attn = await createAttention({ ...options, maxMemoryBytes: limit });
-    const got = arraysOf(call(attn));
-    const { peakBytes, bytesInUse } = attn.memory();
+    let held = 0;
+    const got = arraysOf(call(attn, () => { held = attn.memory().bytesInUse; }));
+    const { peakBytes } = attn.memory();
+    const bytesInUse = attn.memory().bytesInUse - held;
     attn.dispose();
     const bits = (data) => new Uint32Array(data.buffer, data.byteOffset, data.length);
     const same = got.length === expected.length && got.every((data, i) => {
