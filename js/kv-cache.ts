@@ -474,9 +474,9 @@ export class KVCache extends KVCacheShapeInfo {
    * 'bshd') to the `length` stored positions, reading them in place. Takes every sdpa()
    * option, with K/V = the stored positions (Lk = length); `isCausal` defaults to true with
    * `causalOffset` = length − Lq (the last Lq positions are the query's own), both
-   * overridable. With nothing stored every row is empty: exact zeros. Where the query, output
-   * and weights would pass the memory limit beside the caches, a slice of batches and KV heads
-   * at a time (the same bits).
+   * overridable. With nothing stored every row is empty: exact zeros. Where the call's blocks
+   * (query, output, weights, log-sum-exp, mask, scratch) would pass the memory limit beside the
+   * caches, a slice of batches and KV heads at a time (the same bits).
    */
   attend(query: Tensor, options: SdpaOptions & { returnWeights: true; returnLogSumExp: true }): SdpaResultWith<'weights' | 'logSumExp'>;
   attend(query: Tensor, options: SdpaOptions & { returnWeights: true }): SdpaResultWith<'weights'>;

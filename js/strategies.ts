@@ -308,23 +308,31 @@ export function runResident(memory: CallMemory, threads: number, p: Plan, q: Flo
   // Read once per step from main memory, not from a copy still in the core's cache.
   desc.readKvInOrder = true;
   const whole = planWhole(memory.module, threads, p, desc, q.byteLength, { key: 0, value: 0 });
-  const runResidentWhole = () => {
-    try {
-      return runWhole(memory, threads, p, desc, whole, q, () => {});
-    } finally {
-      memory.free();
-    }
-  };
-  if (memory.fits(whole.request)) return runResidentWhole();
+  if (memory.fits(whole.request)) return runResidentWhole(memory, threads, p, desc, whole, q);
   return runFirstThatFits((function* ways(): Generator<Way<SdpaResult>> {
     // The slices' planning rewrote the module's ProblemDesc block (see runSdpa): written again first.
-    yield { memory, request: whole.request, run: () => (problemArg(memory.module, desc), runResidentWhole()) };
+    yield {
+      memory, request: whole.request,
+      run: () => (problemArg(memory.module, desc), runResidentWhole(memory, threads, p, desc, whole, q)),
+    };
     for (const shape of sliceCandidates(p, false)) {
       const slices = planSlices(memory.module, threads, p, shape, kv);
       yield { memory, request: slices.request, run: () => runSlices(memory, threads, p, q, residentSlices(p, kv), slices) };
     }
   })());
 }
+
+/** runResident's whole way: Q, the outputs and the small inputs copied in whole (no closure: on every step's path). */
+function runResidentWhole(memory: CallMemory, threads: number, p: Plan, desc: ProblemDesc, whole: ReturnType<typeof planWhole>,
+  q: Float32Array): SdpaResult {
+  try {
+    return runWhole(memory, threads, p, desc, whole, q, placeNothing);
+  } finally {
+    memory.free();
+  }
+}
+
+const placeNothing = () => {};
 
 /** The problem of one (batch, KV head): [1, Hq/Hkv, Lq, E] against [1, 1, Lk, E]. */
 function pairProblem(p: Plan, desc: ProblemDesc): ProblemDesc {
