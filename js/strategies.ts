@@ -301,12 +301,7 @@ export interface ResidentKeyValue {
  */
 export function runResident(memory: CallMemory, threads: number, p: Plan, q: Float32Array,
   kv: ResidentKeyValue): SdpaResult {
-  const desc = describeProblem(p);
-  desc.key = kv.key;
-  desc.value = kv.value;
-  desc.kvType = kv.kvType;
-  // Read once per step from main memory, not from a copy still in the core's cache.
-  desc.readKvInOrder = true;
+  const desc = residentProblem(p, kv);
   const whole = planWhole(memory.module, threads, p, desc, q.byteLength, { key: 0, value: 0 });
   if (memory.fits(whole.request)) return runResidentWhole(memory, threads, p, desc, whole, q);
   return runFirstThatFits((function* ways(): Generator<Way<SdpaResult>> {
@@ -320,6 +315,17 @@ export function runResident(memory: CallMemory, threads: number, p: Plan, q: Flo
       yield { memory, request: slices.request, run: () => runSlices(memory, threads, p, q, residentSlices(p, kv), slices) };
     }
   })());
+}
+
+/** The kernel's view of a problem whose K/V are resident, at kv's addresses (a slice moves them). */
+function residentProblem(p: Plan, kv: ResidentKeyValue): ProblemDesc {
+  const desc = describeProblem(p);
+  desc.key = kv.key;
+  desc.value = kv.value;
+  desc.kvType = kv.kvType;
+  // Read once per step from main memory, not from a copy still in the core's cache.
+  desc.readKvInOrder = true;
+  return desc;
 }
 
 /** runResident's whole way: Q, the outputs and the small inputs copied in whole (no closure: on every step's path). */
@@ -419,9 +425,8 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, 
  * the other small inputs whole; no K/V blocks where they are `resident` (read in place).
  */
 function planSlices(module: SdpaModule, threads: number, p: Plan, shape: SliceShape, resident: ResidentKeyValue | null = null) {
-  const desc = describeProblem(p);
   const inPlace = resident !== null;
-  if (inPlace) Object.assign(desc, { kvType: resident.kvType, readKvInOrder: true });
+  const desc = inPlace ? residentProblem(p, resident) : describeProblem(p);
   const sliceDesc = sliceProblem(p, desc, shape, inPlace);
   const heads = sliceDesc.qHeads, rows = shape.batches * heads * p.qLen;
   const scratchFloats = Math.max(...sliceShapes(p, shape).map((s) =>
