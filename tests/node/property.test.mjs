@@ -1088,7 +1088,7 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
       for (const [name, data] of expectedArrays) expectBitwiseEqual(gotArrays.get(name), data, `limited: ${name}`);
     });
     // Most calls ran in slices (the rest had no smaller way: the mask's gradient, sinks with one
-    // KV head, a cache's decode whose scratch outweighs its query), the cache's prompts too.
+    // KV head, a cache's prompt whose scratch outweighs its query rows), the cache's prompts too.
     if (ONLY === undefined) {
       expect(sliced).toBeGreaterThan(COUNTS.limited * 0.6);
       expect(attendsSliced).toBeGreaterThan(attends * 0.5);
