@@ -2,9 +2,9 @@
 // instance without a limit and on one whose limit is a share of that call's peak (for a KV
 // cache's attend, the peak before it, the cache and its append's float32 → float16 staging, and
 // a share of the call's own), so that the call runs a slice of batches and KV heads at a time
-// (js/slices.ts). Both must give the same
-// bits, the limited one within its limit and holding nothing after. Every result carries a hash
-// of the bits, so a browser run can be checked against a Node run.
+// (js/slices.ts). Both must give the same bits, the limited one within its limit and holding
+// nothing after. Every result carries a hash of the bits, so a browser run can be checked
+// against a Node run.
 // Plain ES module: no Node built-ins.
 import { noiseTensor } from '../../web/seeded.mjs';
 import { bitsHash } from './reference-cases.mjs';
