@@ -130,6 +130,13 @@ function paddedBytes(bytes: number): number {
   return Math.ceil(bytes / PART_ALIGNMENT) * PART_ALIGNMENT;
 }
 
+/** The bytes `request` adds up to, as counted in a MemoryAccount (a loop: no array on each call's path). */
+function requestBytes(request: ByteRequest): number {
+  let bytes = 0;
+  for (const what in request) bytes += request[what];
+  return bytes;
+}
+
 /**
  * The bytes of the one malloc block allocateAll() asks for `request`: its parts, each padded to
  * PART_ALIGNMENT, and up to PART_ALIGNMENT - 8 bytes to reach the first boundary (malloc's
@@ -149,8 +156,7 @@ function allocationSpan(request: ByteRequest): number {
  */
 function allocateAll<R extends ByteRequest>(module: SdpaModule, account: MemoryAccount, fn: string,
   request: R, purpose = ''): Allocation<R> {
-  let bytes = 0;
-  for (const what in request) bytes += request[what];
+  const bytes = requestBytes(request);
   account.check(module, fn, request, bytes, purpose);
   // Below 2^32 bytes: check() holds `bytes` to 2 GiB at most.
   const span = allocationSpan(request);
@@ -258,9 +264,7 @@ export class CallMemory {
    * which may grow the memory): for a call with ways to run in less memory (runFirstThatFits).
    */
   fits(request: ByteRequest): boolean {
-    let bytes = 0;
-    for (const what in request) bytes += request[what];  // no array: on every call's path
-    return this.#account.refusal(this.#module, this.#fn, request, bytes) === null;
+    return this.#account.refusal(this.#module, this.#fn, request, requestBytes(request)) === null;
   }
 
   get module(): SdpaModule {
@@ -298,7 +302,7 @@ export function runFirstThatFits<R>(ways: Iterable<Way<R>>): R {
   let least: Way<R> | undefined, leastBytes = Infinity;
   for (const way of ways) {
     if (way.memory.fits(way.request)) return way.run();
-    const bytes = Object.values(way.request).reduce((sum, b) => sum + b, 0);
+    const bytes = requestBytes(way.request);
     if (bytes < leastBytes) [least, leastBytes] = [way, bytes];
   }
   if (least === undefined) throw new Error('sdpa-wasm: internal error: no way to run the call was planned');
