@@ -3,6 +3,11 @@
 // The kernel computes each (batch, KV head) alone, with the same operations in any problem and
 // on any number of threads, so running a call slice by slice gives the whole call's bits
 // (sdpa()'s forward, strategies.ts runSlices; sdpaBackward's, backward.ts runBackwardSlices).
+// The forward also cuts one (batch, KV head) further, into its query heads [h0·G + g0, … + g),
+// [1, g, Lq, E] against [1, 1, Lk, E]: only where the kernel says that keeps the bits
+// (module.queryHeadsKeepBits: the same path and the same row tiles, src/sdpa.h), since a row's
+// bits depend on the rows that share its tile (e.g. multi-query attention on one sequence, which
+// has no smaller slice of batches and KV heads).
 // Each tensor's slice is copied into a block of its own, dense in the call's layout: in 'bhsd'
 // one run of n·L·D floats per batch, in 'bshd' one run of n·D floats per (batch, position);
 // a KV cache's K/V are read in place instead (KVCache.attend, strategies.ts runResident).
@@ -17,6 +22,11 @@ import { layoutStrides, type Plan, type Strides } from './validate.js';
 export interface SliceShape {
   batches: number;
   kvHeads: number;
+  /**
+   * Query heads of each KV head's group in a slice: all G = Hq/Hkv when not given; fewer only
+   * in slices of one batch and one KV head (the last slice of a group may have fewer still).
+   */
+  groupHeads?: number;
 }
 
 /** One slice of a call cut into slices of `shape`. */
@@ -30,44 +40,81 @@ export interface Slice {
   heads: number;
 }
 
-/** The slices of `shape`, batch-major: each batch's KV heads, then the next batches'. */
+/** The slices of `shape`, batch-major: each batch's KV heads (and their groups' query heads), then the next batches'. */
 export function* slicesOf(p: Plan, shape: SliceShape): Generator<Slice> {
-  const group = p.qHeads / p.kvHeads;
+  const group = p.qHeads / p.kvHeads, groupHeads = shape.groupHeads ?? group;
   for (let b0 = 0; b0 < p.batch; b0 += shape.batches) {
     for (let h0 = 0; h0 < p.kvHeads; h0 += shape.kvHeads) {
       const batches = Math.min(shape.batches, p.batch - b0), kvHeads = Math.min(shape.kvHeads, p.kvHeads - h0);
-      yield { b0, batches, h0, kvHeads, firstHead: h0 * group, heads: kvHeads * group };
+      for (let g0 = 0; g0 < group; g0 += groupHeads) {
+        const heads = groupHeads === group ? kvHeads * group : Math.min(groupHeads, group - g0);
+        yield { b0, batches, h0, kvHeads, firstHead: h0 * group + g0, heads };
+      }
     }
   }
 }
 
-/** The distinct slice shapes of a call cut into `shape` (up to four: the last batches and heads may be fewer). */
+/** The distinct slice shapes of a call cut into `shape` (up to four: the last batches and heads, or query heads, may be fewer). */
 export function sliceShapes(p: Plan, shape: SliceShape): SliceShape[] {
+  const group = p.qHeads / p.kvHeads;
+  if (shape.groupHeads !== undefined && shape.groupHeads < group) {
+    return [...new Set([shape.groupHeads, group % shape.groupHeads || shape.groupHeads])]
+      .map((groupHeads) => ({ batches: 1, kvHeads: 1, groupHeads }));
+  }
   const batches = new Set([shape.batches, p.batch % shape.batches || shape.batches]);
   const kvHeads = new Set([shape.kvHeads, p.kvHeads % shape.kvHeads || shape.kvHeads]);
   return [...batches].flatMap((m) => [...kvHeads].map((n) => ({ batches: m, kvHeads: n })));
 }
 
+/** n halved, quartered… down to 1: ceil(n/2), ceil(n/4)…, each smaller than the one before (none for n = 1). */
+function halvings(n: number): number[] {
+  const sizes: number[] = [];
+  for (let parts = 2; n > 1; parts *= 2) {
+    const size = Math.ceil(n / parts);
+    if (sizes.length === 0 || size < sizes[sizes.length - 1]) sizes.push(size);
+    if (size === 1) break;
+  }
+  return sizes;
+}
+
+/**
+ * Whether query heads [first, first + count) of a KV head's group, run alone, give the whole
+ * call's bits (the module's queryHeadsKeepBits for the whole call's problem).
+ */
+export type QueryHeadsKeepBits = (first: number, count: number) => boolean;
+
 /**
  * Slice shapes from the largest to the smallest, for a call whose whole copy does not fit: all
  * KV heads of half the batches, of a quarter… of one batch, then half its KV heads… one KV head of
- * one batch. With `everyBatch` (sdpaBackward with sinks: each head's sink gradient is one sum
- * over every batch and row, src/sdpa-backward.cc) every slice holds all batches instead: half the
- * KV heads… one.
+ * one batch; then, given `keepsBits` (the forward), about half its query heads… as few as keep
+ * the bits (each halving rounded up to the next count whose every slice keeps them). With
+ * `everyBatch` (sdpaBackward with sinks: each head's sink gradient is one sum over every batch
+ * and row, src/sdpa-backward.cc) every slice holds all batches instead: half the KV heads… one.
  */
-export function sliceCandidates(p: Plan, everyBatch: boolean): SliceShape[] {
-  const halvings = (n: number) => {
-    const sizes: number[] = [];
-    for (let parts = 2; ; parts *= 2) {
-      const size = Math.ceil(n / parts);
-      if (sizes.length === 0 || size < sizes[sizes.length - 1]) sizes.push(size);
-      if (size === 1) return sizes;
-    }
-  };
-  const byHeads = (batches: number) => (p.kvHeads > 1 ? halvings(p.kvHeads) : []).map((kvHeads) => ({ batches, kvHeads }));
+export function sliceCandidates(p: Plan, everyBatch: boolean, keepsBits?: QueryHeadsKeepBits): SliceShape[] {
+  const byHeads = (batches: number) => halvings(p.kvHeads).map((kvHeads) => ({ batches, kvHeads }));
   if (everyBatch) return byHeads(p.batch);
-  const byBatches = (p.batch > 1 ? halvings(p.batch) : []).map((batches) => ({ batches, kvHeads: p.kvHeads }));
-  return [...byBatches, ...byHeads(1)];
+  const byBatches = halvings(p.batch).map((batches) => ({ batches, kvHeads: p.kvHeads }));
+  const byQueryHeads = keepsBits === undefined ? [] : queryHeadCounts(p.qHeads / p.kvHeads, keepsBits)
+    .map((groupHeads) => ({ batches: 1, kvHeads: 1, groupHeads }));
+  return [...byBatches, ...byHeads(1), ...byQueryHeads];
+}
+
+/** For each halving of a group of `group` query heads, the least count from it up whose every slice keeps the bits; decreasing. */
+function queryHeadCounts(group: number, keepsBits: QueryHeadsKeepBits): number[] {
+  const everySliceKeeps = (count: number) => {
+    for (let first = 0; first < group; first += count) {
+      if (!keepsBits(first, Math.min(count, group - first))) return false;
+    }
+    return true;
+  };
+  const counts: number[] = [];
+  for (const half of halvings(group)) {
+    let count = half;
+    while (count < group && !everySliceKeeps(count)) count++;
+    if (count < group && (counts.length === 0 || count < counts[counts.length - 1])) counts.push(count);
+  }
+  return counts;
 }
 
 /**
@@ -143,7 +190,7 @@ export class SliceMasks {
  * Its addresses (tensors, and sliceInputs()'s) are set per slice.
  */
 export function sliceProblem(p: Plan, desc: ProblemDesc, shape: SliceShape, keyValueInPlace = false): ProblemDesc {
-  const heads = shape.kvHeads * (p.qHeads / p.kvHeads);
+  const heads = shape.kvHeads * (shape.groupHeads ?? p.qHeads / p.kvHeads);
   const q = layoutStrides(p.layout, heads, p.qLen, p.headDim), o = layoutStrides(p.layout, heads, p.qLen, p.valueDim);
   const slice = {
     ...desc, batch: shape.batches, qHeads: heads, kvHeads: shape.kvHeads,
@@ -161,7 +208,8 @@ export function sliceProblem(p: Plan, desc: ProblemDesc, shape: SliceShape, keyV
  */
 export function problemOfSlice(p: Plan, desc: ProblemDesc, sliceDesc: ProblemDesc, shape: SliceShape, c: Slice,
   keyValueInPlace = false): ProblemDesc {
-  const slice = c.batches === shape.batches && c.kvHeads === shape.kvHeads ? sliceDesc : sliceProblem(p, sliceDesc, c, keyValueInPlace);
+  const sameShape = c.batches === shape.batches && c.kvHeads === shape.kvHeads && c.heads === sliceDesc.qHeads;
+  const slice = sameShape ? sliceDesc : sliceProblem(p, sliceDesc, { ...c, groupHeads: c.heads / c.kvHeads }, keyValueInPlace);
   return Object.assign(slice, sliceInputs(p, desc, c.b0, c.firstHead));
 }
 
@@ -187,6 +235,10 @@ export function sliceInputs(p: Plan, desc: ProblemDesc, b0: number, firstHead: n
 
 /** The purpose a refusal of slices of `shape` names (MemoryAccount.refusal). */
 export function slicePurpose(p: Plan, shape: SliceShape): string {
+  const groupHeads = shape.groupHeads ?? p.qHeads / p.kvHeads;
+  if (groupHeads < p.qHeads / p.kvHeads) {
+    return ` to run ${groupHeads === 1 ? 'one query head' : `${groupHeads} query heads`} of one (batch, KV head) at a time`;
+  }
   if (shape.kvHeads === 1 && shape.batches === 1) return ' to run one (batch, KV head) at a time';
   const batches = shape.batches === 1 ? 'one batch' : `${shape.batches} batches`;
   if (shape.kvHeads === p.kvHeads) return ` to run ${batches} at a time`;

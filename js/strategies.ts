@@ -2,7 +2,8 @@
 //   runCopied          sdpa(): Q, K, V copied in whole, one forward() (threads split the work)
 //   runStreamedDecode  sdpa(), large decodes: K/V copied one key segment of one (batch, KV
 //                      head) at a time and computed while the copy is in the core's cache
-//   runSlices          sdpa(), a slice of batches and KV heads (with their query heads, slices.ts)
+//   runSlices          sdpa(), a slice of batches and KV heads (with their query heads, slices.ts;
+//                      or of one (batch, KV head)'s query heads where that keeps the bits)
 //                      copied in, computed and copied out at a time: one (batch, KV head) on
 //                      one thread for a prefill (each fits in L2), or the largest slices that fit
 //                      where the whole copy would pass the memory limits
@@ -20,7 +21,7 @@ import type { ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 import type { SdpaResult } from './types.js';
 import {
   copySlice, denseStrides, maskSpanBytes, problemOfSlice, sliceCandidates, SliceMasks, sliceInputs, sliceProblem, slicePurpose,
-  sliceShapes, slicesOf, type Slice, type SliceShape,
+  sliceShapes, slicesOf, type QueryHeadsKeepBits, type Slice, type SliceShape,
 } from './slices.js';
 import type { Plan } from './validate.js';
 
@@ -108,8 +109,8 @@ function streamsPrefill(engines: Engines, p: Plan, q: Float32Array, k: Float32Ar
 /**
  * sdpa(): streamed when a decode or a one-thread prefill gains by it; else Q, K, V copied in
  * whole (runCopied), or, when that copy would pass the memory limits (maxMemoryBytes, the
- * module's 2 GiB), slices of batches and KV heads as large as fit (runSlices, on all the
- * threads). Every way gives the same bits.
+ * module's 2 GiB), slices of batches and KV heads (then of query heads) as large as fit
+ * (runSlices, on all the threads). Every way gives the same bits.
  */
 export function runSdpa(engines: Engines, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): SdpaResult {
   // The first way that fits, in this order; else the one that needs the least, whose refusal
@@ -143,11 +144,20 @@ export function runSdpa(engines: Engines, p: Plan, q: Float32Array, k: Float32Ar
   } });
   return runFirstThatFits((function* ways(): Generator<Way<SdpaResult>> {
     yield* tried;
-    for (const shape of sliceCandidates(p, false)) {
+    for (const shape of sliceCandidates(p, false, queryHeadsKeepBits(memory.module, desc))) {
       const slices = planSlices(memory.module, engines.threads, p, shape);
       yield { memory, request: slices.request, run: () => runSlices(memory, engines.threads, p, q, copiedSlices(p, k, v), slices) };
     }
   })());
+}
+
+/**
+ * The module's queryHeadsKeepBits for the whole call's problem `desc` (slices.ts): written into
+ * the module's ProblemDesc block once, for sliceCandidates() to ask before any slice is planned.
+ */
+function queryHeadsKeepBits(module: SdpaModule, desc: ProblemDesc): QueryHeadsKeepBits {
+  const arg = problemArg(module, desc);
+  return (first, count) => module.queryHeadsKeepBits(arg, first, count);
 }
 
 /** The kernel's view of a validated problem (float32 K/V); addresses are filled in once allocated. */
@@ -297,7 +307,8 @@ export interface ResidentKeyValue {
 /**
  * K/V read in place from wasm memory (plan.k / plan.v give their strides); Q copied in whole,
  * or, when that would pass the memory limits (a long prompt's Q, output or weights beside a
- * large cache), a slice of batches and KV heads at a time as large as fits (runSlices).
+ * large cache), a slice of batches and KV heads (then of query heads) at a time as large as
+ * fits (runSlices).
  */
 export function runResident(memory: CallMemory, threads: number, p: Plan, q: Float32Array,
   kv: ResidentKeyValue): SdpaResult {
@@ -310,7 +321,7 @@ export function runResident(memory: CallMemory, threads: number, p: Plan, q: Flo
       memory, request: whole.request,
       run: () => (problemArg(memory.module, desc), runResidentWhole(memory, threads, p, desc, whole, q)),
     };
-    for (const shape of sliceCandidates(p, false)) {
+    for (const shape of sliceCandidates(p, false, queryHeadsKeepBits(memory.module, desc))) {
       const slices = planSlices(memory.module, threads, p, shape, kv);
       yield { memory, request: slices.request, run: () => runSlices(memory, threads, p, q, residentSlices(p, kv), slices) };
     }

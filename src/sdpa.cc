@@ -248,6 +248,17 @@ void pair_with_weights_item(void* context, int32_t pair, int32_t thread) {
 
 bool reads_keys_in_place(const Problem& p) { return plan_work(p, 1).in_place; }
 
+bool query_heads_keep_bits(const Problem& p, int32_t first, int32_t count) {
+  const int32_t group = p.q_heads / p.kv_heads;
+  if (first < 0 || count < 1 || first > group - count) return false;
+  Problem slice = p;
+  slice.batch = 1, slice.q_heads = count, slice.kv_heads = 1;
+  if (plan_work(slice, 1).in_place != plan_work(p, 1).in_place) return false;
+  // Flat rows [first·Lq, (first + count)·Lq) of the group's (64-bit: up to kMaxCount each).
+  const int64_t begin = static_cast<int64_t>(first) * p.q_len, end = begin + static_cast<int64_t>(count) * p.q_len;
+  return begin % kQueryTile == 0 && (end % kQueryTile == 0 || first + count == group);
+}
+
 uint64_t scratch_floats(const Problem& p, int32_t threads) {
   const WorkPlan w = plan_work(p, threads);
   return w.per_thread * static_cast<uint64_t>(threads) + partials_total(w) + row_stats_total(w);

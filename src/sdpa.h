@@ -193,6 +193,18 @@ class ThreadPool;
 // while they are in cache.
 bool reads_keys_in_place(const Problem& p);
 
+// Whether forward() of query heads [first, first + count) of one KV head's group (its Hq / Hkv
+// query heads) of p, run as a problem of their own (batch = 1, q_heads = count, kv_heads = 1,
+// the pointers moved to those heads), gives their rows the bits forward(p) gives them: a
+// caller may then run a call too large for its memory a few query heads at a time. A row's
+// bits depend on the path (packed or in place: reads_keys_in_place) and on the rows sharing its
+// row tile of kQueryTile flat rows (src/tiles.h; flat row (h - first head of the group)·Lq + i):
+// the tile's row count picks the decode's chains and streams, and its rows' limits which keys
+// P·V multiplies unconditionally and where the decode's four-key groups end. So the slice must
+// take the same path and keep the same tiles: start on a tile's first row, end on a tile's
+// last (or at the group's end).
+bool query_heads_keep_bits(const Problem& p, int32_t first, int32_t count);
+
 // Number of floats of scratch that forward() needs on `threads` threads: per thread, the
 // packed K/V of one head (O(Lk·(E + Ev)); none on the decode path, which reads K/V in place)
 // plus O(tile) for the rest, the split-K partial states and each row's final (m, l) for the

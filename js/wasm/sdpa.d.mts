@@ -96,6 +96,8 @@ export interface SdpaModule {
     dSinksBySequence: number, scratch: number, scratchFloats: number, threads: number): number;
   /** Whether forward() reads K/V in place (the decode path: no packing). */
   readsKeysInPlace(desc: number): boolean;
+  /** Whether forward() of query heads [first, first + count) of one KV head's group, alone, gives their rows the whole call's bits (src/sdpa.h). */
+  queryHeadsKeepBits(desc: number, first: number, count: number): boolean;
   /** Streamed decoding (src/sdpa.h): keys per segment, the same for every problem. */
   segmentKeys(): number;
   /** Segments of a single-(batch, KV head) decode problem: ceil(Lk / segmentKeys()). */

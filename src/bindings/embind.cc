@@ -280,6 +280,10 @@ int32_t backward_packed(uint32_t desc, uint32_t grad, int32_t sequences, uint32_
 
 bool reads_keys_in_place(uint32_t desc) { return sdpa::reads_keys_in_place(to_problem(problem_at(desc))); }
 
+bool query_heads_keep_bits(uint32_t desc, int32_t first, int32_t count) {
+  return sdpa::query_heads_keep_bits(to_problem(problem_at(desc)), first, count);
+}
+
 int32_t segment_count(uint32_t desc) { return sdpa::segment_count(to_problem(problem_at(desc))); }
 
 double segment_scratch_floats(uint32_t desc) {
@@ -371,6 +375,7 @@ EMSCRIPTEN_BINDINGS(sdpa_wasm) {
   emscripten::function("packedBackwardScratchFloats", &packed_backward_scratch_floats);
   emscripten::function("backwardPacked", &backward_packed);
   emscripten::function("readsKeysInPlace", &reads_keys_in_place);
+  emscripten::function("queryHeadsKeepBits", &query_heads_keep_bits);
   emscripten::function("segmentKeys", &sdpa::segment_keys);
   emscripten::function("segmentCount", &segment_count);
   emscripten::function("segmentScratchFloats", &segment_scratch_floats);

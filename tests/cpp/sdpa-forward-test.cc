@@ -776,6 +776,146 @@ TEST(SdpaForward, ThreadsGiveBitwiseIdenticalResults) {
   }
 }
 
+// Query heads [first, first + count) of KV head kvh's group in batch b of p, as a
+// problem of their own (what query_heads_keep_bits() speaks of): batch 1, count query heads, one
+// KV head, every pointer moved to its first (batch, head), the strides kept; the dropout bases
+// place it in the whole call. Its output, weights and log-sum-exp go to the harness's arrays
+// out, weights and lse (the whole call's shapes), where the whole call's would be.
+Problem query_head_slice(const Problem& p, int b, int kvh, int first, int count, float* out, float* weights,
+                         float* lse) {
+  const int group = p.q_heads / p.kv_heads, h0 = kvh * group + first;
+  const int64_t rows = (int64_t(b) * p.q_heads + h0) * p.q_len;  // the dense weights' and lse's
+  Problem s = p;
+  s.batch = 1, s.q_heads = count, s.kv_heads = 1;
+  s.query = p.query + b * p.q_stride_b + h0 * p.q_stride_h;
+  s.key = static_cast<const float*>(p.key) + b * p.k_stride_b + kvh * p.k_stride_h;
+  s.value = static_cast<const float*>(p.value) + b * p.v_stride_b + kvh * p.v_stride_h;
+  s.output = out + b * p.o_stride_b + h0 * p.o_stride_h;
+  s.weights = p.weights == nullptr ? nullptr : weights + rows * p.kv_len;
+  s.logsumexp = p.logsumexp == nullptr ? nullptr : lse + rows;
+  const int64_t mask_at = b * p.mask_stride_b + h0 * p.mask_stride_h;
+  if (p.mask_kind == MaskKind::kFloat) s.mask = static_cast<const float*>(p.mask) + mask_at;
+  if (p.mask_kind == MaskKind::kBool) s.mask = static_cast<const uint8_t*>(p.mask) + mask_at;
+  if (p.causal_offsets != nullptr) s.causal_offsets = p.causal_offsets + b;
+  if (p.key_lengths != nullptr) s.key_lengths = p.key_lengths + b;
+  if (p.key_starts != nullptr) s.key_starts = p.key_starts + b;
+  if (p.sinks != nullptr) s.sinks = p.sinks + h0;
+  if (p.alibi_slopes != nullptr) s.alibi_slopes = p.alibi_slopes + b * p.alibi_stride_b + h0;
+  s.dropout_batch_base = p.dropout_batch_base + b, s.dropout_head_base = p.dropout_head_base + h0;
+  return s;
+}
+
+TEST(SdpaForward, QueryHeadSlicesThatKeepTheTilesGiveTheWholeCallsBits) {
+  // query_heads_keep_bits() is what lets a call too large for its memory run a few query heads
+  // at a time (js/slices.ts). Every slice it accepts, each run alone on 1 and 2 threads, must
+  // write the bits of the whole call (output, weights, log-sum-exp), on the packed path and in
+  // place (K/V copied or read in order), with every option, and the whole call must match the
+  // reference; the slices it refuses change the path or split a row tile.
+  constexpr uint32_t kDropHalf = 1u << 31;
+  struct SliceCase {
+    Case c;
+    bool read_kv_in_order = false;
+    uint32_t dropout_threshold = 0;
+  };
+  const SliceCase cases[] = {
+      // Multi-query prefill: 37 rows per head (tiles shared by two heads), causal, per-head sinks.
+      {[] { Case c; c.Hq = 8, c.Lq = 37, c.Lk = 300, c.E = 16, c.Ev = 9, c.causal = true, c.offsets = {263};
+            c.sinks = cycling_sinks(8); return c; }()},
+      // Prefill, a float mask [Hq, Lq, Lk] with blocked entries, ALiBi [Hq], softcap, dropout.
+      {[] { Case c; c.Hq = 6, c.Lq = 18, c.Lk = 530, c.E = 8, c.Ev = 8, c.mask_kind = MaskKind::kFloat;
+            c.mask_dims = {6, 18, 530}, c.mask_block_fraction = 0.4, c.alibi_slopes = test::geometric_slopes(6);
+            c.softcap = 3.0f; return c; }(), false, kDropHalf},
+      // Prefill of two batches and two KV heads (GQA), bshd, a bool mask [B, 1, Lq, Lk], window.
+      {[] { Case c; c.B = 2, c.Hq = 10, c.Hkv = 2, c.Lq = 13, c.Lk = 700, c.E = 12, c.Ev = 5, c.bshd = true;
+            c.causal = true, c.offsets = {600, 650}, c.window = 200, c.mask_kind = MaskKind::kBool;
+            c.mask_dims = {2, 1, 13, 700}, c.mask_block_fraction = 0.2; return c; }()},
+      // Decode in place (32 rows per KV head): 8 heads of 4 rows, causal, key starts and lengths.
+      {[] { Case c; c.Hq = 8, c.Lq = 4, c.Lk = 1500, c.E = 16, c.Ev = 16, c.causal = true, c.offsets = {1496};
+            c.key_starts = {40}, c.key_lengths = {1400}; return c; }()},
+      // Decode read in order (a KV cache's), 7 rows per head (tiles shared by heads), per-batch ALiBi.
+      {[] { Case c; c.B = 2, c.Hq = 4, c.Lq = 7, c.Lk = 1100, c.E = 16, c.Ev = 16, c.causal = true,
+            c.offsets = {1093, 900}, c.alibi_slopes = test::per_batch_slopes(2, 4); return c; }(), true},
+      // One token, 12 query heads on one KV head, read in order, sinks and dropout.
+      {[] { Case c; c.Hq = 12, c.Lq = 1, c.Lk = 2100, c.E = 32, c.Ev = 32, c.sinks = cycling_sinks(12);
+            return c; }(), true, kDropHalf},
+  };
+  int accepted = 0;
+  for (const SliceCase& sc : cases) {
+    Harness whole(sc.c);
+    std::vector<float> lse(size_t(sc.c.B) * sc.c.Hq * sc.c.Lq, kNaN);
+    whole.p.logsumexp = lse.data();
+    whole.p.read_kv_in_order = sc.read_kv_in_order;
+    whole.p.dropout_threshold = sc.dropout_threshold, whole.p.dropout_seed = 77;
+    ASSERT_EQ(whole.run(), Status::kOk) << sc.c.describe();
+    if (sc.dropout_threshold == 0) whole.expect_matches_reference();
+    const int group = sc.c.Hq / sc.c.Hkv;
+    for (int count = 1; count < group; count++) {
+      for (int first = 0; first + count <= group; first += count) {
+        if (!query_heads_keep_bits(whole.p, first, count)) continue;
+        accepted++;
+        for (int threads : {1, 2}) {
+          ThreadPool pool(threads);
+          Harness sliced(sc.c);
+          std::vector<float> sliced_lse(lse.size(), kNaN);
+          for (int b = 0; b < sc.c.B; b++) {
+            for (int kvh = 0; kvh < sc.c.Hkv; kvh++) {
+              const Problem s = query_head_slice(whole.p, b, kvh, first, count, sliced.out.data(),
+                                                 sliced.weights.data(), sliced_lse.data());
+              std::vector<float> scratch(scratch_floats(s, threads));
+              ASSERT_EQ(forward(s, scratch.data(), scratch.size(), threads > 1 ? &pool : nullptr), Status::kOk);
+            }
+          }
+          // Only the slice's heads were written: the rest stay NaN in `sliced`.
+          for (int b = 0; b < sc.c.B; b++)
+            for (int h = 0; h < sc.c.Hq; h++)
+              for (int i = 0; i < sc.c.Lq; i++)
+                for (int e = 0; e < sc.c.Ev; e++) {
+                  const bool in_slice = h % group >= first && h % group < first + count;
+                  const float got = sliced.output_at(b, h, i, e), want = whole.output_at(b, h, i, e);
+                  ASSERT_TRUE(in_slice ? std::memcmp(&got, &want, sizeof got) == 0 : std::isnan(got))
+                      << sc.c.describe() << " heads [" << first << ", " << first + count << ") threads " << threads
+                      << " output[" << b << "," << h << "," << i << "," << e << "] " << got << " whole " << want;
+                }
+          for (size_t n = 0; n < lse.size(); n++) {
+            const int h = int(n / size_t(sc.c.Lq) % size_t(sc.c.Hq));
+            if (h % group < first || h % group >= first + count) continue;
+            ASSERT_EQ(0, std::memcmp(&sliced_lse[n], &lse[n], sizeof(float))) << sc.c.describe() << " lse[" << n << "]";
+            ASSERT_EQ(0, std::memcmp(&sliced.weights[n * size_t(sc.c.Lk)], &whole.weights[n * size_t(sc.c.Lk)],
+                                     size_t(sc.c.Lk) * sizeof(float)))
+                << sc.c.describe() << " weights of row " << n;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GE(accepted, 20);  // the cases above give that many slices to check
+
+  // The rule itself. Prefill of 8 heads × 37 rows (296 per KV head): slices of 4 heads keep
+  // every tile (148 rows), of 1 or 2 heads they split one (37, 74); the last slice may end
+  // at the group's end.
+  Harness prefill([] { Case c; c.Hq = 8, c.Lq = 37, c.Lk = 300; return c; }());
+  EXPECT_TRUE(query_heads_keep_bits(prefill.p, 0, 4));
+  EXPECT_TRUE(query_heads_keep_bits(prefill.p, 4, 4));
+  EXPECT_FALSE(query_heads_keep_bits(prefill.p, 0, 1));
+  EXPECT_FALSE(query_heads_keep_bits(prefill.p, 2, 2));
+  EXPECT_TRUE(query_heads_keep_bits(prefill.p, 0, 8));
+  EXPECT_FALSE(query_heads_keep_bits(prefill.p, 4, 5));  // past the group
+  EXPECT_FALSE(query_heads_keep_bits(prefill.p, -4, 4));
+  EXPECT_FALSE(query_heads_keep_bits(prefill.p, 0, 0));
+  // Prefill of 8 heads × 8 rows (64 rows): 4 heads are 32 rows, the decode path; 5 are not.
+  Harness short_prefill([] { Case c; c.Hq = 8, c.Lq = 8, c.Lk = 300; return c; }());
+  ASSERT_FALSE(reads_keys_in_place(short_prefill.p));
+  EXPECT_FALSE(query_heads_keep_bits(short_prefill.p, 0, 4));
+  EXPECT_TRUE(query_heads_keep_bits(short_prefill.p, 0, 5));
+  EXPECT_FALSE(query_heads_keep_bits(short_prefill.p, 5, 3));  // 24 rows: the decode path
+  // Decode of 4 heads × 7 rows (28 rows, in place): a head alone splits a tile, and so do two.
+  Harness decode([] { Case c; c.Hq = 4, c.Lq = 7, c.Lk = 300; return c; }());
+  ASSERT_TRUE(reads_keys_in_place(decode.p));
+  EXPECT_FALSE(query_heads_keep_bits(decode.p, 0, 1));
+  EXPECT_FALSE(query_heads_keep_bits(decode.p, 0, 2));
+  EXPECT_TRUE(query_heads_keep_bits(decode.p, 0, 4));
+}
+
 TEST(SdpaForward, LongSequencesUseTileSizedScratch) {
   Case c;
   c.Lq = 32768, c.Lk = 32768, c.E = 16, c.Ev = 16, c.weights = false;

@@ -158,9 +158,10 @@ describe('createAttention({ maxMemoryBytes })', () => {
       cache.append(randomTensor([1, 2, 10, 8], 7), randomTensor([1, 2, 10, 8], 8));
       const q = randomTensor([1, 4, 2, 8], 9);
       const before = cache.attend(q).output.data;
-      // (Its least: one KV head's two query heads at a time, half the query.)
-      expectError(await errorOf(() => cache.attend(randomTensor([1, 4, 600, 8], 10))), RangeError,
-        [/^KVCache\.attend: needs \d+ bytes of wasm memory to run one \(batch, KV head\) at a time \(query 38400 bytes \+ output 38400 bytes/,
+      // (Its least: one query head at a time, a quarter of the query: 1200 rows of one head
+      // keep the kernel's row tiles, so they give the bits of the whole call.)
+      expectError(await errorOf(() => cache.attend(randomTensor([1, 4, 1200, 8], 10))), RangeError,
+        [/^KVCache\.attend: needs \d+ bytes of wasm memory to run one query head of one \(batch, KV head\) at a time \(query 38400 bytes \+ output 38400 bytes/,
           /of which 73728 are in use/]);
       // Float32 rows into a float16 cache are staged (converted in wasm memory): 1000 rows × 2
       // heads × 8 dims × 4 bytes = 64,000 bytes, past the limit beside 72 KiB. Nothing is appended.
@@ -607,6 +608,118 @@ describe('sdpa() past maxMemoryBytes runs a slice of batches and KV heads at a t
       expectMatchesReference(attn, smallProblem(409));
     } finally {
       attn.dispose();
+    }
+  });
+});
+
+describe('one batch and one KV head (multi-query attention) past maxMemoryBytes: a few query heads at a time where that keeps the bits', () => {
+  // Hq 8 query heads on one KV head, B 1: no slice of batches or KV heads is smaller than the
+  // call. sdpa() and KVCache.attend() then run a few of its query heads at a time, but only
+  // slices that take the kernel's path and keep its row tiles of 4 flat rows (head-major: head
+  // g's rows are g·Lq… g·Lq + Lq - 1; src/sdpa.h, query_heads_keep_bits): a row's bits depend
+  // on the rows sharing its tile. So the least slice is one head for a prompt of 36 rows (any
+  // count of heads keeps the tiles, and 36 rows take the packed path as the whole's 288 do), two
+  // heads for 18 rows (one head's 18 rows would split a tile and take the decode path) and four
+  // heads for a decode (one row a head: 8 rows, two tiles, read in place).
+  const Hq = 8, Lk = 700, E = 16, Ev = 12;
+  const key = randomTensor([1, 1, Lk, E], 501), value = randomTensor([1, 1, Lk, Ev], 502);
+  // NaN in the keys past keyLengths: no slice may read them.
+  key.data.fill(NaN, 690 * E);
+  const random = mulberry32(503);
+  const floatMask = (dims) => ({ data: Float32Array.from({ length: dims.reduce((a, b) => a * b) }, () => (random() < 0.2 ? -Infinity : random() * 4 - 2)), dims });
+  const boolMask = (dims) => ({ data: Uint8Array.from({ length: dims.reduce((a, b) => a * b) }, () => Number(random() < 0.7)), dims });
+  const shapes = [{ Lq: 36, least: 'one query head' }, { Lq: 18, least: '2 query heads' }, { Lq: 1, least: '4 query heads' }];
+  const optionSets = {
+    'causal with an offset, a window, key starts and lengths, a float mask [1, Hq, Lq, Lk], sinks, weights, log-sum-exp': (Lq) => ({
+      isCausal: true, causalOffset: Lk - Lq - 13, slidingWindow: 300, keyStarts: new Int32Array([5]), keyLengths: new Int32Array([690]),
+      attnMask: floatMask([1, Hq, Lq, Lk]), sinks: Float32Array.from({ length: Hq }, (_, h) => h - 3), returnWeights: true, returnLogSumExp: true,
+    }),
+    'a bool mask [Lq, Lk], softcap, ALiBi [Hq], dropout, weights': (Lq) => ({
+      keyLengths: new Int32Array([690]), attnMask: boolMask([Lq, Lk]), softcap: 4, alibiSlopes: Float32Array.from({ length: Hq }, (_, h) => 2 ** -(h + 1)),
+      dropoutP: 0.25, dropoutSeed: 9, returnWeights: true,
+    }),
+  };
+  const expectSameResult = (got, expected) => {
+    expectBitwiseEqual(got.output.data, expected.output.data);
+    expect(got.output.dims).toEqual(expected.output.dims);
+    for (const name of ['weights', 'logSumExp']) if (expected[name]) expectBitwiseEqual(got[name].data, expected[name].data);
+  };
+  /** `call` on a fresh instance (threads, maxMemoryBytes `limit`): its result or error; nothing held after beyond `held` bytes, the peak within the limit. */
+  const runLimited = async (threads, limit, call, held = 0) => {
+    const attn = await createAttention({ threads, maxMemoryBytes: limit });
+    try {
+      const outcome = call(attn);
+      expect(attn.memory().bytesInUse).toBe(held);
+      expect(attn.memory().peakBytes).toBeLessThanOrEqual(limit);
+      return outcome;
+    } finally {
+      attn.dispose();
+    }
+  };
+  const outcomeOf = (fn) => {
+    try {
+      return fn();
+    } catch (error) {
+      return error;
+    }
+  };
+  /**
+   * The least that runs `call` (named by its refusal under `floor` bytes, a limit at which it
+   * must be refused): the refusal names `least`'s slice; that many bytes run it, and a limit
+   * half-way to the whole call's peak, bitwise `expected`; one byte less is the same refusal.
+   */
+  const checkDownToTheLeast = async (threads, floor, peak, held, call, expected, least, fn) => {
+    const refused = await runLimited(threads, floor, (attn) => outcomeOf(() => call(attn)), held);
+    expectError(refused, RangeError, [new RegExp(`^${fn}: needs \\d+ bytes of wasm memory to run ${least} of one \\(batch, KV head\\) at a time \\(query `)]);
+    const needed = held + Number(/needs (\d+) bytes/.exec(refused.message)[1]);
+    expect(needed).toBeLessThan(peak);
+    for (const limit of [needed, Math.floor((needed + peak) / 2)]) {
+      expectSameResult(await runLimited(threads, limit, (attn) => call(attn), held), expected);
+    }
+    const below = await runLimited(threads, needed - 1, (attn) => outcomeOf(() => call(attn)), held);
+    expect(below.message).toBe(refused.message.replace(/limit of (\d+) bytes/, `limit of ${needed - 1} bytes`));
+  };
+
+  test.each(Object.keys(optionSets).flatMap((name) => shapes.map(({ Lq, least }) => [name, Lq, least])))('sdpa(), %s, Lq %i: least %s; threads 1 and 2 bitwise the whole call', async (name, Lq, least) => {
+    const query = randomTensor([1, Hq, Lq, E], 504 + Lq), options = optionSets[name](Lq);
+    const whole = await createAttention({ threads: 2 });
+    let expected, peak;
+    try {
+      expected = whole.sdpa(query, key, value, options);
+      peak = whole.memory().peakBytes;
+    } finally {
+      whole.dispose();
+    }
+    const ref = referenceSdpa(query, key, value, options);
+    expect(maxRelError(expected.output.data, ref.output)).toBeLessThanOrEqual(TOL);
+    expect(maxRelError(expected.weights.data, ref.weights)).toBeLessThanOrEqual(TOL);
+    for (const threads of [1, 2]) {
+      await checkDownToTheLeast(threads, 64, peak, 0, (attn) => attn.sdpa(query, key, value, options), expected, least, 'sdpa');
+    }
+  });
+
+  test.each(Object.keys(optionSets).flatMap((name) => shapes.flatMap(({ Lq, least }) => ['float32', 'float16'].map((dtype) => [name, Lq, dtype, least]))))('KVCache.attend, %s, Lq %i, %s cache: least %s; threads 1 and 2 bitwise the whole call', async (name, Lq, dtype, least) => {
+    const query = randomTensor([1, Hq, Lq, E], 504 + Lq), options = optionSets[name](Lq);
+    const cacheBytes = Lk * (E + Ev) * (dtype === 'float32' ? 4 : 2);
+    // Appended 4 positions at a time: a float16 cache stages each append in wasm memory.
+    const attendOn = (attn) => {
+      const cache = attn.createKVCache({ batch: 1, kvHeads: 1, headDim: E, valueDim: Ev, maxLength: Lk, dtype });
+      for (let at = 0; at < Lk; at += 4) {
+        cache.append({ data: key.data.subarray(at * E, (at + 4) * E), dims: [1, 1, 4, E] },
+          { data: value.data.subarray(at * Ev, (at + 4) * Ev), dims: [1, 1, 4, Ev] });
+      }
+      return cache.attend(query, options);
+    };
+    const whole = await createAttention({ threads: 2 });
+    let expected, peak;
+    try {
+      expected = attendOn(whole);
+      peak = whole.memory().peakBytes;
+    } finally {
+      whole.dispose();
+    }
+    for (const threads of [1, 2]) {
+      await checkDownToTheLeast(threads, cacheBytes + 2048, peak, cacheBytes, attendOn, expected, least, 'KVCache\\.attend');
     }
   });
 });

@@ -2,7 +2,7 @@
 // instance without a limit and on one whose limit is a share of that call's peak (for a KV
 // cache's attend, the peak before it, the cache and its append's float32 → float16 staging, and
 // a share of the call's own), so that the call runs a slice of batches and KV heads at a time
-// (js/slices.ts). Both must give the same bits, the limited one within its limit and holding
+// (js/slices.ts), or, for one sequence of multi-query attention, a few query heads at a time. Both must give the same bits, the limited one within its limit and holding
 // nothing after. Every result carries a hash of the bits, so a browser run can be checked
 // against a Node run.
 // Plain ES module: no Node built-ins.
@@ -31,7 +31,15 @@ export const LIMITED_CASES = [
   { name: 'KVCache.attend (float16): key lengths, a float mask [B, Hq, 1, Lk], weights', cache: 'float16', share: 0.3,
     options: { keyLengths: Int32Array.of(300, 280, 9), attnMask: { data: noiseTensor([B, Hq, 1, Lk], 61, 5).data, dims: [B, Hq, 1, Lk] },
       returnWeights: true } },
+  // One sequence, one KV head (B 1, Hkv 1: batch 0's query and KV head 0): no smaller slice of
+  // batches or KV heads; its 6 query heads of 40 rows each (whole row tiles of the kernel) run a
+  // few at a time.
+  { name: 'sdpa, multi-query (B 1, Hkv 1): causal, sinks, weights', backward: false, multiQuery: true, share: 0.6,
+    options: { isCausal: true, causalOffset: 260, sinks: Float32Array.of(0, 1, -1, 2, -Infinity, 0.5), returnWeights: true } },
 ];
+
+/** Batch 0 of a [B, H, L, D] tensor, its first `heads` heads: [1, heads, L, D]. */
+const firstHeads = ({ data, dims: [, , l, d] }, heads) => ({ data: data.subarray(0, heads * l * d), dims: [1, heads, l, d] });
 
 /** KVCache.attend on a cache of `dtype` made on `attn` and filled with key, value; `filled()` is called before the attend. */
 function attendFromCache(attn, dtype, { query, key, value }, options, filled) {
@@ -62,6 +70,7 @@ export async function runLimitedCases(createAttention, options = {}, cases = LIM
   for (const c of cases) {
     let { query, key, value, gradOutput } = inputs();
     if (c.bshd) [query, key, value, gradOutput] = [query, key, value, gradOutput].map(toBshd);
+    if (c.multiQuery) [query, key, value] = [firstHeads(query, Hq), firstHeads(key, 1), firstHeads(value, 1)];
     // `before`: the peak before the call (a cache and its append's staging; 0 without).
     let before = 0;
     const call = (attn, filled) => {
