@@ -253,7 +253,10 @@ bool query_heads_keep_bits(const Problem& p, int32_t first, int32_t count) {
   if (first < 0 || count < 1 || first > group - count) return false;
   Problem slice = p;
   slice.batch = 1, slice.q_heads = count, slice.kv_heads = 1;
-  if (plan_work(slice, 1).in_place != plan_work(p, 1).in_place) return false;
+  if (plan_work(slice, 1).in_place != plan_work(p, 1).in_place ||
+      sdpa_f32_fwd_4x512__wasmsimd_reads_interleaved(slice) != sdpa_f32_fwd_4x512__wasmsimd_reads_interleaved(p)) {
+    return false;
+  }
   // Flat rows [first·Lq, (first + count)·Lq) of the group's (64-bit: up to kMaxCount each).
   const int64_t begin = static_cast<int64_t>(first) * p.q_len, end = begin + static_cast<int64_t>(count) * p.q_len;
   return begin % kQueryTile == 0 && (end % kQueryTile == 0 || first + count == group);

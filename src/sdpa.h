@@ -200,9 +200,11 @@ bool reads_keys_in_place(const Problem& p);
 // bits depend on the path (packed or in place: reads_keys_in_place) and on the rows sharing its
 // row tile of kQueryTile flat rows (src/tiles.h; flat row (h - first head of the group)·Lq + i):
 // the tile's row count picks the decode's chains and streams, and its rows' limits which keys
-// P·V multiplies unconditionally and where the decode's four-key groups end. So the slice must
-// take the same path and keep the same tiles: start on a tile's first row, end on a tile's
-// last (or at the group's end).
+// P·V multiplies unconditionally and where the decode's four-key groups end; and a problem of
+// one row per KV head may read a KV cache's float16 keys in another order (interleaved groups of
+// tiles). So the slice must take the same path, keep the same tiles (start on a tile's first
+// row, end on a tile's last or at the group's end) and read its keys in the same order
+// (sdpa_f32_fwd_4x512__wasmsimd_reads_interleaved, src/kernels/sdpa-kernels.h).
 bool query_heads_keep_bits(const Problem& p, int32_t first, int32_t count);
 
 // Number of floats of scratch that forward() needs on `threads` threads: per thread, the

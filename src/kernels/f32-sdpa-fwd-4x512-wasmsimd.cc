@@ -961,6 +961,12 @@ uint64_t sdpa_f32_fwd_4x512__wasmsimd_partial_floats(const Problem& p) {
   return static_cast<uint64_t>(kQueryTile) * (2 + value_cols_padded(p));
 }
 
+bool sdpa_f32_fwd_4x512__wasmsimd_reads_interleaved(const Problem& p) {
+  return is_half(p.kv_type) && p.q_heads == p.kv_heads && p.q_len == 1 && p.read_kv_in_order &&
+         p.mask_kind == MaskKind::kNone && p.alibi_slopes == nullptr && p.dropout_threshold == 0 &&
+         p.head_dim % 4 == 0 && p.value_dim % 4 == 0;
+}
+
 namespace {
 
 // The partial state (m, l, o) of flat row f of a split-K work: w.partials is
@@ -983,10 +989,8 @@ float* partial_row(const Problem& p, const KernelWork& w, int32_t f) {
 int32_t interleaved_first_key(const Problem& p, const KernelWork& w, const RowLimits& limit_of) {
   constexpr int32_t kGroupKeys = kInterleavedTiles * kKeyTile;
   constexpr int32_t kSlice = kKeyTile / kDecodeStreams<uint16_t, 1>;
-  if (!is_half(p.kv_type) || p.q_heads != p.kv_heads || p.q_len != 1 || w.partials == nullptr || w.pack ||
-      w.stored_alone || !p.read_kv_in_order || p.mask_kind != MaskKind::kNone || p.alibi_slopes != nullptr ||
-      p.dropout_threshold != 0 || p.head_dim % 4 != 0 ||
-      p.value_dim % 4 != 0 || w.key_end - w.key_begin != kKeyTile) {
+  if (!sdpa_f32_fwd_4x512__wasmsimd_reads_interleaved(p) || w.partials == nullptr || w.pack || w.stored_alone ||
+      w.key_end - w.key_begin != kKeyTile) {
     return -1;
   }
   const int32_t group_begin = w.key_begin / kGroupKeys * kGroupKeys;

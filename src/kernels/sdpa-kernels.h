@@ -42,6 +42,13 @@ uint64_t sdpa_f32_fwd_4x512__wasmsimd_partial_floats(const Problem& p);
 // call alone.
 void sdpa_f32_fwd_ukernel_4x512__wasmsimd(const Problem& p, const KernelWork& work, float* scratch);
 
+// Whether the problem lets the kernel read a split-K decode's float16 K/V in interleaved groups
+// of tiles (a KV cache's MHA decode: one query row per KV head, read in order, no mask, ALiBi
+// or dropout, E and Ev multiples of 4): the problem's part of the choice, a segment's is that its
+// whole group is open to the row. A row read so sums its keys in another order than the same
+// row in a problem of more rows per KV head.
+bool sdpa_f32_fwd_4x512__wasmsimd_reads_interleaved(const Problem& p);
+
 // Output rows [0, rows) of one (batch, KV head) from `segments` split-K calls' partials,
 // laid out [segments][row tiles][partial_floats / 4 per row]. When row_stats is non-null, also
 // each row's final (m, l) there, [rows][2], for the weights (with a sink, softmax-sink.h's

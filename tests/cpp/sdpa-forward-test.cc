@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kernels/alibi.h"
+#include "math/f16-f32-cvt-wasmsimd.h"
 #include "parallel/thread-pool.h"
 #include "reference/sdpa-reference.h"
 #include "sdpa.h"
@@ -785,11 +786,12 @@ Problem query_head_slice(const Problem& p, int b, int kvh, int first, int count,
                          float* lse) {
   const int group = p.q_heads / p.kv_heads, h0 = kvh * group + first;
   const int64_t rows = (int64_t(b) * p.q_heads + h0) * p.q_len;  // the dense weights' and lse's
+  const int64_t element_bytes = is_half(p.kv_type) ? 2 : 4;
   Problem s = p;
   s.batch = 1, s.q_heads = count, s.kv_heads = 1;
   s.query = p.query + b * p.q_stride_b + h0 * p.q_stride_h;
-  s.key = static_cast<const float*>(p.key) + b * p.k_stride_b + kvh * p.k_stride_h;
-  s.value = static_cast<const float*>(p.value) + b * p.v_stride_b + kvh * p.v_stride_h;
+  s.key = static_cast<const char*>(p.key) + element_bytes * (b * p.k_stride_b + kvh * p.k_stride_h);
+  s.value = static_cast<const char*>(p.value) + element_bytes * (b * p.v_stride_b + kvh * p.v_stride_h);
   s.output = out + b * p.o_stride_b + h0 * p.o_stride_h;
   s.weights = p.weights == nullptr ? nullptr : weights + rows * p.kv_len;
   s.logsumexp = p.logsumexp == nullptr ? nullptr : lse + rows;
@@ -809,13 +811,15 @@ TEST(SdpaForward, QueryHeadSlicesThatKeepTheTilesGiveTheWholeCallsBits) {
   // query_heads_keep_bits() is what lets a call too large for its memory run a few query heads
   // at a time (js/slices.ts). Every slice it accepts, each run alone on 1 and 2 threads, must
   // write the bits of the whole call (output, weights, log-sum-exp), on the packed path and in
-  // place (K/V copied or read in order), with every option, and the whole call must match the
-  // reference; the slices it refuses change the path or split a row tile.
+  // place (K/V copied or read in order, float32 or float16), with every option, and the whole
+  // call must match the reference; the slices it refuses change the path, split a row tile or
+  // read a KV cache's float16 keys in another order.
   constexpr uint32_t kDropHalf = 1u << 31;
   struct SliceCase {
     Case c;
     bool read_kv_in_order = false;
     uint32_t dropout_threshold = 0;
+    bool halves = false;  // K/V as float16 (rounded first: the reference runs on their values)
   };
   const SliceCase cases[] = {
       // Multi-query prefill: 37 rows per head (tiles shared by two heads), causal, per-head sinks.
@@ -838,10 +842,23 @@ TEST(SdpaForward, QueryHeadSlicesThatKeepTheTilesGiveTheWholeCallsBits) {
       // One token, 12 query heads on one KV head, read in order, sinks and dropout.
       {[] { Case c; c.Hq = 12, c.Lq = 1, c.Lk = 2100, c.E = 32, c.Ev = 32, c.sinks = cycling_sinks(12);
             return c; }(), true, kDropHalf},
+      // A float16 cache's decode, one token, 8 and 5 query heads on one KV head and 2 tokens of 6
+      // heads, past a whole group of 4 key tiles: a head alone (one row) would be read
+      // interleaved, so only slices of more rows keep the bits (none of 5 heads: 4 + 1).
+      {[] { Case c; c.Hq = 8, c.Lq = 1, c.Lk = 4500, c.E = 16, c.Ev = 16; return c; }(), true, 0, true},
+      {[] { Case c; c.Hq = 5, c.Lq = 1, c.Lk = 4500, c.E = 16, c.Ev = 16; return c; }(), true, 0, true},
+      {[] { Case c; c.Hq = 6, c.Lq = 2, c.Lk = 2600, c.E = 16, c.Ev = 16, c.causal = true, c.offsets = {2598};
+            return c; }(), true, 0, true},
   };
   int accepted = 0;
   for (const SliceCase& sc : cases) {
     Harness whole(sc.c);
+    std::vector<uint16_t> key_halves, value_halves;
+    if (sc.halves) {
+      for (float& x : whole.k) key_halves.push_back(f32_to_f16(x)), x = f16_to_f32(key_halves.back());
+      for (float& x : whole.v) value_halves.push_back(f32_to_f16(x)), x = f16_to_f32(value_halves.back());
+      whole.p.kv_type = KvType::kFloat16, whole.p.key = key_halves.data(), whole.p.value = value_halves.data();
+    }
     std::vector<float> lse(size_t(sc.c.B) * sc.c.Hq * sc.c.Lq, kNaN);
     whole.p.logsumexp = lse.data();
     whole.p.read_kv_in_order = sc.read_kv_in_order;
@@ -914,6 +931,16 @@ TEST(SdpaForward, QueryHeadSlicesThatKeepTheTilesGiveTheWholeCallsBits) {
   EXPECT_FALSE(query_heads_keep_bits(decode.p, 0, 1));
   EXPECT_FALSE(query_heads_keep_bits(decode.p, 0, 2));
   EXPECT_TRUE(query_heads_keep_bits(decode.p, 0, 4));
+  // One token of 5 heads: the last head alone is a whole tile of its own (rows 4..4), but as a
+  // problem of one row per KV head a float16 cache's keys would be read interleaved.
+  Harness token([] { Case c; c.Hq = 5, c.Lq = 1, c.Lk = 300, c.E = 16, c.Ev = 16; return c; }());
+  EXPECT_TRUE(query_heads_keep_bits(token.p, 0, 4));
+  EXPECT_TRUE(query_heads_keep_bits(token.p, 4, 1));  // float32: read in order either way
+  token.p.kv_type = KvType::kFloat16, token.p.read_kv_in_order = true;
+  EXPECT_TRUE(query_heads_keep_bits(token.p, 0, 4));
+  EXPECT_FALSE(query_heads_keep_bits(token.p, 4, 1));
+  token.p.read_kv_in_order = false;  // (K/V copied in: never interleaved)
+  EXPECT_TRUE(query_heads_keep_bits(token.p, 4, 1));
 }
 
 TEST(SdpaForward, LongSequencesUseTileSizedScratch) {

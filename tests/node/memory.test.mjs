@@ -722,6 +722,44 @@ describe('one batch and one KV head (multi-query attention) past maxMemoryBytes:
       await checkDownToTheLeast(threads, cacheBytes + 2048, peak, cacheBytes, attendOn, expected, least, 'KVCache\\.attend');
     }
   });
+
+  test('a decode of 5 query heads from a float16 cache: a head alone would be read in another order, so it runs whole; float32 runs 4 + 1', async () => {
+    // The last head of a 4 + 1 split is one row per KV head, which the kernel reads from a float16
+    // cache in interleaved groups of 4 key tiles (2048 keys): other sums than in the whole call's
+    // tile of one row among five. A float32 cache reads it in order either way.
+    const heads = 5, positions = 4500, dims = 16;
+    const k = randomTensor([1, 1, positions, dims], 511), v = randomTensor([1, 1, positions, dims], 512);
+    const query = randomTensor([1, heads, 1, dims], 513), options = { returnWeights: true };
+    for (const dtype of ['float16', 'float32']) {
+      const cacheBytes = positions * 2 * dims * (dtype === 'float32' ? 4 : 2);
+      const attendOn = (attn) => {
+        const cache = attn.createKVCache({ batch: 1, kvHeads: 1, headDim: dims, maxLength: positions, dtype });
+        for (let at = 0; at < positions; at += 50) {
+          cache.append({ data: k.data.subarray(at * dims, (at + 50) * dims), dims: [1, 1, 50, dims] },
+            { data: v.data.subarray(at * dims, (at + 50) * dims), dims: [1, 1, 50, dims] });
+        }
+        return cache.attend(query, options);
+      };
+      for (const threads of [1, 2]) {
+        // The whole call's peak on this many threads (two threads' scratch is larger).
+        const whole = await createAttention({ threads });
+        let expected, peak;
+        try {
+          expected = attendOn(whole);
+          peak = whole.memory().peakBytes;
+        } finally {
+          whole.dispose();
+        }
+        if (dtype === 'float32') {
+          await checkDownToTheLeast(threads, cacheBytes + 8192, peak, cacheBytes, attendOn, expected, '4 query heads', 'KVCache\\.attend');
+        } else {
+          const refused = await runLimited(threads, peak - 1, (attn) => outcomeOf(() => attendOn(attn)), cacheBytes);
+          expectError(refused, RangeError, [/^KVCache\.attend: needs \d+ bytes of wasm memory \(query /]);
+          expectSameResult(await runLimited(threads, peak, attendOn, cacheBytes), expected);
+        }
+      }
+    }
+  });
 });
 
 describe('no leaks: 10,000 mixed calls return bytesInUse and the module heap to where they were', () => {

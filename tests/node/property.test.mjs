@@ -483,14 +483,15 @@ function randomCacheShape(r) {
 
 /**
  * A random valid append for `model` (room for at least one position): { key, value, options,
- * stored: { k, v } (bhsd values as the cache must store them), Lnew, description }.
+ * stored: { k, v } (bhsd values as the cache must store them), Lnew, description }. `plain`:
+ * normal values only (no raw halves, NaN or values past float16's range).
  */
-function randomAppend(r, model) {
+function randomAppend(r, model, { upTo = r.pick([1, 1, 2, 3, 5, 8, 17, 40, 130]), plain = false } = {}) {
   const { B, Hkv, E, Ev } = model;
-  const Lnew = r.int(1, Math.min(model.max - model.length, r.pick([1, 1, 2, 3, 5, 8, 17, 40, 130])));
+  const Lnew = r.int(1, Math.min(model.max - model.length, upTo));
   const notes = [];
   let k, v, storedK, storedV, valueScale = 1;
-  if (model.dtype === 'float16' && r.chance(0.2)) {
+  if (model.dtype === 'float16' && !plain && r.chance(0.2)) {
     // Raw IEEE halves, stored as they are.
     k = { data: randomHalves(r, B * Hkv * Lnew * E), dims: [B, Hkv, Lnew, E] };
     v = { data: randomHalves(r, B * Hkv * Lnew * Ev), dims: [B, Hkv, Lnew, Ev] };
@@ -505,13 +506,13 @@ function randomAppend(r, model) {
   } else {
     k = normalTensor(r, [B, Hkv, Lnew, E]);
     v = normalTensor(r, [B, Hkv, Lnew, Ev]);
-    if (r.chance(0.1)) {
+    if (!plain && r.chance(0.1)) {
       const factor = r.pick([1e3, 1e5]);  // float16: beyond 65504 saturates
       for (let i = 0; i < v.data.length; i++) v.data[i] *= factor;
       notes.push(`values × ${factor}`);
       valueScale = factor;
     }
-    if (r.chance(0.15)) {
+    if (!plain && r.chance(0.15)) {
       const b = r.int(0, B - 1), h = r.int(0, Hkv - 1), l = r.int(0, Lnew - 1);
       const t = r.chance(0.5) ? k : v;
       const D = t === k ? E : Ev;
@@ -541,16 +542,28 @@ function randomAppend(r, model) {
   return { key, value, options: Object.keys(options).length || r.chance(0.5) ? options : undefined, stored: { k: storedK, v: storedV }, Lnew, valueScale, description };
 }
 
-/** A random valid attend on `model` (with `prompt`, of 16 to 100 query rows), with the reference problem it must equal. */
-function randomAttend(r, model, { prompt = false } = {}) {
+/**
+ * A random valid attend on `model` (with `prompt`, of 16 to 100 query rows), with the reference
+ * problem it must equal; `groups`: the query heads per KV head to draw from, `rows` the query
+ * rows (without `prompt`); `plain`: the cache's default causal alignment and no mask, ALiBi,
+ * dropout, key lengths and starts or window, and the weights returned (for the past-limit
+ * group, which compares with the unlimited call: the reference fields then do not apply).
+ */
+function randomAttend(r, model, { prompt = false, groups = [1, 1, 2, 4], rows = [1, 1, 1, 2, 3, 4, 5, 9], plain = false } = {}) {
   const { B, Hkv, E, length: Lk } = model;
-  const Hq = Hkv * r.pick([1, 1, 2, 4]);
-  const Lq = prompt ? r.pick([16, 40, 100]) : r.pick([1, 1, 1, 2, 3, 4, 5, 9]);
+  const Hq = Hkv * r.pick(groups);
+  const Lq = prompt ? r.pick([16, 40, 100]) : r.pick(rows);
   const { Ev } = model;
   const layout = r.chance(0.3) ? 'bshd' : 'bhsd';
   const outputSize = B * Hq * Lq * Ev;
   const { options, causal, offsetOf } = randomOptions(r, { B, Hq, Lq, Lk, outputSize }, { forCache: true });
   if (layout === 'bshd') options.layout = 'bshd';
+  if (plain) {
+    for (const name of ['isCausal', 'causalOffset', 'attnMask', 'alibiSlopes', 'dropoutP', 'dropoutSeed', 'keyLengths', 'keyStarts', 'slidingWindow']) {
+      delete options[name];
+    }
+    options.returnWeights = true;
+  }
   // Positions holding a NaN must be excluded with keyLengths.
   if (model.firstNaN.some((p) => p < Lk)) {
     const lengths = options.keyLengths ?? new Int32Array(B).fill(Lk);
@@ -592,15 +605,29 @@ function randomLimitedCall(r, kind) {
  * calling `filled()`, then attending.
  */
 function randomLimitedAttend(r) {
-  const shape = randomCacheShape(r);
+  // Half: a step of 1 to 3 rows on a long cache (past a group of 4 key tiles, 2048 positions)
+  // with 3 to 9 query heads per KV head, where slices of the heads meet the kernel's choices by
+  // rows per KV head (a float16 cache's one row per KV head, its keys read interleaved, which
+  // needs a whole group of keys open to the row and no mask, ALiBi or dropout: half of these have
+  // none of those options, and their weights, the most a step's slices save).
+  const long = r.chance(0.5);
+  const shape = long ? {
+    batch: r.pick([1, 1, 2]), kvHeads: r.pick([1, 1, 2]), headDim: r.pick([4, 8, 16]), maxLength: r.int(2100, 4600),
+    dtype: r.pick(['float16', 'float16', 'float32']),
+  } : randomCacheShape(r);
+  if (long) shape.valueDim = r.chance(0.7) ? shape.headDim : r.pick([5, 8]);
   const model = new CacheModel(shape);
   const appends = [];
-  for (let n = r.int(1, 3); n > 0 && model.length < model.max; n--) {
-    const a = randomAppend(r, model);
+  // A long cache: appends of up to 256 positions until past 2048 (a float16 cache stages each
+  // append in wasm memory: one large one would need more room than the step itself), of plain
+  // values (NaN would need keyLengths before it, as would a saturated half's weight).
+  const filled = long ? r.int(2048, shape.maxLength) : 0;
+  for (let n = r.int(1, 3); (n > 0 || model.length < filled) && model.length < model.max; n--) {
+    const a = randomAppend(r, model, long ? { upTo: 256, plain: true } : undefined);
     appends.push(a);
     model.append(a.stored.k, a.stored.v, a.Lnew, a.valueScale);
   }
-  const c = randomAttend(r, model, { prompt: true });
+  const c = randomAttend(r, model, long ? { groups: [3, 5, 5, 6, 7, 9, 9], rows: [1, 1, 1, 2, 3], plain: r.chance(0.5) } : { prompt: true });
   const call = (instance, filled = () => {}) => {
     const cache = instance.createKVCache(shape);
     for (const a of appends) cache.append(a.key, a.value, a.options);
