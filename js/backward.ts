@@ -13,7 +13,7 @@ import { backwardArg, problemArg } from './kernel-args.js';
 import { type CallMemory, runFirstThatFits, type Way } from './memory.js';
 import {
   copySlice, denseStrides, maskSpanBytes, problemOfSlice, sliceCandidates, SliceMasks, sliceProblem, slicePurpose,
-  sliceShapes, slicesOf, type SliceShape,
+  sliceShapes, slicesOf, type Slice, type SliceShape,
 } from './slices.js';
 import { check, copySmallInputs, describeProblem, smallInputBytes } from './strategies.js';
 import type { SdpaBackwardResult, Tensor } from './types.js';
@@ -32,17 +32,18 @@ export function describeBackward(p: SdpaPlan): BackwardDesc {
     dqStrideB: p.q.b, dqStrideH: p.q.h, dqStrideL: p.q.l,
     dkStrideB: p.k.b, dkStrideH: p.k.h, dkStrideL: p.k.l,
     dvStrideB: p.v.b, dvStrideH: p.v.h, dvStrideL: p.v.l,
-    dMask: 0, dSinks: 0,
+    dMask: 0, dSinks: 0, maskGradParts: 0,
   };
 }
 
 /**
  * sdpaBackward(): Q, K, V and dO copied in whole (runBackwardWhole), or, where that copy would
  * pass the memory limits (maxMemoryBytes, the module's 2 GiB), a slice of the call at a time,
- * the largest that fits (runBackwardSlices). Not with the mask's gradient (its sums over the
- * mask's broadcast axes and its split into parts follow the whole call's shape), nor where there
- * is one (batch, KV head), or sinks and one KV head (their gradient sums over every batch):
- * those are refused past the limits, naming the whole copy's blocks.
+ * the largest that fits (runBackwardSlices). A slice holds every batch the sinks' gradient or
+ * the mask's gradient sums over (the mask broadcasting over batches), and every head the mask's
+ * gradient sums over; so there is none of one (batch, KV head), of sinks with one KV head, or of
+ * a mask's gradient whose mask broadcasts over both batches and heads (or over batches, with one
+ * KV head): those are refused past the limits, naming the whole copy's blocks.
  */
 export function runBackward(memory: CallMemory, threads: number, bp: BackwardPlan, q: Float32Array, k: Float32Array,
   v: Float32Array): SdpaBackwardResult {
@@ -56,7 +57,9 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
   if (memory.fits(whole.request)) return copied();
   return runFirstThatFits((function* ways(): Generator<Way<SdpaBackwardResult>> {
     yield { memory, request: whole.request, run: copied };
-    for (const shape of bp.maskGrad ? [] : sliceCandidates(p, p.sinks !== null)) {
+    const mask = bp.maskGrad ? p.mask : null;
+    const everyBatch = p.sinks !== null || mask?.strides[0] === 0, everyHead = mask?.strides[1] === 0;
+    for (const shape of sliceCandidates(p, { everyBatch, everyHead })) {
       const slices = planBackwardSlices(memory.module, threads, bp, shape);
       yield { memory, request: slices.request, run: () => runBackwardSlices(memory, threads, bp, q, k, v, slices) };
     }
@@ -132,19 +135,28 @@ function sliceBackward(slice: ProblemDesc): BackwardDesc {
     dqStrideB: slice.qStrideB, dqStrideH: slice.qStrideH, dqStrideL: slice.qStrideL,
     dkStrideB: slice.kStrideB, dkStrideH: slice.kStrideH, dkStrideL: slice.kStrideL,
     dvStrideB: slice.vStrideB, dvStrideH: slice.vStrideH, dvStrideL: slice.vStrideL,
-    dMask: 0, dSinks: 0,
+    dMask: 0, dSinks: 0, maskGradParts: 0,
   };
 }
 
-/** runBackwardSlices' blocks for slices of `shape`: each slice tensor and gradient, its mask, the scratch, the other small inputs whole. */
+/**
+ * runBackwardSlices' blocks for slices of `shape`: each slice tensor and gradient, its mask (and
+ * the mask's gradient, over the same span), the scratch, the other small inputs whole.
+ */
 function planBackwardSlices(module: SdpaModule, threads: number, bp: BackwardPlan, shape: SliceShape) {
   const p = bp.forward;
   const desc = describeProblem(p);
   const sliceDesc = sliceProblem(p, desc, shape);
   const heads = sliceDesc.qHeads, rows = shape.batches * heads * p.qLen, keys = shape.batches * shape.kvHeads * p.kvLen;
+  // The whole call's split of each mask-gradient block's sum, given to every slice (whose blocks
+  // are fewer, but each the same sum: every batch and head it sums over is in the slice).
+  // Any address stands in for dMask until the allocation.
+  const maskGradParts = bp.maskGrad ? module.maskGradParts(problemArg(module, desc),
+    backwardArg(module, { ...describeBackward(p), dMask: 1 })) : 0;
+  const sliceGrad = (slice: ProblemDesc) => ({ ...sliceBackward(slice), dMask: bp.maskGrad ? 1 : 0, maskGradParts });
   const scratch = (s: SliceShape) => {
     const slice = sliceProblem(p, desc, s);
-    const backward = module.backwardScratchFloats(problemArg(module, slice), backwardArg(module, sliceBackward(slice)), threads);
+    const backward = module.backwardScratchFloats(problemArg(module, slice), backwardArg(module, sliceGrad(slice)), threads);
     return { backward, forward: bp.saved === null ? module.scratchFloats(problemArg(module, slice), threads) : 0 };
   };
   const needs = sliceShapes(p, shape).map(scratch);
@@ -153,10 +165,10 @@ function planBackwardSlices(module: SdpaModule, threads: number, bp: BackwardPla
     query: 4 * rows * p.headDim, key: 4 * keys * p.headDim, value: 4 * keys * p.valueDim,
     gradOutput: 4 * rows * p.valueDim, output: 4 * rows * p.valueDim, logSumExp: 4 * rows,
     dQuery: 4 * rows * p.headDim, dKey: 4 * keys * p.headDim, dValue: 4 * keys * p.valueDim,
-    dSinks: p.sinks !== null ? 4 * heads : 0,
+    dSinks: p.sinks !== null ? 4 * heads : 0, dMask: bp.maskGrad ? maskSpanBytes(p, shape.batches, heads) : 0,
     scratch: 4 * Math.max(backwardFloats, forwardFloats), ...smallInputBytes(p), attnMask: maskSpanBytes(p, shape.batches, heads),
   };
-  return { shape, desc, sliceDesc, backwardFloats, forwardFloats, request };
+  return { shape, desc, sliceDesc, backwardFloats, forwardFloats, maskGradParts, request };
 }
 
 /**
@@ -164,14 +176,16 @@ function planBackwardSlices(module: SdpaModule, threads: number, bp: BackwardPla
  * copied in, the forward (unless saved) and the backward computed on `threads` threads, its
  * gradients copied out into arrays of the call's shapes, which go into options.out (written or
  * added to) at the end, when every input has been read. With sinks every slice holds every
- * batch, so that each head's sink gradient is the whole call's one sum.
+ * batch, so that each head's sink gradient is the whole call's one sum; with the mask's
+ * gradient, every batch and head the mask broadcasts over, and the whole call's parts
+ * (maskGradParts), so that each of its elements is the whole call's sum.
  */
 function runBackwardSlices(memory: CallMemory, threads: number, bp: BackwardPlan, q: Float32Array, k: Float32Array,
   v: Float32Array, plan: ReturnType<typeof planBackwardSlices>): SdpaBackwardResult {
   const p = bp.forward;
   const module = memory.module;
   try {
-    const { shape, desc, sliceDesc, backwardFloats, forwardFloats, request } = plan;
+    const { shape, desc, sliceDesc, backwardFloats, forwardFloats, maskGradParts, request } = plan;
     const at = memory.allocate(request, slicePurpose(p, shape));
     copySmallInputs(memory, p, desc, at, false);
     Object.assign(sliceDesc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
@@ -179,12 +193,13 @@ function runBackwardSlices(memory: CallMemory, threads: number, bp: BackwardPlan
     const gradients = {
       dQuery: new Float32Array(q.length), dKey: new Float32Array(k.length), dValue: new Float32Array(v.length),
       dSinks: p.sinks !== null ? new Float32Array(p.qHeads) : undefined,
+      dMask: bp.maskGrad && p.mask !== null ? new Float32Array(p.mask.size) : undefined,
     };
     for (const c of slicesOf(p, shape)) {
       const slice = problemOfSlice(p, desc, sliceDesc, shape, c);
       const grad = Object.assign(sliceBackward(slice), {
         logsumexp: at.logSumExp, gradOutput: at.gradOutput, dQuery: at.dQuery, dKey: at.dKey, dValue: at.dValue,
-        dSinks: p.sinks !== null ? at.dSinks : 0,
+        dSinks: p.sinks !== null ? at.dSinks : 0, dMask: bp.maskGrad ? at.dMask : 0, maskGradParts,
       });
       const rows = { ...c, h0: c.firstHead }, kv = { ...c, heads: c.kvHeads };
       // Fresh views every time: a view is never kept across a call into the module.
@@ -209,10 +224,30 @@ function runBackwardSlices(memory: CallMemory, threads: number, bp: BackwardPlan
       if (gradients.dSinks !== undefined) {
         gradients.dSinks.set(after.subarray(at.dSinks >>> 2, (at.dSinks >>> 2) + c.heads), c.firstHead);
       }
+      if (gradients.dMask !== undefined) copyMaskGradient(after, at.dMask, gradients.dMask, p, c);
     }
     return gradientResult(bp, gradients, true);
   } finally {
     memory.free();
+  }
+}
+
+/**
+ * Slice c's elements of the mask's gradient, from its block at byte `address` of `f32` (laid out
+ * as the slice's mask span, from c's first batch and head: SliceMasks) into `dMask`, the whole
+ * mask's: the mask's own (batch, head) planes that c holds, each [Lq, Lk] of the mask's own axes,
+ * contiguous (the mask is dense over its own axes). On an axis the mask broadcasts over, c holds
+ * every batch or head, and its one plane is the whole sum.
+ */
+function copyMaskGradient(f32: Float32Array, address: number, dMask: Float32Array, p: SdpaPlan, c: Slice): void {
+  const [sb, sh, sq, sk] = (p.mask as NonNullable<SdpaPlan['mask']>).strides;
+  const plane = (p.qLen - 1) * sq + (p.kvLen - 1) * sk + 1;
+  const from = c.b0 * sb + c.firstHead * sh;
+  for (let b = c.b0; b < (sb === 0 ? c.b0 + 1 : c.b0 + c.batches); b++) {
+    for (let h = c.firstHead; h < (sh === 0 ? c.firstHead + 1 : c.firstHead + c.heads); h++) {
+      const at = b * sb + h * sh, own = (address >>> 2) + at - from;
+      dMask.set(f32.subarray(own, own + plane), at);
+    }
   }
 }
 

@@ -88,13 +88,17 @@ export type QueryHeadsKeepBits = (first: number, count: number) => boolean;
  * KV heads of half the batches, of a quarter… of one batch, then half its KV heads… one KV head of
  * one batch; then, given `keepsBits` (the forward), about half its query heads… as few as keep
  * the bits (each halving rounded up to the next count whose every slice keeps them). With
- * `everyBatch` (sdpaBackward with sinks: each head's sink gradient is one sum over every batch
- * and row, src/sdpa-backward.cc) every slice holds all batches instead: half the KV heads… one.
+ * `everyBatch` (sdpaBackward with sinks, or a mask's gradient whose mask broadcasts over batches:
+ * one sum over every batch, src/sdpa-backward.cc) every slice holds all batches instead: half the
+ * KV heads… one; with `everyHead` (a mask's gradient whose mask broadcasts over heads) all heads:
+ * half the batches… one; with both, no slice.
  */
-export function sliceCandidates(p: Plan, everyBatch: boolean, keepsBits?: QueryHeadsKeepBits): SliceShape[] {
+export function sliceCandidates(p: Plan, { everyBatch = false, everyHead = false, keepsBits }:
+  { everyBatch?: boolean; everyHead?: boolean; keepsBits?: QueryHeadsKeepBits }): SliceShape[] {
   const byHeads = (batches: number) => halvings(p.kvHeads).map((kvHeads) => ({ batches, kvHeads }));
-  if (everyBatch) return byHeads(p.batch);
   const byBatches = halvings(p.batch).map((batches) => ({ batches, kvHeads: p.kvHeads }));
+  if (everyBatch) return everyHead ? [] : byHeads(p.batch);
+  if (everyHead) return byBatches;
   const byQueryHeads = keepsBits === undefined ? [] : queryHeadCounts(p.qHeads / p.kvHeads, keepsBits)
     .map((groupHeads) => ({ batches: 1, kvHeads: 1, groupHeads }));
   return [...byBatches, ...byHeads(1), ...byQueryHeads];

@@ -144,7 +144,7 @@ export function runSdpa(engines: Engines, p: Plan, q: Float32Array, k: Float32Ar
   } });
   return runFirstThatFits((function* ways(): Generator<Way<SdpaResult>> {
     yield* tried;
-    for (const shape of sliceCandidates(p, false, queryHeadsKeepBits(memory.module, desc))) {
+    for (const shape of sliceCandidates(p, { keepsBits: queryHeadsKeepBits(memory.module, desc) })) {
       const slices = planSlices(memory.module, engines.threads, p, shape);
       yield { memory, request: slices.request, run: () => runSlices(memory, engines.threads, p, q, copiedSlices(p, k, v), slices) };
     }
@@ -321,7 +321,7 @@ export function runResident(memory: CallMemory, threads: number, p: Plan, q: Flo
       memory, request: whole.request,
       run: () => (problemArg(memory.module, desc), runResidentWhole(memory, threads, p, desc, whole, q)),
     };
-    for (const shape of sliceCandidates(p, false, queryHeadsKeepBits(memory.module, desc))) {
+    for (const shape of sliceCandidates(p, { keepsBits: queryHeadsKeepBits(memory.module, desc) })) {
       const slices = planSlices(memory.module, threads, p, shape, kv);
       yield { memory, request: slices.request, run: () => runSlices(memory, threads, p, q, residentSlices(p, kv), slices) };
     }

@@ -24,7 +24,7 @@ Status validate_backward(const BackwardProblem& p) {
   for (int64_t stride : strides) {
     if (stride < 0) return Status::kBadStride;
   }
-  if (p.d_mask != nullptr && p.forward.mask_kind != MaskKind::kFloat) return Status::kBadMaskGrad;
+  if ((p.d_mask != nullptr && p.forward.mask_kind != MaskKind::kFloat) || p.mask_grad_parts < 0) return Status::kBadMaskGrad;
   if (p.d_sinks != nullptr && p.forward.sinks == nullptr) return Status::kNullPointer;
   return Status::kOk;
 }
@@ -47,7 +47,8 @@ namespace {
 //      into parts (runs of its row tiles, at least kMaskGradPartTiles each), summed into
 //      partials [blocks, parts, block's elements] in scratch, then
 //   5. the partials added in part order into d_mask, by blocks.
-//   The blocks and parts follow from the shapes alone: the same sums for any number of threads.
+//   The blocks and parts follow from the shapes alone (or the parts from mask_grad_parts): the
+//   same sums for any number of threads.
 // Both ways run the same operations on every gradient element in the same order (the fused
 // kernel is the dK/dV kernel's key blocks plus the dQ kernel's per-tile sums): the same bits.
 // Scratch: RowStats' delta, shift and log_sum [B, Hq, Lq] each, the mask gradient's partials
@@ -110,7 +111,9 @@ BackwardPlan plan_backward(const BackwardProblem& bp, int32_t threads) {
   const int64_t block_rows = p.mask_stride_q != 0 ? std::min(p.q_len, kMaskGradRows) : p.q_len;  // the first block's
   const int64_t block_tiles = mask_grad_tiles(p, block_rows);
   w.mask_grad_parts = 1;
-  if (mask_grad && blocks < kMaskGradItems) {
+  if (mask_grad && bp.mask_grad_parts > 0) {  // the caller's (a slice's: the whole call's parts)
+    w.mask_grad_parts = static_cast<int32_t>(std::min<int64_t>(bp.mask_grad_parts, std::max<int64_t>(1, block_tiles)));
+  } else if (mask_grad && blocks < kMaskGradItems) {
     w.mask_grad_parts = static_cast<int32_t>(
         std::max<int64_t>(1, std::min((kMaskGradItems + blocks - 1) / blocks, block_tiles / kMaskGradPartTiles)));
   }
@@ -270,6 +273,8 @@ void sink_gradient(const BackwardProblem& bp, const RowStats& stats) {
 }
 
 }  // namespace
+
+int32_t backward_mask_grad_parts(const BackwardProblem& p) { return plan_backward(p, 1).mask_grad_parts; }
 
 uint64_t backward_scratch_floats(const BackwardProblem& p, int32_t threads) {
   const BackwardPlan w = plan_backward(p, threads);

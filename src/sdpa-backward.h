@@ -73,15 +73,26 @@ struct BackwardProblem {
   // axis the mask broadcasts on (stride 0) is summed over. Distinct elements of the mask's own
   // axes must not overlap (dense masks do not). Every element is written.
   float* d_mask = nullptr;
+  // Into how many parts backward() splits the sum of each block of d_mask (see the work above):
+  // 0 for its own choice from the shapes (backward_mask_grad_parts), else this many (at most the
+  // block's row tiles). A call computed in slices of batches or heads, each slice holding every
+  // batch and head the mask broadcasts on, gives each slice the whole call's parts: each d_mask
+  // element is then the same sum, in the same order, as in the whole call.
+  int32_t mask_grad_parts = 0;
   // The sinks' gradient [Hq], or null for none; needs forward.sinks. Summed in double over
   // (b, i) in order, after the rows' statistics: the same bits for any number of threads.
   float* d_sinks = nullptr;
 };
 
 // validate(forward), then: float32 K/V (else kBadKvType), the backward's pointers
-// (kNullPointer) and strides (kBadStride), a d_mask only for a float mask (kBadMaskGrad), d_sinks
-// only with sinks (kNullPointer).
+// (kNullPointer) and strides (kBadStride), a d_mask only for a float mask and mask_grad_parts >= 0
+// (kBadMaskGrad), d_sinks only with sinks (kNullPointer).
 Status validate_backward(const BackwardProblem& p);
+
+// The parts backward() splits each d_mask block's sum into (1: not split): mask_grad_parts when
+// set, else its choice from the shapes alone (enough items for 4 threads), the same for any
+// number of threads. 1 without d_mask.
+int32_t backward_mask_grad_parts(const BackwardProblem& p);
 
 // Floats of scratch that backward() needs on `threads` threads: the rows' RowStats (3 floats
 // each: D_i and the two that rebuild p), and per thread the largest need of the kernels used:

@@ -54,6 +54,8 @@ export interface BackwardDesc {
   dMask: number;
   /** The sinks' gradient [Hq]: 0 for none. */
   dSinks: number;
+  /** Parts of each mask-gradient block's sum: 0 for the kernel's choice (a slice passes the whole call's, maskGradParts). */
+  maskGradParts: number;
 }
 
 /** One argument block of the module: where it is and each field's byte offset in it. */
@@ -81,6 +83,8 @@ export interface SdpaModule {
   backwardScratchFloats(desc: number, grad: number, threads: number): number;
   /** dQ, dK, dV (and dMask, dSinks if given) of `desc` (its output = the forward's O): a status (0 = ok). */
   backward(desc: number, grad: number, scratch: number, scratchFloats: number, threads: number): number;
+  /** The parts backward() splits each mask-gradient block's sum into (src/sdpa-backward.h backward_mask_grad_parts). */
+  maskGradParts(desc: number, grad: number): number;
   // Packed sequences (src/sdpa-packed.h): `desc` is the whole packed problem (batch 1, qLen Tq,
   // kvLen Tk), qStarts and kStarts the addresses of [S + 1] int32 each.
   /** Floats of scratch forward_packed() needs on `threads` threads (reads the starts). */

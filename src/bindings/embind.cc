@@ -102,6 +102,7 @@ struct BackwardDesc {
   int32_t dkStrideB, dkStrideH, dkStrideL, dvStrideB, dvStrideH, dvStrideL;
   uint32_t dMask;   // 0 for none
   uint32_t dSinks;  // sdpa::BackwardProblem::d_sinks: [Hq], 0 for none
+  int32_t maskGradParts;  // sdpa::BackwardProblem::mask_grad_parts: 0 for the kernel's choice
 };
 
 // The argument blocks. A call's ProblemDesc (and BackwardDesc) is not converted from a JS
@@ -157,7 +158,7 @@ constexpr FieldLayout kBackwardFields[] = {
     SDPA_FIELD(BackwardDesc, dqStrideH), SDPA_FIELD(BackwardDesc, dqStrideL),  SDPA_FIELD(BackwardDesc, dkStrideB),
     SDPA_FIELD(BackwardDesc, dkStrideH), SDPA_FIELD(BackwardDesc, dkStrideL),  SDPA_FIELD(BackwardDesc, dvStrideB),
     SDPA_FIELD(BackwardDesc, dvStrideH), SDPA_FIELD(BackwardDesc, dvStrideL),  SDPA_FIELD(BackwardDesc, dMask),
-    SDPA_FIELD(BackwardDesc, dSinks),
+    SDPA_FIELD(BackwardDesc, dSinks),    SDPA_FIELD(BackwardDesc, maskGradParts),
 };
 #undef SDPA_FIELD
 // All fields are words: a struct as large as its listed fields has every field listed (the
@@ -207,6 +208,7 @@ sdpa::BackwardProblem to_backward(const ProblemDesc& d, const BackwardDesc& g) {
   p.dv_stride_b = g.dvStrideB, p.dv_stride_h = g.dvStrideH, p.dv_stride_l = g.dvStrideL;
   p.d_mask = at<float>(g.dMask);
   p.d_sinks = at<float>(g.dSinks);
+  p.mask_grad_parts = g.maskGradParts;
   return p;
 }
 
@@ -233,6 +235,10 @@ int32_t forward(uint32_t desc, uint32_t scratch, double scratch_floats, int32_t 
 
 double backward_scratch_floats(uint32_t desc, uint32_t grad, int32_t threads) {
   return static_cast<double>(sdpa::backward_scratch_floats(to_backward(problem_at(desc), backward_at(grad)), threads));
+}
+
+int32_t mask_grad_parts(uint32_t desc, uint32_t grad) {
+  return sdpa::backward_mask_grad_parts(to_backward(problem_at(desc), backward_at(grad)));
 }
 
 int32_t backward(uint32_t desc, uint32_t grad, uint32_t scratch, double scratch_floats, int32_t threads) {
@@ -369,6 +375,7 @@ EMSCRIPTEN_BINDINGS(sdpa_wasm) {
   emscripten::function("scratchFloats", &scratch_floats);
   emscripten::function("backwardScratchFloats", &backward_scratch_floats);
   emscripten::function("backward", &backward);
+  emscripten::function("maskGradParts", &mask_grad_parts);
   emscripten::function("forward", &forward);
   emscripten::function("packedScratchFloats", &packed_scratch_floats);
   emscripten::function("forwardPacked", &forward_packed);

@@ -720,6 +720,44 @@ TEST(Backward, RejectsWhatItDoesNotTake) {
   EXPECT_EQ(validate_backward(bad), Status::kBadSink);
   sink = 1.0f;
   EXPECT_EQ(validate_backward(bad), Status::kOk);
+  // A negative count of the mask gradient's parts.
+  bad = h.bp;
+  bad.mask_grad_parts = -1;
+  EXPECT_EQ(validate_backward(bad), Status::kBadMaskGrad);
+}
+
+TEST(Backward, MaskGradientPartsGivenByTheCaller) {
+  // BackwardProblem::mask_grad_parts: a caller running a call in slices passes the whole call's
+  // parts (js/backward.ts). Any count gives the same dQ, dK, dV bits and a d_mask within the
+  // tolerance of the reference; the count backward() would choose gives its own bits; counts
+  // past the block's row tiles are capped at them. A mask [Hq, Lq, Lk] of 3 batches: 2 blocks,
+  // each the sum over 3 batches of 10 row tiles, split by backward() itself into 7 parts.
+  Case c;
+  c.B = 3, c.Hq = 2, c.Hkv = 1, c.Lq = 37, c.Lk = 150, c.E = 8, c.Ev = 8, c.causal = true, c.offsets = {113};
+  c.mask_kind = MaskKind::kFloat, c.mask_dims = {2, 37, 150}, c.mask_block_fraction = 0.1;
+  Harness own(c);
+  own.run(2);
+  own.expect_matches_reference();
+  const int32_t chosen = backward_mask_grad_parts(own.bp);
+  EXPECT_EQ(chosen, 7);
+  for (int32_t parts : {1, 2, chosen, 30, 1000}) {
+    Harness given(c);
+    given.bp.mask_grad_parts = parts;
+    EXPECT_EQ(backward_mask_grad_parts(given.bp), std::min(parts, 30)) << parts;
+    given.run(parts % 2 == 0 ? 2 : 1);
+    given.expect_matches_reference();
+    if (parts == chosen) {
+      given.expect_same_bits(own, "the parts backward() chooses");
+    } else {
+      EXPECT_EQ(std::memcmp(given.dq.data(), own.dq.data(), own.dq.size() * 4), 0) << parts;
+      EXPECT_EQ(std::memcmp(given.dk.data(), own.dk.data(), own.dk.size() * 4), 0) << parts;
+      EXPECT_EQ(std::memcmp(given.dv.data(), own.dv.data(), own.dv.size() * 4), 0) << parts;
+    }
+  }
+  Harness none(c);
+  none.bp.d_mask = nullptr;
+  none.bp.mask_grad_parts = 5;
+  EXPECT_EQ(backward_mask_grad_parts(none.bp), 1);  // no d_mask: nothing to split
 }
 
 

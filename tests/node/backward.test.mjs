@@ -877,7 +877,10 @@ describe('sdpaBackward past maxMemoryBytes runs a slice of batches and KV heads 
   // B·Hkv = 15 (batch, KV head) pairs, GQA, Lq ≠ Lk, Ev ≠ E. Where the whole copy would pass the
   // limit, sdpaBackward runs slices of 2 batches (the third alone), or 5, 3, 2 or 1 KV heads of
   // one batch; with sinks every slice holds all three batches (3, 2 or 1 KV heads of each),
-  // since each head's sink gradient is one sum over every batch and row.
+  // since each head's sink gradient is one sum over every batch and row. The mask's gradient
+  // sums over the axes the mask broadcasts on: a slice holds every batch (a mask [1, Hq, ·, ·])
+  // or every head (a mask [B, 1, ·, ·]) it sums over, and splits each of its blocks' sums into
+  // the whole call's parts.
   const B = 3, Hq = 10, Hkv = 5, Lq = 29, Lk = 150, E = 16, Ev = 12;
   const keyLengths = new Int32Array([150, 131, 97]);
   const cases = {
@@ -891,6 +894,20 @@ describe('sdpaBackward past maxMemoryBytes runs a slice of batches and KV heads 
     'keyStarts, a sliding window, a scale': {
       keyStarts: new Int32Array([3, 0, 11]), isCausal: true, causalOffset: 120, slidingWindow: 40, scale: 0.4,
     },
+    'the gradient of a float mask [B, Hq, Lq, Lk] (slices of batches and KV heads), causal': {
+      isCausal: true, causalOffset: 121, attnMask: floatMask([B, Hq, Lq, Lk], 502, 0.1), returnMaskGrad: true,
+    },
+    'the gradient of a float mask [1, Hq, 1, Lk] (summed over batches and rows: KV heads of every batch), sinks, key lengths': {
+      keyLengths, sinks: Float32Array.from({ length: Hq }, (_, h) => 1 - h / 3), attnMask: floatMask([1, Hq, 1, Lk], 503, 0.1), returnMaskGrad: true,
+    },
+    'the gradient of a float mask [B, 1, Lq, 1] (summed over heads and keys: batches of every head), dropout': {
+      dropoutP: 0.2, dropoutSeed: 7, attnMask: floatMask([B, 1, Lq, 1], 504), returnMaskGrad: true,
+    },
+  };
+  /** Shares of the whole call's peak to run under: down to about its smallest slice's. */
+  const sharesOf = (options) => {
+    if (options.returnMaskGrad && options.attnMask.dims[1] === 1) return [0.8, 0.5];  // one batch: a third
+    return options.sinks || (options.returnMaskGrad && options.attnMask.dims[0] === 1) ? [0.8, 0.5, 0.3] : [0.8, 0.5, 0.3, 0.2];
   };
   /** The call on a fresh instance without a limit (two threads: the whole copy), and the memory it took. */
   const unlimited = async (p, options) => {
@@ -902,7 +919,7 @@ describe('sdpaBackward past maxMemoryBytes runs a slice of batches and KV heads 
     }
   };
   const expectSameGradients = (got, expected) => {
-    for (const name of ['dQuery', 'dKey', 'dValue', 'dSinks']) {
+    for (const name of ['dQuery', 'dKey', 'dValue', 'dSinks', 'dAttnMask']) {
       expect(got[name] === undefined).toBe(expected[name] === undefined);
       if (expected[name] !== undefined) {
         expect(got[name].dims).toEqual(expected[name].dims);
@@ -914,16 +931,17 @@ describe('sdpaBackward past maxMemoryBytes runs a slice of batches and KV heads 
   test.each(Object.keys(cases).flatMap((name) => ['bhsd', 'bshd'].map((layout) => [name, layout])))('%s (%s): threads 1 and 2, saved or not, three or four limits; within the reference', async (name, layout) => {
     const p = problem({ B, Hq, Hkv, Lq, Lk, E, Ev, layout, seed: 510 });
     const options = layout === 'bshd' ? { ...cases[name], layout } : cases[name];
-    const forward = attn.sdpa(p.query, p.key, p.value, { ...options, returnLogSumExp: true });
+    const { returnMaskGrad: _maskGrad, ...forwardOptions } = options;
+    const forward = attn.sdpa(p.query, p.key, p.value, { ...forwardOptions, returnLogSumExp: true });
     const saved = { output: forward.output, logSumExp: forward.logSumExp };
     const { result: expected, peak } = await unlimited(p, options);
     const ref = referenceSdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
-    for (const grad of ['dQuery', 'dKey', 'dValue', 'dSinks']) {
-      if (ref[grad]) expect(maxRelError(expected[grad].data, ref[grad])).toBeLessThanOrEqual(TOL);
+    for (const grad of ['dQuery', 'dKey', 'dValue', 'dSinks', 'dAttnMask']) {
+      if (expected[grad]) expect(maxRelError(expected[grad].data, ref[grad])).toBeLessThanOrEqual(TOL);
     }
+    expect(expected.dAttnMask === undefined).toBe(!options.returnMaskGrad);
     for (const threads of [1, 2]) {
-      // With sinks the smallest slice (one KV head of every batch) is a fifth of the call.
-      for (const share of options.sinks ? [0.8, 0.5, 0.3] : [0.8, 0.5, 0.3, 0.2]) {
+      for (const share of sharesOf(options)) {
         const limit = Math.floor(peak * share);
         const small = await createAttention({ threads, maxMemoryBytes: limit });
         try {
@@ -961,7 +979,7 @@ describe('sdpaBackward past maxMemoryBytes runs a slice of batches and KV heads 
     }
   });
 
-  test('the mask gradient, and sinks with one KV head, are refused past the limit (whole copy named); one (batch, KV head) that does not fit is named', async () => {
+  test('the gradient of a mask [Lq, Lk] (summed over batches and heads), and sinks with one KV head, are refused past the limit (whole copy named); one (batch, KV head) that does not fit is named', async () => {
     const small = await createAttention({ threads: 1, maxMemoryBytes: 64 * 1024 });
     try {
       const p = problem({ B, Hq, Hkv, Lq, Lk, E, Ev, seed: 530 });

@@ -1071,8 +1071,9 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
       }
       // The least it may run in: what is in use before the call and the bytes its refusal names
       // under a limit of what came before it (1 byte without a cache): its smallest slice's; the
-      // whole copy's where it cannot slice (the mask's gradient, or sinks with one KV head in
-      // the backward). A limit between that and the whole call's peak must succeed.
+      // whole copy's where it cannot slice (in the backward: the gradient of a mask broadcasting
+      // over batches and heads, or sinks with one KV head). A limit between that and the whole
+      // call's peak must succeed.
       const least = await createAttention({ threads, maxMemoryBytes: Math.max(1, before ?? 0) });
       let smallest;
       try {
@@ -1115,8 +1116,8 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
       const gotArrays = new Map(arraysOf(got));
       for (const [name, data] of expectedArrays) expectBitwiseEqual(gotArrays.get(name), data, `limited: ${name}`);
     });
-    // Most calls ran in slices (the rest had no smaller way: the mask's gradient, sinks with one
-    // KV head, a cache's prompt whose scratch outweighs its query rows, one (batch, KV head) whose
+    // Most calls ran in slices (the rest had no smaller way: the gradient of a mask broadcasting
+    // over batches and heads, sinks with one KV head, a cache's prompt whose scratch outweighs its query rows, one (batch, KV head) whose
     // query heads cannot be split keeping the bits), the cache's prompts too; and some calls of
     // one (batch, KV head) had a few of its query heads as their least way (21–35 a run).
     if (ONLY === undefined) {
