@@ -25,7 +25,9 @@
 // Every buffer is allocated at its exact size, and every output filled with a sentinel NaN.
 //
 // With a float mask, half the inputs also ask for the mask's gradient (d_mask, as large as
-// the mask's buffer, its padding a sentinel too).
+// the mask's buffer, its padding a sentinel too); a quarter of those split each of its blocks'
+// sums into a count of parts the input picks (BackwardProblem::mask_grad_parts, 1 to 40, as a
+// caller running a call in slices passes the whole call's).
 // backward() runs on 1, 2 and 3 threads (B·Hkv ≤ 9 pairs: the fused per-pair kernel on one
 // thread, the dK/dV + dQ split on 2 and 3 threads unless pairs ≥ 4·threads): the results must
 // be bitwise equal (NaN payloads aside). One input in eight is made invalid (a null pointer,
@@ -299,6 +301,10 @@ void run(const uint8_t* data, size_t size) {
     return;
   }
 
+  if (!sizes.dm.empty()) {
+    const uint8_t parts = in.ConsumeIntegral<uint8_t>();
+    if (parts < 64) bp.mask_grad_parts = 1 + parts % 40;
+  }
   const Gradients one = run_backward(bp, sizes, 1, misalign);
   for (int threads : {2, 3}) {
     const Gradients other = run_backward(bp, sizes, threads, (misalign + threads) % 4);
