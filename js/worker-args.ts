@@ -16,7 +16,8 @@ export interface WorkerCallOptions {
   /**
    * Move the input tensors' buffers to the worker instead of copying them (no copy; the
    * caller's arrays are detached, length 0, as soon as the call is made). The query, key and
-   * value data of sdpa(), the key and value of append(), the query of attend(); a mask,
+   * value data of sdpa() (and gradOutput of sdpaBackward() and sdpaVarlenBackward()), the key
+   * and value of append(), the query of attend(); `saved`, a mask,
    * keyLengths, keyStarts, sinks, alibiSlopes and causalOffset are always
    * copied. Default false.
    */

@@ -161,6 +161,11 @@ export class Channel {
   /** Ends the worker now: pending calls reject with `error`. */
   async terminate(error: Error): Promise<void> {
     this.#die(error);
+    // Held until it has stopped: Node settles an unreferenced worker's terminate() only if
+    // something else keeps the event loop running (terminated with a call just made, whose
+    // batch was still to be sent, `await worker.terminate()` was left unsettled and the
+    // process exited with it).
+    this.#link.hold(true);
     await this.#link.terminate();
   }
 
@@ -201,7 +206,8 @@ export class Channel {
         }
       }
     }
-    this.#link.hold(this.#busy());
+    // (Once dead, the worker is held only while terminate() stops it.)
+    if (this.#dead === null) this.#link.hold(this.#busy());
   }
 
   #receive(message: unknown): void {
