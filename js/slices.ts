@@ -5,9 +5,9 @@
 // (sdpa()'s forward, strategies.ts runSlices; sdpaBackward's, backward.ts runBackwardSlices).
 // The forward also cuts one (batch, KV head) further, into its query heads [h0·G + g0, … + g),
 // [1, g, Lq, E] against [1, 1, Lk, E]: only where the kernel says that keeps the bits
-// (module.queryHeadsKeepBits: the same path and the same row tiles, src/sdpa.h), since a row's
-// bits depend on the rows that share its tile (e.g. multi-query attention on one sequence, which
-// has no smaller slice of batches and KV heads).
+// (module.queryHeadsKeepBits: the same path, the same row tiles and the same reading order,
+// src/sdpa.h), since a row's bits depend on the rows that share its tile (e.g. multi-query
+// attention on one sequence, which has no smaller slice of batches and KV heads).
 // Each tensor's slice is copied into a block of its own, dense in the call's layout: in 'bhsd'
 // one run of n·L·D floats per batch, in 'bshd' one run of n·D floats per (batch, position);
 // a KV cache's K/V are read in place instead (KVCache.attend, strategies.ts runResident).
