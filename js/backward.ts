@@ -41,9 +41,9 @@ export function describeBackward(p: SdpaPlan): BackwardDesc {
  * pass the memory limits (maxMemoryBytes, the module's 2 GiB), a slice of the call at a time,
  * the largest that fits (runBackwardSlices). A slice holds every batch the sinks' gradient or
  * the mask's gradient sums over (the mask broadcasting over batches), and every head the mask's
- * gradient sums over; so there is none of one (batch, KV head), of sinks with one KV head, or of
- * a mask's gradient whose mask broadcasts over both batches and heads (or over batches, with one
- * KV head): those are refused past the limits, naming the whole copy's blocks.
+ * gradient sums over. A call with no such slice smaller than itself (one (batch, KV head); sinks,
+ * or a mask broadcasting over batches, with one KV head; a mask broadcasting over heads with one
+ * batch, or over both) is refused past the limits, naming the whole copy's blocks.
  */
 export function runBackward(memory: CallMemory, threads: number, bp: BackwardPlan, q: Float32Array, k: Float32Array,
   v: Float32Array): SdpaBackwardResult {

@@ -74,8 +74,8 @@ struct BackwardProblem {
   // axes must not overlap (dense masks do not). Every element is written.
   float* d_mask = nullptr;
   // Into how many parts backward() splits the sum of each block of d_mask (see the work above):
-  // 0 for its own choice from the shapes (backward_mask_grad_parts), else this many (at most the
-  // block's row tiles). A call computed in slices of batches or heads, each slice holding every
+  // 0 for its own choice from the shapes (backward_mask_grad_parts), else this many (capped at
+  // the block's row tiles). A call computed in slices of batches or heads, each slice holding every
   // batch and head the mask broadcasts on, gives each slice the whole call's parts: each d_mask
   // element is then the same sum, in the same order, as in the whole call.
   int32_t mask_grad_parts = 0;
