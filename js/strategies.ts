@@ -460,14 +460,23 @@ interface SliceKeyValue {
   place(slice: ProblemDesc, c: Slice, f32: Float32Array, at: { key: number; value: number }): void;
 }
 
-/** Each slice's K/V copied from the caller's arrays into the slice's blocks. */
+/**
+ * Each slice's K/V copied from the caller's arrays into the slice's blocks; not again for the
+ * next slice of the same batches and KV heads (query heads of one KV head: the kernel never
+ * writes its inputs).
+ */
 function copiedSlices(p: Plan, k: Float32Array, v: Float32Array): SliceKeyValue {
+  let held = '';
   return {
     callerArrays: [k, v],
     place(slice, c, f32, at) {
       const kv = { ...c, heads: c.kvHeads };
-      copySlice(f32, at.key, k, p.k, p.layout, kv, p.kvLen, p.headDim, 'in');
-      copySlice(f32, at.value, v, p.v, p.layout, kv, p.kvLen, p.valueDim, 'in');
+      const these = `${c.b0} ${c.batches} ${c.h0} ${c.kvHeads}`;
+      if (these !== held) {
+        copySlice(f32, at.key, k, p.k, p.layout, kv, p.kvLen, p.headDim, 'in');
+        copySlice(f32, at.value, v, p.v, p.layout, kv, p.kvLen, p.valueDim, 'in');
+        held = these;
+      }
       slice.key = at.key;
       slice.value = at.value;
     },
