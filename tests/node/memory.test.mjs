@@ -639,6 +639,29 @@ describe('one batch and one KV head (multi-query attention) past maxMemoryBytes:
       dropoutP: 0.25, dropoutSeed: 9, returnWeights: true,
     }),
   };
+  /** `call` on a fresh instance without a limit: its result and the peak memory it took. */
+  const unlimitedCall = async (threads, call) => {
+    const attn = await createAttention({ threads });
+    try {
+      return { expected: call(attn), peak: attn.memory().peakBytes };
+    } finally {
+      attn.dispose();
+    }
+  };
+  /**
+   * A call for an instance: a cache of `dtype` filled with k, v ([1, 1, L, D] each) `chunk`
+   * positions an append (a float16 cache stages each append in wasm memory: small ones leave the
+   * limit to the attend), then its attend of `query`.
+   */
+  const attendOnCache = (k, v, dtype, chunk, query, options) => (attn) => {
+    const [, , length, headDim] = k.dims, valueDim = v.dims[3];
+    const cache = attn.createKVCache({ batch: 1, kvHeads: 1, headDim, valueDim, maxLength: length, dtype });
+    for (let at = 0; at < length; at += chunk) {
+      cache.append({ data: k.data.subarray(at * headDim, (at + chunk) * headDim), dims: [1, 1, chunk, headDim] },
+        { data: v.data.subarray(at * valueDim, (at + chunk) * valueDim), dims: [1, 1, chunk, valueDim] });
+    }
+    return cache.attend(query, options);
+  };
   const expectSameResult = (got, expected) => {
     expectBitwiseEqual(got.output.data, expected.output.data);
     expect(got.output.dims).toEqual(expected.output.dims);
@@ -682,14 +705,7 @@ describe('one batch and one KV head (multi-query attention) past maxMemoryBytes:
 
   test.each(Object.keys(optionSets).flatMap((name) => shapes.map(({ Lq, least }) => [name, Lq, least])))('sdpa(), %s, Lq %i: least %s; threads 1 and 2 bitwise the whole call', async (name, Lq, least) => {
     const query = randomTensor([1, Hq, Lq, E], 504 + Lq), options = optionSets[name](Lq);
-    const whole = await createAttention({ threads: 2 });
-    let expected, peak;
-    try {
-      expected = whole.sdpa(query, key, value, options);
-      peak = whole.memory().peakBytes;
-    } finally {
-      whole.dispose();
-    }
+    const { expected, peak } = await unlimitedCall(2, (attn) => attn.sdpa(query, key, value, options));
     const ref = referenceSdpa(query, key, value, options);
     expect(maxRelError(expected.output.data, ref.output)).toBeLessThanOrEqual(TOL);
     expect(maxRelError(expected.weights.data, ref.weights)).toBeLessThanOrEqual(TOL);
@@ -701,23 +717,8 @@ describe('one batch and one KV head (multi-query attention) past maxMemoryBytes:
   test.each(Object.keys(optionSets).flatMap((name) => shapes.flatMap(({ Lq, least }) => ['float32', 'float16'].map((dtype) => [name, Lq, dtype, least]))))('KVCache.attend, %s, Lq %i, %s cache: least %s; threads 1 and 2 bitwise the whole call', async (name, Lq, dtype, least) => {
     const query = randomTensor([1, Hq, Lq, E], 504 + Lq), options = optionSets[name](Lq);
     const cacheBytes = Lk * (E + Ev) * (dtype === 'float32' ? 4 : 2);
-    // Appended 4 positions at a time: a float16 cache stages each append in wasm memory.
-    const attendOn = (attn) => {
-      const cache = attn.createKVCache({ batch: 1, kvHeads: 1, headDim: E, valueDim: Ev, maxLength: Lk, dtype });
-      for (let at = 0; at < Lk; at += 4) {
-        cache.append({ data: key.data.subarray(at * E, (at + 4) * E), dims: [1, 1, 4, E] },
-          { data: value.data.subarray(at * Ev, (at + 4) * Ev), dims: [1, 1, 4, Ev] });
-      }
-      return cache.attend(query, options);
-    };
-    const whole = await createAttention({ threads: 2 });
-    let expected, peak;
-    try {
-      expected = attendOn(whole);
-      peak = whole.memory().peakBytes;
-    } finally {
-      whole.dispose();
-    }
+    const attendOn = attendOnCache(key, value, dtype, 4, query, options);
+    const { expected, peak } = await unlimitedCall(2, attendOn);
     for (const threads of [1, 2]) {
       await checkDownToTheLeast(threads, cacheBytes + 2048, peak, cacheBytes, attendOn, expected, least, 'KVCache\\.attend');
     }
@@ -732,24 +733,10 @@ describe('one batch and one KV head (multi-query attention) past maxMemoryBytes:
     const query = randomTensor([1, heads, 1, dims], 513), options = { returnWeights: true };
     for (const dtype of ['float16', 'float32']) {
       const cacheBytes = positions * 2 * dims * (dtype === 'float32' ? 4 : 2);
-      const attendOn = (attn) => {
-        const cache = attn.createKVCache({ batch: 1, kvHeads: 1, headDim: dims, maxLength: positions, dtype });
-        for (let at = 0; at < positions; at += 50) {
-          cache.append({ data: k.data.subarray(at * dims, (at + 50) * dims), dims: [1, 1, 50, dims] },
-            { data: v.data.subarray(at * dims, (at + 50) * dims), dims: [1, 1, 50, dims] });
-        }
-        return cache.attend(query, options);
-      };
+      const attendOn = attendOnCache(k, v, dtype, 50, query, options);
       for (const threads of [1, 2]) {
         // The whole call's peak on this many threads (two threads' scratch is larger).
-        const whole = await createAttention({ threads });
-        let expected, peak;
-        try {
-          expected = attendOn(whole);
-          peak = whole.memory().peakBytes;
-        } finally {
-          whole.dispose();
-        }
+        const { expected, peak } = await unlimitedCall(threads, attendOn);
         if (dtype === 'float32') {
           await checkDownToTheLeast(threads, cacheBytes + 8192, peak, cacheBytes, attendOn, expected, '4 query heads', 'KVCache\\.attend');
         } else {
