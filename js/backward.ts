@@ -59,8 +59,12 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
     yield { memory, request: whole.request, run: copied };
     const mask = bp.maskGrad ? p.mask : null;
     const everyBatch = p.sinks !== null || mask?.strides[0] === 0, everyHead = mask?.strides[1] === 0;
+    // The whole call's split of each mask-gradient block's sum, given to every slice (whose blocks
+    // are fewer, but each the same sum: every batch and head it sums over is in the slice).
+    const maskGradParts = bp.maskGrad ? memory.module.maskGradParts(problemArg(memory.module, whole.desc),
+      backwardArg(memory.module, whole.grad)) : 0;
     for (const shape of sliceCandidates(p, { everyBatch, everyHead })) {
-      const slices = planBackwardSlices(memory.module, threads, bp, shape);
+      const slices = planBackwardSlices(memory.module, threads, bp, shape, maskGradParts);
       yield { memory, request: slices.request, run: () => runBackwardSlices(memory, threads, bp, q, k, v, slices) };
     }
   })());
@@ -141,18 +145,15 @@ function sliceBackward(slice: ProblemDesc): BackwardDesc {
 
 /**
  * runBackwardSlices' blocks for slices of `shape`: each slice tensor and gradient, its mask (and
- * the mask's gradient, over the same span), the scratch, the other small inputs whole.
+ * the mask's gradient, over the same span, its sums split into `maskGradParts`), the scratch,
+ * the other small inputs whole.
  */
-function planBackwardSlices(module: SdpaModule, threads: number, bp: BackwardPlan, shape: SliceShape) {
+function planBackwardSlices(module: SdpaModule, threads: number, bp: BackwardPlan, shape: SliceShape,
+  maskGradParts: number) {
   const p = bp.forward;
   const desc = describeProblem(p);
   const sliceDesc = sliceProblem(p, desc, shape);
   const heads = sliceDesc.qHeads, rows = shape.batches * heads * p.qLen, keys = shape.batches * shape.kvHeads * p.kvLen;
-  // The whole call's split of each mask-gradient block's sum, given to every slice (whose blocks
-  // are fewer, but each the same sum: every batch and head it sums over is in the slice).
-  // Any address stands in for dMask until the allocation.
-  const maskGradParts = bp.maskGrad ? module.maskGradParts(problemArg(module, desc),
-    backwardArg(module, { ...describeBackward(p), dMask: 1 })) : 0;
   const sliceGrad = (slice: ProblemDesc) => ({ ...sliceBackward(slice), dMask: bp.maskGrad ? 1 : 0, maskGradParts });
   const scratch = (s: SliceShape) => {
     const slice = sliceProblem(p, desc, s);

@@ -679,27 +679,20 @@ describe('one batch and one KV head (multi-query attention) past maxMemoryBytes:
       attn.dispose();
     }
   };
-  const outcomeOf = (fn) => {
-    try {
-      return fn();
-    } catch (error) {
-      return error;
-    }
-  };
   /**
    * The least that runs `call` (named by its refusal under `floor` bytes, a limit at which it
    * must be refused): the refusal names `least`'s slice; that many bytes run it, and a limit
    * half-way to the whole call's peak, bitwise `expected`; one byte less is the same refusal.
    */
   const checkDownToTheLeast = async (threads, floor, peak, held, call, expected, least, fn) => {
-    const refused = await runLimited(threads, floor, (attn) => outcomeOf(() => call(attn)), held);
+    const refused = await runLimited(threads, floor, (attn) => errorOfSync(() => call(attn)), held);
     expectError(refused, RangeError, [new RegExp(`^${fn}: needs \\d+ bytes of wasm memory to run ${least} of one \\(batch, KV head\\) at a time \\(query `)]);
     const needed = held + Number(/needs (\d+) bytes/.exec(refused.message)[1]);
     expect(needed).toBeLessThan(peak);
     for (const limit of [needed, Math.floor((needed + peak) / 2)]) {
       expectSameResult(await runLimited(threads, limit, (attn) => call(attn), held), expected);
     }
-    const below = await runLimited(threads, needed - 1, (attn) => outcomeOf(() => call(attn)), held);
+    const below = await runLimited(threads, needed - 1, (attn) => errorOfSync(() => call(attn)), held);
     expect(below.message).toBe(refused.message.replace(/limit of (\d+) bytes/, `limit of ${needed - 1} bytes`));
   };
 
@@ -740,7 +733,7 @@ describe('one batch and one KV head (multi-query attention) past maxMemoryBytes:
         if (dtype === 'float32') {
           await checkDownToTheLeast(threads, cacheBytes + 8192, peak, cacheBytes, attendOn, expected, '4 query heads', 'KVCache\\.attend');
         } else {
-          const refused = await runLimited(threads, peak - 1, (attn) => outcomeOf(() => attendOn(attn)), cacheBytes);
+          const refused = await runLimited(threads, peak - 1, (attn) => errorOfSync(() => attendOn(attn)), cacheBytes);
           expectError(refused, RangeError, [/^KVCache\.attend: needs \d+ bytes of wasm memory \(query /]);
           expectSameResult(await runLimited(threads, peak, attendOn, cacheBytes), expected);
         }
