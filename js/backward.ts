@@ -12,8 +12,8 @@
 import { backwardArg, problemArg } from './kernel-args.js';
 import { type CallMemory, runFirstThatFits, type Way } from './memory.js';
 import {
-  copySlice, denseStrides, maskSpanBytes, problemOfSlice, sliceCandidates, SliceMasks, sliceProblem, slicePurpose,
-  sliceShapes, slicesOf, type Slice, type SliceShape,
+  copySlice, denseStrides, keyValuePart, maskSpanBytes, problemOfSlice, queryPart, sliceCandidates, SliceMasks, sliceProblem,
+  slicePurpose, sliceShapes, slicesOf, type Slice, type SliceShape,
 } from './slices.js';
 import { check, copySmallInputs, describeProblem, smallInputBytes } from './strategies.js';
 import type { SdpaBackwardResult, Tensor } from './types.js';
@@ -202,7 +202,7 @@ function runBackwardSlices(memory: CallMemory, threads: number, bp: BackwardPlan
         logsumexp: at.logSumExp, gradOutput: at.gradOutput, dQuery: at.dQuery, dKey: at.dKey, dValue: at.dValue,
         dSinks: p.sinks !== null ? at.dSinks : 0, dMask: bp.maskGrad ? at.dMask : 0, maskGradParts,
       });
-      const rows = { ...c, h0: c.firstHead }, kv = { ...c, heads: c.kvHeads };
+      const rows = queryPart(c), kv = keyValuePart(c);
       // Fresh views every time: a view is never kept across a call into the module.
       const before = memory.heap;
       copySlice(before.f32, at.query, q, p.q, p.layout, rows, p.qLen, p.headDim, 'in');

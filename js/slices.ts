@@ -4,10 +4,12 @@
 // on any number of threads, so running a call slice by slice gives the whole call's bits
 // (sdpa()'s forward, strategies.ts runSlices; sdpaBackward's, backward.ts runBackwardSlices).
 // The forward also cuts one (batch, KV head) further, into its query heads [h0·G + g0, … + g),
-// [1, g, Lq, E] against [1, 1, Lk, E]: only where the kernel says that keeps the bits
-// (module.queryHeadsKeepBits: the same path, the same row tiles and the same reading order,
-// src/sdpa.h), since a row's bits depend on the rows that share its tile (e.g. multi-query
-// attention on one sequence, which has no smaller slice of batches and KV heads).
+// [1, g, Lq, E] against [1, 1, Lk, E], and a query head into its rows [r0, r0 + r), [1, 1, r, E]
+// (causal offset + r0, the dropout mask's row base r0): only where the kernel says that keeps
+// the bits (module.queryHeadsKeepBits, module.queryRowsKeepBits: the same path, the same row
+// tiles and the same reading order, src/sdpa.h), since a row's bits depend on the rows that
+// share its tile (e.g. multi-query attention on one sequence, which has no smaller slice of
+// batches and KV heads, or one long head).
 // Each tensor's slice is copied into a block of its own, dense in the call's layout: in 'bhsd'
 // one run of n·L·D floats per batch, in 'bshd' one run of n·D floats per (batch, position);
 // a KV cache's K/V are read in place instead (KVCache.attend, strategies.ts runResident).
@@ -27,6 +29,8 @@ export interface SliceShape {
    * in slices of one batch and one KV head (the last slice of a group may have fewer still).
    */
   groupHeads?: number;
+  /** Query rows of each head in a slice: all Lq when not given; fewer only in slices of one query head (the last slice of a head may have fewer still). */
+  rows?: number;
 }
 
 /** One slice of a call cut into slices of `shape`. */
@@ -38,25 +42,34 @@ export interface Slice {
   kvHeads: number;
   firstHead: number;
   heads: number;
+  /** The query rows [firstRow, firstRow + rows) of each of its heads: [0, Lq) but in slices of one query head's rows. */
+  firstRow: number;
+  rows: number;
 }
 
-/** The slices of `shape`, batch-major: each batch's KV heads (and their groups' query heads), then the next batches'. */
+/** The slices of `shape`, batch-major: each batch's KV heads (and their groups' query heads, and their rows), then the next batches'. */
 export function* slicesOf(p: Plan, shape: SliceShape): Generator<Slice> {
-  const group = p.qHeads / p.kvHeads, groupHeads = shape.groupHeads ?? group;
+  const group = p.qHeads / p.kvHeads, groupHeads = shape.groupHeads ?? group, headRows = shape.rows ?? p.qLen;
   for (let b0 = 0; b0 < p.batch; b0 += shape.batches) {
     for (let h0 = 0; h0 < p.kvHeads; h0 += shape.kvHeads) {
       const batches = Math.min(shape.batches, p.batch - b0), kvHeads = Math.min(shape.kvHeads, p.kvHeads - h0);
       for (let g0 = 0; g0 < group; g0 += groupHeads) {
         const heads = groupHeads === group ? kvHeads * group : Math.min(groupHeads, group - g0);
-        yield { b0, batches, h0, kvHeads, firstHead: h0 * group + g0, heads };
+        for (let firstRow = 0; firstRow < p.qLen; firstRow += headRows) {
+          yield { b0, batches, h0, kvHeads, firstHead: h0 * group + g0, heads, firstRow, rows: Math.min(headRows, p.qLen - firstRow) };
+        }
       }
     }
   }
 }
 
-/** The distinct slice shapes of a call cut into `shape` (up to four: the last batches and heads, or query heads, may be fewer). */
+/** The distinct slice shapes of a call cut into `shape` (up to four: the last batches and heads, or query heads or rows, may be fewer). */
 export function sliceShapes(p: Plan, shape: SliceShape): SliceShape[] {
   const group = p.qHeads / p.kvHeads;
+  if (shape.rows !== undefined && shape.rows < p.qLen) {
+    return [...new Set([shape.rows, p.qLen % shape.rows || shape.rows])]
+      .map((rows) => ({ batches: 1, kvHeads: 1, groupHeads: 1, rows }));
+  }
   if (shape.groupHeads !== undefined && shape.groupHeads < group) {
     return [...new Set([shape.groupHeads, group % shape.groupHeads || shape.groupHeads])]
       .map((groupHeads) => ({ batches: 1, kvHeads: 1, groupHeads }));
@@ -77,61 +90,74 @@ function halvings(n: number): number[] {
   return sizes;
 }
 
-/**
- * Whether query heads [first, first + count) of a KV head's group, run alone, give the whole
- * call's bits (the module's queryHeadsKeepBits for the whole call's problem).
- */
-export type QueryHeadsKeepBits = (first: number, count: number) => boolean;
+/** Which slices of one (batch, KV head) give the whole call's bits: the module's rules for the whole call's problem (src/sdpa.h). */
+export interface SliceRules {
+  /** Whether query heads [first, first + count) of a KV head's group, run alone, do (queryHeadsKeepBits). */
+  queryHeadsKeepBits(first: number, count: number): boolean;
+  /** The least count of rows >= atLeast (below Lq) whose slices of every query head (the last fewer), each run alone, do; 0 for none (leastQueryRows). */
+  leastQueryRows(atLeast: number): number;
+}
 
 /**
  * Slice shapes from the largest to the smallest, for a call whose whole copy does not fit: all
  * KV heads of half the batches, of a quarter… of one batch, then half its KV heads… one KV head of
  * one batch; then, given `keepsBits` (the forward), about half its query heads… as few as keep
- * the bits (each halving rounded up to the next count whose every slice keeps them). With
+ * the bits (each halving rounded up to the next count whose every slice keeps them), then about
+ * half the rows of one query head… as few as keep the bits (rounded up the same way). With
  * `everyBatch` (sdpaBackward with sinks, or a mask's gradient whose mask broadcasts over batches:
  * one sum over every batch, src/sdpa-backward.cc) every slice holds all batches instead: half the
  * KV heads… one; with `everyHead` (a mask's gradient whose mask broadcasts over heads) all heads:
  * half the batches… one; with both, no slice.
  */
 export function sliceCandidates(p: Plan, { everyBatch = false, everyHead = false, keepsBits }:
-  { everyBatch?: boolean; everyHead?: boolean; keepsBits?: QueryHeadsKeepBits }): SliceShape[] {
+  { everyBatch?: boolean; everyHead?: boolean; keepsBits?: SliceRules }): SliceShape[] {
   const byHeads = (batches: number) => halvings(p.kvHeads).map((kvHeads) => ({ batches, kvHeads }));
   const byBatches = halvings(p.batch).map((batches) => ({ batches, kvHeads: p.kvHeads }));
   if (everyBatch) return everyHead ? [] : byHeads(p.batch);
   if (everyHead) return byBatches;
-  const byQueryHeads = keepsBits === undefined ? [] : queryHeadCounts(p.qHeads / p.kvHeads, keepsBits)
-    .map((groupHeads) => ({ batches: 1, kvHeads: 1, groupHeads }));
-  return [...byBatches, ...byHeads(1), ...byQueryHeads];
-}
-
-/** For each halving of a group of `group` query heads, the least count from it up whose every slice keeps the bits; decreasing. */
-function queryHeadCounts(group: number, keepsBits: QueryHeadsKeepBits): number[] {
+  if (keepsBits === undefined) return [...byBatches, ...byHeads(1)];
+  const group = p.qHeads / p.kvHeads;
   const everySliceKeeps = (count: number) => {
     for (let first = 0; first < group; first += count) {
-      if (!keepsBits(first, Math.min(count, group - first))) return false;
+      if (!keepsBits.queryHeadsKeepBits(first, Math.min(count, group - first))) return false;
     }
     return true;
   };
-  const counts: number[] = [];
-  for (const half of halvings(group)) {
-    let count = half;
+  const byQueryHeads = leastCounts(group, (atLeast) => {
+    let count = atLeast;
     while (count < group && !everySliceKeeps(count)) count++;
-    if (count < group && (counts.length === 0 || count < counts[counts.length - 1])) counts.push(count);
+    return count;
+  }).map((groupHeads) => ({ batches: 1, kvHeads: 1, groupHeads }));
+  const byRows = leastCounts(p.qLen, (atLeast) => keepsBits.leastQueryRows(atLeast) || p.qLen)
+    .map((rows) => ({ batches: 1, kvHeads: 1, groupHeads: 1, rows }));
+  return [...byBatches, ...byHeads(1), ...byQueryHeads, ...byRows];
+}
+
+/** For each halving of `whole` (query heads of a group, or rows of a head), the least count from it up that keeps the bits (`least`: `whole` for none), below `whole`; decreasing. */
+function leastCounts(whole: number, least: (atLeast: number) => number): number[] {
+  const counts: number[] = [];
+  for (const half of halvings(whole)) {
+    const count = least(half);
+    if (count < whole && (counts.length === 0 || count < counts[counts.length - 1])) counts.push(count);
   }
   return counts;
 }
 
 /**
  * Copies heads [h0, h0 + heads) of batches [b0, b0 + batches) of `data` (strides `s` in
- * `layout`, L rows of D floats per head) into (`'in'`), or out of (`'out'`, from wasm memory into
+ * `layout`, L rows of D floats per head), their rows [firstRow, firstRow + rows) (all L when not
+ * given; fewer only for one head), into (`'in'`), or out of (`'out'`, from wasm memory into
  * data), the dense slice at byte `address` of `f32`.
  */
 export function copySlice(f32: Float32Array, address: number, data: Float32Array, s: Strides, layout: Plan['layout'],
-  c: { b0: number; batches: number; h0: number; heads: number }, L: number, D: number, direction: 'in' | 'out'): void {
+  c: TensorPart, L: number, D: number, direction: 'in' | 'out'): void {
   let to = address >>> 2;
-  const rows = layout === 'bhsd' ? 1 : L, runFloats = layout === 'bhsd' ? c.heads * L * D : c.heads * D;
+  const firstRow = c.firstRow ?? 0, rows = c.rows ?? L;
+  if (rows < L && c.heads > 1) throw new Error('sdpa-wasm: internal error: a slice of rows must have one head');
+  // 'bhsd': one run of heads·rows·D floats per batch (rows < L only with one head, whose rows are consecutive).
+  const runs = layout === 'bhsd' ? 1 : rows, runFloats = layout === 'bhsd' ? c.heads * rows * D : c.heads * D;
   for (let b = c.b0; b < c.b0 + c.batches; b++) {
-    for (let r = 0; r < rows; r++, to += runFloats) {
+    for (let r = firstRow; r < firstRow + runs; r++, to += runFloats) {
       const from = b * s.b + c.h0 * s.h + r * s.l;
       if (direction === 'in') f32.set(data.subarray(from, from + runFloats), to);
       else data.set(f32.subarray(to, to + runFloats), from);
@@ -139,23 +165,40 @@ export function copySlice(f32: Float32Array, address: number, data: Float32Array
   }
 }
 
+/** A part of a tensor copySlice() copies: heads [h0, h0 + heads) of batches [b0, b0 + batches), rows [firstRow, firstRow + rows) of each (all when not given). */
+export interface TensorPart {
+  b0: number;
+  batches: number;
+  h0: number;
+  heads: number;
+  firstRow?: number;
+  rows?: number;
+}
+
+/** Slice c's part of the query-shaped tensors (Q, output, weights, log-sum-exp, their gradients): its query heads, their rows. */
+export const queryPart = (c: Slice): TensorPart =>
+  ({ b0: c.b0, batches: c.batches, h0: c.firstHead, heads: c.heads, firstRow: c.firstRow, rows: c.rows });
+
+/** Slice c's part of K and V (and their gradients): its KV heads, all their keys. */
+export const keyValuePart = (c: Slice): TensorPart => ({ b0: c.b0, batches: c.batches, h0: c.h0, heads: c.kvHeads });
+
 /** Strides of the dense [B, Hq, Lq, D] arrays (weights with D = Lk, log-sum-exp with D = 1), as copySlice takes them. */
 export const denseStrides = (p: Plan, D: number): Strides => layoutStrides('bhsd', p.qHeads, p.qLen, D);
 
 /**
- * The mask elements a slice of `batches` batches and `heads` query heads reads, from its first
- * (batch, head)'s: each (batch, head)'s rows and keys, the mask's strides apart (0 where it
- * broadcasts).
+ * The mask elements a slice of `batches` batches, `heads` query heads and `rows` rows of each
+ * (default Lq) reads, from its first (batch, head, row)'s: each (batch, head)'s rows and keys, the
+ * mask's strides apart (0 where it broadcasts).
  */
-export function maskSpan(p: Plan, batches: number, heads: number): number {
+export function maskSpan(p: Plan, batches: number, heads: number, rows = p.qLen): number {
   if (p.mask === null) return 0;
   const [sb, sh, sq, sk] = p.mask.strides;
-  return (batches - 1) * sb + (heads - 1) * sh + (p.qLen - 1) * sq + (p.kvLen - 1) * sk + 1;
+  return (batches - 1) * sb + (heads - 1) * sh + (rows - 1) * sq + (p.kvLen - 1) * sk + 1;
 }
 
 /** Bytes of maskSpan() elements (the mask's whole block when the slice is the whole call). */
-export function maskSpanBytes(p: Plan, batches: number, heads: number): number {
-  return p.mask === null ? 0 : maskSpan(p, batches, heads) * (p.mask.kind === 'float' ? 4 : 1);
+export function maskSpanBytes(p: Plan, batches: number, heads: number, rows = p.qLen): number {
+  return p.mask === null ? 0 : maskSpan(p, batches, heads, rows) * (p.mask.kind === 'float' ? 4 : 1);
 }
 
 /**
@@ -177,9 +220,9 @@ export class SliceMasks {
   place(heap: { f32: Float32Array; u8: Uint8Array }, c: Slice): number {
     const mask = this.#p.mask;
     if (mask === null) return 0;
-    const from = c.b0 * mask.strides[0] + c.firstHead * mask.strides[1];
+    const from = c.b0 * mask.strides[0] + c.firstHead * mask.strides[1] + c.firstRow * mask.strides[2];
     if (from !== this.#copiedFrom) {
-      const span = mask.data.subarray(from, from + maskSpan(this.#p, c.batches, c.heads));
+      const span = mask.data.subarray(from, from + maskSpan(this.#p, c.batches, c.heads, c.rows));
       if (span instanceof Float32Array) heap.f32.set(span, this.#address >>> 2);
       else heap.u8.set(span, this.#address);
       this.#copiedFrom = from;
@@ -194,10 +237,10 @@ export class SliceMasks {
  * Its addresses (tensors, and sliceInputs()'s) are set per slice.
  */
 export function sliceProblem(p: Plan, desc: ProblemDesc, shape: SliceShape, keyValueInPlace = false): ProblemDesc {
-  const heads = shape.kvHeads * (shape.groupHeads ?? p.qHeads / p.kvHeads);
-  const q = layoutStrides(p.layout, heads, p.qLen, p.headDim), o = layoutStrides(p.layout, heads, p.qLen, p.valueDim);
+  const heads = shape.kvHeads * (shape.groupHeads ?? p.qHeads / p.kvHeads), rows = shape.rows ?? p.qLen;
+  const q = layoutStrides(p.layout, heads, rows, p.headDim), o = layoutStrides(p.layout, heads, rows, p.valueDim);
   const slice = {
-    ...desc, batch: shape.batches, qHeads: heads, kvHeads: shape.kvHeads,
+    ...desc, batch: shape.batches, qHeads: heads, kvHeads: shape.kvHeads, qLen: rows,
     qStrideB: q.b, qStrideH: q.h, qStrideL: q.l, oStrideB: o.b, oStrideH: o.h, oStrideL: o.l,
   };
   if (keyValueInPlace) return slice;
@@ -212,9 +255,12 @@ export function sliceProblem(p: Plan, desc: ProblemDesc, shape: SliceShape, keyV
  */
 export function problemOfSlice(p: Plan, desc: ProblemDesc, sliceDesc: ProblemDesc, shape: SliceShape, c: Slice,
   keyValueInPlace = false): ProblemDesc {
-  const sameShape = c.batches === shape.batches && c.kvHeads === shape.kvHeads && c.heads === sliceDesc.qHeads;
-  const slice = sameShape ? sliceDesc : sliceProblem(p, sliceDesc, { ...c, groupHeads: c.heads / c.kvHeads }, keyValueInPlace);
-  return Object.assign(slice, sliceInputs(p, desc, c.b0, c.firstHead));
+  const sameShape = c.batches === shape.batches && c.kvHeads === shape.kvHeads && c.heads === sliceDesc.qHeads &&
+    c.rows === sliceDesc.qLen;
+  const slice = sameShape ? sliceDesc
+    : sliceProblem(p, sliceDesc, { ...c, groupHeads: c.heads / c.kvHeads }, keyValueInPlace);
+  Object.assign(slice, sliceInputs(p, desc, c.b0, c.firstHead));
+  return c.rows === p.qLen ? slice : Object.assign(slice, rowSliceInputs(p, c));
 }
 
 /**
@@ -237,8 +283,25 @@ export function sliceInputs(p: Plan, desc: ProblemDesc, b0: number, firstHead: n
   };
 }
 
+/**
+ * A slice of one query head's rows [firstRow, firstRow + rows) (one batch): its row 0 is the
+ * call's row firstRow, so its causal offset (one number: the batch's) is firstRow more, which
+ * keeps each row's causal frontier, window and ALiBi distances, and its dropout mask's rows count
+ * from firstRow (src/sdpa.h, query_rows_keep_bits). The mask's address is the caller's (SliceMasks).
+ */
+function rowSliceInputs(p: Plan, c: Slice) {
+  return {
+    causalOffsets: 0,
+    causalOffset: (p.causalOffsets === null ? p.causalOffset : p.causalOffsets[c.b0]) + c.firstRow,
+    dropoutRowBase: c.firstRow,
+  };
+}
+
 /** The purpose a refusal of slices of `shape` names (MemoryAccount.refusal). */
 export function slicePurpose(p: Plan, shape: SliceShape): string {
+  if (shape.rows !== undefined && shape.rows < p.qLen) {
+    return ` to run ${shape.rows === 1 ? 'one query row' : `${shape.rows} query rows`} of one query head at a time`;
+  }
   const groupHeads = shape.groupHeads ?? p.qHeads / p.kvHeads;
   if (groupHeads < p.qHeads / p.kvHeads) {
     return ` to run ${groupHeads === 1 ? 'one query head' : `${groupHeads} query heads`} of one (batch, KV head) at a time`;

@@ -3,7 +3,8 @@
 //   runStreamedDecode  sdpa(), large decodes: K/V copied one key segment of one (batch, KV
 //                      head) at a time and computed while the copy is in the core's cache
 //   runSlices          sdpa(), a slice of batches and KV heads (with their query heads, slices.ts;
-//                      or of one (batch, KV head)'s query heads where that keeps the bits)
+//                      or of one (batch, KV head)'s query heads, or of one query head's rows,
+//                      where that keeps the bits)
 //                      copied in, computed and copied out at a time: one (batch, KV head) on
 //                      one thread for a prefill (each fits in L2), or the largest slices that fit
 //                      where the whole copy would pass the memory limits
@@ -20,8 +21,8 @@ import { sharesBytes, type TypedArray } from './typed-arrays.js';
 import type { ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 import type { SdpaResult } from './types.js';
 import {
-  copySlice, denseStrides, maskSpanBytes, problemOfSlice, sliceCandidates, SliceMasks, sliceInputs, sliceProblem, slicePurpose,
-  sliceShapes, slicesOf, type QueryHeadsKeepBits, type Slice, type SliceShape,
+  copySlice, denseStrides, keyValuePart, maskSpanBytes, problemOfSlice, queryPart, sliceCandidates, SliceMasks, sliceInputs,
+  sliceProblem, slicePurpose, sliceShapes, slicesOf, type Slice, type SliceRules, type SliceShape,
 } from './slices.js';
 import type { Plan } from './validate.js';
 
@@ -144,7 +145,7 @@ export function runSdpa(engines: Engines, p: Plan, q: Float32Array, k: Float32Ar
   } });
   return runFirstThatFits((function* ways(): Generator<Way<SdpaResult>> {
     yield* tried;
-    for (const shape of sliceCandidates(p, { keepsBits: queryHeadsKeepBits(memory.module, desc) })) {
+    for (const shape of sliceCandidates(p, { keepsBits: sliceRules(memory.module, desc) })) {
       const slices = planSlices(memory.module, engines.threads, p, shape);
       yield { memory, request: slices.request, run: () => runSlices(memory, engines.threads, p, q, copiedSlices(p, k, v), slices) };
     }
@@ -152,12 +153,16 @@ export function runSdpa(engines: Engines, p: Plan, q: Float32Array, k: Float32Ar
 }
 
 /**
- * The module's queryHeadsKeepBits for the whole call's problem `desc` (slices.ts): written into
- * the module's ProblemDesc block once, for sliceCandidates() to ask before any slice is planned.
+ * The module's queryHeadsKeepBits and leastQueryRows for the whole call's problem `desc`
+ * (slices.ts): written into the module's ProblemDesc block once, for sliceCandidates() to ask
+ * before any slice is planned.
  */
-function queryHeadsKeepBits(module: SdpaModule, desc: ProblemDesc): QueryHeadsKeepBits {
+function sliceRules(module: SdpaModule, desc: ProblemDesc): SliceRules {
   const arg = problemArg(module, desc);
-  return (first, count) => module.queryHeadsKeepBits(arg, first, count);
+  return {
+    queryHeadsKeepBits: (first, count) => module.queryHeadsKeepBits(arg, first, count),
+    leastQueryRows: (atLeast) => module.leastQueryRows(arg, atLeast),
+  };
 }
 
 /** The kernel's view of a validated problem (float32 K/V); addresses are filled in once allocated. */
@@ -167,7 +172,7 @@ export function describeProblem(p: Plan): ProblemDesc {
     headDim: p.headDim, valueDim: p.valueDim, kvType: KV_TYPE.float32,
     query: 0, key: 0, value: 0, output: 0, weights: 0, mask: 0, causalOffsets: 0, keyLengths: 0, logsumexp: 0, keyStarts: 0,
     sinks: 0, alibiSlopes: 0, alibiStrideB: p.alibiStrideB,
-    dropoutThreshold: p.dropoutThreshold, dropoutSeed: p.dropoutSeed, dropoutBatchBase: 0, dropoutHeadBase: 0,
+    dropoutThreshold: p.dropoutThreshold, dropoutSeed: p.dropoutSeed, dropoutBatchBase: 0, dropoutHeadBase: 0, dropoutRowBase: 0,
     qStrideB: p.q.b, qStrideH: p.q.h, qStrideL: p.q.l,
     kStrideB: p.k.b, kStrideH: p.k.h, kStrideL: p.k.l,
     vStrideB: p.v.b, vStrideH: p.v.h, vStrideL: p.v.l,
@@ -321,7 +326,7 @@ export function runResident(memory: CallMemory, threads: number, p: Plan, q: Flo
       memory, request: whole.request,
       run: () => (problemArg(memory.module, desc), runResidentWhole(memory, threads, p, desc, whole, q)),
     };
-    for (const shape of sliceCandidates(p, { keepsBits: queryHeadsKeepBits(memory.module, desc) })) {
+    for (const shape of sliceCandidates(p, { keepsBits: sliceRules(memory.module, desc) })) {
       const slices = planSlices(memory.module, threads, p, shape, kv);
       yield { memory, request: slices.request, run: () => runSlices(memory, threads, p, q, residentSlices(p, kv), slices) };
     }
@@ -439,7 +444,7 @@ function planSlices(module: SdpaModule, threads: number, p: Plan, shape: SliceSh
   const inPlace = resident !== null;
   const desc = inPlace ? residentProblem(p, resident) : describeProblem(p);
   const sliceDesc = sliceProblem(p, desc, shape, inPlace);
-  const heads = sliceDesc.qHeads, rows = shape.batches * heads * p.qLen;
+  const heads = sliceDesc.qHeads, rows = shape.batches * heads * sliceDesc.qLen;
   const scratchFloats = Math.max(...sliceShapes(p, shape).map((s) =>
     module.scratchFloats(problemArg(module, sliceProblem(p, desc, s, inPlace)), threads)));
   const keyValueRows = inPlace ? 0 : shape.batches * shape.kvHeads * p.kvLen;
@@ -447,7 +452,7 @@ function planSlices(module: SdpaModule, threads: number, p: Plan, shape: SliceSh
     query: 4 * rows * p.headDim, key: 4 * keyValueRows * p.headDim, value: 4 * keyValueRows * p.valueDim,
     output: 4 * rows * p.valueDim, weights: p.weightsDims !== null ? 4 * rows * p.kvLen : 0,
     logSumExp: p.lseDims !== null ? 4 * rows : 0,
-    scratch: 4 * scratchFloats, ...smallInputBytes(p), attnMask: maskSpanBytes(p, shape.batches, heads),
+    scratch: 4 * scratchFloats, ...smallInputBytes(p), attnMask: maskSpanBytes(p, shape.batches, heads, sliceDesc.qLen),
   };
   return { shape, desc, sliceDesc, inPlace, scratchFloats, request };
 }
@@ -470,7 +475,7 @@ function copiedSlices(p: Plan, k: Float32Array, v: Float32Array): SliceKeyValue 
   return {
     callerArrays: [k, v],
     place(slice, c, f32, at) {
-      const kv = { ...c, heads: c.kvHeads };
+      const kv = keyValuePart(c);
       const these = `${c.b0} ${c.batches} ${c.h0} ${c.kvHeads}`;
       if (these !== held) {
         copySlice(f32, at.key, k, p.k, p.layout, kv, p.kvLen, p.headDim, 'in');
@@ -496,6 +501,20 @@ function residentSlices(p: Plan, kv: ResidentKeyValue): SliceKeyValue {
 }
 
 /**
+ * A result array of `size` floats in JavaScript memory, or a RangeError naming it (`what`) where
+ * the engine cannot make one (a length past its typed arrays' limit, or no memory left).
+ */
+function resultArray(p: Plan, what: string, size: number, dims: number[]): Float32Array {
+  try {
+    return new Float32Array(size);
+  } catch (error) {
+    if (!(error instanceof RangeError)) throw error;
+    throw new RangeError(`${p.fn}: ${what} [${dims.join(', ')}] would need ${4 * size} bytes, which this JavaScript engine ` +
+      `could not allocate (${error.message})`);
+  }
+}
+
+/**
  * sdpa() a slice (slices.ts) at a time, each copied in, computed on `threads` threads and
  * copied out: wasm memory holds one slice's tensors. The one-thread streamed prefill (one
  * (batch, KV head) a slice: each computed from the core's cache, see PREFILL_STREAM_MIN_BYTES),
@@ -507,31 +526,35 @@ function runSlices(memory: CallMemory, threads: number, p: Plan, q: Float32Array
   try {
     const module = memory.module;
     const { shape, desc, sliceDesc, inPlace, scratchFloats, request } = plan;
+    // The results' arrays first (slices may hold results larger than wasm memory: weights
+    // computed a few rows at a time), so that the engine refusing one is an error before
+    // anything is allocated or computed. Into `out` straight, unless it may share memory with
+    // an input or the mask: a slice's output would be written before later slices' inputs are
+    // read, so then into an array of its own, copied into out at the end.
+    const outShared = outMayShareInput(p, readBySlice(p, q, keyValue.callerArrays));
+    const output = p.out !== null && !outShared ? p.out : resultArray(p, 'the output', p.outputSize, p.outputDims);
+    const weights = p.weightsDims !== null ? resultArray(p, 'options.returnWeights: the weights', p.weightsSize, p.weightsDims) : null;
+    const lse = p.lseDims !== null ? resultArray(p, 'options.returnLogSumExp: the log-sum-exp', p.lseSize, p.lseDims) : null;
     const at = memory.allocate(request, slicePurpose(p, shape));
     copySmallInputs(memory, p, desc, at, false);
     Object.assign(sliceDesc, { query: at.query, output: at.output, weights: at.weights, logsumexp: at.logSumExp });
     const masks = new SliceMasks(p, at.attnMask);
-    // Into `out` straight, unless it may share memory with an input or the mask: a slice's
-    // output would be written before later slices' inputs are read, so then into an array of
-    // its own, copied into out at the end.
-    const outShared = outMayShareInput(p, readBySlice(p, q, keyValue.callerArrays));
-    const output = p.out !== null && !outShared ? p.out : new Float32Array(p.outputSize);
-    const weights = p.weightsDims !== null ? new Float32Array(p.weightsSize) : null;
-    const lse = p.lseDims !== null ? new Float32Array(p.lseSize) : null;
     for (const c of slicesOf(p, shape)) {
       const slice = problemOfSlice(p, desc, sliceDesc, shape, c, inPlace);
-      const rows = { ...c, h0: c.firstHead };
+      const queryRows = queryPart(c);  // its query heads' rows (all Lq, or a few of one head)
       // Fresh views every time: a view is never kept across a call into the module
       // (js/memory.ts), whatever that call allocates.
       const before = memory.heap;
-      copySlice(before.f32, at.query, q, p.q, p.layout, rows, p.qLen, p.headDim, 'in');
+      copySlice(before.f32, at.query, q, p.q, p.layout, queryRows, p.qLen, p.headDim, 'in');
       keyValue.place(slice, c, before.f32, at);
       slice.mask = masks.place(before, c);
       check(module, p, module.forward(problemArg(module, slice), at.scratch, scratchFloats, threads));
       const after = memory.heap.f32;
-      copySlice(after, at.output, output, p.o, p.layout, rows, p.qLen, p.valueDim, 'out');
-      if (weights !== null) copySlice(after, at.weights, weights, denseStrides(p, p.kvLen), 'bhsd', rows, p.qLen, p.kvLen, 'out');
-      if (lse !== null) copySlice(after, at.logSumExp, lse, denseStrides(p, 1), 'bhsd', rows, p.qLen, 1, 'out');
+      copySlice(after, at.output, output, p.o, p.layout, queryRows, p.qLen, p.valueDim, 'out');
+      if (weights !== null) {
+        copySlice(after, at.weights, weights, denseStrides(p, p.kvLen), 'bhsd', queryRows, p.qLen, p.kvLen, 'out');
+      }
+      if (lse !== null) copySlice(after, at.logSumExp, lse, denseStrides(p, 1), 'bhsd', queryRows, p.qLen, 1, 'out');
     }
     if (outShared) (p.out as Float32Array).set(output);
     const result: SdpaResult = { output: { data: p.outResult ?? output, dims: p.outputDims } };

@@ -28,7 +28,7 @@ const char* status_name(Status status) {
     case Status::kBadWindow: return "sliding window negative, or without causal";
     case Status::kBadSink: return "sink is NaN or +inf";
     case Status::kBadAlibi: return "ALiBi slope is NaN, negative or above 2^64";
-    case Status::kBadDropout: return "dropout batch or head base negative, or base + batches (heads) - 1 past INT32_MAX";
+    case Status::kBadDropout: return "dropout batch, head or row base negative, or base + batches (heads, rows) - 1 past INT32_MAX";
     case Status::kBadPacking: return "packed sequences: bad starts, or an option packing does not take";
     case Status::kBadMaskGrad: return "mask gradient asked for a mask that is not float";
   }
@@ -77,9 +77,11 @@ Status validate(const Problem& p) {
     if (std::isnan(p.sinks[h]) || p.sinks[h] == std::numeric_limits<float>::infinity()) return Status::kBadSink;
   }
   if (!alibi_slopes_valid(p, p.batch)) return Status::kBadAlibi;
-  // The call's batch and head indices base + b and base + h are int32 (src/kernels/dropout.h, dropout_row).
+  // The call's batch, head and row indices base + b, base + h and base + i are int32
+  // (src/kernels/dropout.h, dropout_row).
   if (p.dropout_batch_base < 0 || p.dropout_batch_base > INT32_MAX - (p.batch - 1) || p.dropout_head_base < 0 ||
-      p.dropout_head_base > INT32_MAX - (p.q_heads - 1)) {
+      p.dropout_head_base > INT32_MAX - (p.q_heads - 1) || p.dropout_row_base < 0 ||
+      p.dropout_row_base > INT32_MAX - (p.q_len - 1)) {
     return Status::kBadDropout;
   }
   for (const int32_t* bounds : {p.key_lengths, p.key_starts}) {  // per-batch key indices in [0, Lk]
@@ -260,6 +262,58 @@ bool query_heads_keep_bits(const Problem& p, int32_t first, int32_t count) {
   // Flat rows [first·Lq, (first + count)·Lq) of the group's (64-bit: up to kMaxCount each).
   const int64_t begin = static_cast<int64_t>(first) * p.q_len, end = begin + static_cast<int64_t>(count) * p.q_len;
   return begin % kQueryTile == 0 && (end % kQueryTile == 0 || first + count == group);
+}
+
+namespace {
+
+// What query_rows_keep_bits() asks of p whatever the row count: slices of any count keep the
+// tiles only if each query head starts on a tile's first row (head g at flat row g·Lq: Lq a
+// multiple of kQueryTile, unless the group is one head), and each slice's offset, the batch's
+// + r for r up to Lq - 1, is an int32.
+bool rows_may_slice(const Problem& p) {
+  if (p.q_heads / p.kv_heads > 1 && p.q_len % kQueryTile != 0) return false;
+  for (int32_t b = 0; b < (p.causal_offsets != nullptr ? p.batch : 1); b++) {
+    const int32_t offset = p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset;
+    if (static_cast<int64_t>(offset) + (p.q_len - 1) > INT32_MAX) return false;
+  }
+  return true;
+}
+
+// The rest, for slices of `rows` rows (a multiple of kQueryTile, below Lq), given rows_may_slice(p):
+// slice k of head g starts at flat row g·Lq + k·rows, a tile's first row, and ends at the next
+// slice's start or at the head's end, the next head's start or the group's end: the tiles are
+// kept. The slices have `rows` rows, the last of each head Lq mod rows: each must take p's path
+// and read its keys in p's order.
+bool row_slices_take_the_path(const Problem& p, int32_t rows) {
+  const bool in_place = plan_work(p, 1).in_place, interleaved = sdpa_f32_fwd_4x512__wasmsimd_reads_interleaved(p);
+  for (const int32_t slice_rows : {rows, p.q_len % rows}) {
+    if (slice_rows == 0) continue;
+    Problem slice = p;
+    slice.batch = 1, slice.q_heads = 1, slice.kv_heads = 1, slice.q_len = slice_rows;
+    if (plan_work(slice, 1).in_place != in_place || sdpa_f32_fwd_4x512__wasmsimd_reads_interleaved(slice) != interleaved) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool query_rows_keep_bits(const Problem& p, int32_t rows) {
+  return rows >= 1 && rows < p.q_len && rows % kQueryTile == 0 && rows_may_slice(p) && row_slices_take_the_path(p, rows);
+}
+
+int32_t least_query_rows(const Problem& p, int32_t at_least) {
+  if (!rows_may_slice(p)) return 0;
+  // The multiples of kQueryTile from at_least up. Few in a row are refused: on the packed path
+  // each slice needs more than kDecodeMaxRowTiles tiles, the last too, and while r grows by a
+  // tile the last slice's Lq mod r rows fall by a tile per slice before it, so they stay in
+  // (0, kDecodeMaxRowTiles] tiles for at most kDecodeMaxRowTiles + 1 steps at a time.
+  const int64_t first = (std::max<int64_t>(at_least, 1) + kQueryTile - 1) / kQueryTile * kQueryTile;
+  for (int64_t rows = first; rows < p.q_len; rows += kQueryTile) {
+    if (row_slices_take_the_path(p, static_cast<int32_t>(rows))) return static_cast<int32_t>(rows);
+  }
+  return 0;
 }
 
 uint64_t scratch_floats(const Problem& p, int32_t threads) {

@@ -108,14 +108,16 @@ struct Problem {
   int64_t alibi_stride_b = 0;
   // Attention dropout (src/kernels/dropout.h): 0 for none; else the probability of (b, h, i, j)
   // is dropped where its bits, drawn from dropout_seed and (dropout_batch_base + b,
-  // dropout_head_base + h, i, j), are below dropout_threshold, and kept and scaled otherwise.
-  // The bases (>= 0) place this problem's batch 0 and query head 0 in the call's (a packed
-  // sequence, a chunk of them, or one (batch, KV head) computed alone draws the call's mask);
-  // base + B - 1 and base + Hq - 1 are at most INT32_MAX.
+  // dropout_head_base + h, dropout_row_base + i, j), are below dropout_threshold, and kept and
+  // scaled otherwise. The bases (>= 0) place this problem's batch 0, query head 0 and query row 0
+  // in the call's (a packed sequence, a chunk of them, one (batch, KV head) or a few rows of one
+  // query head computed alone draws the call's mask); base + B - 1, base + Hq - 1 and
+  // base + Lq - 1 are at most INT32_MAX.
   uint32_t dropout_threshold = 0;
   uint32_t dropout_seed = 0;
   int32_t dropout_batch_base = 0;
   int32_t dropout_head_base = 0;
+  int32_t dropout_row_base = 0;
 
   float* weights = nullptr;  // optional [B, Hq, Lq, Lk] softmax probabilities
   // Optional [B, Hq, Lq], dense: each row's log-sum-exp of its scores, log Σ_j exp(s_j)
@@ -157,7 +159,8 @@ enum class Status : int32_t {
   kBadAlibi = 15,       // an ALiBi slope that is NaN, negative or above kMaxAlibiSlope
   kBadDropout = 16,     // dropout_batch_base < 0, or past INT32_MAX - (B - 1) (a packed problem's:
                         // INT32_MAX - (S - 1)), or dropout_head_base < 0 or past
-                        // INT32_MAX - (Hq - 1): the call's indices base + b and base + h are int32
+                        // INT32_MAX - (Hq - 1), or dropout_row_base < 0 or past INT32_MAX - (Lq - 1):
+                        // the call's indices base + b, base + h and base + i are int32
   kBadPacking = 14,     // packed sequences (src/sdpa-packed.h): starts not 0 = s[0] <= … <= s[S] =
                         // Tq (or Tk), S < 1, or what a packed problem does not take (batch != 1,
                         // a mask, key lengths or starts, weights, float16 K/V, d_mask)
@@ -206,6 +209,21 @@ bool reads_keys_in_place(const Problem& p);
 // row, end on a tile's last or at the group's end) and read its keys in the same order
 // (sdpa_f32_fwd_4x512__wasmsimd_reads_interleaved, src/kernels/sdpa-kernels.h).
 bool query_heads_keep_bits(const Problem& p, int32_t first, int32_t count);
+
+// Whether forward() of every query head of p cut into slices of `rows` query rows (rows
+// [r, r + rows) of a head, r = 0, rows, 2·rows…; the last slice of a head may have fewer), each
+// run as a problem of its own (batch = 1, q_heads = 1, kv_heads = 1, q_len = the slice's rows,
+// the pointers moved to its first row, causal_offset = the batch's offset + r, causal_offsets
+// null, dropout_row_base = r), gives their rows the bits forward(p) gives them: a caller may then
+// run a query head too large for its memory a few rows at a time. As for query_heads_keep_bits,
+// every slice must take p's path, keep p's row tiles (the group's flat rows g·Lq + r of head g:
+// each slice starts on a tile's first row) and read its keys in p's order; and each slice's
+// offset, the batch's + r, must be an int32 (ALiBi's offsets are not clamped to [-Lq, Lk]).
+// False for rows outside [1, Lq).
+bool query_rows_keep_bits(const Problem& p, int32_t rows);
+// The least row count r >= at_least (r < Lq) for which query_rows_keep_bits(p, r), or 0 if
+// there is none: what a caller going down from half of Lq asks, without trying every count.
+int32_t least_query_rows(const Problem& p, int32_t at_least);
 
 // Number of floats of scratch that forward() needs on `threads` threads: per thread, the
 // packed K/V of one head (O(Lk·(E + Ev)); none on the decode path, which reads K/V in place)

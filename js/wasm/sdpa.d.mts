@@ -31,6 +31,8 @@ export interface ProblemDesc {
   dropoutBatchBase: number;
   /** sdpa::Problem::dropout_head_base: the problem's query head 0 in the dropout mask's heads. */
   dropoutHeadBase: number;
+  /** sdpa::Problem::dropout_row_base: the problem's query row 0 in the dropout mask's rows. */
+  dropoutRowBase: number;
   qStrideB: number; qStrideH: number; qStrideL: number;
   kStrideB: number; kStrideH: number; kStrideL: number;
   vStrideB: number; vStrideH: number; vStrideL: number;
@@ -102,6 +104,8 @@ export interface SdpaModule {
   readsKeysInPlace(desc: number): boolean;
   /** Whether forward() of query heads [first, first + count) of one KV head's group, alone, gives their rows the whole call's bits (src/sdpa.h). */
   queryHeadsKeepBits(desc: number, first: number, count: number): boolean;
+  /** The least row count >= atLeast (< Lq) whose slices of every query head, each alone, give their rows the whole call's bits, or 0 (src/sdpa.h least_query_rows). */
+  leastQueryRows(desc: number, atLeast: number): number;
   /** Streamed decoding (src/sdpa.h): keys per segment, the same for every problem. */
   segmentKeys(): number;
   /** Segments of a single-(batch, KV head) decode problem: ceil(Lk / segmentKeys()). */

@@ -36,6 +36,7 @@ struct ProblemDesc {
   uint32_t dropoutSeed;       // sdpa::Problem::dropout_seed
   int32_t dropoutBatchBase;   // sdpa::Problem::dropout_batch_base
   int32_t dropoutHeadBase;    // sdpa::Problem::dropout_head_base
+  int32_t dropoutRowBase;     // sdpa::Problem::dropout_row_base
   int32_t qStrideB, qStrideH, qStrideL, kStrideB, kStrideH, kStrideL;
   int32_t vStrideB, vStrideH, vStrideL, oStrideB, oStrideH, oStrideL;
   int32_t maskKind, maskStrideB, maskStrideH, maskStrideQ, maskStrideK;
@@ -89,6 +90,7 @@ sdpa::Problem to_problem(const ProblemDesc& d) {
   p.dropout_seed = d.dropoutSeed;
   p.dropout_batch_base = d.dropoutBatchBase;
   p.dropout_head_base = d.dropoutHeadBase;
+  p.dropout_row_base = d.dropoutRowBase;
   p.read_kv_in_order = d.readKvInOrder != 0;
   p.logsumexp = at<float>(d.logsumexp);
   return p;
@@ -140,7 +142,7 @@ constexpr FieldLayout kProblemFields[] = {
     SDPA_FIELD(ProblemDesc, keyLengths),  SDPA_FIELD(ProblemDesc, logsumexp),     SDPA_FIELD(ProblemDesc, keyStarts),
     SDPA_FIELD(ProblemDesc, sinks),       SDPA_FIELD(ProblemDesc, alibiSlopes),   SDPA_FIELD(ProblemDesc, alibiStrideB),
     SDPA_FIELD(ProblemDesc, dropoutThreshold), SDPA_FIELD(ProblemDesc, dropoutSeed), SDPA_FIELD(ProblemDesc, dropoutBatchBase),
-    SDPA_FIELD(ProblemDesc, dropoutHeadBase),
+    SDPA_FIELD(ProblemDesc, dropoutHeadBase), SDPA_FIELD(ProblemDesc, dropoutRowBase),
     SDPA_FIELD(ProblemDesc, qStrideB),
     SDPA_FIELD(ProblemDesc, qStrideH),    SDPA_FIELD(ProblemDesc, qStrideL),      SDPA_FIELD(ProblemDesc, kStrideB),
     SDPA_FIELD(ProblemDesc, kStrideH),    SDPA_FIELD(ProblemDesc, kStrideL),      SDPA_FIELD(ProblemDesc, vStrideB),
@@ -290,6 +292,10 @@ bool query_heads_keep_bits(uint32_t desc, int32_t first, int32_t count) {
   return sdpa::query_heads_keep_bits(to_problem(problem_at(desc)), first, count);
 }
 
+int32_t least_query_rows(uint32_t desc, int32_t at_least) {
+  return sdpa::least_query_rows(to_problem(problem_at(desc)), at_least);
+}
+
 int32_t segment_count(uint32_t desc) { return sdpa::segment_count(to_problem(problem_at(desc))); }
 
 double segment_scratch_floats(uint32_t desc) {
@@ -383,6 +389,7 @@ EMSCRIPTEN_BINDINGS(sdpa_wasm) {
   emscripten::function("backwardPacked", &backward_packed);
   emscripten::function("readsKeysInPlace", &reads_keys_in_place);
   emscripten::function("queryHeadsKeepBits", &query_heads_keep_bits);
+  emscripten::function("leastQueryRows", &least_query_rows);
   emscripten::function("segmentKeys", &sdpa::segment_keys);
   emscripten::function("segmentCount", &segment_count);
   emscripten::function("segmentScratchFloats", &segment_scratch_floats);

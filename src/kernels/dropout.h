@@ -4,12 +4,12 @@
 //   output_i = Σ_j p_ij·z_ij·v_j,  z_ij = factor if kept, else 0
 // The softmax itself (its maximum, its sum, the log-sum-exp) is the one without dropout.
 // Whether (b, h, i, j) is kept is a pure function of the seed and those four indices (the
-// call's: a part computed alone adds its place, dropout_batch_base and dropout_head_base, to b
-// and h), never of the tile, the order or the thread count, so the backward draws the same mask
-// again and every split of the work gives the same bits. i is the row's index in the call's
-// query, not a position in a longer sequence: calls with the same seed draw the same masks (a
-// new seed per call, as PyTorch draws new numbers per call). All arithmetic is on uint32,
-// mod 2^32:
+// call's: a part computed alone adds its place, dropout_batch_base, dropout_head_base and
+// dropout_row_base, to b, h and i), never of the tile, the order or the thread count, so the
+// backward draws the same mask again and every split of the work gives the same bits. i is the
+// row's index in the call's query, not a position in a longer sequence: calls with the same seed
+// draw the same masks (a new seed per call, as PyTorch draws new numbers per call). All
+// arithmetic is on uint32, mod 2^32:
 //   mix(x)  = MurmurHash3's finaliser: x ^= x >> 16; x *= 0x85EBCA6B; x ^= x >> 13;
 //             x *= 0xC2B2AE35; x ^= x >> 16  (a bijection of uint32)
 //   row     = mix(mix(mix(mix(seed) + b) + h) + i)
@@ -42,12 +42,12 @@ inline uint32_t dropout_mix(uint32_t x) {
 constexpr uint32_t kDropoutKeyStep = 0x9E3779B9u;
 
 // The key-independent part of row i of (b, h): bits(j) = dropout_mix(row ^ j·kDropoutKeyStep).
-// validate() keeps base + b and base + h within int32.
+// validate() keeps base + b, base + h and base + i within int32.
 inline uint32_t dropout_row(const Problem& p, int32_t b, int32_t h, int32_t i) {
   uint32_t x = dropout_mix(p.dropout_seed);
   x = dropout_mix(x + static_cast<uint32_t>(p.dropout_batch_base + b));
   x = dropout_mix(x + static_cast<uint32_t>(p.dropout_head_base + h));
-  return dropout_mix(x + static_cast<uint32_t>(i));
+  return dropout_mix(x + static_cast<uint32_t>(p.dropout_row_base + i));
 }
 
 inline bool dropout_kept(const Problem& p, uint32_t row, int64_t j) {

@@ -36,7 +36,8 @@ uint32_t murmur3_finalizer(uint32_t x) {
 double dropout_z(const Problem& p, int64_t b, int64_t h, int64_t i, int64_t j) {
   if (p.dropout_threshold == 0) return 1.0;
   uint32_t row = murmur3_finalizer(p.dropout_seed);
-  for (const int64_t index : {static_cast<int64_t>(p.dropout_batch_base) + b, static_cast<int64_t>(p.dropout_head_base) + h, i}) {
+  for (const int64_t index : {static_cast<int64_t>(p.dropout_batch_base) + b, static_cast<int64_t>(p.dropout_head_base) + h,
+                              static_cast<int64_t>(p.dropout_row_base) + i}) {
     row = murmur3_finalizer(row + static_cast<uint32_t>(index));
   }
   const uint32_t bits = murmur3_finalizer(row ^ (static_cast<uint32_t>(j) * 0x9E3779B9u));

@@ -693,6 +693,33 @@ TEST(DropoutHeadBase, AKvGroupAloneWithItsPlaceAsBasesGivesTheCallsBits) {
   }
 }
 
+// Row bases (a few rows of one query head computed alone, js/slices.ts): row i of the problem
+// draws row base + i's mask; near INT32_MAX, base + Lq - 1 must be an int32.
+TEST(DropoutRowBase, RowsDrawTheirPlaceInTheCallAndBasesPastTheInt32LimitAreRefused) {
+  Case c;
+  c.B = 2, c.Hq = 2, c.Hkv = 1, c.Lq = 5, c.Lk = 40, c.E = 8, c.Ev = 8;
+  for (int32_t base : {0, 3, 1000, -1, INT32_MAX - 4, INT32_MAX - 3, INT32_MIN}) {
+    c.dropout = {kThresholds[1], 17u, 0};
+    Harness h(c);
+    h.p.dropout_row_base = base;
+    const Status want = base >= 0 && base <= INT32_MAX - 4 ? Status::kOk : Status::kBadDropout;
+    EXPECT_EQ(validate(h.p), want) << base;
+    std::fill(h.out.begin(), h.out.end(), kNaN);
+    ASSERT_EQ(h.run(), want) << base;
+    if (want != Status::kOk) {
+      EXPECT_TRUE(std::all_of(h.out.begin(), h.out.end(), [](float x) { return std::isnan(x); })) << "written on refusal";
+      continue;
+    }
+    for (int b = 0; b < c.B; b++)
+      for (int hd = 0; hd < c.Hq; hd++)
+        for (int i = 0; i < c.Lq; i++)
+          for (int j = 0; j < c.Lk; j++) {
+            const bool kept = h.weights[size_t(((b * c.Hq + hd) * c.Lq + i) * c.Lk + j)] != 0.0f;
+            ASSERT_EQ(kept, plain_kept(kThresholds[1], 17u, b, hd, int64_t(base) + i, j)) << base;
+          }
+  }
+}
+
 // Head bases near INT32_MAX: base + Hq - 1 must be an int32.
 TEST(DropoutHeadBase, BasesAtTheInt32LimitAreTakenAndPastItRefused) {
   Case c;
@@ -813,12 +840,13 @@ TEST(DropoutDefinition, RowHashIsTheChainOfFinalisersOverSeedBatchHeadAndRow) {
     p.dropout_seed = rng();
     p.dropout_batch_base = static_cast<int32_t>(rng() % 1000);
     p.dropout_head_base = static_cast<int32_t>(rng() % 1000);
+    p.dropout_row_base = n % 2 == 0 ? 0 : static_cast<int32_t>(rng() % 100000);
     const int32_t b = static_cast<int32_t>(rng() % 64), h = static_cast<int32_t>(rng() % 64);
     const int32_t i = static_cast<int32_t>(rng() % 100000);
     const uint32_t x = rng();
     ASSERT_EQ(dropout_mix(x), plain_mix(x));
     uint32_t row = plain_mix(plain_mix(plain_mix(plain_mix(p.dropout_seed) + uint32_t(p.dropout_batch_base + b)) +
-                                       uint32_t(p.dropout_head_base + h)) + uint32_t(i));
+                                       uint32_t(p.dropout_head_base + h)) + uint32_t(p.dropout_row_base + i));
     ASSERT_EQ(dropout_row(p, b, h, i), row);
   }
 }

@@ -943,6 +943,165 @@ TEST(SdpaForward, QueryHeadSlicesThatKeepTheTilesGiveTheWholeCallsBits) {
   EXPECT_TRUE(query_heads_keep_bits(token.p, 4, 1));
 }
 
+// Rows [r0, r0 + rows) of query head g of KV head kvh's group in batch b of p, as a problem of
+// its own (what query_rows_keep_bits() speaks of): query_head_slice()'s one head, its pointers
+// moved on to row r0, the batch's causal offset plus r0 (so that its rows keep their diagonal,
+// causal frontier, window and ALiBi distances), and dropout_row_base r0.
+Problem query_row_slice(const Problem& p, int b, int kvh, int g, int r0, int rows, float* out, float* weights,
+                        float* lse) {
+  Problem s = query_head_slice(p, b, kvh, g, 1, out, weights, lse);
+  s.q_len = rows;
+  s.query += r0 * p.q_stride_l;
+  s.output += r0 * p.o_stride_l;
+  if (s.weights != nullptr) s.weights += int64_t(r0) * p.kv_len;
+  if (s.logsumexp != nullptr) s.logsumexp += r0;
+  if (p.mask_kind == MaskKind::kFloat) s.mask = static_cast<const float*>(s.mask) + r0 * p.mask_stride_q;
+  if (p.mask_kind == MaskKind::kBool) s.mask = static_cast<const uint8_t*>(s.mask) + r0 * p.mask_stride_q;
+  s.causal_offset = (p.causal_offsets != nullptr ? p.causal_offsets[b] : p.causal_offset) + r0;
+  s.causal_offsets = nullptr;
+  s.dropout_row_base = p.dropout_row_base + r0;
+  return s;
+}
+
+TEST(SdpaForward, QueryRowSlicesThatKeepTheTilesGiveTheWholeCallsBits) {
+  // query_rows_keep_bits() is what lets a call whose single query head is too large for its
+  // memory run a few rows at a time (js/slices.ts). For every row count it accepts, the slices
+  // of every head, each run alone on 1 and 2 threads, must write the bits of the whole call
+  // (output, weights, log-sum-exp), on the packed path and in place (float32 or float16 read in
+  // order), with every option that depends on the row: causal offsets (one, per batch), a
+  // window, ALiBi, dropout, masks with and without a row axis; the whole call must match the
+  // reference.
+  constexpr uint32_t kDropHalf = 1u << 31;
+  struct RowCase {
+    Case c;
+    bool read_kv_in_order = false;
+    uint32_t dropout_threshold = 0;
+    bool halves = false;  // K/V as float16 (rounded first: the reference runs on their values)
+  };
+  const RowCase cases[] = {
+      // One head of 150 rows per batch (packed), per-batch causal offsets (one not aligned with
+      // the tiles), a window, per-batch ALiBi, dropout.
+      {[] { Case c; c.B = 2, c.Lq = 150, c.Lk = 300, c.E = 16, c.Ev = 9, c.causal = true, c.offsets = {150, 7};
+            c.window = 60, c.alibi_slopes = test::per_batch_slopes(2, 1); return c; }(), false, kDropHalf},
+      // GQA prefill (2 query heads per KV head, 72 rows each), bshd, a float mask [Hq, Lq, Lk] with
+      // blocked entries, softcap, sinks, ALiBi [Hq] without causal (offset 5).
+      {[] { Case c; c.Hq = 4, c.Hkv = 2, c.Lq = 72, c.Lk = 530, c.E = 8, c.Ev = 12, c.bshd = true;
+            c.mask_kind = MaskKind::kFloat, c.mask_dims = {4, 72, 530}, c.mask_block_fraction = 0.3;
+            c.softcap = 4.0f, c.sinks = cycling_sinks(4), c.alibi_slopes = test::geometric_slopes(4);
+            c.offsets = {5}; return c; }()},
+      // A bool mask without a row axis [B, 1, 1, Lk], key starts and lengths, causal (one offset).
+      {[] { Case c; c.B = 2, c.Hq = 2, c.Hkv = 2, c.Lq = 80, c.Lk = 700, c.E = 12, c.Ev = 5, c.causal = true;
+            c.offsets = {620}, c.mask_kind = MaskKind::kBool, c.mask_dims = {2, 1, 1, 700}, c.mask_block_fraction = 0.2;
+            c.key_starts = {3, 40}, c.key_lengths = {690, 500}; return c; }()},
+      // In place (24 rows of one head), read in order from float16 halves, causal, dropout.
+      {[] { Case c; c.Lq = 24, c.Lk = 1500, c.E = 16, c.Ev = 16, c.causal = true, c.offsets = {1476};
+            return c; }(), true, kDropHalf, true},
+      // In place, 2 query heads of 12 rows on one KV head, float32 read in order, ALiBi, causal.
+      {[] { Case c; c.Hq = 2, c.Lq = 12, c.Lk = 2100, c.E = 32, c.Ev = 32, c.causal = true, c.offsets = {2088};
+            c.alibi_slopes = test::geometric_slopes(2); return c; }(), true},
+  };
+  int accepted = 0;
+  for (const RowCase& rc : cases) {
+    Harness whole(rc.c);
+    std::vector<uint16_t> key_halves, value_halves;
+    if (rc.halves) {
+      for (float& x : whole.k) key_halves.push_back(f32_to_f16(x)), x = f16_to_f32(key_halves.back());
+      for (float& x : whole.v) value_halves.push_back(f32_to_f16(x)), x = f16_to_f32(value_halves.back());
+      whole.p.kv_type = KvType::kFloat16, whole.p.key = key_halves.data(), whole.p.value = value_halves.data();
+    }
+    std::vector<float> lse(size_t(rc.c.B) * rc.c.Hq * rc.c.Lq, kNaN);
+    whole.p.logsumexp = lse.data();
+    whole.p.read_kv_in_order = rc.read_kv_in_order;
+    whole.p.dropout_threshold = rc.dropout_threshold, whole.p.dropout_seed = 91;
+    ASSERT_EQ(whole.run(), Status::kOk) << rc.c.describe();
+    whole.expect_matches_reference();
+    const int group = rc.c.Hq / rc.c.Hkv;
+    for (int rows = 1; rows < rc.c.Lq; rows++) {
+      if (!query_rows_keep_bits(whole.p, rows)) continue;
+      accepted++;
+      for (int threads : {1, 2}) {
+        ThreadPool pool(threads);
+        Harness sliced(rc.c);
+        std::vector<float> sliced_lse(lse.size(), kNaN);
+        for (int b = 0; b < rc.c.B; b++)
+          for (int kvh = 0; kvh < rc.c.Hkv; kvh++)
+            for (int g = 0; g < group; g++)
+              for (int r0 = 0; r0 < rc.c.Lq; r0 += rows) {
+                const Problem s = query_row_slice(whole.p, b, kvh, g, r0, std::min(rows, rc.c.Lq - r0), sliced.out.data(),
+                                                  sliced.weights.data(), sliced_lse.data());
+                std::vector<float> scratch(scratch_floats(s, threads));
+                ASSERT_EQ(forward(s, scratch.data(), scratch.size(), threads > 1 ? &pool : nullptr), Status::kOk);
+              }
+        // Every row is in one slice: all of the output, weights and log-sum-exp are the whole call's.
+        for (size_t n = 0; n < whole.out.size(); n++) {
+          ASSERT_EQ(0, std::memcmp(&sliced.out[n], &whole.out[n], sizeof(float)))
+              << rc.c.describe() << " slices of " << rows << " rows, threads " << threads << " output element " << n
+              << ": " << sliced.out[n] << " whole " << whole.out[n];
+        }
+        ASSERT_EQ(0, std::memcmp(sliced_lse.data(), lse.data(), lse.size() * sizeof(float)))
+            << rc.c.describe() << " slices of " << rows << " rows: log-sum-exp";
+        ASSERT_EQ(0, std::memcmp(sliced.weights.data(), whole.weights.data(), whole.weights.size() * sizeof(float)))
+            << rc.c.describe() << " slices of " << rows << " rows: weights";
+      }
+    }
+  }
+  EXPECT_GE(accepted, 12);  // the cases above give that many row counts to check
+
+  // The rule itself. One head of 150 rows (packed): slices of a multiple of 4 rows whose last
+  // slice has more than 32 rows (the packed path) or none.
+  Harness prefill([] { Case c; c.Lq = 150, c.Lk = 300; return c; }());
+  ASSERT_FALSE(reads_keys_in_place(prefill.p));
+  EXPECT_TRUE(query_rows_keep_bits(prefill.p, 100));   // 100 + 50
+  EXPECT_TRUE(query_rows_keep_bits(prefill.p, 76));    // 76 + 74
+  EXPECT_FALSE(query_rows_keep_bits(prefill.p, 75));   // splits a tile
+  EXPECT_FALSE(query_rows_keep_bits(prefill.p, 40));   // 40·3 + 30: the last slice in place
+  EXPECT_FALSE(query_rows_keep_bits(prefill.p, 32));   // in place
+  EXPECT_FALSE(query_rows_keep_bits(prefill.p, 150));  // not a slice of rows
+  EXPECT_FALSE(query_rows_keep_bits(prefill.p, 0));
+  // Two query heads of 150 rows: head 1 starts at flat row 150, inside a tile.
+  Harness gqa([] { Case c; c.Hq = 2, c.Lq = 150, c.Lk = 300; return c; }());
+  EXPECT_FALSE(query_rows_keep_bits(gqa.p, 100));
+  // ALiBi measures from the offset as given: a slice's offset + r0 must stay an int32.
+  Harness alibi([] { Case c; c.Lq = 150, c.Lk = 300, c.alibi_slopes = test::geometric_slopes(1); return c; }());
+  alibi.p.causal_offset = INT32_MAX - 149;
+  EXPECT_TRUE(query_rows_keep_bits(alibi.p, 100));
+  alibi.p.causal_offset = INT32_MAX - 148;
+  EXPECT_FALSE(query_rows_keep_bits(alibi.p, 100));
+  // A float16 cache's decode of 9 rows, read in order past a whole group of 4 key tiles: a last
+  // slice of one row would read its keys interleaved; of 10 rows, the last slice has 2.
+  Harness decode([] { Case c; c.Lq = 9, c.Lk = 4500, c.E = 16, c.Ev = 16; return c; }());
+  decode.p.kv_type = KvType::kFloat16, decode.p.read_kv_in_order = true;
+  ASSERT_TRUE(reads_keys_in_place(decode.p));
+  EXPECT_FALSE(query_rows_keep_bits(decode.p, 4));
+  EXPECT_FALSE(query_rows_keep_bits(decode.p, 8));
+  decode.p.q_len = 10;
+  EXPECT_TRUE(query_rows_keep_bits(decode.p, 4));
+  EXPECT_TRUE(query_rows_keep_bits(decode.p, 8));
+  decode.p.read_kv_in_order = false;  // (K/V copied in: never interleaved)
+  decode.p.q_len = 9;
+  EXPECT_TRUE(query_rows_keep_bits(decode.p, 4));
+  // One row has no slice of rows.
+  decode.p.q_len = 1;
+  EXPECT_FALSE(query_rows_keep_bits(decode.p, 1));
+
+  // least_query_rows() is the least count from its argument up that the rule takes.
+  decode.p.q_len = 10, decode.p.read_kv_in_order = true;
+  Harness in_place([] { Case c; c.Lq = 24, c.Lk = 300; return c; }());
+  Harness long_head([] { Case c; c.Lq = 1000, c.Lk = 300; return c; }());
+  for (const Problem* p : {&prefill.p, &gqa.p, &alibi.p, &decode.p, &in_place.p, &long_head.p}) {
+    for (int at_least = 0; at_least <= p->q_len + 1; at_least++) {
+      int want = 0;
+      for (int rows = std::max(at_least, 1); rows < p->q_len && want == 0; rows++) {
+        if (query_rows_keep_bits(*p, rows)) want = rows;
+      }
+      ASSERT_EQ(least_query_rows(*p, at_least), want) << "Lq " << p->q_len << " from " << at_least;
+    }
+  }
+  EXPECT_EQ(least_query_rows(prefill.p, 38), 52);   // 40, 44, 48 leave 30, 18, 6 rows (in place)
+  EXPECT_EQ(least_query_rows(in_place.p, 1), 4);    // all in place
+  EXPECT_EQ(least_query_rows(gqa.p, 1), 0);         // heads start inside tiles
+}
+
 TEST(SdpaForward, LongSequencesUseTileSizedScratch) {
   Case c;
   c.Lq = 32768, c.Lk = 32768, c.E = 16, c.Ev = 16, c.weights = false;

@@ -89,7 +89,7 @@ inline std::string describe(const Problem& p) {
   std::snprintf(text, sizeof text,
                 "B%d Hq%d Hkv%d Lq%d Lk%d E%d Ev%d kv_type=%d scale=%a softcap=%a mask=%d "
                 "mask_strides=[%lld,%lld,%lld,%lld] causal=%d offset=%s%d window=%d key_lengths=%s key_starts=%s sinks=%s alibi=%s "
-                "dropout=(threshold %u, seed %u, batch base %d, head base %d) weights=%d "
+                "dropout=(threshold %u, seed %u, batch base %d, head base %d, row base %d) weights=%d "
                 "in_order=%d q_strides=[%lld,%lld,%lld] k=[%lld,%lld,%lld] v=[%lld,%lld,%lld] o=[%lld,%lld,%lld]",
                 p.batch, p.q_heads, p.kv_heads, p.q_len, p.kv_len, p.head_dim, p.value_dim,
                 static_cast<int>(p.kv_type), p.scale, p.softcap, static_cast<int>(p.mask_kind),
@@ -99,7 +99,7 @@ inline std::string describe(const Problem& p) {
                 p.sliding_window,
                 p.key_lengths != nullptr ? "per-batch" : "none", p.key_starts != nullptr ? "per-batch" : "none", p.sinks != nullptr ? "per-head" : "none",
                 p.alibi_slopes == nullptr ? "none" : p.alibi_stride_b != 0 ? "per-batch" : "per-head", p.dropout_threshold,
-                p.dropout_seed, p.dropout_batch_base, p.dropout_head_base, p.weights != nullptr, p.read_kv_in_order,
+                p.dropout_seed, p.dropout_batch_base, p.dropout_head_base, p.dropout_row_base, p.weights != nullptr, p.read_kv_in_order,
                 static_cast<long long>(p.q_stride_b), static_cast<long long>(p.q_stride_h), static_cast<long long>(p.q_stride_l),
                 static_cast<long long>(p.k_stride_b), static_cast<long long>(p.k_stride_h), static_cast<long long>(p.k_stride_l),
                 static_cast<long long>(p.v_stride_b), static_cast<long long>(p.v_stride_h), static_cast<long long>(p.v_stride_l),

@@ -333,14 +333,15 @@ inline void decode_alibi(FuzzedDataProvider& in, Problem& p, OptionBuffers& buf)
   }
 }
 
-// Attention dropout (Problem::dropout_threshold, dropout_seed, dropout_batch_base and _head_base), drawn after
-// ALiBi from the bytes left (none when none are left): in about half the problems none
-// (threshold 0, whatever the seed: the bits of no dropout); else a threshold that is small (1 to
-// 2^16: almost nothing dropped, the factor 1.0f), round(q·2^32) for q in 0.1 .. 0.9, about 2^31,
-// near 2^32 - 1 (almost everything dropped, factors up to 2^32) or any; any seed; a batch base 0
-// mostly, else small or the largest validate() takes, INT32_MAX - (B - 1), or else a head base
-// small or the largest taken, INT32_MAX - (Hq - 1) (from the same byte). (A packed check's
-// sequences then draw batch base + s each: packed-check.h.)
+// Attention dropout (Problem::dropout_threshold, dropout_seed, dropout_batch_base, _head_base and
+// _row_base), drawn after ALiBi from the bytes left (none when none are left): in about half the
+// problems none (threshold 0, whatever the seed: the bits of no dropout); else a threshold that
+// is small (1 to 2^16: almost nothing dropped, the factor 1.0f), round(q·2^32) for q in
+// 0.1 .. 0.9, about 2^31, near 2^32 - 1 (almost everything dropped, factors up to 2^32) or any;
+// any seed; the bases 0 mostly, else (from the same byte) a batch base small or the largest
+// validate() takes, INT32_MAX - (B - 1), or a head base small or the largest taken,
+// INT32_MAX - (Hq - 1), or a row base small or the largest taken, INT32_MAX - (Lq - 1). (A packed
+// check's sequences then draw batch base + s each: packed-check.h.)
 inline void decode_dropout(FuzzedDataProvider& in, Problem& p) {
   const uint8_t kind = in.ConsumeIntegral<uint8_t>();
   const uint32_t value = in.ConsumeIntegral<uint32_t>();
@@ -356,6 +357,7 @@ inline void decode_dropout(FuzzedDataProvider& in, Problem& p) {
   }
   if (base >= 192) p.dropout_batch_base = base >= 248 ? INT32_MAX - (p.batch - 1) : base % 16;
   if (base >= 160 && base < 192) p.dropout_head_base = base >= 184 ? INT32_MAX - (p.q_heads - 1) : base % 16;
+  if (base >= 128 && base < 160) p.dropout_row_base = base >= 152 ? INT32_MAX - (p.q_len - 1) : base % 16;
 }
 
 // Invalid problems: one field of a valid Problem broken, `detail` (an input byte) picking the
@@ -426,10 +428,13 @@ inline Status break_alibi(Problem& p, OptionBuffers& buf, uint8_t detail) {
 
 // A dropout_batch_base that is negative (-1 .. -64, or INT32_MIN), or, with B > 1, one past the
 // largest validate() takes (base + B - 1 would pass INT32_MAX); or a dropout_head_base negative or,
-// with Hq > 1, one past the largest taken (base + Hq - 1); with or without dropout.
+// with Hq > 1, one past the largest taken (base + Hq - 1); or a dropout_row_base negative or, with
+// Lq > 1, one past the largest taken (base + Lq - 1); with or without dropout.
 inline Status break_dropout(Problem& p, uint8_t detail) {
   if ((detail & 0x18) == 0x18) {  // the head base: negative, or base + Hq - 1 past INT32_MAX
     p.dropout_head_base = p.q_heads > 1 && (detail & 0x04) ? INT32_MAX - (p.q_heads - 2) : -1 - (detail % 4);
+  } else if ((detail & 0x18) == 0x10) {  // the row base: negative, or base + Lq - 1 past INT32_MAX
+    p.dropout_row_base = p.q_len > 1 && (detail & 0x04) ? INT32_MAX - (p.q_len - 2) : -1 - (detail % 4);
   } else if ((detail & 0xC0) == 0xC0 && p.batch > 1) {
     p.dropout_batch_base = INT32_MAX - (p.batch - 2);
   } else {

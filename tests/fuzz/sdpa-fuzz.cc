@@ -15,8 +15,8 @@
 //            ALiBi's geometric ones, [0, 1], 2^-20, rarely up to kMaxAlibiSlope; a problem that is
 //            not causal gets an offset for ALiBi's diagonal; decoded from the bytes left after the
 //            values: problem-decoding.h, decode_alibi), attention dropout (threshold 0 in about
-//            half, small, q·2^32, about 2^31, near 2^32 - 1 or any; any seed; batch base 0, small
-//            or the largest taken; after ALiBi: decode_dropout),
+//            half, small, q·2^32, about 2^31, near 2^32 - 1 or any; any seed; batch, head and
+//            row bases 0, small or the largest taken; after ALiBi: decode_dropout),
 //            weights, logsumexp, kv_type float32/float16/float16-finite, read_kv_in_order,
 //            a pool of 1 or 2 threads;
 //   values   per tensor, ordinary numbers of a chosen magnitude mixed with NaN, ±Inf, ±1e30,
@@ -33,7 +33,7 @@
 // forward(); and packed sequences (tests/fuzz/packed-check.h: forward_packed() over one sequence
 // per batch of drawn lengths, each sequence bitwise forward() on it alone). One input in eight is turned into an invalid problem (one field broken: a size,
 // a pointer, a stride, the scale, ...), which must return the Status validate() documents and
-// write nothing (dropout_batch_base negative, or past INT32_MAX - (B - 1), among them).
+// write nothing (a dropout batch, head or row base negative, or past INT32_MAX - (B - 1), among them).
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <algorithm>
@@ -147,8 +147,9 @@ void probe_largest_sizes(Problem p, uint8_t choice) {
   p.o_stride_b = p.o_stride_h = p.o_stride_l = 0;
   p.mask_stride_b = p.mask_stride_h = p.mask_stride_q = p.mask_stride_k = 0;
   p.weights = nullptr, p.logsumexp = nullptr, p.key_lengths = nullptr, p.key_starts = nullptr, p.sinks = nullptr;
-  // B and Hq go up to kMaxCount: with bases 0, base + B - 1 and base + Hq - 1 stay int32s.
-  p.alibi_slopes = nullptr, p.dropout_batch_base = 0, p.dropout_head_base = 0;
+  // B, Hq and Lq go up to kMaxCount: with bases 0, base + B - 1, base + Hq - 1 and base + Lq - 1
+  // stay int32s.
+  p.alibi_slopes = nullptr, p.dropout_batch_base = 0, p.dropout_head_base = 0, p.dropout_row_base = 0;
   p.batch = p.q_heads = p.kv_heads = p.q_len = p.kv_len = 1;
   switch (choice % 4) {
     case 0: p.q_len = kMax; break;                                        // one head's rows

@@ -303,16 +303,36 @@ describe('arguments read through getters (user code running inside a call)', () 
 /** `tensor` with a dims getter that runs `action` first. */
 const later = (tensor, action) => ({ data: tensor.data, get dims() { action(); return tensor.dims; } });
 
-// 2.3 GB of weights: more than the 2 GiB the wasm memory may grow to, but less than 4 GiB.
-const hugeWeightsCall = () => {
-  const n = 24000;
-  const one = (seed) => randomTensor([1, 1, n, 1], seed);
-  return attn.sdpa(one(20), one(21), one(22), { returnWeights: true });
-};
+// 2.16 GB of weights: more than the 2 GiB the wasm memory may grow to, but less than 4 GiB.
+// 36 rows of one head against 15,000,000 keys: a longer query would run a few rows at a time
+// (the weights then only need to fit in JavaScript), but 36 rows have no smaller slice that
+// keeps the bits (every slice would be at most 32 rows, which the kernel computes on another path).
+const HUGE = { Lq: 36, Lk: 15e6 };
+const hugeInputs = (() => {
+  let inputs = null;
+  return () => {
+    const one = (L) => ({ data: new Float32Array(L).fill(0.25), dims: [1, 1, L, 1] });
+    inputs ??= [one(HUGE.Lq), one(HUGE.Lk), one(HUGE.Lk)];
+    return inputs;
+  };
+})();
+const hugeWeightsCall = () => attn.sdpa(...hugeInputs(), { returnWeights: true });
 
 describe('allocation failure', () => {
-  test('returnWeights needing 2.3 GB is a RangeError about memory; the instance keeps working', () => {
-    expectError(hugeWeightsCall, RangeError, [/memory/, has(`${24000 * 24000 * 4} bytes`), /weights/]);
+  test('returnWeights needing 2.16 GB of wasm memory is a RangeError about memory; the instance keeps working', () => {
+    expectError(hugeWeightsCall, RangeError, [/memory/, has(`${HUGE.Lq * HUGE.Lk * 4} bytes`), /weights/]);
+    expectStillWorks();
+  });
+
+  test('weights past what JavaScript can hold (computed in slices of rows) are a RangeError naming them, before anything is computed', () => {
+    // 131072 rows against 65536 keys: 2^33 weights, past a typed array's length in V8. The rows
+    // would run a few at a time within wasm memory; the result cannot be made.
+    const one = (L) => ({ data: new Float32Array(L).fill(0.5), dims: [1, 1, L, 1] });
+    const before = attn.memory();
+    expectError(() => attn.sdpa(one(131072), one(65536), one(65536), { returnWeights: true }), RangeError,
+      [/^sdpa: options\.returnWeights: the weights \[1, 1, 131072, 65536\] would need 34359738368 bytes, which this JavaScript engine could not allocate \(/]);
+    expect(attn.memory().bytesInUse).toBe(0);
+    expect(attn.memory().peakBytes).toBe(before.peakBytes);
     expectStillWorks();
   });
 });
@@ -465,12 +485,12 @@ describe('allocation sizes of 4 GiB and more', () => {
   // RangeError as above (and the instance must keep working), not a smaller allocation from a
   // size truncated to 32 bits followed by out-of-bounds writes. Run in a child process
   // (alloc-probe.mjs): a trap in a worker thread would otherwise end the whole Jest run.
-  const probe = (threads, n) => {
+  const probe = (threads, Lq, Lk) => {
     const script = fileURLToPath(new URL('./alloc-probe.mjs', import.meta.url));
     const env = { ...process.env };
     delete env.NODE_OPTIONS;
     // A correct run takes well under a second; the timeout only bounds a hang.
-    const child = spawnSync(process.execPath, [script, String(threads), String(n), '1'], {
+    const child = spawnSync(process.execPath, [script, String(threads), String(Lq), String(Lk), '1'], {
       encoding: 'utf8', timeout: 10000, env,
     });
     const line = (child.stdout ?? '').trim().split('\n').pop();
@@ -483,10 +503,12 @@ describe('allocation sizes of 4 GiB and more', () => {
     return { status: child.status, signal: child.signal, result, stderr: (child.stderr ?? '').slice(0, 400) };
   };
 
+  // 64 rows of one head (no slice of them keeps the bits: every slice would be at most 32 rows,
+  // the kernel's other path) against 2^24 keys: exactly 2^32 bytes of weights, 0 if truncated.
   test.each([
-    [1, 32768], [1, 32800], ['default', 32800],
-  ])('threads %p: returnWeights with Lq = Lk = %i (E = 1) is a RangeError about memory', (threads, n) => {
-    const outcome = probe(threads, n);
+    [1, 64, 2 ** 24], [1, 64, 2 ** 24 + 8192], ['default', 64, 2 ** 24 + 8192],
+  ])('threads %p: returnWeights with Lq = %i, Lk = %i (E = 1) is a RangeError about memory', (threads, Lq, Lk) => {
+    const outcome = probe(threads, Lq, Lk);
     const exit = outcome.status === 0
       ? 'exited normally'
       : `status ${outcome.status}, signal ${outcome.signal} (hung or crashed), stderr: ${outcome.stderr}`;

@@ -133,11 +133,13 @@ describe('createAttention({ maxMemoryBytes })', () => {
       expectMatchesReference(attn, small);
       const { moduleBytesInUse } = attn.memory();
 
-      // 3 × 256 × 64 floats of Q, K, V alone are 192 KiB.
+      // 256 × 64 floats of K and of V alone are 128 KiB: even a slice of Q's rows (the least
+      // that keeps the bits: 44 of 256) does not fit.
       const big = smallProblem(5, { B: 1, Hq: 1, Hkv: 1, Lq: 256, Lk: 256, E: 64, Ev: 64 });
       const error = await errorOf(() => attn.sdpa(big.query, big.key, big.value));
       expectError(error, RangeError, [
-        /^sdpa: needs \d+ bytes of wasm memory/, /query 65536 bytes \+ key 65536 bytes \+ value 65536 bytes/,
+        /^sdpa: needs \d+ bytes of wasm memory to run 44 query rows of one query head at a time/,
+        /\(query 11264 bytes \+ key 65536 bytes \+ value 65536 bytes/,
         new RegExp(`limit of ${LIMIT} bytes \\(maxMemoryBytes\\), of which 0 are in use`)]);
       expect(attn.memory().bytesInUse).toBe(0);
       expect(attn.memory().moduleBytesInUse).toBe(moduleBytesInUse);
@@ -158,10 +160,12 @@ describe('createAttention({ maxMemoryBytes })', () => {
       cache.append(randomTensor([1, 2, 10, 8], 7), randomTensor([1, 2, 10, 8], 8));
       const q = randomTensor([1, 4, 2, 8], 9);
       const before = cache.attend(q).output.data;
-      // (Its least: one query head at a time, a quarter of the query: 1200 rows of one head
-      // keep the kernel's row tiles, so they give the bits of the whole call.)
-      expectError(await errorOf(() => cache.attend(randomTensor([1, 4, 1200, 8], 10))), RangeError,
-        [/^KVCache\.attend: needs \d+ bytes of wasm memory to run one query head of one \(batch, KV head\) at a time \(query 38400 bytes \+ output 38400 bytes/,
+      // (Its least: one (batch, KV head), half the query. 1201 rows a head: a slice of one query
+      // head, or of its rows, would split the kernel's row tiles of 4 flat rows (head g's start
+      // at g·1201), so it would not give the bits of the whole call; 1200 rows would run a few
+      // rows at a time.)
+      expectError(await errorOf(() => cache.attend(randomTensor([1, 4, 1201, 8], 10))), RangeError,
+        [/^KVCache\.attend: needs \d+ bytes of wasm memory to run one \(batch, KV head\) at a time \(query 76864 bytes \+ output 76864 bytes/,
           /of which 73728 are in use/]);
       // Float32 rows into a float16 cache are staged (converted in wasm memory): 1000 rows × 2
       // heads × 8 dims × 4 bytes = 64,000 bytes, past the limit beside 72 KiB. Nothing is appended.
@@ -183,10 +187,13 @@ describe('createAttention({ maxMemoryBytes })', () => {
   test('the default limit refuses what cannot fit in 2 GiB with the same kind of message', async () => {
     const attn = await createAttention({ threads: 1 });
     try {
-      const n = 24000;  // 2.3 GB of weights
-      const one = (seed) => randomTensor([1, 1, n, 1], seed);
-      expectError(await errorOf(() => attn.sdpa(one(1), one(2), one(3), { returnWeights: true })), RangeError,
-        [/^sdpa: needs \d+ bytes/, new RegExp(`weights ${n * n * 4} bytes`), /limit of 2147483648 bytes \(2 GiB/]);
+      // 36 rows of one head against 15,000,000 keys: 2.16 GB of weights. (A longer query would
+      // run a few rows at a time; 36 rows have no smaller slice that keeps the bits: every slice
+      // would be at most 32 rows, which the kernel computes on another path.)
+      const Lq = 36, Lk = 15e6;
+      const one = (L) => ({ data: new Float32Array(L).fill(0.5), dims: [1, 1, L, 1] });
+      expectError(await errorOf(() => attn.sdpa(one(Lq), one(Lk), one(Lk), { returnWeights: true })), RangeError,
+        [/^sdpa: needs \d+ bytes/, new RegExp(`weights ${Lq * Lk * 4} bytes`), /limit of 2147483648 bytes \(2 GiB/]);
       expect(attn.memory().bytesInUse).toBe(0);
       expectMatchesReference(attn, smallProblem(4));
     } finally {
@@ -612,6 +619,66 @@ describe('sdpa() past maxMemoryBytes runs a slice of batches and KV heads at a t
   });
 });
 
+// Helpers of the tests past maxMemoryBytes that cut one (batch, KV head) further.
+/** `call` on a fresh instance without a limit: its result and the peak memory it took. */
+const unlimitedCall = async (threads, call) => {
+  const attn = await createAttention({ threads });
+  try {
+    return { expected: call(attn), peak: attn.memory().peakBytes };
+  } finally {
+    attn.dispose();
+  }
+};
+/**
+ * A call for an instance: a cache of `dtype` filled with k, v ([1, 1, L, D] each) `chunk`
+ * positions an append (a float16 cache stages each append in wasm memory: small ones leave the
+ * limit to the attend), then its attend of `query`.
+ */
+const attendOnCache = (k, v, dtype, chunk, query, options) => (attn) => {
+  const [, , length, headDim] = k.dims, valueDim = v.dims[3];
+  const cache = attn.createKVCache({ batch: 1, kvHeads: 1, headDim, valueDim, maxLength: length, dtype });
+  for (let at = 0; at < length; at += chunk) {
+    cache.append({ data: k.data.subarray(at * headDim, (at + chunk) * headDim), dims: [1, 1, chunk, headDim] },
+      { data: v.data.subarray(at * valueDim, (at + chunk) * valueDim), dims: [1, 1, chunk, valueDim] });
+  }
+  return cache.attend(query, options);
+};
+const expectSameResult = (got, expected) => {
+  expectBitwiseEqual(got.output.data, expected.output.data);
+  expect(got.output.dims).toEqual(expected.output.dims);
+  for (const name of ['weights', 'logSumExp']) if (expected[name]) expectBitwiseEqual(got[name].data, expected[name].data);
+};
+/** `call` on a fresh instance (threads, maxMemoryBytes `limit`): its result or error; nothing held after beyond `held` bytes, the peak within the limit. */
+const runLimited = async (threads, limit, call, held = 0) => {
+  const attn = await createAttention({ threads, maxMemoryBytes: limit });
+  try {
+    const outcome = call(attn);
+    expect(attn.memory().bytesInUse).toBe(held);
+    expect(attn.memory().peakBytes).toBeLessThanOrEqual(limit);
+    return outcome;
+  } finally {
+    attn.dispose();
+  }
+};
+/**
+ * The least that runs `call` (named by its refusal under `floor` bytes, a limit at which it
+ * must be refused): the refusal names the least slice (`purpose`, a pattern: what it runs at a
+ * time); that many bytes run it, and a limit half-way to the whole call's peak, bitwise
+ * `expected`; one byte less is the same refusal.
+ */
+const checkDownToTheLeast = async (threads, floor, peak, held, call, expected, purpose, fn) => {
+  const refused = await runLimited(threads, floor, (attn) => errorOfSync(() => call(attn)), held);
+  expectError(refused, RangeError, [new RegExp(`^${fn}: needs \\d+ bytes of wasm memory to run ${purpose} at a time \\(query `)]);
+  const needed = held + Number(/needs (\d+) bytes/.exec(refused.message)[1]);
+  expect(needed).toBeLessThan(peak);
+  for (const limit of [needed, Math.floor((needed + peak) / 2)]) {
+    expectSameResult(await runLimited(threads, limit, (attn) => call(attn), held), expected);
+  }
+  const below = await runLimited(threads, needed - 1, (attn) => errorOfSync(() => call(attn)), held);
+  expect(below.message).toBe(refused.message.replace(/limit of (\d+) bytes/, `limit of ${needed - 1} bytes`));
+};
+
+
 describe('one batch and one KV head (multi-query attention) past maxMemoryBytes: a few query heads at a time where that keeps the bits', () => {
   // Hq 8 query heads on one KV head, B 1: no slice of batches or KV heads is smaller than the
   // call. sdpa() and KVCache.attend() then run a few of its query heads at a time, but only
@@ -639,63 +706,6 @@ describe('one batch and one KV head (multi-query attention) past maxMemoryBytes:
       dropoutP: 0.25, dropoutSeed: 9, returnWeights: true,
     }),
   };
-  /** `call` on a fresh instance without a limit: its result and the peak memory it took. */
-  const unlimitedCall = async (threads, call) => {
-    const attn = await createAttention({ threads });
-    try {
-      return { expected: call(attn), peak: attn.memory().peakBytes };
-    } finally {
-      attn.dispose();
-    }
-  };
-  /**
-   * A call for an instance: a cache of `dtype` filled with k, v ([1, 1, L, D] each) `chunk`
-   * positions an append (a float16 cache stages each append in wasm memory: small ones leave the
-   * limit to the attend), then its attend of `query`.
-   */
-  const attendOnCache = (k, v, dtype, chunk, query, options) => (attn) => {
-    const [, , length, headDim] = k.dims, valueDim = v.dims[3];
-    const cache = attn.createKVCache({ batch: 1, kvHeads: 1, headDim, valueDim, maxLength: length, dtype });
-    for (let at = 0; at < length; at += chunk) {
-      cache.append({ data: k.data.subarray(at * headDim, (at + chunk) * headDim), dims: [1, 1, chunk, headDim] },
-        { data: v.data.subarray(at * valueDim, (at + chunk) * valueDim), dims: [1, 1, chunk, valueDim] });
-    }
-    return cache.attend(query, options);
-  };
-  const expectSameResult = (got, expected) => {
-    expectBitwiseEqual(got.output.data, expected.output.data);
-    expect(got.output.dims).toEqual(expected.output.dims);
-    for (const name of ['weights', 'logSumExp']) if (expected[name]) expectBitwiseEqual(got[name].data, expected[name].data);
-  };
-  /** `call` on a fresh instance (threads, maxMemoryBytes `limit`): its result or error; nothing held after beyond `held` bytes, the peak within the limit. */
-  const runLimited = async (threads, limit, call, held = 0) => {
-    const attn = await createAttention({ threads, maxMemoryBytes: limit });
-    try {
-      const outcome = call(attn);
-      expect(attn.memory().bytesInUse).toBe(held);
-      expect(attn.memory().peakBytes).toBeLessThanOrEqual(limit);
-      return outcome;
-    } finally {
-      attn.dispose();
-    }
-  };
-  /**
-   * The least that runs `call` (named by its refusal under `floor` bytes, a limit at which it
-   * must be refused): the refusal names `least`'s slice; that many bytes run it, and a limit
-   * half-way to the whole call's peak, bitwise `expected`; one byte less is the same refusal.
-   */
-  const checkDownToTheLeast = async (threads, floor, peak, held, call, expected, least, fn) => {
-    const refused = await runLimited(threads, floor, (attn) => errorOfSync(() => call(attn)), held);
-    expectError(refused, RangeError, [new RegExp(`^${fn}: needs \\d+ bytes of wasm memory to run ${least} of one \\(batch, KV head\\) at a time \\(query `)]);
-    const needed = held + Number(/needs (\d+) bytes/.exec(refused.message)[1]);
-    expect(needed).toBeLessThan(peak);
-    for (const limit of [needed, Math.floor((needed + peak) / 2)]) {
-      expectSameResult(await runLimited(threads, limit, (attn) => call(attn), held), expected);
-    }
-    const below = await runLimited(threads, needed - 1, (attn) => errorOfSync(() => call(attn)), held);
-    expect(below.message).toBe(refused.message.replace(/limit of (\d+) bytes/, `limit of ${needed - 1} bytes`));
-  };
-
   test.each(Object.keys(optionSets).flatMap((name) => shapes.map(({ Lq, least }) => [name, Lq, least])))('sdpa(), %s, Lq %i: least %s; threads 1 and 2 bitwise the whole call', async (name, Lq, least) => {
     const query = randomTensor([1, Hq, Lq, E], 504 + Lq), options = optionSets[name](Lq);
     const { expected, peak } = await unlimitedCall(2, (attn) => attn.sdpa(query, key, value, options));
@@ -703,7 +713,7 @@ describe('one batch and one KV head (multi-query attention) past maxMemoryBytes:
     expect(maxRelError(expected.output.data, ref.output)).toBeLessThanOrEqual(TOL);
     expect(maxRelError(expected.weights.data, ref.weights)).toBeLessThanOrEqual(TOL);
     for (const threads of [1, 2]) {
-      await checkDownToTheLeast(threads, 64, peak, 0, (attn) => attn.sdpa(query, key, value, options), expected, least, 'sdpa');
+      await checkDownToTheLeast(threads, 64, peak, 0, (attn) => attn.sdpa(query, key, value, options), expected, `${least} of one \\(batch, KV head\\)`, 'sdpa');
     }
   });
 
@@ -713,7 +723,8 @@ describe('one batch and one KV head (multi-query attention) past maxMemoryBytes:
     const attendOn = attendOnCache(key, value, dtype, 4, query, options);
     const { expected, peak } = await unlimitedCall(2, attendOn);
     for (const threads of [1, 2]) {
-      await checkDownToTheLeast(threads, cacheBytes + 2048, peak, cacheBytes, attendOn, expected, least, 'KVCache\\.attend');
+      await checkDownToTheLeast(threads, cacheBytes + 2048, peak, cacheBytes, attendOn, expected, `${least} of one \\(batch, KV head\\)`,
+        'KVCache\\.attend');
     }
   });
 
@@ -731,13 +742,86 @@ describe('one batch and one KV head (multi-query attention) past maxMemoryBytes:
         // The whole call's peak on this many threads (two threads' scratch is larger).
         const { expected, peak } = await unlimitedCall(threads, attendOn);
         if (dtype === 'float32') {
-          await checkDownToTheLeast(threads, cacheBytes + 8192, peak, cacheBytes, attendOn, expected, '4 query heads', 'KVCache\\.attend');
+          await checkDownToTheLeast(threads, cacheBytes + 8192, peak, cacheBytes, attendOn, expected, '4 query heads of one \\(batch, KV head\\)',
+            'KVCache\\.attend');
         } else {
           const refused = await runLimited(threads, peak - 1, (attn) => errorOfSync(() => attendOn(attn)), cacheBytes);
           expectError(refused, RangeError, [/^KVCache\.attend: needs \d+ bytes of wasm memory \(query /]);
           expectSameResult(await runLimited(threads, peak, attendOn, cacheBytes), expected);
         }
       }
+    }
+  });
+});
+
+describe('one query head past maxMemoryBytes: a few of its rows at a time where that keeps the bits', () => {
+  // A query head whose rows, output and weights pass the limit (a long prompt, weights asked
+  // for) runs a few of its rows at a time, after every smaller slice of batches, KV heads and
+  // query heads: the slice of rows [r0, r0 + r) is a problem of its own whose causal offset is
+  // the batch's + r0 and whose dropout mask counts rows from r0 (src/sdpa.h,
+  // query_rows_keep_bits). Only row counts that keep the kernel's row tiles of 4 (a multiple of
+  // 4, and Lq too when a KV head has several query heads) and its path (more than 32 rows per
+  // slice, the last too, as the whole call's packed path) keep the bits: 300 rows give slices
+  // of 152, 76 and at least 44 (300 = 6·44 + 36; 40 would leave 20), two heads of 100 rows at
+  // least 52 (one head each first).
+  const Lk = 400, E = 16, Ev = 12;
+  const shapes = [
+    { B: 2, Hq: 1, Lq: 300, least: '44 query rows' },
+    { B: 1, Hq: 2, Lq: 100, least: '52 query rows' },
+  ];
+  const random = mulberry32(601);
+  const floatMask = (dims) => ({ data: Float32Array.from({ length: dims.reduce((a, b) => a * b) }, () => (random() < 0.2 ? -Infinity : random() * 4 - 2)), dims });
+  const boolMask = (dims) => ({ data: Uint8Array.from({ length: dims.reduce((a, b) => a * b) }, () => Number(random() < 0.7)), dims });
+  const optionSets = {
+    'causal with per-batch offsets, a window, key starts and lengths, a float mask [B, Hq, Lq, Lk], sinks, weights, log-sum-exp': ({ B, Hq, Lq }) => ({
+      isCausal: true, causalOffset: Int32Array.from({ length: B }, (_, b) => (b === 0 ? Lk - Lq - 13 : 5)), slidingWindow: 150,
+      keyStarts: Int32Array.from({ length: B }, (_, b) => 3 + b), keyLengths: Int32Array.from({ length: B }, () => 390),
+      attnMask: floatMask([B, Hq, Lq, Lk]), sinks: Float32Array.from({ length: Hq }, (_, h) => h - 1), returnWeights: true, returnLogSumExp: true,
+    }),
+    'bshd, a bool mask [Lq, Lk], softcap, ALiBi [Hq] from an offset, dropout, weights': ({ Hq, Lq }) => ({
+      layout: 'bshd', keyLengths: undefined, attnMask: boolMask([Lq, Lk]), softcap: 4, causalOffset: 50,
+      alibiSlopes: Float32Array.from({ length: Hq }, (_, h) => 2 ** -(h + 2)), dropoutP: 0.25, dropoutSeed: 11, returnWeights: true,
+    }),
+    'a float mask [B, 1, 1, Lk] (no row axis), causal from the default offset, log-sum-exp': ({ B }) => ({
+      isCausal: true, attnMask: floatMask([B, 1, 1, Lk]), returnLogSumExp: true,
+    }),
+  };
+  const inputsOf = ({ B, Hq, Lq }, layout, seed) => {
+    const dims = (H, L, D) => (layout === 'bshd' ? [B, L, H, D] : [B, H, L, D]);
+    const key = randomTensor(dims(1, Lk, E), seed + 1), value = randomTensor(dims(1, Lk, Ev), seed + 2);
+    return { query: randomTensor(dims(Hq, Lq, E), seed), key, value };
+  };
+  const withoutUndefined = (options) => Object.fromEntries(Object.entries(options).filter(([, x]) => x !== undefined));
+  const cases = Object.keys(optionSets).flatMap((name) => shapes.map((shape) => [name, shape.B, shape.Hq, shape.Lq, shape.least, shape]));
+
+  test.each(cases)('sdpa(), %s, B %i Hq %i Lq %i: least %s; threads 1 and 2 bitwise the whole call', async (name, B, Hq, Lq, least, shape) => {
+    const options = withoutUndefined(optionSets[name](shape));
+    const { query, key, value } = inputsOf(shape, options.layout, 610 + Lq);
+    // NaN in the keys past keyLengths: no slice may read them.
+    if (options.keyLengths) {
+      for (let b = 0; b < B; b++) key.data.fill(NaN, (b * Lk + 390) * E, (b + 1) * Lk * E);
+    }
+    const { expected, peak } = await unlimitedCall(2, (attn) => attn.sdpa(query, key, value, options));
+    const ref = referenceSdpa(query, key, value, options);
+    expect(maxRelError(expected.output.data, ref.output)).toBeLessThanOrEqual(TOL);
+    if (expected.weights) expect(maxRelError(expected.weights.data, ref.weights)).toBeLessThanOrEqual(TOL);
+    for (const threads of [1, 2]) {
+      await checkDownToTheLeast(threads, 64, peak, 0, (attn) => attn.sdpa(query, key, value, options), expected,
+        `${least} of one query head`, 'sdpa');
+    }
+  });
+
+  test.each(cases.filter(([, B]) => B === 1).flatMap((c) => ['float32', 'float16'].map((dtype) => [...c.slice(0, 5), dtype, c[5]])))('KVCache.attend, %s, B %i Hq %i Lq %i: least %s; %s cache, threads 1 and 2 bitwise the whole call', async (name, B, Hq, Lq, least, dtype, shape) => {
+    // attend's query in the option's layout; the cache holds [1, 1, Lk, ·] (bhsd: one KV head).
+    const options = withoutUndefined(optionSets[name](shape));
+    const { query } = inputsOf(shape, options.layout, 620 + Lq);
+    const { key, value } = inputsOf(shape, 'bhsd', 620 + Lq);
+    const cacheBytes = Lk * (E + Ev) * (dtype === 'float32' ? 4 : 2);
+    const attendOn = attendOnCache(key, value, dtype, 8, query, options);
+    const { expected, peak } = await unlimitedCall(2, attendOn);
+    for (const threads of [1, 2]) {
+      await checkDownToTheLeast(threads, cacheBytes + 2048, peak, cacheBytes, attendOn, expected, `${least} of one query head`,
+        'KVCache\\.attend');
     }
   });
 });

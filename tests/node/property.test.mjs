@@ -1051,7 +1051,7 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
   }, 60_000);
 
   test(`sdpa(), sdpaBackward() and KVCache.attend() past maxMemoryBytes: ${COUNTS.limited} random valid calls under a limit between their smallest slice's bytes and their whole copy's run in slices, bitwise the unlimited calls' results; refusals hold nothing`, async () => {
-    let sliced = 0, attends = 0, attendsSliced = 0, byQueryHeads = 0;
+    let sliced = 0, attends = 0, attendsSliced = 0, byQueryHeads = 0, byRows = 0;
     await runCases('limited', COUNTS.limited, async (r, note) => {
       const kind = r.pick(['sdpa', 'sdpa', 'sdpa', 'sdpaBackward', 'sdpaBackward', 'KVCache.attend']);
       const threads = r.chance(0.5) ? attn.threads : 1;
@@ -1088,6 +1088,7 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
         const held = least.memory().bytesInUse - Number(refusal[2]);
         if (held !== 0) throw new Error(`refused, and ${held} bytes still held`);
         if (/ to run (one query head|\d+ query heads) of one \(batch, KV head\)/.test(error.message)) byQueryHeads++;
+        if (/ to run (one query row|\d+ query rows) of one query head/.test(error.message)) byRows++;
       } finally {
         least.dispose();
       }
@@ -1124,6 +1125,7 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
       expect(sliced).toBeGreaterThan(COUNTS.limited * 0.6);
       expect(attendsSliced).toBeGreaterThan(attends * 0.5);
       expect(byQueryHeads).toBeGreaterThan(COUNTS.limited * 0.03);
+      console.log(`past the limit: ${sliced} of ${COUNTS.limited} in slices, least ${byQueryHeads} by query heads, ${byRows} by rows`);
     }
   }, 120_000);
 

@@ -2,7 +2,8 @@
 // instance without a limit and on one whose limit is a share of that call's peak (for a KV
 // cache's attend, the peak before it, the cache and its append's float32 → float16 staging, and
 // a share of the call's own), so that the call runs a slice of batches and KV heads at a time
-// (js/slices.ts), or, for one sequence of multi-query attention, a few query heads at a time. Both must give the same bits, the limited one within its limit and holding
+// (js/slices.ts), or, for one sequence of multi-query attention, a few query heads at a time, or,
+// for one long query head, a few of its rows at a time. Both must give the same bits, the limited one within its limit and holding
 // nothing after. Every result carries a hash of the bits, so a browser run can be checked
 // against a Node run.
 // Plain ES module: no Node built-ins.
@@ -36,6 +37,11 @@ export const LIMITED_CASES = [
   // few at a time.
   { name: 'sdpa, multi-query (B 1, Hkv 1): causal, sinks, weights', backward: false, multiQuery: true, share: 0.6,
     options: { isCausal: true, causalOffset: 260, sinks: Float32Array.of(0, 1, -1, 2, -Infinity, 0.5), returnWeights: true } },
+  // One query head of 300 rows (B 1, Hq 1, Hkv 1: batch 0's KV head 0): no smaller slice of
+  // batches or heads; its rows run a few at a time (each slice's causal offset, ALiBi distances
+  // and dropout rows its own place in the head).
+  { name: 'sdpa, one long query head (B 1, Hq 1, Lq 300): causal, ALiBi, dropout, weights', backward: false, oneHead: true, share: 0.5,
+    options: { isCausal: true, causalOffset: -7, alibiSlopes: Float32Array.of(0.25), dropoutP: 0.2, dropoutSeed: 5, returnWeights: true } },
 ];
 
 /** Batch 0 of a [B, H, L, D] tensor, its first `heads` heads: [1, heads, L, D]. */
@@ -71,6 +77,7 @@ export async function runLimitedCases(createAttention, options = {}, cases = LIM
     let { query, key, value, gradOutput } = inputs();
     if (c.bshd) [query, key, value, gradOutput] = [query, key, value, gradOutput].map(toBshd);
     if (c.multiQuery) [query, key, value] = [firstHeads(query, Hq), firstHeads(key, 1), firstHeads(value, 1)];
+    if (c.oneHead) [query, key, value] = [tensor([1, 1, 300, E], 6), firstHeads(key, 1), firstHeads(value, 1)];
     // `before`: the peak before the call (a cache and its append's staging; 0 without).
     let before = 0;
     const call = (attn, filled) => {
