@@ -1120,12 +1120,13 @@ describe(`property tests, seed ${SEED} (SDPA_PROPERTY_SEED=${SEED} reproduces)`,
     // Most calls ran in slices (the rest had no smaller way: the gradient of a mask broadcasting
     // over batches and heads, sinks with one KV head, a cache's prompt whose scratch outweighs its query rows, one (batch, KV head) whose
     // query heads cannot be split keeping the bits), the cache's prompts too; and some calls of
-    // one (batch, KV head) had a few of its query heads as their least way (31–46 a run in five runs).
+    // one (batch, KV head) had a few of its query heads as their least way (18–33 a run in five
+    // runs), and more a few rows of one query head (42–49).
     if (ONLY === undefined) {
       expect(sliced).toBeGreaterThan(COUNTS.limited * 0.6);
       expect(attendsSliced).toBeGreaterThan(attends * 0.5);
       expect(byQueryHeads).toBeGreaterThan(COUNTS.limited * 0.03);
-      console.log(`past the limit: ${sliced} of ${COUNTS.limited} in slices, least ${byQueryHeads} by query heads, ${byRows} by rows`);
+      expect(byRows).toBeGreaterThan(COUNTS.limited * 0.1);
     }
   }, 120_000);
 
