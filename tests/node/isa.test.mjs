@@ -57,6 +57,20 @@ test('the shipped builds carry no function names: a page downloads code, not a "
   expect(sections).toEqual(Object.fromEntries(builds.map((build) => [build, 0])));
 });
 
+test('the relaxed builds\' glue is minified as the portable builds\' is: within 1.15× of its size, in as few lines', () => {
+  // emcc minifies the glue from -O2 on; the relaxed builds are linked at -O1, and
+  // scripts/minify-glue.mjs runs emcc's optimiser on their glue after the link (unminified, it
+  // was 2.4× and 1.3× the portable builds': 121 and 112 kB).
+  const glue = (build) => readFileSync(new URL(`../../dist/wasm/${build}.mjs`, import.meta.url), 'utf8');
+  for (const [relaxed, portable] of [['sdpa-relaxed', 'sdpa'], ['sdpa-mt-relaxed', 'sdpa-mt']]) {
+    const [r, p] = [glue(relaxed), glue(portable)];
+    expect(r.length).toBeLessThanOrEqual(1.15 * p.length);
+    expect(r.split('\n').length).toBeLessThanOrEqual(p.split('\n').length + 5);
+    // The bundler-friendly way to its .wasm survives (new URL(…, import.meta.url)).
+    expect(r).toContain(`new URL("${relaxed}.wasm",import.meta.url)`);
+  }
+});
+
 /** Each reference case's output (and weights) bits, hashed. */
 function hashes(attn) {
   return REFERENCE_CASES.map(({ make }) => {
