@@ -476,7 +476,8 @@ export class KVCache extends KVCacheShapeInfo {
    * `causalOffset` = length − Lq (the last Lq positions are the query's own), both
    * overridable. With nothing stored every row is empty: exact zeros. Where the call's blocks
    * (query, output, weights, log-sum-exp, mask, scratch) would pass the memory limit beside the
-   * caches, a slice of batches and KV heads at a time (the same bits).
+   * caches, a slice of batches and KV heads at a time, then of one KV head's query heads or of
+   * one query head's rows where that keeps the bits (the same bits).
    */
   attend(query: Tensor, options: SdpaOptions & { returnWeights: true; returnLogSumExp: true }): SdpaResultWith<'weights' | 'logSumExp'>;
   attend(query: Tensor, options: SdpaOptions & { returnWeights: true }): SdpaResultWith<'weights'>;

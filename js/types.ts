@@ -252,7 +252,8 @@ export interface AttentionOptions {
    * what the call running now needs (inputs, outputs, scratch). A call whose whole copy would
    * pass it (or the module's 2 GiB) first runs in parts that fit, with the same bits: sdpa(),
    * sdpaBackward() and KVCache.attend() a slice of batches and KV heads at a time (sdpa() and
-   * attend() also of one KV head's query heads; sdpaBackward's slices hold every batch and head
+   * attend() also of one KV head's query heads, then of one query head's rows, where the kernel
+   * says that keeps the bits; sdpaBackward's slices hold every batch and head
    * that sinks or a mask's gradient sum over), sdpaVarlen() and sdpaVarlenBackward() a chunk of sequences at a time. A
    * call whose smallest part, or a cache, would pass it is refused with a RangeError (bytes
    * needed, the limit) before anything is allocated.
