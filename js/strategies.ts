@@ -145,7 +145,7 @@ export function runSdpa(engines: Engines, p: Plan, q: Float32Array, k: Float32Ar
   } });
   return runFirstThatFits((function* ways(): Generator<Way<SdpaResult>> {
     yield* tried;
-    for (const shape of sliceCandidates(p, { keepsBits: sliceRules(memory.module, desc) })) {
+    for (const shape of sliceCandidates(p, { keepsBits: sliceRules(memory.module, p, desc) })) {
       const slices = planSlices(memory.module, engines.threads, p, shape);
       yield { memory, request: slices.request, run: () => runSlices(memory, engines.threads, p, q, copiedSlices(p, k, v), slices) };
     }
@@ -154,14 +154,36 @@ export function runSdpa(engines: Engines, p: Plan, q: Float32Array, k: Float32Ar
 
 /**
  * The module's queryHeadsKeepBits and leastQueryRows for the whole call's problem `desc`
- * (slices.ts): written into the module's ProblemDesc block once, for sliceCandidates() to ask
- * before any slice is planned.
+ * (slices.ts), for sliceCandidates() to ask before any slice is planned: each call writes its
+ * description into the module's ProblemDesc block first. (Before any allocation: the small
+ * inputs are not in wasm memory yet, so the kernel sees none of their arrays. That can only
+ * refuse more slices, e.g. where ALiBi would have kept a float16 cache's one-row slice from
+ * reading its keys interleaved, except for the per-batch causal offsets, which a slice of rows
+ * takes as a number, its batch's + its first row: there each batch's offset is asked about as
+ * the problem's one offset, and a count of rows must suit every batch.)
  */
-function sliceRules(module: SdpaModule, desc: ProblemDesc): SliceRules {
-  const arg = problemArg(module, desc);
+function sliceRules(module: SdpaModule, p: Plan, desc: ProblemDesc): SliceRules {
+  const offsets = p.causalOffsets === null ? [desc.causalOffset] : [...new Set(p.causalOffsets)];
+  const leastFor = (offset: number, atLeast: number) =>
+    module.leastQueryRows(problemArg(module, { ...desc, causalOffsets: 0, causalOffset: offset }), atLeast);
   return {
-    queryHeadsKeepBits: (first, count) => module.queryHeadsKeepBits(arg, first, count),
-    leastQueryRows: (atLeast) => module.leastQueryRows(arg, atLeast),
+    queryHeadsKeepBits: (first, count) => module.queryHeadsKeepBits(problemArg(module, desc), first, count),
+    leastQueryRows(atLeast) {
+      // The least count from atLeast up that every batch's offset takes (0: none).
+      let rows = atLeast;
+      for (let raised = true; raised;) {
+        raised = false;
+        for (const offset of offsets) {
+          const least = leastFor(offset, rows);
+          if (least === 0) return 0;
+          if (least > rows) {
+            rows = least;
+            raised = true;
+          }
+        }
+      }
+      return rows;
+    },
   };
 }
 
@@ -326,7 +348,7 @@ export function runResident(memory: CallMemory, threads: number, p: Plan, q: Flo
       memory, request: whole.request,
       run: () => (problemArg(memory.module, desc), runResidentWhole(memory, threads, p, desc, whole, q)),
     };
-    for (const shape of sliceCandidates(p, { keepsBits: sliceRules(memory.module, desc) })) {
+    for (const shape of sliceCandidates(p, { keepsBits: sliceRules(memory.module, p, desc) })) {
       const slices = planSlices(memory.module, threads, p, shape, kv);
       yield { memory, request: slices.request, run: () => runSlices(memory, threads, p, q, residentSlices(p, kv), slices) };
     }

@@ -811,6 +811,22 @@ describe('one query head past maxMemoryBytes: a few of its rows at a time where 
     }
   });
 
+  test('ALiBi measures from offsets as given: a batch whose offset + Lq − 1 would pass 2^31 − 1 keeps its head\'s rows whole', async () => {
+    // A slice of rows takes its batch's offset + its first row as one int32: with ALiBi (whose
+    // offsets are not clamped) that may not exist. Per-batch offsets: each batch's is asked about.
+    const shape = { B: 2, Hq: 1, Lq: 300 }, options = { alibiSlopes: Float32Array.of(2 ** -20), returnLogSumExp: true };
+    const { query, key, value } = inputsOf(shape, 'bhsd', 640);
+    for (const [first, sliced] of [[2 ** 31 - 1 - 299, true], [2 ** 31 - 1 - 298, false]]) {
+      const call = (attn) => attn.sdpa(query, key, value, { ...options, causalOffset: Int32Array.of(5, first) });
+      const { expected, peak } = await unlimitedCall(1, call);
+      const refused = await runLimited(1, 64, (attn) => errorOfSync(() => call(attn)));
+      expect(refused.message).toMatch(sliced ? / to run 44 query rows of one query head at a time/ : / to run one \(batch, KV head\) at a time/);
+      const least = Number(/needs (\d+) bytes/.exec(refused.message)[1]);
+      expectSameResult(await runLimited(1, least, call), expected);
+      expect(least < peak).toBe(true);
+    }
+  });
+
   test.each(cases.filter(([, B]) => B === 1).flatMap((c) => ['float32', 'float16'].map((dtype) => [...c.slice(0, 5), dtype, c[5]])))('KVCache.attend, %s, B %i Hq %i Lq %i: least %s; %s cache, threads 1 and 2 bitwise the whole call', async (name, B, Hq, Lq, least, dtype, shape) => {
     // attend's query in the option's layout; the cache holds [1, 1, Lk, ·] (bhsd: one KV head).
     const options = withoutUndefined(optionSets[name](shape));
