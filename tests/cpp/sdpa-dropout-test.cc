@@ -693,55 +693,41 @@ TEST(DropoutHeadBase, AKvGroupAloneWithItsPlaceAsBasesGivesTheCallsBits) {
   }
 }
 
-// Row bases (a few rows of one query head computed alone, js/slices.ts): row i of the problem
-// draws row base + i's mask; near INT32_MAX, base + Lq - 1 must be an int32.
-TEST(DropoutRowBase, RowsDrawTheirPlaceInTheCallAndBasesPastTheInt32LimitAreRefused) {
+// Head and row bases (a few query heads, or a few rows of one, computed alone: js/slices.ts):
+// row i of head h of batch b draws the mask of (b, head base + h, row base + i); near INT32_MAX,
+// base + Hq - 1 and base + Lq - 1 must be int32s, and past that the problem is refused with
+// nothing written.
+TEST(DropoutBases, HeadAndRowBasesDrawTheirPlaceInTheCallAndPastTheInt32LimitAreRefused) {
   Case c;
-  c.B = 2, c.Hq = 2, c.Hkv = 1, c.Lq = 5, c.Lk = 40, c.E = 8, c.Ev = 8;
-  for (int32_t base : {0, 3, 1000, -1, INT32_MAX - 4, INT32_MAX - 3, INT32_MIN}) {
-    c.dropout = {kThresholds[1], 17u, 0};
-    Harness h(c);
-    h.p.dropout_row_base = base;
-    const Status want = base >= 0 && base <= INT32_MAX - 4 ? Status::kOk : Status::kBadDropout;
-    EXPECT_EQ(validate(h.p), want) << base;
-    std::fill(h.out.begin(), h.out.end(), kNaN);
-    ASSERT_EQ(h.run(), want) << base;
-    if (want != Status::kOk) {
-      EXPECT_TRUE(std::all_of(h.out.begin(), h.out.end(), [](float x) { return std::isnan(x); })) << "written on refusal";
-      continue;
+  c.B = 2, c.Hq = 3, c.Hkv = 1, c.Lq = 5, c.Lk = 40, c.E = 8, c.Ev = 8;
+  struct Base {
+    const char* name;
+    int32_t count;  // Hq or Lq: base + count - 1 is the last index drawn
+    int32_t Problem::*field;
+  };
+  for (const Base& which : {Base{"head", c.Hq, &Problem::dropout_head_base}, Base{"row", c.Lq, &Problem::dropout_row_base}}) {
+    for (int32_t base : {0, 3, 1000, -1, INT32_MIN, INT32_MAX - (which.count - 1), INT32_MAX - (which.count - 2)}) {
+      const std::string what = std::string(which.name) + " base " + std::to_string(base);
+      c.dropout = {kThresholds[1], 31u, 0};
+      Harness h(c);
+      h.p.*which.field = base;
+      const Status want = base >= 0 && base <= INT32_MAX - (which.count - 1) ? Status::kOk : Status::kBadDropout;
+      EXPECT_EQ(validate(h.p), want) << what;
+      std::fill(h.out.begin(), h.out.end(), kNaN);
+      ASSERT_EQ(h.run(), want) << what;
+      if (want != Status::kOk) {
+        EXPECT_TRUE(std::all_of(h.out.begin(), h.out.end(), [](float x) { return std::isnan(x); })) << what << ": written on refusal";
+        continue;
+      }
+      for (int b = 0; b < c.B; b++)
+        for (int hd = 0; hd < c.Hq; hd++)
+          for (int i = 0; i < c.Lq; i++)
+            for (int j = 0; j < c.Lk; j++) {
+              const bool kept = h.weights[size_t(((b * c.Hq + hd) * c.Lq + i) * c.Lk + j)] != 0.0f;
+              ASSERT_EQ(kept, plain_kept(kThresholds[1], 31u, b, int64_t(h.p.dropout_head_base) + hd,
+                                         int64_t(h.p.dropout_row_base) + i, j)) << what;
+            }
     }
-    for (int b = 0; b < c.B; b++)
-      for (int hd = 0; hd < c.Hq; hd++)
-        for (int i = 0; i < c.Lq; i++)
-          for (int j = 0; j < c.Lk; j++) {
-            const bool kept = h.weights[size_t(((b * c.Hq + hd) * c.Lq + i) * c.Lk + j)] != 0.0f;
-            ASSERT_EQ(kept, plain_kept(kThresholds[1], 17u, b, hd, int64_t(base) + i, j)) << base;
-          }
-  }
-}
-
-// Head bases near INT32_MAX: base + Hq - 1 must be an int32.
-TEST(DropoutHeadBase, BasesAtTheInt32LimitAreTakenAndPastItRefused) {
-  Case c;
-  c.B = 1, c.Hq = 3, c.Hkv = 1, c.Lq = 5, c.Lk = 40, c.E = 8, c.Ev = 8;
-  for (int32_t base : {-1, INT32_MAX - 2, INT32_MAX - 1}) {
-    c.dropout = {kThresholds[1], 31u, 0};
-    Harness h(c);
-    h.p.dropout_head_base = base;
-    const Status want = base >= 0 && base <= INT32_MAX - 2 ? Status::kOk : Status::kBadDropout;
-    EXPECT_EQ(validate(h.p), want) << base;
-    std::fill(h.out.begin(), h.out.end(), kNaN);
-    ASSERT_EQ(h.run(), want) << base;
-    if (want != Status::kOk) {
-      EXPECT_TRUE(std::all_of(h.out.begin(), h.out.end(), [](float x) { return std::isnan(x); })) << "written on refusal";
-      continue;
-    }
-    for (int hd = 0; hd < c.Hq; hd++)
-      for (int i = 0; i < c.Lq; i++)
-        for (int j = 0; j < c.Lk; j++) {
-          const bool kept = h.weights[size_t((hd * c.Lq + i) * c.Lk + j)] != 0.0f;
-          ASSERT_EQ(kept, plain_kept(kThresholds[1], 31u, 0, int64_t(base) + hd, i, j)) << base;
-        }
   }
 }
 

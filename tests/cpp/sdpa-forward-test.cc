@@ -777,6 +777,36 @@ TEST(SdpaForward, ThreadsGiveBitwiseIdenticalResults) {
   }
 }
 
+// A whole call of the slice tests below (query heads, rows): a Case and how its K/V are stored
+// and read, and its dropout.
+struct SliceCase {
+  Case c;
+  bool read_kv_in_order = false;
+  uint32_t dropout_threshold = 0;
+  bool halves = false;  // K/V as float16 (rounded first: the reference runs on their values)
+};
+constexpr uint32_t kDropHalf = 1u << 31;
+
+// A SliceCase's whole call, set up (K/V as halves if asked, its log-sum-exp in `lse`); run() it,
+// then every slice must give its bits.
+struct WholeCall {
+  Harness whole;
+  std::vector<uint16_t> key_halves, value_halves;
+  std::vector<float> lse;
+
+  WholeCall(const SliceCase& sc, uint32_t dropout_seed) : whole(sc.c) {
+    if (sc.halves) {
+      for (float& x : whole.k) key_halves.push_back(f32_to_f16(x)), x = f16_to_f32(key_halves.back());
+      for (float& x : whole.v) value_halves.push_back(f32_to_f16(x)), x = f16_to_f32(value_halves.back());
+      whole.p.kv_type = KvType::kFloat16, whole.p.key = key_halves.data(), whole.p.value = value_halves.data();
+    }
+    lse.assign(size_t(sc.c.B) * sc.c.Hq * sc.c.Lq, kNaN);
+    whole.p.logsumexp = lse.data();
+    whole.p.read_kv_in_order = sc.read_kv_in_order;
+    whole.p.dropout_threshold = sc.dropout_threshold, whole.p.dropout_seed = dropout_seed;
+  }
+};
+
 // Query heads [first, first + count) of KV head kvh's group in batch b of p, as a
 // problem of their own (what query_heads_keep_bits() speaks of): batch 1, count query heads, one
 // KV head, every pointer moved to its first (batch, head), the strides kept; the dropout bases
@@ -814,13 +844,6 @@ TEST(SdpaForward, QueryHeadSlicesThatKeepTheTilesGiveTheWholeCallsBits) {
   // place (K/V copied or read in order, float32 or float16), with every option, and the whole
   // call must match the reference; the slices it refuses change the path, split a row tile or
   // read a KV cache's float16 keys in another order.
-  constexpr uint32_t kDropHalf = 1u << 31;
-  struct SliceCase {
-    Case c;
-    bool read_kv_in_order = false;
-    uint32_t dropout_threshold = 0;
-    bool halves = false;  // K/V as float16 (rounded first: the reference runs on their values)
-  };
   const SliceCase cases[] = {
       // Multi-query prefill: 37 rows per head (tiles shared by two heads), causal, per-head sinks.
       {[] { Case c; c.Hq = 8, c.Lq = 37, c.Lk = 300, c.E = 16, c.Ev = 9, c.causal = true, c.offsets = {263};
@@ -852,17 +875,9 @@ TEST(SdpaForward, QueryHeadSlicesThatKeepTheTilesGiveTheWholeCallsBits) {
   };
   int accepted = 0;
   for (const SliceCase& sc : cases) {
-    Harness whole(sc.c);
-    std::vector<uint16_t> key_halves, value_halves;
-    if (sc.halves) {
-      for (float& x : whole.k) key_halves.push_back(f32_to_f16(x)), x = f16_to_f32(key_halves.back());
-      for (float& x : whole.v) value_halves.push_back(f32_to_f16(x)), x = f16_to_f32(value_halves.back());
-      whole.p.kv_type = KvType::kFloat16, whole.p.key = key_halves.data(), whole.p.value = value_halves.data();
-    }
-    std::vector<float> lse(size_t(sc.c.B) * sc.c.Hq * sc.c.Lq, kNaN);
-    whole.p.logsumexp = lse.data();
-    whole.p.read_kv_in_order = sc.read_kv_in_order;
-    whole.p.dropout_threshold = sc.dropout_threshold, whole.p.dropout_seed = 77;
+    WholeCall call(sc, 77);
+    Harness& whole = call.whole;
+    const std::vector<float>& lse = call.lse;
     ASSERT_EQ(whole.run(), Status::kOk) << sc.c.describe();
     if (sc.dropout_threshold == 0) whole.expect_matches_reference();
     const int group = sc.c.Hq / sc.c.Hkv;
@@ -971,14 +986,7 @@ TEST(SdpaForward, QueryRowSlicesThatKeepTheTilesGiveTheWholeCallsBits) {
   // order), with every option that depends on the row: causal offsets (one, per batch), a
   // window, ALiBi, dropout, masks with and without a row axis; the whole call must match the
   // reference.
-  constexpr uint32_t kDropHalf = 1u << 31;
-  struct RowCase {
-    Case c;
-    bool read_kv_in_order = false;
-    uint32_t dropout_threshold = 0;
-    bool halves = false;  // K/V as float16 (rounded first: the reference runs on their values)
-  };
-  const RowCase cases[] = {
+  const SliceCase cases[] = {
       // One head of 150 rows per batch (packed), per-batch causal offsets (one not aligned with
       // the tiles), a window, per-batch ALiBi, dropout.
       {[] { Case c; c.B = 2, c.Lq = 150, c.Lk = 300, c.E = 16, c.Ev = 9, c.causal = true, c.offsets = {150, 7};
@@ -1001,18 +1009,10 @@ TEST(SdpaForward, QueryRowSlicesThatKeepTheTilesGiveTheWholeCallsBits) {
             c.alibi_slopes = test::geometric_slopes(2); return c; }(), true},
   };
   int accepted = 0;
-  for (const RowCase& rc : cases) {
-    Harness whole(rc.c);
-    std::vector<uint16_t> key_halves, value_halves;
-    if (rc.halves) {
-      for (float& x : whole.k) key_halves.push_back(f32_to_f16(x)), x = f16_to_f32(key_halves.back());
-      for (float& x : whole.v) value_halves.push_back(f32_to_f16(x)), x = f16_to_f32(value_halves.back());
-      whole.p.kv_type = KvType::kFloat16, whole.p.key = key_halves.data(), whole.p.value = value_halves.data();
-    }
-    std::vector<float> lse(size_t(rc.c.B) * rc.c.Hq * rc.c.Lq, kNaN);
-    whole.p.logsumexp = lse.data();
-    whole.p.read_kv_in_order = rc.read_kv_in_order;
-    whole.p.dropout_threshold = rc.dropout_threshold, whole.p.dropout_seed = 91;
+  for (const SliceCase& rc : cases) {
+    WholeCall call(rc, 91);
+    Harness& whole = call.whole;
+    const std::vector<float>& lse = call.lse;
     ASSERT_EQ(whole.run(), Status::kOk) << rc.c.describe();
     whole.expect_matches_reference();
     const int group = rc.c.Hq / rc.c.Hkv;
