@@ -139,9 +139,13 @@ function tensorGot(t: unknown): string {
   return viewTag(t) !== undefined ? `${describe(t)}, a bare array: pass it as { data, dims }` : describe(t);
 }
 
+/** The options every call through createAttentionWorker takes besides the direct API's (worker-args.ts). */
+export const WORKER_OPTION_NAMES: readonly string[] = ['signal', 'transfer'];
+
 /** sdpa() and sdpaBackward() share the score options; the others are each one's own: said so. */
 function belongsElsewhere(fn: string, name: string): string {
   const of = (names: readonly string[]) => names.includes(name);
+  if (of(WORKER_OPTION_NAMES)) return " (an option of a createAttentionWorker() worker's calls only)";
   if (fn === 'sdpa' && of(BACKWARD_OPTION_NAMES)) return ' (an option of sdpaBackward only)';
   if (fn === 'sdpaBackward' && of(OPTION_NAMES)) return ' (an option of sdpa only)';
   if (fn === 'sdpaVarlen' || fn === 'sdpaVarlenBackward') {

@@ -7,7 +7,9 @@ import {
 } from './typed-arrays.js';
 import { carryRecord } from './saved-forward.js';
 import type { SdpaBackwardResult, SdpaResult } from './types.js';
-import { type BackwardPlan, checkOptionNames, describe, GRADIENT_NAMES, readOnce, type Plan, writeOut } from './validate.js';
+import {
+  type BackwardPlan, checkOptionNames, describe, GRADIENT_NAMES, readOnce, type Plan, WORKER_OPTION_NAMES, writeOut,
+} from './validate.js';
 
 /** What every worker call takes besides the direct API's options. */
 export interface WorkerCallOptions {
@@ -198,9 +200,6 @@ function moveBuffer(buffer: ArrayBuffer): ArrayBuffer | null {
   cannotDetach.add(buffer);
   return null;
 }
-
-/** The options every worker call takes besides the direct API's. */
-const WORKER_OPTION_NAMES: readonly string[] = ['signal', 'transfer'];
 
 /**
  * The worker-only options (signal, transfer), checked. The others are the direct API's: taken

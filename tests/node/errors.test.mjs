@@ -318,6 +318,12 @@ const hugeInputs = (() => {
 })();
 const hugeWeightsCall = () => attn.sdpa(...hugeInputs(), { returnWeights: true });
 
+test.each(['signal', 'transfer'])('the worker-only option %s on the direct API is a TypeError saying whose option it is', (name) => {
+  expectError(() => attn.sdpa(q(), k(), v(), { [name]: name === 'signal' ? new AbortController().signal : true }), TypeError,
+    [new RegExp(`^sdpa: unknown option "${name}" \\(an option of a createAttentionWorker\\(\\) worker's calls only\\); known options: scale, `)]);
+  expectStillWorks();
+});
+
 describe('allocation failure', () => {
   test('returnWeights needing 2.16 GB of wasm memory is a RangeError about memory; the instance keeps working', () => {
     expectError(hugeWeightsCall, RangeError, [/memory/, has(`${HUGE.Lq * HUGE.Lk * 4} bytes`), /weights/]);
