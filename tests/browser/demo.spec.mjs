@@ -972,6 +972,9 @@ test('benchmark: Stop ends a run between calls, and cuts a plain-JS call short',
   before = await page.evaluate(() => window.__demo.version.bench);
   await run.click();
   await expect(page.getByTestId('bn-phase')).toContainText('timing plain JavaScript', { timeout: 30_000 });
+  // The call itself, posted to the plain-JS worker (the phase is shown before its inputs are
+  // copied: a Stop then ends the run between calls, the idle worker kept).
+  await page.waitForFunction((end) => window.__workerLog.some((w) => w.path.endsWith(end) && w.posted >= 1), PLAIN_JS_WORKER);
   await page.waitForTimeout(100);
   await run.click();
   await page.waitForFunction((v) => window.__demo.version.bench > v, before);
