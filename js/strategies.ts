@@ -493,13 +493,15 @@ interface SliceKeyValue {
  * writes its inputs).
  */
 function copiedSlices(p: Plan, k: Float32Array, v: Float32Array): SliceKeyValue {
-  let held = '';
+  // The first (batch, KV head) of the slice whose K/V the blocks hold: in slices of one shape it
+  // names their batches and KV heads.
+  let held = -1;
   return {
     callerArrays: [k, v],
     place(slice, c, f32, at) {
-      const kv = keyValuePart(c);
-      const these = `${c.b0} ${c.batches} ${c.h0} ${c.kvHeads}`;
+      const these = c.b0 * p.kvHeads + c.h0;
       if (these !== held) {
+        const kv = keyValuePart(c);
         copySlice(f32, at.key, k, p.k, p.layout, kv, p.kvLen, p.headDim, 'in');
         copySlice(f32, at.value, v, p.v, p.layout, kv, p.kvLen, p.valueDim, 'in');
         held = these;
