@@ -99,6 +99,10 @@ namespace {
 //   each packs its K/V head once. One block per (batch, KV head) on one thread; with more
 //   threads, enough blocks for about kItemsPerThread items per thread (uneven causal blocks
 //   balance out), never under kMinBlockRows rows (packing must stay small next to compute).
+//   Where that gives a pair several blocks and there are no more pairs than threads (one KV
+//   head of a long prompt, a slice of one: js/slices.ts), a pass of its own packs each pair
+//   once, split by keys over the threads, into a buffer every block of the pair reads: no
+//   more memory than each thread packing for itself. The packed bytes are the same either way.
 //   Decode (at most kDecodeMaxRowTiles row tiles per KV head, src/tiles.h: e.g. Lq = 1 with
 //   up to 32 query heads per KV head): K/V are read in place, once, and the keys are split
 //   into segments of kSegmentKeys (split-K) whose partial (m, l, o) are merged afterwards,
@@ -127,7 +131,10 @@ struct WorkPlan {
   int32_t segments;      // key segments per pair (> 1: split-K)
   int32_t blocks;        // row blocks per pair (prefill)
   int32_t block_rows;    // a multiple of kQueryTile
+  bool shares_packing;   // prefill: each pair packed once for its blocks (a pass before them)
+  int32_t pack_chunks;   // with shares_packing: items packing one pair, each a range of keys
   uint64_t per_thread;      // kernel scratch per thread
+  uint64_t pair_packed;     // with shares_packing: floats of one pair's packed K/V (+ 4 to align)
   uint64_t partial_floats;  // per (pair, segment): the row tiles' partial state
   bool split_weights;       // split-K with weights: the merge keeps each row's (m, l)
 };
@@ -146,7 +153,10 @@ WorkPlan plan_work(const Problem& p, int32_t threads) {
   }
   w.block_rows = round_up((w.rows + w.blocks - 1) / w.blocks, kQueryTile);
   w.blocks = (w.rows + w.block_rows - 1) / w.block_rows;
-  w.per_thread = sdpa_f32_fwd_4x512__wasmsimd_scratch(p, !w.in_place);
+  w.shares_packing = !w.in_place && w.blocks > 1 && w.pairs <= threads;
+  w.pack_chunks = w.shares_packing ? threads / w.pairs : 0;
+  w.per_thread = sdpa_f32_fwd_4x512__wasmsimd_scratch(p, !w.in_place && !w.shares_packing);
+  w.pair_packed = w.shares_packing ? sdpa_f32_fwd_4x512__wasmsimd_packed_floats(p) + 4 : 0;
   w.partial_floats = static_cast<uint64_t>(row_tiles) * sdpa_f32_fwd_4x512__wasmsimd_partial_floats(p);
   w.split_weights = w.segments > 1 && p.weights != nullptr;
   return w;
@@ -162,6 +172,8 @@ uint64_t partials_total(const WorkPlan& w) {
 uint64_t row_stats_total(const WorkPlan& w) {
   return w.segments > 1 ? static_cast<uint64_t>(w.pairs) * w.rows * 2 : 0;
 }
+
+uint64_t shared_packing_total(const WorkPlan& w) { return static_cast<uint64_t>(w.pairs) * w.pair_packed; }
 
 // The kernel call for one split-K segment of a pair's keys, all of its rows; `partials` is
 // the pair's [segments][partial_floats] (null for the weights pass). (b, kv_head) are set by
@@ -181,7 +193,29 @@ struct ForwardWork {
   float* scratch;    // [threads][per_thread]
   float* partials;   // [pairs][segments][partial_floats]
   float* row_stats;  // [pairs][rows][2]: (m, l) of each row, with split_weights
+  float* packed;     // [pairs][pair_packed]: each pair's K/V, with shares_packing
 };
+
+// Pair `pair`'s packed K/V in fw.packed, on a 16-byte boundary.
+float* pair_packed(const ForwardWork& fw, int32_t pair) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(fw.packed + static_cast<size_t>(pair) * fw.plan.pair_packed);
+  return reinterpret_cast<float*>((at + 15) & ~uintptr_t{15});
+}
+
+// With shares_packing: chunk item % pack_chunks of pair item / pack_chunks's keys, the keys
+// any of the pair's rows attends split in whole key groups.
+void pack_item(void* context, int32_t item, int32_t /*thread*/) {
+  const ForwardWork& fw = *static_cast<const ForwardWork*>(context);
+  const Problem& p = *fw.p;
+  const int32_t pair = item / fw.plan.pack_chunks, chunk = item % fw.plan.pack_chunks;
+  const int32_t b = pair / p.kv_heads;
+  const int32_t keys = sdpa_f32_fwd_4x512__wasmsimd_packed_keys(p, b, 0, fw.plan.rows);
+  const int32_t chunk_keys = round_up((keys + fw.plan.pack_chunks - 1) / fw.plan.pack_chunks, kKeyGroup);
+  const int64_t begin = static_cast<int64_t>(chunk) * chunk_keys;
+  const int32_t end = static_cast<int32_t>(std::min<int64_t>(keys, begin + chunk_keys));
+  if (begin >= end) return;
+  sdpa_f32_fwd_pack_4x512__wasmsimd(p, b, pair % p.kv_heads, static_cast<int32_t>(begin), end, pair_packed(fw, pair));
+}
 
 void forward_item(void* context, int32_t item, int32_t thread) {
   const ForwardWork& fw = *static_cast<const ForwardWork*>(context);
@@ -202,6 +236,7 @@ void forward_item(void* context, int32_t item, int32_t thread) {
     kw.row_end = std::min(w.rows, kw.row_begin + w.block_rows);
     kw.key_begin = 0, kw.key_end = p.kv_len;
     kw.pack = !w.in_place;
+    if (w.shares_packing) kw.packed = pair_packed(fw, pair);
   }
   kw.b = pair / p.kv_heads, kw.kv_head = pair % p.kv_heads;
   sdpa_f32_fwd_ukernel_4x512__wasmsimd(p, kw, fw.scratch + static_cast<size_t>(thread) * w.per_thread);
@@ -318,7 +353,8 @@ int32_t least_query_rows(const Problem& p, int32_t at_least) {
 
 uint64_t scratch_floats(const Problem& p, int32_t threads) {
   const WorkPlan w = plan_work(p, threads);
-  return w.per_thread * static_cast<uint64_t>(threads) + partials_total(w) + row_stats_total(w);
+  return w.per_thread * static_cast<uint64_t>(threads) + partials_total(w) + row_stats_total(w) +
+         shared_packing_total(w);
 }
 
 Status forward(const Problem& p, float* scratch, uint64_t scratch_size, ThreadPool* pool) {
@@ -327,9 +363,10 @@ Status forward(const Problem& p, float* scratch, uint64_t scratch_size, ThreadPo
   const int32_t threads = pool != nullptr ? pool->threads() : 1;
   if (scratch == nullptr || scratch_size < scratch_floats(p, threads)) return Status::kBadScratch;
 
-  ForwardWork fw{&p, plan_work(p, threads), scratch, nullptr, nullptr};
+  ForwardWork fw{&p, plan_work(p, threads), scratch, nullptr, nullptr, nullptr};
   fw.partials = scratch + fw.plan.per_thread * static_cast<size_t>(threads);
   if (fw.plan.split_weights) fw.row_stats = fw.partials + partials_total(fw.plan);
+  if (fw.plan.shares_packing) fw.packed = fw.partials + partials_total(fw.plan) + row_stats_total(fw.plan);
   const int32_t items = fw.plan.pairs * (fw.plan.segments > 1 ? fw.plan.segments : fw.plan.blocks);
   const double multiply_adds = static_cast<double>(p.batch) * p.q_heads * p.q_len * p.kv_len *
                               (p.head_dim + p.value_dim);
@@ -338,6 +375,7 @@ Status forward(const Problem& p, float* scratch, uint64_t scratch_size, ThreadPo
     run_tasks(pool, fw.plan.pairs, pair_with_weights_item, &fw);
     return Status::kOk;
   }
+  if (fw.plan.shares_packing) run_tasks(pool, fw.plan.pairs * fw.plan.pack_chunks, pack_item, &fw);
   run_tasks(pool, items, forward_item, &fw);
   if (fw.plan.segments > 1) run_tasks(pool, fw.plan.pairs, merge_item, &fw);
   return Status::kOk;

@@ -201,13 +201,17 @@ int64_t packed_value_block_floats(const Problem& p) { return static_cast<int64_t
 //   packed_value [Ev8/8][Lk][8]                      Ev8 = round_up(Ev, kValueBlock): key j,
 //                                                    column c at (c/8)·Lk·8 + j·8 + c%8
 //   q_tile       [4][E]                              scale·q of the tile's rows, 0 past its rows
-//   q_cols       [E][4]                              q_tile interleaved (for packed K)
+//   q_cols       [E][4]                              q_tile interleaved (for packed K), or
 //   q_blocks     [E4/4][rows][4]                     q_tile by 4-dim blocks (for K read in place
 //                                                    in memory order): dim d < E4 = E & ~3 of
-//                                                    row r at (d/4)·rows·4 + r·4 + d%4
+//                                                    row r at (d/4)·rows·4 + r·4 + d%4; one
+//                                                    part, as a call reads K one way
 //   scores       [4][kKeyTile]                       scores, then probabilities, of one tile
 //   bias         [4][kKeyTile]                       0, mask value, or -inf (blocked)
 //   acc          [4][Ev8]                            unnormalised output rows o
+// The two packed parts are the call's own only when it packs K/V itself; else they are empty
+// (K/V read in place, or packed once for several calls: KernelWork::packed, the same two
+// parts in a buffer of their own).
 struct Scratch {
   float* packed_key;
   float* packed_value;
@@ -223,27 +227,34 @@ struct Scratch {
 // checked against the scratch the caller provides before any pointer is formed).
 uint64_t align4(uint64_t n) { return (n + 3) / 4 * 4; }
 
-// Without packing (K/V read in place) the two packed parts are empty.
-uint64_t layout(const Problem& p, bool packs, float* base, Scratch* s) {
-  const uint64_t key_rows = packs ? static_cast<uint64_t>(round_up(p.kv_len, kKeyGroup)) : 0;
-  const uint64_t value_rows = packs ? static_cast<uint64_t>(p.kv_len) : 0;
+// The packed K/V at `base`: K, then V from the next 16-byte boundary. Returns their floats.
+uint64_t packed_parts(const Problem& p, float* base, float** packed_key, float** packed_value) {
+  const uint64_t key_floats = align4(static_cast<uint64_t>(round_up(p.kv_len, kKeyGroup)) * p.head_dim);
+  const uint64_t value_floats = align4(static_cast<uint64_t>(p.kv_len) * value_cols_padded(p));
+  if (base != nullptr) *packed_key = base, *packed_value = base + key_floats;
+  return key_floats + value_floats;
+}
+
+// The most keys any of flat rows [row_begin, row_end) attends (flat row f is query row f % Lq).
+int32_t packed_key_count(const RowLimits& limit_of, int32_t q_len, int32_t row_begin, int32_t row_end) {
+  int32_t keys = 0;
+  for (int32_t f = row_begin; f < row_end; f++) keys = std::max(keys, limit_of(f % q_len));
+  return keys;
+}
+
+uint64_t layout(const Problem& p, bool packs_into_scratch, float* base, Scratch* s) {
+  uint64_t offset = 0;
+  s->packed_key = s->packed_value = nullptr;
+  if (packs_into_scratch) offset = packed_parts(p, base, &s->packed_key, &s->packed_value);
   const uint64_t ev8 = static_cast<uint64_t>(value_cols_padded(p));
   const uint64_t q_floats = kQueryTile * static_cast<uint64_t>(p.head_dim);
-  const uint64_t sizes[8] = {key_rows * static_cast<uint64_t>(p.head_dim),
-                             value_rows * ev8,
-                             q_floats,
-                             packs ? q_floats : 0,
-                             packs ? 0 : q_floats,
-                             kQueryTile * kKeyTile,
-                             kQueryTile * kKeyTile,
-                             kQueryTile * ev8};
-  float** parts[8] = {&s->packed_key, &s->packed_value, &s->q_tile, &s->q_cols, &s->q_blocks,
-                      &s->scores,     &s->bias,         &s->acc};
-  uint64_t offset = 0;
-  for (int i = 0; i < 8; i++) {
+  const uint64_t sizes[5] = {q_floats, q_floats, kQueryTile * kKeyTile, kQueryTile * kKeyTile, kQueryTile * ev8};
+  float** parts[5] = {&s->q_tile, &s->q_cols, &s->scores, &s->bias, &s->acc};
+  for (int i = 0; i < 5; i++) {
     if (base != nullptr) *parts[i] = base + offset;
     offset += align4(sizes[i]);
   }
+  s->q_blocks = s->q_cols;
   return offset;
 }
 
@@ -957,6 +968,14 @@ uint64_t sdpa_f32_fwd_4x512__wasmsimd_scratch(const Problem& p, bool packs) {
   return layout(p, packs, nullptr, &unused) + 4;  // + 4: room to align the base to 16 bytes
 }
 
+uint64_t sdpa_f32_fwd_4x512__wasmsimd_packed_floats(const Problem& p) {
+  return packed_parts(p, nullptr, nullptr, nullptr);
+}
+
+int32_t sdpa_f32_fwd_4x512__wasmsimd_packed_keys(const Problem& p, int32_t b, int32_t row_begin, int32_t row_end) {
+  return packed_key_count(row_limits(p, b), p.q_len, row_begin, row_end);
+}
+
 uint64_t sdpa_f32_fwd_4x512__wasmsimd_partial_floats(const Problem& p) {
   return static_cast<uint64_t>(kQueryTile) * (2 + value_cols_padded(p));
 }
@@ -1013,6 +1032,7 @@ void run_work(const Problem& p, const KernelWork& w, const float* row_stats, flo
   assert(0 <= w.row_begin && w.row_begin < w.row_end && w.row_end <= group * p.q_len);
   assert(0 <= w.key_begin && w.key_begin % kKeyTile == 0 && w.key_begin < w.key_end && w.key_end <= p.kv_len);
   assert(!w.pack || (w.key_begin == 0 && w.partials == nullptr));
+  assert(w.packed == nullptr || (w.pack && reinterpret_cast<uintptr_t>(w.packed) % 16 == 0));
   assert(w.stored_from <= w.key_begin && (!w.pack || w.stored_from == 0));
   assert(!w.stored_alone || (w.stored_from == w.key_begin && !w.pack));
   assert(scratch_base != nullptr);
@@ -1023,7 +1043,8 @@ void run_work(const Problem& p, const KernelWork& w, const float* row_stats, flo
   auto limit_of_flat = [&](int32_t f) { return std::min(limit_of(f % p.q_len), w.key_end); };
 
   Scratch s;
-  layout(p, w.pack, reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch_base) + 15) & ~uintptr_t{15}), &s);
+  layout(p, w.pack && w.packed == nullptr,
+         reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch_base) + 15) & ~uintptr_t{15}), &s);
   const ExpConstants ec = make_exp_constants();
 
   using Elem = typename Src::Elem;
@@ -1039,12 +1060,14 @@ void run_work(const Problem& p, const KernelWork& w, const float* row_stats, flo
     kv.stream_keys = kInterleavedStreamKeys;
   }
   if (w.pack) {
-    // Pack only the keys some row of this call may attend.
-    int32_t packed_keys = 0;
-    for (int32_t f = w.row_begin; f < w.row_end; f++) packed_keys = std::max(packed_keys, limit_of_flat(f));
-    pack_key_groups(src, key, p.k_stride_l, packed_keys, p.head_dim, s.packed_key);
+    if (w.packed != nullptr) {  // packed once for several calls: at least the keys these rows attend
+      packed_parts(p, const_cast<float*>(w.packed), &s.packed_key, &s.packed_value);
+    } else {  // pack only the keys some row of this call may attend
+      const int32_t packed_keys = packed_key_count(limit_of, p.q_len, w.row_begin, w.row_end);
+      pack_key_groups(src, key, p.k_stride_l, packed_keys, p.head_dim, s.packed_key);
+      pack_value(src, value, p.v_stride_l, packed_keys, p.value_dim, packed_value_block_floats(p), s.packed_value);
+    }
     kv.packed_key = s.packed_key;
-    pack_value(src, value, p.v_stride_l, packed_keys, p.value_dim, packed_value_block_floats(p), s.packed_value);
     kv.packed_value = s.packed_value, kv.value_cols = value_cols_padded(p);
     kv.value_block_floats = packed_value_block_floats(p);
   }
@@ -1202,6 +1225,31 @@ void sdpa_f32_fwd_weights_4x512__wasmsimd(const Problem& p, const KernelWork& w,
   assert(p.weights != nullptr && row_stats != nullptr && w.partials == nullptr);
   with_element_reader(p, w, [&](auto tag) {
     run_work<typename decltype(tag)::type>(p, w, row_stats, scratch);
+  });
+}
+
+void sdpa_f32_fwd_pack_4x512__wasmsimd(const Problem& p, int32_t b, int32_t kv_head, int32_t key_begin,
+                                       int32_t key_end, float* packed) {
+  assert(b >= 0 && b < p.batch && kv_head >= 0 && kv_head < p.kv_heads);
+  assert(key_begin >= 0 && key_begin % kKeyGroup == 0 && key_begin < key_end && key_end <= p.kv_len);
+  assert(packed != nullptr && reinterpret_cast<uintptr_t>(packed) % 16 == 0);
+  KernelWork w;
+  w.b = b, w.kv_head = kv_head, w.pack = true;  // packing reads K/V as float32 (no scaled halves)
+  with_element_reader(p, w, [&](auto tag) {
+    using Src = typename decltype(tag)::type;
+    using Elem = typename Src::Elem;
+    assert(Src::kReadScale == 1.0f);  // with_element_reader picks no scaled reader for packing
+    const Src src;
+    const Elem* key = static_cast<const Elem*>(p.key) + b * p.k_stride_b + kv_head * p.k_stride_h;
+    const Elem* value = static_cast<const Elem*>(p.value) + b * p.v_stride_b + kv_head * p.v_stride_h;
+    float *packed_key, *packed_value;
+    packed_parts(p, packed, &packed_key, &packed_value);
+    // Keys [key_begin, key_end) are whole groups of K from group key_begin/8 on (the last may be
+    // partial, zero padded) and rows key_begin.. of every 8-column block of V.
+    pack_key_groups(src, key + key_begin * p.k_stride_l, p.k_stride_l, key_end - key_begin, p.head_dim,
+                    packed_key + static_cast<size_t>(key_begin) * p.head_dim);
+    pack_value(src, value + key_begin * p.v_stride_l, p.v_stride_l, key_end - key_begin, p.value_dim,
+               packed_value_block_floats(p), packed_value + static_cast<size_t>(key_begin) * kValueBlock);
   });
 }
 

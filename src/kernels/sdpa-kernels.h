@@ -17,6 +17,10 @@ struct KernelWork {
   int32_t key_begin = 0, key_end = 0;  // key_begin a multiple of kKeyTile; key_end <= Lk
   // Pack K/V into scratch first (worth it when many row tiles reuse them), or read in place.
   bool pack = false;
+  // With pack: K/V of (b, kv_head) already packed here by sdpa_f32_fwd_pack_4x512__wasmsimd
+  // (at least the keys this work's rows attend; 16-byte aligned), shared with other calls:
+  // this call packs nothing and its scratch needs no room for them. Null: pack into scratch.
+  const float* packed = nullptr;
   // Null: write output rows (and weights when p.weights is set, over the whole key range).
   // Else a split-K segment: write each row's unnormalised (m, l, o) here, partial_floats(p)
   // per row tile, for sdpa_f32_fwd_merge_partials (a row that attends nothing in the segment
@@ -31,9 +35,23 @@ struct KernelWork {
   bool stored_alone = false;
 };
 
-// Floats of scratch one call needs: with KernelWork::pack, room for the packed K/V of one
-// head (O(Lk·(E + Ev))); without, only O(tile).
+// Floats of scratch one call needs: with KernelWork::pack (and no KernelWork::packed), room
+// for the packed K/V of one head (O(Lk·(E + Ev))); without, only O(tile).
 uint64_t sdpa_f32_fwd_4x512__wasmsimd_scratch(const Problem& p, bool packs);
+
+// K/V of one (batch, KV head) packed once for several calls (KernelWork::packed), in the layout
+// a packing call gives its scratch: K [round_up(Lk, 8)/8][E][8], then V [Ev8/8][Lk][8].
+// Floats they take (the buffer 16-byte aligned):
+uint64_t sdpa_f32_fwd_4x512__wasmsimd_packed_floats(const Problem& p);
+// The keys a packing call for flat rows [row_begin, row_end) of batch b packs: the most any
+// of its rows attends (its key limit: key length, causal frontier).
+int32_t sdpa_f32_fwd_4x512__wasmsimd_packed_keys(const Problem& p, int32_t b, int32_t row_begin, int32_t row_end);
+// Packs keys [key_begin, key_end) of (b, kv_head) into `packed` (packed_floats(p), 16-byte
+// aligned): key_begin a multiple of kKeyGroup, key_end at most the packed key count of every
+// call that will read them; the last group is zero padded when key_end is not a multiple of
+// kKeyGroup. Calls over consecutive ranges (from any threads) give one packing call's bytes.
+void sdpa_f32_fwd_pack_4x512__wasmsimd(const Problem& p, int32_t b, int32_t kv_head, int32_t key_begin,
+                                       int32_t key_end, float* packed);
 // Floats of partial state one row tile writes in a split-K call.
 uint64_t sdpa_f32_fwd_4x512__wasmsimd_partial_floats(const Problem& p);
 
