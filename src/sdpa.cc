@@ -155,7 +155,9 @@ WorkPlan plan_work(const Problem& p, int32_t threads) {
   w.blocks = (w.rows + w.block_rows - 1) / w.block_rows;
   w.shares_packing = !w.in_place && w.blocks > 1 && w.pairs <= threads;
   w.pack_chunks = w.shares_packing ? threads / w.pairs : 0;
-  w.per_thread = sdpa_f32_fwd_4x512__wasmsimd_scratch(p, !w.in_place && !w.shares_packing);
+  w.per_thread = sdpa_f32_fwd_4x512__wasmsimd_scratch(p, w.in_place         ? KvReading::kInPlace
+                                                         : w.shares_packing ? KvReading::kPackedElsewhere
+                                                                            : KvReading::kPacksIntoScratch);
   w.pair_packed = w.shares_packing ? sdpa_f32_fwd_4x512__wasmsimd_packed_floats(p) + 4 : 0;
   w.partial_floats = static_cast<uint64_t>(row_tiles) * sdpa_f32_fwd_4x512__wasmsimd_partial_floats(p);
   w.split_weights = w.segments > 1 && p.weights != nullptr;
@@ -385,7 +387,9 @@ int32_t segment_keys() { return kSegmentKeys; }
 
 int32_t segment_count(const Problem& p) { return (p.kv_len + kSegmentKeys - 1) / kSegmentKeys; }
 
-uint64_t segment_scratch_floats(const Problem& p) { return sdpa_f32_fwd_4x512__wasmsimd_scratch(p, false); }
+uint64_t segment_scratch_floats(const Problem& p) {
+  return sdpa_f32_fwd_4x512__wasmsimd_scratch(p, KvReading::kInPlace);
+}
 
 uint64_t segment_partials_floats(const Problem& p) {
   return static_cast<uint64_t>(segment_count(p)) * plan_work(p, 1).partial_floats;

@@ -25,6 +25,16 @@ constexpr int kQueryTile = 4;
 // (Earlier, 128 had beaten 64 by 1.3% at N = 512 and 4% on decode.) At most kSegmentKeys
 // (src/sdpa.cc): a decode's segment is whole tiles.
 constexpr int kKeyTile = 512;
+// Row tiles of a prefill that share each key tile (K and V packed): a block of them takes
+// the tile in turn while it is in the core's cache, instead of each row tile streaming all of
+// the head's K and V (packed, Lk·(E + Ev8)·4 bytes: 16 MiB at Lk 16384, E 128) through the
+// caches. A row tile's own operations and their order are the same either way: the same bits.
+// In alternating A/B runs against one row tile at a time (AMD EPYC Zen 5, family 26 model 2,
+// 1 MiB L2 per core; medians): one head of 256 rows on 16384 keys (E 128, causal from the
+// end) 0.68–0.88× the time with 4 row tiles, on two threads (2 heads) 0.79×; 4096 rows on
+// 32768 keys (E 64) 0.78×; H12 E64 N 512 and 2048 (K/V in L2 anyway) 0.97–1.00×. 8 row tiles
+// then took 0.95× the time of 4 at 16384 keys (E 128) and 32768 (E 64), the same at N 512, 2048.
+constexpr int kRowTileBlock = 8;
 // Keys per packed group: K is stored [Lk/8][E][8] so two loads at consecutive addresses
 // give 8 keys at one dim: one pass of the 4×8 Q·Kᵀ micro-kernel.
 constexpr int kKeyGroup = 8;

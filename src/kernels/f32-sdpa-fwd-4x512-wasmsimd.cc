@@ -200,15 +200,17 @@ int64_t packed_value_block_floats(const Problem& p) { return static_cast<int64_t
 //   packed_key   [round_up(Lk, 8) / 8][E][8]         key j, dim d at ((j/8)·E + d)·8 + j%8
 //   packed_value [Ev8/8][Lk][8]                      Ev8 = round_up(Ev, kValueBlock): key j,
 //                                                    column c at (c/8)·Lk·8 + j·8 + c%8
-//   q_tile       [4][E]                              scale·q of the tile's rows, 0 past its rows
-//   q_cols       [E][4]                              q_tile interleaved (for packed K), or
-//   q_blocks     [E4/4][rows][4]                     q_tile by 4-dim blocks (for K read in place
+//   q_tile       [T][4][E]                           scale·q of the tile's rows, 0 past its rows
+//   q_cols       [T][E][4]                           q_tile interleaved (for packed K), or
+//   q_blocks     [T][E4/4][rows][4]                  q_tile by 4-dim blocks (for K read in place
 //                                                    in memory order): dim d < E4 = E & ~3 of
 //                                                    row r at (d/4)·rows·4 + r·4 + d%4; one
 //                                                    part, as a call reads K one way
 //   scores       [4][kKeyTile]                       scores, then probabilities, of one tile
 //   bias         [4][kKeyTile]                       0, mask value, or -inf (blocked)
-//   acc          [4][Ev8]                            unnormalised output rows o
+//   acc          [T][4][Ev8]                         unnormalised output rows o
+// T slots, one per row tile of a block sharing each key tile (row_tile_slot): kRowTileBlock
+// when K/V are packed (prefill), else 1 (K/V read in place: one row tile at a time).
 // The two packed parts are the call's own only when it packs K/V itself; else they are empty
 // (K/V read in place, or packed once for several calls: KernelWork::packed, the same two
 // parts in a buffer of their own).
@@ -242,13 +244,16 @@ int32_t packed_key_count(const RowLimits& limit_of, int32_t q_len, int32_t row_b
   return keys;
 }
 
-uint64_t layout(const Problem& p, bool packs_into_scratch, float* base, Scratch* s) {
+int row_tile_slots(KvReading reading) { return reading == KvReading::kInPlace ? 1 : kRowTileBlock; }
+
+uint64_t layout(const Problem& p, KvReading reading, float* base, Scratch* s) {
   uint64_t offset = 0;
   s->packed_key = s->packed_value = nullptr;
-  if (packs_into_scratch) offset = packed_parts(p, base, &s->packed_key, &s->packed_value);
+  if (reading == KvReading::kPacksIntoScratch) offset = packed_parts(p, base, &s->packed_key, &s->packed_value);
+  const uint64_t slots = static_cast<uint64_t>(row_tile_slots(reading));
   const uint64_t ev8 = static_cast<uint64_t>(value_cols_padded(p));
-  const uint64_t q_floats = kQueryTile * static_cast<uint64_t>(p.head_dim);
-  const uint64_t sizes[5] = {q_floats, q_floats, kQueryTile * kKeyTile, kQueryTile * kKeyTile, kQueryTile * ev8};
+  const uint64_t q_floats = slots * align4(kQueryTile * static_cast<uint64_t>(p.head_dim));
+  const uint64_t sizes[5] = {q_floats, q_floats, kQueryTile * kKeyTile, kQueryTile * kKeyTile, slots * kQueryTile * ev8};
   float** parts[5] = {&s->q_tile, &s->q_cols, &s->scores, &s->bias, &s->acc};
   for (int i = 0; i < 5; i++) {
     if (base != nullptr) *parts[i] = base + offset;
@@ -256,6 +261,18 @@ uint64_t layout(const Problem& p, bool packs_into_scratch, float* base, Scratch*
   }
   s->q_blocks = s->q_cols;
   return offset;
+}
+
+// Slot t < row_tile_slots of the scratch: its row tile's query forms and o; scores and bias
+// shared (one key tile of one row tile at a time).
+Scratch row_tile_slot(const Problem& p, const Scratch& s, int t) {
+  const size_t q_floats = align4(kQueryTile * static_cast<uint64_t>(p.head_dim));
+  Scratch slot = s;
+  slot.q_tile += t * q_floats;
+  slot.q_cols += t * q_floats;
+  slot.q_blocks = slot.q_cols;
+  slot.acc += static_cast<size_t>(t) * kQueryTile * value_cols_padded(p);
+  return slot;
 }
 
 // The additive bias and the blocked keys of one tile, for the rows of the query tile.
@@ -857,69 +874,80 @@ __attribute__((noinline)) void write_row_tile_weights(const Problem& p, const Ro
   }
 }
 
-// The online softmax of one row tile over keys [key_begin, rt.keys_end), then its output:
-// the normalised rows (and weights) when `partial` is null, else the unnormalised state
-// (m, l, o) of each row for sdpa_f32_fwd_merge_partials.
-// Not inlined into run_work, which also runs the weights pass: inlined there, the four readers'
-// copies made the relaxed build 8.7 kB larger; the A/B runs of prefill and decode timed the two
-// forms alike (0.97–1.02×).
+// The online softmax of one row tile between its key tiles: m and l (lane r = row r), and
+// whether its query forms are made. Its o (acc) and query forms are in its Scratch slot.
+struct RowTileSoftmax {
+  v128_t running_max;  // m
+  v128_t running_sum;  // l
+  bool query_ready;    // q_tile and q_cols or q_blocks made (before the first tile scored)
+};
+
+// m = -inf, l = 0, o = 0: nothing attended yet.
+RowTileSoftmax begin_row_tile(const Problem& p, const Scratch& s) {
+  std::fill(s.acc, s.acc + kQueryTile * value_cols_padded(p), 0.0f);
+  return {wasm_f32x4_splat(kNegInf), wasm_f32x4_splat(0.0f), false};
+}
+
+// One key tile [j0, j0 + kKeyTile) of a row tile's online softmax (j0 < rt.keys_end).
+// Not inlined: the same code for a row tile alone (attend_row_tile) and for a block of row
+// tiles sharing each key tile (run_work), the loop body V8 compiled before.
 template <typename Src>
-__attribute__((noinline)) void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<Src>& kv,
-                     int32_t key_begin, float* partial, const Scratch& s, const ExpConstants& ec) {
-  const int32_t E = p.head_dim, Ev = p.value_dim, ev8 = value_cols_padded(p);
+__attribute__((noinline)) void attend_key_tile(const Problem& p, const RowTile& rt, const KeyValueSource<Src>& kv,
+                                               int32_t j0, RowTileSoftmax& state, const Scratch& s,
+                                               const ExpConstants& ec) {
+  const TileBias tile = build_bias(p, rt, j0, s.bias);
+  if (tile.kind == TileKind::kAllBlocked) return;  // m, l, o unchanged
   // The query rows in the forms the scoring reads, made before the first tile that is scored
   // (a decode's segment whose keys no row attends, e.g. outside a sliding window, needs none).
-  bool query_ready = false;
-  const auto prepare_query = [&] {
-    if (query_ready) return;
-    query_ready = true;
+  if (!state.query_ready) {
+    state.query_ready = true;
     prepare_query_tile<Src>(p, rt, kv.packed_key != nullptr, kv.in_memory_order, s);
-  };
-  std::fill(s.acc, s.acc + kQueryTile * ev8, 0.0f);
-  v128_t running_max = wasm_f32x4_splat(kNegInf);  // m, lane r = row r
-  v128_t running_sum = wasm_f32x4_splat(0.0f);     // l
-  const v128_t neg_inf = running_max;
-  const v128_t zero = running_sum;
-  const v128_t one = wasm_f32x4_splat(1.0f);
-
-  for (int32_t j0 = key_begin; j0 < rt.keys_end; j0 += kKeyTile) {
-    const TileBias tile = build_bias(p, rt, j0, s.bias);
-    if (tile.kind == TileKind::kAllBlocked) continue;  // m, l, o unchanged
-    prepare_query();
-    // Keys before first_attended_col and past attended_cols are blocked for every row: their
-    // scores would be -inf, their probabilities 0, added to no sum (+0) and skipped by P·V.
-    // They are left out by whole key groups, so every key still scored is scored in the same
-    // group of 4 or 8 as before (the same operations), and each column keeps its lane in the
-    // 4-lane row sums: the same bits as scoring them. The tile is then worked on from column
-    // `lead` on: scores and bias from there, rows still kKeyTile apart.
-    const int32_t lead = tile.first_attended_col / kKeyGroup * kKeyGroup;
-    const int32_t key_count = std::min({kKeyTile, rt.keys_end - j0, round_up(tile.attended_cols, kKeyGroup)}) - lead;
-    const int32_t cols = round_up(key_count, kKeyGroup);  // columns holding scores, from `lead`
-    float* const scores = s.scores + lead;
-    score_tile_from(kv, s.q_tile, s.q_cols, s.q_blocks, rt.rows, j0 + lead, key_count, E, scores);
-    finish_scores(p, rt, j0 + lead, tile.kind, cols, s.bias + lead, scores);
-
-    const v128_t new_max = wasm_f32x4_pmax(running_max, tile_row_max(scores, rt.rows, cols));
-    // A row still at -inf has attended nothing: shift by 0 (its scores are all -inf,
-    // so its probabilities are exp(-inf) = 0) and keep α = 1 (its o and l are 0).
-    const v128_t still_empty = wasm_f32x4_eq(new_max, neg_inf);
-    const v128_t shift = wasm_v128_bitselect(zero, new_max, still_empty);
-    // α = exp(m_old - m_new) <= 1: 1 when the maximum did not grow, 0 when m_old = -inf.
-    const v128_t alpha = wasm_v128_bitselect(
-        one, exp_nonpositive(wasm_f32x4_sub(running_max, new_max), ec), still_empty);
-    const v128_t tile_sum = exponentiate_tile(scores, rt.rows, cols, shift, ec);
-    running_sum = wasm_f32x4_add(wasm_f32x4_mul(running_sum, alpha), tile_sum);
-    running_max = new_max;
-    drop_tile(p, rt, j0 + lead, cols, scores);  // l is the softmax's own; o sums the kept p·z
-
-    // open_cols > 0 only when no row's first column is blocked, so then lead is 0.
-    accumulate_pv_from(kv, scores, j0 + lead, rt.rows, std::min(tile.open_cols, key_count), key_count, alpha,
-                       s.acc, ev8);
   }
+  const v128_t running_max = state.running_max;
+  const v128_t neg_inf = wasm_f32x4_splat(kNegInf);
+  const v128_t zero = wasm_f32x4_splat(0.0f);
+  const v128_t one = wasm_f32x4_splat(1.0f);
+  // Keys before first_attended_col and past attended_cols are blocked for every row: their
+  // scores would be -inf, their probabilities 0, added to no sum (+0) and skipped by P·V.
+  // They are left out by whole key groups, so every key still scored is scored in the same
+  // group of 4 or 8 as before (the same operations), and each column keeps its lane in the
+  // 4-lane row sums: the same bits as scoring them. The tile is then worked on from column
+  // `lead` on: scores and bias from there, rows still kKeyTile apart.
+  const int32_t lead = tile.first_attended_col / kKeyGroup * kKeyGroup;
+  const int32_t key_count = std::min({kKeyTile, rt.keys_end - j0, round_up(tile.attended_cols, kKeyGroup)}) - lead;
+  const int32_t cols = round_up(key_count, kKeyGroup);  // columns holding scores, from `lead`
+  float* const scores = s.scores + lead;
+  score_tile_from(kv, s.q_tile, s.q_cols, s.q_blocks, rt.rows, j0 + lead, key_count, p.head_dim, scores);
+  finish_scores(p, rt, j0 + lead, tile.kind, cols, s.bias + lead, scores);
 
+  const v128_t new_max = wasm_f32x4_pmax(running_max, tile_row_max(scores, rt.rows, cols));
+  // A row still at -inf has attended nothing: shift by 0 (its scores are all -inf,
+  // so its probabilities are exp(-inf) = 0) and keep α = 1 (its o and l are 0).
+  const v128_t still_empty = wasm_f32x4_eq(new_max, neg_inf);
+  const v128_t shift = wasm_v128_bitselect(zero, new_max, still_empty);
+  // α = exp(m_old - m_new) <= 1: 1 when the maximum did not grow, 0 when m_old = -inf.
+  const v128_t alpha = wasm_v128_bitselect(
+      one, exp_nonpositive(wasm_f32x4_sub(running_max, new_max), ec), still_empty);
+  const v128_t tile_sum = exponentiate_tile(scores, rt.rows, cols, shift, ec);
+  state.running_sum = wasm_f32x4_add(wasm_f32x4_mul(state.running_sum, alpha), tile_sum);
+  state.running_max = new_max;
+  drop_tile(p, rt, j0 + lead, cols, scores);  // l is the softmax's own; o sums the kept p·z
+
+  // open_cols > 0 only when no row's first column is blocked, so then lead is 0.
+  accumulate_pv_from(kv, scores, j0 + lead, rt.rows, std::min(tile.open_cols, key_count), key_count, alpha,
+                     s.acc, value_cols_padded(p));
+}
+
+// A row tile's output once its online softmax has seen its keys: the normalised rows (and
+// weights) when `partial` is null, else the unnormalised state (m, l, o) of each row for
+// sdpa_f32_fwd_merge_partials.
+template <typename Src>
+void finish_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<Src>& kv, float* partial,
+                     const RowTileSoftmax& state, const Scratch& s, const ExpConstants& ec) {
+  const int32_t Ev = p.value_dim, ev8 = value_cols_padded(p);
   float maxima[kQueryTile], sums[kQueryTile];
-  wasm_v128_store(maxima, running_max);
-  wasm_v128_store(sums, running_sum);
+  wasm_v128_store(maxima, state.running_max);
+  wasm_v128_store(sums, state.running_sum);
   if (partial != nullptr) {  // [4][2 + Ev8]: m, l, o
     for (int r = 0; r < rt.rows; r++) {
       float* dst = partial + r * (2 + ev8);
@@ -958,14 +986,28 @@ __attribute__((noinline)) void attend_row_tile(const Problem& p, const RowTile& 
   }
 
   if (p.weights == nullptr) return;
-  write_row_tile_weights(p, rt, kv, 0, p.kv_len, wasm_v128_load(final_max), inv_sum, query_ready, s, ec);
+  write_row_tile_weights(p, rt, kv, 0, p.kv_len, wasm_v128_load(final_max), inv_sum, state.query_ready, s, ec);
+}
+
+// The online softmax of one row tile over keys [key_begin, rt.keys_end), then its output
+// (finish_row_tile).
+// Not inlined into run_work, which also runs the weights pass: inlined there, the four readers'
+// copies made the relaxed build 8.7 kB larger; the A/B runs of prefill and decode timed the two
+// forms alike (0.97–1.02×).
+template <typename Src>
+__attribute__((noinline)) void attend_row_tile(const Problem& p, const RowTile& rt, const KeyValueSource<Src>& kv,
+                                               int32_t key_begin, float* partial, const Scratch& s,
+                                               const ExpConstants& ec) {
+  RowTileSoftmax state = begin_row_tile(p, s);
+  for (int32_t j0 = key_begin; j0 < rt.keys_end; j0 += kKeyTile) attend_key_tile(p, rt, kv, j0, state, s, ec);
+  finish_row_tile(p, rt, kv, partial, state, s, ec);
 }
 
 }  // namespace
 
-uint64_t sdpa_f32_fwd_4x512__wasmsimd_scratch(const Problem& p, bool packs) {
+uint64_t sdpa_f32_fwd_4x512__wasmsimd_scratch(const Problem& p, KvReading reading) {
   Scratch unused;
-  return layout(p, packs, nullptr, &unused) + 4;  // + 4: room to align the base to 16 bytes
+  return layout(p, reading, nullptr, &unused) + 4;  // + 4: room to align the base to 16 bytes
 }
 
 uint64_t sdpa_f32_fwd_4x512__wasmsimd_packed_floats(const Problem& p) {
@@ -1043,8 +1085,7 @@ void run_work(const Problem& p, const KernelWork& w, const float* row_stats, flo
   auto limit_of_flat = [&](int32_t f) { return std::min(limit_of(f % p.q_len), w.key_end); };
 
   Scratch s;
-  layout(p, w.pack && w.packed == nullptr,
-         reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch_base) + 15) & ~uintptr_t{15}), &s);
+  layout(p, kv_reading(w), reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(scratch_base) + 15) & ~uintptr_t{15}), &s);
   const ExpConstants ec = make_exp_constants();
 
   using Elem = typename Src::Elem;
@@ -1072,7 +1113,8 @@ void run_work(const Problem& p, const KernelWork& w, const float* row_stats, flo
     kv.value_block_floats = packed_value_block_floats(p);
   }
 
-  for (int32_t f0 = w.row_begin; f0 < w.row_end; f0 += kQueryTile) {
+  // The row tile of flat rows [f0, f0 + 4) (fewer at the work's end).
+  const auto row_tile_at = [&](int32_t f0) {
     RowTile rt{};
     rt.b = w.b;
     rt.rows = std::min(kQueryTile, w.row_end - f0);
@@ -1084,6 +1126,39 @@ void run_work(const Problem& p, const KernelWork& w, const float* row_stats, flo
       rt.limit[r] = r < rt.rows ? limit_of_flat(f) : 0;
       rt.keys_end = std::max(rt.keys_end, rt.limit[r]);
     }
+    return rt;
+  };
+
+  if (kv.packed_key != nullptr && row_stats == nullptr && w.partials == nullptr) {
+    // Prefill: blocks of kRowTileBlock row tiles, each key tile attended by every row tile of
+    // the block that reaches it, in turn, then the next key tile. Each row tile's softmax
+    // sees its key tiles in order, as alone: the same operations, the same bits.
+    assert(row_tile_slots(kv_reading(w)) == kRowTileBlock);
+    constexpr int32_t kBlockRows = kRowTileBlock * kQueryTile;
+    for (int32_t block_begin = w.row_begin; block_begin < w.row_end; block_begin += kBlockRows) {
+      const int32_t tiles = (std::min(kBlockRows, w.row_end - block_begin) + kQueryTile - 1) / kQueryTile;
+      RowTile tile[kRowTileBlock];
+      Scratch slot[kRowTileBlock];
+      RowTileSoftmax state[kRowTileBlock];
+      int32_t keys_end = 0;
+      for (int32_t t = 0; t < tiles; t++) {
+        tile[t] = row_tile_at(block_begin + t * kQueryTile);
+        slot[t] = row_tile_slot(p, s, t);
+        state[t] = begin_row_tile(p, slot[t]);
+        keys_end = std::max(keys_end, tile[t].keys_end);
+      }
+      for (int32_t j0 = w.key_begin; j0 < keys_end; j0 += kKeyTile) {
+        for (int32_t t = 0; t < tiles; t++) {
+          if (j0 < tile[t].keys_end) attend_key_tile(p, tile[t], kv, j0, state[t], slot[t], ec);
+        }
+      }
+      for (int32_t t = 0; t < tiles; t++) finish_row_tile(p, tile[t], kv, nullptr, state[t], slot[t], ec);
+    }
+    return;
+  }
+
+  for (int32_t f0 = w.row_begin; f0 < w.row_end; f0 += kQueryTile) {
+    const RowTile rt = row_tile_at(f0);
     if (row_stats == nullptr) {
       float* partial = w.partials == nullptr ? nullptr : partial_row(p, w, f0);
       attend_row_tile(p, rt, kv, w.key_begin, partial, s, ec);

@@ -35,9 +35,13 @@ struct KernelWork {
   bool stored_alone = false;
 };
 
-// Floats of scratch one call needs: with KernelWork::pack (and no KernelWork::packed), room
-// for the packed K/V of one head (O(Lk·(E + Ev))); without, only O(tile).
-uint64_t sdpa_f32_fwd_4x512__wasmsimd_scratch(const Problem& p, bool packs);
+// How a call reads K/V, as its scratch needs to know: in place (no KernelWork::pack), packed
+// into its own scratch (pack), or packed once for several calls (pack and KernelWork::packed).
+enum class KvReading { kInPlace, kPacksIntoScratch, kPackedElsewhere };
+// Floats of scratch one call needs: packing into it, room for the packed K/V of one head
+// (O(Lk·(E + Ev))); else O(tile): a row tile's query forms and o, kRowTileBlock of them when
+// K/V are packed (src/tiles.h), and one tile's scores and bias.
+uint64_t sdpa_f32_fwd_4x512__wasmsimd_scratch(const Problem& p, KvReading reading);
 
 // K/V of one (batch, KV head) packed once for several calls (KernelWork::packed), in the layout
 // a packing call gives its scratch: K [round_up(Lk, 8)/8][E][8], then V [Ev8/8][Lk][8].
@@ -55,8 +59,12 @@ void sdpa_f32_fwd_pack_4x512__wasmsimd(const Problem& p, int32_t b, int32_t kv_h
 // Floats of partial state one row tile writes in a split-K call.
 uint64_t sdpa_f32_fwd_4x512__wasmsimd_partial_floats(const Problem& p);
 
+inline KvReading kv_reading(const KernelWork& w) {
+  return !w.pack ? KvReading::kInPlace : w.packed == nullptr ? KvReading::kPacksIntoScratch : KvReading::kPackedElsewhere;
+}
+
 // Preconditions (asserted): validate(p) == kOk and the KernelWork ranges above; scratch
-// holds sdpa_f32_fwd_4x512__wasmsimd_scratch(p, work.pack) floats (any 4-byte alignment) used by this
+// holds sdpa_f32_fwd_4x512__wasmsimd_scratch(p, kv_reading(work)) floats (any 4-byte alignment) used by this
 // call alone.
 void sdpa_f32_fwd_ukernel_4x512__wasmsimd(const Problem& p, const KernelWork& work, float* scratch);
 

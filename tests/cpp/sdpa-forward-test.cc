@@ -777,6 +777,49 @@ TEST(SdpaForward, ThreadsGiveBitwiseIdenticalResults) {
   }
 }
 
+TEST(SdpaForward, RowTileBlocksAroundTheirEdges) {
+  // A prefill's row tiles go in blocks of kRowTileBlock that take each key tile in turn
+  // (src/tiles.h), and on several threads with no more (batch, KV head) pairs than threads each
+  // pair is packed once for all of its row blocks (src/sdpa.cc). Flat rows just past the
+  // in-place path's and around one and two whole blocks; keys over three key tiles; causal
+  // offsets that end the row tiles of one block in different key tiles, a window, GQA whose
+  // heads share a block; weights. Each against the reference, and bitwise on 2 and 3 threads.
+  constexpr int kBlockRows = kRowTileBlock * kQueryTile;
+  const int packed_rows = kDecodeMaxRowTiles * kQueryTile + 1;  // the first count that packs K/V
+  const int lk = 2 * kKeyTile + 37;
+  std::vector<Case> cases;
+  uint32_t seed = 900;
+  for (int lq : {packed_rows, kBlockRows + 1, 2 * kBlockRows - 1, 2 * kBlockRows, 2 * kBlockRows + 1}) {
+    for (int variant = 0; variant < 3; variant++) {
+      Case c;
+      c.Lq = lq, c.Lk = lk, c.E = 32, c.Ev = 32, c.seed = seed++;
+      if (variant >= 1) c.causal = true, c.offsets = {kKeyTile - kBlockRows / 2};  // a block's rows end in two key tiles
+      if (variant == 2) c.window = kKeyTile / 2 + 3, c.offsets = {lk - lq};
+      cases.push_back(c);
+    }
+  }
+  {
+    Case c;  // 4 query heads of 17 rows on one KV head: tiles and blocks straddle the heads
+    c.Hq = 4, c.Hkv = 1, c.Lq = 17, c.Lk = lk, c.E = 40, c.Ev = 24, c.causal = true, c.offsets = {kKeyTile - 9};
+    c.seed = seed++;
+    cases.push_back(c);
+  }
+  for (const Case& c : cases) {
+    Harness single(c);
+    ASSERT_EQ(single.run(), Status::kOk) << c.describe();
+    single.expect_matches_reference();
+    for (int threads : {2, 3}) {
+      ThreadPool pool(threads);
+      Harness h(c);
+      std::vector<float> scratch(scratch_floats(h.p, threads));
+      ASSERT_EQ(forward(h.p, scratch.data(), scratch.size(), &pool), Status::kOk);
+      EXPECT_EQ(0, std::memcmp(single.out.data(), h.out.data(), h.out.size() * sizeof(float)))
+          << c.describe() << " threads " << threads;
+      EXPECT_EQ(single.weights, h.weights) << c.describe() << " threads " << threads;
+    }
+  }
+}
+
 // A whole call of the slice tests below (query heads, rows): a Case and how its K/V are stored
 // and read, and its dropout.
 struct SliceCase {
