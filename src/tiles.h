@@ -30,10 +30,11 @@ constexpr int kKeyTile = 512;
 // the head's K and V (packed, Lk·(E + Ev8)·4 bytes: 16 MiB at Lk 16384, E 128) through the
 // caches. A row tile's own operations and their order are the same either way: the same bits.
 // In alternating A/B runs against one row tile at a time (AMD EPYC Zen 5, family 26 model 2,
-// 1 MiB L2 per core; medians): one head of 256 rows on 16384 keys (E 128, causal from the
-// end) 0.68–0.88× the time with 4 row tiles, on two threads (2 heads) 0.79×; 4096 rows on
-// 32768 keys (E 64) 0.78×; H12 E64 N 512 and 2048 (K/V in L2 anyway) 0.97–1.00×. 8 row tiles
-// then took 0.95× the time of 4 at 16384 keys (E 128) and 32768 (E 64), the same at N 512, 2048.
+// 1 MiB L2 per core; medians), with 8: one head of 256 rows on 16384 keys (E 128, causal from
+// the end) 0.70–0.93× the time, on two threads (2 heads) 0.70×; 4096 rows on 32768 keys (E 64)
+// 0.70×; H12 E64 N 512 and 2048 (K/V in L2 anyway) 1.00–1.01× (two threads 0.97×); 8 MiB of
+// K/V (8192 keys, E 128, in L3) 1.02–1.03×. 8 took 0.94–0.96× the time of 4 at 16384 keys
+// (E 128) and 32768 (E 64), the same at N 512, 2048 and 8192 keys.
 constexpr int kRowTileBlock = 8;
 // Keys per packed group: K is stored [Lk/8][E][8] so two loads at consecutive addresses
 // give 8 keys at one dim: one pass of the 4×8 Q·Kᵀ micro-kernel.
