@@ -159,14 +159,18 @@ function belongsElsewhere(fn: string, name: string): string {
   return '';
 }
 
-/** An options argument: undefined is {}; anything but a plain object, or an unknown name, is a TypeError. */
+/**
+ * An options argument: undefined is {}; anything but a plain object, or an unknown name, is a
+ * TypeError. An option whose value is undefined is not given, known or not (so `{ ...forward,
+ * returnLogSumExp: undefined }` passes a forward's options on to its backward).
+ */
 export function checkOptionNames(fn: string, options: unknown, known: readonly string[]): Record<string, unknown> {
   if (options === undefined) return {};
   if (options === null || typeof options !== 'object' || Array.isArray(options)) {
     throw new TypeError(`${fn}: options must be an object, got ${describe(options)}`);
   }
   for (const name of Object.keys(options)) {
-    if (!known.includes(name)) {
+    if (!known.includes(name) && (options as Record<string, unknown>)[name] !== undefined) {
       throw new TypeError(`${fn}: unknown option "${name}"${belongsElsewhere(fn, name)}; known options: ${known.join(', ')}`);
     }
   }
@@ -928,7 +932,8 @@ export function checkAttentionOptions(fn: string, options: unknown): AttentionOp
     throw new TypeError(`${fn}: options must be an object, got ${String(options)}`);
   }
   for (const name of Object.keys(options)) {
-    if (name !== 'threads' && name !== 'relaxedSimd' && name !== 'maxMemoryBytes') {
+    if (name !== 'threads' && name !== 'relaxedSimd' && name !== 'maxMemoryBytes' &&
+        (options as Record<string, unknown>)[name] !== undefined) {
       throw new TypeError(`${fn}: unknown option "${name}"; known options: threads, relaxedSimd, maxMemoryBytes`);
     }
   }

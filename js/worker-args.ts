@@ -92,14 +92,16 @@ export class Taker {
   /**
    * Options as the direct API reads them (checkOptionNames): each of the call's `known` names
    * read once, by property access (so inherited and non-enumerable ones count), and any other
-   * own name kept, unread, for the checks to reject; without the worker-only `signal` and
-   * `transfer`. Masks and per-batch arrays copied; `out` kept (results land in it).
+   * own name whose value is not undefined kept as null (its value not copied), for the checks
+   * to reject; without the worker-only `signal` and `transfer`. Masks and per-batch arrays
+   * copied; `out` kept (results land in it).
    */
   options(options: unknown, known: readonly string[]): unknown {
     if (options === null || typeof options !== 'object' || Array.isArray(options)) return options;
     const copy: Record<string, unknown> = {};
     for (const name of Object.keys(options)) {
-      if (!known.includes(name) && !WORKER_OPTION_NAMES.includes(name)) copy[name] = undefined;
+      if (known.includes(name) || WORKER_OPTION_NAMES.includes(name)) continue;
+      if ((options as Record<string, unknown>)[name] !== undefined) copy[name] = null;
     }
     for (const name of known) {
       const value = (options as Record<string, unknown>)[name];

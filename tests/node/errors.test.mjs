@@ -324,6 +324,25 @@ test.each(['signal', 'transfer'])('the worker-only option %s on the direct API i
   expectStillWorks();
 });
 
+test('an option whose value is undefined is not given, known or not (a forward\'s options passed on to its backward); with a value, an unknown name is still a TypeError', async () => {
+  const bits = (a) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
+  const forwardOptions = { isCausal: true, causalOffset: 1, returnLogSumExp: true };
+  const forward = attn.sdpa(q(), k(), v(), forwardOptions);
+  const withUndefined = attn.sdpa(q(), k(), v(), { ...forwardOptions, isCasual: undefined, signal: undefined, returnMaskGrad: undefined });
+  expect(bits(withUndefined.output.data)).toEqual(bits(forward.output.data));
+  const gradOutput = randomTensor(forward.output.dims, 5);
+  const saved = { output: forward.output, logSumExp: forward.logSumExp };
+  const expected = attn.sdpaBackward(q(), k(), v(), gradOutput, { isCausal: true, causalOffset: 1, saved });
+  const passedOn = attn.sdpaBackward(q(), k(), v(), gradOutput, { ...forwardOptions, returnLogSumExp: undefined, saved });
+  for (const name of ['dQuery', 'dKey', 'dValue']) expect(bits(passedOn[name].data)).toEqual(bits(expected[name].data));
+  const instance = await createAttention({ threads: 1, bogus: undefined });
+  instance.dispose();
+  expectError(() => attn.sdpa(q(), k(), v(), { isCasual: true }), TypeError, [/^sdpa: unknown option "isCasual"; known options: /]);
+  expectError(() => attn.sdpaBackward(q(), k(), v(), gradOutput, { ...forwardOptions, saved }), TypeError,
+    [/^sdpaBackward: unknown option "returnLogSumExp" \(an option of sdpa only\)/]);
+  await expect(createAttention({ bogus: 0 })).rejects.toThrow(/^createAttention: unknown option "bogus"/);
+});
+
 describe('allocation failure', () => {
   test('returnWeights needing 2.16 GB of wasm memory is a RangeError about memory; the instance keeps working', () => {
     expectError(hugeWeightsCall, RangeError, [/memory/, has(`${HUGE.Lq * HUGE.Lk * 4} bytes`), /weights/]);

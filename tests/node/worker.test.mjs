@@ -60,6 +60,16 @@ describe('results: bitwise the direct API', () => {
     expect(through.map((c) => `${c.name} ${c.hash}`)).toEqual(direct.map((c) => `${c.name} ${c.hash}`));
   });
 
+  test('an option set to undefined is not given, as on the direct API: the same bits; a misspelt one with a value is the direct API\'s TypeError', async () => {
+    const { query, key, value, options } = REFERENCE_CASES[5].make();
+    const expected = hashOf(attn.sdpa(query, key, value, options));
+    expect(hashOf(await worker.sdpa(query, key, value, { ...options, isCasual: undefined, returnMaskGrad: undefined }))).toBe(expected);
+    const direct = await errorOf(() => attn.sdpa(query, key, value, { ...options, isCasual: false }));
+    const error = await errorOf(() => worker.sdpa(query, key, value, { ...options, isCasual: false }));
+    expect([error?.constructor, error?.message]).toEqual([TypeError, direct.message]);
+    expect(direct.message).toMatch(/^sdpa: unknown option "isCasual"/);
+  });
+
   test('with { transfer: true }: the same bits, and the caller\'s arrays are detached', async () => {
     for (const { name, make } of REFERENCE_CASES) {
       const problem = make();
@@ -486,6 +496,7 @@ describe('typed arrays carrying properties of their own, and transfers a check r
     // Each case: its options beyond { transfer: true } (which the direct call does not take).
     const cases = [
       ['an unknown option', (api, t, extra) => api.sdpa(t.query, t.key, t.value, { bogus: 1, ...extra })],
+      ['an unknown option beside one set to undefined', (api, t, extra) => api.sdpa(t.query, t.key, t.value, { unset: undefined, bogus: null, ...extra })],
       ['dims that do not match the data', (api, t, extra) => api.sdpa({ data: t.query.data, dims: [9, 9] }, t.key, t.value, extra)],
       ['out too small', (api, t, extra) => api.sdpa(t.query, t.key, t.value, { out: new Float32Array(2), ...extra })],
       ['keyLengths past Lk', (api, t, extra) => api.sdpa(t.query, t.key, t.value, { keyLengths: Int32Array.of(99), ...extra })],
