@@ -51,9 +51,10 @@ uint64_t sdpa_f32_fwd_4x512__wasmsimd_packed_floats(const Problem& p);
 // of its rows attends (its key limit: key length, causal frontier).
 int32_t sdpa_f32_fwd_4x512__wasmsimd_packed_keys(const Problem& p, int32_t b, int32_t row_begin, int32_t row_end);
 // Packs keys [key_begin, key_end) of (b, kv_head) into `packed` (packed_floats(p), 16-byte
-// aligned): key_begin a multiple of kKeyGroup, key_end at most the packed key count of every
-// call that will read them; the last group is zero padded when key_end is not a multiple of
-// kKeyGroup. Calls over consecutive ranges (from any threads) give one packing call's bytes.
+// aligned): key_begin a multiple of kKeyGroup, key_end <= Lk; the last group is zero padded
+// when key_end is not a multiple of kKeyGroup. Calls over consecutive ranges (from any
+// threads) that cover [0, n) give one packing call's bytes for the keys [0, n): n must be at
+// least the packed keys of every call that reads them (…_packed_keys of its rows).
 void sdpa_f32_fwd_pack_4x512__wasmsimd(const Problem& p, int32_t b, int32_t kv_head, int32_t key_begin,
                                        int32_t key_end, float* packed);
 // Floats of partial state one row tile writes in a split-K call.
