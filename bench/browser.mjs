@@ -86,9 +86,12 @@ export async function runBrowserBench({ quick = false, log = console.log } = {})
     `shapes ${shapes.map((s) => `(${s.id}) ${describe(s)}`).join(', ')}; builds ${BUILDS.map(([isa]) => isa).join(', ')}`);
   log(`host: ${describeHostCpu(host)}, Node ${process.versions.node}`);
   const server = await startServer();
-  const browser = await chromium.launch({ executablePath: process.env.CHROMIUM_PATH ?? '/usr/bin/chromium' });
+  // The server is stopped whatever fails after it started (a missing Chromium included): its
+  // child process would keep this one alive after the results were written.
+  let browser = null;
   const rows = [];
   try {
+    browser = await chromium.launch({ executablePath: process.env.CHROMIUM_PATH ?? '/usr/bin/chromium' });
     const page = await browser.newPage();
     await page.goto(`${server.url}tests/browser/harness.html`);
     const chromiumVersion = browser.version();
@@ -157,7 +160,7 @@ export async function runBrowserBench({ quick = false, log = console.log } = {})
       target: { chromiumVsNodeAtMost: BROWSER_VS_NODE_TARGET }, rows, decodeRows,
     };
   } finally {
-    await browser.close();
+    await browser?.close();
     server.stop();
   }
 }
@@ -195,9 +198,10 @@ async function alternate(runNode, runPage, settings) {
 async function cacheDecodeRows(browser, settings, log) {
   const threadCounts = [1, 2];
   const server = await startServer({ isolation: true });
-  const page = await browser.newPage();
+  let page = null;
   const node = {};
   try {
+    page = await browser.newPage();
     await page.goto(`${server.url}tests/browser/harness.html`);
     // The page's side: one instance per (build, threads), one cache at a time (up to 128 MiB).
     await page.evaluate(async ([builds, threadCounts]) => {
@@ -276,7 +280,7 @@ async function cacheDecodeRows(browser, settings, log) {
     return rows;
   } finally {
     for (const a of Object.values(node)) a.dispose();
-    await page.close();
+    await page?.close();
     server.stop();
   }
 }
