@@ -246,13 +246,16 @@ int32_t packed_key_count(const RowLimits& limit_of, int32_t q_len, int32_t row_b
 
 int row_tile_slots(KvReading reading) { return reading == KvReading::kInPlace ? 1 : kRowTileBlock; }
 
+// Floats of one slot's q_tile (and of its q_cols or q_blocks).
+uint64_t slot_query_floats(const Problem& p) { return align4(kQueryTile * static_cast<uint64_t>(p.head_dim)); }
+
 uint64_t layout(const Problem& p, KvReading reading, float* base, Scratch* s) {
   uint64_t offset = 0;
   s->packed_key = s->packed_value = nullptr;
   if (reading == KvReading::kPacksIntoScratch) offset = packed_parts(p, base, &s->packed_key, &s->packed_value);
   const uint64_t slots = static_cast<uint64_t>(row_tile_slots(reading));
   const uint64_t ev8 = static_cast<uint64_t>(value_cols_padded(p));
-  const uint64_t q_floats = slots * align4(kQueryTile * static_cast<uint64_t>(p.head_dim));
+  const uint64_t q_floats = slots * slot_query_floats(p);
   const uint64_t sizes[5] = {q_floats, q_floats, kQueryTile * kKeyTile, kQueryTile * kKeyTile, slots * kQueryTile * ev8};
   float** parts[5] = {&s->q_tile, &s->q_cols, &s->scores, &s->bias, &s->acc};
   for (int i = 0; i < 5; i++) {
@@ -266,7 +269,7 @@ uint64_t layout(const Problem& p, KvReading reading, float* base, Scratch* s) {
 // Slot t < row_tile_slots of the scratch: its row tile's query forms and o; scores and bias
 // shared (one key tile of one row tile at a time).
 Scratch row_tile_slot(const Problem& p, const Scratch& s, int t) {
-  const size_t q_floats = align4(kQueryTile * static_cast<uint64_t>(p.head_dim));
+  const size_t q_floats = slot_query_floats(p);
   Scratch slot = s;
   slot.q_tile += t * q_floats;
   slot.q_cols += t * q_floats;
@@ -706,6 +709,20 @@ void pack_value(const Src& src, const typename Src::Elem* value, int64_t stride_
   }
 }
 
+// Keys [key_begin, key_end) of one (batch, KV head)'s K and V (`key`, `value` at its key 0)
+// into packed K/V of its whole length (packed_parts): whole groups of K from group
+// key_begin / 8 on (the last may be partial, zero padded), rows key_begin.. of every
+// 8-column block of V. key_begin a multiple of kKeyGroup.
+template <typename Src>
+void pack_key_range(const Src& src, const Problem& p, const typename Src::Elem* key, const typename Src::Elem* value,
+                    int32_t key_begin, int32_t key_end, float* packed_key, float* packed_value) {
+  assert(key_begin % kKeyGroup == 0 && key_begin <= key_end);
+  pack_key_groups(src, key + key_begin * p.k_stride_l, p.k_stride_l, key_end - key_begin, p.head_dim,
+                  packed_key + static_cast<size_t>(key_begin) * p.head_dim);
+  pack_value(src, value + key_begin * p.v_stride_l, p.v_stride_l, key_end - key_begin, p.value_dim,
+             packed_value_block_floats(p), packed_value + static_cast<size_t>(key_begin) * kValueBlock);
+}
+
 // Where one call reads K and V: packed (float32) into scratch, or in place in the caller's
 // tensors (elements of Src, float32 or float16, widened as loaded).
 template <typename Src>
@@ -1105,8 +1122,7 @@ void run_work(const Problem& p, const KernelWork& w, const float* row_stats, flo
       packed_parts(p, const_cast<float*>(w.packed), &s.packed_key, &s.packed_value);
     } else {  // pack only the keys some row of this call may attend
       const int32_t packed_keys = packed_key_count(limit_of, p.q_len, w.row_begin, w.row_end);
-      pack_key_groups(src, key, p.k_stride_l, packed_keys, p.head_dim, s.packed_key);
-      pack_value(src, value, p.v_stride_l, packed_keys, p.value_dim, packed_value_block_floats(p), s.packed_value);
+      pack_key_range(src, p, key, value, 0, packed_keys, s.packed_key, s.packed_value);
     }
     kv.packed_key = s.packed_key;
     kv.packed_value = s.packed_value, kv.value_cols = value_cols_padded(p);
@@ -1319,12 +1335,7 @@ void sdpa_f32_fwd_pack_4x512__wasmsimd(const Problem& p, int32_t b, int32_t kv_h
     const Elem* value = static_cast<const Elem*>(p.value) + b * p.v_stride_b + kv_head * p.v_stride_h;
     float *packed_key, *packed_value;
     packed_parts(p, packed, &packed_key, &packed_value);
-    // Keys [key_begin, key_end) are whole groups of K from group key_begin/8 on (the last may be
-    // partial, zero padded) and rows key_begin.. of every 8-column block of V.
-    pack_key_groups(src, key + key_begin * p.k_stride_l, p.k_stride_l, key_end - key_begin, p.head_dim,
-                    packed_key + static_cast<size_t>(key_begin) * p.head_dim);
-    pack_value(src, value + key_begin * p.v_stride_l, p.v_stride_l, key_end - key_begin, p.value_dim,
-               packed_value_block_floats(p), packed_value + static_cast<size_t>(key_begin) * kValueBlock);
+    pack_key_range(src, p, key, value, key_begin, key_end, packed_key, packed_value);
   });
 }
 
