@@ -61,6 +61,18 @@ inline double relative_error(float got, double ref) {
   return std::isfinite(got) ? std::abs(got - ref) / (1.0 + std::abs(ref)) : std::numeric_limits<double>::infinity();
 }
 
+// max |got - ref| / max |ref| over a tensor (got in ref's dense order): the error of long sums
+// against their size, where the per-element measure says little of elements near zero and of
+// sums that cancel.
+inline double normwise_error(const std::vector<float>& got, const std::vector<double>& ref) {
+  double err = 0.0, size = 0.0;
+  for (size_t n = 0; n < ref.size(); n++) {
+    err = std::max(err, std::isfinite(got[n]) ? std::abs(got[n] - ref[n]) : std::numeric_limits<double>::infinity());
+    size = std::max(size, std::abs(ref[n]));
+  }
+  return err / size;
+}
+
 // +0 exactly (not -0): what the kernels write for rows and keys with nothing to attend. For
 // EXPECT_PRED1, which prints the value that fails.
 inline bool is_plus_zero(float x) { return x == 0.0f && !std::signbit(x); }

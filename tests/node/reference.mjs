@@ -330,6 +330,22 @@ export function logSumExpError(got, ref) {
   return worst;
 }
 
+/**
+ * max_i |got_i - ref_i| / max_i |ref_i|: the error of long sums against their size, where the
+ * per-element measure says little of elements near zero; Infinity if lengths differ or anything
+ * is NaN.
+ */
+export function normwiseError(got, ref) {
+  if (got.length !== ref.length) return Infinity;
+  let worst = 0, size = 0;
+  for (let i = 0; i < ref.length; i++) {
+    const e = abs(got[i] - ref[i]);
+    if (!(e <= worst)) worst = isNaNNumber(e) ? Infinity : e;
+    size = Math.max(size, abs(ref[i]));
+  }
+  return worst / size;
+}
+
 /** max_i |got_i - ref_i| / (1 + |ref_i|); Infinity if lengths differ or anything is NaN. */
 export function maxRelError(got, ref) {
   if (got.length !== ref.length) return Infinity;

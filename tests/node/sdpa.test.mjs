@@ -3,7 +3,8 @@
 // and, with returnWeights, on the weights.
 import { createAttention } from 'sdpa-wasm';
 import {
-  logSumExpError, maxRelError, mulberry32, randn, randomTensor, referenceLogSumExp, referenceProblem, referenceSdpa,
+  logSumExpError, maxRelError, mulberry32, normwiseError, randn, randomTensor, referenceLogSumExp, referenceProblem,
+  referenceSdpa,
 } from './reference.mjs';
 import { roundedToHalves } from '../shared/kv-cache-cases.mjs';
 
@@ -127,6 +128,24 @@ describe('tile edges (4 query rows × 512 keys in groups of 8, 8 value columns)'
       check(q, k, v);
       check(q, k, v, { returnWeights: true });
       check(q, k, v, { isCausal: true, causalOffset: Lk - Lq, returnWeights: true });
+    }
+  });
+});
+
+describe('sums over many key tiles', () => {
+  test('262144 keys, uniform weights (scale 0), values about 0.7: each key tile of P·V is summed apart, prefill (36 flat rows of one KV head) and decode', () => {
+    // The output is about 0.7 times the keys summed so far; adding each key's p·v straight to it
+    // lost a bit per doubling: 9.7e-6 of the output's size here on the prefill path. Summed a tile
+    // at a time (src/kernels/f32-sdpa-fwd-4x512-wasmsimd.cc, pv_block): 5.7e-7, as the decode's
+    // 512-key segments, merged afterwards, had been all along.
+    const Lk = 262144;
+    const key = randomTensor([1, 1, Lk, 4], 8101);
+    const value = randomTensor([1, 1, Lk, 3], 8102);
+    for (let i = 0; i < value.data.length; i++) value.data[i] = 0.7 + 0.05 * value.data[i];
+    for (const Lq of [4, 1]) {
+      const query = randomTensor([1, 9, Lq, 4], 8103);
+      const got = attn.sdpa(query, key, value, { scale: 0 }).output.data;
+      expect(normwiseError(got, referenceSdpa(query, key, value, { scale: 0 }).output)).toBeLessThanOrEqual(2e-6);
     }
   });
 });
