@@ -20,8 +20,9 @@
 // (probabilities_and_ds leaves p·z in s; ds := 0 still wherever p == 0).
 // then the dK/dV kernel accumulates dv_j += Σ_r p[r][j]·dO_r and dk_j += Σ_r ds[r][j]·(scale·q_r)
 // over the rows of its KV group (p and ds of 16 rows at a time, so each dK/dV accumulator stays
-// in a register over them), and the dQ kernel dq_r += Σ_j ds[r][j]·k_j over the keys (times
-// scale at the end). Padding rows of a tile (r >= rows) have p = ds = 0. The fused kernel is the
+// in a register over them; the sums of each 512 rows apart, then added: kSumBlockRows), and the
+// dQ kernel dq_r += Σ_j ds[r][j]·k_j over the keys (each 64-key tile's sum from zero, then added;
+// times scale at the end). Padding rows of a tile (r >= rows) have p = ds = 0. The fused kernel is the
 // dK/dV kernel over all key blocks of a (batch, KV head) in order, adding each tile's
 // dq += ds·K as the dQ kernel would: one computation of s and dp instead of two, the same bits.
 // The mask gradient kernel recomputes p and ds (not dr: the mask is added after the softcap)
@@ -63,6 +64,13 @@ constexpr int kTile = kBackwardKeyTile;
 // accumulator of dK/dV then stays in a register over 16 rows instead of being loaded and stored
 // for every row tile.
 constexpr int kGroupRows = 4 * kQueryTile;
+// Rows whose dK/dV terms are summed apart before they join dK and dV (blocked summation): each
+// key's dK and dV sum a term per query row of its KV group, and added one by one to a sum that
+// grows with the rows they lose a bit per doubling of it (dV of uniform weights and dO about
+// 0.5: 4.6e-5 of dV at 262144 rows); summed 512 rows at a time, then one addition per 512, the
+// error is a block's and the blocks' count's. A multiple of kGroupRows.
+constexpr int kSumBlockRows = 32 * kGroupRows;
+static_assert(kSumBlockRows % kGroupRows == 0, "blocks of whole groups");
 // Rows whose statistics the row statistics kernel recomputes together: each 64-key tile of K is
 // packed once for them all (packed per 4-row tile, the packing had cost about as much as the
 // scoring: see the performance log).
@@ -471,12 +479,15 @@ void accumulate_transposed(const float* w, const float* x, const uint8_t* nonfin
 // k_stride apart, read in place): dq += ds·K. Keys j < open are open for every row and are
 // multiplied unconditionally; from open on a row skips keys whose ds is exactly 0 (blocked:
 // K there may be NaN padding). 4 rows × 8 columns = 8 accumulators at most.
+// The key tile's sum is made from zero, then added to acc (blocked summation: added one key at
+// a time to a dq that sums every key tile, the terms lost a bit per doubling of it: 1.4e-3 of
+// dQ at 262144 keys where the terms cancel, against 2e-5 summed a tile at a time).
 template <int kVecs>
 void dq_block(const float* ds, const float* key, int64_t k_stride, int32_t open, int32_t count, float* acc,
               int32_t acc_stride) {
-  v128_t o[kQueryTile][kVecs];
+  v128_t o[kQueryTile][kVecs];  // this key tile's Σ_j ds[r][j]·K[j][…]
   for (int r = 0; r < kQueryTile; r++) {
-    for (int v = 0; v < kVecs; v++) o[r][v] = wasm_v128_load(acc + r * acc_stride + 4 * v);
+    for (int v = 0; v < kVecs; v++) o[r][v] = wasm_f32x4_splat(0.0f);
   }
   const float* k_row = key;
   const float* w = ds;
@@ -500,7 +511,10 @@ void dq_block(const float* ds, const float* key, int64_t k_stride, int32_t open,
     }
   }
   for (int r = 0; r < kQueryTile; r++) {
-    for (int v = 0; v < kVecs; v++) wasm_v128_store(acc + r * acc_stride + 4 * v, o[r][v]);
+    for (int v = 0; v < kVecs; v++) {
+      float* const at = acc + r * acc_stride + 4 * v;
+      wasm_v128_store(at, wasm_f32x4_add(wasm_v128_load(at), o[r][v]));
+    }
   }
 }
 
@@ -514,13 +528,13 @@ void accumulate_dq(const float* ds, const float* key, int64_t k_stride, int32_t 
   }
   for (; col < head_dim; col++) {
     for (int r = 0; r < kQueryTile; r++) {
-      float a = acc[r * head_dim + col];
+      float sum = 0.0f;  // from zero, as dq_block's
       for (int32_t j = 0; j < count; j++) {
         const float wr = ds[r * kTile + j];
         if (j >= open && wr == 0.0f) continue;
-        a += wr * key[j * k_stride + col];
+        sum += wr * key[j * k_stride + col];
       }
-      acc[r * head_dim + col] = a;
+      acc[r * head_dim + col] += sum;
     }
   }
 }
@@ -534,13 +548,15 @@ void accumulate_dq(const float* ds, const float* key, int64_t k_stride, int32_t 
 //   s, dp [G][kTile], tanh_r [4][kTile]    p and ds of a group of G rows (kGroupRows; dQ: 4),
 //                                          the scores of one row tile (row statistics: G = 4)
 //   acc0: dK [kTile][E], acc1: dV [kTile][Ev]  (dK/dV, fused)  |  acc0: dQ [4][E]  (dQ kernel)
+//   block0, block1: the same as acc0, acc1     (dK/dV, fused: the sums over the current block of
+//                                              kSumBlockRows rows, added to acc0, acc1 after it)
 //   dq_all [4T][E]                          (fused kernel: every row's dQ over all key blocks)
 //   key_norm_max [Lk]                       (row statistics: max_{j' <= j} ‖k_j'‖₂)
 // The mask gradient kernel packs kMaskGradKeys keys at a time and keeps one tile's rows, s,
 // dp and tanh_r.
 
 struct Scratch {
-  float *k_packed, *v_packed, *s, *dp, *tanh_r, *acc0, *acc1, *dq_all, *key_norm_max;
+  float *k_packed, *v_packed, *s, *dp, *tanh_r, *acc0, *acc1, *block0, *block1, *dq_all, *key_norm_max;
   PreparedRows rows;
 };
 
@@ -561,7 +577,8 @@ uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch
   const uint64_t pair_tiles = (pair_rows + kQueryTile - 1) / kQueryTile;
   const uint64_t T = fused ? pair_tiles : stats ? std::min<uint64_t>(kStatsGroupTiles, pair_tiles) : G / kQueryTile;
   const uint64_t flag_floats = (T * kQueryTile + sizeof(float) - 1) / sizeof(float);  // uint8_t flags
-  const uint64_t sizes[16] = {keys * E,
+  const bool dkdv = !dq && !stats;  // the dK/dV and fused kernels
+  const uint64_t sizes[18] = {keys * E,
                               stats ? 0 : keys * Ev,
                               T * kRowTileFloats,
                               kQueryTile * T * E,
@@ -576,8 +593,10 @@ uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch
                               stats || mask_grad ? 0 : dq ? kQueryTile * E : kTile * E,
                               stats || dq ? 0 : kTile * Ev,
                               fused ? kQueryTile * T * E : 0,
-                              stats ? static_cast<uint64_t>(p.kv_len) : 0};
-  float* parts[16];
+                              stats ? static_cast<uint64_t>(p.kv_len) : 0,
+                              dkdv ? kTile * E : 0,
+                              dkdv ? kTile * Ev : 0};
+  float* parts[18];
   const uint64_t total = carve(base, sizes, parts);
   if (out != nullptr) {
     out->k_packed = parts[0], out->v_packed = parts[1];
@@ -585,6 +604,7 @@ uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch
                              reinterpret_cast<uint8_t*>(parts[7]), reinterpret_cast<uint8_t*>(parts[8])};
     out->s = parts[9], out->dp = parts[10], out->tanh_r = parts[11];
     out->acc0 = parts[12], out->acc1 = parts[13], out->dq_all = parts[14], out->key_norm_max = parts[15];
+    out->block0 = parts[16], out->block1 = parts[17];
   }
   return total;
 }
@@ -607,6 +627,19 @@ void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t k
                        static_cast<int64_t>(key_begin) * p.v_stride_l;
   std::fill(s.acc0, s.acc0 + kTile * E, 0.0f);
   std::fill(s.acc1, s.acc1 + kTile * Ev, 0.0f);
+  std::fill(s.block0, s.block0 + kTile * E, 0.0f);
+  std::fill(s.block1, s.block1 + kTile * Ev, 0.0f);
+  bool block_holds_sums = false;  // block0/block1 hold terms not yet in acc0/acc1
+  // acc += block, block := 0 (each element's sum: the blocks' sums in row order).
+  const auto add_block = [&] {
+    if (!block_holds_sums) return;
+    const auto add = [](float* to, float* from, int32_t floats) {
+      for (int32_t i = 0; i < floats; i++) to[i] += from[i], from[i] = 0.0f;
+    };
+    add(s.acc0, s.block0, kTile * E);
+    add(s.acc1, s.block1, kTile * Ev);
+    block_holds_sums = false;
+  };
 
   const int32_t rows = p.q_heads / p.kv_heads * p.q_len;
   // A tile's keys in the block: up to its rows' furthest limit, none when the block ends before
@@ -624,6 +657,7 @@ void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t k
     pack_key_groups(kF32Elements, key, p.k_stride_l, packed_keys, E, s.k_packed);
     pack_key_groups(kF32Elements, value, p.v_stride_l, packed_keys, Ev, s.v_packed);
     for (int32_t g0 = 0; g0 < rows; g0 += kGroupRows) {
+      if (g0 % kSumBlockRows == 0) add_block();
       const int32_t g_end = std::min(rows, g0 + kGroupRows);
       const int32_t g_tiles = (g_end - g0 + kQueryTile - 1) / kQueryTile;
       if (prepared == nullptr) prepare_rows(bp, b, kv_head, g0, g_end, rows, stats, s.rows);
@@ -650,10 +684,12 @@ void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t k
         }
       }
       const int32_t group_rows = g_tiles * kQueryTile;
-      // dV += pᵀ·dO, dK += dsᵀ·(scale·Q)
-      accumulate_transposed(s.s, g.go_rows, g.go_nonfinite, group_rows, Ev, group_cols, s.acc1);
-      accumulate_transposed(s.dp, g.q_rows, g.q_nonfinite, group_rows, E, group_cols, s.acc0);
+      // dV += pᵀ·dO, dK += dsᵀ·(scale·Q), into the block's sums
+      accumulate_transposed(s.s, g.go_rows, g.go_nonfinite, group_rows, Ev, group_cols, s.block1);
+      accumulate_transposed(s.dp, g.q_rows, g.q_nonfinite, group_rows, E, group_cols, s.block0);
+      block_holds_sums = true;
     }
+    add_block();
   }
   for (int32_t j = 0; j < count; j++) {
     const int64_t key_row = static_cast<int64_t>(key_begin + j);

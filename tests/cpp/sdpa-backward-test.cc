@@ -472,6 +472,57 @@ TEST(Backward, BitwiseIdenticalForAnyThreadCountAndSplit) {
   }
 }
 
+TEST(Backward, ManyRowsAndKeysAreSummedInBlocks) {
+  // dK and dV sum a term per query row of the KV group, dQ a term per key. Added one by one to
+  // sums that grow (values about 0.7, dO about 0.5), the terms lost a bit per doubling; the
+  // kernels sum 512 rows (kSumBlockRows) and one 64-key tile (dq_block) apart and add the
+  // sums. The errors (max error ÷ max gradient), before and after: many rows dV 4.7e-6 and
+  // 1.5e-7, dK 1.3e-5 and 1.8e-6; many keys dQ 1.2e-4 and 2.4e-6, dK 7.2e-6 and 5.1e-7
+  // (tests/node/backward.test.mjs has the like at 262144 rows, on both wasm builds).
+  // Many rows: 2 query heads of 65536 rows (131072 flat rows) on 64 keys, every key the same
+  // (each row's scores equal, so p = 1/64 whatever the query, and dK does not vanish with the
+  // scale; nor does dQ, which is about 0 and not checked).
+  Case rows;
+  rows.Hq = 2, rows.Hkv = 1, rows.Lq = 65536, rows.Lk = 64, rows.E = 4, rows.Ev = 3;
+  // Many keys: 9 query heads of 4 rows (36 flat rows) on 262144 keys, the values leaning on
+  // the keys' first dimension (so that dQ sums terms of one sign, not noise around zero).
+  Case keys;
+  keys.Hq = 9, keys.Hkv = 1, keys.Lq = 4, keys.Lk = 262144, keys.E = 4, keys.Ev = 3;
+  for (const Case& c : {rows, keys}) {
+    Harness h(c);
+    for (float& x : h.v) x = 0.7f + 0.05f * x;
+    for (float& x : h.go) x = 0.5f + 0.05f * x;
+    for (int j = 0; j < c.Lk; j++) {
+      if (c.Lk == 64) {
+        std::copy_n(h.k.begin(), c.E, h.k.begin() + size_t(j) * c.E);
+      } else {
+        for (int d = 0; d < c.Ev; d++) h.v[size_t(j) * c.Ev + d] += 0.3f * h.k[size_t(j) * c.E];
+      }
+    }
+    h.run(1);
+    const ReferenceGradients ref = reference_backward(h.bp);
+    const double dq = test::normwise_error(h.dq, ref.d_query), dk = test::normwise_error(h.dk, ref.d_key);
+    const double dv = test::normwise_error(h.dv, ref.d_value);
+    EXPECT_LE(dv, 2e-6) << "dV " << c.describe();
+    EXPECT_LE(dk, 4e-6) << "dK " << c.describe();
+    if (c.Lk != 64) {
+      EXPECT_LE(dq, 1e-5) << "dQ " << c.describe();
+    }
+  }
+  // Blocks of rows end at the same rows for any thread count: 1300 flat rows (a last block of
+  // 276) over 3 key tiles, causal, GQA.
+  Case c;
+  c.Hq = 2, c.Hkv = 1, c.Lq = 650, c.Lk = 150, c.E = 8, c.Ev = 5, c.causal = true, c.offsets = {-400};
+  Harness one(c);
+  one.run(1);
+  one.expect_matches_reference();
+  for (int threads : {2, 3}) {
+    Harness many(c);
+    many.run(threads);
+    many.expect_same_bits(one, std::to_string(threads) + " " + c.describe());
+  }
+}
+
 // The oracle itself: reference_backward against central differences of reference_forward's
 // loss L = Σ dO ∘ O (double precision), for every input element of a small problem.
 TEST(Backward, ReferenceGradientsMatchFiniteDifferences) {

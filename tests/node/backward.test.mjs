@@ -10,7 +10,8 @@
 // written into options.out's arrays; bad input; memory freed.
 import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import {
-  logSumExpError, maxRelError, mulberry32, randomTensor, referenceLogSumExp, referenceSdpa, referenceSdpaBackward,
+  logSumExpError, maxRelError, mulberry32, normwiseError, randomTensor, referenceLogSumExp, referenceSdpa,
+  referenceSdpaBackward,
 } from './reference.mjs';
 
 const TOL = 1e-4;  // max |got - ref| / (1 + |ref|), as the issue asks
@@ -206,6 +207,38 @@ describe('sdpaBackward against the float64 analytic backward', () => {
     const p = problem({ Lq: 7, Lk: 66, E: 16, Ev: 5, seed: softcap * 10 + inputScale });
     p.query.data.forEach((x, i) => { p.query.data[i] = x * inputScale; });
     expectGradientsMatch(attn, p, { softcap: softcap || undefined, scale: 0.3 });
+  });
+});
+
+describe('long sums: dK and dV over many query rows, dQ over many keys', () => {
+  // dK and dV sum a term per query row of the KV group, dQ one per key. Added one by one to sums
+  // that grow (values about 0.7, dO about 0.5), the terms lost a bit per doubling; the kernel
+  // sums 512 rows and one 64-key tile apart, then adds the sums. Measured (max error ÷ max
+  // gradient, both builds): before, after.
+  const around = (tensor, centre) => {
+    for (let i = 0; i < tensor.data.length; i++) tensor.data[i] = centre + 0.05 * tensor.data[i];
+    return tensor;
+  };
+  test('262144 rows (2 query heads of 131072) on 64 equal keys: p = 1/64 whatever the query', () => {
+    // dV 9.3e-6, 2.9e-7; dK 1.2e-5, 9.9e-7
+    const p = problem({ Hq: 2, Hkv: 1, Lq: 131072, Lk: KEY_TILE, E: 4, Ev: 3, seed: 8201 });
+    for (let j = 1; j < KEY_TILE; j++) p.key.data.copyWithin(j * 4, 0, 4);
+    around(p.value, 0.7), around(p.gradOutput, 0.5);
+    const got = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput);
+    const ref = referenceSdpaBackward(p.query, p.key, p.value, p.gradOutput);
+    expect(normwiseError(got.dValue.data, ref.dValue)).toBeLessThanOrEqual(2e-6);
+    expect(normwiseError(got.dKey.data, ref.dKey)).toBeLessThanOrEqual(4e-6);
+  });
+  test('262144 keys under 36 flat rows (9 query heads of 4), values leaning on the keys (so that dQ sums terms of one sign)', () => {
+    // dQ 9.5e-5, 2.7e-6; dK 1.9e-5, 7e-7 (it sums 36 rows, but of ds made from the forward's output)
+    const p = problem({ Hq: 9, Hkv: 1, Lq: 4, Lk: 262144, E: 4, Ev: 3, seed: 8202 });
+    around(p.value, 0.7), around(p.gradOutput, 0.5);
+    for (let j = 0; j < 262144; j++) for (let c = 0; c < 3; c++) p.value.data[j * 3 + c] += 0.3 * p.key.data[j * 4];
+    const got = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput);
+    const ref = referenceSdpaBackward(p.query, p.key, p.value, p.gradOutput);
+    expect(normwiseError(got.dQuery.data, ref.dQuery)).toBeLessThanOrEqual(1e-5);
+    expect(normwiseError(got.dKey.data, ref.dKey)).toBeLessThanOrEqual(4e-6);
+    expect(normwiseError(got.dValue.data, ref.dValue)).toBeLessThanOrEqual(2e-6);
   });
 });
 
