@@ -67,8 +67,8 @@ constexpr int kGroupRows = 4 * kQueryTile;
 // Rows whose dK/dV terms are summed apart before they join dK and dV (blocked summation): each
 // key's dK and dV sum a term per query row of its KV group, and added one by one to a sum that
 // grows with the rows they lose a bit per doubling of it (dV of uniform weights and dO about
-// 0.5: 4.6e-5 of dV at 262144 rows); summed 512 rows at a time, then one addition per 512, the
-// error is a block's and the blocks' count's. A multiple of kGroupRows.
+// 0.5: 4.6e-5 of dV at 262144 rows); summed 512 rows at a time, the blocks' sums then added
+// with Kahan's compensation (dkdv_block), the error is about a block's. A multiple of kGroupRows.
 constexpr int kSumBlockRows = 32 * kGroupRows;
 static_assert(kSumBlockRows % kGroupRows == 0, "blocks of whole groups");
 // Rows whose statistics the row statistics kernel recomputes together: each 64-key tile of K is
@@ -550,13 +550,17 @@ void accumulate_dq(const float* ds, const float* key, int64_t k_stride, int32_t 
 //   acc0: dK [kTile][E], acc1: dV [kTile][Ev]  (dK/dV, fused)  |  acc0: dQ [4][E]  (dQ kernel)
 //   block0, block1: the same as acc0, acc1     (dK/dV, fused: the sums over the current block of
 //                                              kSumBlockRows rows, added to acc0, acc1 after it)
+//   comp0, comp1: the same as acc0, acc1       (dK/dV, fused: what those additions dropped, Kahan)
 //   dq_all [4T][E]                          (fused kernel: every row's dQ over all key blocks)
 //   key_norm_max [Lk]                       (row statistics: max_{j' <= j} ‖k_j'‖₂)
 // The mask gradient kernel packs kMaskGradKeys keys at a time and keeps one tile's rows, s,
-// dp and tanh_r.
+// dp and tanh_r, and mask_comp [rows][keys] of its block (up to kMaskGradRows, kMaskGradKeys;
+// 1 on an axis the mask broadcasts on): what its additions into the block's elements of the
+// mask's gradient dropped (Kahan).
 
 struct Scratch {
-  float *k_packed, *v_packed, *s, *dp, *tanh_r, *acc0, *acc1, *block0, *block1, *dq_all, *key_norm_max;
+  float *k_packed, *v_packed, *s, *dp, *tanh_r, *acc0, *acc1, *block0, *block1, *comp0, *comp1, *dq_all,
+      *key_norm_max, *mask_comp;
   PreparedRows rows;
 };
 
@@ -578,7 +582,12 @@ uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch
   const uint64_t T = fused ? pair_tiles : stats ? std::min<uint64_t>(kStatsGroupTiles, pair_tiles) : G / kQueryTile;
   const uint64_t flag_floats = (T * kQueryTile + sizeof(float) - 1) / sizeof(float);  // uint8_t flags
   const bool dkdv = !dq && !stats;  // the dK/dV and fused kernels
-  const uint64_t sizes[18] = {keys * E,
+  // The mask gradient's block: up to kMaskGradRows rows and kMaskGradKeys keys, 1 on an axis the
+  // mask broadcasts on.
+  const uint64_t mask_comp_floats =
+      static_cast<uint64_t>(p.mask_stride_q != 0 ? std::min(p.q_len, kMaskGradRows) : 1) *
+      static_cast<uint64_t>(p.mask_stride_k != 0 ? std::min(p.kv_len, kMaskGradKeys) : 1);
+  const uint64_t sizes[21] = {keys * E,
                               stats ? 0 : keys * Ev,
                               T * kRowTileFloats,
                               kQueryTile * T * E,
@@ -595,8 +604,11 @@ uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch
                               fused ? kQueryTile * T * E : 0,
                               stats ? static_cast<uint64_t>(p.kv_len) : 0,
                               dkdv ? kTile * E : 0,
-                              dkdv ? kTile * Ev : 0};
-  float* parts[18];
+                              dkdv ? kTile * Ev : 0,
+                              dkdv ? kTile * E : 0,
+                              dkdv ? kTile * Ev : 0,
+                              mask_grad ? mask_comp_floats : 0};
+  float* parts[21];
   const uint64_t total = carve(base, sizes, parts);
   if (out != nullptr) {
     out->k_packed = parts[0], out->v_packed = parts[1];
@@ -604,7 +616,8 @@ uint64_t layout(const BackwardProblem& bp, KernelKind kind, float* base, Scratch
                              reinterpret_cast<uint8_t*>(parts[7]), reinterpret_cast<uint8_t*>(parts[8])};
     out->s = parts[9], out->dp = parts[10], out->tanh_r = parts[11];
     out->acc0 = parts[12], out->acc1 = parts[13], out->dq_all = parts[14], out->key_norm_max = parts[15];
-    out->block0 = parts[16], out->block1 = parts[17];
+    out->block0 = parts[16], out->block1 = parts[17], out->comp0 = parts[18], out->comp1 = parts[19];
+    out->mask_comp = parts[20];
   }
   return total;
 }
@@ -627,17 +640,27 @@ void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t k
                        static_cast<int64_t>(key_begin) * p.v_stride_l;
   std::fill(s.acc0, s.acc0 + kTile * E, 0.0f);
   std::fill(s.acc1, s.acc1 + kTile * Ev, 0.0f);
-  std::fill(s.block0, s.block0 + kTile * E, 0.0f);
-  std::fill(s.block1, s.block1 + kTile * Ev, 0.0f);
+  for (float* part : {s.block0, s.comp0}) std::fill(part, part + kTile * E, 0.0f);
+  for (float* part : {s.block1, s.comp1}) std::fill(part, part + kTile * Ev, 0.0f);
   bool block_holds_sums = false;  // block0/block1 hold terms not yet in acc0/acc1
-  // acc += block, block := 0 (each element's sum: the blocks' sums in row order).
+  // acc += block, block := 0: the blocks' sums in row order, with Kahan's compensation (comp:
+  // what the additions so far dropped, taken off the next block's sum), so that many like
+  // blocks do not add up their roundings (1024 identical query heads of 1024 rows: dV 1.8e-5 of
+  // its size added plainly). A non-finite sum clears comp: Inf stays Inf (Inf - Inf would make
+  // comp NaN). The first block leaves comp 0 and acc the block's sum itself: the same bits as
+  // one block alone.
   const auto add_block = [&] {
     if (!block_holds_sums) return;
-    const auto add = [](float* to, float* from, int32_t floats) {
-      for (int32_t i = 0; i < floats; i++) to[i] += from[i], from[i] = 0.0f;
+    const auto add = [](float* to, float* comp, float* from, int32_t floats) {
+      for (int32_t i = 0; i < floats; i++) {
+        const float y = from[i] - comp[i];
+        const float t = to[i] + y;
+        comp[i] = std::isfinite(t) ? (t - to[i]) - y : 0.0f;
+        to[i] = t, from[i] = 0.0f;
+      }
     };
-    add(s.acc0, s.block0, kTile * E);
-    add(s.acc1, s.block1, kTile * Ev);
+    add(s.acc0, s.comp0, s.block0, kTile * E);
+    add(s.acc1, s.comp1, s.block1, kTile * Ev);
     block_holds_sums = false;
   };
 
@@ -932,9 +955,19 @@ void sdpa_f32_bwd_dmask_ukernel_4x64__wasmsimd(const BackwardProblem& bp, const 
   const int32_t block_rows = block.row_end - block.row_begin;
   const int32_t rows_out = p.mask_stride_q == 0 ? 1 : block_rows;
   const int32_t keys_out = p.mask_stride_k == 0 ? 1 : block.key_end - block.key_begin;
+  assert(rows_out <= kMaskGradRows && keys_out <= kMaskGradKeys);
   for (int32_t i = 0; i < rows_out; i++) {
     for (int32_t j = 0; j < keys_out; j++) block.out[i * out_q + j * out_k] = 0.0f;
   }
+  // Each element sums a term per (batch, head, row) mapping to it, in order, with Kahan's
+  // compensation: a mask shared by many batches and heads sums as many terms (32768 like ones
+  // added plainly: 2.5e-5 of the gradient's size). comp[i][j]: what the additions into element
+  // (i, j) of the block dropped; a non-finite sum clears it (Inf stays Inf, not Inf - Inf).
+  // An element's first term leaves comp 0 and the element the term itself.
+  float* const comp = s.mask_comp;
+  const int64_t comp_q = p.mask_stride_q != 0 ? keys_out : 0, comp_k = p.mask_stride_k != 0 ? 1 : 0;
+  std::fill(comp, comp + static_cast<size_t>(rows_out) * keys_out, 0.0f);
+  const v128_t inf = wasm_f32x4_splat(std::numeric_limits<float>::infinity());
   // The row tiles adding into the block, in order: (b, h, tile) over the summed batches and
   // heads (or the block's own), tiles_per_head tiles of the block's rows each; this call sums
   // [tile_begin, tile_end) of them.
@@ -974,18 +1007,31 @@ void sdpa_f32_bwd_dmask_ukernel_4x64__wasmsimd(const BackwardProblem& bp, const 
           const size_t packed_at = static_cast<size_t>(j0 - k0);
           probabilities_and_ds(bp, rt, operands, s.k_packed + packed_at * E, s.v_packed + packed_at * Ev, j0, count,
                                s.s, s.dp, s.tanh_r, ec, ScoreGrad::kAfterSoftcap);
-          // ds is 0 for blocked keys (and padding rows are not read): adding it changes
-          // nothing but the sign of a zero sum, as in every other order.
+          // ds is 0 for blocked keys (and padding rows are not read): adding it only takes
+          // off comp (what earlier additions dropped), as a later term would.
           for (int r = 0; r < rt.rows; r++) {
             float* out = block.out + (rt.i[r] - block.row_begin) * out_q + (j0 - block.key_begin) * out_k;
+            float* cmp = comp + (rt.i[r] - block.row_begin) * comp_q + (j0 - block.key_begin) * comp_k;
             const float* ds = s.dp + r * kTile;
             int32_t c = 0;
             if (out_k == 1) {
               for (; c + 4 <= count; c += 4) {
-                wasm_v128_store(out + c, wasm_f32x4_add(wasm_v128_load(out + c), wasm_v128_load(ds + c)));
+                const v128_t sum = wasm_v128_load(out + c);
+                const v128_t y = wasm_f32x4_sub(wasm_v128_load(ds + c), wasm_v128_load(cmp + c));
+                const v128_t t = wasm_f32x4_add(sum, y);
+                const v128_t finite = wasm_f32x4_lt(wasm_f32x4_abs(t), inf);
+                wasm_v128_store(cmp + c, wasm_v128_and(wasm_f32x4_sub(wasm_f32x4_sub(t, sum), y), finite));
+                wasm_v128_store(out + c, t);
               }
             }
-            for (; c < count; c++) out[c * out_k] += ds[c];
+            for (; c < count; c++) {
+              float& sum = out[c * out_k];
+              float& dropped = cmp[c * comp_k];
+              const float y = ds[c] - dropped;
+              const float t = sum + y;
+              dropped = std::isfinite(t) ? (t - sum) - y : 0.0f;
+              sum = t;
+            }
           }
         }
       }

@@ -240,6 +240,36 @@ describe('long sums: dK and dV over many query rows, dQ over many keys', () => {
     expect(normwiseError(got.dKey.data, ref.dKey)).toBeLessThanOrEqual(4e-6);
     expect(normwiseError(got.dValue.data, ref.dValue)).toBeLessThanOrEqual(2e-6);
   });
+  // Equal blocks round alike, and added one after another their roundings add up; the blocks'
+  // sums (dK/dV) and a mask gradient's terms are added with Kahan's compensation.
+  /** Every (batch, head) of p a copy of the first, every batch's K and V a copy of the first's. */
+  const copies = (p) => {
+    const copy = (t, n) => { for (let at = n; at < t.data.length; at += n) t.data.copyWithin(at, 0, n); };
+    const [B, , Lq, E] = p.query.dims, [, , Lk] = p.key.dims, Ev = p.value.dims[3];
+    // The values lean on the keys' first dimension: ds = p·(dp - D) is then not mostly the
+    // rounding of dp - D.
+    for (let j = 0; j < Lk; j++) for (let c = 0; c < Ev; c++) p.value.data[j * Ev + c] += 0.3 * p.key.data[j * E];
+    copy(p.query, Lq * E), copy(p.gradOutput, Lq * Ev);
+    if (B > 1) copy(p.key, p.key.data.length / B), copy(p.value, p.value.data.length / B);
+  };
+  test('1024 copies of one query head of 256 rows on one KV head (512 equal 512-row blocks)', () => {
+    // dV 5.3e-6 of its size with the blocks added plainly, 2.7e-4 with the rows added one by one
+    const p = problem({ Hq: 1024, Hkv: 1, Lq: 256, Lk: 16, E: 4, Ev: 3, seed: 8203 });
+    around(p.value, 0.7), around(p.gradOutput, 0.5), copies(p);
+    const got = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput);
+    const ref = referenceSdpaBackward(p.query, p.key, p.value, p.gradOutput);
+    expect(normwiseError(got.dValue.data, ref.dValue)).toBeLessThanOrEqual(2e-6);
+    expect(normwiseError(got.dKey.data, ref.dKey)).toBeLessThanOrEqual(2e-6);
+  });
+  test('a [8, 16] float mask shared by 16384 copies of one (batch, head): its gradient', () => {
+    // 1.25e-5 of its size with the terms added plainly
+    const p = problem({ B: 128, Hq: 128, Hkv: 1, Lq: 8, Lk: 16, E: 4, Ev: 3, seed: 8204 });
+    around(p.value, 0.7), around(p.gradOutput, 0.5), copies(p);
+    const options = { attnMask: randomTensor([8, 16], 8205), returnMaskGrad: true };
+    const got = attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    const ref = referenceSdpaBackward(p.query, p.key, p.value, p.gradOutput, options);
+    expect(normwiseError(got.dAttnMask.data, ref.dAttnMask)).toBeLessThanOrEqual(2e-6);
+  });
 });
 
 describe('attention dropout (dropoutP, dropoutSeed): the gradients of output = Σ_j p_j·z_j·v_j, the mask drawn again', () => {
