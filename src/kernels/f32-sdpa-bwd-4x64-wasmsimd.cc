@@ -79,6 +79,27 @@ constexpr int kStatsGroupTiles = kStatsGroupRows / kQueryTile;
 
 uint64_t align4(uint64_t n) { return (n + 3) / 4 * 4; }
 
+// sum += term with Kahan's compensation: comp holds what the additions into sum so far dropped
+// (taken off the next term), so that many like terms do not add up their roundings. A
+// non-finite sum clears comp: Inf stays Inf (Inf - Inf would make comp NaN, and the next term
+// the sum). From sum = comp = 0 the first term gives sum = term, comp = 0: a plain addition's bits.
+inline void compensated_add(float& sum, float& comp, float term) {
+  const float y = term - comp;
+  const float t = sum + y;
+  comp = std::isfinite(t) ? (t - sum) - y : 0.0f;
+  sum = t;
+}
+
+// The same for 4 lanes: sum[0..4) += term, comp[0..4) the lanes' compensation.
+inline void compensated_add4(float* sum, float* comp, v128_t term) {
+  const v128_t s = wasm_v128_load(sum);
+  const v128_t y = wasm_f32x4_sub(term, wasm_v128_load(comp));
+  const v128_t t = wasm_f32x4_add(s, y);
+  const v128_t finite = wasm_f32x4_lt(wasm_f32x4_abs(t), wasm_f32x4_splat(std::numeric_limits<float>::infinity()));
+  wasm_v128_store(comp, wasm_v128_and(wasm_f32x4_sub(wasm_f32x4_sub(t, s), y), finite));
+  wasm_v128_store(sum, t);
+}
+
 // Splits scratch into consecutive 16-byte-aligned parts of the given float counts; with a
 // null base only returns the total (+ 4 floats to align the base).
 template <int N>
@@ -643,21 +664,14 @@ void dkdv_block(const BackwardProblem& bp, int32_t b, int32_t kv_head, int32_t k
   for (float* part : {s.block0, s.comp0}) std::fill(part, part + kTile * E, 0.0f);
   for (float* part : {s.block1, s.comp1}) std::fill(part, part + kTile * Ev, 0.0f);
   bool block_holds_sums = false;  // block0/block1 hold terms not yet in acc0/acc1
-  // acc += block, block := 0: the blocks' sums in row order, with Kahan's compensation (comp:
-  // what the additions so far dropped, taken off the next block's sum), so that many like
-  // blocks do not add up their roundings (1024 identical query heads of 1024 rows: dV 1.8e-5 of
-  // its size added plainly). A non-finite sum clears comp: Inf stays Inf (Inf - Inf would make
-  // comp NaN). The first block leaves comp 0 and acc the block's sum itself: the same bits as
-  // one block alone.
+  // acc += block, block := 0: the blocks' sums in row order, compensated (compensated_add), so
+  // that many like blocks do not add up their roundings (1024 identical query heads of 1024
+  // rows: dV 1.8e-5 of its size added plainly). The first block gives acc the block's sum
+  // itself: the same bits as one block alone.
   const auto add_block = [&] {
     if (!block_holds_sums) return;
     const auto add = [](float* to, float* comp, float* from, int32_t floats) {
-      for (int32_t i = 0; i < floats; i++) {
-        const float y = from[i] - comp[i];
-        const float t = to[i] + y;
-        comp[i] = std::isfinite(t) ? (t - to[i]) - y : 0.0f;
-        to[i] = t, from[i] = 0.0f;
-      }
+      for (int32_t i = 0; i < floats; i++) compensated_add(to[i], comp[i], from[i]), from[i] = 0.0f;
     };
     add(s.acc0, s.comp0, s.block0, kTile * E);
     add(s.acc1, s.comp1, s.block1, kTile * Ev);
@@ -959,15 +973,13 @@ void sdpa_f32_bwd_dmask_ukernel_4x64__wasmsimd(const BackwardProblem& bp, const 
   for (int32_t i = 0; i < rows_out; i++) {
     for (int32_t j = 0; j < keys_out; j++) block.out[i * out_q + j * out_k] = 0.0f;
   }
-  // Each element sums a term per (batch, head, row) mapping to it, in order, with Kahan's
-  // compensation: a mask shared by many batches and heads sums as many terms (32768 like ones
-  // added plainly: 2.5e-5 of the gradient's size). comp[i][j]: what the additions into element
-  // (i, j) of the block dropped; a non-finite sum clears it (Inf stays Inf, not Inf - Inf).
-  // An element's first term leaves comp 0 and the element the term itself.
+  // Each element sums a term per (batch, head, row) mapping to it, in order, compensated
+  // (compensated_add): a mask shared by many batches and heads sums as many terms (32768 like
+  // ones added plainly: 2.5e-5 of the gradient's size). comp[i][j]: element (i, j)'s
+  // compensation. An element's first term gives the element the term itself.
   float* const comp = s.mask_comp;
   const int64_t comp_q = p.mask_stride_q != 0 ? keys_out : 0, comp_k = p.mask_stride_k != 0 ? 1 : 0;
   std::fill(comp, comp + static_cast<size_t>(rows_out) * keys_out, 0.0f);
-  const v128_t inf = wasm_f32x4_splat(std::numeric_limits<float>::infinity());
   // The row tiles adding into the block, in order: (b, h, tile) over the summed batches and
   // heads (or the block's own), tiles_per_head tiles of the block's rows each; this call sums
   // [tile_begin, tile_end) of them.
@@ -1015,23 +1027,9 @@ void sdpa_f32_bwd_dmask_ukernel_4x64__wasmsimd(const BackwardProblem& bp, const 
             const float* ds = s.dp + r * kTile;
             int32_t c = 0;
             if (out_k == 1) {
-              for (; c + 4 <= count; c += 4) {
-                const v128_t sum = wasm_v128_load(out + c);
-                const v128_t y = wasm_f32x4_sub(wasm_v128_load(ds + c), wasm_v128_load(cmp + c));
-                const v128_t t = wasm_f32x4_add(sum, y);
-                const v128_t finite = wasm_f32x4_lt(wasm_f32x4_abs(t), inf);
-                wasm_v128_store(cmp + c, wasm_v128_and(wasm_f32x4_sub(wasm_f32x4_sub(t, sum), y), finite));
-                wasm_v128_store(out + c, t);
-              }
+              for (; c + 4 <= count; c += 4) compensated_add4(out + c, cmp + c, wasm_v128_load(ds + c));
             }
-            for (; c < count; c++) {
-              float& sum = out[c * out_k];
-              float& dropped = cmp[c * comp_k];
-              const float y = ds[c] - dropped;
-              const float t = sum + y;
-              dropped = std::isfinite(t) ? (t - sum) - y : 0.0f;
-              sum = t;
-            }
+            for (; c < count; c++) compensated_add(out[c * out_k], cmp[c * comp_k], ds[c]);
           }
         }
       }

@@ -481,9 +481,9 @@ TEST(Backward, ManyRowsAndKeysAreSummedInBlocks) {
   // dK and dV sum a term per query row of the KV group, dQ a term per key. Added one by one to
   // sums that grow (values about 0.7, dO about 0.5), the terms lost a bit per doubling; the
   // kernels sum 512 rows (kSumBlockRows) and one 64-key tile (dq_block) apart and add the
-  // sums. The errors (max error ÷ max gradient), before and after: many rows dV 4.7e-6 and
-  // 1.5e-7, dK 1.3e-5 and 1.8e-6; many keys dQ 1.2e-4 and 2.4e-6, dK 7.2e-6 and 5.1e-7
-  // (tests/node/backward.test.mjs has the like at 262144 rows, on both wasm builds).
+  // sums (dK/dV's compensated). The errors (max error ÷ max gradient), before and after: many
+  // rows dV 4.7e-6 and 3.5e-8, dK 1.3e-5 and 1.4e-6; many keys dQ 1.2e-4 and 2.4e-6, dK 7.2e-6
+  // and 5.1e-7 (tests/node/backward.test.mjs has the like at 262144 rows, on both wasm builds).
   // Many rows: 2 query heads of 65536 rows (131072 flat rows) on 64 keys, every key the same
   // (each row's scores equal, so p = 1/64 whatever the query, and dK does not vanish with the
   // scale; nor does dQ, which is about 0 and not checked).
