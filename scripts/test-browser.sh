@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Browser and packaging tests, with Playwright in the system Chromium (/usr/bin/chromium):
+# Browser and packaging tests, with Playwright in the system Chromium (/usr/bin/chromium), then
+# the correctness, error, worker and loading cases in Firefox ESR (/usr/bin/firefox-esr, driven
+# by puppeteer-core: tests/firefox). In Chromium:
 #   - the demo page (web/) driven through its controls, its numbers checked against Node;
 #   - the ONNX conformance and float64 reference cases run inside Chromium;
 #   - npm pack, then examples/node, examples/typescript (tsc), examples/vite (vite build),
@@ -11,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup-chromium.sh
+bash scripts/setup-firefox.sh
 if [ ! -f dist/index.js ] || [ ! -f dist/wasm/sdpa.wasm ]; then
   echo "test-browser: dist/ is not built; run npm run build first" >&2
   exit 1
@@ -31,4 +34,8 @@ if [ -f "$results" ]; then
     console.log(`browser: ${stats.expected} passed, ${failed} failed` + (stats.skipped ? `, ${stats.skipped} skipped` : ""));
   ' "$results"
 fi
+
+# The same kinds of cases in a second engine (Gecko, SpiderMonkey), with Node's test runner.
+# Its reporter ends with the counts (ℹ tests, ℹ pass, ℹ fail).
+node $flag --test-reporter=spec tests/firefox/firefox.test.mjs || status=$?
 exit $status
