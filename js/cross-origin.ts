@@ -2,8 +2,15 @@
 // another host). A browser starts a Worker only from a script of the page's own origin (or a
 // blob: URL the page made), so a worker script elsewhere is started through a one-line script
 // made here, on this origin, that loads it:
-//   module worker (createAttentionWorker):      import "<url>";
+//   module worker (createAttentionWorker):      import("<url>"), a failure rethrown uncaught
 //   classic worker (the threaded build's pool): importScripts("<url>");
+// The module loader imports dynamically: WebKit (WebKitGTK 2.50, as Safari's engine) fails a
+// static `import "<url>"` of another origin in a blob: module worker on a cross-origin isolated
+// page (an error event with no message), where `import()` of the same URL loads
+// (tests/engines/webkit.test.mjs). Rethrown from a task, a failed import is an uncaught error,
+// so the page's Worker still gets its error event (with the reason). The worker posts READY
+// once its module has run, and the calling side sends nothing before that, so no message can
+// arrive before the worker listens.
 // The loaded script keeps its own URL (its import.meta.url, its relative imports), so the glue
 // and the .wasm files are still found next to it. The other origin must allow the loads: CORS
 // headers (module scripts are always fetched with CORS), and on a cross-origin isolated page
@@ -32,7 +39,10 @@ export function loaderScriptUrl(url: URL, kind: 'module' | 'classic'): string {
   const key = `${kind} ${url.href}`;
   let loader = loaders.get(key);
   if (loader === undefined) {
-    const source = kind === 'module' ? `import ${JSON.stringify(url.href)};\n` : `importScripts(${JSON.stringify(url.href)});\n`;
+    const href = JSON.stringify(url.href);
+    const source = kind === 'module'
+      ? `import(${href}).catch((error) => setTimeout(() => { throw error; }));\n`
+      : `importScripts(${href});\n`;
     loader = URL.createObjectURL(new Blob([source], { type: 'text/javascript' }));
     loaders.set(key, loader);
   }

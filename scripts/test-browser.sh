@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Browser and packaging tests, with Playwright in the system Chromium (/usr/bin/chromium), then
-# the correctness, error, worker and loading cases in Firefox ESR (/usr/bin/firefox-esr, driven
-# by puppeteer-core: tests/firefox). In Chromium:
+# the correctness, error, worker and loading cases in two more engines (tests/engines): Firefox
+# ESR (/usr/bin/firefox-esr, through puppeteer-core) and WebKit (WebKitGTK's MiniBrowser, through
+# its WebDriver, on Xvfb). In Chromium:
 #   - the demo page (web/) driven through its controls, its numbers checked against Node;
 #   - the ONNX conformance and float64 reference cases run inside Chromium;
 #   - npm pack, then examples/node, examples/typescript (tsc), examples/vite (vite build),
@@ -14,6 +15,7 @@ cd "$(dirname "$0")/.."
 
 bash scripts/setup-chromium.sh
 bash scripts/setup-firefox.sh
+bash scripts/setup-webkit.sh
 if [ ! -f dist/index.js ] || [ ! -f dist/wasm/sdpa.wasm ]; then
   echo "test-browser: dist/ is not built; run npm run build first" >&2
   exit 1
@@ -35,7 +37,10 @@ if [ -f "$results" ]; then
   ' "$results"
 fi
 
-# The same kinds of cases in a second engine (Gecko, SpiderMonkey), with Node's test runner.
-# Its reporter ends with the counts (ℹ tests, ℹ pass, ℹ fail).
-node $flag --test-reporter=spec tests/firefox/firefox.test.mjs || status=$?
+# The same kinds of cases in Gecko/SpiderMonkey and WebKit/JavaScriptCore, with Node's test
+# runner; its reporter ends each with the counts (ℹ tests, ℹ pass, ℹ fail).
+for engine in firefox webkit; do
+  echo "engines: $engine"
+  node $flag --test-reporter=spec "tests/engines/$engine.test.mjs" || status=$?
+done
 exit $status

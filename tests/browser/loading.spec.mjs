@@ -117,6 +117,29 @@ test('the threaded build\'s worker script cannot be fetched: createAttention rej
   });
 });
 
+// From another origin the worker starts through a loader that imports its script (js/cross-origin.ts):
+// a script that cannot be fetched rejects the call with the reason, and the direct API still works.
+test('from another origin, the attention worker\'s script cannot be fetched: createAttentionWorker rejects (no hang)', async ({ page, context }) => {
+  await context.route(`${cdn.url}/dist/worker-entry.js`, (route) => route.abort());
+  await page.goto(`${ISOLATED}/tests/browser/harness.html`);
+  const outcome = await page.evaluate(async (from) => {
+    const { createAttention, createAttentionWorker } = await import(`${from}/dist/index.js`);
+    const worker = await Promise.race([
+      createAttentionWorker().then(() => ({ started: true }), (error) => ({ name: error.constructor.name, message: error.message })),
+      new Promise((resolve) => setTimeout(() => resolve({ hung: true }), 20_000)),
+    ]);
+    const attn = await createAttention();
+    const x = { data: new Float32Array(16).fill(1), dims: [1, 1, 4, 4] };
+    const directWorks = attn.sdpa(x, x, x).output.data.every((value) => value === 1);
+    attn.dispose();
+    return { worker, directWorks };
+  }, cdn.url);
+  expect(outcome).toEqual({
+    worker: { name: 'Error', message: expect.stringMatching(/^sdpa-wasm: the attention worker failed: .*worker-entry\.js/) },
+    directWorks: true,
+  });
+});
+
 test('a build whose .wasm cannot be fetched: createAttention rejects with an Error naming the file; the next call retries', async ({ page, context }) => {
   let blocked = true;
   await context.route('**/dist/wasm/sdpa-relaxed.wasm', (route) => (blocked ? route.abort() : route.continue()));
