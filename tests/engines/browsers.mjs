@@ -6,7 +6,8 @@
 //   await page.close(); await browser.close();
 // Firefox: Debian's firefox-esr through WebDriver BiDi (puppeteer-core). WebKit: WebKitGTK's
 // MiniBrowser through WebKitWebDriver (classic WebDriver over HTTP), on a virtual X display
-// (Xvfb) that this module starts, since WebKitGTK draws with GTK even when nobody looks.
+// (Xvfb) that this module starts, since WebKitGTK draws with GTK even when nobody looks, with
+// SharedArrayBuffer on for cross-origin isolated pages, as in Safari.
 import { spawn } from 'node:child_process';
 import { existsSync, readdirSync } from 'node:fs';
 import { createServer } from 'node:net';
@@ -100,7 +101,10 @@ export async function launchWebKit() {
   }
   const xvfb = await startXvfb();
   const port = await freePort();
-  const driver = spawn(WEBKIT_DRIVER, [`--port=${port}`], { stdio: ['ignore', 'ignore', 'pipe'], env: { ...process.env, DISPLAY: xvfb.display } });
+  // Safari gives a cross-origin isolated page SharedArrayBuffer (so threads); WebKitGTK only with
+  // this JavaScriptCore option, which its web processes read from the environment.
+  const env = { ...process.env, DISPLAY: xvfb.display, JSC_useSharedArrayBuffer: '1' };
+  const driver = spawn(WEBKIT_DRIVER, [`--port=${port}`], { stdio: ['ignore', 'ignore', 'pipe'], env });
   let driverLog = '';
   driver.stderr.on('data', (chunk) => { driverLog = (driverLog + chunk).slice(-4000); });
   const call = async (method, path, body) => {

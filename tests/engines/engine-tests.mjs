@@ -95,7 +95,8 @@ export function engineTests({ launch, relaxed }) {
     const page = await shared.browser.open(`${(isolated ? shared.servers.isolated : shared.servers.plain).url}/tests/browser/harness.html`);
     const where = await page.run(async () => ({ isolated: crossOriginIsolated, sharedMemory: typeof SharedArrayBuffer === 'function' }));
     assert.equal(where.isolated, isolated);
-    // Threads need both; an engine may be isolated and still have no SharedArrayBuffer (WebKitGTK).
+    // Threads need both; an engine may be isolated and still have no SharedArrayBuffer (WebKitGTK
+    // without the option browsers.mjs sets).
     return { page, threadsPossible: where.isolated && where.sharedMemory };
   }
 
