@@ -4,9 +4,5 @@
 # puppeteer-core (an npm devDependency; no browser download).
 set -euo pipefail
 if [ ! -x "${FIREFOX_PATH:-/usr/bin/firefox-esr}" ]; then
-  echo "setup-firefox: installing firefox-esr with apt-get" >&2
-  sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  $sudo apt-get -o DPkg::Lock::Timeout=300 update -q  # waits up to 5 minutes for another apt's lock
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends firefox-esr
+  bash "$(dirname "$0")/apt-install.sh" setup-firefox firefox-esr
 fi

@@ -8,9 +8,5 @@ missing=()
 [ -x "${WEBKIT_DRIVER_PATH:-/usr/bin/WebKitWebDriver}" ] || missing+=(webkit2gtk-driver)
 command -v Xvfb >/dev/null 2>&1 || missing+=(xvfb)
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup-webkit: installing ${missing[*]} with apt-get" >&2
-  sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  $sudo apt-get -o DPkg::Lock::Timeout=300 update -q  # waits up to 5 minutes for another apt's lock
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends "${missing[@]}"
+  bash "$(dirname "$0")/apt-install.sh" setup-webkit "${missing[@]}"
 fi

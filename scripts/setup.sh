@@ -25,12 +25,7 @@ command -v make >/dev/null 2>&1 || need+=(make)
 [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
 [ -f /usr/include/simde/wasm/simd128.h ] || need+=(libsimde-dev)
 if [ ${#need[@]} -gt 0 ]; then
-  echo "setup: installing ${need[*]} with apt-get" >&2
-  sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo="sudo"
-  # Waits up to 5 minutes for another apt (a fresh machine's unattended-upgrades) to let go of its lock.
-  $sudo apt-get -o DPkg::Lock::Timeout=300 update -q
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends "${need[@]}"
+  bash scripts/apt-install.sh setup "${need[@]}"
 fi
 
 if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then

@@ -123,16 +123,8 @@ test('from another origin, the attention worker\'s script cannot be fetched: cre
   await context.route(`${cdn.url}/dist/worker-entry.js`, (route) => route.abort());
   await page.goto(`${ISOLATED}/tests/browser/harness.html`);
   const outcome = await page.evaluate(async (from) => {
-    const { createAttention, createAttentionWorker } = await import(`${from}/dist/index.js`);
-    const worker = await Promise.race([
-      createAttentionWorker().then(() => ({ started: true }), (error) => ({ name: error.constructor.name, message: error.message })),
-      new Promise((resolve) => setTimeout(() => resolve({ hung: true }), 20_000)),
-    ]);
-    const attn = await createAttention();
-    const x = { data: new Float32Array(16).fill(1), dims: [1, 1, 4, 4] };
-    const directWorks = attn.sdpa(x, x, x).output.data.every((value) => value === 1);
-    attn.dispose();
-    return { worker, directWorks };
+    const { workerLoadFailure } = await import('/tests/shared/worker-load-failure.mjs');
+    return workerLoadFailure(from);
   }, cdn.url);
   expect(outcome).toEqual({
     worker: { name: 'Error', message: expect.stringMatching(/^sdpa-wasm: the attention worker failed: .*worker-entry\.js/) },

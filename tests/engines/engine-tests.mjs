@@ -196,16 +196,8 @@ export function engineTests({ launch, relaxed }) {
       const { page } = await harness(true);
       try {
         const outcome = await page.run(async (env, from) => {
-          const { createAttention, createAttentionWorker } = await env.load(`${from}/dist/index.js`);
-          const worker = await Promise.race([
-            createAttentionWorker().then(() => ({ started: true }), (error) => ({ name: error.constructor.name, message: error.message })),
-            new Promise((resolve) => setTimeout(() => resolve({ hung: true }), 20_000)),
-          ]);
-          const attn = await createAttention();
-          const x = { data: new Float32Array(16).fill(1), dims: [1, 1, 4, 4] };
-          const directWorks = attn.sdpa(x, x, x).output.data.every((value) => value === 1);
-          attn.dispose();
-          return { worker, directWorks };
+          const { workerLoadFailure } = await env.load('/tests/shared/worker-load-failure.mjs');
+          return workerLoadFailure(from);
         }, broken.url);
         assert.equal(outcome.worker.name, 'Error', JSON.stringify(outcome));
         assert.match(outcome.worker.message, /^sdpa-wasm: the attention worker failed: \S/);
