@@ -1,4 +1,4 @@
-// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode] [-- --no-window] [-- --no-alibi] [-- --no-dropout] [-- --no-varlen] [-- --no-worker] [-- --no-browser] [-- --no-backward]
+// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode] [-- --no-window] [-- --no-alibi] [-- --no-dropout] [-- --no-varlen] [-- --no-worker] [-- --no-browser] [-- --no-engines] [-- --no-backward]
 //
 // Single-threaded forward attention, in one process, side by side:
 //   sdpa-wasm (this package), onnxruntime-web (wasm EP, 1 thread, best of three ONNX graphs),
@@ -37,7 +37,9 @@
 // on shape (a) and on one decode step from a float32 cache, 1 and 2 threads; under `worker`.
 // Then the backward section (backward.mjs, also runnable alone; --no-backward skips it):
 // sdpaBackward's GFLOP/s against the forward's and tfjs-wasm's, (h) in O(N) memory; under
-// `backward`. Last, the browser section (browser.mjs; --no-browser skips it).
+// `backward`. Then the browser section (browser.mjs; --no-browser skips it): Chromium against
+// Node; last the other engines (engines.mjs; --no-engines skips it): Firefox and WebKit against
+// Node, under `engines`.
 // Output: tables on stdout and JSON (bench/results/latest.json, or --json PATH).
 import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -50,6 +52,7 @@ import { createRemotePeer } from './peers/remote.mjs';
 import { checkPassed, compare, makeInputs, referenceRows, relativeError, RELATIVE_TOLERANCE } from './reference.mjs';
 import { SHAPES, bytes, describe, flops, isDecode, usefulFlops } from './shapes.mjs';
 import { runBrowserBench } from './browser.mjs';
+import { runEnginesBench } from './engines.mjs';
 import { runWorkerBench } from './worker.mjs';
 import { runWindowBench } from './window.mjs';
 import { runAlibiBench } from './alibi.mjs';
@@ -71,6 +74,7 @@ const withDropout = !argv.includes('--no-dropout');
 const withVarlen = !argv.includes('--no-varlen');
 const withBackward = !argv.includes('--no-backward');
 const withBrowser = !argv.includes('--no-browser');
+const withEngines = !argv.includes('--no-engines');
 
 const settings = quick
   ? { warmSeconds: 0.2, minRuns: 5, minSeconds: 0.2, maxRunSeconds: 3, budgetSeconds: 8 }
@@ -741,6 +745,8 @@ const worker = await section(withWorker, 'worker', () => runWorkerBench({ quick 
 const backward = await section(withBackward, 'backward', () => runBackwardBenchInChild({ quick }));
 // The browser section: the same calls in Chromium and in this Node, both builds.
 const browser = await section(withBrowser, 'browser', () => runBrowserBench({ quick }));
+// The other engines: the same calls in Firefox and WebKit and in this Node.
+const engines = await section(withEngines, 'engines', () => runEnginesBench({ quick }));
 
 // `rows` keeps the earlier format (sdpa-wasm only) for anything that reads it.
 const rows = results.filter((e) => e.peers['sdpa-wasm']?.status === 'ok').map((e) => {
@@ -757,6 +763,6 @@ writeFileSync(jsonPath, JSON.stringify({
   threads: 1, oneThreadTargets, twoThreadShapes: twoThreadResults.map((e) => e.id), twoThreadTargets: TWO_THREAD_TARGETS,
   quick, settings, totalSeconds, limits,
   peers: peers.map((p) => ({ name: p.name, version: p.version, threads: p.threads, config: p.config, build: p.build, remote: p.remote, failed: p.failed })),
-  shapes: results, rows, decode, window: slidingWindow, alibi, dropout, varlen, worker, backward, browser,
+  shapes: results, rows, decode, window: slidingWindow, alibi, dropout, varlen, worker, backward, browser, engines,
 }, (k, v) => (typeof v === 'number' && !Number.isFinite(v) ? String(v) : v), 2));
 console.log(`results: ${jsonPath}`);

@@ -31,34 +31,34 @@ import { checkPassed, compare, referenceRows, relativeError } from './reference.
 import { describe, SHAPES } from './shapes.mjs';
 
 const ROOT = fileURLToPath(new URL('..', import.meta.url));
-const SHAPE_IDS = ['b', 'c', 'e', 'd'];
-const BUILDS = [['relaxed-simd', true], ['simd128', false]];
+export const SHAPE_IDS = ['b', 'c', 'e', 'd'];
+export const BUILDS = [['relaxed-simd', true], ['simd128', false]];
 /** Chromium may be at most this much slower than Node for the same build (the issue's target). */
 const BROWSER_VS_NODE_TARGET = 1.10;
 /** The cache decodes timed in both: (d)'s MHA cache and the GQA one at 8192 positions (decode.mjs). */
-const DECODE_CASES = [['MHA', 4096], ['GQA', 8192]].flatMap(([kind, context]) => {
+export const DECODE_CASES = [['MHA', 4096], ['GQA', 8192]].flatMap(([kind, context]) => {
   const shape = DECODE_SHAPES.find((s) => s.kind === kind);
   if (!shape.contexts.includes(context)) throw new Error(`decode.mjs has no ${kind} context ${context}`);
   return ['float32', 'float16'].map((dtype) => ({ kind, B: shape.B, Hq: shape.Hq, Hkv: shape.Hkv, E: shape.E, context, dtype, seed: 8 }));
 });
 
-const median = (xs) => {
+export const median = (xs) => {
   const s = [...xs].sort((a, b) => a - b);
   return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 };
 
 /** The shape's seeded Q, K, V (the page builds the same from the same seeds). */
-const inputs = (s) => ({
+export const inputs = (s) => ({
   q: noiseTensor([s.B, s.H, s.Lq, s.E], 7, 1), k: noiseTensor([s.B, s.Hkv, s.Lk, s.E], 7, 2), v: noiseTensor([s.B, s.Hkv, s.Lk, s.E], 7, 3),
 });
 
 /** A decode case's seeded cache contents and query (the page's setCache builds the same). */
-const decodeInputs = (c) => ({
+export const decodeInputs = (c) => ({
   k: noiseTensor([c.B, c.Hkv, c.context, c.E], c.seed, 1), v: noiseTensor([c.B, c.Hkv, c.context, c.E], c.seed, 2),
   q: noiseTensor([c.B, c.Hq, 1, c.E], c.seed, 3),
 });
 
-function bitsEqual(a, b) {
+export function bitsEqual(a, b) {
   if (a.length !== b.length) return false;
   const x = new Uint32Array(a.buffer, a.byteOffset, a.length), y = new Uint32Array(b.buffer, b.byteOffset, b.length);
   for (let i = 0; i < x.length; i++) if (x[i] !== y[i]) return false;
@@ -166,7 +166,7 @@ export async function runBrowserBench({ quick = false, log = console.log } = {})
 }
 
 /** Runs f() and returns its wall time in ms. */
-function timed(f) {
+export function timed(f) {
   const t0 = performance.now();
   f();
   return performance.now() - t0;
@@ -176,7 +176,7 @@ function timed(f) {
  * Medians of `runNode` and `runPage` timed alternately, round by round (after warm-up), so that
  * both see the same phases of the machine.
  */
-async function alternate(runNode, runPage, settings) {
+export async function alternate(runNode, runPage, settings) {
   for (let w = 0; w < settings.warmups; w++) { runNode(); await runPage(); }
   const times = { node: [], chromium: [] };
   const start = performance.now();
