@@ -94,8 +94,11 @@ function startXvfb() {
   });
 }
 
-/** WebKitGTK's MiniBrowser, one window (each open() navigates it). */
-export async function launchWebKit() {
+/**
+ * WebKitGTK's MiniBrowser, one window (each open() navigates it). `env`: more environment for
+ * the browser's processes (e.g. JavaScriptCore's JSC_* options).
+ */
+export async function launchWebKit({ env: extraEnv = {} } = {}) {
   for (const path of [WEBKIT_DRIVER, MINIBROWSER]) {
     if (!existsSync(path)) throw new Error(`${path} is missing: bash scripts/setup-webkit.sh installs webkit2gtk-driver and Xvfb`);
   }
@@ -103,7 +106,7 @@ export async function launchWebKit() {
   const port = await freePort();
   // Safari gives a cross-origin isolated page SharedArrayBuffer (so threads); WebKitGTK only with
   // this JavaScriptCore option, which its web processes read from the environment.
-  const env = { ...process.env, DISPLAY: xvfb.display, JSC_useSharedArrayBuffer: '1' };
+  const env = { ...process.env, DISPLAY: xvfb.display, JSC_useSharedArrayBuffer: '1', ...extraEnv };
   const driver = spawn(WEBKIT_DRIVER, [`--port=${port}`], { stdio: ['ignore', 'ignore', 'pipe'], env });
   let driverLog = '';
   driver.stderr.on('data', (chunk) => { driverLog = (driverLog + chunk).slice(-4000); });
