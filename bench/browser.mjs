@@ -138,8 +138,8 @@ export async function runBrowserBench({ quick = false, log = console.log } = {})
         // And Node's output (so Chromium's) against the float64 reference.
         const check = compare(s, ref, out);
         const runNode = () => timed(() => node[isa].sdpa(x.q, x.k, x.v, { isCausal: s.causal, out }));
-        const timing = await alternate(runNode, () => page.evaluate((b) => window.__bench.run(b), isa), settings);
-        const row = { shape: s.id, describe: describe(s), isa, sameBits, relativeError: relativeError(check), correct: checkPassed(check), ...timing };
+        const { runs, nodeMs, pageMs } = await alternate(runNode, () => page.evaluate((b) => window.__bench.run(b), isa), settings);
+        const row = { shape: s.id, describe: describe(s), isa, sameBits, relativeError: relativeError(check), correct: checkPassed(check), runs, nodeMs, chromiumMs: pageMs };
         row.chromiumVsNode = row.chromiumMs / row.nodeMs;
         row.met = sameBits && row.correct && row.chromiumVsNode <= BROWSER_VS_NODE_TARGET;
         rows.push(row);
@@ -178,14 +178,14 @@ export function timed(f) {
  */
 export async function alternate(runNode, runPage, settings) {
   for (let w = 0; w < settings.warmups; w++) { runNode(); await runPage(); }
-  const times = { node: [], chromium: [] };
+  const times = { node: [], page: [] };
   const start = performance.now();
   while (times.node.length < settings.minRuns || performance.now() - start < settings.minSeconds * 1000) {
     times.node.push(runNode());
-    times.chromium.push(await runPage());
+    times.page.push(await runPage());
     if (times.node.length >= 200) break;
   }
-  return { runs: times.node.length, nodeMs: median(times.node), chromiumMs: median(times.chromium) };
+  return { runs: times.node.length, nodeMs: median(times.node), pageMs: median(times.page) };
 }
 
 /**
@@ -261,9 +261,9 @@ async function cacheDecodeRows(browser, settings, log) {
               return Array.from(window.__decode.out);
             }));
             const sameBits = bitsEqual(fromPage, out);
-            const timing = await alternate(runNode, () => page.evaluate(() => window.__decode.step()), settings);
+            const { runs, nodeMs, pageMs } = await alternate(runNode, () => page.evaluate(() => window.__decode.step()), settings);
             const label = `${c.kind} ${c.context} ${c.dtype}`;
-            const row = { ...c, label, isa, threads, cacheBytes: cache.byteLength, sameBits, ...timing };
+            const row = { ...c, label, isa, threads, cacheBytes: cache.byteLength, sameBits, runs, nodeMs, chromiumMs: pageMs };
             row.chromiumVsNode = row.chromiumMs / row.nodeMs;
             row.met = sameBits && row.chromiumVsNode <= BROWSER_VS_NODE_TARGET;
             rows.push(row);

@@ -136,7 +136,7 @@ export async function runEnginesBench({ quick = false, log = console.log } = {})
             const timing = await alternate(() => timed(() => node[key].sdpa(x.q, x.k, x.v, { isCausal: s.causal, out })),
               () => page.run(pageRunShape, key), settings);
             const row = { kind: 'prefill', label: `(${s.id}) ${describe(s)}`, shape: s.id, isa, threads: 1, sameBits,
-              runs: timing.runs, nodeMs: timing.nodeMs, pageMs: timing.chromiumMs, pageVsNode: timing.chromiumMs / timing.nodeMs };
+              ...timing, pageVsNode: timing.pageMs / timing.nodeMs };
             rows.push(row);
             log(`  ${name.padEnd(7)} ${row.label.padEnd(34)} ${isa.padEnd(13)} 1t  Node ${row.nodeMs.toFixed(2).padStart(8)} ms  ` +
               `${name} ${row.pageMs.toFixed(2).padStart(8)} ms  ÷ Node ${row.pageVsNode.toFixed(2)}×  (${row.runs} runs each${sameBits ? ', outputs bitwise equal' : ', OUTPUTS DIFFER'})`);
@@ -156,7 +156,7 @@ export async function runEnginesBench({ quick = false, log = console.log } = {})
                 const sameBits = pageHash === bitsHash(out);
                 const timing = await alternate(() => timed(() => cache.attend(x.q, { out })), () => page.run(pageStep), settings);
                 const row = { kind: 'decode', label: `${c.kind} ${c.context} ${c.dtype}`, isa, threads, cacheBytes: cache.byteLength, sameBits,
-                  runs: timing.runs, nodeMs: timing.nodeMs, pageMs: timing.chromiumMs, pageVsNode: timing.chromiumMs / timing.nodeMs };
+                  ...timing, pageVsNode: timing.pageMs / timing.nodeMs };
                 rows.push(row);
                 log(`  ${name.padEnd(7)} decode ${row.label.padEnd(27)} ${isa.padEnd(13)} ${threads}t  Node ${row.nodeMs.toFixed(2).padStart(8)} ms  ` +
                   `${name} ${row.pageMs.toFixed(2).padStart(8)} ms  ÷ Node ${row.pageVsNode.toFixed(2)}×  (${row.runs} runs each${sameBits ? ', outputs bitwise equal' : ', OUTPUTS DIFFER'})`);
