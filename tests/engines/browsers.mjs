@@ -1,7 +1,8 @@
 // The browsers the engine tests drive, behind one small interface:
 //   const browser = await launchFirefox() or launchWebKit();
 //   const page = await browser.open(url);   // a page at url
-//   await page.run(fn, ...args);             // fn(env, ...args) in the page (page-cases.mjs)
+//   await page.run(fn, ...args);             // fn(env, ...args) in the page (page-cases.mjs); past
+//                                            // PAGE_CALL_LIMIT it throws, saying where the page was
 //   page.errors                              // uncaught errors the page reported (Firefox)
 //   await page.close(); await browser.close();
 // Firefox: Debian's firefox-esr through WebDriver BiDi (puppeteer-core). WebKit: WebKitGTK's
@@ -13,7 +14,28 @@ import { existsSync, readdirSync } from 'node:fs';
 import { createServer } from 'node:net';
 import puppeteer from 'puppeteer-core';
 
-export const TIMEOUT = 600_000;  // a call into a page; a hung page fails its test, not the run
+export const TIMEOUT = 600_000;  // a test; a hung page fails its test, not the run
+/**
+ * A call into a page that has not answered by then throws, with the step the page's functions
+ * last reported (globalThis.__pageProgress, set by page-cases.mjs) where the browser can still be
+ * asked (Firefox; classic WebDriver runs one command at a time). The slowest call takes about 20 s.
+ */
+export const PAGE_CALL_LIMIT = 300_000;
+
+/** `call()`'s result, or past PAGE_CALL_LIMIT an Error naming `what` and the page's last step. */
+async function guarded(what, call, progress) {
+  const late = Symbol('late');
+  let timer;
+  const limit = new Promise((resolve) => { timer = setTimeout(() => resolve(late), PAGE_CALL_LIMIT); });
+  try {
+    const outcome = await Promise.race([call(), limit]);
+    if (outcome !== late) return outcome;
+  } finally {
+    clearTimeout(timer);
+  }
+  const where = await Promise.race([progress(), new Promise((resolve) => setTimeout(() => resolve('(no answer)'), 10_000))]).catch(String);
+  throw new Error(`${what}: no answer from the page in ${PAGE_CALL_LIMIT / 1000} s; its last step: ${where}`);
+}
 
 export const FIREFOX = process.env.FIREFOX_PATH ?? '/usr/bin/firefox-esr';
 export const WEBKIT_DRIVER = process.env.WEBKIT_DRIVER_PATH ?? '/usr/bin/WebKitWebDriver';
@@ -57,7 +79,12 @@ export async function launchFirefox({ prefs } = {}) {
       page.on('pageerror', (error) => errors.push(`pageerror: ${error.message}`));
       page.on('console', (message) => { if (message.type() === 'error') errors.push(`console: ${message.text()}`); });
       await page.goto(url);
-      return { errors, run: (fn, ...args) => page.evaluate(inPage, fn.toString(), args), close: () => page.close() };
+      const progress = () => page.evaluate(() => String(globalThis.__pageProgress ?? '(none reported)'));
+      return {
+        errors,
+        run: (fn, ...args) => guarded(fn.name || 'a page function', () => page.evaluate(inPage, fn.toString(), args), progress),
+        close: () => page.close(),
+      };
     },
     close: () => browser.close(),
   };
@@ -141,11 +168,11 @@ export async function launchWebKit({ env: extraEnv = {} } = {}) {
         return {
           errors: [],  // classic WebDriver reports no page errors; failures come back through run()
           async run(fn, ...args) {
-            const result = await call('POST', `/session/${id}/execute/async`, {
+            const result = await guarded(fn.name || 'a page function', () => call('POST', `/session/${id}/execute/async`, {
               script: `const done = arguments[arguments.length - 1];
                 (${inPage})(arguments[0], arguments[1]).then((value) => done({ value }), (error) => done({ error: String(error) + (error && error.stack ? '\\n' + error.stack : '') }));`,
               args: [fn.toString(), args],
-            });
+            }), async () => 'not available (WebDriver runs one command at a time)');
             if ('error' in result) throw new Error(`in the page: ${result.error}`);
             return result.value;
           },

@@ -1,7 +1,8 @@
 // What the engine tests run, in Node (this process) or in a page: each function is
 // self-contained, since its source is sent into the page (browsers.mjs, `page.run`). The first
 // argument, `env`, gives `load(path)`, which imports a module by its path from the repository's
-// root (or a full URL), and `io`, which reads the ONNX conformance files.
+// root (or a full URL), and `io`, which reads the ONNX conformance files. Each reports its
+// steps in globalThis.__pageProgress, which the tests read when a page stops answering.
 
 /**
  * The correctness cases of tests/shared on one instance (and runLimitedCases' own): the 76 ONNX
@@ -17,9 +18,11 @@ export async function runAllCases(env, relaxedSimd, threads) {
   const { runLimitedCases } = await env.load('/tests/shared/limited-cases.mjs');
   const { runCacheCases } = await env.load('/tests/shared/kv-cache-cases.mjs');
   const options = { relaxedSimd, ...(threads === undefined ? {} : { threads }) };
+  globalThis.__pageProgress = 'runAllCases: createAttention';
   const attn = await createAttention(options);
   const sets = {};
   try {
+    globalThis.__pageProgress = 'runAllCases: the ONNX cases';
     const index = await onnx.loadIndex(env.io);
     sets.onnx = [];
     for (const entry of index.cases) {
@@ -31,10 +34,15 @@ export async function runAllCases(env, relaxedSimd, threads) {
       }
     }
     const keep = (cases) => cases.map((c) => ({ name: c.name, ok: c.ok, hash: c.hash, detail: JSON.stringify(c) }));
+    globalThis.__pageProgress = 'runAllCases: the reference cases';
     sets.reference = keep(await runReferenceCases(attn));
+    globalThis.__pageProgress = 'runAllCases: the backward cases';
     sets.backward = keep(await runBackwardCases(attn));
+    globalThis.__pageProgress = 'runAllCases: the varlen cases';
     sets.varlen = keep(await runVarlenCases(attn));
+    globalThis.__pageProgress = 'runAllCases: the KV-cache cases';
     sets.cache = keep(await runCacheCases(attn));
+    globalThis.__pageProgress = 'runAllCases: the past-the-limit cases';
     sets.limited = (await runLimitedCases(createAttention, options)).map((c) => ({
       name: c.name, ok: c.same && c.withinLimit && c.limited, hash: c.hash, detail: JSON.stringify(c),
     }));
@@ -54,17 +62,25 @@ export async function runWorkerCases(env, from) {
   const { createAttention, createAttentionWorker } = await env.load(`${from}/dist/index.js`);
   const { runReferenceCases } = await env.load('/tests/shared/reference-cases.mjs');
   const { runCacheCases } = await env.load('/tests/shared/kv-cache-cases.mjs');
-  const run = async (instance) => [...await runReferenceCases(instance), ...await runCacheCases(instance)];
+  const run = async (instance, what) => {
+    globalThis.__pageProgress = `runWorkerCases: ${what}, the reference cases`;
+    const reference = await runReferenceCases(instance);
+    globalThis.__pageProgress = `runWorkerCases: ${what}, the KV-cache cases`;
+    return [...reference, ...await runCacheCases(instance)];
+  };
+  globalThis.__pageProgress = 'runWorkerCases: createAttentionWorker';
   const worker = await createAttentionWorker();
   let viaWorker;
   try {
-    viaWorker = { cases: await run(worker), threads: worker.threads, isa: worker.isa };
+    viaWorker = { cases: await run(worker, 'the worker'), threads: worker.threads, isa: worker.isa };
   } finally {
+    globalThis.__pageProgress = 'runWorkerCases: the worker\'s dispose()';
     await worker.dispose();
   }
+  globalThis.__pageProgress = 'runWorkerCases: createAttention';
   const attn = await createAttention();
   try {
-    const direct = await run(attn);
+    const direct = await run(attn, 'the direct API');
     return {
       threads: viaWorker.threads, isa: viaWorker.isa, directThreads: attn.threads,
       failed: [...viaWorker.cases, ...direct].filter((c) => !c.ok).map((c) => c.name),
