@@ -98,7 +98,7 @@ export function engineTests({ launch, relaxed }) {
     // Every engine here gives an isolated page SharedArrayBuffer (WebKitGTK through the option
     // browsers.mjs sets, as Safari does by default), so threads are possible exactly there.
     if (isolated) assert.equal(where.sharedMemory, true, 'SharedArrayBuffer on the isolated page');
-    return { page, threadsPossible: isolated };
+    return page;
   }
 
   describe('the correctness cases', () => {
@@ -108,12 +108,12 @@ export function engineTests({ launch, relaxed }) {
       for (const isolated of [true, false]) {
         const label = `relaxedSimd: ${relaxedSimd}, ${isolated ? 'cross-origin isolated' : 'not isolated'}`;
         it(`${label}: the ${isa} build; the ONNX, reference, backward, varlen, sliced and KV-cache cases pass`, { timeout: TIMEOUT }, async () => {
-          const { page, threadsPossible } = await harness(isolated);
+          const page = await harness(isolated);
           try {
             const result = await page.run(runAllCases, relaxedSimd);
             results[`${relaxedSimd} ${isolated}`] = result;
             assert.equal(result.isa, isa);
-            if (threadsPossible) assert.ok(result.threads > 1, `threads where the page can have them: got ${result.threads}`);
+            if (isolated) assert.ok(result.threads > 1, `threads on the isolated page: got ${result.threads}`);
             else assert.equal(result.threads, 1);
             assertAllPass(result, `${shared.browser.name}, ${label}`);
             assert.deepEqual(page.errors, []);
@@ -148,7 +148,7 @@ export function engineTests({ launch, relaxed }) {
       assert.ok(expected.outcomes.length >= 100, `${expected.outcomes.length} error cases`);
       assert.deepEqual(expected.outcomes.filter(([, , , matches]) => !matches), [], 'Node: each case\'s class and message');
       assert.equal(expected.stillWorks, true);
-      const { page } = await harness(false);
+      const page = await harness(false);
       try {
         const got = await page.run(errorOutcomes);
         assert.deepEqual(got.outcomes, expected.outcomes);
@@ -166,13 +166,13 @@ export function engineTests({ launch, relaxed }) {
       for (const fromCdn of [false, true]) {
         const label = `${isolated ? 'cross-origin isolated' : 'not isolated'}, the package from ${fromCdn ? 'another origin' : 'the page\'s'}`;
         it(`${label}: the worker gives the direct API's bits`, { timeout: TIMEOUT }, async () => {
-          const { page, threadsPossible } = await harness(isolated);
+          const page = await harness(isolated);
           try {
             const from = fromCdn ? shared.servers.cdn.url : '';
             const result = await page.run(runWorkerCases, from);
             assert.deepEqual(result.failed, []);
             assert.equal(result.isa, relaxed ? 'relaxed-simd' : 'simd128');
-            if (threadsPossible) assert.ok(result.threads > 1 && result.directThreads > 1, `threads ${result.threads}, ${result.directThreads}`);
+            if (isolated) assert.ok(result.threads > 1 && result.directThreads > 1, `threads ${result.threads}, ${result.directThreads}`);
             else assert.deepEqual([result.threads, result.directThreads], [1, 1]);
             assert.deepEqual(result.worker, result.direct);
             assert.deepEqual(page.errors, []);
@@ -194,7 +194,7 @@ export function engineTests({ launch, relaxed }) {
       cpSync(join(ROOT, 'dist'), join(root, 'dist'), { recursive: true });
       rmSync(join(root, 'dist', 'worker-entry.js'));
       const broken = await startServer(root, { isolation: false, cdn: true });
-      const { page } = await harness(true);
+      const page = await harness(true);
       try {
         const outcome = await page.run(async (env, from) => {
           const { workerLoadFailure } = await env.load('/tests/shared/worker-load-failure.mjs');
