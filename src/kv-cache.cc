@@ -3,13 +3,12 @@
 
 #include <cstring>
 
+#include "math/bf16-f32-cvt-wasmsimd.h"
 #include "math/f16-f32-cvt-wasmsimd.h"
 #include "simd/copy-bytes.h"
 
 namespace sdpa {
 namespace {
-
-bool known(KvType type) { return type == KvType::kFloat32 || is_half(type); }
 
 // float32 -> float16, 8 then 4 lanes at a time (f32x4_to_f16_bits: the same halves as
 // f32_to_f16, which does the last dim % 4).
@@ -35,24 +34,57 @@ void widen_row(float* to, const uint16_t* from, int32_t dim, const F16Constants&
   for (; d < dim; d++) to[d] = f16_to_f32(from[d]);
 }
 
+// float32 -> bfloat16, 8 at a time (f32x8_store_as_bf16: the same as f32_to_bf16, which does
+// the last dim % 8).
+void narrow_row_to_bf16(uint16_t* to, const float* from, int32_t dim, const F32ToBF16Constants& c) {
+  int32_t d = 0;
+  for (; d + 8 <= dim; d += 8) f32x8_store_as_bf16(to + d, from + d, c);
+  for (; d < dim; d++) to[d] = f32_to_bf16(from[d]);
+}
+
+// bfloat16 -> float32, exact.
+void widen_bf16_row(float* to, const uint16_t* from, int32_t dim) {
+  int32_t d = 0;
+  for (; d + 4 <= dim; d += 4) wasm_v128_store(to + d, bf16x4_load_as_f32(from + d));
+  for (; d < dim; d++) to[d] = bf16_to_f32(from[d]);
+}
+
 // The conversions' constants, made once per copy_rows call.
 struct RowConverters {
   F32ToF16Constants narrow = make_f32_to_f16_constants();
   F16Constants widen = make_f16_constants();
+  F32ToBF16Constants narrow_bf16 = make_f32_to_bf16_constants();
 };
 
-// One row of `dim` elements.
+// The element kinds copy_row tells apart: the two kinds of halves are one format.
+enum class Format { kFloat32, kHalf, kBFloat16 };
+Format format_of(KvType type) {
+  return is_half(type) ? Format::kHalf : type == KvType::kBFloat16 ? Format::kBFloat16 : Format::kFloat32;
+}
+
+// Whether copy_row converts between these (float32 to and from either 16-bit format; a format
+// to itself copies the bits; halves and bfloat16 do not convert into each other).
+bool convertible(KvType dst, KvType src) {
+  return format_of(dst) == format_of(src) || format_of(dst) == Format::kFloat32 || format_of(src) == Format::kFloat32;
+}
+
+// One row of `dim` elements (convertible types).
 void copy_row(void* dst, KvType dst_type, const void* src, KvType src_type, int32_t dim, const RowConverters& c) {
-  if (is_half(dst_type) == is_half(src_type)) {
-    copy_bytes(dst, src, static_cast<size_t>(dim) * (is_half(dst_type) ? 2 : 4));
-  } else if (is_half(dst_type)) {
+  const Format to = format_of(dst_type), from = format_of(src_type);
+  if (to == from) {
+    copy_bytes(dst, src, static_cast<size_t>(dim) * (to == Format::kFloat32 ? 4 : 2));
+  } else if (to == Format::kHalf) {
     narrow_row(static_cast<uint16_t*>(dst), static_cast<const float*>(src), dim, c.narrow);
-  } else {
+  } else if (to == Format::kBFloat16) {
+    narrow_row_to_bf16(static_cast<uint16_t*>(dst), static_cast<const float*>(src), dim, c.narrow_bf16);
+  } else if (from == Format::kHalf) {
     widen_row(static_cast<float*>(dst), static_cast<const uint16_t*>(src), dim, c.widen);
+  } else {
+    widen_bf16_row(static_cast<float*>(dst), static_cast<const uint16_t*>(src), dim);
   }
 }
 
-int64_t element_bytes(KvType type) { return is_half(type) ? 2 : 4; }
+int64_t element_bytes(KvType type) { return is_16_bit(type) ? 2 : 4; }
 
 }  // namespace
 
@@ -60,7 +92,7 @@ Status copy_rows(const RowBlock& dst, const RowBlock& src, int32_t batch, int32_
                  int32_t dim) {
   if (batch < 0 || heads < 0 || rows < 0 || dim < 1) return Status::kBadShape;
   if (dst.data == nullptr || src.data == nullptr) return Status::kNullPointer;
-  if (!known(dst.type) || !known(src.type)) return Status::kBadKvType;
+  if (!is_known(dst.type) || !is_known(src.type) || !convertible(dst.type, src.type)) return Status::kBadKvType;
   const int64_t strides[] = {dst.stride_b, dst.stride_h, dst.stride_l, src.stride_b, src.stride_h, src.stride_l};
   for (int64_t stride : strides) {
     if (stride < 0) return Status::kBadStride;

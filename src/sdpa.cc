@@ -66,7 +66,7 @@ Status validate(const Problem& p) {
   for (int64_t stride : strides) {
     if (stride < 0) return Status::kBadStride;
   }
-  if (p.kv_type != KvType::kFloat32 && !is_half(p.kv_type)) return Status::kBadKvType;
+  if (!is_known(p.kv_type)) return Status::kBadKvType;
   if (p.mask_kind != MaskKind::kNone && p.mask_kind != MaskKind::kFloat && p.mask_kind != MaskKind::kBool) {
     return Status::kBadMaskKind;
   }
@@ -401,7 +401,7 @@ Status check_segmentable(const Problem& p) {
   const Status status = validate(p);
   if (status != Status::kOk) return status;
   if (p.batch != 1 || p.kv_heads != 1 || p.weights != nullptr || !plan_work(p, 1).in_place ||
-      (is_half(p.kv_type) && p.read_kv_in_order)) {
+      (is_16_bit(p.kv_type) && p.read_kv_in_order)) {
     return Status::kBadSegment;
   }
   return Status::kOk;

@@ -9,9 +9,10 @@
 //   mask (optional), broadcast to [B, Hq, Lq, Lk] through zero strides
 // Hq % Hkv == 0; query head h reads KV head h / (Hq / Hkv) (grouped-query attention).
 //
-// Key and value elements are float32, or IEEE float16 (binary16) for the float16 KV cache
-// (kv_type): the kernel widens halves to float32 as it reads them (src/math/f16-f32-cvt-wasmsimd.h),
-// so a float16 problem is the float32 problem on the halves' exact values.
+// Key and value elements are float32, or IEEE float16 (binary16) or bfloat16 for the 16-bit KV
+// caches (kv_type): the kernel widens them to float32 as it reads them
+// (src/math/f16-f32-cvt-wasmsimd.h, src/math/bf16-f32-cvt-wasmsimd.h), so a 16-bit problem is
+// the float32 problem on the elements' exact values.
 //
 // All strides are in ELEMENTS (not bytes). The innermost axis of query, key, value and
 // output (E or Ev) is contiguous; the others have explicit strides, so both the
@@ -50,9 +51,14 @@ enum class MaskKind : int32_t { kNone = 0, kFloat = 1, kBool = 2 };
 // kFloat16Finite: IEEE halves known to hold no exponent-31 pattern (no Inf, no NaN), which the
 // kernel widens with half the instructions (a KV cache knows what it stored; the results are
 // the same bits as kFloat16 on such data).
-enum class KvType : int32_t { kFloat32 = 0, kFloat16 = 1, kFloat16Finite = 2 };
+// kBFloat16: bfloat16, the upper 16 bits of a float32 (every pattern widens exactly with a shift).
+enum class KvType : int32_t { kFloat32 = 0, kFloat16 = 1, kFloat16Finite = 2, kBFloat16 = 3 };
 
+// IEEE halves (either kind).
 inline bool is_half(KvType type) { return type == KvType::kFloat16 || type == KvType::kFloat16Finite; }
+// Stored in 16 bits (uint16_t elements): halves or bfloat16.
+inline bool is_16_bit(KvType type) { return is_half(type) || type == KvType::kBFloat16; }
+inline bool is_known(KvType type) { return type == KvType::kFloat32 || is_16_bit(type); }
 
 // One attention problem. Pointers are not owned. Inputs are never written.
 struct Problem {
@@ -67,7 +73,7 @@ struct Problem {
   const float* query = nullptr;
   int64_t q_stride_b = 0, q_stride_h = 0, q_stride_l = 0;
   KvType kv_type = KvType::kFloat32;
-  const void* key = nullptr;  // float (kFloat32) or uint16_t halves (kFloat16, kFloat16Finite)
+  const void* key = nullptr;  // float (kFloat32) or uint16_t (halves: kFloat16, kFloat16Finite; kBFloat16)
   int64_t k_stride_b = 0, k_stride_h = 0, k_stride_l = 0;
   const void* value = nullptr;  // like key
   int64_t v_stride_b = 0, v_stride_h = 0, v_stride_l = 0;

@@ -25,7 +25,7 @@ namespace {
 // writes it with one store at the offset argument_layout() reports (see there).
 struct ProblemDesc {
   int32_t batch, qHeads, kvHeads, qLen, kvLen, headDim, valueDim;
-  int32_t kvType;  // sdpa::KvType: 0 float32, 1 float16, 2 float16 without Inf/NaN halves
+  int32_t kvType;  // sdpa::KvType: 0 float32, 1 float16, 2 float16 without Inf/NaN halves, 3 bfloat16
   uint32_t query, key, value, output, weights, mask, causalOffsets, keyLengths;
   uint32_t logsumexp;  // sdpa::Problem::logsumexp: [B, Hq, Lq] written by forward(), 0 for none
   uint32_t keyStarts;  // sdpa::Problem::key_starts: [B], 0 for none
@@ -348,7 +348,7 @@ class SegmentStream {
 
 // KV cache writes (src/kv-cache.h): rows [B, H, L, D] from `src` into `dst`, both with
 // element strides; types are sdpa::KvType values (0 float32, 1 float16, 2 float16 known to
-// hold no Inf or NaN).
+// hold no Inf or NaN, 3 bfloat16).
 int32_t copy_rows(uint32_t dst, int32_t dst_type, double dst_b, double dst_h, double dst_l, uint32_t src,
                   int32_t src_type, double src_b, double src_h, double src_l, int32_t batch, int32_t heads,
                   int32_t rows, int32_t dim) {

@@ -18,9 +18,19 @@ double half_value(uint16_t h) {
   return sign * std::ldexp(1.0 + m / 1024.0, e - 15);
 }
 
+// A bfloat16's value from the format's definition: the float32 whose upper 16 bits it is.
+double bfloat16_value(uint16_t b) {
+  const double sign = (b & 0x8000) != 0 ? -1.0 : 1.0;
+  const int e = (b >> 7) & 0xFF, m = b & 0x7F;
+  if (e == 0xFF) return m == 0 ? sign * std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN();
+  if (e == 0) return sign * std::ldexp(m, -133);  // subnormal: m·2^-7·2^-126
+  return sign * std::ldexp(1.0 + m / 128.0, e - 127);
+}
+
 // Element `at` of a key or value tensor of the problem's kv_type.
 double kv_element(const Problem& p, const void* base, int64_t at) {
   if (is_half(p.kv_type)) return half_value(static_cast<const uint16_t*>(base)[at]);
+  if (p.kv_type == KvType::kBFloat16) return bfloat16_value(static_cast<const uint16_t*>(base)[at]);
   return static_cast<const float*>(base)[at];
 }
 

@@ -1,4 +1,4 @@
-// The float16 KV cache, natively:
+// The float16 KV cache (and the kernel's and copy_rows' bfloat16 storage, section 4), natively:
 //   1. the half <-> float conversions (src/math/f16-f32-cvt-wasmsimd.h) against definitions
 //      written here from the IEEE 754 binary16 format, independently of the header;
 //   2. the kernel reading float16 K/V (Problem::kv_type = kFloat16) in the cache's storage
@@ -18,10 +18,12 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "kv-cache.h"
+#include "math/bf16-f32-cvt-wasmsimd.h"
 #include "math/f16-f32-cvt-wasmsimd.h"
 #include "parallel/thread-pool.h"
 #include "reference/sdpa-reference.h"
@@ -38,6 +40,8 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr uint16_t kHalfNaN = 0x7E00;      // the quiet NaN written into padding
 constexpr uint16_t kHalfMax = 0x7BFF;      // 65504, the largest finite half
 constexpr uint16_t kHalfNegInf = 0xFC00;
+constexpr uint16_t kBFloat16NaN = 0x7FC0;
+constexpr uint16_t kBFloat16NegInf = 0xFF80;
 constexpr int kFiniteHalves = 2 * 31744;   // 63488: e < 31, either sign (with ±0)
 
 uint32_t bits_of(float f) {
@@ -59,6 +63,11 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 bool is_nan_half(uint16_t h) { return (h & 0x7C00) == 0x7C00 && (h & 0x3FF) != 0; }
+
+// A 16-bit K/V element of `type` (kFloat16 or kBFloat16): NaN, -Inf, its float32 value.
+uint16_t nan_element(KvType type) { return type == KvType::kBFloat16 ? kBFloat16NaN : kHalfNaN; }
+uint16_t neg_inf_element(KvType type) { return type == KvType::kBFloat16 ? kBFloat16NegInf : kHalfNegInf; }
+float widened(KvType type, uint16_t e) { return type == KvType::kBFloat16 ? bf16_to_f32(e) : f16_to_f32(e); }
 
 // The value of a half straight from the format (sign s, exponent e, mantissa m), with
 // std::ldexp: nothing shared with the header's bit manipulations.
@@ -454,6 +463,7 @@ TEST(F16Narrowing, SimdEqualsScalarAroundEveryRoundingBoundaryAndOnRandomBits) {
 // values [B, Hkv, max_len, Ev] with max_len = Lk + extra_len, of which the problem uses the
 // first Lk positions (kv_len = Lk). Query and output are dense [B, H, L, D].
 struct F16Case {
+  KvType type = KvType::kFloat16;    // kFloat16 or kBFloat16 (section 4)
   int B = 1, Hq = 1, Hkv = 1, Lq = 1, Lk = 1, E = 4, Ev = 4;
   int extra_len = 37;                // max_len - Lk: stored positions the problem must not read
   bool causal = false;
@@ -471,7 +481,7 @@ struct F16Case {
 
   std::string describe() const {
     std::ostringstream s;
-    s << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " E" << E << " Ev" << Ev
+ s << (type == KvType::kBFloat16 ? "bfloat16 " : "") << "B" << B << " Hq" << Hq << " Hkv" << Hkv << " Lq" << Lq << " Lk" << Lk << " E" << E << " Ev" << Ev
       << " max_len" << Lk + extra_len << (causal ? " causal" : "") << (window > 0 ? " window" + std::to_string(window) : "")
       << (key_lengths.empty() ? "" : " key_lengths") << (key_starts.empty() ? "" : " key_starts")
       << (sinks.empty() ? "" : " sinks") << (alibi_slopes.empty() ? "" : " alibi")
@@ -496,8 +506,17 @@ struct F16Harness {
     q.resize(size_t(c.B) * c.Hq * c.Lq * c.E);
     for (float& x : q) x = normal(rng);
     // K/V: normal values rounded to halves, with one element in 64 a random subnormal half
-    // (exercises the widening's e = 0 case inside the kernel).
+    // (exercises the widening's e = 0 case inside the kernel). bfloat16: normal values rounded
+    // to bfloat16 that a half holds exactly too (8 significant bits, |x| >= 2^-14 or 0), so
+    // that to_float16() can give a float16 problem on the same values (section 4).
     auto half = [&] {
+      if (c.type == KvType::kBFloat16) {
+        for (;;) {
+          const uint16_t b = f32_to_bf16(normal(rng));
+          const float x = bf16_to_f32(b);
+          if (x == 0.0f || std::fabs(x) >= 0x1p-14f) return b;
+        }
+      }
       const uint16_t h = f32_to_f16(normal(rng));
       if (rng() % 64 == 0) return static_cast<uint16_t>((h & 0x8000) | (1 + rng() % 1023));
       return h;
@@ -538,7 +557,7 @@ struct F16Harness {
       for (int h = 0; h < c.Hkv; h++)
         for (int j = 0; j < max_len; j++) {
           if (j >= first && j < valid) continue;
-          const uint16_t pad = j % 4 == 3 ? kHalfNegInf : kHalfNaN;
+          const uint16_t pad = j % 4 == 3 ? neg_inf_element(c.type) : nan_element(c.type);
           for (int d = 0; d < c.E; d++) key_at(b, h, j, d) = pad;
           for (int d = 0; d < c.Ev; d++) value_at(b, h, j, d) = pad;
         }
@@ -550,7 +569,7 @@ struct F16Harness {
     p.head_dim = c.E, p.value_dim = c.Ev;
     p.query = q.data();
     p.q_stride_b = int64_t(c.Hq) * c.Lq * c.E, p.q_stride_h = int64_t(c.Lq) * c.E, p.q_stride_l = c.E;
-    p.kv_type = KvType::kFloat16;
+    p.kv_type = c.type;
     p.key = k.data();
     p.k_stride_b = int64_t(c.Hkv) * max_len * c.E, p.k_stride_h = int64_t(max_len) * c.E, p.k_stride_l = c.E;
     p.value = v.data();
@@ -611,8 +630,9 @@ struct F16Harness {
 // instantiation of the same path), against the reference; h.p points at the halves again after.
 void expect_float32_copies_match_reference(F16Harness& h, const std::string& what) {
   std::vector<float> k32(h.k.size()), v32(h.v.size());
-  std::transform(h.k.begin(), h.k.end(), k32.begin(), f16_to_f32);
-  std::transform(h.v.begin(), h.v.end(), v32.begin(), f16_to_f32);
+  const auto widen = [&](uint16_t e) { return widened(h.c.type, e); };
+  std::transform(h.k.begin(), h.k.end(), k32.begin(), widen);
+  std::transform(h.v.begin(), h.v.end(), v32.begin(), widen);
   std::fill(h.out.begin(), h.out.end(), kNaN);
   const Problem halves = h.p;
   h.p.kv_type = KvType::kFloat32, h.p.key = k32.data(), h.p.value = v32.data();
@@ -690,8 +710,8 @@ TEST(F16Kernel, DecodeInOrderSkipsMaskedKeysWithNaNRows) {
             if (h.mask[size_t(b) * lk + j] != -kInf) continue;  // a key the mask blocks:
             blocked++;
             for (int kv_head = 0; kv_head < c.Hkv; kv_head++) {
-              for (int d = 0; d < c.E; d++) h.key_at(b, kv_head, j, d) = kHalfNaN;
-              for (int d = 0; d < c.Ev; d++) h.value_at(b, kv_head, j, d) = kHalfNaN;
+              for (int d = 0; d < c.E; d++) h.key_at(b, kv_head, j, d) = nan_element(c.type);
+              for (int d = 0; d < c.Ev; d++) h.value_at(b, kv_head, j, d) = nan_element(c.type);
             }
           }
         }
@@ -806,8 +826,9 @@ TEST(F16Kernel, EqualsTheFloat32KernelOnTheWidenedHalvesBitwise) {
     F16Harness h(c);
     ASSERT_EQ(h.run(), Status::kOk);
     std::vector<float> k32(h.k.size()), v32(h.v.size());
-    std::transform(h.k.begin(), h.k.end(), k32.begin(), f16_to_f32);
-    std::transform(h.v.begin(), h.v.end(), v32.begin(), f16_to_f32);
+    const auto widen = [&](uint16_t e) { return widened(c.type, e); };
+    std::transform(h.k.begin(), h.k.end(), k32.begin(), widen);
+    std::transform(h.v.begin(), h.v.end(), v32.begin(), widen);
     std::vector<float> out32(h.out.size(), kNaN), weights32(h.weights.size(), kNaN);
     Problem p = h.p;
     p.kv_type = KvType::kFloat32, p.key = k32.data(), p.value = v32.data();
@@ -1131,7 +1152,7 @@ TEST(F16Kernel, AlibiOnHalvesInPlaceInOrderAndPacked) {
 TEST(F16Kernel, ValidateRejectsAnUnknownKvType) {
   F16Case c;
   F16Harness h(c);
-  h.p.kv_type = static_cast<KvType>(3);
+  h.p.kv_type = static_cast<KvType>(4);
   EXPECT_EQ(h.run(), Status::kBadKvType);
   EXPECT_TRUE(std::isnan(h.out[0]));  // nothing written
 }
@@ -1154,7 +1175,7 @@ struct Append {
   }
   RowBlock destination(void* storage, KvType type) const {  // [B, H, max_len, D] from pos
     RowBlock r;
-    r.data = static_cast<char*>(storage) + size_t(pos) * D * (type == KvType::kFloat16 ? 2 : 4);
+    r.data = static_cast<char*>(storage) + size_t(pos) * D * (is_16_bit(type) ? 2 : 4);
     r.type = type;
     r.stride_b = int64_t(H) * max_len * D, r.stride_h = int64_t(max_len) * D, r.stride_l = D;
     return r;
@@ -1332,10 +1353,176 @@ TEST(CopyRows, ErrorsWriteNothing) {
   EXPECT_TRUE(untouched());
 
   RowBlock bad_dst = dst, bad_src = from;
-  bad_dst.type = static_cast<KvType>(3), bad_src.type = static_cast<KvType>(-1);
+  bad_dst.type = static_cast<KvType>(4), bad_src.type = static_cast<KvType>(-1);
   EXPECT_EQ(copy_rows(bad_dst, from, a.B, a.H, a.L, a.D), Status::kBadKvType);
   EXPECT_EQ(copy_rows(dst, bad_src, a.B, a.H, a.L, a.D), Status::kBadKvType);
+  // Halves and bfloat16 are not converted into each other (either way).
+  std::vector<uint16_t> sixteen(a.source_elements(), 0x3C00);
+  EXPECT_EQ(copy_rows(dst, a.source(sixteen.data(), KvType::kBFloat16), a.B, a.H, a.L, a.D), Status::kBadKvType);
+  RowBlock bf16_dst = dst;
+  bf16_dst.type = KvType::kBFloat16;
+  EXPECT_EQ(copy_rows(bf16_dst, a.source(sixteen.data(), KvType::kFloat16), a.B, a.H, a.L, a.D), Status::kBadKvType);
   EXPECT_TRUE(untouched());
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. bfloat16 storage (KvType::kBFloat16): the kernel and copy_rows. The conversions
+//    themselves are checked in bf16-cvt-test.cc.
+// ---------------------------------------------------------------------------------------
+
+// The float16 problem on the same values as `bf` (a bfloat16 harness, whose K/V values a half
+// holds exactly, see F16Harness): the same query, mask and padding (NaN as kHalfNaN, -Inf as
+// kHalfNegInf), K/V converted exactly. kFloat16Finite: the widening of the float16 cache's
+// usual reader (the padding is never read).
+void copy_as_float16(const F16Harness& bf, F16Harness* hf) {
+  ASSERT_EQ(bf.k.size(), hf->k.size());
+  std::copy(bf.q.begin(), bf.q.end(), hf->q.begin());
+  std::copy(bf.mask.begin(), bf.mask.end(), hf->mask.begin());
+  const auto convert = [](uint16_t b) {
+    if (b == kBFloat16NaN) return kHalfNaN;
+    if (b == kBFloat16NegInf) return kHalfNegInf;
+    const uint16_t h = f32_to_f16(bf16_to_f32(b));
+    EXPECT_EQ(bits_of(f16_to_f32(h)), bits_of(bf16_to_f32(b))) << std::hex << "bfloat16 0x" << b;
+    return h;
+  };
+  std::transform(bf.k.begin(), bf.k.end(), hf->k.begin(), convert);
+  std::transform(bf.v.begin(), bf.v.end(), hf->v.begin(), convert);
+  hf->p.kv_type = KvType::kFloat16Finite;
+  hf->p.read_kv_in_order = bf.p.read_kv_in_order;
+}
+
+// Every kernel path reads 16-bit elements through the same code (the element type decides the
+// loops: even-odd dims, streams, interleaved groups, constant spacings), and both readers widen
+// exactly, so on values both formats hold a bfloat16 problem must give the float16 problem's
+// bits, output and weights, and the reference within 2e-5: decode MHA (read in order: key
+// order, split-K segments, interleaved groups of tiles at 2048 + 515 keys, constant stream
+// spacings at E 64 and 128) and GQA, prefill (packed), key lengths around tile edges, causal
+// offsets, a sliding window, left padding, masks, softcap, sinks, ALiBi, Ev != E and E % 4 != 0;
+// the large ones on two threads as well, bitwise the one-thread bits.
+TEST(BF16Kernel, GivesTheBitsOfFloat16OnValuesBothHoldOnEveryPath) {
+  std::vector<F16Case> cases;
+  uint32_t seed = 2000;
+  for (int lk : kKeyLengths)
+    for (auto heads : {std::pair<int, int>{3, 3}, {8, 2}})
+      for (int variant = 0; variant < 3; variant++) {
+        F16Case c;
+        c.type = KvType::kBFloat16, c.B = 2, c.Hq = heads.first, c.Hkv = heads.second, c.Lq = 1, c.Lk = lk;
+        c.E = kHeadDims[cases.size() % 7], c.Ev = kHeadDims[(cases.size() * 3 + 2) % 7], c.seed = seed++;
+        c.weights = variant == 2;
+        if (variant >= 1) c.causal = true, c.offsets = {lk - 1 - lk / 3, lk - 1}, c.key_lengths = {lk, (lk + 1) / 2};
+        if (variant == 2) c.float_mask = true, c.softcap = 3.0f;
+        cases.push_back(c);
+      }
+  for (auto [e, ev] : {std::pair<int, int>{128, 128}, {64, 64}, {128, 64}, {68, 36}})
+    for (int variant = 0; variant < 5; variant++) {  // MHA decode over whole groups of tiles
+      F16Case c;
+      c.type = KvType::kBFloat16, c.B = 2, c.Hq = 2, c.Hkv = 2, c.Lq = 1, c.Lk = 2 * 2048 + 515, c.E = e, c.Ev = ev;
+      c.weights = variant == 4, c.seed = seed++;
+      if (variant == 1) c.key_lengths = {c.Lk, 2048 + 700};
+      if (variant == 2) c.causal = true, c.offsets = {c.Lk - 1, c.Lk - 1400}, c.window = c.Lk - 700, c.softcap = 5.0f;
+      if (variant == 3) c.key_starts = {700, 2100}, c.sinks = {2.0f, 25.0f};
+      if (variant == 4) c.causal = true, c.offsets = {c.Lk - 1}, c.alibi_slopes = test::geometric_slopes(c.Hq, 0.01f);
+      cases.push_back(c);
+    }
+  for (int lk : {7, kKeyTile + 1, 1100}) {  // prefill: packed, widened
+    F16Case c;
+    c.type = KvType::kBFloat16, c.B = 2, c.Hq = 2, c.Hkv = 1, c.Lq = 37, c.Lk = lk, c.E = 67, c.Ev = 24, c.seed = seed++;
+    c.causal = true, c.offsets = {lk - 37, 5}, c.key_lengths = {lk, lk / 3}, c.float_mask = true;
+    cases.push_back(c);
+  }
+  for (const F16Case& c : cases) {
+    for (bool in_order : {false, true}) {
+      if (!in_order && c.Lk > 2048 && c.Lq == 1) continue;  // (time) the whole groups: the cache's reading order alone
+      F16Harness bf(c);
+      F16Case half_case = c;
+      half_case.type = KvType::kFloat16;
+      F16Harness hf(half_case);
+      bf.p.read_kv_in_order = in_order && c.Lq == 1;
+      copy_as_float16(bf, &hf);
+      ASSERT_EQ(bf.run(), Status::kOk) << c.describe();
+      ASSERT_EQ(hf.run(), Status::kOk) << c.describe();
+      bf.expect_matches_reference();
+      EXPECT_TRUE(same_bits(bf.out, hf.out)) << c.describe() << (in_order ? " in order" : "");
+      EXPECT_TRUE(same_bits(bf.weights, hf.weights)) << c.describe() << (in_order ? " in order" : "");
+      if (double(c.B) * c.Hq * c.Lq * c.Lk * (c.E + c.Ev) > 4e6) {  // above forward()'s one-thread size
+        ThreadPool pool(2);
+        F16Harness two(c);
+        two.p.read_kv_in_order = bf.p.read_kv_in_order;
+        ASSERT_EQ(two.run(&pool), Status::kOk) << c.describe();
+        EXPECT_TRUE(same_bits(bf.out, two.out)) << c.describe() << ": 2 threads";
+        EXPECT_TRUE(same_bits(bf.weights, two.weights)) << c.describe() << ": 2 threads";
+      }
+    }
+  }
+}
+
+// bfloat16 has float32's range: K values around 2^100 and V values around 2^90 (far past a
+// half's 65504), with the query scaled by 2^-100. Every product q·k is then the same real
+// number as in the ordinary problem, and every P·V term 2^90 times its own (powers of two: no
+// rounding changes, nothing overflows or underflows), so the output must be exactly 2^90 times
+// the ordinary problem's, which is checked against the reference: decode (MHA in order, read
+// interleaved; GQA) and prefill (packed).
+TEST(BF16Kernel, ValuesFarPastTheHalfRangeGiveTheScaledBitsOfOrdinaryOnes) {
+  uint32_t seed = 2100;
+  for (auto [hq, hkv, lq] : {std::tuple<int, int, int>{2, 2, 1}, {8, 2, 1}, {2, 1, 37}}) {
+    F16Case c;
+    c.type = KvType::kBFloat16, c.B = 2, c.Hq = hq, c.Hkv = hkv, c.Lq = lq, c.Lk = 2048 + 515, c.E = 128, c.Ev = 64;
+    c.weights = false, c.key_lengths = {c.Lk, 1500}, c.seed = seed++;
+    F16Harness h(c);
+    h.p.read_kv_in_order = lq == 1;
+    ASSERT_EQ(h.run(), Status::kOk) << c.describe();
+    h.expect_matches_reference();
+    const std::vector<float> ordinary = h.out;
+    for (float& x : h.q) x *= 0x1p-100f;
+    const auto times = [](float factor) {
+      return [factor](uint16_t b) {
+        const uint16_t scaled = f32_to_bf16(bf16_to_f32(b) * factor);  // NaN, -Inf stay so
+        if (b != kBFloat16NaN) EXPECT_EQ(bf16_to_f32(scaled), bf16_to_f32(b) * factor);  // exact
+        return scaled;
+      };
+    };
+    std::transform(h.k.begin(), h.k.end(), h.k.begin(), times(0x1p100f));
+    std::transform(h.v.begin(), h.v.end(), h.v.begin(), times(0x1p90f));
+    ASSERT_EQ(h.run(), Status::kOk) << c.describe();
+    std::vector<float> expected(ordinary.size());
+    std::transform(ordinary.begin(), ordinary.end(), expected.begin(), [](float x) { return x * 0x1p90f; });
+    EXPECT_TRUE(same_bits(h.out, expected)) << c.describe();
+    EXPECT_GT(std::fabs(h.out[0]), 1e20f) << c.describe();
+  }
+}
+
+// Floats into bfloat16 storage round as f32_to_bf16 (every row width: 8 lanes, then one at a
+// time); raw bfloat16 (any pattern) copies bit for bit, and widens exactly into float32 storage.
+TEST(CopyRows, Float32ToBFloat16RoundsLikeF32ToBF16AndBFloat16CopiesAndWidensExactly) {
+  for (int D : kRowWidths) {
+    Append a;
+    a.D = D;
+    std::vector<float> src = append_floats(a.source_elements(), 20 + D);
+    src[0] = 3.4e38f, src[1 % src.size()] = -std::numeric_limits<float>::max();  // saturate
+    std::vector<uint16_t> storage(a.storage_elements(), 0xABCD);
+    ASSERT_EQ(copy_rows(a.destination(storage.data(), KvType::kBFloat16), a.source(src.data(), KvType::kFloat32),
+                        a.B, a.H, a.L, a.D),
+              Status::kOk);
+    a.check(storage, src, uint16_t{0xABCD}, [D](float s, uint16_t d) {
+      ASSERT_EQ(d, f32_to_bf16(s)) << s << " (D = " << D << ")";
+    });
+
+    std::mt19937 rng(40 + D);
+    std::vector<uint16_t> raw(a.source_elements());
+    for (uint16_t& b : raw) b = static_cast<uint16_t>(rng());  // any pattern: NaN, Inf, subnormal
+    std::vector<uint16_t> storage16(a.storage_elements(), 0xABCD);
+    ASSERT_EQ(copy_rows(a.destination(storage16.data(), KvType::kBFloat16), a.source(raw.data(), KvType::kBFloat16),
+                        a.B, a.H, a.L, a.D),
+              Status::kOk);
+    a.check(storage16, raw, uint16_t{0xABCD}, [](uint16_t s, uint16_t d) { ASSERT_EQ(s, d); });
+    std::vector<float> storage32(a.storage_elements(), -7.0f);
+    ASSERT_EQ(copy_rows(a.destination(storage32.data(), KvType::kFloat32), a.source(raw.data(), KvType::kBFloat16),
+                        a.B, a.H, a.L, a.D),
+              Status::kOk);
+    a.check(storage32, raw, -7.0f, [](uint16_t s, float d) {
+      ASSERT_EQ(bits_of(d), uint32_t(s) << 16) << std::hex << "bfloat16 0x" << s;
+    });
+  }
 }
 
 }  // namespace
