@@ -27,3 +27,13 @@ export function widenHalves(halves: Uint16Array): Float32Array {
   for (let i = 0; i < halves.length; i++) out[i] = values[halves[i]];
   return out;
 }
+
+/**
+ * The float32 values of `elements` (raw bfloat16 patterns: the upper 16 bits of a float32), in
+ * a new array: exact for every pattern, NaN payloads' top bits kept.
+ */
+export function widenBFloat16(elements: Uint16Array): Float32Array {
+  const bits = new Uint32Array(elements.length);
+  for (let i = 0; i < elements.length; i++) bits[i] = elements[i] << 16;
+  return new Float32Array(bits.buffer);
+}

@@ -2,12 +2,13 @@
 // token at a time. A step appends the new positions' K/V (a few rows) and attends to all the
 // stored ones in place: no copy of the history per step, so a step costs one read of the
 // cache. Storage (src/kv-cache.h), allocated once at its full size:
-//   keys   [B, Hkv, maxLength, E ]   float32, or IEEE float16 (dtype 'float16': half the bytes)
+//   keys   [B, Hkv, maxLength, E ]   float32, or 16 bits (half the bytes): IEEE float16 (dtype
+//                                     'float16') or bfloat16 (dtype 'bfloat16', float32's range)
 //   values [B, Hkv, maxLength, Ev]
 // Positions [0, length) are stored; every batch has the same length (ragged batches pass
 // keyLengths to attend()).
 import { allocateLongLived, type Allocation, CallMemory, freeLongLived, heap, type HeapViews, type MemoryAccount } from './memory.js';
-import { widenHalves } from './halves.js';
+import { widenBFloat16, widenHalves } from './halves.js';
 import { KV_TYPE, runResident } from './strategies.js';
 import { detachedOrEmpty, isInt32Array, isUint16Array, lengthOf } from './typed-arrays.js';
 import type { SdpaModule } from './wasm/sdpa.mjs';
@@ -18,14 +19,20 @@ import {
   type CacheOperands, type Operand,
 } from './validate.js';
 
-export type KVCacheDType = 'float32' | 'float16';
+export type KVCacheDType = 'float32' | 'float16' | 'bfloat16';
 
 const CACHE_OPTION_NAMES = ['batch', 'kvHeads', 'headDim', 'valueDim', 'maxLength', 'dtype'] as const;
 /** The options of append(): the tensors' layout. */
 export const APPEND_OPTION_NAMES = ['layout'] as const;
-/** The options of read(): the tensors' layout, and the element type to read (float32 widens a float16 cache's halves). */
+/** The options of read(): the tensors' layout, and the element type to read (float32 widens a 16-bit cache's elements). */
 export const READ_OPTION_NAMES = ['layout', 'dtype'] as const;
-const ELEMENT_BYTES: Record<KVCacheDType, number> = { float32: 4, float16: 2 };
+/** Each dtype's bytes per element and its storage's sdpa::KvType (a float16 cache's may be float16Finite at attend). */
+const DTYPES: Record<KVCacheDType, { bytes: number; kvType: number }> = {
+  float32: { bytes: 4, kvType: KV_TYPE.float32 },
+  float16: { bytes: 2, kvType: KV_TYPE.float16 },
+  bfloat16: { bytes: 2, kvType: KV_TYPE.bfloat16 },
+};
+const DTYPE_LIST = "'float32', 'float16' or 'bfloat16'";
 /**
  * Appends are copied in through a staging buffer of at most this many bytes (rows at a time),
  * or of one position of every head when that alone is larger.
@@ -71,19 +78,19 @@ export function checkCacheOptions(options: unknown): KVCacheShape {
   return { batch, kvHeads, headDim, valueDim, maxLength, dtype };
 }
 
-/** An options.dtype of `fn`: 'float32' or 'float16', `otherwise` when left out. */
+/** An options.dtype of `fn`: 'float32', 'float16' or 'bfloat16', `otherwise` when left out. */
 function checkDType(fn: string, given: unknown, otherwise: KVCacheDType): KVCacheDType {
   if (given === undefined) return otherwise;
-  if (typeof given !== 'string') throw new TypeError(`${fn}: options.dtype must be 'float32' or 'float16', got ${describe(given)}`);
-  if (given !== 'float32' && given !== 'float16') {
-    throw new RangeError(`${fn}: options.dtype must be 'float32' or 'float16', got ${describe(given)}`);
+  if (typeof given !== 'string') throw new TypeError(`${fn}: options.dtype must be ${DTYPE_LIST}, got ${describe(given)}`);
+  if (!Object.hasOwn(DTYPES, given)) {
+    throw new RangeError(`${fn}: options.dtype must be ${DTYPE_LIST}, got ${describe(given)}`);
   }
-  return given;
+  return given as KVCacheDType;
 }
 
 /** Bytes of storage: keys and values. */
 export function cacheBytes(s: KVCacheShape): { keys: number; values: number } {
-  const rows = s.batch * s.kvHeads * s.maxLength * ELEMENT_BYTES[s.dtype];
+  const rows = s.batch * s.kvHeads * s.maxLength * DTYPES[s.dtype].bytes;
   return { keys: rows * s.headDim, values: rows * s.valueDim };
 }
 
@@ -115,13 +122,12 @@ export function checkAppendShapes(shape: KVCacheShape, key: unknown, value: unkn
   const fn = 'KVCache.append';
   const o = checkOptionNames(fn, options, APPEND_OPTION_NAMES);
   const layout = checkLayout(fn, o.layout);
-  const halves = shape.dtype === 'float16';
   const k = checkTensor(fn, 'key', key, layout, true);
   const v = checkTensor(fn, 'value', value, layout, true);
   for (const [name, t] of [['key', k], ['value', v]] as const) {
-    if (!halves && isUint16Array(t.data)) {
-      throw new TypeError(`${fn}: ${name}.data must be a Float32Array for a float32 cache (raw float16 halves in a ` +
-        `Uint16Array only for dtype 'float16'), got ${describe(t.data)}`);
+    if (shape.dtype === 'float32' && isUint16Array(t.data)) {
+      throw new TypeError(`${fn}: ${name}.data must be a Float32Array for a float32 cache (raw 16-bit elements in a ` +
+        `Uint16Array only for dtype 'float16' or 'bfloat16'), got ${describe(t.data)}`);
     }
     if (t.B !== shape.batch) throw dimsMismatch(fn, layout, name, t, "the cache's batch B", shape.batch, t.B);
     if (t.H !== shape.kvHeads) throw dimsMismatch(fn, layout, name, t, "the cache's heads Hkv", shape.kvHeads, t.H);
@@ -162,14 +168,15 @@ export function checkRead(length: number, start: unknown, end: unknown): [number
 
 /**
  * read()'s options.dtype on a cache of `dtype`: what the copy holds, the cache's own type when
- * left out; 'float32' from a float16 cache widens its halves (exactly). A float32 cache has no
- * halves to give.
+ * left out; 'float32' from a 16-bit cache widens its elements (exactly). A cache gives no other
+ * 16-bit type than its own (float32 and bfloat16 would have to be rounded).
  */
 export function checkReadDType(dtype: KVCacheDType, given: unknown): KVCacheDType {
   const fn = 'KVCache.read';
   const wanted = checkDType(fn, given, dtype);
-  if (wanted === 'float16' && dtype === 'float32') {
-    throw new RangeError(`${fn}: options.dtype 'float16' needs a float16 cache; this one stores float32 (read it as 'float32')`);
+  if (wanted !== 'float32' && wanted !== dtype) {
+    const choices = dtype === 'float32' ? "'float32'" : `'${dtype}' or 'float32'`;
+    throw new RangeError(`${fn}: options.dtype '${wanted}' needs a ${wanted} cache; this one stores ${dtype} (read it as ${choices})`);
   }
   return wanted;
 }
@@ -338,7 +345,7 @@ export class KVCache extends KVCacheShapeInfo {
 
   /** The keys' and the values' storage, each with the bytes of one position's row (E or Ev elements). */
   #planes(): { storage: number; rowBytes: number }[] {
-    const eb = ELEMENT_BYTES[this.dtype];
+    const eb = DTYPES[this.dtype].bytes;
     return [{ storage: this.#keys, rowBytes: this.headDim * eb }, { storage: this.#values, rowBytes: this.valueDim * eb }];
   }
 
@@ -359,9 +366,11 @@ export class KVCache extends KVCacheShapeInfo {
   /**
    * Stores the K/V of `Lnew` new positions after the `length` stored ones, for every batch:
    * `key` [B, Hkv, Lnew, E], `value` [B, Hkv, Lnew, Ev] (or [B, Lnew, Hkv, ·] with
-   * `{ layout: 'bshd' }`), as Float32Array, or for a float16 cache also Uint16Array of raw
-   * IEEE halves (stored as they are). Float32 into a float16 cache rounds to nearest even;
-   * beyond ±65504 (and ±Infinity) saturates to ±65504. Past maxLength: RangeError, nothing
+   * `{ layout: 'bshd' }`), as Float32Array, or for a 16-bit cache also Uint16Array of raw
+   * elements of its dtype (IEEE halves, bfloat16: stored as they are). Float32 into a float16
+   * cache rounds to nearest even; beyond ±65504 (and ±Infinity) saturates to ±65504. Float32
+   * into a bfloat16 cache rounds to nearest even; finite values past ±3.3895e38 (the largest
+   * bfloat16) saturate to it; ±Infinity and NaN stay so. Past maxLength: RangeError, nothing
    * appended. After any error the cache is unchanged.
    */
   append(key: KVTensor, value: KVTensor, options?: { layout?: 'bhsd' | 'bshd' }): void {
@@ -400,11 +409,15 @@ export class KVCache extends KVCacheShapeInfo {
   // the storage's element type and [B, H, L, D] order, with runs of STRAIGHT_MIN_RUN_BYTES or
   // more: copied straight in, one run of rows per (batch, head). Otherwise through a staging
   // buffer of at most STAGING_BYTES (or one position), a run of rows of one batch at a time,
-  // and the wasm side reorders and converts to float16 (copy_rows, src/kv-cache.h).
+  // and the wasm side reorders and converts to 16 bits (copy_rows, src/kv-cache.h).
   #copiesStraight(t: Operand<Float32Array | Uint16Array>, layout: 'bhsd' | 'bshd'): boolean {
-    const srcType = isUint16Array(t.data) ? KV_TYPE.float16 : KV_TYPE.float32;
-    return layout === 'bhsd' && srcType === (this.dtype === 'float16' ? KV_TYPE.float16 : KV_TYPE.float32) &&
+    return layout === 'bhsd' && this.#sourceType(t) === DTYPES[this.dtype].kvType &&
       t.L * t.D * t.data.BYTES_PER_ELEMENT >= STRAIGHT_MIN_RUN_BYTES;
+  }
+
+  /** The sdpa::KvType of an append's data: a Uint16Array holds raw elements of the cache's own 16-bit dtype. */
+  #sourceType(t: Operand<Float32Array | Uint16Array>): number {
+    return isUint16Array(t.data) ? DTYPES[this.dtype].kvType : KV_TYPE.float32;
   }
 
   /** Rows of one batch staged at a time: at least one. */
@@ -419,13 +432,13 @@ export class KVCache extends KVCacheShapeInfo {
 
   #write(module: SdpaModule, memory: CallMemory, staging: number, t: Operand<Float32Array | Uint16Array>,
     layout: 'bhsd' | 'bshd', storage: number, dim: number): void {
-    const srcType = isUint16Array(t.data) ? KV_TYPE.float16 : KV_TYPE.float32;
+    const srcType = this.#sourceType(t);
     const srcBytes = t.data.BYTES_PER_ELEMENT;
-    const dstBytes = ELEMENT_BYTES[this.dtype];
+    const dstBytes = DTYPES[this.dtype].bytes;
     const H = t.H, L = t.L, D = dim;
-    const storageType = this.dtype === 'float16' ? KV_TYPE.float16 : KV_TYPE.float32;
+    const storageType = DTYPES[this.dtype].kvType;
     if (this.#copiesStraight(t, layout)) {
-      const view = (srcType === KV_TYPE.float16 ? memory.heap.u16 : memory.heap.f32) as unknown as
+      const view = (isUint16Array(t.data) ? memory.heap.u16 : memory.heap.f32) as unknown as
         { set(a: ArrayLike<number>, at: number): void };
       for (let b = 0; b < this.batch; b++) {
         for (let h = 0; h < H; h++) {
@@ -439,7 +452,7 @@ export class KVCache extends KVCacheShapeInfo {
     const rowsPerChunk = this.#stagingRows(t);
     const heap = memory.heap;  // no allocation below
     // Typed as the source (the data's own type was checked above).
-    const view = (srcType === KV_TYPE.float16 ? heap.u16 : heap.f32) as unknown as { set(a: ArrayLike<number>, at: number): void };
+    const view = (isUint16Array(t.data) ? heap.u16 : heap.f32) as unknown as { set(a: ArrayLike<number>, at: number): void };
     const stagingAt = staging / srcBytes;
     for (let b = 0; b < this.batch; b++) {
       for (let l0 = 0; l0 < L; l0 += rowsPerChunk) {
@@ -502,7 +515,7 @@ export class KVCache extends KVCacheShapeInfo {
       }
       return result;
     }
-    const kvType = this.dtype === 'float32' ? KV_TYPE.float32 : this.#maybeInfNaN ? KV_TYPE.float16 : KV_TYPE.float16Finite;
+    const kvType = this.dtype !== 'float16' ? DTYPES[this.dtype].kvType : this.#maybeInfNaN ? KV_TYPE.float16 : KV_TYPE.float16Finite;
     return runResident(new CallMemory(module, this.#account, 'KVCache.attend'), this.#threads, p, p.queryData,
       { key: this.#keys, value: this.#values, kvType });
   }
@@ -575,10 +588,11 @@ export class KVCache extends KVCacheShapeInfo {
   /**
    * A copy of positions [start, end) of every batch (default: all `length` of them), as append()
    * takes them: key [B, Hkv, n, E] and value [B, Hkv, n, Ev] (or [B, n, Hkv, ·] with
-   * { layout: 'bshd' }), n = end - start; Float32Array for a float32 cache, the stored raw halves
-   * (Uint16Array) for a float16 one. Appended to a cache of the same dtype they store the same
-   * bits: a saved prompt restored, a conversation forked into another cache. { dtype: 'float32' }
-   * reads a float16 cache's halves widened to their exact float32 values (NaN halves as NaN).
+   * { layout: 'bshd' }), n = end - start; Float32Array for a float32 cache, the stored raw 16-bit
+   * elements (Uint16Array) for a float16 or bfloat16 one. Appended to a cache of the same dtype
+   * they store the same bits: a saved prompt restored, a conversation forked into another cache.
+   * { dtype: 'float32' } reads a 16-bit cache's elements widened to their exact float32 values
+   * (NaN as NaN).
    */
   read(start?: number, end?: number, options?: { layout?: 'bhsd' | 'bshd'; dtype?: KVCacheDType }): KVCacheContents {
     const fn = 'KVCache.read';
@@ -591,7 +605,9 @@ export class KVCache extends KVCacheShapeInfo {
     const views = heap(module);
     const [key, value] = this.#planes().map(({ storage }, plane) => {
       const copy = this.#copyOut(views, storage, plane === 0 ? this.headDim : this.valueDim, s, e, layout);
-      return dtype === this.dtype ? copy : { data: widenHalves(copy.data as Uint16Array), dims: copy.dims };
+      if (dtype === this.dtype) return copy;
+      const widen = this.dtype === 'float16' ? widenHalves : widenBFloat16;
+      return { data: widen(copy.data as Uint16Array), dims: copy.dims };
     });
     return { key, value };
   }
@@ -599,10 +615,10 @@ export class KVCache extends KVCacheShapeInfo {
   /** Positions [start, end) of one storage [B, Hkv, maxLength, D] copied into a new tensor in `layout`. */
   #copyOut(views: HeapViews, storage: number, D: number, start: number, end: number, layout: 'bhsd' | 'bshd'): KVTensor {
     const B = this.batch, H = this.kvHeads, n = end - start;
-    const halves = this.dtype === 'float16';
-    const source: Float32Array | Uint16Array = halves ? views.u16 : views.f32;
-    const data: Float32Array | Uint16Array = halves ? new Uint16Array(B * H * n * D) : new Float32Array(B * H * n * D);
-    const first = storage / ELEMENT_BYTES[this.dtype];
+    const sixteenBit = this.dtype !== 'float32';
+    const source: Float32Array | Uint16Array = sixteenBit ? views.u16 : views.f32;
+    const data: Float32Array | Uint16Array = sixteenBit ? new Uint16Array(B * H * n * D) : new Float32Array(B * H * n * D);
+    const first = storage / DTYPES[this.dtype].bytes;
     for (let b = 0; b < B; b++) {
       for (let h = 0; h < H; h++) {
         const from = first + ((b * H + h) * this.maxLength + start) * D;

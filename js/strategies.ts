@@ -28,7 +28,7 @@ import type { Plan } from './validate.js';
 
 const MASK_KIND = { float: 1, bool: 2 } as const;
 /** sdpa::KvType (src/sdpa.h): float16Finite = halves holding no Inf/NaN pattern (widened faster). */
-export const KV_TYPE = { float32: 0, float16: 1, float16Finite: 2 } as const;
+export const KV_TYPE = { float32: 0, float16: 1, float16Finite: 2, bfloat16: 3 } as const;
 
 /**
  * Decode problems whose K and V together are at least this large are streamed: copied in one

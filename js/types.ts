@@ -284,7 +284,8 @@ export interface MemoryInfo {
 
 /**
  * Keys or values to append to a KV cache: `[B, Hkv, Lnew, E]` (or `[B, Lnew, Hkv, E]` with
- * `layout: 'bshd'`). A float16 cache also takes a `Uint16Array` of raw IEEE half bits.
+ * `layout: 'bshd'`). A float16 or bfloat16 cache also takes a `Uint16Array` of raw elements of
+ * its dtype (IEEE half bits; bfloat16 bits, the upper 16 of a float32).
  */
 export interface KVTensor {
   data: Float32Array | Uint16Array;
@@ -293,7 +294,8 @@ export interface KVTensor {
 
 /**
  * What KVCache.read() returns: the stored keys and values of a range of positions, as
- * append() takes them (Float32Array data for a float32 cache, raw IEEE halves for a float16 one).
+ * append() takes them (Float32Array data for a float32 cache, raw 16-bit elements for a float16
+ * or bfloat16 one).
  */
 export interface KVCacheContents {
   key: KVTensor;
@@ -312,8 +314,10 @@ export interface KVCacheOptions {
   /** Positions the cache can hold; its storage is allocated once for all of them. */
   maxLength: number;
   /**
-   * `'float32'` (default) or `'float16'`: half the memory and half the bytes read per step;
-   * values are rounded to nearest even, and beyond ±65504 saturate to ±65504.
+   * `'float32'` (default), `'float16'` or `'bfloat16'`: the 16-bit ones take half the memory
+   * and half the bytes read per step; values are rounded to nearest even. float16 keeps 11
+   * significant bits, and beyond ±65504 saturates to ±65504; bfloat16 keeps 8, with float32's
+   * range (finite values saturate at ±3.3895e38), and is widened with fewer instructions.
    */
-  dtype?: 'float32' | 'float16';
+  dtype?: 'float32' | 'float16' | 'bfloat16';
 }

@@ -1,6 +1,6 @@
 // Token-by-token generation with a KV cache: a toy decoder (random weights) whose attention runs
 // in sdpa-wasm's KVCache, printed with its tokens/s and the cache's memory.
-//   node examples/node/generate.mjs [--context N] [--tokens N] [--dtype float32|float16] [--threads N] [--window W] [--sinks] [--alibi]
+//   node examples/node/generate.mjs [--context N] [--tokens N] [--dtype float32|float16|bfloat16] [--threads N] [--window W] [--sinks] [--alibi]
 //
 // The model: 2 layers, d_model 512, 8 query heads sharing 2 key/value heads (grouped-query
 // attention), head size 64, a vocabulary of 1024. Each layer keeps the keys and values of every
@@ -22,7 +22,7 @@ import { createAttention } from 'sdpa-wasm';
 const OPTIONS = {
   context: { type: 'string', default: '1024' },  // cache length when generation starts
   tokens: { type: 'string', default: '32' },     // tokens to generate
-  dtype: { type: 'string', default: 'float32' }, // how the cache stores K/V: float32 or float16
+  dtype: { type: 'string', default: 'float32' }, // how the cache stores K/V: float32, float16 or bfloat16
   threads: { type: 'string' },                   // default: the package's choice
   window: { type: 'string' },                    // sliding window of the even layers; default none
   sinks: { type: 'boolean', default: false },    // learned attention sinks (gpt-oss) in every layer
@@ -31,7 +31,7 @@ const OPTIONS = {
 const VOCAB = 1024, D_MODEL = 512, LAYERS = 2, HQ = 8, HKV = 2, E = 64, PROMPT = 37;
 /** Exits with the usage line and what was wrong (status 2). */
 function usage(problem) {
-  console.error(`generate.mjs: ${problem}\nusage: node generate.mjs [--context N] [--tokens N] [--dtype float32|float16] [--threads N] [--window W] [--sinks] [--alibi]`);
+  console.error(`generate.mjs: ${problem}\nusage: node generate.mjs [--context N] [--tokens N] [--dtype float32|float16|bfloat16] [--threads N] [--window W] [--sinks] [--alibi]`);
   process.exit(2);
 }
 /** The parsed arguments, or the usage line for an unknown option or one given a value it does not take. */
@@ -64,7 +64,7 @@ const attendOptions = (l) => ({
   ...(args.alibi ? { alibiSlopes: ALIBI_SLOPES } : {}),
 });
 const dtype = args.dtype;
-if (!['float32', 'float16'].includes(dtype)) usage(`--dtype must be float32 or float16, got ${JSON.stringify(dtype)}`);
+if (!['float32', 'float16', 'bfloat16'].includes(dtype)) usage(`--dtype must be float32, float16 or bfloat16, got ${JSON.stringify(dtype)}`);
 
 // ── Seeded random numbers and weights ──────────────────────────────────────────────────────
 let seed = 1;
@@ -197,7 +197,7 @@ console.log(`tokens/s: ${tps(decodeMs)} for the whole step (${(decodeMs / tokens
   `attention alone (append + attend, ${LAYERS} layers) ${tps(attentionMs)} (${(attentionMs / tokens).toFixed(2)} ms/token, ` +
   `${(100 * attentionMs / decodeMs).toFixed(0)}% of the step; the rest is the JS projections)`);
 console.log(`cache: length ${caches[0].length} of maxLength ${maxLength}, ${LAYERS} × ${perLayer} bytes = ${mb(LAYERS * perLayer)} ` +
-  `of wasm memory (per layer [1, ${HKV}, ${maxLength}, ${E}] keys + values, ${dtype === 'float16' ? 2 : 4} bytes each)`);
+  `of wasm memory (per layer [1, ${HKV}, ${maxLength}, ${E}] keys + values, ${dtype === 'float32' ? 4 : 2} bytes each)`);
 
 for (const cache of caches) cache.dispose();
 attn.dispose();

@@ -161,7 +161,7 @@ test('Node: examples/node/quickstart.mjs, generate.mjs, packed.mjs, worker.mjs a
   expect(line(gen.stdout, 'cache:')).toContain(`length 306 of maxLength 306, 2 × ${2 * 306 * 128 * 2} bytes`);
   // Bad arguments: the usage line and why, exit status 2 (never a silent substitute).
   for (const [bad, why] of [[['--context', '1.5'], '--context must be an integer >= 37'], [['--tokens', '0'], '--tokens must be an integer >= 1'],
-    [['--threads', 'abc'], '--threads must be an integer >= 1'], [['--dtype', 'bf16'], "--dtype must be float32 or float16"],
+    [['--threads', 'abc'], '--threads must be an integer >= 1'], [['--dtype', 'bf16'], '--dtype must be float32, float16 or bfloat16'],
     [['--window', '0'], '--window must be an integer >= 1']]) {
     const refused = await run(process.execPath, ['generate.mjs', ...bad], { cwd: app }).then(() => null, (error) => error.message);
     expect(refused).toContain(`generate.mjs: ${why}, got`);

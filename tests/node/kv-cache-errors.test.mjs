@@ -72,8 +72,8 @@ const CACHE_CASES = CACHE_ERROR_CASES;
 
 describe('cache methods reject bad input with typed errors and leave the cache unchanged', () => {
   test.each(CACHE_CASES)('%s', (_, fn, Cls, patterns) => {
-    for (const dtype of ['float32', 'float16']) {
-      if (dtype === 'float16' && /halves into a float32/.test(_)) continue;
+    for (const dtype of ['float32', 'float16', 'bfloat16']) {
+      if (dtype !== 'float32' && /halves into a float32/.test(_)) continue;
       const cache = freshCache(dtype);
       try {
         expectRejected(cache, fn, Cls, patterns);

@@ -9,7 +9,7 @@ import { createAttention, createAttentionWorker } from 'sdpa-wasm';
 import * as loader from '../../dist/loader.js';
 // The reorder's copy plan (internal, not public API).
 import { reorderSteps, SAVED } from '../../dist/kv-cache.js';
-import { positions, roundedToHalves, roundToHalf, runCacheCases } from '../shared/kv-cache-cases.mjs';
+import { bfloat16ToFloat, positions, roundedToHalves, roundToBFloat16, roundToHalf, runCacheCases, storedElementValue, storedValues } from '../shared/kv-cache-cases.mjs';
 import { bitsHash } from '../shared/reference-cases.mjs';
 import { adapt, halfToFloat, loadCase, loadIndex, mismatches, onnxOutputDims, TOL as ONNX_TOL } from '../shared/onnx-cases.mjs';
 import { dropoutRows, logSumExpError, maxRelError, mulberry32, randn, randomTensor, referenceLogSumExp, referenceSdpa } from './reference.mjs';
@@ -75,9 +75,12 @@ function decode(instance, { B = 1, Hq, Hkv, E, Ev = E, steps, dtype = 'float32',
   return { k, v, results };
 }
 
-/** Each step against the reference on the history so far (bottom-right causal unless overridden). */
-function expectMatchesReference({ k, v, results }, { halves = false, tol = TOL } = {}) {
-  if (halves) k = roundedToHalves(k), v = roundedToHalves(v);
+/**
+ * Each step against the reference on the history so far (bottom-right causal unless overridden),
+ * on K/V as a cache of `dtype` stores them (`halves`: float16).
+ */
+function expectMatchesReference({ k, v, results }, { halves = false, dtype = halves ? 'float16' : 'float32', tol = TOL } = {}) {
+  k = storedValues(dtype, k), v = storedValues(dtype, v);
   for (const { got, query, length, n, opts } of results) {
     const key = positions(k, 0, length), value = positions(v, 0, length);
     const refOptions = { isCausal: true, causalOffset: length - n, ...opts };
@@ -124,11 +127,11 @@ describe('token-by-token decoding equals attention over the whole history', () =
   });
 
   test.each([
-    ['float32', 1], ['float32', 7], ['float32', 300], ['float16', 64], ['float16', 513],
+    ['float32', 1], ['float32', 7], ['float32', 300], ['float16', 64], ['float16', 513], ['bfloat16', 64],
   ])('%s cache, slidingWindow %p (GQA Hq8 Hkv2): each step within the tolerance of the reference; one and two threads bitwise', (dtype, W) => {
     const shape = { Hq: 8, Hkv: 2, E: 64, Ev: 40, steps: STEPS, dtype, seed: 11, options: () => ({ slidingWindow: W, returnWeights: true }) };
     const one = decode(attn, shape), two = decode(attn2, shape);
-    expectMatchesReference(one, { halves: dtype === 'float16' });
+    expectMatchesReference(one, { dtype });
     one.results.forEach(({ got, length, n }, s) => {
       expect(Array.from(bits(two.results[s].got.output.data))).toEqual(Array.from(bits(got.output.data)));
       // Each row's weights before its window (the positions up to length - n + i - W) are exact zeros.
@@ -141,7 +144,7 @@ describe('token-by-token decoding equals attention over the whole history', () =
   });
 
   test.each([
-    ['float32', 8, 2], ['float16', 8, 2], ['float16', 4, 4],
+    ['float32', 8, 2], ['float16', 8, 2], ['float16', 4, 4], ['bfloat16', 4, 4],
   ])("%s cache, sinks (gpt-oss: GQA or MHA, %p query heads on %p KV heads), alone and with a 128-position window: each step within the tolerance of the reference, weights and logSumExp too; one and two threads bitwise", (dtype, Hq, Hkv) => {
     const sinks = Float32Array.from({ length: Hq }, (_, h) => [1.5, -Infinity, 0, 40][h % 4]);
     for (const window of [undefined, 128]) {
@@ -150,7 +153,7 @@ describe('token-by-token decoding equals attention over the whole history', () =
         options: () => ({ sinks, returnWeights: true, returnLogSumExp: true, ...(window ? { slidingWindow: window } : {}) }),
       };
       const one = decode(attn, shape), two = decode(attn2, shape);
-      expectMatchesReference(one, { halves: dtype === 'float16' });
+      expectMatchesReference(one, { dtype });
       one.results.forEach(({ got }, s) => {
         expect(Array.from(bits(two.results[s].got.output.data))).toEqual(Array.from(bits(got.output.data)));
       });
@@ -167,7 +170,7 @@ describe('token-by-token decoding equals attention over the whole history', () =
   });
 
   test.each([
-    ['float32', 8, 8], ['float16', 8, 8], ['float32', 8, 2], ['float16', 8, 2],
+    ['float32', 8, 8], ['float16', 8, 8], ['float32', 8, 2], ['float16', 8, 2], ['bfloat16', 8, 8],
   ])("%s cache, ALiBi (BLOOM's slopes; %p query heads on %p KV heads), causal and not (distances from length − Lq): each step within the tolerance of the reference, weights and logSumExp too; one and two threads bitwise", (dtype, Hq, Hkv) => {
     const slopes = Float32Array.from({ length: Hq }, (_, h) => 2 ** (-8 * (h + 1) / Hq));
     for (const extra of [{}, { isCausal: false }, { slidingWindow: 64, sinks: Float32Array.from({ length: Hq }, (_, h) => h - 3) }]) {
@@ -176,7 +179,7 @@ describe('token-by-token decoding equals attention over the whole history', () =
         options: () => ({ alibiSlopes: slopes, returnWeights: true, returnLogSumExp: true, ...extra }),
       };
       const one = decode(attn, shape), two = decode(attn2, shape);
-      expectMatchesReference(one, { halves: dtype === 'float16' });
+      expectMatchesReference(one, { dtype });
       one.results.forEach(({ got }, s) => {
         expect(Array.from(bits(two.results[s].got.output.data))).toEqual(Array.from(bits(got.output.data)));
       });
@@ -387,7 +390,7 @@ describe('token-by-token decoding equals attention over the whole history', () =
         v.data.fill(NaN, (row + keyLengths[b]) * E, (row + L) * E);
       }
     }
-    for (const dtype of ['float32', 'float16']) {
+    for (const dtype of ['float32', 'float16', 'bfloat16']) {
       const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, maxLength: L, dtype });
       try {
         cache.append(positions(k, 0, 300), positions(v, 0, 300));
@@ -395,9 +398,7 @@ describe('token-by-token decoding equals attention over the whole history', () =
         const query = randomTensor([B, Hq, 1, E], 13);
         const options = { keyLengths, causalOffset: Int32Array.from(keyLengths, (n) => n - 1) };
         const got = cache.attend(query, options);
-        const halves = dtype === 'float16';
-        const ref = referenceSdpa(query, halves ? roundedToHalves(k) : k, halves ? roundedToHalves(v) : v,
-          { isCausal: true, ...options });
+        const ref = referenceSdpa(query, storedValues(dtype, k), storedValues(dtype, v), { isCausal: true, ...options });
         expect(maxRelError(got.output.data, ref.output)).toBeLessThanOrEqual(TOL);
       } finally {
         cache.dispose();
@@ -434,9 +435,8 @@ describe('token-by-token decoding equals attention over the whole history', () =
       for (let b = 0; b < B; b++) mask.fill(0, b * length + padOf(b)[0], b * length + padOf(b)[1]);
       return { data: mask, dims: [B, 1, 1, length] };
     };
-    for (const dtype of ['float32', 'float16']) {
-      const halves = dtype === 'float16';
-      const ref = own.map(({ k, v }) => (halves ? { k: roundedToHalves(k), v: roundedToHalves(v) } : { k, v }));
+    for (const dtype of ['float32', 'float16', 'bfloat16']) {
+      const ref = own.map(({ k, v }) => ({ k: storedValues(dtype, k), v: storedValues(dtype, v) }));
       const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, maxLength: total, dtype });
       try {
         // The prompt: each batch's real positions around its padding (NaN).
@@ -490,7 +490,7 @@ describe('token-by-token decoding equals attention over the whole history', () =
     const Hq = 8, Hkv = 2, E = 64;
     const k = randomTensor([1, Hkv, 400, E], 21), v = randomTensor([1, Hkv, 400, E], 22);
     const draftK = randomTensor([1, Hkv, 5, E], 23), draftV = randomTensor([1, Hkv, 5, E], 24);
-    for (const dtype of ['float32', 'float16']) {
+    for (const dtype of ['float32', 'float16', 'bfloat16']) {
       const cache = attn.createKVCache({ batch: 1, kvHeads: Hkv, headDim: E, maxLength: 400, dtype });
       try {
         cache.append(positions(k, 0, 300), positions(v, 0, 300));
@@ -503,9 +503,7 @@ describe('token-by-token decoding equals attention over the whole history', () =
         expect(cache.length).toBe(400);
         const query = randomTensor([1, Hq, 1, E], 26);
         const got = cache.attend(query);
-        const halves = dtype === 'float16';
-        const ref = referenceSdpa(query, halves ? roundedToHalves(k) : k, halves ? roundedToHalves(v) : v,
-          { isCausal: true, causalOffset: 399 });
+        const ref = referenceSdpa(query, storedValues(dtype, k), storedValues(dtype, v), { isCausal: true, causalOffset: 399 });
         expect(maxRelError(got.output.data, ref.output)).toBeLessThanOrEqual(TOL);
         cache.reset();
         expect(cache.length).toBe(0);
@@ -703,15 +701,15 @@ describe('read(start, end): a copy of the stored positions, as append() takes th
     return cache;
   }
 
-  test.each([['float32'], ['float16']])('%s: every range, both layouts, the stored bits (float16: the halves append stored)', (dtype) => {
+  test.each([['float32'], ['float16'], ['bfloat16']])('%s: every range, both layouts, the stored bits (16-bit: the elements append stored)', (dtype) => {
     const cache = filled(attn, dtype);
     try {
-      // What the cache holds, as floats: float32 as given, float16 rounded to nearest even.
-      const stored = (t) => (dtype === 'float16' ? roundedToHalves(t) : t);
-      const asFloats = (t) => ({ data: dtype === 'float16' ? Float32Array.from(t.data, halfToFloat) : t.data, dims: t.dims });
+      // What the cache holds, as floats: float32 as given, 16-bit rounded to nearest even.
+      const stored = (t) => storedValues(dtype, t);
+      const asFloats = (t) => ({ data: dtype === 'float32' ? t.data : Float32Array.from(t.data, (x) => storedElementValue(dtype, x)), dims: t.dims });
       for (const [a, b] of [[0, L], [0, 1], [36, 37], [5, 29], [17, 17], [0, 0]]) {
         const bhsd = a === 0 && b === L ? cache.read() : cache.read(a, b);
-        expect(bhsd.key.data.constructor).toBe(dtype === 'float16' ? Uint16Array : Float32Array);
+        expect(bhsd.key.data.constructor).toBe(dtype === 'float32' ? Float32Array : Uint16Array);
         expect([bhsd.key.dims, bhsd.value.dims]).toEqual([[B, Hkv, b - a, E], [B, Hkv, b - a, Ev]]);
         expect(sameBits(asFloats(bhsd.key).data, positions(stored(k), a, b).data)).toBe(true);
         expect(sameBits(asFloats(bhsd.value).data, positions(stored(v), a, b).data)).toBe(true);
@@ -728,7 +726,7 @@ describe('read(start, end): a copy of the stored positions, as append() takes th
     }
   });
 
-  test.each([['float32'], ['float16']])('%s: restored into another cache (a saved prompt, a forked conversation), attend gives the same bits', (dtype) => {
+  test.each([['float32'], ['float16'], ['bfloat16']])('%s: restored into another cache (a saved prompt, a forked conversation), attend gives the same bits', (dtype) => {
     const source = filled(attn, dtype);
     const copy = attn2.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, valueDim: Ev, maxLength: 64, dtype });
     try {
@@ -820,8 +818,9 @@ describe('read(start, end): a copy of the stored positions, as append() takes th
         [[0, null], TypeError, 'KVCache.read: end must be an integer, got null'],
         [[0, 5, { layout: 'bsdh' }], RangeError, "KVCache.read: options.layout must be 'bhsd' or 'bshd', got \"bsdh\""],
         [[0, 5, { type: 'float32' }], TypeError, 'KVCache.read: unknown option "type"; known options: layout, dtype'],
-        [[0, 5, { dtype: 'bfloat16' }], RangeError, "KVCache.read: options.dtype must be 'float32' or 'float16', got \"bfloat16\""],
-        [[0, 5, { dtype: 32 }], TypeError, "KVCache.read: options.dtype must be 'float32' or 'float16', got 32"],
+        [[0, 5, { dtype: 'int8' }], RangeError, "KVCache.read: options.dtype must be 'float32', 'float16' or 'bfloat16', got \"int8\""],
+        [[0, 5, { dtype: 'bfloat16' }], RangeError, "KVCache.read: options.dtype 'bfloat16' needs a bfloat16 cache; this one stores float16 (read it as 'float16' or 'float32')"],
+        [[0, 5, { dtype: 32 }], TypeError, "KVCache.read: options.dtype must be 'float32', 'float16' or 'bfloat16', got 32"],
       ]) {
         expect(() => cache.read(...args)).toThrow(new Cls(message));
       }
@@ -1125,6 +1124,106 @@ describe('float16 cache', () => {
     } finally {
       f32.dispose();
       f16.dispose();
+    }
+  });
+});
+
+describe('bfloat16 cache', () => {
+  test.each([
+    ['GQA Hq32 Hkv8, E 128', { Hq: 32, Hkv: 8, E: 128 }],
+    ['MHA H4, E 64, Ev 72, B 2, with weights', { B: 2, Hq: 4, Hkv: 4, E: 64, Ev: 72, options: () => ({ returnWeights: true }) }],
+  ])('%s: within 2e-5 of the reference on bfloat16-rounded K/V, one and two threads bitwise', (_, shape) => {
+    const one = decode(attn, { ...shape, steps: STEPS, dtype: 'bfloat16', seed: 19 });
+    expectMatchesReference(one, { dtype: 'bfloat16' });
+    const two = decode(attn2, { ...shape, steps: STEPS, dtype: 'bfloat16', seed: 19 });
+    one.results.forEach(({ got }, s) => expect(bits(two.results[s].got.output.data)).toEqual(bits(got.output.data)));
+  });
+
+  test('the reference rounding itself: nearest even, subnormals, saturation, against the format', () => {
+    expect(roundToBFloat16(1 + 2 ** -8)).toBe(1);                // a tie: to even (1.0)
+    expect(roundToBFloat16(1 + 3 * 2 ** -8)).toBe(1 + 2 ** -6);  // a tie: to even (mantissa 2)
+    expect(roundToBFloat16(1 + 2 ** -8 + 2 ** -20)).toBe(1 + 2 ** -7);  // past the tie: up
+    expect(roundToBFloat16(2 ** -133)).toBe(2 ** -133);          // the smallest subnormal
+    expect(roundToBFloat16(2 ** -134)).toBe(0);                  // half of it: a tie, to even (0)
+    expect(roundToBFloat16(3.4e38)).toBe(255 * 2 ** 120);        // saturates, not Infinity
+    expect(roundToBFloat16(-Infinity)).toBe(-Infinity);
+    expect(roundToBFloat16(0.1)).toBe(bfloat16ToFloat(0x3dcd));
+    expect(roundToBFloat16(65520)).toBe(65536);                  // past a half's range: kept
+    expect(bfloat16ToFloat(0x7f7f)).toBe(255 * 2 ** 120);
+    expect(bfloat16ToFloat(0x0001)).toBe(2 ** -133);
+    expect(bfloat16ToFloat(0xc000)).toBe(-2);
+  });
+
+  test('appends round to nearest even as the reference does, past the half range too; finite past the largest saturate; Infinity and NaN stay so', () => {
+    const E = 8;
+    const u = mulberry32(57);
+    // Values of every magnitude float32 holds, ties and their neighbours, and the edges.
+    const values = [];
+    for (let i = 0; i < 4000; i++) values.push((u() - 0.5) * 2 ** Math.floor(u() * 250 - 125));
+    const tie = 1 + 2 ** -8, top = 255 * 2 ** 120;
+    values.push(tie, -tie, Math.fround(tie + 2 ** -23), 3.4028234663852886e38, -3.4028234663852886e38, top, top + 2 ** 118,
+      Infinity, -Infinity, NaN, 0, -0, 2 ** -149, 65520, -1e30, 1e-40);
+    while (values.length % E !== 0) values.push(1);
+    const data = Float32Array.from(values);
+    const L = data.length / E;
+    const cache = attn.createKVCache({ batch: 1, kvHeads: 1, headDim: E, maxLength: L, dtype: 'bfloat16' });
+    try {
+      cache.append({ data, dims: [1, 1, L, E] }, { data, dims: [1, 1, L, E] });
+      const held = cache.read(0, L, { dtype: 'float32' }).key.data;
+      const wrong = Array.from(data).findIndex((x, i) => !Object.is(held[i], roundToBFloat16(x)));
+      expect(wrong).toBe(-1);
+      expect(held.filter((x) => Number.isNaN(x)).length).toBe(1);
+      expect(held.includes(Infinity) && held.includes(-Infinity)).toBe(true);
+      expect(Math.max(...Array.from(held).filter(Number.isFinite))).toBe(top);
+    } finally {
+      cache.dispose();
+    }
+  });
+
+  test("raw bfloat16 (Uint16Array) is stored as it is, read() gives it back; { dtype: 'float32' } widens every one of the 65536 patterns exactly", () => {
+    const all = { data: Uint16Array.from({ length: 65536 }, (_, b) => b), dims: [1, 2, 128, 256] };
+    const cache = attn.createKVCache({ batch: 1, kvHeads: 2, headDim: 256, maxLength: 128, dtype: 'bfloat16' });
+    try {
+      cache.append(all, all);
+      for (const layout of ['bhsd', 'bshd']) {
+        const raw = cache.read(0, 128, { layout }), widened = cache.read(0, 128, { layout, dtype: 'float32' });
+        expect(cache.read(0, 128, { layout, dtype: 'bfloat16' }).key.data).toEqual(raw.key.data);
+        for (const plane of ['key', 'value']) {
+          expect(raw[plane].data.constructor).toBe(Uint16Array);
+          if (layout === 'bhsd') expect(raw[plane].data).toEqual(all.data);
+          expect(widened[plane].data.constructor).toBe(Float32Array);
+          const wrong = Array.from(raw[plane].data).findIndex((b, i) => !Object.is(widened[plane].data[i], bfloat16ToFloat(b)));
+          expect(wrong).toBe(-1);
+        }
+      }
+      expect(() => cache.read(0, 1, { dtype: 'float16' })).toThrow(new RangeError(
+        "KVCache.read: options.dtype 'float16' needs a float16 cache; this one stores bfloat16 (read it as 'bfloat16' or 'float32')"));
+    } finally {
+      cache.dispose();
+    }
+  });
+
+  test('keys and values far past the half range (around 2^100 and 2^90) attend as the reference on their bfloat16 values', () => {
+    const B = 1, Hq = 8, Hkv = 2, E = 64, L = 700;
+    const scaled = (t, factor) => ({ data: t.data.map((x) => x * factor), dims: t.dims });
+    const k = scaled(randomTensor([B, Hkv, L, E], 61), 2 ** 100), v = scaled(randomTensor([B, Hkv, L, E], 62), 2 ** 90);
+    const cache = attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: E, maxLength: L, dtype: 'bfloat16' });
+    try {
+      cache.append(positions(k, 0, 600), positions(v, 0, 600));
+      cache.append(positions(k, 600, L), positions(v, 600, L));
+      for (const Lq of [1, 5]) {
+        const query = scaled(randomTensor([B, Hq, Lq, E], 63 + Lq), 2 ** -100);
+        const got = cache.attend(query);
+        const ref = referenceSdpa(query, storedValues('bfloat16', k), storedValues('bfloat16', v), { isCausal: true, causalOffset: L - Lq });
+        expect(got.output.data.every(Number.isFinite)).toBe(true);
+        // Relative to the largest |output| (the outputs are ~2^90).
+        const largest = ref.output.reduce((m, x) => Math.max(m, Math.abs(x)), 0);
+        const error = got.output.data.reduce((m, x, i) => Math.max(m, Math.abs(x - ref.output[i])), 0) / largest;
+        expect(largest).toBeGreaterThan(2 ** 80);
+        expect(error).toBeLessThanOrEqual(TOL);
+      }
+    } finally {
+      cache.dispose();
     }
   });
 });

@@ -524,7 +524,8 @@ describe('sdpa() past maxMemoryBytes runs a slice of batches and KV heads at a t
     }
   };
 
-  test.each(Object.keys(cases).flatMap((name) => [[name, 'float32'], [name, 'float16']]))('KVCache.attend past the limit beside its cache, %s (%s cache): threads 1 and 2, bitwise the unlimited call, down to the least that runs it', async (name, dtype) => {
+  // bfloat16 on the first case: its reading is float16's (the same 16-bit paths, src/sdpa.h).
+  test.each([...Object.keys(cases).flatMap((name) => [[name, 'float32'], [name, 'float16']]), [Object.keys(cases)[0], 'bfloat16']])('KVCache.attend past the limit beside its cache, %s (%s cache): threads 1 and 2, bitwise the unlimited call, down to the least that runs it', async (name, dtype) => {
     // The float16 cache's query and output in the bshd layout: both layouts through slices.
     const layout = dtype === 'float16' ? 'bshd' : 'bhsd';
     const options = layout === 'bshd' ? { ...cases[name], ...bshd } : cases[name];
@@ -728,14 +729,14 @@ describe('one batch and one KV head (multi-query attention) past maxMemoryBytes:
     }
   });
 
-  test('a decode of 5 query heads from a float16 cache: a head alone would be read in another order, so it runs whole; float32 runs 4 + 1', async () => {
-    // The last head of a 4 + 1 split is one row per KV head, which the kernel reads from a float16
+  test('a decode of 5 query heads from a float16 or bfloat16 cache: a head alone would be read in another order, so it runs whole; float32 runs 4 + 1', async () => {
+    // The last head of a 4 + 1 split is one row per KV head, which the kernel reads from a 16-bit
     // cache in interleaved groups of 4 key tiles (2048 keys): other sums than in the whole call's
     // tile of one row among five. A float32 cache reads it in order either way.
     const heads = 5, positions = 4500, dims = 16;
     const k = randomTensor([1, 1, positions, dims], 511), v = randomTensor([1, 1, positions, dims], 512);
     const query = randomTensor([1, heads, 1, dims], 513), options = { returnWeights: true };
-    for (const dtype of ['float16', 'float32']) {
+    for (const dtype of ['float16', 'bfloat16', 'float32']) {
       const cacheBytes = positions * 2 * dims * (dtype === 'float32' ? 4 : 2);
       const attendOn = attendOnCache(k, v, dtype, 50, query, options);
       for (const threads of [1, 2]) {

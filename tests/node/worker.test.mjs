@@ -303,8 +303,8 @@ describe('attention dropout through the worker: bitwise the direct calls', () =>
     expect(error.message).toMatch(/dropout differs from the sdpa\(\) call that returned options\.saved/);
   });
 
-  test('KVCache.attend (float32 and float16) and sdpaVarlen / sdpaVarlenBackward', async () => {
-    for (const dtype of ['float32', 'float16']) {
+  test('KVCache.attend (float32, float16 and bfloat16) and sdpaVarlen / sdpaVarlenBackward', async () => {
+    for (const dtype of ['float32', 'float16', 'bfloat16']) {
       const shape = { batch: 2, kvHeads: 2, headDim: 8, valueDim: 6, maxLength: 80, dtype };
       const local = attn.createKVCache(shape), remote = await worker.createKVCache(shape);
       try {
@@ -312,6 +312,15 @@ describe('attention dropout through the worker: bitwise the direct calls', () =>
         await remote.append(key, value);
         const options = { ...dropout, returnWeights: true, returnLogSumExp: true };
         expect(hashOf(await remote.attend(query, options))).toBe(hashOf(local.attend(query, options)));
+        if (dtype !== 'float32') {  // raw 16-bit elements of the cache's dtype, stored as they are
+          const raw = (n, d) => ({ data: Uint16Array.from({ length: 2 * 2 * n * d }, (_, i) => 0x3c00 + ((i * 37) % 301)), dims: [2, 2, n, d] });
+          local.append(raw(2, 8), raw(2, 6));
+          await remote.append(raw(2, 8), raw(2, 6));
+          const [held, heldRemote] = [local.read(), await remote.read()];
+          expect(heldRemote.key.data).toEqual(held.key.data);
+          expect(Array.from(held.key.data.subarray(-8))).toEqual(Array.from(raw(2, 8).data.subarray(-8)));
+          expect(hashOf(await remote.attend(query, options))).toBe(hashOf(local.attend(query, options)));
+        }
       } finally {
         local.dispose();
         await remote.dispose();
@@ -627,9 +636,9 @@ describe('errors: the same class and message as the direct API', () => {
   test.each(createViaWorker.map((c, i) => [c[0], i]))('createKVCache: %s',
     (_, i) => expectSameError(createViaWorker[i], createViaDirect[i]));
 
-  test.each(CACHE_ERROR_CASES.map((c) => [c[0], c]))('cache %s (both dtypes); the cache is unchanged', async (name, [, call, Cls]) => {
-    for (const dtype of ['float32', 'float16']) {
-      if (dtype === 'float16' && /halves into a float32/.test(name)) continue;
+  test.each(CACHE_ERROR_CASES.map((c) => [c[0], c]))('cache %s (every dtype); the cache is unchanged', async (name, [, call, Cls]) => {
+    for (const dtype of ['float32', 'float16', 'bfloat16']) {
+      if (dtype !== 'float32' && /halves into a float32/.test(name)) continue;
       const direct = attn.createKVCache({ ...CACHE_OPTIONS, dtype });
       const remote = await worker.createKVCache({ ...CACHE_OPTIONS, dtype });
       try {
