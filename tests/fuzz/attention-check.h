@@ -67,6 +67,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -126,6 +127,12 @@ inline std::string describe(const Problem& p) {
 // Key or value element `at` (an element index) as a double.
 FUZZ_NO_COVERAGE inline double kv_element(const Problem& p, const void* base, int64_t at) {
   if (sdpa::is_half(p.kv_type)) return sdpa::f16_to_f32(static_cast<const uint16_t*>(base)[at]);
+  if (p.kv_type == sdpa::KvType::kBFloat16) {  // the float32 whose upper 16 bits it is
+    const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(base)[at]) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+  }
   return static_cast<const float*>(base)[at];
 }
 

@@ -150,7 +150,8 @@ Status corrupt(FuzzedDataProvider& in, BackwardProblem& bp, Buffers& buf, uint64
       return break_stride(strides[detail % 12], detail);
     }
     case 8: {  // valid for forward(), not for backward()
-      p.kv_type = detail % 2 == 0 ? KvType::kFloat16 : KvType::kFloat16Finite;
+      const KvType sixteen_bit[] = {KvType::kFloat16, KvType::kFloat16Finite, KvType::kBFloat16};
+      p.kv_type = sixteen_bit[detail % 3];
       return Status::kBadKvType;
     }
     case 9: return break_kv_type(p, detail);

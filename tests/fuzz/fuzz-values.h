@@ -103,6 +103,42 @@ FUZZ_NO_COVERAGE inline uint16_t draw_half(Rng& rng, const ValueStyle& s) {
   return sdpa::f32_to_f16(draw_float(rng, ValueStyle{s.seed, s.exponent, 0, s.small_integers}));
 }
 
+// bfloat16 patterns: +Inf, -Inf, a quiet NaN, a NaN with a payload, the largest finite and the
+// most negative, the smallest subnormal, -0, the largest subnormal, the smallest normal, 1, 0.
+inline constexpr uint16_t kSpecialBFloat16s[] = {0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0x7F7F, 0xFF7F, 0x0001, 0x8000,
+                                                 0x007F, 0x0080, 0x3F80, 0x0000};
+
+// float32 -> bfloat16 as src/kv-cache.h specifies it, from the value (not the bits): f = m·2^e
+// with m in [0.5, 1) has 8 significant bits kept, m·2^8 rounded to an integer by nearbyint (to
+// nearest, ties to even, the default rounding mode), or f·2^133 rounded for the subnormal
+// bfloat16s (steps of 2^-133); a finite result of 2^128 or more (infinity in float) saturates to
+// the largest bfloat16 of its sign; Inf stays Inf; NaN is "a NaN of this sign" (matches_bf16).
+FUZZ_NO_COVERAGE inline uint16_t narrow_bf16(float f) {
+  if (std::isnan(f)) return std::signbit(f) ? 0xFFC0 : 0x7FC0;
+  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  if (std::isinf(f)) return static_cast<uint16_t>(sign | 0x7F80);
+  int e = 0;
+  std::frexp(static_cast<double>(f), &e);
+  const double rounded = e - 8 >= -133 ? std::ldexp(std::nearbyint(std::ldexp(static_cast<double>(f), 8 - e)), e - 8)
+                                       : std::ldexp(std::nearbyint(std::ldexp(static_cast<double>(f), 133)), -133);
+  if (std::fabs(rounded) >= 0x1p128) return static_cast<uint16_t>(sign | 0x7F7F);
+  const float value = static_cast<float>(rounded);  // exact: 8 significant bits
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  return static_cast<uint16_t>((bits >> 16) | sign);  // | sign: a zero keeps f's sign
+}
+
+FUZZ_NO_COVERAGE inline bool bf16_is_nan(uint16_t b) { return (b & 0x7F80) == 0x7F80 && (b & 0x7F) != 0; }
+
+// A bfloat16 drawn as draw_half draws halves: a special pattern (Inf, NaNs, the largest, the
+// smallest subnormal, -0, one) or an ordinary value rounded.
+FUZZ_NO_COVERAGE inline uint16_t draw_bf16(Rng& rng, const ValueStyle& s) {
+  if (s.special_rate != 0 && rng.below(256) < s.special_rate) {
+    return kSpecialBFloat16s[rng.below(sizeof kSpecialBFloat16s / sizeof kSpecialBFloat16s[0])];
+  }
+  return narrow_bf16(draw_float(rng, ValueStyle{s.seed, s.exponent, 0, s.small_integers}));
+}
+
 // The first element past the last one a [n0, n1, n2, n3] tensor with these strides reaches,
 // inner dimension n3 contiguous; 0 for an empty tensor.
 inline size_t extent(int64_t n0, int64_t n1, int64_t n2, int64_t n3, int64_t s0, int64_t s1, int64_t s2) {

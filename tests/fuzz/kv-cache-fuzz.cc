@@ -1,23 +1,25 @@
 // Fuzz target: a KV cache (src/kv-cache.h) driven through a sequence of operations, as the
 // TypeScript KVCache (js/kv-cache.ts) drives it:
 //   append    n positions of K [B, Hkv, n, E] and V [B, Hkv, n, Ev] (or laid out [B, n, H, D]),
-//             float32 or float16 source data, copied into the storage after the `length`
-//             stored positions with copy_rows(); a float16 cache narrows float32 values,
-//             rounding to nearest even and saturating beyond ±65504 (Inf too), NaN kept;
+//             float32 or 16-bit source data (float16, or for a bfloat16 cache bfloat16),
+//             copied into the storage after the `length` stored positions with copy_rows(); a
+//             float16 cache narrows float32 values, rounding to nearest even and saturating
+//             beyond ±65504 (Inf too), NaN kept; a bfloat16 cache rounds to nearest even,
+//             saturating finite values past the largest bfloat16, Inf and NaN kept;
 //   truncate  to n <= length positions (the storage keeps the old rows: stale data that
 //             attention must not read);
 //   attend    a query [B, Hq, Lq, E] (Hq = Hkv·group) to the stored positions, read in place:
 //             kv_len = length, K/V strides of the storage layout, causal with offset
 //             length - Lq by default (the last Lq positions are the query's own), the cache's
-//             kv_type: kFloat16Finite when no Inf/NaN half may be stored (as the TypeScript
-//             layer decides), read_kv_in_order; sometimes weights, logsumexp, key_lengths (and key_starts), a sliding window,
+//             kv_type: for float16 kFloat16Finite when no Inf/NaN half may be stored (as the
+//             TypeScript layer decides), read_kv_in_order; sometimes weights, logsumexp, key_lengths (and key_starts), a sliding window,
 //             sinks; in one attend of two ALiBi and dropout (from bytes derived from the
 //             query's seed, not read from the input, so that the corpus keeps its meaning);
 //   a broken copy (negative size, zero dim, null pointer, unknown type, negative stride),
 //             which must return its Status and write nothing.
 // After every operation the whole storage is compared with a model of what it should hold,
 // element by element (the conversions written independently here, with the compiler's
-// _Float16), so a stray write anywhere is found; every attention result is checked against
+// _Float16 and __bf16), so a stray write anywhere is found; every attention result is checked against
 // the double reference by tests/fuzz/attention-check.h, and the kFloat16Finite result
 // against kFloat16's, bitwise. The storage is allocated at its exact size and starts out as
 // NaN ("never written"), so reads past `length` or past the storage show up.
@@ -28,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "attention-check.h"
@@ -73,6 +76,10 @@ FUZZ_NO_COVERAGE bool matches(uint16_t got, uint16_t want) {
   }
   return got == want;
 }
+FUZZ_NO_COVERAGE bool matches_bf16(uint16_t got, uint16_t want) {
+  if (bf16_is_nan(want)) return bf16_is_nan(got) && (got & 0x8000) == (want & 0x8000);
+  return got == want;
+}
 FUZZ_NO_COVERAGE bool matches(float got, float want) {
   if (std::isnan(want)) return std::isnan(got) && std::signbit(got) == std::signbit(want);
   return float_bits(got) == float_bits(want);
@@ -97,7 +104,9 @@ struct Cache {
   int32_t length = 0;
   bool maybe_inf_nan = false;  // some stored half may be Inf/NaN (then kFloat16, not kFloat16Finite)
 
-  bool half() const { return sdpa::is_half(type); }
+  // 16-bit storage (f16 holds it): float16 or bfloat16.
+  bool half() const { return sdpa::is_16_bit(type); }
+  bool bfloat16() const { return type == KvType::kBFloat16; }
   int64_t stride_b(int32_t dim) const { return static_cast<int64_t>(Hkv) * max_len * dim; }
   int64_t stride_h(int32_t dim) const { return static_cast<int64_t>(max_len) * dim; }
   void* key_data() { return half() ? static_cast<void*>(f16.keys.data()) : f32.keys.data(); }
@@ -124,7 +133,13 @@ template <typename T>
 FUZZ_NO_COVERAGE void compare_storage(const Cache& c, const std::vector<T>& got, const std::vector<T>& want,
                                       const char* which, const char* after) {
   for (size_t n = 0; n < got.size(); n++) {
-    if (!matches(got[n], want[n])) {
+    bool same;
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      same = c.bfloat16() ? matches_bf16(got[n], want[n]) : matches(got[n], want[n]);
+    } else {
+      same = matches(got[n], want[n]);
+    }
+    if (!same) {
       char what[128];
       std::snprintf(what, sizeof what, "%s storage differs from its model after %s", which, after);
       fail_cache(c, what, n);
@@ -146,14 +161,16 @@ void check_storage(const Cache& c, const char* after) {
 // cache; and whether it stored an Inf/NaN half.
 FUZZ_NO_COVERAGE void model_append(Cache& c, bool keys, const RowBlock& src, int32_t n, int32_t dim,
                                    const std::vector<float>& source_f, const std::vector<uint16_t>& source_h) {
-  const bool source_half = sdpa::is_half(src.type);
+  const bool source_half = sdpa::is_16_bit(src.type);
   for (int64_t b = 0; b < c.B; b++)
     for (int64_t h = 0; h < c.Hkv; h++)
       for (int64_t l = 0; l < n; l++)
         for (int64_t d = 0; d < dim; d++) {
           const size_t from = static_cast<size_t>(b * src.stride_b + h * src.stride_h + l * src.stride_l + d);
           const size_t to = static_cast<size_t>(b * c.stride_b(dim) + h * c.stride_h(dim) + (c.length + l) * dim + d);
-          if (c.half()) {
+          if (c.bfloat16()) {
+            (keys ? c.f16.model_keys : c.f16.model_values)[to] = source_half ? source_h[from] : narrow_bf16(source_f[from]);
+          } else if (c.half()) {
             const uint16_t stored = source_half ? source_h[from] : narrow(source_f[from]);
             (keys ? c.f16.model_keys : c.f16.model_values)[to] = stored;
             if (half_is_inf_or_nan(stored)) c.maybe_inf_nan = true;
@@ -163,9 +180,10 @@ FUZZ_NO_COVERAGE void model_append(Cache& c, bool keys, const RowBlock& src, int
         }
 }
 
-FUZZ_NO_COVERAGE void draw_source(Rng& rng, const ValueStyle& style, std::vector<float>& f, std::vector<uint16_t>& h) {
+FUZZ_NO_COVERAGE void draw_source(Rng& rng, const ValueStyle& style, bool bfloat16, std::vector<float>& f,
+                                  std::vector<uint16_t>& h) {
   for (float& x : f) x = draw_float(rng, style);
-  for (uint16_t& x : h) x = draw_half(rng, style);
+  for (uint16_t& x : h) x = bfloat16 ? draw_bf16(rng, style) : draw_half(rng, style);
 }
 
 // Appends n positions of K and V from freshly drawn source data.
@@ -180,7 +198,9 @@ void append(FuzzedDataProvider& in, Cache& c) {
     const int32_t dim = keys ? c.E : c.Ev;
     // Source [B, H, n, D] or [B, n, H, D], dense.
     RowBlock src;
-    src.type = source_half ? KvType::kFloat16 : KvType::kFloat32;
+    // 16-bit data is of the cache's own format (as the TypeScript layer passes a Uint16Array);
+    // into a float32 cache, halves.
+    src.type = !source_half ? KvType::kFloat32 : c.bfloat16() ? KvType::kBFloat16 : KvType::kFloat16;
     if (bshd) {
       src.stride_h = dim, src.stride_l = static_cast<int64_t>(c.Hkv) * dim;
     } else {
@@ -190,7 +210,7 @@ void append(FuzzedDataProvider& in, Cache& c) {
     const size_t count = static_cast<size_t>(c.B) * c.Hkv * n * dim;
     std::vector<float> source_f(source_half ? 0 : count);
     std::vector<uint16_t> source_h(source_half ? count : 0);
-    draw_source(rng, style, source_f, source_h);
+    draw_source(rng, style, c.bfloat16(), source_f, source_h);
     // copy_rows needs a non-null source even for zero rows: one element past nothing.
     float dummy_f = 0.0f;
     src.data = source_half ? static_cast<void*>(count ? source_h.data() : nullptr)
@@ -254,7 +274,7 @@ void attend(FuzzedDataProvider& in, Cache& c) {
   p.head_dim = c.E, p.value_dim = c.Ev;
   p.query = query.data(), p.q_stride_b = q.b, p.q_stride_h = q.h, p.q_stride_l = q.l;
   p.output = output.data(), p.o_stride_b = o.b, p.o_stride_h = o.h, p.o_stride_l = o.l;
-  p.kv_type = !c.half() ? KvType::kFloat32 : c.maybe_inf_nan ? KvType::kFloat16 : KvType::kFloat16Finite;
+  p.kv_type = !c.half() || c.bfloat16() ? c.type : c.maybe_inf_nan ? KvType::kFloat16 : KvType::kFloat16Finite;
   p.key = c.key_data(), p.k_stride_b = c.stride_b(c.E), p.k_stride_h = c.stride_h(c.E), p.k_stride_l = c.E;
   p.value = c.value_data(), p.v_stride_b = c.stride_b(c.Ev), p.v_stride_h = c.stride_h(c.Ev), p.v_stride_l = c.Ev;
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.E));
@@ -349,10 +369,15 @@ void run(const uint8_t* data, size_t size) {
     c.Ev = dims[in.ConsumeIntegral<uint8_t>() % (sizeof dims / sizeof dims[0])];
   }
   c.type = in.ConsumeBool() ? KvType::kFloat16 : KvType::kFloat32;
+  // Which 16-bit format: from the sizes drawn above rather than from another input byte (which
+  // would make the committed corpus decode to other operations), so half of the size
+  // combinations are bfloat16 caches.
+  if (c.half() && (c.B + 3 * c.Hkv + 5 * c.max_len + 7 * c.E + 11 * c.Ev) % 2 == 1) c.type = KvType::kBFloat16;
   const size_t key_elements = static_cast<size_t>(c.B) * c.Hkv * c.max_len * c.E;
   const size_t value_elements = static_cast<size_t>(c.B) * c.Hkv * c.max_len * c.Ev;
-  if (c.half()) {  // never written: NaN halves (one with a payload)
-    c.f16.keys.assign(key_elements, 0x7C01), c.f16.values.assign(value_elements, 0x7C01);
+  if (c.half()) {  // never written: NaN (one with a payload)
+    const uint16_t never = c.bfloat16() ? 0x7F81 : 0x7C01;
+    c.f16.keys.assign(key_elements, never), c.f16.values.assign(value_elements, never);
     c.f16.model_keys = c.f16.keys, c.f16.model_values = c.f16.values;
   } else {
     c.f32.keys.assign(key_elements, kNaN), c.f32.values.assign(value_elements, kNaN);

@@ -112,9 +112,9 @@ FUZZ_NO_COVERAGE inline void fill(std::vector<float>& x, const ValueStyle& s) {
   Rng rng{s.seed};
   for (float& f : x) f = draw_float(rng, s);
 }
-FUZZ_NO_COVERAGE inline void fill(std::vector<uint16_t>& x, const ValueStyle& s) {
+FUZZ_NO_COVERAGE inline void fill(std::vector<uint16_t>& x, const ValueStyle& s, bool bfloat16 = false) {
   Rng rng{s.seed};
-  for (uint16_t& h : x) h = draw_half(rng, s);
+  for (uint16_t& h : x) h = bfloat16 ? draw_bf16(rng, s) : draw_half(rng, s);
 }
 
 // Sets the padding of a [B, H, L, D] tensor (elements no index reaches) to `pad`.
@@ -372,7 +372,7 @@ inline Status break_stride(int64_t* stride, uint8_t detail) {
 
 // A kv_type that is no KvType at all.
 inline Status break_kv_type(Problem& p, uint8_t detail) {
-  p.kv_type = static_cast<sdpa::KvType>(detail % 2 == 0 ? 3 : -1);
+  p.kv_type = static_cast<sdpa::KvType>(detail % 2 == 0 ? 4 : -1);  // 0..3 are KvTypes
   return Status::kBadKvType;
 }
 

@@ -17,10 +17,10 @@
 //            values: problem-decoding.h, decode_alibi), attention dropout (threshold 0 in about
 //            half, small, q·2^32, about 2^31, near 2^32 - 1 or any; any seed; batch, head and
 //            row bases 0, small or the largest taken; after ALiBi: decode_dropout),
-//            weights, logsumexp, kv_type float32/float16/float16-finite, read_kv_in_order,
+//            weights, logsumexp, kv_type float32/float16/float16-finite/bfloat16, read_kv_in_order,
 //            a pool of 1 or 2 threads;
 //   values   per tensor, ordinary numbers of a chosen magnitude mixed with NaN, ±Inf, ±1e30,
-//            ±FLT_MAX, subnormals, -0 (float16 K/V: the half edge patterns), plus single
+//            ±FLT_MAX, subnormals, -0 (16-bit K/V: the format's edge patterns), plus single
 //            elements the input sets; and, deliberately, NaN/Inf in every K/V row no query row
 //            may attend (past key_lengths, past every causal limit, masked for every row).
 // Every buffer is allocated at its exact size (fuzz-values.h): AddressSanitizer sees any
@@ -208,7 +208,7 @@ void check_segments(const Problem& p_in, const Buffers& buf, const std::vector<f
   const int32_t segments = sdpa::segment_count(p);
   std::vector<float> partials(static_cast<size_t>(sdpa::segment_partials_floats(p)));
   std::vector<float> scratch(static_cast<size_t>(sdpa::segment_scratch_floats(p)));
-  const size_t elem = sdpa::is_half(p.kv_type) ? 2 : 4;
+  const size_t elem = sdpa::is_16_bit(p.kv_type) ? 2 : 4;
   for (int32_t s = 0; s < segments; s++) {
     const int64_t first = static_cast<int64_t>(s) * sdpa::segment_keys();
     const int64_t n = std::min<int64_t>(p.kv_len - first, sdpa::segment_keys());
@@ -251,7 +251,11 @@ void run(const uint8_t* data, size_t size) {
 
   const uint8_t kv_type = in.ConsumeIntegral<uint8_t>() % 3;
   p.kv_type = static_cast<KvType>(kv_type);
-  const bool half = sdpa::is_half(p.kv_type);
+  // A 16-bit problem is bfloat16 for half of the shapes: chosen from the shape drawn above, not
+  // from another input byte (which would make the committed corpus decode to other problems).
+  if (kv_type != 0 && (B + 3 * Hq + 5 * Hkv + 7 * Lq + 11 * Lk + 13 * E + 17 * Ev) % 2 == 1) p.kv_type = KvType::kBFloat16;
+  const bool half = sdpa::is_16_bit(p.kv_type);  // 16-bit K/V (key_h, value_h): halves or bfloat16
+  const bool bf16 = p.kv_type == KvType::kBFloat16;
 
   const auto [q, k, v, o] = decode_layouts(in, p);
 
@@ -272,7 +276,7 @@ void run(const uint8_t* data, size_t size) {
   const ValueStyle k_style = ValueStyle::from(in), v_style = ValueStyle::from(in);
   if (half) {
     buf.key_h.resize(k.size), buf.value_h.resize(v.size);
-    fill(buf.key_h, k_style), fill(buf.value_h, v_style);
+    fill(buf.key_h, k_style, bf16), fill(buf.value_h, v_style, bf16);
     p.key = buf.key_h.data(), p.value = buf.value_h.data();
   } else {
     buf.key_f.resize(k.size), buf.value_f.resize(v.size);
@@ -285,7 +289,8 @@ void run(const uint8_t* data, size_t size) {
     const uint16_t index = in.ConsumeIntegral<uint16_t>();
     const uint8_t special = in.ConsumeIntegral<uint8_t>();
     const float f = kSpecialFloats[special % (sizeof kSpecialFloats / sizeof kSpecialFloats[0])];
-    const uint16_t h = kSpecialHalves[special % (sizeof kSpecialHalves / sizeof kSpecialHalves[0])];
+    const uint16_t h = bf16 ? kSpecialBFloat16s[special % (sizeof kSpecialBFloat16s / sizeof kSpecialBFloat16s[0])]
+                            : kSpecialHalves[special % (sizeof kSpecialHalves / sizeof kSpecialHalves[0])];
     if (tensor == 0) buf.query[index % buf.query.size()] = f;
     else if (half) (tensor == 1 ? buf.key_h[index % buf.key_h.size()] : buf.value_h[index % buf.value_h.size()]) = h;
     else (tensor == 1 ? buf.key_f[index % buf.key_f.size()] : buf.value_f[index % buf.value_f.size()]) = f;
@@ -295,8 +300,9 @@ void run(const uint8_t* data, size_t size) {
   // Padding: NaN.
   fill_padding(buf.query, B, Hq, Lq, E, q, kNaN);
   if (half) {
-    fill_padding<uint16_t>(buf.key_h, B, Hkv, Lk, E, k, 0x7E00);
-    fill_padding<uint16_t>(buf.value_h, B, Hkv, Lk, Ev, v, 0x7E00);
+    const uint16_t nan = bf16 ? 0x7FC0 : 0x7E00;
+    fill_padding<uint16_t>(buf.key_h, B, Hkv, Lk, E, k, nan);
+    fill_padding<uint16_t>(buf.value_h, B, Hkv, Lk, Ev, v, nan);
   } else {
     fill_padding(buf.key_f, B, Hkv, Lk, E, k, kNaN);
     fill_padding(buf.value_f, B, Hkv, Lk, Ev, v, kNaN);
@@ -309,6 +315,7 @@ void run(const uint8_t* data, size_t size) {
   {
     const float poison_f[] = {kNaN, kInf, -kInf, FLT_MAX};
     const uint16_t poison_h[] = {0x7E00, 0x7C00, 0xFC00, 0x7C01};
+    const uint16_t poison_bf16[] = {0x7FC0, 0x7F80, 0xFF80, 0x7F81};
     const bool poison = poison_choice >= 64;
     // (Not with kFloat16Finite: an attended row must not hold Inf/NaN halves there.)
     const bool poison_partly_attended =
@@ -316,7 +323,7 @@ void run(const uint8_t* data, size_t size) {
     std::vector<bool> attended_k(k.size, false), attended_v(v.size, false);
     mark_attended(p, k, v, poison_partly_attended, attended_k, attended_v);
     if (half) {
-      const uint16_t pv = poison_h[poison_choice % 4];
+      const uint16_t pv = (bf16 ? poison_bf16 : poison_h)[poison_choice % 4];
       const bool finite = p.kv_type == KvType::kFloat16Finite;
       treat(buf.key_h, attended_k, poison, pv, finite), treat(buf.value_h, attended_v, poison, pv, finite);
     } else {
@@ -400,7 +407,7 @@ void run(const uint8_t* data, size_t size) {
   // What the streamed calls take (sdpa.h): one (batch, KV head) on the decode path, not float16
   // read in order.
   const bool one_pair_decode = p.batch == 1 && p.kv_heads == 1 && sdpa::reads_keys_in_place(p) &&
-                               !(sdpa::is_half(p.kv_type) && p.read_kv_in_order);
+                               !(sdpa::is_16_bit(p.kv_type) && p.read_kv_in_order);
   if (one_pair_decode) {
     // The streamed calls write no weights; forward()'s output has the same bits either way.
     Problem streamed = p;
