@@ -155,7 +155,7 @@ async function decodeSection({ quick = false, contexts = null, kinds = null, hot
   log(`sdpa-wasm ${pkg.version} (${isa} build, threads 1 and 2; build ${Object.entries(build).map(([f, t]) => `${f} ${t}`).join(', ')}); read probe: v128.load + i32x4.add over the same bytes, 1 thread and 2 (main + 1 worker); ` +
     (settings.evict ? `before every timed run, ${fmtMiB(probe.evictBytes)} MiB of other memory read on both threads (untimed), so each run starts from main memory` : '--hot: no eviction between runs') +
     (ortPeer ? `; onnxruntime-web ${ortPeer.version} (wasm, 1 thread)` : ''));
-  log(`check: max abs error vs the float64 reference <= ${RELATIVE_TOLERANCE} × its largest |value| (for a float16 cache, the reference of its K/V rounded to halves); warm-up >= ${settings.warmSeconds} s and ${settings.minWarmups} runs; ` +
+  log(`check: max abs error vs the float64 reference <= ${RELATIVE_TOLERANCE} × its largest |value| (for a 16-bit cache, the reference of its K/V rounded to its format); warm-up >= ${settings.warmSeconds} s and ${settings.minWarmups} runs; ` +
     `timing: round-robin rounds (a new shuffled order every round), median of >= ${settings.minRuns} runs and >= ${settings.minSeconds} s per (shape, context); ` +
     `an entry is skipped when a run takes > ${settings.maxRunSeconds} s or ${settings.minRuns} runs > ${settings.budgetSeconds} s`);
 

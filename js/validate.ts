@@ -267,7 +267,7 @@ export interface Operand<T extends Float32Array | Uint16Array = Float32Array> {
 
 /**
  * A tensor of rank 2..4, read as [B, H, L, D] in the given layout. `halves` also accepts a
- * Uint16Array of raw IEEE float16 values (a float16 KV cache's appends).
+ * Uint16Array of raw 16-bit elements (a float16 or bfloat16 KV cache's appends).
  */
 export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd' | 'bshd', halves: true): Operand<Float32Array | Uint16Array>;
 export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd' | 'bshd', halves?: false): Operand;
@@ -278,7 +278,7 @@ export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd'
   }
   const { data, dims } = t as { data?: unknown; dims?: unknown };
   if (!isFloat32Array(data) && !(halves && isUint16Array(data))) {
-    throw new TypeError(`${fn}: ${name}.data must be a ${halves ? 'Float32Array or a Uint16Array (raw float16)' : 'Float32Array'}, got ${describe(data)}`);
+    throw new TypeError(`${fn}: ${name}.data must be a ${halves ? 'Float32Array or a Uint16Array (raw 16-bit elements)' : 'Float32Array'}, got ${describe(data)}`);
   }
   const d = checkDims(fn, name, dims, 2, 4);
   checkSize(fn, name, d, data);

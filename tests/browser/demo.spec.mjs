@@ -531,39 +531,40 @@ const readGeneration = (page) => page.evaluate(() => {
   return { ...g, runs };
 });
 
-test('generation: KV-cache decoding in float32 and float16 in the worker, tokens/s and cache bytes shown, tokens equal Node', async ({ page }) => {
+test('generation: KV-cache decoding in float32, float16 and bfloat16 in the worker, tokens/s and cache bytes shown, tokens equal Node', async ({ page }) => {
   await countWorkerMessages(page);
   const errors = await openDemo(page);
   const [context, tokens, seed] = [512, 20, 1];
-  await setGenerationControls(page, { context, dtype: 'both', tokens });
+  const dtypes = ['float32', 'float16', 'bfloat16'];
+  await setGenerationControls(page, { context, dtype: 'all', tokens });
   const posted = await workerPosts(page, ATTENTION_WORKER);
   await recompute(page, 'generation', () => page.getByTestId('gn-start').click());
   const g = await readGeneration(page);
   expect(g.error).toBeUndefined();
   expect(g.running).toBe(false);
-  expect(g.params).toEqual({ context, tokens, seed, dtype: 'both' });
-  // The caches lived in the AttentionWorker: every decode step of both runs posted at least one
+  expect(g.params).toEqual({ context, tokens, seed, dtype: 'all' });
+  // The caches lived in the AttentionWorker: every decode step of the runs posted at least one
   // message per layer to it (the append and the attend travel together; the fill, prefill,
   // warm-up and cache set-up add more).
   expect(g.cachesIn).toBe('AttentionWorker');
-  expect(await workerPosts(page, ATTENTION_WORKER) - posted).toBeGreaterThanOrEqual(2 * tokens * TOY.layers);
+  expect(await workerPosts(page, ATTENTION_WORKER) - posted).toBeGreaterThanOrEqual(dtypes.length * tokens * TOY.layers);
   // The frame meter counted the page's frames through the job (a loose bound: shared machines).
   expect(g.frames.running).toBe(false);
   expect(g.frames.frames).toBeGreaterThanOrEqual(5);
   await expect(page.getByTestId('gn-fps')).toContainText('frames/s during the run');
   // The numbers were updated live, at least once per 8 decode steps of each run.
-  expect(g.updates).toBeGreaterThanOrEqual(2 * Math.ceil(tokens / 8));
+  expect(g.updates).toBeGreaterThanOrEqual(dtypes.length * Math.ceil(tokens / 8));
   await expect(page.getByTestId('gn-phase')).toHaveText(new RegExp(`^done: ${tokens} tokens after a context of ${context}`));
   await expect(page.getByTestId('gn-progress')).toHaveJSProperty('value', 1);
   await expect(page.getByTestId('gn-prompt')).toHaveText(promptTokens(seed).join(' '));
 
   const weights = toyWeights(seed);
   const maxLength = context + tokens;
-  for (const dtype of ['float32', 'float16']) {
+  for (const dtype of dtypes) {
     const r = g.runs[dtype];
     expect(r).toMatchObject({ dtype, context, maxLength, length: context + tokens, done: true, stopped: false });
     // B · Hkv · maxLength · (E + Ev) · bytes per element, for each of the layers' caches.
-    const bytes = TOY.layers * 1 * TOY.kvHeads * maxLength * (TOY.headDim + TOY.headDim) * (dtype === 'float16' ? 2 : 4);
+    const bytes = TOY.layers * 1 * TOY.kvHeads * maxLength * (TOY.headDim + TOY.headDim) * (dtype === 'float32' ? 4 : 2);
     expect(r.byteLength).toBe(bytes);
     expect(r.tokens).toHaveLength(tokens);
     expect(r.stepMs).toHaveLength(tokens);
@@ -593,6 +594,7 @@ test('generation: KV-cache decoding in float32 and float16 in the worker, tokens
     await expect(page.getByTestId(`gn-${dtype}-tokens`)).toHaveText(nodeTokens.join(' '));
   }
   await expect(page.getByTestId('gn-summary')).toContainText('float16 takes 0.50× the memory of float32');
+  await expect(page.getByTestId('gn-summary')).toContainText('bfloat16 takes 0.50× the memory of float32');
   await expect(page.getByTestId('gn-chart')).toBeVisible();
   await page.getByTestId('panel-generation').screenshot({ path: screenshotPath('09-generation-kv-cache.png') });
   expect(errors).toEqual([]);

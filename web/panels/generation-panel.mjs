@@ -1,5 +1,5 @@
 // Panel 5, generating with a KV cache: the toy decoder's caches in the AttentionWorker, float32
-// against float16, with the table and the tokens/s chart updated while it runs.
+// against float16 (and bfloat16), with the table and the tokens/s chart updated while it runs.
 import { drawChart } from '../heatmap.mjs';
 import { generation, promptTokens, TOY, ToyDecoder, toyWeights } from '../decoder.mjs';
 import { FrameMeter } from '../frame-meter.mjs';
@@ -14,8 +14,10 @@ const gn = {
   progress: $('gn-progress'), phase: $('gn-phase'), chart: $('gn-chart'),
   meter: new FrameMeter(byTestId('gn-frame-meter')),
 };
-const GEN_DTYPES = ['float32', 'float16'];
-const GEN_COLOURS = { float32: '#8b2154', float16: '#1d7a46' };
+const GEN_DTYPES = ['float32', 'float16', 'bfloat16'];
+/** The select's choices of several dtypes: 'both' (the default) and 'all'; any other value is one dtype. */
+const GEN_DTYPE_SETS = { both: ['float32', 'float16'], all: GEN_DTYPES };
+const GEN_COLOURS = { float32: '#8b2154', float16: '#1d7a46', bfloat16: '#2a5db0' };
 /**
  * Decode steps between two redraws of the table and chart (or 40 ms, if sooner). The page's
  * thread is free during every cache call anyway (they run in the worker); the redraws are
@@ -157,9 +159,9 @@ async function startGeneration() {
     context: intValue(gn.context, TOY.promptLength, 8192),
     tokens: intValue(gn.tokens, 1, 2048),
     seed: intValue(gn.seed, 0, 4294967295),
-    dtype: GEN_DTYPES.includes(gn.dtype.value) ? gn.dtype.value : 'both',
+    dtype: GEN_DTYPES.includes(gn.dtype.value) || gn.dtype.value in GEN_DTYPE_SETS ? gn.dtype.value : 'both',
   };
-  const dtypes = params.dtype === 'both' ? GEN_DTYPES : [params.dtype];
+  const dtypes = GEN_DTYPE_SETS[params.dtype] ?? [params.dtype];
   genStop = false;
   const frames = gn.meter.start();
   demo.generation = { running: true, params, runs: {}, updates: 0, threads: attnWorker.threads, cachesIn: 'AttentionWorker', frames };
@@ -212,14 +214,19 @@ function generationSummary(runs, finished) {
     const r = runs[finished[0]];
     return r ? `${r.dtype}: ${r.tokensPerSecond.toFixed(1)} tokens/s, ${bytesText(r.byteLength)} of cache.` : '';
   }
-  const [a, b] = [runs.float32, runs.float16];
-  const n = Math.min(a.tokens.length, b.tokens.length);
-  let same = 0;
-  while (same < n && a.tokens[same] === b.tokens[same]) same++;
-  const speed = b.tokensPerSecond / a.tokensPerSecond, attnSpeed = b.attentionTokensPerSecond / a.attentionTokensPerSecond;
-  return `float16 takes ${(b.byteLength / a.byteLength).toFixed(2)}× the memory of float32 and runs at ` +
-    `${speed.toFixed(2)}× its tokens/s (attention alone: ${attnSpeed.toFixed(2)}×). ` +
-    (same === n ? `Both generated the same ${n} tokens.` : `Their tokens agree up to token ${same}, where float16's rounding tipped the sampling.`);
+  // Each 16-bit run against float32 (or, without a float32 run, bfloat16 against float16).
+  const base = finished.includes('float32') ? 'float32' : finished[0];
+  const a = runs[base];
+  return finished.filter((d) => d !== base).map((d) => {
+    const b = runs[d];
+    const n = Math.min(a.tokens.length, b.tokens.length);
+    let same = 0;
+    while (same < n && a.tokens[same] === b.tokens[same]) same++;
+    const speed = b.tokensPerSecond / a.tokensPerSecond, attnSpeed = b.attentionTokensPerSecond / a.attentionTokensPerSecond;
+    return `${d} takes ${(b.byteLength / a.byteLength).toFixed(2)}× the memory of ${base} and runs at ` +
+      `${speed.toFixed(2)}× its tokens/s (attention alone: ${attnSpeed.toFixed(2)}×). ` +
+      (same === n ? `Both generated the same ${n} tokens.` : `Their tokens agree up to token ${same}, where ${d}'s rounding tipped the sampling.`);
+  }).join(' ');
 }
 
 /** Describes the toy model and sets up the panel's controls (once sdpa-wasm has started). */

@@ -16,8 +16,9 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   // A cache's stored positions, as append() takes them (KVCacheContents).
   const held: KVCacheContents = cache.read(0, cache.length, { layout: 'bshd' });
   const widened: KVCacheContents = cache.read(0, cache.length, { dtype: 'float32' });
-  // @ts-expect-error dtype is 'float32' or 'float16'
-  cache.read(0, 1, { dtype: 'bfloat16' });
+  const raw: KVCacheContents = cache.read(0, 1, { dtype: 'bfloat16' });
+  // @ts-expect-error dtype is 'float32', 'float16' or 'bfloat16'
+  cache.read(0, 1, { dtype: 'int8' });
   cache.append(held.key, held.value, { layout: 'bshd' });
   const options: SdpaOptions = { returnWeights: true };
   // @ts-expect-error a non-literal SdpaOptions may not have asked for weights
@@ -100,8 +101,9 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   attn.sdpaBackward(q, k, v, q, { returnWeights: true });
   // @ts-expect-error the backward's out names the gradient each array is for
   attn.sdpaBackward(q, k, v, q, { out: new Float32Array(8) });
-  // @ts-expect-error dtype is 'float32' or 'float16'
-  attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 8, maxLength: 4, dtype: 'bfloat16' });
+  attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 8, maxLength: 4, dtype: 'bfloat16' }).dispose();
+  // @ts-expect-error dtype is 'float32', 'float16' or 'bfloat16'
+  attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 8, maxLength: 4, dtype: 'int8' });
   // @ts-expect-error reorder takes an Int32Array
   cache.reorder([0]);
   // @ts-expect-error read's options take a layout and a dtype
