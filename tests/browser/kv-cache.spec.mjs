@@ -78,6 +78,6 @@ test('a Float16Array appended through a Uint16Array view of its bytes: the same 
   expect(result.same).toBe(true);
   expect(result.finite).toBe(true);
   // The Float16Array itself is refused by name, and nothing is appended.
-  expect(result.refused).toMatch(/^TypeError: .*key\.data must be a Float32Array or a Uint16Array \(raw float16\), got Float16Array/);
+  expect(result.refused).toMatch(/^TypeError: .*key\.data must be a Float32Array or a Uint16Array \(raw 16-bit elements\), got Float16Array/);
   expect(result.length).toBe(37);
 });
