@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -76,6 +77,18 @@ inline double normwise_error(const std::vector<float>& got, const std::vector<do
 // +0 exactly (not -0): what the kernels write for rows and keys with nothing to attend. For
 // EXPECT_PRED1, which prints the value that fails.
 inline bool is_plus_zero(float x) { return x == 0.0f && !std::signbit(x); }
+
+// A float's bits, and the float of given bits.
+inline uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  return b;
+}
+inline float float_of(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+}
 
 // The seeded stream a case's data are drawn from.
 struct CaseRandom {

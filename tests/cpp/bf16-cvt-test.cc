@@ -17,22 +17,15 @@
 
 #include "math/bf16-f32-cvt-wasmsimd.h"
 
+#include "attention-test-case.h"
+
 namespace sdpa {
 namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-uint32_t bits_of(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
-
-float float_of(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof f);
-  return f;
-}
+using test::bits_of;
+using test::float_of;
 
 bool is_nan_bf16(uint16_t b) { return (b & 0x7F80) == 0x7F80 && (b & 0x7F) != 0; }
 

@@ -44,17 +44,8 @@ constexpr uint16_t kBFloat16NaN = 0x7FC0;
 constexpr uint16_t kBFloat16NegInf = 0xFF80;
 constexpr int kFiniteHalves = 2 * 31744;   // 63488: e < 31, either sign (with ±0)
 
-uint32_t bits_of(float f) {
-  uint32_t b;
-  std::memcpy(&b, &f, sizeof b);
-  return b;
-}
-
-float float_of(uint32_t b) {
-  float f;
-  std::memcpy(&f, &b, sizeof f);
-  return f;
-}
+using test::bits_of;
+using test::float_of;
 
 // Bitwise equality of two float vectors (NaN included); memcmp is not called on empty ones
 // (their data() may be null, which UBSan reports).
@@ -1246,26 +1237,29 @@ TEST(CopyRows, Float32ToFloat16RoundsLikeF32ToF16) {
   }
 }
 
-// Raw halves (every kind of pattern) copied into a float16 cache bit for bit, and into a
-// float32 cache widened exactly.
-void copies_and_widens_exactly(const Append& a) {
-  std::mt19937 rng(3 + a.D);
+// Raw 16-bit elements of `type` (every kind of pattern) copied into a cache of that type bit for
+// bit, and into a float32 cache widened exactly: halves to expected_widened_bits, bfloat16 to
+// the float whose upper 16 bits they are.
+void copies_and_widens_exactly(const Append& a, KvType type) {
+  std::mt19937 rng(3 + a.D + (type == KvType::kBFloat16 ? 40 : 0));
   std::vector<uint16_t> src(a.source_elements());
   for (uint16_t& h : src) h = static_cast<uint16_t>(rng());  // any pattern: NaN, Inf, subnormal
-  src[0] = kHalfNaN, src[1] = 0xFE01, src[2] = 0x8000, src[3] = 0x0001, src[4] = 0xFC00;
+  if (type == KvType::kFloat16) src[0] = kHalfNaN, src[1] = 0xFE01, src[2] = 0x8000, src[3] = 0x0001, src[4] = 0xFC00;
+  const auto widened_bits = [type](uint16_t s) {
+    return type == KvType::kBFloat16 ? uint32_t(s) << 16 : expected_widened_bits(s);
+  };
 
   std::vector<uint16_t> storage16(a.storage_elements(), 0xABCD);
-  ASSERT_EQ(copy_rows(a.destination(storage16.data(), KvType::kFloat16), a.source(src.data(), KvType::kFloat16),
-                      a.B, a.H, a.L, a.D),
+  ASSERT_EQ(copy_rows(a.destination(storage16.data(), type), a.source(src.data(), type), a.B, a.H, a.L, a.D),
             Status::kOk);
   a.check(storage16, src, uint16_t{0xABCD}, [](uint16_t s, uint16_t d) { ASSERT_EQ(s, d); });
 
   std::vector<float> storage32(a.storage_elements(), -7.0f);
-  ASSERT_EQ(copy_rows(a.destination(storage32.data(), KvType::kFloat32), a.source(src.data(), KvType::kFloat16),
+  ASSERT_EQ(copy_rows(a.destination(storage32.data(), KvType::kFloat32), a.source(src.data(), type),
                       a.B, a.H, a.L, a.D),
             Status::kOk);
-  a.check(storage32, src, -7.0f, [](uint16_t s, float d) {
-    ASSERT_EQ(bits_of(d), expected_widened_bits(s)) << std::hex << "half 0x" << s;
+  a.check(storage32, src, -7.0f, [&](uint16_t s, float d) {
+    ASSERT_EQ(bits_of(d), widened_bits(s)) << std::hex << "element 0x" << s;
   });
 }
 
@@ -1273,7 +1267,7 @@ TEST(CopyRows, Float16ToFloat16CopiesBitsAndFloat16ToFloat32IsExact) {
   for (int D : kRowWidths) {
     Append a;
     a.D = D;
-    copies_and_widens_exactly(a);
+    copies_and_widens_exactly(a, KvType::kFloat16);
   }
 }
 
@@ -1477,7 +1471,9 @@ TEST(BF16Kernel, ValuesFarPastTheHalfRangeGiveTheScaledBitsOfOrdinaryOnes) {
     const auto times = [](float factor) {
       return [factor](uint16_t b) {
         const uint16_t scaled = f32_to_bf16(bf16_to_f32(b) * factor);  // NaN, -Inf stay so
-        if (b != kBFloat16NaN) EXPECT_EQ(bf16_to_f32(scaled), bf16_to_f32(b) * factor);  // exact
+        if (b != kBFloat16NaN) {
+          EXPECT_EQ(bf16_to_f32(scaled), bf16_to_f32(b) * factor);  // exact
+        }
         return scaled;
       };
     };
@@ -1507,21 +1503,7 @@ TEST(CopyRows, Float32ToBFloat16RoundsLikeF32ToBF16AndBFloat16CopiesAndWidensExa
       ASSERT_EQ(d, f32_to_bf16(s)) << s << " (D = " << D << ")";
     });
 
-    std::mt19937 rng(40 + D);
-    std::vector<uint16_t> raw(a.source_elements());
-    for (uint16_t& b : raw) b = static_cast<uint16_t>(rng());  // any pattern: NaN, Inf, subnormal
-    std::vector<uint16_t> storage16(a.storage_elements(), 0xABCD);
-    ASSERT_EQ(copy_rows(a.destination(storage16.data(), KvType::kBFloat16), a.source(raw.data(), KvType::kBFloat16),
-                        a.B, a.H, a.L, a.D),
-              Status::kOk);
-    a.check(storage16, raw, uint16_t{0xABCD}, [](uint16_t s, uint16_t d) { ASSERT_EQ(s, d); });
-    std::vector<float> storage32(a.storage_elements(), -7.0f);
-    ASSERT_EQ(copy_rows(a.destination(storage32.data(), KvType::kFloat32), a.source(raw.data(), KvType::kBFloat16),
-                        a.B, a.H, a.L, a.D),
-              Status::kOk);
-    a.check(storage32, raw, -7.0f, [](uint16_t s, float d) {
-      ASSERT_EQ(bits_of(d), uint32_t(s) << 16) << std::hex << "bfloat16 0x" << s;
-    });
+    copies_and_widens_exactly(a, KvType::kBFloat16);
   }
 }
 
