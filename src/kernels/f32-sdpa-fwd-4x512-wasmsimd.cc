@@ -26,11 +26,13 @@
 // rows of all heads sharing one KV head (GQA), so that a decode step (Lq = 1) with 4 query
 // heads per KV head fills one tile and reads each key once for all of them.
 //
-// K and V are float32, or float16 (the KV cache's half storage, p.kv_type): halves are
-// widened to float32 as they are loaded (F16Elements), exactly, so all arithmetic is float32
-// and a float16 problem gives what the float32 kernel gives on the halves' values, but for a
-// decode of one query row per KV head read in memory order, where the two read K and V in a
-// different number of streams (kDecodeStreams): there the sums' order, and the last bits, differ.
+// K and V are float32, or 16-bit (a KV cache's float16 or bfloat16 storage, p.kv_type): 16-bit
+// elements are widened to float32 as they are loaded (F16Elements, BF16Elements), exactly, so
+// all arithmetic is float32 and a 16-bit problem gives what the float32 kernel gives on the
+// elements' values, but for a decode of one query row per KV head read in memory order, where
+// the two read K and V in a different number of streams (kDecodeStreams): there the sums'
+// order, and the last bits, differ. The loops depend on the element's size only, so float16
+// and bfloat16 problems on the same values give the same bits.
 //
 // K and V are either packed into scratch once per call (prefill: many row tiles reuse them)
 // or read in place (decode: up to kDecodeMaxRowTiles row tiles read each key segment, the
@@ -44,7 +46,7 @@
 // several far-apart streams side by side keep more of it in flight (score_keys_in_streams,
 // kDecodeStreams: 2 to 4 parts of the tile). With one query row (MHA), P·V then streams V the
 // same way (pv_row_in_order); with more rows, each V row is touched as its key is scored, and
-// P·V (column blocks, fewer instructions per row) finds the tile in cache. A float16 MHA
+// P·V (column blocks, fewer instructions per row) finds the tile in cache. A 16-bit MHA
 // decode's split-K segments (one tile each) read whole groups of 4 tiles interleaved, so that
 // each stream runs through a quarter of the group rather than of one tile
 // (interleaved_first_key, KeyValueSource::stream_keys).
@@ -91,8 +93,9 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // How key and value elements are read where they are read in place (and when packed):
-// float32 as they are, or float16 widened to float32 in registers (exactly: every half is
-// a float). Everything after the load is float32 arithmetic, the same for both.
+// float32 as they are, or float16 or bfloat16 widened to float32 in registers (exactly: every
+// half and every bfloat16 is a float). Everything after the load is float32 arithmetic, the
+// same for all.
 // kReadScale: what load4 and scalar return is the element's value times kReadScale, a power
 // of two; 1 but for F16FiniteScaledElements, whose readers multiply the other factor of every
 // product (the scaled query, the probability) by 1 / kReadScale instead (exact: see there).
