@@ -52,9 +52,10 @@ import { logSumExpError, maxRelError, referenceLogSumExp, referenceSdpa, referen
 import { packedProblem, varlenOracle, varlenSequenceReference } from '../shared/varlen-cases.mjs';
 import { bitsHash } from '../shared/reference-cases.mjs';
 import {
-  blockedPredicate, caseSeed, seedFromEnvironment, describeOptions, halfToFloat, layoutDims, makeRng, maybeOffsetView, mutateCacheOptions, mutateOptions, mutateTensor,
-  normalTensor, pickRank, randomHalves, randomOptions, randomShape, referenceOptions, roundToHalf, toBshd,
+  blockedPredicate, caseSeed, seedFromEnvironment, describeOptions, layoutDims, makeRng, maybeOffsetView, mutateCacheOptions, mutateOptions, mutateTensor,
+  normalTensor, pickRank, randomBFloat16s, randomHalves, randomOptions, randomShape, referenceOptions, toBshd,
 } from '../shared/property-gen.mjs';
+import { storedElementValue, storedValues } from '../shared/kv-cache-cases.mjs';
 
 const TOL = 2e-5;
 
@@ -474,7 +475,7 @@ function randomCacheShape(r) {
   for (;;) {
     const shape = {
       batch: r.pick([1, 1, 2, 3]), kvHeads: r.pick([1, 1, 2, 3]), headDim: r.pick([1, 3, 4, 8, 9, 16, 17, 32, 64]),
-      maxLength: r.pick([1, 2, 5, 8, 16, 33, 64, 130, 300]), dtype: r.pick(['float32', 'float16']),
+      maxLength: r.pick([1, 2, 5, 8, 16, 33, 64, 130, 300]), dtype: r.pick(['float32', 'float16', 'float32', 'float16', 'bfloat16']),
     };
     shape.valueDim = r.chance(0.6) ? shape.headDim : r.pick([1, 5, 8, 16, 24]);
     if (shape.batch * shape.kvHeads * 4 * 9 * shape.maxLength * (shape.headDim + shape.valueDim) <= 250_000) return shape;
@@ -491,18 +492,21 @@ function randomAppend(r, model, { upTo = r.pick([1, 1, 2, 3, 5, 8, 17, 40, 130])
   const Lnew = r.int(1, Math.min(model.max - model.length, upTo));
   const notes = [];
   let k, v, storedK, storedV, valueScale = 1;
-  if (model.dtype === 'float16' && !plain && r.chance(0.2)) {
-    // Raw IEEE halves, stored as they are.
-    k = { data: randomHalves(r, B * Hkv * Lnew * E), dims: [B, Hkv, Lnew, E] };
-    v = { data: randomHalves(r, B * Hkv * Lnew * Ev), dims: [B, Hkv, Lnew, Ev] };
+  if (model.dtype !== 'float32' && !plain && r.chance(0.2)) {
+    // Raw 16-bit elements of the cache's dtype (IEEE halves, bfloat16), stored as they are.
+    const bf16 = model.dtype === 'bfloat16';
+    const random = bf16 ? randomBFloat16s : randomHalves;
+    k = { data: random(r, B * Hkv * Lnew * E), dims: [B, Hkv, Lnew, E] };
+    v = { data: random(r, B * Hkv * Lnew * Ev), dims: [B, Hkv, Lnew, Ev] };
     if (r.chance(0.15)) {
       const b = r.int(0, B - 1), l = r.int(0, Lnew - 1);
-      v.data[(b * Hkv * Lnew + l) * Ev] = 0x7e00;  // a NaN half in head 0
-      notes.push(`NaN half at batch ${b} position +${l}`);
+      v.data[(b * Hkv * Lnew + l) * Ev] = bf16 ? 0x7fc0 : 0x7e00;  // a NaN in head 0
+      notes.push(`NaN element at batch ${b} position +${l}`);
     }
-    storedK = Float32Array.from(k.data, halfToFloat);
-    storedV = Float32Array.from(v.data, halfToFloat);
-    notes.push('raw halves');
+    const value = (x) => storedElementValue(model.dtype, x);
+    storedK = Float32Array.from(k.data, value);
+    storedV = Float32Array.from(v.data, value);
+    notes.push(bf16 ? 'raw bfloat16' : 'raw halves');
   } else {
     k = normalTensor(r, [B, Hkv, Lnew, E]);
     v = normalTensor(r, [B, Hkv, Lnew, Ev]);
@@ -519,9 +523,8 @@ function randomAppend(r, model, { upTo = r.pick([1, 1, 2, 3, 5, 8, 17, 40, 130])
       t.data.fill(NaN, ((b * Hkv + h) * Lnew + l) * D, ((b * Hkv + h) * Lnew + l + 1) * D);
       notes.push(`NaN ${t === k ? 'key' : 'value'} at batch ${b} head ${h} position +${l}`);
     }
-    const round = model.dtype === 'float16' ? (x) => roundToHalf(x) : (x) => x;
-    storedK = Float32Array.from(k.data, round);
-    storedV = Float32Array.from(v.data, round);
+    storedK = storedValues(model.dtype, k).data;
+    storedV = storedValues(model.dtype, v).data;
   }
   const options = {};
   let key = k, value = v;
@@ -613,7 +616,7 @@ function randomLimitedAttend(r) {
   const long = r.chance(0.5);
   const shape = long ? {
     batch: r.pick([1, 1, 2]), kvHeads: r.pick([1, 1, 2]), headDim: r.pick([4, 8, 16]), maxLength: r.int(2100, 4600),
-    dtype: r.pick(['float16', 'float16', 'float32']),
+    dtype: r.pick(['float16', 'float16', 'bfloat16', 'float32']),
   } : randomCacheShape(r);
   if (long) shape.valueDim = r.chance(0.7) ? shape.headDim : r.pick([5, 8]);
   const model = new CacheModel(shape);
@@ -1509,7 +1512,7 @@ function randomInvalidCacheCall(r, model) {
         return { call: (c) => c.append(k, v, options), mutation: { desc: `append: ${desc}`, Cls, names: [`${fnAppend}:`, ...names] } };
       }
       const name = pick === 0 ? 'value' : 'key';
-      const m = mutateTensor(r, fnAppend, name, name === 'key' ? k : v, { halves: model.dtype === 'float16' });
+      const m = mutateTensor(r, fnAppend, name, name === 'key' ? k : v, { halves: model.dtype !== 'float32' });
       return { call: (c) => (name === 'key' ? c.append(m.tensor, v) : c.append(k, m.tensor)), mutation: { ...m, desc: `append: ${m.desc}` } };
     }
     const [desc, key, value, names] = r.pick([

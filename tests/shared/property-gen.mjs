@@ -333,6 +333,14 @@ export function randomHalves(r, n) {
   });
 }
 
+/** Raw bfloat16 patterns of moderate values (|x| in [2^-7, 2^3), or a subnormal now and then). */
+export function randomBFloat16s(r, n) {
+  return Uint16Array.from({ length: n }, () => {
+    const exponent = r.chance(0.05) ? 0 : r.int(120, 129);
+    return (r.chance(0.5) ? 0x8000 : 0) | (exponent << 7) | r.int(0, 127);
+  });
+}
+
 // ─── invalid calls: one mutation of a valid call ──────────────────────────────────────────
 // A mutation is { desc, Cls, names }: the error class the README's rule gives (TypeError for a
 // wrong kind of value, RangeError for a wrong value) and strings the message must contain (the
@@ -345,7 +353,7 @@ export const literal = (s) => new RegExp(escape(s));
 
 /**
  * One random mutation of the tensor `t` ({ data, dims }) passed as argument `name` of `fn`.
- * `halves`: a Uint16Array is a valid kind of data there (a float16 cache's append).
+ * `halves`: a Uint16Array is a valid kind of data there (a float16 or bfloat16 cache's append).
  */
 export function mutateTensor(r, fn, name, t, { halves = false } = {}) {
   const dims = [...t.dims];
@@ -552,7 +560,7 @@ export function mutateCacheOptions(r, options) {
       return { desc: `options.${name} missing`, options: rest, Cls: TypeError, names: [`options.${name}`] };
     },
     () => {
-      const bad = r.pick(['bfloat16', 'float64', 'FLOAT16', 'half', '']);
+      const bad = r.pick(['int8', 'float64', 'FLOAT16', 'bf16', 'half', '']);
       return { desc: `options.dtype = '${bad}'`, options: { ...options, dtype: bad }, Cls: RangeError, names: ['options.dtype'] };
     },
     () => {
