@@ -159,7 +159,7 @@ async function startGeneration() {
     context: intValue(gn.context, TOY.promptLength, 8192),
     tokens: intValue(gn.tokens, 1, 2048),
     seed: intValue(gn.seed, 0, 4294967295),
-    dtype: GEN_DTYPES.includes(gn.dtype.value) || gn.dtype.value in GEN_DTYPE_SETS ? gn.dtype.value : 'both',
+    dtype: GEN_DTYPES.includes(gn.dtype.value) || Object.hasOwn(GEN_DTYPE_SETS, gn.dtype.value) ? gn.dtype.value : 'both',
   };
   const dtypes = GEN_DTYPE_SETS[params.dtype] ?? [params.dtype];
   genStop = false;
