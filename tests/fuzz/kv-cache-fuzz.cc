@@ -105,19 +105,19 @@ struct Cache {
   bool maybe_inf_nan = false;  // some stored half may be Inf/NaN (then kFloat16, not kFloat16Finite)
 
   // 16-bit storage (f16 holds it): float16 or bfloat16.
-  bool half() const { return sdpa::is_16_bit(type); }
+  bool sixteen_bit() const { return sdpa::is_16_bit(type); }
   bool bfloat16() const { return type == KvType::kBFloat16; }
   int64_t stride_b(int32_t dim) const { return static_cast<int64_t>(Hkv) * max_len * dim; }
   int64_t stride_h(int32_t dim) const { return static_cast<int64_t>(max_len) * dim; }
-  void* key_data() { return half() ? static_cast<void*>(f16.keys.data()) : f32.keys.data(); }
-  void* value_data() { return half() ? static_cast<void*>(f16.values.data()) : f32.values.data(); }
+  void* key_data() { return sixteen_bit() ? static_cast<void*>(f16.keys.data()) : f32.keys.data(); }
+  void* value_data() { return sixteen_bit() ? static_cast<void*>(f16.values.data()) : f32.values.data(); }
   // The destination of an append at position `at`.
   RowBlock destination(bool keys, int64_t at) {
     const int32_t dim = keys ? E : Ev;
     RowBlock r;
     r.type = type;
     r.stride_b = stride_b(dim), r.stride_h = stride_h(dim), r.stride_l = dim;
-    const size_t bytes = half() ? 2 : 4;
+    const size_t bytes = sixteen_bit() ? 2 : 4;
     r.data = static_cast<char*>(keys ? key_data() : value_data()) + static_cast<size_t>(at * dim) * bytes;
     return r;
   }
@@ -148,7 +148,7 @@ FUZZ_NO_COVERAGE void compare_storage(const Cache& c, const std::vector<T>& got,
 }
 
 void check_storage(const Cache& c, const char* after) {
-  if (c.half()) {
+  if (c.sixteen_bit()) {
     compare_storage(c, c.f16.keys, c.f16.model_keys, "key", after);
     compare_storage(c, c.f16.values, c.f16.model_values, "value", after);
   } else {
@@ -170,7 +170,7 @@ FUZZ_NO_COVERAGE void model_append(Cache& c, bool keys, const RowBlock& src, int
           const size_t to = static_cast<size_t>(b * c.stride_b(dim) + h * c.stride_h(dim) + (c.length + l) * dim + d);
           if (c.bfloat16()) {
             (keys ? c.f16.model_keys : c.f16.model_values)[to] = source_half ? source_h[from] : narrow_bf16(source_f[from]);
-          } else if (c.half()) {
+          } else if (c.sixteen_bit()) {
             const uint16_t stored = source_half ? source_h[from] : narrow(source_f[from]);
             (keys ? c.f16.model_keys : c.f16.model_values)[to] = stored;
             if (half_is_inf_or_nan(stored)) c.maybe_inf_nan = true;
@@ -274,7 +274,7 @@ void attend(FuzzedDataProvider& in, Cache& c) {
   p.head_dim = c.E, p.value_dim = c.Ev;
   p.query = query.data(), p.q_stride_b = q.b, p.q_stride_h = q.h, p.q_stride_l = q.l;
   p.output = output.data(), p.o_stride_b = o.b, p.o_stride_h = o.h, p.o_stride_l = o.l;
-  p.kv_type = !c.half() || c.bfloat16() ? c.type : c.maybe_inf_nan ? KvType::kFloat16 : KvType::kFloat16Finite;
+  p.kv_type = !c.sixteen_bit() || c.bfloat16() ? c.type : c.maybe_inf_nan ? KvType::kFloat16 : KvType::kFloat16Finite;
   p.key = c.key_data(), p.k_stride_b = c.stride_b(c.E), p.k_stride_h = c.stride_h(c.E), p.k_stride_l = c.E;
   p.value = c.value_data(), p.v_stride_b = c.stride_b(c.Ev), p.v_stride_h = c.stride_h(c.Ev), p.v_stride_l = c.Ev;
   p.scale = 1.0f / std::sqrt(static_cast<float>(c.E));
@@ -372,10 +372,10 @@ void run(const uint8_t* data, size_t size) {
   // Which 16-bit format: from the sizes drawn above rather than from another input byte (which
   // would make the committed corpus decode to other operations), so half of the size
   // combinations are bfloat16 caches.
-  if (c.half() && (c.B + 3 * c.Hkv + 5 * c.max_len + 7 * c.E + 11 * c.Ev) % 2 == 1) c.type = KvType::kBFloat16;
+  if (c.sixteen_bit() && (c.B + 3 * c.Hkv + 5 * c.max_len + 7 * c.E + 11 * c.Ev) % 2 == 1) c.type = KvType::kBFloat16;
   const size_t key_elements = static_cast<size_t>(c.B) * c.Hkv * c.max_len * c.E;
   const size_t value_elements = static_cast<size_t>(c.B) * c.Hkv * c.max_len * c.Ev;
-  if (c.half()) {  // never written: NaN (one with a payload)
+  if (c.sixteen_bit()) {  // never written: NaN (one with a payload)
     const uint16_t never = c.bfloat16() ? 0x7F81 : 0x7C01;
     c.f16.keys.assign(key_elements, never), c.f16.values.assign(value_elements, never);
     c.f16.model_keys = c.f16.keys, c.f16.model_values = c.f16.values;
