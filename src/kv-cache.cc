@@ -1,6 +1,7 @@
 // Row copies into the KV cache (src/kv-cache.h).
 #include "kv-cache.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "math/bf16-f32-cvt-wasmsimd.h"
@@ -62,25 +63,43 @@ Format format_of(KvType type) {
   return is_half(type) ? Format::kHalf : type == KvType::kBFloat16 ? Format::kBFloat16 : Format::kFloat32;
 }
 
-// Whether copy_row converts between these (float32 to and from either 16-bit format; a format
-// to itself copies the bits; halves and bfloat16 do not convert into each other).
-bool convertible(KvType dst, KvType src) {
-  return format_of(dst) == format_of(src) || format_of(dst) == Format::kFloat32 || format_of(src) == Format::kFloat32;
+// A row of 16-bit elements of `from` as float32 (exact).
+void widen_16_bit_row(float* to, const uint16_t* from, Format from_format, int32_t dim, const RowConverters& c) {
+  if (from_format == Format::kHalf) {
+    widen_row(to, from, dim, c.widen);
+  } else {
+    widen_bf16_row(to, from, dim);
+  }
 }
 
-// One row of `dim` elements (convertible types).
+// A row of floats as 16-bit elements of `to_format` (rounded to nearest even, saturating).
+void narrow_16_bit_row(uint16_t* to, Format to_format, const float* from, int32_t dim, const RowConverters& c) {
+  if (to_format == Format::kHalf) {
+    narrow_row(to, from, dim, c.narrow);
+  } else {
+    narrow_row_to_bf16(to, from, dim, c.narrow_bf16);
+  }
+}
+
+// One row of `dim` elements. Halves and bfloat16 convert into each other through float32, a
+// block of kBlock at a time: the widening is exact, so the one rounding is the narrowing's (as
+// if the value had been given as a float32).
 void copy_row(void* dst, KvType dst_type, const void* src, KvType src_type, int32_t dim, const RowConverters& c) {
   const Format to = format_of(dst_type), from = format_of(src_type);
   if (to == from) {
     copy_bytes(dst, src, static_cast<size_t>(dim) * (to == Format::kFloat32 ? 4 : 2));
-  } else if (to == Format::kHalf) {
-    narrow_row(static_cast<uint16_t*>(dst), static_cast<const float*>(src), dim, c.narrow);
-  } else if (to == Format::kBFloat16) {
-    narrow_row_to_bf16(static_cast<uint16_t*>(dst), static_cast<const float*>(src), dim, c.narrow_bf16);
-  } else if (from == Format::kHalf) {
-    widen_row(static_cast<float*>(dst), static_cast<const uint16_t*>(src), dim, c.widen);
+  } else if (from == Format::kFloat32) {
+    narrow_16_bit_row(static_cast<uint16_t*>(dst), to, static_cast<const float*>(src), dim, c);
+  } else if (to == Format::kFloat32) {
+    widen_16_bit_row(static_cast<float*>(dst), static_cast<const uint16_t*>(src), from, dim, c);
   } else {
-    widen_bf16_row(static_cast<float*>(dst), static_cast<const uint16_t*>(src), dim);
+    constexpr int32_t kBlock = 64;
+    alignas(16) float widened[kBlock];
+    for (int32_t d0 = 0; d0 < dim; d0 += kBlock) {
+      const int32_t n = std::min(kBlock, dim - d0);
+      widen_16_bit_row(widened, static_cast<const uint16_t*>(src) + d0, from, n, c);
+      narrow_16_bit_row(static_cast<uint16_t*>(dst) + d0, to, widened, n, c);
+    }
   }
 }
 
@@ -92,7 +111,7 @@ Status copy_rows(const RowBlock& dst, const RowBlock& src, int32_t batch, int32_
                  int32_t dim) {
   if (batch < 0 || heads < 0 || rows < 0 || dim < 1) return Status::kBadShape;
   if (dst.data == nullptr || src.data == nullptr) return Status::kNullPointer;
-  if (!is_known(dst.type) || !is_known(src.type) || !convertible(dst.type, src.type)) return Status::kBadKvType;
+  if (!is_known(dst.type) || !is_known(src.type)) return Status::kBadKvType;
   const int64_t strides[] = {dst.stride_b, dst.stride_h, dst.stride_l, src.stride_b, src.stride_h, src.stride_l};
   for (int64_t stride : strides) {
     if (stride < 0) return Status::kBadStride;

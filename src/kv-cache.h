@@ -26,9 +26,10 @@ struct RowBlock {
 // types say: float32 -> float16 rounds to nearest even and saturates beyond ±65504
 // (f32_to_f16, src/math/f16-f32-cvt-wasmsimd.h); float32 -> bfloat16 rounds to nearest even and
 // saturates finite values past the largest bfloat16 (f32_to_bf16, src/math/bf16-f32-cvt-wasmsimd.h);
-// 16-bit -> float32 is exact; same formats copy the bits. kBadShape if a size is < 0 or D < 1,
+// 16-bit -> float32 is exact; float16 <-> bfloat16 widen exactly, then round as float32 does into
+// the other format; same formats copy the bits. kBadShape if a size is < 0 or D < 1,
 // kNullPointer for a missing pointer, kBadStride for a negative stride, kBadKvType for an unknown
-// type or float16 <-> bfloat16 (not converted); nothing written then.
+// type; nothing written then.
 Status copy_rows(const RowBlock& dst, const RowBlock& src, int32_t batch, int32_t heads, int32_t rows,
                  int32_t dim);
 

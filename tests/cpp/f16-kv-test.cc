@@ -1350,12 +1350,6 @@ TEST(CopyRows, ErrorsWriteNothing) {
   bad_dst.type = static_cast<KvType>(4), bad_src.type = static_cast<KvType>(-1);
   EXPECT_EQ(copy_rows(bad_dst, from, a.B, a.H, a.L, a.D), Status::kBadKvType);
   EXPECT_EQ(copy_rows(dst, bad_src, a.B, a.H, a.L, a.D), Status::kBadKvType);
-  // Halves and bfloat16 are not converted into each other (either way).
-  std::vector<uint16_t> sixteen(a.source_elements(), 0x3C00);
-  EXPECT_EQ(copy_rows(dst, a.source(sixteen.data(), KvType::kBFloat16), a.B, a.H, a.L, a.D), Status::kBadKvType);
-  RowBlock bf16_dst = dst;
-  bf16_dst.type = KvType::kBFloat16;
-  EXPECT_EQ(copy_rows(bf16_dst, a.source(sixteen.data(), KvType::kFloat16), a.B, a.H, a.L, a.D), Status::kBadKvType);
   EXPECT_TRUE(untouched());
 }
 
@@ -1505,6 +1499,57 @@ TEST(CopyRows, Float32ToBFloat16RoundsLikeF32ToBF16AndBFloat16CopiesAndWidensExa
 
     copies_and_widens_exactly(a, KvType::kBFloat16);
   }
+}
+
+// Halves into bfloat16 storage (a Float16Array appended to a bfloat16 cache) and bfloat16 into
+// halves: each element's exact value (expected_widened_bits for a half, the upper 16 bits of a
+// float for a bfloat16), rounded as a float32 of that value is (f32_to_bf16, f32_to_f16). Every
+// pattern, in one row (every lane of the 64-element blocks and 8-lane steps), and random
+// patterns at every row width (the blocks' tails).
+TEST(CopyRows, HalvesAndBFloat16ConvertIntoEachOtherAsTheirFloat32ValuesRound) {
+  const auto value_of = [](KvType type, uint16_t s) {
+    return float_of(type == KvType::kFloat16 ? expected_widened_bits(s) : uint32_t(s) << 16);
+  };
+  const auto rounded = [](KvType type, float x) { return type == KvType::kFloat16 ? f32_to_f16(x) : f32_to_bf16(x); };
+  for (const KvType from : {KvType::kFloat16, KvType::kBFloat16}) {
+    const KvType to = from == KvType::kFloat16 ? KvType::kBFloat16 : KvType::kFloat16;
+    Append every;
+    every.B = every.H = every.L = 1, every.D = 65536, every.max_len = 3, every.pos = 1;
+    std::vector<uint16_t> patterns(65536);
+    for (uint32_t i = 0; i < 65536; i++) patterns[i] = static_cast<uint16_t>(i);
+    std::vector<Append> appends{every};
+    for (int D : kRowWidths) {
+      Append a;
+      a.D = D;
+      appends.push_back(a);
+    }
+    for (const Append& a : appends) {
+      std::vector<uint16_t> src = patterns;
+      if (a.D != 65536) {
+        std::mt19937 rng(60 + a.D);
+        src.resize(a.source_elements());
+        for (uint16_t& e : src) e = static_cast<uint16_t>(rng());
+      }
+      std::vector<uint16_t> storage(a.storage_elements(), 0xABCD);
+      ASSERT_EQ(copy_rows(a.destination(storage.data(), to), a.source(src.data(), from), a.B, a.H, a.L, a.D),
+                Status::kOk);
+      a.check(storage, src, uint16_t{0xABCD}, [&](uint16_t s, uint16_t d) {
+        ASSERT_EQ(d, rounded(to, value_of(from, s))) << std::hex << "element 0x" << s << std::dec << " (D = " << a.D << ")";
+      });
+    }
+  }
+  // Spot checks of the composition: 1/3 as a half (0x3555 = 0.333251953125) is 0x3EAB in
+  // bfloat16 (0.333984375, the nearer of it and 0.33203125); a half's 65504 is 65536 in
+  // bfloat16 (0x4780: 65504 lies between 65280 and 65536, nearer the latter); bfloat16's 1e10
+  // (0x5015) saturates to the half 65504 (0x7BFF), and so does its Inf (0x7F80), as a float32's.
+  std::vector<uint16_t> halves{0x3555, 0x7BFF}, bf16{0x5015, 0x7F80};
+  Append one;
+  one.B = one.H = one.L = 1, one.D = 2, one.max_len = 1, one.pos = 0;
+  std::vector<uint16_t> out(2);
+  ASSERT_EQ(copy_rows(one.destination(out.data(), KvType::kBFloat16), one.source(halves.data(), KvType::kFloat16), 1, 1, 1, 2), Status::kOk);
+  EXPECT_EQ(out, (std::vector<uint16_t>{0x3EAB, 0x4780}));
+  ASSERT_EQ(copy_rows(one.destination(out.data(), KvType::kFloat16), one.source(bf16.data(), KvType::kBFloat16), 1, 1, 1, 2), Status::kOk);
+  EXPECT_EQ(out, (std::vector<uint16_t>{0x7BFF, 0x7BFF}));
 }
 
 }  // namespace

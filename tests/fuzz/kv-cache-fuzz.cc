@@ -1,11 +1,12 @@
 // Fuzz target: a KV cache (src/kv-cache.h) driven through a sequence of operations, as the
 // TypeScript KVCache (js/kv-cache.ts) drives it:
 //   append    n positions of K [B, Hkv, n, E] and V [B, Hkv, n, Ev] (or laid out [B, n, H, D]),
-//             float32 or 16-bit source data (float16, or for a bfloat16 cache bfloat16),
-//             copied into the storage after the `length` stored positions with copy_rows(); a
-//             float16 cache narrows float32 values, rounding to nearest even and saturating
-//             beyond ±65504 (Inf too), NaN kept; a bfloat16 cache rounds to nearest even,
-//             saturating finite values past the largest bfloat16, Inf and NaN kept;
+//             float32 or 16-bit source data (float16, or for a bfloat16 cache bfloat16 or
+//             float16), copied into the storage after the `length` stored positions with
+//             copy_rows(); a float16 cache narrows float32 values, rounding to nearest even and
+//             saturating beyond ±65504 (Inf too), NaN kept; a bfloat16 cache rounds float32 and
+//             float16 values to nearest even, saturating finite values past the largest
+//             bfloat16, Inf and NaN kept;
 //   truncate  to n <= length positions (the storage keeps the old rows: stale data that
 //             attention must not read);
 //   attend    a query [B, Hq, Lq, E] (Hq = Hkv·group) to the stored positions, read in place:
@@ -169,7 +170,11 @@ FUZZ_NO_COVERAGE void model_append(Cache& c, bool keys, const RowBlock& src, int
           const size_t from = static_cast<size_t>(b * src.stride_b + h * src.stride_h + l * src.stride_l + d);
           const size_t to = static_cast<size_t>(b * c.stride_b(dim) + h * c.stride_h(dim) + (c.length + l) * dim + d);
           if (c.bfloat16()) {
-            (keys ? c.f16.model_keys : c.f16.model_values)[to] = source_half ? source_h[from] : narrow_bf16(source_f[from]);
+            // Raw bfloat16 stored as it is; IEEE halves (a Float16Array) rounded from their value.
+            const uint16_t stored = !source_half ? narrow_bf16(source_f[from])
+                                    : src.type == KvType::kBFloat16 ? source_h[from]
+                                                                    : narrow_bf16(widen(source_h[from]));
+            (keys ? c.f16.model_keys : c.f16.model_values)[to] = stored;
           } else if (c.sixteen_bit()) {
             const uint16_t stored = source_half ? source_h[from] : narrow(source_f[from]);
             (keys ? c.f16.model_keys : c.f16.model_values)[to] = stored;
@@ -199,8 +204,10 @@ void append(FuzzedDataProvider& in, Cache& c) {
     // Source [B, H, n, D] or [B, n, H, D], dense.
     RowBlock src;
     // 16-bit data is of the cache's own format (as the TypeScript layer passes a Uint16Array);
-    // into a float32 cache, halves.
-    src.type = !source_half ? KvType::kFloat32 : c.bfloat16() ? KvType::kBFloat16 : KvType::kFloat16;
+    // into a float32 cache, halves (a Float16Array's); into a bfloat16 cache, halves for half of
+    // the seeds (the style's, so the committed corpus keeps its meaning): they convert.
+    const bool halves_into_bf16 = source_half && c.bfloat16() && (style.seed & 2) != 0;
+    src.type = !source_half ? KvType::kFloat32 : c.bfloat16() && !halves_into_bf16 ? KvType::kBFloat16 : KvType::kFloat16;
     if (bshd) {
       src.stride_h = dim, src.stride_l = static_cast<int64_t>(c.Hkv) * dim;
     } else {
@@ -210,7 +217,7 @@ void append(FuzzedDataProvider& in, Cache& c) {
     const size_t count = static_cast<size_t>(c.B) * c.Hkv * n * dim;
     std::vector<float> source_f(source_half ? 0 : count);
     std::vector<uint16_t> source_h(source_half ? count : 0);
-    draw_source(rng, style, c.bfloat16(), source_f, source_h);
+    draw_source(rng, style, src.type == KvType::kBFloat16, source_f, source_h);
     // copy_rows needs a non-null source even for zero rows: one element past nothing.
     float dummy_f = 0.0f;
     src.data = source_half ? static_cast<void*>(count ? source_h.data() : nullptr)
