@@ -125,7 +125,7 @@ export function checkAppendShapes(shape: KVCacheShape, key: unknown, value: unkn
   const k = checkTensor(fn, 'key', key, layout, true);
   const v = checkTensor(fn, 'value', value, layout, true);
   for (const [name, t] of [['key', k], ['value', v]] as const) {
-    if (shape.dtype === 'float32' && isUint16Array(t.data)) {
+    if (shape.dtype === 'float32' && isUint16Array(t.data) && !t.ieeeHalves) {
       throw new TypeError(`${fn}: ${name}.data must be a Float32Array for a float32 cache (raw 16-bit elements in a ` +
         `Uint16Array only for dtype 'float16' or 'bfloat16'), got ${describe(t.data)}`);
     }
@@ -366,12 +366,14 @@ export class KVCache extends KVCacheShapeInfo {
   /**
    * Stores the K/V of `Lnew` new positions after the `length` stored ones, for every batch:
    * `key` [B, Hkv, Lnew, E], `value` [B, Hkv, Lnew, Ev] (or [B, Lnew, Hkv, ·] with
-   * `{ layout: 'bshd' }`), as Float32Array, or for a 16-bit cache also Uint16Array of raw
-   * elements of its dtype (IEEE halves, bfloat16: stored as they are). Float32 into a float16
-   * cache rounds to nearest even; beyond ±65504 (and ±Infinity) saturates to ±65504. Float32
-   * into a bfloat16 cache rounds to nearest even; finite values past ±3.3895e38 (the largest
-   * bfloat16) saturate to it; ±Infinity and NaN stay so. Past maxLength: RangeError, nothing
-   * appended. After any error the cache is unchanged.
+   * `{ layout: 'bshd' }`), as Float32Array, as Float16Array (where the engine has one), or for a
+   * 16-bit cache also Uint16Array of raw elements of its dtype (IEEE halves, bfloat16: stored as
+   * they are). Float32 into a float16 cache rounds to nearest even; beyond ±65504 (and
+   * ±Infinity) saturates to ±65504. Float32 into a bfloat16 cache rounds to nearest even; finite
+   * values past ±3.3895e38 (the largest bfloat16) saturate to it; ±Infinity and NaN stay so. A
+   * Float16Array's halves are stored as they are in a float16 cache, exactly in a float32 one,
+   * and into a bfloat16 one round as the same values given as float32. Past maxLength:
+   * RangeError, nothing appended. After any error the cache is unchanged.
    */
   append(key: KVTensor, value: KVTensor, options?: { layout?: 'bhsd' | 'bshd' }): void {
     const fn = 'KVCache.append';
@@ -415,8 +417,12 @@ export class KVCache extends KVCacheShapeInfo {
       t.L * t.D * t.data.BYTES_PER_ELEMENT >= STRAIGHT_MIN_RUN_BYTES;
   }
 
-  /** The sdpa::KvType of an append's data: a Uint16Array holds raw elements of the cache's own 16-bit dtype. */
+  /**
+   * The sdpa::KvType of an append's data: a Float16Array's bits are halves; a Uint16Array holds
+   * raw elements of the cache's own 16-bit dtype.
+   */
   #sourceType(t: Operand<Float32Array | Uint16Array>): number {
+    if (t.ieeeHalves) return KV_TYPE.float16;
     return isUint16Array(t.data) ? DTYPES[this.dtype].kvType : KV_TYPE.float32;
   }
 

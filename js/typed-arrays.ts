@@ -7,6 +7,7 @@
 // ArrayBuffer.prototype's getters, captured here at load, read the internal slots instead, and a
 // view made here over the same memory (ownView) carries nothing of the caller's object. Tag-based
 // checks also work across realms (iframes, Jest's vm contexts), unlike instanceof.
+import type { Float16ArrayType } from './types.js';
 
 const typedArrayPrototype = Object.getPrototypeOf(Int8Array.prototype) as object;
 const typedArrayGetter = (key: PropertyKey) => Object.getOwnPropertyDescriptor(typedArrayPrototype, key)!.get!;
@@ -17,10 +18,17 @@ const typedArrayByteOffset = typedArrayGetter('byteOffset');
 const arrayBufferByteLength = Object.getOwnPropertyDescriptor(ArrayBuffer.prototype, 'byteLength')!.get!;
 const arrayBufferDetached = Object.getOwnPropertyDescriptor(ArrayBuffer.prototype, 'detached')?.get;  // not in Node 20
 
-/** The typed arrays the API takes: data, masks, raw halves, per-batch integers. */
-export type TypedArray = Float32Array | Uint16Array | Uint8Array | Int32Array;
-const VIEW_TYPES = { Float32Array, Uint16Array, Uint8Array, Int32Array } as const;
-type ViewTypeName = keyof typeof VIEW_TYPES;
+/** The engine's Float16Array constructor, if it has one. */
+const Float16ArrayConstructor = (globalThis as { Float16Array?: Float32ArrayConstructor }).Float16Array;
+
+/** The typed arrays the API takes: data, masks, raw halves, per-batch integers, a KV cache's float16 appends. */
+export type TypedArray = Float32Array | Uint16Array | Uint8Array | Int32Array | Float16ArrayType;
+type ViewConstructor = Float32ArrayConstructor | Uint16ArrayConstructor | Uint8ArrayConstructor | Int32ArrayConstructor;
+/** Each TypedArray type's constructor, by its name (Float16Array's where the engine has it). */
+const VIEW_TYPES: Readonly<Record<string, ViewConstructor>> = {
+  Float32Array, Uint16Array, Uint8Array, Int32Array,
+  ...(Float16ArrayConstructor === undefined ? {} : { Float16Array: Float16ArrayConstructor }),
+};
 
 /** A typed array's type name ('Float32Array', …) from its internal slot; undefined for anything else (a DataView too). */
 export const viewTag = (x: unknown): string | undefined => (ArrayBuffer.isView(x) ? typedArrayName.call(x) as string | undefined : undefined);
@@ -35,11 +43,16 @@ export const isFloat32Array = (x: unknown): x is Float32Array => viewTag(x) === 
 export const isUint16Array = (x: unknown): x is Uint16Array => viewTag(x) === 'Uint16Array';
 export const isUint8Array = (x: unknown): x is Uint8Array => viewTag(x) === 'Uint8Array';
 export const isInt32Array = (x: unknown): x is Int32Array => viewTag(x) === 'Int32Array';
+export const isFloat16Array = (x: unknown): x is Float16ArrayType => viewTag(x) === 'Float16Array';
+
+/** The IEEE half bits of a Float16Array's elements: a Uint16Array over the same bytes (from its internal slots). */
+export const halfBitsOf = (view: Float16ArrayType): Uint16Array =>
+  new Uint16Array(bufferOf(view) as ArrayBuffer, byteOffsetOf(view), lengthOf(view));
 /** The constructor of a typed array's own type (one of TypedArray), from its internal slot. */
-const typeOf = (view: TypedArray) => VIEW_TYPES[typedArrayName.call(view) as ViewTypeName];
+const typeOf = (view: TypedArray): ViewConstructor => VIEW_TYPES[typedArrayName.call(view) as string]!;
 
 /** One of the API's typed array types (TypedArray above). */
-export const isApiTypedArray = (x: unknown): x is TypedArray => (viewTag(x) ?? '') in VIEW_TYPES;
+export const isApiTypedArray = (x: unknown): x is TypedArray => Object.hasOwn(VIEW_TYPES, viewTag(x) ?? '');
 
 /** Whether `x` is an ArrayBuffer (not a SharedArrayBuffer), by its internal slot. */
 export function isArrayBuffer(x: unknown): x is ArrayBuffer {

@@ -1,3 +1,10 @@
+/**
+ * Float16Array (IEEE binary16 elements: Chrome/Edge 135+, Firefox 129+, Safari 18.2+; not Node
+ * 20) where TypeScript's lib declares it (ES2025, ESNext), else `never`: the package's types name
+ * it without needing that lib.
+ */
+export type Float16ArrayType = typeof globalThis extends { Float16Array: { prototype: infer T } } ? T : never;
+
 /** A dense row-major tensor: the same shape as an onnxruntime-web Tensor's `data`/`dims`. */
 export interface Tensor {
   data: Float32Array;
@@ -284,11 +291,13 @@ export interface MemoryInfo {
 
 /**
  * Keys or values to append to a KV cache: `[B, Hkv, Lnew, E]` (or `[B, Lnew, Hkv, E]` with
- * `layout: 'bshd'`). A float16 or bfloat16 cache also takes a `Uint16Array` of raw elements of
- * its dtype (IEEE half bits; bfloat16 bits, the upper 16 of a float32).
+ * `layout: 'bshd'`). `data` is a `Float32Array`, or a `Float16Array` (where the engine has one;
+ * typed where TypeScript's lib declares it: ES2025 or ESNext), for any cache; a float16 or
+ * bfloat16 cache also takes a `Uint16Array` of raw elements of its dtype (IEEE half bits;
+ * bfloat16 bits, the upper 16 of a float32).
  */
 export interface KVTensor {
-  data: Float32Array | Uint16Array;
+  data: Float32Array | Uint16Array | Float16ArrayType;
   dims: readonly number[];
 }
 
@@ -298,8 +307,8 @@ export interface KVTensor {
  * or bfloat16 one).
  */
 export interface KVCacheContents {
-  key: KVTensor;
-  value: KVTensor;
+  key: KVTensor & { data: Float32Array | Uint16Array };
+  value: KVTensor & { data: Float32Array | Uint16Array };
 }
 
 export interface KVCacheOptions {

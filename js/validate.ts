@@ -8,7 +8,7 @@
 // Both end in planOptions(), so an option means the same everywhere.
 import { MAX_WASM_BYTES } from './memory.js';
 import {
-  detachedOrEmpty, isFloat32Array, isInt32Array, isUint16Array, isUint8Array, lengthOf, ownView, sharesBytes, viewTag,
+  detachedOrEmpty, halfBitsOf, isFloat16Array, isFloat32Array, isInt32Array, isUint16Array, isUint8Array, lengthOf, ownView, sharesBytes, viewTag,
 } from './typed-arrays.js';
 import type { AttentionOptions, MaskTensor, SdpaOptions } from './types.js';
 
@@ -257,6 +257,11 @@ export function layoutStrides(layout: 'bhsd' | 'bshd', H: number, L: number, D: 
 /** A checked tensor of rank 2..4 read as [B, H, L, D] in its layout. */
 export interface Operand<T extends Float32Array | Uint16Array = Float32Array> {
   data: T;
+  /**
+   * A KV cache append's: `data` (a Uint16Array) is a Float16Array's bits, IEEE halves whatever
+   * the cache's dtype; a Uint16Array given as such holds raw elements of the cache's own dtype.
+   */
+  ieeeHalves?: true;
   dims: number[];
   B: number;
   H: number;
@@ -266,29 +271,31 @@ export interface Operand<T extends Float32Array | Uint16Array = Float32Array> {
 }
 
 /**
- * A tensor of rank 2..4, read as [B, H, L, D] in the given layout. `halves` also accepts a
- * Uint16Array of raw 16-bit elements (a float16 or bfloat16 KV cache's appends).
+ * A tensor of rank 2..4, read as [B, H, L, D] in the given layout. `halves` (a KV cache's
+ * appends) also accepts a Uint16Array of raw 16-bit elements, and a Float16Array, whose bits
+ * come back as a Uint16Array marked ieeeHalves.
  */
 export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd' | 'bshd', halves: true): Operand<Float32Array | Uint16Array>;
 export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd' | 'bshd', halves?: false): Operand;
 export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd' | 'bshd', halves = false) {
-  const kinds = halves ? 'Float32Array | Uint16Array' : 'Float32Array';
+  const kinds = halves ? 'Float32Array | Float16Array | Uint16Array' : 'Float32Array';
   if (notATensor(t)) {
     throw new TypeError(`${fn}: ${name} must be a tensor { data: ${kinds}, dims: number[] }, got ${tensorGot(t)}`);
   }
   const { data, dims } = t as { data?: unknown; dims?: unknown };
-  if (!isFloat32Array(data) && !(halves && isUint16Array(data))) {
-    throw new TypeError(`${fn}: ${name}.data must be a ${halves ? 'Float32Array or a Uint16Array (raw 16-bit elements)' : 'Float32Array'}, got ${describe(data)}`);
+  if (!isFloat32Array(data) && !(halves && (isUint16Array(data) || isFloat16Array(data)))) {
+    throw new TypeError(`${fn}: ${name}.data must be a ${halves ? 'Float32Array, a Float16Array or a Uint16Array (raw 16-bit elements)' : 'Float32Array'}, got ${describe(data)}`);
   }
   const d = checkDims(fn, name, dims, 2, 4);
   checkSize(fn, name, d, data);
-  const own = ownView(data);
+  const own = isFloat16Array(data) ? halfBitsOf(data) : ownView(data);
   // Missing axes are 1: rank 3 is [H, L, E] ([L, H, E] for bshd), rank 2 is [L, E] in either
   // layout (one head: for bshd the missing H sits between L and E).
   const full = d.length === 2 && layout === 'bshd' ? [1, d[0], 1, d[1]] : [...Array(4 - d.length).fill(1), ...d];
   const [B, second, third, D] = full;
   const [H, L] = layout === 'bhsd' ? [second, third] : [third, second];
-  return { data: own, dims: d, B, H, L, D, strides: layoutStrides(layout, H, L, D) };
+  const operand = { data: own, dims: d, B, H, L, D, strides: layoutStrides(layout, H, L, D) };
+  return isFloat16Array(data) ? { ...operand, ieeeHalves: true } : operand;
 }
 
 /** The largest head size E and value size Ev the kernel takes (sdpa::kMaxHeadDim, src/sdpa.h). */

@@ -4,6 +4,7 @@
 // the plain one (single thread). Node runs the same cases: the browser's bits must equal Node's.
 import { test, expect } from '@playwright/test';
 import { CACHE_CASES, runCacheCases } from '../shared/kv-cache-cases.mjs';
+import { FLOAT16_ARRAY_CASES } from '../shared/float16-array-cases.mjs';
 import { ISOLATED, PLAIN, nodePackage } from './helpers.mjs';
 
 let nodeCases;
@@ -43,41 +44,42 @@ for (const [label, base, isolated] of [['cross-origin isolated', ISOLATED, true]
   });
 }
 
-// Chromium has Float16Array (Node 20 does not): the README's way to append one to a float16
-// cache, a Uint16Array over its bytes, stores its halves as they are, so the cache holds what
-// appending the same values as float32 (exact in float16, so rounding keeps them) holds.
-test('a Float16Array appended through a Uint16Array view of its bytes: the same cache as its values as float32', async ({ page }) => {
-  await page.goto(`${PLAIN}/tests/browser/harness.html`);
-  const result = await page.evaluate(async () => {
-    const { createAttention } = await import('/dist/index.js');
-    const attn = await createAttention({ threads: 1 });
-    try {
-      const [B, H, L, E] = [1, 2, 37, 16];
-      let seed = 5;
-      const random = () => ((seed = (seed * 1664525 + 1013904223) >>> 0) / 2 ** 32) * 8 - 4;
-      const halves = () => Float16Array.from({ length: B * H * L * E }, random);
-      const [k16, v16] = [halves(), halves()];
-      const query = { data: Float32Array.from({ length: B * 4 * 1 * E }, random), dims: [B, 4, 1, E] };
-      const viaView = attn.createKVCache({ batch: B, kvHeads: H, headDim: E, maxLength: L, dtype: 'float16' });
-      const viaFloats = attn.createKVCache({ batch: B, kvHeads: H, headDim: E, maxLength: L, dtype: 'float16' });
-      const view = (f16) => new Uint16Array(f16.buffer, f16.byteOffset, f16.length);
-      viaView.append({ data: view(k16), dims: [B, H, L, E] }, { data: view(v16), dims: [B, H, L, E] });
-      viaFloats.append({ data: Float32Array.from(k16), dims: [B, H, L, E] }, { data: Float32Array.from(v16), dims: [B, H, L, E] });
-      const a = viaView.attend(query).output.data, b = viaFloats.attend(query).output.data;
-      let refused = null;
+// Chromium has Float16Array (Node 20 does not): appends of Float16Array to caches of every
+// dtype (tests/shared/float16-array-cases.mjs), on one thread and on several, and through the
+// worker, copied and moved ({ transfer: true }): the same bits everywhere.
+test('Float16Array appends to float16, float32 and bfloat16 caches: direct on both pages and through the worker, the same bits', async ({ page }) => {
+  const runs = {};
+  for (const [label, base] of [['isolated', ISOLATED], ['plain', PLAIN]]) {
+    await page.goto(`${base}/tests/browser/harness.html`);
+    runs[label] = await page.evaluate(async () => {
+      const { createAttention, createAttentionWorker } = await import('/dist/index.js');
+      const { runFloat16ArrayCases } = await import('/tests/shared/float16-array-cases.mjs');
+      const attn = await createAttention();
+      const worker = await createAttentionWorker();
       try {
-        viaView.append({ data: k16.subarray(0, B * H * E), dims: [B, H, 1, E] }, { data: view(v16).subarray(0, B * H * E), dims: [B, H, 1, E] });
-      } catch (error) {
-        refused = `${error.name}: ${error.message}`;
+        return {
+          threads: attn.threads,
+          direct: await runFloat16ArrayCases(attn),
+          worker: await runFloat16ArrayCases(worker),
+          moved: await runFloat16ArrayCases(worker, { transfer: true }),
+        };
+      } finally {
+        attn.dispose();
+        await worker.dispose();
       }
-      return { same: a.length === B * 4 * E && a.every((x, n) => Object.is(x, b[n])), finite: a.every(Number.isFinite), refused, length: viaView.length };
-    } finally {
-      attn.dispose();
+    });
+  }
+  expect(runs.isolated.threads).toBeGreaterThan(1);
+  expect(runs.plain.threads).toBe(1);
+  const failed = (cases) => cases.filter((c) => !c.ok).map((c) => JSON.stringify(c));
+  const bits = (cases) => cases.map((c) => `${c.name} ${c.hash}`);
+  for (const run of Object.values(runs)) {
+    for (const cases of [run.direct, run.worker, run.moved]) {
+      expect(cases.length).toBe(FLOAT16_ARRAY_CASES.length + 7);  // + every pattern (3 dtypes), 3 refusals, the call after them
+      expect(failed(cases)).toEqual([]);
+      expect(bits(cases)).toEqual(bits(runs.plain.direct));
     }
-  });
-  expect(result.same).toBe(true);
-  expect(result.finite).toBe(true);
-  // The Float16Array itself is refused by name, and nothing is appended.
-  expect(result.refused).toMatch(/^TypeError: .*key\.data must be a Float32Array or a Uint16Array \(raw 16-bit elements\), got Float16Array/);
-  expect(result.length).toBe(37);
+  }
+  console.log(`Float16Array appends in Chromium: ${runs.plain.direct.length} cases, direct (1 and ${runs.isolated.threads} threads) ` +
+    'and through the worker (copied and moved), the same bits');
 });

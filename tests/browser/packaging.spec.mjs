@@ -202,13 +202,15 @@ test('Node: examples/node/quickstart.mjs, generate.mjs, packed.mjs, worker.mjs a
   ]);
 });
 
-test('TypeScript: examples/typescript compiles (strict; nodenext and bundler resolution; no Node or disposable lib) against the tarball\'s types, and runs', async () => {
+test('TypeScript: examples/typescript compiles (strict; nodenext and bundler resolution; no Node or disposable lib; a Float16Array lib) against the tarball\'s types, and runs', async () => {
   const app = await copyExample('typescript');
   await npmInstall(app, tarball);
   const tsc = join(app, 'node_modules', '.bin', 'tsc');
   // src/type-checks.ts: what the types must refuse (@ts-expect-error lines: unused ones fail).
   await run(tsc, ['-p', 'tsconfig.json'], { cwd: app });
   await run(tsc, ['-p', 'tsconfig.bundler.json'], { cwd: app });
+  // float16/type-checks.ts: with a lib that declares Float16Array, appends take one.
+  await run(tsc, ['-p', 'tsconfig.float16.json'], { cwd: app });
   const { stdout } = await run(process.execPath, ['dist/main.js'], { cwd: app, timeout: 60_000 });
   const lines = stdout.trim().split('\n');
   expect(lines).toEqual([

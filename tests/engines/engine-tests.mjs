@@ -31,7 +31,8 @@ import { LIMITED_CASES } from '../shared/limited-cases.mjs';
 import { CACHE_CASES } from '../shared/kv-cache-cases.mjs';
 import { ROOT, startServer } from '../browser/helpers.mjs';
 import { TIMEOUT } from './browsers.mjs';
-import { demoState, errorOutcomes, runAllCases, runWorkerCases } from './page-cases.mjs';
+import { FLOAT16_ARRAY_CASES } from '../shared/float16-array-cases.mjs';
+import { demoState, errorOutcomes, runAllCases, runFloat16ArrayPage, runWorkerCases } from './page-cases.mjs';
 
 /** How many cases each set has. */
 export const SETS = {
@@ -155,6 +156,25 @@ export function engineTests({ launch, relaxed }) {
         assert.equal(got.stillWorks, true);
         assert.deepEqual(page.errors, []);
         console.log(`${shared.browser.version}: ${got.outcomes.length} bad-input cases, each Node's class and message`);
+      } finally {
+        await page.close();
+      }
+    });
+  });
+
+  describe('Float16Array', () => {
+    it('appends to float16, float32 and bfloat16 caches store what they should; the worker (copied, moved) gives the direct API\'s bits', { timeout: TIMEOUT }, async () => {
+      const page = await harness(false);
+      try {
+        const result = await page.run(runFloat16ArrayPage);
+        assert.equal(result.hasFloat16Array, true, `${shared.browser.version} has Float16Array`);
+        for (const run of ['direct', 'worker', 'moved']) {
+          assert.equal(result[run].length, FLOAT16_ARRAY_CASES.length + 7, `${run}: every case ran`);
+          assert.deepEqual(result[run].filter((c) => !c.ok).map((c) => `${c.name}: ${c.detail}`), [], `${run}: cases failed`);
+          assert.deepEqual(result[run].map((c) => `${c.name} ${c.hash}`), result.direct.map((c) => `${c.name} ${c.hash}`));
+        }
+        assert.deepEqual(page.errors, []);
+        console.log(`${shared.browser.version}: ${result.direct.length} Float16Array cases, direct and through the worker (copied and moved), the same bits`);
       } finally {
         await page.close();
       }
