@@ -9,7 +9,7 @@ import { runSdpa } from './strategies.js';
 import { planVarlen, planVarlenBackward, runVarlen, runVarlenBackward } from './varlen.js';
 import type {
   AttentionOptions, KVCacheOptions, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaBackwardResultWithSinkGrad, SdpaOptions, SdpaResult, SdpaResultWith,
-  SdpaVarlenBackwardOptions, SdpaVarlenBackwardResult, SdpaVarlenOptions, SdpaVarlenResult, SdpaVarlenResultWithLogSumExp, Tensor,
+  SdpaVarlenBackwardOptions, SdpaVarlenBackwardResult, SdpaVarlenOptions, SdpaVarlenResult, SdpaVarlenResultWithLogSumExp, InputTensor, Tensor,
 } from './types.js';
 import { checkAttentionOptions, DEFAULT_MAX_THREADS, plan, planBackward, type SdpaPlan } from './validate.js';
 
@@ -68,11 +68,11 @@ export class Attention {
    * bitwise-identical outputs. Throws TypeError/RangeError on bad input (the instance stays
    * usable).
    */
-  sdpa(query: Tensor, key: Tensor, value: Tensor, options: SdpaOptions & { returnWeights: true; returnLogSumExp: true }): SdpaResultWith<'weights' | 'logSumExp'>;
-  sdpa(query: Tensor, key: Tensor, value: Tensor, options: SdpaOptions & { returnWeights: true }): SdpaResultWith<'weights'>;
-  sdpa(query: Tensor, key: Tensor, value: Tensor, options: SdpaOptions & { returnLogSumExp: true }): SdpaResultWith<'logSumExp'>;
-  sdpa(query: Tensor, key: Tensor, value: Tensor, options?: SdpaOptions): SdpaResult;
-  sdpa(query: Tensor, key: Tensor, value: Tensor, options?: SdpaOptions): SdpaResult {
+  sdpa(query: InputTensor, key: InputTensor, value: InputTensor, options: SdpaOptions & { returnWeights: true; returnLogSumExp: true }): SdpaResultWith<'weights' | 'logSumExp'>;
+  sdpa(query: InputTensor, key: InputTensor, value: InputTensor, options: SdpaOptions & { returnWeights: true }): SdpaResultWith<'weights'>;
+  sdpa(query: InputTensor, key: InputTensor, value: InputTensor, options: SdpaOptions & { returnLogSumExp: true }): SdpaResultWith<'logSumExp'>;
+  sdpa(query: InputTensor, key: InputTensor, value: InputTensor, options?: SdpaOptions): SdpaResult;
+  sdpa(query: InputTensor, key: InputTensor, value: InputTensor, options?: SdpaOptions): SdpaResult {
     this.#live('sdpa');
     const p = plan(query, key, value, options);
     const handle = this.#live('sdpa');  // again: the arguments' getters may have disposed it
@@ -94,14 +94,14 @@ export class Attention {
    * sdpa() returned is checked against that call (saved-forward.ts). Fully masked rows and keys no
    * row attends get exact zeros. Bitwise the same for any thread count.
    */
-  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+  sdpaBackward(query: InputTensor, key: InputTensor, value: InputTensor, gradOutput: InputTensor,
     options: SdpaBackwardOptions & { returnMaskGrad: true; sinks: Float32Array }): SdpaBackwardResultWithMaskGrad & SdpaBackwardResultWithSinkGrad;
-  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+  sdpaBackward(query: InputTensor, key: InputTensor, value: InputTensor, gradOutput: InputTensor,
     options: SdpaBackwardOptions & { returnMaskGrad: true }): SdpaBackwardResultWithMaskGrad;
-  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+  sdpaBackward(query: InputTensor, key: InputTensor, value: InputTensor, gradOutput: InputTensor,
     options: SdpaBackwardOptions & { sinks: Float32Array }): SdpaBackwardResultWithSinkGrad;
-  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor, options?: SdpaBackwardOptions): SdpaBackwardResult;
-  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+  sdpaBackward(query: InputTensor, key: InputTensor, value: InputTensor, gradOutput: InputTensor, options?: SdpaBackwardOptions): SdpaBackwardResult;
+  sdpaBackward(query: InputTensor, key: InputTensor, value: InputTensor, gradOutput: InputTensor,
     options?: SdpaBackwardOptions): SdpaBackwardResult {
     this.#live('sdpaBackward');
     const bp = planBackward(query, key, value, gradOutput, options);
@@ -120,9 +120,9 @@ export class Attention {
    * default bottom-right, `Lk_s − Lq_s`); the work is Σ Lq_s·Lk_s, not the padded batch's.
    * `logSumExp` is `[Hq, Tq]`. Bitwise the same for any thread count.
    */
-  sdpaVarlen(query: Tensor, key: Tensor, value: Tensor, options: SdpaVarlenOptions & { returnLogSumExp: true }): SdpaVarlenResultWithLogSumExp;
-  sdpaVarlen(query: Tensor, key: Tensor, value: Tensor, options: SdpaVarlenOptions): SdpaVarlenResult;
-  sdpaVarlen(query: Tensor, key: Tensor, value: Tensor, options: SdpaVarlenOptions): SdpaVarlenResult {
+  sdpaVarlen(query: InputTensor, key: InputTensor, value: InputTensor, options: SdpaVarlenOptions & { returnLogSumExp: true }): SdpaVarlenResultWithLogSumExp;
+  sdpaVarlen(query: InputTensor, key: InputTensor, value: InputTensor, options: SdpaVarlenOptions): SdpaVarlenResult;
+  sdpaVarlen(query: InputTensor, key: InputTensor, value: InputTensor, options: SdpaVarlenOptions): SdpaVarlenResult {
     this.#live('sdpaVarlen');
     const p = planVarlen(query, key, value, options);
     const handle = this.#live('sdpaVarlen');  // again: the arguments' getters may have disposed it
@@ -136,11 +136,11 @@ export class Attention {
    * output and logSumExp, checked as sdpaBackward checks it), `out`, `accumulate`. Each
    * sequence's gradients are sdpaBackward()'s for it alone. Bitwise the same for any thread count.
    */
-  sdpaVarlenBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+  sdpaVarlenBackward(query: InputTensor, key: InputTensor, value: InputTensor, gradOutput: InputTensor,
     options: SdpaVarlenBackwardOptions & { sinks: Float32Array }): SdpaVarlenBackwardResult & { dSinks: Tensor };
-  sdpaVarlenBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+  sdpaVarlenBackward(query: InputTensor, key: InputTensor, value: InputTensor, gradOutput: InputTensor,
     options: SdpaVarlenBackwardOptions): SdpaVarlenBackwardResult;
-  sdpaVarlenBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+  sdpaVarlenBackward(query: InputTensor, key: InputTensor, value: InputTensor, gradOutput: InputTensor,
     options: SdpaVarlenBackwardOptions): SdpaVarlenBackwardResult {
     this.#live('sdpaVarlenBackward');
     const bp = planVarlenBackward(query, key, value, gradOutput, options);

@@ -17,7 +17,7 @@ import {
 } from './slices.js';
 import { check, copySmallInputs, describeProblem, smallInputBytes } from './strategies.js';
 import type { SdpaBackwardResult, Tensor } from './types.js';
-import { type BackwardPlan, type GradientName, type SdpaPlan, writeOut } from './validate.js';
+import { type BackwardPlan, floatBytes, type GradientName, type InputData, type SdpaPlan, writeOut } from './validate.js';
 import type { BackwardDesc, ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 
 /**
@@ -45,8 +45,8 @@ export function describeBackward(p: SdpaPlan): BackwardDesc {
  * or a mask broadcasting over batches, with one KV head; a mask broadcasting over heads with one
  * batch, or over both) is refused past the limits, naming the whole copy's blocks.
  */
-export function runBackward(memory: CallMemory, threads: number, bp: BackwardPlan, q: Float32Array, k: Float32Array,
-  v: Float32Array): SdpaBackwardResult {
+export function runBackward(memory: CallMemory, threads: number, bp: BackwardPlan, q: InputData, k: InputData,
+  v: InputData): SdpaBackwardResult {
   const p = bp.forward;
   const whole = planBackwardWhole(memory.module, threads, bp, q, k, v);
   // The whole copy, then the largest slices that fit, else whichever way needs the least (whose
@@ -71,8 +71,8 @@ export function runBackward(memory: CallMemory, threads: number, bp: BackwardPla
 }
 
 /** runBackwardWhole's blocks. */
-function planBackwardWhole(module: SdpaModule, threads: number, bp: BackwardPlan, q: Float32Array, k: Float32Array,
-  v: Float32Array) {
+function planBackwardWhole(module: SdpaModule, threads: number, bp: BackwardPlan, q: InputData, k: InputData,
+  v: InputData) {
   const p = bp.forward;
   const desc = describeProblem(p);
   const grad = describeBackward(p);
@@ -85,7 +85,7 @@ function planBackwardWhole(module: SdpaModule, threads: number, bp: BackwardPlan
   const backwardFloats = module.backwardScratchFloats(problemArg(module, desc), backwardArg(module, grad), threads);
   const forwardFloats = bp.saved === null ? module.scratchFloats(problemArg(module, desc), threads) : 0;
   const request = {
-    query: q.byteLength, key: k.byteLength, value: v.byteLength, gradOutput: bp.gradOutput.byteLength,
+    query: floatBytes(q), key: floatBytes(k), value: floatBytes(v), gradOutput: floatBytes(bp.gradOutput),
     output: p.outputSize * 4, logSumExp: p.lseSize * 4,
     dQuery: q.length * 4, dKey: k.length * 4, dValue: v.length * 4,
     dMask: bp.maskGrad ? maskSize * 4 : 0, dSinks: p.sinks !== null ? p.qHeads * 4 : 0,
@@ -98,8 +98,8 @@ function planBackwardWhole(module: SdpaModule, threads: number, bp: BackwardPlan
  * Q, K, V and dO copied in whole, with the forward's output O and log-sum-exp either copied in
  * (options.saved) or computed first by forward() on the same problem; then backward().
  */
-function runBackwardWhole(memory: CallMemory, threads: number, bp: BackwardPlan, q: Float32Array, k: Float32Array,
-  v: Float32Array, whole: ReturnType<typeof planBackwardWhole>): SdpaBackwardResult {
+function runBackwardWhole(memory: CallMemory, threads: number, bp: BackwardPlan, q: InputData, k: InputData,
+  v: InputData, whole: ReturnType<typeof planBackwardWhole>): SdpaBackwardResult {
   const p = bp.forward;
   const module = memory.module;
   try {
@@ -181,8 +181,8 @@ function planBackwardSlices(module: SdpaModule, threads: number, bp: BackwardPla
  * gradient, every batch and head the mask broadcasts over, and the whole call's parts
  * (maskGradParts), so that each of its elements is the whole call's sum.
  */
-function runBackwardSlices(memory: CallMemory, threads: number, bp: BackwardPlan, q: Float32Array, k: Float32Array,
-  v: Float32Array, plan: ReturnType<typeof planBackwardSlices>): SdpaBackwardResult {
+function runBackwardSlices(memory: CallMemory, threads: number, bp: BackwardPlan, q: InputData, k: InputData,
+  v: InputData, plan: ReturnType<typeof planBackwardSlices>): SdpaBackwardResult {
   const p = bp.forward;
   const module = memory.module;
   try {

@@ -12,7 +12,7 @@ import { widenBFloat16, widenHalves } from './halves.js';
 import { KV_TYPE, runResident } from './strategies.js';
 import { detachedOrEmpty, isInt32Array, isUint16Array, lengthOf } from './typed-arrays.js';
 import type { SdpaModule } from './wasm/sdpa.mjs';
-import type { KVCacheContents, KVCacheOptions, KVTensor, SdpaOptions, SdpaResult, SdpaResultWith, Tensor } from './types.js';
+import type { KVCacheContents, KVCacheOptions, KVTensor, SdpaOptions, SdpaResult, SdpaResultWith, InputTensor } from './types.js';
 import {
   checkArraysKept, checkHeadDim, checkLayout, checkOptionNames, checkTensor, describe, detachedMessage, dimsMismatch,
   planAttend,
@@ -122,8 +122,8 @@ export function checkAppendShapes(shape: KVCacheShape, key: unknown, value: unkn
   const fn = 'KVCache.append';
   const o = checkOptionNames(fn, options, APPEND_OPTION_NAMES);
   const layout = checkLayout(fn, o.layout);
-  const k = checkTensor(fn, 'key', key, layout, true);
-  const v = checkTensor(fn, 'value', value, layout, true);
+  const k = checkTensor(fn, 'key', key, layout, 'cache');
+  const v = checkTensor(fn, 'value', value, layout, 'cache');
   for (const [name, t] of [['key', k], ['value', v]] as const) {
     if (shape.dtype === 'float32' && isUint16Array(t.data) && !t.ieeeHalves) {
       throw new TypeError(`${fn}: ${name}.data must be a Float32Array for a float32 cache (raw 16-bit elements in a ` +
@@ -498,11 +498,11 @@ export class KVCache extends KVCacheShapeInfo {
    * caches, a slice of batches and KV heads at a time, then of one KV head's query heads or of
    * one query head's rows where that keeps the bits (the same bits).
    */
-  attend(query: Tensor, options: SdpaOptions & { returnWeights: true; returnLogSumExp: true }): SdpaResultWith<'weights' | 'logSumExp'>;
-  attend(query: Tensor, options: SdpaOptions & { returnWeights: true }): SdpaResultWith<'weights'>;
-  attend(query: Tensor, options: SdpaOptions & { returnLogSumExp: true }): SdpaResultWith<'logSumExp'>;
-  attend(query: Tensor, options?: SdpaOptions): SdpaResult;
-  attend(query: Tensor, options?: SdpaOptions): SdpaResult {
+  attend(query: InputTensor, options: SdpaOptions & { returnWeights: true; returnLogSumExp: true }): SdpaResultWith<'weights' | 'logSumExp'>;
+  attend(query: InputTensor, options: SdpaOptions & { returnWeights: true }): SdpaResultWith<'weights'>;
+  attend(query: InputTensor, options: SdpaOptions & { returnLogSumExp: true }): SdpaResultWith<'logSumExp'>;
+  attend(query: InputTensor, options?: SdpaOptions): SdpaResult;
+  attend(query: InputTensor, options?: SdpaOptions): SdpaResult {
     const fn = 'KVCache.attend';
     this.#live(fn);
     const version = this.#version;
@@ -619,7 +619,8 @@ export class KVCache extends KVCacheShapeInfo {
   }
 
   /** Positions [start, end) of one storage [B, Hkv, maxLength, D] copied into a new tensor in `layout`. */
-  #copyOut(views: HeapViews, storage: number, D: number, start: number, end: number, layout: 'bhsd' | 'bshd'): KVTensor {
+  #copyOut(views: HeapViews, storage: number, D: number, start: number, end: number, layout: 'bhsd' | 'bshd'):
+    KVCacheContents['key'] {
     const B = this.batch, H = this.kvHeads, n = end - start;
     const sixteenBit = this.dtype !== 'float32';
     const source: Float32Array | Uint16Array = sixteenBit ? views.u16 : views.f32;

@@ -12,8 +12,8 @@
 // The worker carries records across: its results and the `saved` it is sent are copies, so the
 // worker sends a forward's record with the result, the calling side keeps it for the array it
 // returns, and sends it back with a backward call that passes that array.
-import { bufferOf, byteOffsetOf, elementBytesOf, type TypedArray } from './typed-arrays.js';
-import type { BackwardPlan, Plan } from './validate.js';
+import { bufferOf, byteOffsetOf, elementBytesOf, isFloat16Array, type TypedArray } from './typed-arrays.js';
+import type { BackwardPlan, InputData, Plan } from './validate.js';
 import type { VarlenPlan } from './varlen.js';
 
 /** One fact of a forward call: its name in messages, its value, and whether it is an array's contents (a hash). */
@@ -81,6 +81,15 @@ function contentsOf(view: TypedArray, count: number): string {
   return `${count} elements, hash ${hash.toString(16).padStart(8, '0')}`;
 }
 
+/**
+ * contentsOf an input's first `count` values as float32 (a Float16Array's widened, as the call
+ * copies them in): the same values hash alike whichever of the two arrays held them, so a
+ * backward given Float32Array inputs matches a forward given the same values as Float16Array.
+ */
+function valuesOf(data: InputData | Uint8Array, count: number): string {
+  return contentsOf(isFloat16Array(data) ? new Float32Array(data.subarray(0, count)) : data, count);
+}
+
 /** Per-batch values as the kernel uses them: `values` if given, else `fill` for every batch. */
 const perBatch = (values: Int32Array | null, B: number, fill: number) =>
   `[${(values === null ? new Array<number>(B).fill(fill) : Array.from(values)).join(', ')}]`;
@@ -91,10 +100,10 @@ const perBatch = (values: Int32Array | null, B: number, fill: number) =>
  * `out` may be one of them. Options as the kernel uses them (scale and softcap in float32,
  * per-batch offsets and key lengths spelt out), so that equivalent ways of writing them agree.
  */
-export function inputsRecord(p: Plan | VarlenPlan, key: Float32Array, value: Float32Array): RecordEntry[] {
+export function inputsRecord(p: Plan | VarlenPlan, key: InputData, value: InputData): RecordEntry[] {
   const kv = p.batch * p.kvHeads * p.kvLen;
   const mask = p.mask === null ? 'none'
-    : `${p.mask.kind}, strides over [B, Hq, Lq, Lk] [${p.mask.strides.join(', ')}], ${contentsOf(p.mask.data, p.mask.size)}`;
+    : `${p.mask.kind}, strides over [B, Hq, Lq, Lk] [${p.mask.strides.join(', ')}], ${valuesOf(p.mask.data, p.mask.size)}`;
   // Packed sequences (sdpaVarlen): one batch of Tq rows and Tk keys, cut where the starts say.
   const packed = 'cuSeqlensQ' in p;
   return [
@@ -118,9 +127,9 @@ export function inputsRecord(p: Plan | VarlenPlan, key: Float32Array, value: Flo
     ['dropout', p.dropoutThreshold === 0 ? 'none'
       : `dropoutP ${p.dropoutThreshold}/2^32 (round(dropoutP·2^32)), dropoutSeed ${p.dropoutSeed}`, false],
     ['attnMask', mask, false],
-    ['query.data', contentsOf(p.queryData, p.batch * p.qHeads * p.qLen * p.headDim), true],
-    ['key.data', contentsOf(key, kv * p.headDim), true],
-    ['value.data', contentsOf(value, kv * p.valueDim), true],
+    ['query.data', valuesOf(p.queryData, p.batch * p.qHeads * p.qLen * p.headDim), true],
+    ['key.data', valuesOf(key, kv * p.headDim), true],
+    ['value.data', valuesOf(value, kv * p.valueDim), true],
   ];
 }
 

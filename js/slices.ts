@@ -18,7 +18,7 @@
 // the mask's elements the slice reads (maskSpan) are copied for it; the dropout mask's batch and
 // head count from the slice's first ones, so that the slice draws the whole call's.
 import type { ProblemDesc } from './wasm/sdpa.mjs';
-import { layoutStrides, type Plan, type Strides } from './validate.js';
+import { type InputData, layoutStrides, type Plan, type Strides } from './validate.js';
 
 /** A slice's shape: `batches` batches from b0, `kvHeads` KV heads from h0 (the last ones of each axis may be fewer). */
 export interface SliceShape {
@@ -149,7 +149,7 @@ function leastCounts(whole: number, least: (atLeast: number) => number): number[
  * given; fewer only for one head), into (`'in'`), or out of (`'out'`, from wasm memory into
  * data), the dense slice at byte `address` of `f32`.
  */
-export function copySlice(f32: Float32Array, address: number, data: Float32Array, s: Strides, layout: Plan['layout'],
+export function copySlice(f32: Float32Array, address: number, data: InputData, s: Strides, layout: Plan['layout'],
   c: TensorPart, L: number, D: number, direction: 'in' | 'out'): void {
   let to = address >>> 2;
   const firstRow = c.firstRow ?? 0, rows = c.rows ?? L;
@@ -223,7 +223,7 @@ export class SliceMasks {
     const from = c.b0 * mask.strides[0] + c.firstHead * mask.strides[1] + c.firstRow * mask.strides[2];
     if (from !== this.#copiedFrom) {
       const span = mask.data.subarray(from, from + maskSpan(this.#p, c.batches, c.heads, c.rows));
-      if (span instanceof Float32Array) heap.f32.set(span, this.#address >>> 2);
+      if (mask.kind === 'float') heap.f32.set(span, this.#address >>> 2);  // a Float16Array's values widened
       else heap.u8.set(span, this.#address);
       this.#copiedFrom = from;
     }

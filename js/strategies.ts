@@ -24,7 +24,7 @@ import {
   copySlice, denseStrides, keyValuePart, maskSpanBytes, problemOfSlice, queryPart, sliceCandidates, SliceMasks, sliceInputs,
   sliceProblem, slicePurpose, sliceShapes, slicesOf, type Slice, type SliceRules, type SliceShape,
 } from './slices.js';
-import type { Plan } from './validate.js';
+import { floatBytes, type InputData, maskBytes, type Plan } from './validate.js';
 
 const MASK_KIND = { float: 1, bool: 2 } as const;
 /** sdpa::KvType (src/sdpa.h): float16Finite = halves holding no Inf/NaN pattern (widened faster). */
@@ -82,28 +82,28 @@ export function outMayShareInput(p: { out: Float32Array | null }, inputs: TypedA
  * Q, K and V (`keyValue`: none where read in place) and the mask (the other small inputs are
  * checked copies, copied in whole first).
  */
-const readBySlice = (p: Plan, q: Float32Array, keyValue: Float32Array[]): TypedArray[] =>
+const readBySlice = (p: Plan, q: InputData, keyValue: InputData[]): TypedArray[] =>
   p.mask === null ? [q, ...keyValue] : [q, ...keyValue, p.mask.data];
 
 /**
  * Whether sdpa() streams this decode (runStreamedDecode): K and V of at least STREAM_MIN_BYTES
  * that the kernel reads in place, in the bhsd layout, no weights or log-sum-exp asked for.
  */
-function streamsDecode(engines: Engines, p: Plan, k: Float32Array, v: Float32Array): boolean {
+function streamsDecode(engines: Engines, p: Plan, k: InputData, v: InputData): boolean {
   return p.layout === 'bhsd' && p.weightsDims === null && p.lseDims === null &&
-    k.byteLength + v.byteLength >= STREAM_MIN_BYTES &&
+    floatBytes(k) + floatBytes(v) >= STREAM_MIN_BYTES &&
     engines.main.readsKeysInPlace(problemArg(engines.main, describeProblem(p)));
 }
 
 /** Whether sdpa() streams this prefill one (batch, KV head) at a time on one thread (see PREFILL_STREAM_MIN_BYTES). */
-function streamsPrefill(engines: Engines, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): boolean {
+function streamsPrefill(engines: Engines, p: Plan, q: InputData, k: InputData, v: InputData): boolean {
   if (p.layout !== 'bhsd' || p.weightsDims !== null || p.lseDims !== null) return false;
   // One (batch, KV head)'s Q rows, K, V and output. Not streamed when `out` may share memory
   // with an input or the mask (runSlices would then compute into an array of its own and copy
   // it into `out` at the end: no gain).
   const pairBytes = 4 * ((p.qHeads / p.kvHeads) * (p.q.h + p.o.h) + p.k.h + p.v.h);
   return engines.threads === 1 && p.batch * p.kvHeads > 1 &&
-    q.byteLength + k.byteLength + v.byteLength >= PREFILL_STREAM_MIN_BYTES && pairBytes <= PREFILL_STREAM_MAX_PAIR_BYTES &&
+    floatBytes(q) + floatBytes(k) + floatBytes(v) >= PREFILL_STREAM_MIN_BYTES && pairBytes <= PREFILL_STREAM_MAX_PAIR_BYTES &&
     !outMayShareInput(p, readBySlice(p, q, [k, v]));
 }
 
@@ -113,7 +113,7 @@ function streamsPrefill(engines: Engines, p: Plan, q: Float32Array, k: Float32Ar
  * module's 2 GiB), slices of batches and KV heads (then of query heads) as large as fit
  * (runSlices, on all the threads). Every way gives the same bits.
  */
-export function runSdpa(engines: Engines, p: Plan, q: Float32Array, k: Float32Array, v: Float32Array): SdpaResult {
+export function runSdpa(engines: Engines, p: Plan, q: InputData, k: InputData, v: InputData): SdpaResult {
   // The first way that fits, in this order; else the one that needs the least, whose refusal
   // names that (a smaller slice may need more scratch than a larger one, or the whole copy).
   // Written out, not as one generator of ways: a small call's own cost is a few µs, and a
@@ -135,7 +135,7 @@ export function runSdpa(engines: Engines, p: Plan, q: Float32Array, k: Float32Ar
   }
   // The whole copy, then the largest slices (sliceCandidates).
   const desc = describeProblem(p);
-  const whole = planWhole(memory.module, engines.threads, p, desc, q.byteLength, { key: k.byteLength, value: v.byteLength });
+  const whole = planWhole(memory.module, engines.threads, p, desc, floatBytes(q), { key: floatBytes(k), value: floatBytes(v) });
   if (memory.fits(whole.request)) return runCopied(memory, engines.threads, p, desc, whole, q, k, v);
   tried.push({ memory, request: whole.request, run: () => {
     // The slices' planning below rewrote the module's ProblemDesc block, which runWhole then
@@ -217,7 +217,7 @@ export function check(module: SdpaModule, p: Plan, status: number): void {
 /** Bytes of the mask, causal offsets, key lengths and starts, sinks, ALiBi slopes (0 for those not given): part of a request. */
 export function smallInputBytes(p: Plan) {
   return {
-    attnMask: p.mask?.data.byteLength ?? 0,
+    attnMask: maskBytes(p.mask),
     causalOffset: p.causalOffsets?.byteLength ?? 0,
     keyLengths: p.keyLengths?.byteLength ?? 0,
     keyStarts: p.keyStarts?.byteLength ?? 0,
@@ -292,7 +292,7 @@ function planWhole(module: SdpaModule, threads: number, p: Plan, desc: ProblemDe
  * and runResident.
  */
 function runWhole(memory: CallMemory, threads: number, p: Plan, desc: ProblemDesc, whole: ReturnType<typeof planWhole>,
-  q: Float32Array, placeKeyValue: (at: { key: number; value: number }) => void): SdpaResult {
+  q: InputData, placeKeyValue: (at: { key: number; value: number }) => void): SdpaResult {
   const module = memory.module;
   const { scratchFloats } = whole;
   const at = memory.allocate(whole.request);
@@ -310,7 +310,7 @@ function runWhole(memory: CallMemory, threads: number, p: Plan, desc: ProblemDes
 
 /** Q, K, V copied in whole; one forward() call (split over the threads). */
 function runCopied(memory: CallMemory, threads: number, p: Plan, desc: ProblemDesc, whole: ReturnType<typeof planWhole>,
-  q: Float32Array, k: Float32Array, v: Float32Array): SdpaResult {
+  q: InputData, k: InputData, v: InputData): SdpaResult {
   try {
     return runWhole(memory, threads, p, desc, whole, q, (at) => {
       desc.key = at.key;
@@ -337,10 +337,10 @@ export interface ResidentKeyValue {
  * large cache), a slice of batches and KV heads (then of query heads) at a time as large as
  * fits (runSlices).
  */
-export function runResident(memory: CallMemory, threads: number, p: Plan, q: Float32Array,
+export function runResident(memory: CallMemory, threads: number, p: Plan, q: InputData,
   kv: ResidentKeyValue): SdpaResult {
   const desc = residentProblem(p, kv);
-  const whole = planWhole(memory.module, threads, p, desc, q.byteLength, { key: 0, value: 0 });
+  const whole = planWhole(memory.module, threads, p, desc, floatBytes(q), { key: 0, value: 0 });
   if (memory.fits(whole.request)) return runResidentWhole(memory, threads, p, desc, whole, q);
   return runFirstThatFits((function* ways(): Generator<Way<SdpaResult>> {
     // The slices' planning rewrote the module's ProblemDesc block (see runSdpa): written again first.
@@ -368,7 +368,7 @@ function residentProblem(p: Plan, kv: ResidentKeyValue): ProblemDesc {
 
 /** runResident's whole way: Q, the outputs and the small inputs copied in whole (no closure: on every step's path). */
 function runResidentWhole(memory: CallMemory, threads: number, p: Plan, desc: ProblemDesc, whole: ReturnType<typeof planWhole>,
-  q: Float32Array): SdpaResult {
+  q: InputData): SdpaResult {
   try {
     return runWhole(memory, threads, p, desc, whole, q, placeNothing);
   } finally {
@@ -384,14 +384,14 @@ function pairProblem(p: Plan, desc: ProblemDesc): ProblemDesc {
 }
 
 /** runStreamedDecode's blocks: Q, one segment of K and of V, the output, the scratch and partials, the small inputs. */
-function planStreamedDecode(module: SdpaModule, p: Plan, q: Float32Array) {
+function planStreamedDecode(module: SdpaModule, p: Plan, q: InputData) {
   const desc = describeProblem(p);
   const pairDesc = pairProblem(p, desc);
   const segmentKeys = module.segmentKeys();
   const pairArg = problemArg(module, pairDesc);
   const scratchFloats = module.segmentScratchFloats(pairArg);
   const request = {
-    query: q.byteLength,
+    query: floatBytes(q),
     // Each segment's copy is placed in its block by placeCopy(), away from its source modulo 4 KiB.
     key: Math.min(segmentKeys, p.kvLen) * p.headDim * 4 + COPY_PLACEMENT_SLACK,
     value: Math.min(segmentKeys, p.kvLen) * p.valueDim * 4 + COPY_PLACEMENT_SLACK,
@@ -409,8 +409,8 @@ function planStreamedDecode(module: SdpaModule, p: Plan, q: Float32Array) {
  * in the core's cache; the segments' partial softmax states are merged per (batch, KV head).
  * Runs on one thread (the copies in between are serial).
  */
-export function runStreamedDecode(memory: CallMemory, p: Plan, q: Float32Array, k: Float32Array,
-  v: Float32Array, plan: ReturnType<typeof planStreamedDecode>): SdpaResult {
+export function runStreamedDecode(memory: CallMemory, p: Plan, q: InputData, k: InputData,
+  v: InputData, plan: ReturnType<typeof planStreamedDecode>): SdpaResult {
   try {
     const module = memory.module;
     const { desc, pairDesc, segmentKeys, scratchFloats } = plan;
@@ -482,7 +482,7 @@ function planSlices(module: SdpaModule, threads: number, p: Plan, shape: SliceSh
 /** Where runSlices gets each slice's K/V from. */
 interface SliceKeyValue {
   /** The caller's K/V arrays, read slice by slice (none when K/V are read in place). */
-  callerArrays: Float32Array[];
+  callerArrays: InputData[];
   /** Sets `slice`'s key and value addresses for slice c, copying them in first if they are copied (into the request's blocks `at`). */
   place(slice: ProblemDesc, c: Slice, f32: Float32Array, at: { key: number; value: number }): void;
 }
@@ -492,7 +492,7 @@ interface SliceKeyValue {
  * next slice of the same batches and KV heads (query heads of one KV head: the kernel never
  * writes its inputs).
  */
-function copiedSlices(p: Plan, k: Float32Array, v: Float32Array): SliceKeyValue {
+function copiedSlices(p: Plan, k: InputData, v: InputData): SliceKeyValue {
   // The first (batch, KV head) of the slice whose K/V the blocks hold: in slices of one shape it
   // names their batches and KV heads.
   let held = -1;
@@ -545,7 +545,7 @@ function resultArray(p: Plan, what: string, size: number, dims: number[]): Float
  * the fallback of calls whose whole copy would not fit, and KVCache.attend()'s (its K/V
  * read in place, `keyValue` residentSlices).
  */
-function runSlices(memory: CallMemory, threads: number, p: Plan, q: Float32Array, keyValue: SliceKeyValue,
+function runSlices(memory: CallMemory, threads: number, p: Plan, q: InputData, keyValue: SliceKeyValue,
   plan: ReturnType<typeof planSlices>): SdpaResult {
   try {
     const module = memory.module;

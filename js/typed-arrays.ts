@@ -19,7 +19,7 @@ const arrayBufferByteLength = Object.getOwnPropertyDescriptor(ArrayBuffer.protot
 const arrayBufferDetached = Object.getOwnPropertyDescriptor(ArrayBuffer.prototype, 'detached')?.get;  // not in Node 20
 
 /** The engine's Float16Array constructor, if it has one. */
-const Float16ArrayConstructor = (globalThis as { Float16Array?: Float32ArrayConstructor }).Float16Array;
+const Float16ArrayConstructor = (globalThis as unknown as { Float16Array?: Float32ArrayConstructor }).Float16Array;
 
 /** The typed arrays the API takes: data, masks, raw halves, per-batch integers, a KV cache's float16 appends. */
 export type TypedArray = Float32Array | Uint16Array | Uint8Array | Int32Array | Float16ArrayType;

@@ -12,12 +12,24 @@ export interface Tensor {
 }
 
 /**
+ * A tensor the calls take as input (query, key, value, gradOutput): `Float32Array` data, or
+ * `Float16Array` data where the engine has one (an onnxruntime-web float16 tensor's), whose values
+ * are widened exactly as they are copied in: the same results, bit for bit, as
+ * `Float32Array.from(data)`. Results are always `Float32Array`.
+ */
+export interface InputTensor {
+  data: Float32Array | Float16ArrayType;
+  dims: readonly number[];
+}
+
+/**
  * An attention mask, broadcast NumPy-style (right-aligned) to `[B, Hq, Lq, Lk]`.
- * - `Float32Array`: added to the scores after scaling and softcap; may hold `-Infinity`.
+ * - `Float32Array` (or `Float16Array`, widened exactly): added to the scores after scaling and
+ *   softcap; may hold `-Infinity`.
  * - `Uint8Array`: boolean, `1` = may attend, `0` = blocked.
  */
 export interface MaskTensor {
-  data: Float32Array | Uint8Array;
+  data: Float32Array | Uint8Array | Float16ArrayType;
   dims: readonly number[];
 }
 

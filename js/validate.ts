@@ -8,9 +8,24 @@
 // Both end in planOptions(), so an option means the same everywhere.
 import { MAX_WASM_BYTES } from './memory.js';
 import {
-  detachedOrEmpty, halfBitsOf, isFloat16Array, isFloat32Array, isInt32Array, isUint16Array, isUint8Array, lengthOf, ownView, sharesBytes, viewTag,
+  detachedOrEmpty, halfBitsOf, isFloat16Array, isFloat32Array, isInt32Array, isUint16Array, isUint8Array, lengthOf, ownView, sharesBytes, viewTag, type TypedArray,
 } from './typed-arrays.js';
-import type { AttentionOptions, MaskTensor, SdpaOptions } from './types.js';
+import type { AttentionOptions, Float16ArrayType, MaskTensor, SdpaOptions } from './types.js';
+
+/**
+ * An input's float data as the checks took it: a Float32Array, or a Float16Array (where the
+ * engine has one) whose values the copies into wasm memory widen (typed array set() converts).
+ */
+export type InputData = Float32Array | Float16ArrayType;
+
+/**
+ * The bytes an input's values take in wasm memory, as float32: its length·4, never its
+ * byteLength (a Float16Array's is half that). What every block an input is copied into is sized by.
+ */
+export const floatBytes = (data: InputData): number => data.length * 4;
+
+/** The bytes a mask takes in wasm memory: float32 values (from a Float32Array or a Float16Array), or a byte each (boolean); 0 for none. */
+export const maskBytes = (mask: Plan['mask']): number => (mask === null ? 0 : mask.data.length * (mask.kind === 'float' ? 4 : 1));
 
 export const OPTION_NAMES = [
   'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'slidingWindow', 'keyLengths', 'keyStarts', 'sinks',
@@ -59,7 +74,7 @@ export interface Plan {
   softcap: number;
   mask: null | {
     kind: 'float' | 'bool';
-    data: Float32Array | Uint8Array;
+    data: InputData | Uint8Array;
     /** The elements its dims need (data.length when checked). */
     size: number;
     /** Its dims as given (1 to 4 of them, right-aligned against [B, Hq, Lq, Lk]). */
@@ -97,13 +112,13 @@ export interface Plan {
    */
   outResult: Float32Array | null;
   /** query.data as the checks read it (once): what the call computes with. */
-  queryData: Float32Array;
+  queryData: InputData;
 }
 
 /** A checked sdpa() call: the plan, with key.data and value.data as the checks read them. */
 export interface SdpaPlan extends Plan {
-  keyData: Float32Array;
-  valueData: Float32Array;
+  keyData: InputData;
+  valueData: InputData;
 }
 
 /** float32's largest finite value and least positive (subnormal) one. */
@@ -255,7 +270,7 @@ export function layoutStrides(layout: 'bhsd' | 'bshd', H: number, L: number, D: 
 }
 
 /** A checked tensor of rank 2..4 read as [B, H, L, D] in its layout. */
-export interface Operand<T extends Float32Array | Uint16Array = Float32Array> {
+export interface Operand<T extends InputData | Uint16Array = InputData> {
   data: T;
   /**
    * A KV cache append's: `data` (a Uint16Array) is a Float16Array's bits, IEEE halves whatever
@@ -271,31 +286,42 @@ export interface Operand<T extends Float32Array | Uint16Array = Float32Array> {
 }
 
 /**
- * A tensor of rank 2..4, read as [B, H, L, D] in the given layout. `halves` (a KV cache's
- * appends) also accepts a Uint16Array of raw 16-bit elements, and a Float16Array, whose bits
- * come back as a Uint16Array marked ieeeHalves.
+ * What checkTensor takes as a tensor's data: 'input' (query, key, value, gradOutput) a
+ * Float32Array or a Float16Array (kept as it is: the copies into wasm memory widen its values);
+ * 'float32' (a forward's saved output) a Float32Array only; 'cache' (a KV cache's appends) also a
+ * Uint16Array of raw 16-bit elements, and a Float16Array's bits come back as a Uint16Array marked
+ * ieeeHalves.
  */
-export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd' | 'bshd', halves: true): Operand<Float32Array | Uint16Array>;
-export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd' | 'bshd', halves?: false): Operand;
-export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd' | 'bshd', halves = false) {
-  const kinds = halves ? 'Float32Array | Float16Array | Uint16Array' : 'Float32Array';
+export type TensorData = 'input' | 'float32' | 'cache';
+const DATA_KINDS: Record<TensorData, { type: string; message: string }> = {
+  input: { type: 'Float32Array | Float16Array', message: 'a Float32Array or a Float16Array' },
+  float32: { type: 'Float32Array', message: 'a Float32Array' },
+  cache: { type: 'Float32Array | Float16Array | Uint16Array', message: 'a Float32Array, a Float16Array or a Uint16Array (raw 16-bit elements)' },
+};
+
+/** A tensor of rank 2..4, read as [B, H, L, D] in the given layout, its data as `accepts` says (TensorData). */
+export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd' | 'bshd', accepts: 'cache'): Operand<Float32Array | Uint16Array>;
+export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd' | 'bshd', accepts: 'float32'): Operand<Float32Array>;
+export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd' | 'bshd', accepts?: 'input'): Operand;
+export function checkTensor(fn: string, name: string, t: unknown, layout: 'bhsd' | 'bshd', accepts: TensorData = 'input') {
+  const kind = DATA_KINDS[accepts];
   if (notATensor(t)) {
-    throw new TypeError(`${fn}: ${name} must be a tensor { data: ${kinds}, dims: number[] }, got ${tensorGot(t)}`);
+    throw new TypeError(`${fn}: ${name} must be a tensor { data: ${kind.type}, dims: number[] }, got ${tensorGot(t)}`);
   }
   const { data, dims } = t as { data?: unknown; dims?: unknown };
-  if (!isFloat32Array(data) && !(halves && (isUint16Array(data) || isFloat16Array(data)))) {
-    throw new TypeError(`${fn}: ${name}.data must be a ${halves ? 'Float32Array, a Float16Array or a Uint16Array (raw 16-bit elements)' : 'Float32Array'}, got ${describe(data)}`);
-  }
+  const taken = isFloat32Array(data) || (accepts !== 'float32' && isFloat16Array(data)) || (accepts === 'cache' && isUint16Array(data));
+  if (!taken) throw new TypeError(`${fn}: ${name}.data must be ${kind.message}, got ${describe(data)}`);
   const d = checkDims(fn, name, dims, 2, 4);
-  checkSize(fn, name, d, data);
-  const own = isFloat16Array(data) ? halfBitsOf(data) : ownView(data);
+  checkSize(fn, name, d, data as ArrayBufferView & { length: number });
+  const halfBits = accepts === 'cache' && isFloat16Array(data);
+  const own = halfBits ? halfBitsOf(data) : ownView(data as TypedArray);
   // Missing axes are 1: rank 3 is [H, L, E] ([L, H, E] for bshd), rank 2 is [L, E] in either
   // layout (one head: for bshd the missing H sits between L and E).
   const full = d.length === 2 && layout === 'bshd' ? [1, d[0], 1, d[1]] : [...Array(4 - d.length).fill(1), ...d];
   const [B, second, third, D] = full;
   const [H, L] = layout === 'bhsd' ? [second, third] : [third, second];
   const operand = { data: own, dims: d, B, H, L, D, strides: layoutStrides(layout, H, L, D) };
-  return isFloat16Array(data) ? { ...operand, ieeeHalves: true } : operand;
+  return halfBits ? { ...operand, ieeeHalves: true } : operand;
 }
 
 /** The largest head size E and value size Ev the kernel takes (sdpa::kMaxHeadDim, src/sdpa.h). */
@@ -328,15 +354,15 @@ export function dimsMismatch(fn: string, layout: 'bhsd' | 'bshd', name: string, 
 
 function checkMask(fn: string, mask: unknown, target: [number, number, number, number]): Plan['mask'] {
   if (notATensor(mask)) {
-    throw new TypeError(`${fn}: options.attnMask must be a tensor { data: Float32Array | Uint8Array, dims }, got ${tensorGot(mask)}`);
+    throw new TypeError(`${fn}: options.attnMask must be a tensor { data: Float32Array | Float16Array | Uint8Array, dims }, got ${tensorGot(mask)}`);
   }
   const { data, dims } = mask as Partial<MaskTensor>;
   let kind: 'float' | 'bool';
-  if (isFloat32Array(data)) kind = 'float';
+  if (isFloat32Array(data) || isFloat16Array(data)) kind = 'float';  // a Float16Array's values widened as copied in
   else if (isUint8Array(data)) kind = 'bool';
   else {
     throw new TypeError(
-      `${fn}: options.attnMask.data must be a Float32Array (additive) or Uint8Array (boolean), got ${describe(data)}`);
+      `${fn}: options.attnMask.data must be a Float32Array or Float16Array (additive) or Uint8Array (boolean), got ${describe(data)}`);
   }
   const d = checkDims(fn, 'options.attnMask', dims, 1, 4);
   checkSize(fn, 'options.attnMask', d, data);
@@ -406,7 +432,7 @@ export function checkArraysKept(fn: string, arrays: CheckedArray[]): void {
 export interface BackwardPlan {
   /** The forward's problem (with its log-sum-exp). */
   forward: SdpaPlan;
-  gradOutput: Float32Array;
+  gradOutput: InputData;
   /** options.saved, checked: the forward's output and log-sum-exp. */
   saved: {
     output: Float32Array;
@@ -518,7 +544,7 @@ export function completeBackwardPlan(fn: string, forward: SdpaPlan, q: Operand, 
       throw new TypeError(`${fn}: options.saved must be { output, logSumExp } from ${savedFrom}, got ${describe(savedOption)}`);
     }
     const { output, logSumExp } = savedOption as { output?: unknown; logSumExp?: unknown };
-    const out = checkTensor(fn, 'options.saved.output', output, forward.layout);
+    const out = checkTensor(fn, 'options.saved.output', output, forward.layout, 'float32');
     if (!sameDims(out.dims, forward.outputDims)) {
       throw new RangeError(
         `${fn}: options.saved.output.dims must equal the output's dims [${forward.outputDims.join(', ')}], got [${out.dims.join(', ')}]`);

@@ -19,7 +19,7 @@ import type { SdpaBackwardResult, SdpaOptions, SdpaResult } from './types.js';
 import type { ProblemDesc } from './wasm/sdpa.mjs';
 import {
   type BackwardPlan, checkAlibiOffset, checkAlibiSlopes, checkArraysKept, checkHeadDim, checkOptionNames, checkTensor, completeBackwardPlan, describe,
-  type Operand, planArrays, planOptions, refuseDetached, type SdpaPlan,
+  floatBytes, type InputData, type Operand, planArrays, planOptions, refuseDetached, type SdpaPlan,
 } from './validate.js';
 
 export const VARLEN_OPTION_NAMES = [
@@ -227,8 +227,8 @@ const STREAM_MIN_BYTES = 2 * 2 ** 20;
 const CHUNK_MAX_BYTES = 2 ** 20;
 
 /** Whether a call on `threads` threads with these inputs runs in chunks whether or not it fits whole. */
-const chunkedAnyway = (threads: number, inputs: Float32Array[]) =>
-  threads === 1 && inputs.reduce((sum, x) => sum + x.byteLength, 0) >= STREAM_MIN_BYTES;
+const chunkedAnyway = (threads: number, inputs: InputData[]) =>
+  threads === 1 && inputs.reduce((sum, x) => sum + floatBytes(x), 0) >= STREAM_MIN_BYTES;
 
 /**
  * Chunk sizes (Chunk bytes at most, chunksOf) from CHUNK_MAX_BYTES down, for a chunked call
@@ -251,7 +251,7 @@ interface WholeWay<R> {
  * plans each) whose blocks fit, or, where none does, whichever way needs the least, the whole
  * copy included (its allocation then refuses, naming its blocks). Chunks give the whole copy's bits.
  */
-function runPacked<R>(memory: CallMemory, threads: number, inputs: Float32Array[],
+function runPacked<R>(memory: CallMemory, threads: number, inputs: InputData[],
   chunking: (threads: number) => (chunkBytes: number) => Way<R>, planWholeWay: () => WholeWay<R>): R {
   const chunkings = (t: number) => (function* ways() {
     for (const chunkBytes of CHUNK_BYTES_TRIED) yield chunking(t)(chunkBytes);
@@ -361,7 +361,7 @@ function pointAtChunk(desc: ProblemDesc, p: VarlenPlan, c: Chunk, whole: { offse
 }
 
 /** Copies packed rows [from, to) of `data` (`row` elements each) to `address` in wasm memory. */
-function copyRowsIn(memory: CallMemory, data: Float32Array, row: number, from: number, to: number, address: number): void {
+function copyRowsIn(memory: CallMemory, data: InputData, row: number, from: number, to: number, address: number): void {
   memory.heap.f32.set(data.subarray(from * row, to * row), address >>> 2);
 }
 
@@ -446,7 +446,7 @@ function planWhole(memory: CallMemory, threads: number, p: VarlenPlan) {
   const scratchFloats = withTemporaryInt32(module, p.fn, [p.cuSeqlensQ, p.cuSeqlensK],
     ([q, k]) => module.packedScratchFloats(problemArg(module, desc), p.sequences, q, k, threads));
   const request = {
-    ...startsBytes(p), query: p.queryData.byteLength, key: p.keyData.byteLength, value: p.valueData.byteLength,
+    ...startsBytes(p), query: floatBytes(p.queryData), key: floatBytes(p.keyData), value: floatBytes(p.valueData),
     output: p.outputSize * 4, logSumExp: p.lseSize * 4, scratch: scratchFloats * 4, ...smallInputBytes(p),
   };
   return { desc, scratchFloats, request };
@@ -609,9 +609,9 @@ function planBackwardWhole(memory: CallMemory, threads: number, bp: VarlenBackwa
   const scratchFloats = Math.max(backwardFloats, forwardFloats);  // one after the other: one block serves both
   const q = p.queryData, k = p.keyData, v = p.valueData;
   const request = {
-    ...startsBytes(p), query: q.byteLength, key: k.byteLength, value: v.byteLength, gradOutput: bp.gradOutput.byteLength,
+    ...startsBytes(p), query: floatBytes(q), key: floatBytes(k), value: floatBytes(v), gradOutput: floatBytes(bp.gradOutput),
     output: p.outputSize * 4, logSumExp: p.lseSize * 4,
-    dQuery: q.byteLength, dKey: k.byteLength, dValue: v.byteLength, dSinks: p.sinks !== null ? p.qHeads * 4 : 0,
+    dQuery: floatBytes(q), dKey: floatBytes(k), dValue: floatBytes(v), dSinks: p.sinks !== null ? p.qHeads * 4 : 0,
     scratch: scratchFloats * 4, ...smallInputBytes(p),
   };
   return { desc, grad, backwardFloats, forwardFloats, request };

@@ -32,7 +32,7 @@ import {
 import type {
   AttentionOptions, KVCacheContents, KVCacheOptions, KVTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaBackwardResultWithSinkGrad, SdpaOptions, SdpaResult,
   SdpaResultWith, SdpaVarlenBackwardOptions, SdpaVarlenBackwardResult, SdpaVarlenOptions, SdpaVarlenResult,
-  SdpaVarlenResultWithLogSumExp, Tensor,
+  SdpaVarlenResultWithLogSumExp, InputTensor, Tensor,
 } from './types.js';
 import { planVarlen, planVarlenBackward, VARLEN_BACKWARD_OPTION_NAMES, VARLEN_OPTION_NAMES } from './varlen.js';
 import {
@@ -109,12 +109,12 @@ export class AttentionWorker {
    * rejections). Inputs are copied when called, or moved with `{ transfer: true }`; `out`
    * receives the output when the call completes; `{ signal }` cancels it while it waits.
    */
-  sdpa(query: Tensor, key: Tensor, value: Tensor,
+  sdpa(query: InputTensor, key: InputTensor, value: InputTensor,
     options: WorkerSdpaOptions & { returnWeights: true; returnLogSumExp: true }): Promise<SdpaResultWith<'weights' | 'logSumExp'>>;
-  sdpa(query: Tensor, key: Tensor, value: Tensor, options: WorkerSdpaOptions & { returnWeights: true }): Promise<SdpaResultWith<'weights'>>;
-  sdpa(query: Tensor, key: Tensor, value: Tensor, options: WorkerSdpaOptions & { returnLogSumExp: true }): Promise<SdpaResultWith<'logSumExp'>>;
-  sdpa(query: Tensor, key: Tensor, value: Tensor, options?: WorkerSdpaOptions): Promise<SdpaResult>;
-  sdpa(query: Tensor, key: Tensor, value: Tensor, options?: WorkerSdpaOptions): Promise<SdpaResult> {
+  sdpa(query: InputTensor, key: InputTensor, value: InputTensor, options: WorkerSdpaOptions & { returnWeights: true }): Promise<SdpaResultWith<'weights'>>;
+  sdpa(query: InputTensor, key: InputTensor, value: InputTensor, options: WorkerSdpaOptions & { returnLogSumExp: true }): Promise<SdpaResultWith<'logSumExp'>>;
+  sdpa(query: InputTensor, key: InputTensor, value: InputTensor, options?: WorkerSdpaOptions): Promise<SdpaResult>;
+  sdpa(query: InputTensor, key: InputTensor, value: InputTensor, options?: WorkerSdpaOptions): Promise<SdpaResult> {
     return this.#forward('sdpa', OPTION_NAMES, plan, query, key, value, options);
   }
 
@@ -153,16 +153,16 @@ export class AttentionWorker {
    * key, value and gradOutput are copied, or moved with `{ transfer: true }`; `saved` is copied
    * (and checked against the sdpa() call that returned it, as by the direct API).
    */
-  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+  sdpaBackward(query: InputTensor, key: InputTensor, value: InputTensor, gradOutput: InputTensor,
     options: SdpaBackwardOptions & WorkerCallOptions & { returnMaskGrad: true; sinks: Float32Array }):
     Promise<SdpaBackwardResultWithMaskGrad & SdpaBackwardResultWithSinkGrad>;
-  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+  sdpaBackward(query: InputTensor, key: InputTensor, value: InputTensor, gradOutput: InputTensor,
     options: SdpaBackwardOptions & WorkerCallOptions & { returnMaskGrad: true }): Promise<SdpaBackwardResultWithMaskGrad>;
-  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+  sdpaBackward(query: InputTensor, key: InputTensor, value: InputTensor, gradOutput: InputTensor,
     options: SdpaBackwardOptions & WorkerCallOptions & { sinks: Float32Array }): Promise<SdpaBackwardResultWithSinkGrad>;
-  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+  sdpaBackward(query: InputTensor, key: InputTensor, value: InputTensor, gradOutput: InputTensor,
     options?: SdpaBackwardOptions & WorkerCallOptions): Promise<SdpaBackwardResult>;
-  sdpaBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+  sdpaBackward(query: InputTensor, key: InputTensor, value: InputTensor, gradOutput: InputTensor,
     options?: SdpaBackwardOptions & WorkerCallOptions): Promise<SdpaBackwardResult> {
     return this.#backward('sdpaBackward', BACKWARD_OPTION_NAMES, planBackward, query, key, value, gradOutput, options);
   }
@@ -201,10 +201,10 @@ export class AttentionWorker {
    * Attention.sdpaVarlen() in the worker: the same result (bitwise) and errors. Query, key and
    * value are copied, or moved with `{ transfer: true }`; the starts (and sinks, offsets) copied.
    */
-  sdpaVarlen(query: Tensor, key: Tensor, value: Tensor,
+  sdpaVarlen(query: InputTensor, key: InputTensor, value: InputTensor,
     options: SdpaVarlenOptions & WorkerCallOptions & { returnLogSumExp: true }): Promise<SdpaVarlenResultWithLogSumExp>;
-  sdpaVarlen(query: Tensor, key: Tensor, value: Tensor, options: SdpaVarlenOptions & WorkerCallOptions): Promise<SdpaVarlenResult>;
-  sdpaVarlen(query: Tensor, key: Tensor, value: Tensor, options: SdpaVarlenOptions & WorkerCallOptions): Promise<SdpaVarlenResult> {
+  sdpaVarlen(query: InputTensor, key: InputTensor, value: InputTensor, options: SdpaVarlenOptions & WorkerCallOptions): Promise<SdpaVarlenResult>;
+  sdpaVarlen(query: InputTensor, key: InputTensor, value: InputTensor, options: SdpaVarlenOptions & WorkerCallOptions): Promise<SdpaVarlenResult> {
     return this.#forward('sdpaVarlen', VARLEN_OPTION_NAMES, planVarlen, query, key, value, options);
   }
 
@@ -212,11 +212,11 @@ export class AttentionWorker {
    * Attention.sdpaVarlenBackward() in the worker: the same gradients (bitwise) and errors; the
    * tensors copied or moved as sdpaBackward's, `saved` copied (and checked as by the direct API).
    */
-  sdpaVarlenBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+  sdpaVarlenBackward(query: InputTensor, key: InputTensor, value: InputTensor, gradOutput: InputTensor,
     options: SdpaVarlenBackwardOptions & WorkerCallOptions & { sinks: Float32Array }): Promise<SdpaVarlenBackwardResult & { dSinks: Tensor }>;
-  sdpaVarlenBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+  sdpaVarlenBackward(query: InputTensor, key: InputTensor, value: InputTensor, gradOutput: InputTensor,
     options: SdpaVarlenBackwardOptions & WorkerCallOptions): Promise<SdpaVarlenBackwardResult>;
-  sdpaVarlenBackward(query: Tensor, key: Tensor, value: Tensor, gradOutput: Tensor,
+  sdpaVarlenBackward(query: InputTensor, key: InputTensor, value: InputTensor, gradOutput: InputTensor,
     options: SdpaVarlenBackwardOptions & WorkerCallOptions): Promise<SdpaVarlenBackwardResult> {
     return this.#backward('sdpaVarlenBackward', VARLEN_BACKWARD_OPTION_NAMES, planVarlenBackward, query, key, value,
       gradOutput, options);
@@ -373,11 +373,11 @@ export class WorkerKVCache extends KVCacheShapeInfo {
   }
 
   /** KVCache.attend() in the worker: causal, bottom-right aligned, by default. */
-  attend(query: Tensor, options: WorkerSdpaOptions & { returnWeights: true; returnLogSumExp: true }): Promise<SdpaResultWith<'weights' | 'logSumExp'>>;
-  attend(query: Tensor, options: WorkerSdpaOptions & { returnWeights: true }): Promise<SdpaResultWith<'weights'>>;
-  attend(query: Tensor, options: WorkerSdpaOptions & { returnLogSumExp: true }): Promise<SdpaResultWith<'logSumExp'>>;
-  attend(query: Tensor, options?: WorkerSdpaOptions): Promise<SdpaResult>;
-  attend(query: Tensor, options?: WorkerSdpaOptions): Promise<SdpaResult> {
+  attend(query: InputTensor, options: WorkerSdpaOptions & { returnWeights: true; returnLogSumExp: true }): Promise<SdpaResultWith<'weights' | 'logSumExp'>>;
+  attend(query: InputTensor, options: WorkerSdpaOptions & { returnWeights: true }): Promise<SdpaResultWith<'weights'>>;
+  attend(query: InputTensor, options: WorkerSdpaOptions & { returnLogSumExp: true }): Promise<SdpaResultWith<'logSumExp'>>;
+  attend(query: InputTensor, options?: WorkerSdpaOptions): Promise<SdpaResult>;
+  attend(query: InputTensor, options?: WorkerSdpaOptions): Promise<SdpaResult> {
     return settle(() => {
       const fn = 'KVCache.attend';
       this.#check(fn);

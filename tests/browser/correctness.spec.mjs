@@ -16,6 +16,7 @@ import { bitsHash, REFERENCE_CASES, runReferenceCases } from '../shared/referenc
 import { BACKWARD_CASES, runBackwardCases } from '../shared/backward-cases.mjs';
 import { runVarlenCases, VARLEN_CASES } from '../shared/varlen-cases.mjs';
 import { LIMITED_CASES, runLimitedCases } from '../shared/limited-cases.mjs';
+import { FLOAT16_INPUT_CASES } from '../shared/float16-input-cases.mjs';
 import { ISOLATED, PLAIN, ROOT, nodePackage } from './helpers.mjs';
 
 const ONNX_DIR = join(ROOT, 'tests', 'conformance', 'onnx-attention');
@@ -181,3 +182,37 @@ for (const [label, base, isolated] of [['cross-origin isolated', ISOLATED, true]
     });
   });
 }
+
+// Chromium has Float16Array (Node 20 does not): inputs given as Float16Array give the bits of the
+// same values as Float32Array on every way a call runs (tests/shared/float16-input-cases.mjs),
+// directly on one thread and on several, and through the worker, copied and moved.
+test('Float16Array inputs: the bits of the same values as Float32Array, whole, streamed, sliced, packed, cached, backward; direct and worker', async ({ page }) => {
+  const runs = {};
+  for (const [label, base] of [['isolated', ISOLATED], ['plain', PLAIN]]) {
+    await page.goto(`${base}/tests/browser/harness.html`);
+    runs[label] = await page.evaluate(async () => {
+      const { createAttention, createAttentionWorker } = await import('/dist/index.js');
+      const { runFloat16InputCases } = await import('/tests/shared/float16-input-cases.mjs');
+      const probe = await createAttention();
+      const threads = probe.threads;
+      probe.dispose();
+      return {
+        threads,
+        direct: await runFloat16InputCases((o) => createAttention(o)),
+        worker: await runFloat16InputCases((o) => createAttentionWorker(o)),
+        moved: await runFloat16InputCases((o) => createAttentionWorker(o), { transfer: true }),
+      };
+    });
+  }
+  expect(runs.isolated.threads).toBeGreaterThan(1);
+  expect(runs.plain.threads).toBe(1);
+  for (const run of Object.values(runs)) {
+    for (const cases of [run.direct, run.worker, run.moved]) {
+      expect(cases.length).toBe(FLOAT16_INPUT_CASES.length + 1);  // + saved from a Float16Array forward
+      expect(cases.filter((c) => !c.ok).map((c) => JSON.stringify(c))).toEqual([]);
+      expect(cases.map((c) => `${c.name} ${c.hash}`)).toEqual(runs.plain.direct.map((c) => `${c.name} ${c.hash}`));
+    }
+  }
+  console.log(`Float16Array inputs in Chromium: ${runs.plain.direct.length} cases, direct (1 and ${runs.isolated.threads} threads) ` +
+    'and through the worker (copied and moved), the bits of Float32Array inputs');
+});

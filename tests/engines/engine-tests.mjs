@@ -32,6 +32,7 @@ import { CACHE_CASES } from '../shared/kv-cache-cases.mjs';
 import { ROOT, startServer } from '../browser/helpers.mjs';
 import { TIMEOUT } from './browsers.mjs';
 import { FLOAT16_ARRAY_CASES } from '../shared/float16-array-cases.mjs';
+import { FLOAT16_INPUT_CASES } from '../shared/float16-input-cases.mjs';
 import { demoState, errorOutcomes, runAllCases, runFloat16ArrayPage, runWorkerCases } from './page-cases.mjs';
 
 /** How many cases each set has. */
@@ -163,18 +164,19 @@ export function engineTests({ launch, relaxed }) {
   });
 
   describe('Float16Array', () => {
-    it('appends to float16, float32 and bfloat16 caches store what they should; the worker (copied, moved) gives the direct API\'s bits', { timeout: TIMEOUT }, async () => {
+    it('appends to float16, float32 and bfloat16 caches store what they should, inputs give the bits of Float32Array ones; the worker (copied, moved) gives the direct API\'s bits', { timeout: TIMEOUT }, async () => {
       const page = await harness(false);
       try {
         const result = await page.run(runFloat16ArrayPage);
         assert.equal(result.hasFloat16Array, true, `${shared.browser.version} has Float16Array`);
         for (const run of ['direct', 'worker', 'moved']) {
-          assert.equal(result[run].length, FLOAT16_ARRAY_CASES.length + 7, `${run}: every case ran`);
+          // + every pattern (3 dtypes), 3 refusals and the call after them; + saved from a Float16Array forward
+          assert.equal(result[run].length, FLOAT16_ARRAY_CASES.length + 7 + FLOAT16_INPUT_CASES.length + 1, `${run}: every case ran`);
           assert.deepEqual(result[run].filter((c) => !c.ok).map((c) => `${c.name}: ${c.detail}`), [], `${run}: cases failed`);
           assert.deepEqual(result[run].map((c) => `${c.name} ${c.hash}`), result.direct.map((c) => `${c.name} ${c.hash}`));
         }
         assert.deepEqual(page.errors, []);
-        console.log(`${shared.browser.version}: ${result.direct.length} Float16Array cases, direct and through the worker (copied and moved), the same bits`);
+        console.log(`${shared.browser.version}: ${result.direct.length} Float16Array cases (appends and inputs), direct and through the worker (copied and moved), the same bits`);
       } finally {
         await page.close();
       }

@@ -93,29 +93,35 @@ export async function runWorkerCases(env, from) {
 }
 
 /**
- * Float16Array appends to caches of every dtype (tests/shared/float16-array-cases.mjs), on the
- * direct API (one thread) and through the worker, copied and moved ({ transfer: true }).
- * Returns { hasFloat16Array, direct, worker, moved }: each run's cases as { name, ok, hash, detail }.
+ * Float16Array data: appends to caches of every dtype (tests/shared/float16-array-cases.mjs) and
+ * inputs to every call (float16-input-cases.mjs), on the direct API (one thread) and through the
+ * worker, copied and moved ({ transfer: true }). Returns { hasFloat16Array, direct, worker,
+ * moved }: each run's cases as { name, ok, hash, detail }.
  */
 export async function runFloat16ArrayPage(env) {
   if (typeof Float16Array !== 'function') return { hasFloat16Array: false };
   const { createAttention, createAttentionWorker } = await env.load('/dist/index.js');
   const { runFloat16ArrayCases } = await env.load('/tests/shared/float16-array-cases.mjs');
+  const { runFloat16InputCases } = await env.load('/tests/shared/float16-input-cases.mjs');
   const keep = (cases) => cases.map((c) => ({ name: c.name, ok: c.ok, hash: c.hash, detail: JSON.stringify(c) }));
-  const attn = await createAttention({ threads: 1 });
-  const worker = await createAttentionWorker({ threads: 1 });
-  try {
-    globalThis.__pageProgress = 'runFloat16ArrayPage: the direct API';
-    const direct = keep(await runFloat16ArrayCases(attn));
-    globalThis.__pageProgress = 'runFloat16ArrayPage: the worker';
-    const viaWorker = keep(await runFloat16ArrayCases(worker));
-    globalThis.__pageProgress = 'runFloat16ArrayPage: the worker, moved';
-    const moved = keep(await runFloat16ArrayCases(worker, { transfer: true }));
-    return { hasFloat16Array: true, direct, worker: viaWorker, moved };
-  } finally {
-    attn.dispose();
-    await worker.dispose();
-  }
+  const run = async (make, what, extra) => {
+    globalThis.__pageProgress = `runFloat16ArrayPage: ${what}, appends`;
+    const instance = await make({ threads: 1 });
+    let appends;
+    try {
+      appends = await runFloat16ArrayCases(instance, extra);
+    } finally {
+      await instance.dispose();
+    }
+    globalThis.__pageProgress = `runFloat16ArrayPage: ${what}, inputs`;
+    return keep([...appends, ...await runFloat16InputCases((o) => make({ threads: 1, ...o }), extra)]);
+  };
+  return {
+    hasFloat16Array: true,
+    direct: await run((o) => createAttention(o), 'the direct API', {}),
+    worker: await run((o) => createAttentionWorker(o), 'the worker', {}),
+    moved: await run((o) => createAttentionWorker(o), 'the worker, moved', { transfer: true }),
+  };
 }
 
 /**

@@ -882,7 +882,7 @@ describe('bad input: TypeError or RangeError naming the argument; the instance k
     ['gradOutput of the wrong dims', () => attn.sdpaBackward(p.query, p.key, p.value, randomTensor([1, 2, 3, 4], 1)), RangeError,
       /sdpaBackward: gradOutput\.dims must equal the output's dims \[1, 2, 3, 6\], got \[1, 2, 3, 4\]/],
     ['gradOutput a Float64Array', () => attn.sdpaBackward(p.query, p.key, p.value, t(new Float64Array(36), [1, 2, 3, 6])), TypeError,
-      /sdpaBackward: gradOutput\.data must be a Float32Array, got Float64Array/],
+      /sdpaBackward: gradOutput\.data must be a Float32Array or a Float16Array, got Float64Array/],
     ['returnWeights (not a backward option)', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { returnWeights: true }), TypeError,
       /^sdpaBackward: unknown option "returnWeights" \(an option of sdpa only\); known options: /],
     ['saved not an object', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { saved: 3 }), TypeError, /^sdpaBackward: options\.saved must be \{ output, logSumExp \}.*, got 3$/],

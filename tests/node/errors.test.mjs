@@ -243,7 +243,7 @@ describe('arguments read through getters (user code running inside a call)', () 
     const disguised = Float64Array.from(plain.query.data);
     Object.defineProperty(disguised, Symbol.toStringTag, { value: 'Float32Array' });
     expectError(() => attn.sdpa({ data: disguised, dims: plain.query.dims }, plain.key, plain.value), TypeError,
-      [/^sdpa: query\.data must be a Float32Array, got Float64Array/]);
+      [/^sdpa: query\.data must be a Float32Array or a Float16Array, got Float64Array/]);
     expectStillWorks();
   });
 

@@ -136,8 +136,8 @@ async function everyPattern(attn, appendOptions) {
 
 /**
  * What stays refused: a Float16Array whose length is not its dims' (RangeError naming
- * key.data.length), and one where only Float32Array is taken (a query: TypeError naming
- * query.data and Float16Array); the cache unchanged, the instance working.
+ * key.data.length), and one where only Float32Array is taken (options.sinks, a forward's saved
+ * output: TypeError naming it and Float16Array); the cache unchanged, the instance working.
  */
 async function refusals(attn) {
   const cache = await attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 8, maxLength: 4, dtype: 'float16' });
@@ -151,14 +151,16 @@ async function refusals(attn) {
   };
   try {
     const f16 = (n) => new Float16Array(n).fill(0.5);
+    const f32 = (n) => new Float32Array(n).fill(0.5);
+    const t = (data) => ({ data, dims: [1, 2, 8] });
     const cases = [
       ['a Float16Array of the wrong length', () => cache.append({ data: f16(7), dims: [1, 1, 1, 8] }, { data: f16(8), dims: [1, 1, 1, 8] }),
         /^RangeError: KVCache\.append: key\.data\.length must equal the product of key\.dims \[1, 1, 1, 8\] = 8, got 7$/],
-      ['a Float16Array query to attend', () => cache.attend({ data: f16(8), dims: [1, 1, 1, 8] }),
-        /^TypeError: KVCache\.attend: query\.data must be a Float32Array, got Float16Array\(8\)$/],
-      ['a Float16Array query to sdpa', () => attn.sdpa({ data: f16(8), dims: [1, 1, 8] }, { data: new Float32Array(8), dims: [1, 1, 8] },
-        { data: new Float32Array(8), dims: [1, 1, 8] }),
-      /^TypeError: sdpa: query\.data must be a Float32Array, got Float16Array\(8\)$/],
+      ['options.sinks as a Float16Array', () => attn.sdpa(t(f16(16)), t(f32(16)), t(f32(16)), { sinks: f16(1) }),
+        /^TypeError: sdpa: options\.sinks must be a Float32Array of length Hq = 1 \(one sink logit per query head\), got Float16Array\(1\)$/],
+      ['a saved output as a Float16Array', () => attn.sdpaBackward(t(f32(16)), t(f32(16)), t(f32(16)), t(f32(16)),
+        { saved: { output: t(f16(16)), logSumExp: { data: f32(2), dims: [1, 2] } } }),
+      /^TypeError: sdpaBackward: options\.saved\.output\.data must be a Float32Array, got Float16Array\(16\)$/],
     ];
     const results = [];
     for (const [name, call, expected] of cases) {

@@ -1,0 +1,178 @@
+// Float16Array inputs (query, key, value, gradOutput, a float mask), in the engines that have
+// Float16Array (Chromium, Firefox, WebKit; not Node 20: these run in pages only). A call given
+// Float16Array data must give, bit for bit, the results of the same call given the same values
+// as Float32Array (which the other suites check against the float64 reference; here too for
+// the small forward cases), on every way a call runs: whole, a decode streamed segment by
+// segment, a prefill streamed (batch, KV head) by (batch, KV head), slices past maxMemoryBytes,
+// packed sequences whole and in chunks, a KV cache's attend, the backward (with `saved` from a
+// Float16Array forward, given Float32Array inputs). Each case makes its Float16Arrays anew for
+// every call (a worker call with { transfer: true } detaches them). Plain ES module: runs on
+// instances made by `make(options)`, createAttention's or createAttentionWorker's (every call
+// awaited).
+import { maxRelError, referenceSdpa } from '../node/reference.mjs';
+import { noiseTensor } from '../../web/seeded.mjs';
+import { storedValues } from './kv-cache-cases.mjs';
+import { bitsHash, REFERENCE_TOL } from './reference-cases.mjs';
+
+/** Values a half holds exactly (so a Float16Array of them is made without rounding): seeded noise times `scale`, rounded to halves. */
+function halfValues(dims, seed, stream, scale = 1) {
+  const t = noiseTensor(dims, seed, stream);
+  return storedValues('float16', { data: t.data.map((x) => x * scale), dims: t.dims });
+}
+
+/** A float mask of `dims` whose every 5th element is -Infinity and the rest small biases (values a half holds). */
+function halfMask(dims, seed) {
+  const t = halfValues(dims, seed, 9, 0.5);
+  for (let i = 0; i < t.data.length; i += 5) t.data[i] = -Infinity;
+  return t;
+}
+
+const asHalves = (t) => ({ data: Float16Array.from(t.data), dims: t.dims });
+const asFloats = (t) => ({ data: Float32Array.from(t.data), dims: t.dims });
+
+/** The bits of every Float32Array among a result's tensors (output, weights, logSumExp, gradients), in a fixed order. */
+function resultHash(result) {
+  return Object.keys(result).sort().map((name) => (result[name]?.data instanceof Float32Array ? `${name}:${bitsHash(result[name].data)}` : ''))
+    .join(' ');
+}
+
+/**
+ * Each case: { name, instance (options for make(); default {}), call(instance, tensors, extra) }
+ * where `tensors(form)` gives the case's inputs as Float16Array (form asHalves) or Float32Array
+ * (asFloats) tensors, made anew; `extra` goes into every call's options (a worker's transfer).
+ * `reference(values)` (optional) the float64 reference's output for the Float32Array run.
+ */
+const B = 2, Hq = 4, Hkv = 2;
+export const FLOAT16_INPUT_CASES = [
+  {
+    name: 'sdpa whole: causal, a float mask [Lq, Lk] as Float16Array, weights and log-sum-exp',
+    values: (seed) => ({ q: halfValues([B, Hq, 37, 40], seed, 1), k: halfValues([B, Hkv, 45, 40], seed, 2),
+      v: halfValues([B, Hkv, 45, 24], seed, 3), mask: halfMask([37, 45], seed) }),
+    call: (attn, t, extra) => attn.sdpa(t.q, t.k, t.v, { isCausal: true, causalOffset: 8, attnMask: t.mask, returnWeights: true, returnLogSumExp: true, ...extra }),
+    reference: (t) => referenceSdpa(t.q, t.k, t.v, { isCausal: true, causalOffset: 8, attnMask: t.mask }).output,
+  },
+  {
+    name: 'sdpa whole, bshd: GQA, Ev ≠ E',
+    values: (seed) => ({ q: halfValues([B, 29, Hq, 16], seed, 1), k: halfValues([B, 31, Hkv, 16], seed, 2), v: halfValues([B, 31, Hkv, 8], seed, 3) }),
+    call: (attn, t, extra) => attn.sdpa(t.q, t.k, t.v, { layout: 'bshd', ...extra }),
+    reference: (t) => referenceSdpa(t.q, t.k, t.v, { layout: 'bshd' }).output,
+  },
+  {
+    // K and V of 4 MiB as float32 (2 MiB as halves): streamed, sized by their float32 bytes.
+    name: 'sdpa decode streamed segment by segment: K/V [1, 2, 4096, 64]',
+    values: (seed) => ({ q: halfValues([1, 4, 1, 64], seed, 1), k: halfValues([1, Hkv, 4096, 64], seed, 2), v: halfValues([1, Hkv, 4096, 64], seed, 3) }),
+    call: (attn, t, extra) => attn.sdpa(t.q, t.k, t.v, { ...extra }),
+  },
+  {
+    // One thread, Q/K/V of 2 MiB as float32: streamed one (batch, KV head) at a time.
+    name: 'sdpa prefill streamed (batch, KV head) by (batch, KV head), one thread: [2, 4, 512, 64], causal',
+    instance: { threads: 1 },
+    values: (seed) => ({ q: halfValues([B, Hq, 512, 64], seed, 1), k: halfValues([B, Hkv, 512, 64], seed, 2), v: halfValues([B, Hkv, 512, 64], seed, 3) }),
+    call: (attn, t, extra) => attn.sdpa(t.q, t.k, t.v, { isCausal: true, ...extra }),
+  },
+  {
+    // maxMemoryBytes below the whole call's peak: slices of batches, each copying its part of the
+    // Float16Array inputs and of the mask (widened) into wasm memory.
+    name: 'sdpa past maxMemoryBytes, in slices: a float mask [B, 1, Lq, Lk] as Float16Array, weights',
+    instance: { maxMemoryBytes: 3 * 2 ** 20 },
+    values: (seed) => ({ q: halfValues([4, Hq, 200, 32], seed, 1), k: halfValues([4, Hkv, 300, 32], seed, 2),
+      v: halfValues([4, Hkv, 300, 32], seed, 3), mask: halfMask([4, 1, 200, 300], seed) }),
+    call: (attn, t, extra) => attn.sdpa(t.q, t.k, t.v, { attnMask: t.mask, returnWeights: true, ...extra }),
+  },
+  {
+    name: 'KVCache.attend: a Float16Array query and mask [B, Hq, Lq, length]',
+    values: (seed) => ({ q: halfValues([B, Hq, 3, 32], seed, 1), k: halfValues([B, Hkv, 70, 32], seed, 2),
+      v: halfValues([B, Hkv, 70, 16], seed, 3), mask: halfMask([B, Hq, 3, 70], seed) }),
+    call: async (attn, t, extra) => {
+      const cache = await attn.createKVCache({ batch: B, kvHeads: Hkv, headDim: 32, valueDim: 16, maxLength: 70 });
+      try {
+        await cache.append(asFloats(t.k), asFloats(t.v));
+        return await cache.attend(t.q, { attnMask: t.mask, returnLogSumExp: true, ...extra });
+      } finally {
+        await cache.dispose();
+      }
+    },
+    floatParts: ['q', 'mask'],
+  },
+  {
+    name: 'sdpaVarlen: three packed sequences, causal',
+    values: (seed) => ({ q: halfValues([60, Hq, 32], seed, 1), k: halfValues([70, Hkv, 32], seed, 2), v: halfValues([70, Hkv, 32], seed, 3) }),
+    call: (attn, t, extra) => attn.sdpaVarlen(t.q, t.k, t.v, {
+      cuSeqlensQ: Int32Array.of(0, 7, 40, 60), cuSeqlensK: Int32Array.of(0, 17, 50, 70), isCausal: true, returnLogSumExp: true, ...extra }),
+  },
+  {
+    // One thread, 2 MiB of inputs as float32: run in chunks of sequences.
+    name: 'sdpaVarlen in chunks, one thread: 2048 packed rows [2048, 4, 64]',
+    instance: { threads: 1 },
+    values: (seed) => ({ q: halfValues([2048, Hq, 64], seed, 1), k: halfValues([2048, Hkv, 64], seed, 2), v: halfValues([2048, Hkv, 64], seed, 3) }),
+    call: (attn, t, extra) => attn.sdpaVarlen(t.q, t.k, t.v, {
+      cuSeqlensQ: Int32Array.of(0, 300, 1100, 2048), cuSeqlensK: Int32Array.of(0, 300, 1100, 2048), isCausal: true, ...extra }),
+  },
+  {
+    name: 'sdpaBackward: gradOutput too, a float mask as Float16Array and its gradient',
+    values: (seed) => ({ q: halfValues([B, Hq, 21, 16], seed, 1), k: halfValues([B, Hkv, 33, 16], seed, 2), v: halfValues([B, Hkv, 33, 8], seed, 3),
+      go: halfValues([B, Hq, 21, 8], seed, 4), mask: halfMask([Hq, 21, 33], seed) }),
+    call: (attn, t, extra) => attn.sdpaBackward(t.q, t.k, t.v, t.go, { attnMask: t.mask, returnMaskGrad: true, isCausal: true, causalOffset: 12, ...extra }),
+  },
+  {
+    name: 'sdpaVarlenBackward: two packed sequences',
+    values: (seed) => ({ q: halfValues([30, Hq, 16], seed, 1), k: halfValues([40, Hkv, 16], seed, 2), v: halfValues([40, Hkv, 16], seed, 3),
+      go: halfValues([30, Hq, 16], seed, 4) }),
+    call: (attn, t, extra) => attn.sdpaVarlenBackward(t.q, t.k, t.v, t.go, {
+      cuSeqlensQ: Int32Array.of(0, 11, 30), cuSeqlensK: Int32Array.of(0, 25, 40), ...extra }),
+  },
+];
+
+/**
+ * Runs every case on instances from `make` (createAttention or createAttentionWorker, given the
+ * case's instance options); `extra` goes into every call's options. Returns
+ * [{ name, ok, same, worstError, hash }], then the `saved` case.
+ */
+export async function runFloat16InputCases(make, extra = {}) {
+  const results = [];
+  for (const [index, c] of FLOAT16_INPUT_CASES.entries()) {
+    const values = c.values(1000 + index);
+    const inForm = (form) => Object.fromEntries(Object.entries(values).map(([name, t]) =>
+      [name, (c.floatParts ?? Object.keys(values)).includes(name) ? form(t) : asFloats(t)]));
+    const attn = await make(c.instance ?? {});
+    try {
+      const fromHalves = await c.call(attn, inForm(asHalves), extra);
+      const fromFloats = await c.call(attn, inForm(asFloats), extra);
+      const hash = resultHash(fromHalves);
+      const same = hash === resultHash(fromFloats) && hash.trim() !== '';
+      const worstError = c.reference === undefined ? 0 : maxRelError(fromFloats.output.data, c.reference(values));
+      results.push({ name: c.name, same, worstError, ok: same && worstError <= REFERENCE_TOL, hash });
+    } finally {
+      await attn.dispose();
+    }
+  }
+  results.push(await savedFromHalves(make, extra));
+  return results;
+}
+
+/**
+ * A forward given Float16Array inputs (returnLogSumExp), its backward given the same values as
+ * Float32Array with `saved`: accepted (the record compares values, not element types), and the
+ * gradients those of the backward that recomputes the forward.
+ */
+async function savedFromHalves(make, extra) {
+  const values = { q: halfValues([1, 2, 19, 16], 77, 1), k: halfValues([1, 2, 23, 16], 77, 2), v: halfValues([1, 2, 23, 16], 77, 3),
+    go: halfValues([1, 2, 19, 16], 77, 4) };
+  const attn = await make({});
+  try {
+    const forward = await attn.sdpa(asHalves(values.q), asHalves(values.k), asHalves(values.v), { isCausal: true, returnLogSumExp: true, ...extra });
+    const args = () => [asFloats(values.q), asFloats(values.k), asFloats(values.v), asFloats(values.go)];
+    let viaSaved = null, error = null;
+    try {
+      viaSaved = await attn.sdpaBackward(...args(), { isCausal: true, saved: { output: forward.output, logSumExp: forward.logSumExp }, ...extra });
+    } catch (e) {
+      error = `${e.name}: ${e.message}`;
+    }
+    const recomputed = await attn.sdpaBackward(...args(), { isCausal: true, ...extra });
+    const hash = viaSaved === null ? '' : resultHash(viaSaved);
+    const same = viaSaved !== null && hash === resultHash(recomputed);
+    return { name: 'sdpaBackward with saved from a Float16Array forward, given Float32Array inputs', same, error, ok: same, hash };
+  } finally {
+    await attn.dispose();
+  }
+}
