@@ -126,7 +126,7 @@ export function checkAppendShapes(shape: KVCacheShape, key: unknown, value: unkn
   const v = checkTensor(fn, 'value', value, layout, 'cache');
   for (const [name, t] of [['key', k], ['value', v]] as const) {
     if (shape.dtype === 'float32' && isUint16Array(t.data) && !t.ieeeHalves) {
-      throw new TypeError(`${fn}: ${name}.data must be a Float32Array for a float32 cache (raw 16-bit elements in a ` +
+      throw new TypeError(`${fn}: ${name}.data must be a Float32Array or a Float16Array for a float32 cache (raw 16-bit elements in a ` +
         `Uint16Array only for dtype 'float16' or 'bfloat16'), got ${describe(t.data)}`);
     }
     if (t.B !== shape.batch) throw dimsMismatch(fn, layout, name, t, "the cache's batch B", shape.batch, t.B);

@@ -227,9 +227,15 @@ export function freeLongLived(module: SdpaModule, account: MemoryAccount, alloca
  */
 export const COPY_PLACEMENT_SLACK = 4096;
 
-/** Where in `block` (COPY_PLACEMENT_SLACK bytes more than the data) to copy `source` to. */
+/**
+ * Where in `block` (COPY_PLACEMENT_SLACK bytes more than the data, at a multiple of 4) to copy
+ * `source` to as float32: a multiple of 4 too. A Float16Array's byteOffset may be 2 past one
+ * (an odd element of its buffer), so the distance is rounded down to 4 bytes (the copy's
+ * elements land where the address says); its reads then run at half the rate of the writes, so
+ * no fixed distance holds for it anyway.
+ */
 export function placeCopy(block: number, source: ArrayBufferView): number {
-  return block + ((source.byteOffset + 2048 - block) & 4095);
+  return block + ((source.byteOffset + 2048 - block) & 4092);
 }
 
 /** The allocations of one call; free() releases them all, whatever happened in between. */

@@ -1,6 +1,6 @@
 /**
  * Float16Array (IEEE binary16 elements: Chrome/Edge 135+, Firefox 129+, Safari 18.2+; not Node
- * 20) where TypeScript's lib declares it (ES2025, ESNext), else `never`: the package's types name
+ * 20) where TypeScript's lib declares it (ESNext.Float16, or ESNext), else `never`: the package's types name
  * it without needing that lib.
  */
 export type Float16ArrayType = typeof globalThis extends { Float16Array: { prototype: infer T } } ? T : never;
@@ -135,7 +135,7 @@ export interface SdpaBackwardOptions extends Omit<SdpaOptions, 'returnWeights' |
    */
   saved?: { output: Tensor; logSumExp: Tensor };
   /**
-   * Also return `dAttnMask`, the gradient of an additive (Float32Array) `attnMask`: its dims,
+   * Also return `dAttnMask`, the gradient of an additive (Float32Array or Float16Array) `attnMask`: its dims,
    * summed over the axes it broadcasts on; 0 where a key is blocked (-Infinity, causal, key
    * length). One more pass over the scores (Q·Kᵀ and dO·Vᵀ again: 1.4-1.6× the backward's
    * time, measured). Default false; true without a float mask is a TypeError.
@@ -304,7 +304,7 @@ export interface MemoryInfo {
 /**
  * Keys or values to append to a KV cache: `[B, Hkv, Lnew, E]` (or `[B, Lnew, Hkv, E]` with
  * `layout: 'bshd'`). `data` is a `Float32Array`, or a `Float16Array` (where the engine has one;
- * typed where TypeScript's lib declares it: ES2025 or ESNext), for any cache; a float16 or
+ * typed where TypeScript's lib declares it: ESNext.Float16, or ESNext), for any cache; a float16 or
  * bfloat16 cache also takes a `Uint16Array` of raw elements of its dtype (IEEE half bits;
  * bfloat16 bits, the upper 16 of a float32).
  */

@@ -529,7 +529,7 @@ export function completeBackwardPlan(fn: string, forward: SdpaPlan, q: Operand, 
     throw new TypeError(`${fn}: options.accumulate adds the gradients into options.out's arrays; it needs options.out`);
   }
   if (maskGrad && forward.mask?.kind !== 'float') {
-    throw new TypeError(`${fn}: options.returnMaskGrad needs an additive options.attnMask (Float32Array data); got ` +
+    throw new TypeError(`${fn}: options.returnMaskGrad needs an additive options.attnMask (Float32Array or Float16Array data); got ` +
       (forward.mask === null ? 'no attnMask' : 'a boolean one (Uint8Array data), which has no gradient'));
   }
   const arrays = planArrays(forward);

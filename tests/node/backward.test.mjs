@@ -905,10 +905,10 @@ describe('bad input: TypeError or RangeError naming the argument; the instance k
     ['returnMaskGrad not a boolean', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { returnMaskGrad: 'yes' }), TypeError,
       /^sdpaBackward: options\.returnMaskGrad must be a boolean, got "yes"$/],
     ['returnMaskGrad without a mask', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput, { returnMaskGrad: true }), TypeError,
-      /^sdpaBackward: options\.returnMaskGrad needs an additive options\.attnMask \(Float32Array data\); got no attnMask$/],
+      /^sdpaBackward: options\.returnMaskGrad needs an additive options\.attnMask \(Float32Array or Float16Array data\); got no attnMask$/],
     ['returnMaskGrad with a bool mask', () => attn.sdpaBackward(p.query, p.key, p.value, p.gradOutput,
       { returnMaskGrad: true, attnMask: t(Uint8Array.of(1, 0, 1, 1, 1), [5]) }), TypeError,
-    /^sdpaBackward: options\.returnMaskGrad needs an additive options\.attnMask \(Float32Array data\); got a boolean one \(Uint8Array data\), which has no gradient$/],
+    /^sdpaBackward: options\.returnMaskGrad needs an additive options\.attnMask \(Float32Array or Float16Array data\); got a boolean one \(Uint8Array data\), which has no gradient$/],
     ['sdpa does not take returnMaskGrad', () => attn.sdpa(p.query, p.key, p.value, { returnMaskGrad: true }), TypeError, /^sdpa: unknown option "returnMaskGrad" \(an option of sdpaBackward only\); known options: /],
   ])('%s', (_, call, Cls, pattern) => {
     let error;

@@ -29,6 +29,12 @@ function halfMask(dims, seed) {
 
 const asHalves = (t) => ({ data: Float16Array.from(t.data), dims: t.dims });
 const asFloats = (t) => ({ data: Float32Array.from(t.data), dims: t.dims });
+/** As asHalves, but a view starting at element `offset` of a larger Float16Array (an odd one: 2 bytes past a float32's alignment). */
+const asHalvesAt = (offset) => (t) => {
+  const whole = new Float16Array(offset + t.data.length + 1);
+  whole.set(t.data, offset);
+  return { data: whole.subarray(offset, offset + t.data.length), dims: t.dims };
+};
 
 /** The bits of every Float32Array among a result's tensors (output, weights, logSumExp, gradients), in a fixed order. */
 function resultHash(result) {
@@ -37,12 +43,19 @@ function resultHash(result) {
 }
 
 /**
- * Each case: { name, instance (options for make(); default {}), call(instance, tensors, extra) }
- * where `tensors(form)` gives the case's inputs as Float16Array (form asHalves) or Float32Array
- * (asFloats) tensors, made anew; `extra` goes into every call's options (a worker's transfer).
- * `reference(values)` (optional) the float64 reference's output for the Float32Array run.
+ * Each case: { name, values(seed) (the inputs' values, halves' own), call(instance, tensors,
+ * extra, filled), and optionally: instance (options for make()), floatParts (the inputs given as
+ * Float16Array; default all), halfOffset (the Float16Arrays are views from this element of larger
+ * ones), reference(values) (the float64 reference's output, for the Float32Array run), peakBelow
+ * (bytes: the call's peak on its instance must stay below it, which the whole copy's would not:
+ * the streamed or chunked way ran), share (the calls run on an instance limited to the memory
+ * held when `filled()` is called (0 if never) plus this share of the rest of the Float32Array
+ * call's peak on an instance of its own: they run in slices) }. `extra` goes into every call's
+ * options (a worker's transfer).
  */
 const B = 2, Hq = 4, Hkv = 2;
+/** Starts of 11 packed sequences of 1024 rows: 100 rows each, the last 24 (chunks of a few sequences). */
+const ELEVEN_SEQUENCES = Int32Array.from({ length: 12 }, (_, i) => Math.min(1024, 100 * i));
 export const FLOAT16_INPUT_CASES = [
   {
     name: 'sdpa whole: causal, a float mask [Lq, Lk] as Float16Array, weights and log-sum-exp',
@@ -62,6 +75,16 @@ export const FLOAT16_INPUT_CASES = [
     name: 'sdpa decode streamed segment by segment: K/V [1, 2, 4096, 64]',
     values: (seed) => ({ q: halfValues([1, 4, 1, 64], seed, 1), k: halfValues([1, Hkv, 4096, 64], seed, 2), v: halfValues([1, Hkv, 4096, 64], seed, 3) }),
     call: (attn, t, extra) => attn.sdpa(t.q, t.k, t.v, { ...extra }),
+    peakBelow: 2 ** 20,  // the whole copy's K/V alone: 4 MiB
+  },
+  {
+    // The Float16Arrays are views from an odd element of their buffers, and Lk·Ev is odd: most
+    // segments start 2 bytes past a float32's alignment in their buffers.
+    name: 'sdpa decode streamed: K/V [1, 2, 4133, 64 | 63], Float16Arrays at odd element offsets',
+    halfOffset: 1,
+    values: (seed) => ({ q: halfValues([1, 4, 1, 64], seed, 1), k: halfValues([1, Hkv, 4133, 64], seed, 2), v: halfValues([1, Hkv, 4133, 63], seed, 3) }),
+    call: (attn, t, extra) => attn.sdpa(t.q, t.k, t.v, { ...extra }),
+    peakBelow: 2 ** 20,
   },
   {
     // One thread, Q/K/V of 2 MiB as float32: streamed one (batch, KV head) at a time.
@@ -69,6 +92,7 @@ export const FLOAT16_INPUT_CASES = [
     instance: { threads: 1 },
     values: (seed) => ({ q: halfValues([B, Hq, 512, 64], seed, 1), k: halfValues([B, Hkv, 512, 64], seed, 2), v: halfValues([B, Hkv, 512, 64], seed, 3) }),
     call: (attn, t, extra) => attn.sdpa(t.q, t.k, t.v, { isCausal: true, ...extra }),
+    peakBelow: 2 * 2 ** 20,  // the whole copy's Q, K, V and output: 3 MiB
   },
   {
     // maxMemoryBytes below the whole call's peak: slices of batches, each copying its part of the
@@ -95,6 +119,25 @@ export const FLOAT16_INPUT_CASES = [
     floatParts: ['q', 'mask'],
   },
   {
+    // A float32 cache of 300 positions on an instance limited to it and half the attend's own
+    // peak: the query, output, weights and mask in slices of batches.
+    name: 'KVCache.attend past maxMemoryBytes, in slices: a Float16Array query and mask [B, Hq, Lq, length], weights',
+    share: 0.5,
+    values: (seed) => ({ q: halfValues([3, 6, 40, 32], seed, 1), k: halfValues([3, 3, 300, 32], seed, 2),
+      v: halfValues([3, 3, 300, 24], seed, 3), mask: halfMask([3, 6, 40, 300], seed) }),
+    call: async (attn, t, extra, filled) => {
+      const cache = await attn.createKVCache({ batch: 3, kvHeads: 3, headDim: 32, valueDim: 24, maxLength: 300 });
+      try {
+        await cache.append(asFloats(t.k), asFloats(t.v));
+        await filled?.();
+        return await cache.attend(t.q, { attnMask: t.mask, returnWeights: true, ...extra });
+      } finally {
+        await cache.dispose();
+      }
+    },
+    floatParts: ['q', 'mask'],
+  },
+  {
     name: 'sdpaVarlen: three packed sequences, causal',
     values: (seed) => ({ q: halfValues([60, Hq, 32], seed, 1), k: halfValues([70, Hkv, 32], seed, 2), v: halfValues([70, Hkv, 32], seed, 3) }),
     call: (attn, t, extra) => attn.sdpaVarlen(t.q, t.k, t.v, {
@@ -107,12 +150,30 @@ export const FLOAT16_INPUT_CASES = [
     values: (seed) => ({ q: halfValues([2048, Hq, 64], seed, 1), k: halfValues([2048, Hkv, 64], seed, 2), v: halfValues([2048, Hkv, 64], seed, 3) }),
     call: (attn, t, extra) => attn.sdpaVarlen(t.q, t.k, t.v, {
       cuSeqlensQ: Int32Array.of(0, 300, 1100, 2048), cuSeqlensK: Int32Array.of(0, 300, 1100, 2048), isCausal: true, ...extra }),
+    peakBelow: 4 * 2 ** 20,  // the whole copy's inputs and output: 6 MiB
+  },
+  {
+    name: 'sdpaVarlenBackward in chunks, one thread: 1024 packed rows [1024, 4, 64] in 11 sequences, and gradOutput',
+    instance: { threads: 1 },
+    values: (seed) => ({ q: halfValues([1024, Hq, 64], seed, 1), k: halfValues([1024, Hkv, 64], seed, 2), v: halfValues([1024, Hkv, 64], seed, 3),
+      go: halfValues([1024, Hq, 64], seed, 4) }),
+    call: (attn, t, extra) => attn.sdpaVarlenBackward(t.q, t.k, t.v, t.go, {
+      cuSeqlensQ: ELEVEN_SEQUENCES, cuSeqlensK: ELEVEN_SEQUENCES, isCausal: true, ...extra }),
+    peakBelow: 4 * 2 ** 20,  // the whole copy's inputs, output and gradients: 6 MiB
   },
   {
     name: 'sdpaBackward: gradOutput too, a float mask as Float16Array and its gradient',
     values: (seed) => ({ q: halfValues([B, Hq, 21, 16], seed, 1), k: halfValues([B, Hkv, 33, 16], seed, 2), v: halfValues([B, Hkv, 33, 8], seed, 3),
       go: halfValues([B, Hq, 21, 8], seed, 4), mask: halfMask([Hq, 21, 33], seed) }),
     call: (attn, t, extra) => attn.sdpaBackward(t.q, t.k, t.v, t.go, { attnMask: t.mask, returnMaskGrad: true, isCausal: true, causalOffset: 12, ...extra }),
+  },
+  {
+    // The backward on an instance limited to 0.6 of its Float32Array twin's peak: slices of batches.
+    name: 'sdpaBackward past maxMemoryBytes, in slices: Float16Array inputs and gradOutput, a sliding window',
+    share: 0.6,
+    values: (seed) => ({ q: halfValues([3, 6, 40, 32], seed, 1), k: halfValues([3, 3, 300, 32], seed, 2), v: halfValues([3, 3, 300, 24], seed, 3),
+      go: halfValues([3, 6, 40, 24], seed, 4) }),
+    call: (attn, t, extra) => attn.sdpaBackward(t.q, t.k, t.v, t.go, { isCausal: true, causalOffset: 260, slidingWindow: 90, ...extra }),
   },
   {
     name: 'sdpaVarlenBackward: two packed sequences',
@@ -134,20 +195,41 @@ export async function runFloat16InputCases(make, extra = {}) {
     const values = c.values(1000 + index);
     const inForm = (form) => Object.fromEntries(Object.entries(values).map(([name, t]) =>
       [name, (c.floatParts ?? Object.keys(values)).includes(name) ? form(t) : asFloats(t)]));
-    const attn = await make(c.instance ?? {});
+    const limit = c.share === undefined ? undefined : await limitFor(make, c, inForm(asFloats), extra);
+    const attn = await make({ ...c.instance, ...(limit === undefined ? {} : { maxMemoryBytes: limit }) });
     try {
-      const fromHalves = await c.call(attn, inForm(asHalves), extra);
+      const fromHalves = await c.call(attn, inForm(c.halfOffset === undefined ? asHalves : asHalvesAt(c.halfOffset)), extra);
+      const { peakBytes } = await attn.memory();
       const fromFloats = await c.call(attn, inForm(asFloats), extra);
       const hash = resultHash(fromHalves);
       const same = hash === resultHash(fromFloats) && hash.trim() !== '';
       const worstError = c.reference === undefined ? 0 : maxRelError(fromFloats.output.data, c.reference(values));
-      results.push({ name: c.name, same, worstError, ok: same && worstError <= REFERENCE_TOL, hash });
+      // The way the case names ran: below the whole copy's peak, or within the limit.
+      const pathOk = peakBytes < (c.peakBelow ?? Infinity) && peakBytes <= (limit ?? Infinity);
+      results.push({ name: c.name, same, worstError, peakBytes, limit, pathOk, ok: same && worstError <= REFERENCE_TOL && pathOk, hash });
     } finally {
       await attn.dispose();
     }
   }
   results.push(await savedFromHalves(make, extra));
   return results;
+}
+
+/**
+ * The maxMemoryBytes of case `c`: what its instance holds when the call's `filled` is called (its
+ * cache; 0 if never), plus c.share of the rest of the peak of the call with `tensors` on an
+ * instance of its own.
+ */
+async function limitFor(make, c, tensors, extra) {
+  const probe = await make(c.instance ?? {});
+  try {
+    let held = 0;
+    await c.call(probe, tensors, extra, async () => { held = (await probe.memory()).bytesInUse; });
+    const { peakBytes } = await probe.memory();
+    return Math.floor(held + c.share * (peakBytes - held));
+  } finally {
+    await probe.dispose();
+  }
 }
 
 /**

@@ -63,7 +63,7 @@ export const CACHE_ERROR_CASES = [
   ['append: Float64Array', (c) => c.append(t(new Float64Array(B * Hkv * E), [B, Hkv, 1, E]), v(1)), TypeError,
     [/key\.data must be a Float32Array/, /Float64Array/]],
   ['append: halves into a float32 cache', (c) => c.append(t(new Uint16Array(B * Hkv * E), [B, Hkv, 1, E]), v(1)), TypeError,
-    [/key\.data must be a Float32Array for a float32 cache/, /only for dtype 'float16' or 'bfloat16'/, /Uint16Array/]],
+    [/key\.data must be a Float32Array or a Float16Array for a float32 cache/, /only for dtype 'float16' or 'bfloat16'/, /Uint16Array/]],
   ['append: data length', (c) => c.append(t(new Float32Array(5), [B, Hkv, 1, E]), v(1)), RangeError, [/key\.data\.length/, /got 5/]],
   ['append: missing value', (c) => c.append(k(1)), TypeError, [/value must be a tensor/, /undefined/]],
   ['append: key a bare Float32Array (its .data)', (c) => c.append(k(1).data, v(1)), TypeError,
