@@ -1518,7 +1518,9 @@ TEST(CopyRows, HalvesAndBFloat16ConvertIntoEachOtherAsTheirFloat32ValuesRound) {
     std::vector<uint16_t> patterns(65536);
     for (uint32_t i = 0; i < 65536; i++) patterns[i] = static_cast<uint16_t>(i);
     std::vector<Append> appends{every};
-    for (int D : kRowWidths) {
+    std::vector<int> widths(std::begin(kRowWidths), std::end(kRowWidths));
+    widths.push_back(77);  // a whole 64-element block, then 13: its SIMD steps and a scalar tail
+    for (int D : widths) {
       Append a;
       a.D = D;
       appends.push_back(a);
