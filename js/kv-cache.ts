@@ -12,7 +12,7 @@ import { widenBFloat16, widenHalves } from './halves.js';
 import { KV_TYPE, runResident } from './strategies.js';
 import { detachedOrEmpty, isInt32Array, isUint16Array, lengthOf } from './typed-arrays.js';
 import type { SdpaModule } from './wasm/sdpa.mjs';
-import type { KVCacheContents, KVCacheOptions, KVTensor, SdpaOptions, SdpaResult, SdpaResultWith, InputTensor } from './types.js';
+import type { InputTensor, KVCacheContents, KVCacheOptions, KVTensor, SdpaOptions, SdpaResult, SdpaResultWith } from './types.js';
 import {
   checkArraysKept, checkHeadDim, checkLayout, checkOptionNames, checkTensor, describe, detachedMessage, dimsMismatch,
   planAttend,

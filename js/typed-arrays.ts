@@ -21,7 +21,7 @@ const arrayBufferDetached = Object.getOwnPropertyDescriptor(ArrayBuffer.prototyp
 /** The engine's Float16Array constructor, if it has one. */
 const Float16ArrayConstructor = (globalThis as unknown as { Float16Array?: Float32ArrayConstructor }).Float16Array;
 
-/** The typed arrays the API takes: data, masks, raw halves, per-batch integers, a KV cache's float16 appends. */
+/** The typed arrays the API takes: data, masks, raw halves, per-batch integers, and float data as halves (Float16Array). */
 export type TypedArray = Float32Array | Uint16Array | Uint8Array | Int32Array | Float16ArrayType;
 type ViewConstructor = Float32ArrayConstructor | Uint16ArrayConstructor | Uint8ArrayConstructor | Int32ArrayConstructor;
 /** Each TypedArray type's constructor, by its name (Float16Array's where the engine has it). */
