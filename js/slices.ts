@@ -18,7 +18,7 @@
 // the mask's elements the slice reads (maskSpan) are copied for it; the dropout mask's batch and
 // head count from the slice's first ones, so that the slice draws the whole call's.
 import type { ProblemDesc } from './wasm/sdpa.mjs';
-import { type InputData, layoutStrides, type Plan, type Strides } from './validate.js';
+import { type InputData, layoutStrides, maskElementBytes, type Plan, type Strides } from './validate.js';
 
 /** A slice's shape: `batches` batches from b0, `kvHeads` KV heads from h0 (the last ones of each axis may be fewer). */
 export interface SliceShape {
@@ -198,7 +198,7 @@ export function maskSpan(p: Plan, batches: number, heads: number, rows = p.qLen)
 
 /** Bytes of maskSpan() elements (the mask's whole block when the slice is the whole call). */
 export function maskSpanBytes(p: Plan, batches: number, heads: number, rows = p.qLen): number {
-  return p.mask === null ? 0 : maskSpan(p, batches, heads, rows) * (p.mask.kind === 'float' ? 4 : 1);
+  return p.mask === null ? 0 : maskSpan(p, batches, heads, rows) * maskElementBytes(p.mask.kind);
 }
 
 /**
@@ -270,9 +270,8 @@ export function problemOfSlice(p: Plan, desc: ProblemDesc, sliceDesc: ProblemDes
  * the mask sets it after).
  */
 export function sliceInputs(p: Plan, desc: ProblemDesc, b0: number, firstHead: number) {
-  const maskElementBytes = p.mask?.kind === 'float' ? 4 : 1;
   return {
-    mask: p.mask === null ? 0 : desc.mask + maskElementBytes * (b0 * p.mask.strides[0] + firstHead * p.mask.strides[1]),
+    mask: p.mask === null ? 0 : desc.mask + maskElementBytes(p.mask.kind) * (b0 * p.mask.strides[0] + firstHead * p.mask.strides[1]),
     causalOffsets: p.causalOffsets === null ? 0 : desc.causalOffsets + 4 * b0,
     keyLengths: p.keyLengths === null ? 0 : desc.keyLengths + 4 * b0,
     keyStarts: p.keyStarts === null ? 0 : desc.keyStarts + 4 * b0,

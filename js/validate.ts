@@ -24,8 +24,11 @@ export type InputData = Float32Array | Float16ArrayType;
  */
 export const floatBytes = (data: InputData): number => data.length * 4;
 
-/** The bytes a mask takes in wasm memory: float32 values (from a Float32Array or a Float16Array), or a byte each (boolean); 0 for none. */
-export const maskBytes = (mask: Plan['mask']): number => (mask === null ? 0 : mask.data.length * (mask.kind === 'float' ? 4 : 1));
+/** The bytes of one mask element in wasm memory: a float32 (from a Float32Array or a Float16Array), or a byte (boolean). */
+export const maskElementBytes = (kind: 'float' | 'bool'): number => (kind === 'float' ? 4 : 1);
+
+/** The bytes a whole mask takes in wasm memory; 0 for none. */
+export const maskBytes = (mask: Plan['mask']): number => (mask === null ? 0 : mask.data.length * maskElementBytes(mask.kind));
 
 export const OPTION_NAMES = [
   'scale', 'softcap', 'attnMask', 'isCausal', 'causalOffset', 'slidingWindow', 'keyLengths', 'keyStarts', 'sinks',
