@@ -111,11 +111,11 @@ function runBackwardWhole(memory: CallMemory, threads: number, bp: BackwardPlan,
       dMask: bp.maskGrad ? at.dMask : 0, dSinks: p.sinks !== null ? at.dSinks : 0,
     });
     // Heap views only after the last allocation.
-    const { f32 } = memory.heap;
-    f32.set(q, at.query >>> 2);
-    f32.set(k, at.key >>> 2);
-    f32.set(v, at.value >>> 2);
-    f32.set(bp.gradOutput, at.gradOutput >>> 2);
+    const { f32, writeFloats } = memory.heap;
+    writeFloats(at.query, q);
+    writeFloats(at.key, k);
+    writeFloats(at.value, v);
+    writeFloats(at.gradOutput, bp.gradOutput);
     copySmallInputs(memory, p, desc, at);
     if (bp.saved !== null) {
       f32.set(bp.saved.output, at.output >>> 2);
@@ -205,27 +205,27 @@ function runBackwardSlices(memory: CallMemory, threads: number, bp: BackwardPlan
       const rows = queryPart(c), kv = keyValuePart(c);
       // Fresh views every time: a view is never kept across a call into the module.
       const before = memory.heap;
-      copySlice(before.f32, at.query, q, p.q, p.layout, rows, p.qLen, p.headDim, 'in');
-      copySlice(before.f32, at.key, k, p.k, p.layout, kv, p.kvLen, p.headDim, 'in');
-      copySlice(before.f32, at.value, v, p.v, p.layout, kv, p.kvLen, p.valueDim, 'in');
-      copySlice(before.f32, at.gradOutput, bp.gradOutput, p.o, p.layout, rows, p.qLen, p.valueDim, 'in');
+      copySlice(before, at.query, q, p.q, p.layout, rows, p.qLen, p.headDim, 'in');
+      copySlice(before, at.key, k, p.k, p.layout, kv, p.kvLen, p.headDim, 'in');
+      copySlice(before, at.value, v, p.v, p.layout, kv, p.kvLen, p.valueDim, 'in');
+      copySlice(before, at.gradOutput, bp.gradOutput, p.o, p.layout, rows, p.qLen, p.valueDim, 'in');
       slice.mask = masks.place(before, c);
       if (bp.saved !== null) {
-        copySlice(before.f32, at.output, bp.saved.output, p.o, p.layout, rows, p.qLen, p.valueDim, 'in');
-        copySlice(before.f32, at.logSumExp, bp.saved.logSumExp, denseStrides(p, 1), 'bhsd', rows, p.qLen, 1, 'in');
+        copySlice(before, at.output, bp.saved.output, p.o, p.layout, rows, p.qLen, p.valueDim, 'in');
+        copySlice(before, at.logSumExp, bp.saved.logSumExp, denseStrides(p, 1), 'bhsd', rows, p.qLen, 1, 'in');
       } else {
         check(module, p, module.forward(problemArg(module, slice), at.scratch, forwardFloats, threads));
       }
       check(module, p, module.backward(problemArg(module, slice), backwardArg(module, grad), at.scratch, backwardFloats,
         threads));
-      const after = memory.heap.f32;
+      const after = memory.heap;
       copySlice(after, at.dQuery, gradients.dQuery, p.q, p.layout, rows, p.qLen, p.headDim, 'out');
       copySlice(after, at.dKey, gradients.dKey, p.k, p.layout, kv, p.kvLen, p.headDim, 'out');
       copySlice(after, at.dValue, gradients.dValue, p.v, p.layout, kv, p.kvLen, p.valueDim, 'out');
       if (gradients.dSinks !== undefined) {
-        gradients.dSinks.set(after.subarray(at.dSinks >>> 2, (at.dSinks >>> 2) + c.heads), c.firstHead);
+        gradients.dSinks.set(after.f32.subarray(at.dSinks >>> 2, (at.dSinks >>> 2) + c.heads), c.firstHead);
       }
-      if (gradients.dMask !== undefined) copyMaskGradient(after, at.dMask, gradients.dMask, p, c);
+      if (gradients.dMask !== undefined) copyMaskGradient(after.f32, at.dMask, gradients.dMask, p, c);
     }
     return gradientResult(bp, gradients, true);
   } finally {

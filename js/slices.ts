@@ -17,6 +17,7 @@
 // slopes) stay whole in wasm memory, their addresses moved to the slice's first batch and head;
 // the mask's elements the slice reads (maskSpan) are copied for it; the dropout mask's batch and
 // head count from the slice's first ones, so that the slice draws the whole call's.
+import type { HeapViews } from './memory.js';
 import type { ProblemDesc } from './wasm/sdpa.mjs';
 import { type InputData, layoutStrides, maskElementBytes, type Plan, type Strides } from './validate.js';
 
@@ -146,10 +147,10 @@ function leastCounts(whole: number, least: (atLeast: number) => number): number[
 /**
  * Copies heads [h0, h0 + heads) of batches [b0, b0 + batches) of `data` (strides `s` in
  * `layout`, L rows of D floats per head), their rows [firstRow, firstRow + rows) (all L when not
- * given; fewer only for one head), into (`'in'`), or out of (`'out'`, from wasm memory into
- * data), the dense slice at byte `address` of `f32`.
+ * given; fewer only for one head), into (`'in'`, by heap.writeFloats), or out of (`'out'`, from
+ * wasm memory into data, a Float32Array), the dense slice at byte `address` of `heap`.
  */
-export function copySlice(f32: Float32Array, address: number, data: InputData, s: Strides, layout: Plan['layout'],
+export function copySlice(heap: HeapViews, address: number, data: InputData, s: Strides, layout: Plan['layout'],
   c: TensorPart, L: number, D: number, direction: 'in' | 'out'): void {
   let to = address >>> 2;
   const firstRow = c.firstRow ?? 0, rows = c.rows ?? L;
@@ -159,8 +160,8 @@ export function copySlice(f32: Float32Array, address: number, data: InputData, s
   for (let b = c.b0; b < c.b0 + c.batches; b++) {
     for (let r = firstRow; r < firstRow + runs; r++, to += runFloats) {
       const from = b * s.b + c.h0 * s.h + r * s.l;
-      if (direction === 'in') f32.set(data.subarray(from, from + runFloats), to);
-      else data.set(f32.subarray(to, to + runFloats), from);
+      if (direction === 'in') heap.writeFloats(4 * to, data.subarray(from, from + runFloats));
+      else data.set(heap.f32.subarray(to, to + runFloats), from);
     }
   }
 }
@@ -217,13 +218,13 @@ export class SliceMasks {
   }
 
   /** Copies slice c's mask elements (unless held already); their address (0 without a mask). */
-  place(heap: { f32: Float32Array; u8: Uint8Array }, c: Slice): number {
+  place(heap: HeapViews, c: Slice): number {
     const mask = this.#p.mask;
     if (mask === null) return 0;
     const from = c.b0 * mask.strides[0] + c.firstHead * mask.strides[1] + c.firstRow * mask.strides[2];
     if (from !== this.#copiedFrom) {
       const span = mask.data.subarray(from, from + maskSpan(this.#p, c.batches, c.heads, c.rows));
-      if (mask.kind === 'float') heap.f32.set(span, this.#address >>> 2);  // a Float16Array's values widened
+      if (mask.kind === 'float') heap.writeFloats(this.#address, span as InputData);
       else heap.u8.set(span, this.#address);
       this.#copiedFrom = from;
     }

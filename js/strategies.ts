@@ -16,7 +16,7 @@
 // before any is allocated if the instance's limit would be passed) and free them on every path
 // (CallMemory in try/finally).
 import { problemAddressesArg, problemArg } from './kernel-args.js';
-import { CallMemory, COPY_PLACEMENT_SLACK, placeCopy, runFirstThatFits, type MemoryAccount, type Way } from './memory.js';
+import { CallMemory, COPY_PLACEMENT_SLACK, type HeapViews, placeCopy, runFirstThatFits, type MemoryAccount, type Way } from './memory.js';
 import { sharesBytes, type TypedArray } from './typed-arrays.js';
 import type { ProblemDesc, SdpaModule } from './wasm/sdpa.mjs';
 import type { SdpaResult } from './types.js';
@@ -239,9 +239,9 @@ export function copySmallInputs(memory: CallMemory, p: Plan, desc: ProblemDesc,
   desc.keyStarts = at.keyStarts;
   desc.sinks = at.sinks;
   desc.alibiSlopes = at.alibiSlopes;
-  const { f32, i32, u8 } = memory.heap;
+  const { f32, i32, u8, writeFloats } = memory.heap;
   if (p.mask !== null && wholeMask) {
-    if (p.mask.kind === 'float') f32.set(p.mask.data, desc.mask >>> 2);
+    if (p.mask.kind === 'float') writeFloats(desc.mask, p.mask.data as InputData);
     else u8.set(p.mask.data, desc.mask);
   }
   if (p.causalOffsets !== null) i32.set(p.causalOffsets, desc.causalOffsets >>> 2);
@@ -301,7 +301,7 @@ function runWhole(memory: CallMemory, threads: number, p: Plan, desc: ProblemDes
   desc.weights = at.weights;
   desc.logsumexp = at.logSumExp;
   // Heap views are read only after the last allocation: growing memory detaches them.
-  memory.heap.f32.set(q, desc.query >>> 2);
+  memory.heap.writeFloats(desc.query, q);
   copySmallInputs(memory, p, desc, at);
   placeKeyValue(at);
   check(module, p, module.forward(problemAddressesArg(module, desc), at.scratch, scratchFloats, threads));
@@ -315,9 +315,9 @@ function runCopied(memory: CallMemory, threads: number, p: Plan, desc: ProblemDe
     return runWhole(memory, threads, p, desc, whole, q, (at) => {
       desc.key = at.key;
       desc.value = at.value;
-      const { f32 } = memory.heap;
-      f32.set(k, desc.key >>> 2);
-      f32.set(v, desc.value >>> 2);
+      const { writeFloats } = memory.heap;
+      writeFloats(desc.key, k);
+      writeFloats(desc.value, v);
     });
   } finally {
     memory.free();
@@ -426,8 +426,8 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: InputData, k: 
     // Embind allocates the C++ object: views after it.
     const streamer = new module.SegmentStream(pairArg);
     try {
-      const { f32 } = memory.heap;  // the loop below allocates nothing (plain-number calls)
-      f32.set(q, desc.query >>> 2);
+      const { writeFloats } = memory.heap;  // the loop below allocates nothing (plain-number calls)
+      writeFloats(desc.query, q);
       copySmallInputs(memory, p, desc, at);
       for (let pair = 0; pair < p.batch * p.kvHeads; pair++) {
         const b = Math.floor(pair / p.kvHeads), firstHead = (pair % p.kvHeads) * group;
@@ -443,8 +443,8 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: InputData, k: 
           const keys = k.subarray(keyRows + begin * p.headDim, keyRows + end * p.headDim);
           const values = v.subarray(valueRows + begin * p.valueDim, valueRows + end * p.valueDim);
           const keyAt = placeCopy(at.key, keys), valueAt = placeCopy(at.value, values);
-          f32.set(keys, keyAt >>> 2);
-          f32.set(values, valueAt >>> 2);
+          writeFloats(keyAt, keys);
+          writeFloats(valueAt, values);
           check(module, p, streamer.forward(segment, keyAt, valueAt, partials, scratch, scratchFloats));
         }
         check(module, p, streamer.merge(partials));
@@ -484,7 +484,7 @@ interface SliceKeyValue {
   /** The caller's K/V arrays, read slice by slice (none when K/V are read in place). */
   callerArrays: InputData[];
   /** Sets `slice`'s key and value addresses for slice c, copying them in first if they are copied (into the request's blocks `at`). */
-  place(slice: ProblemDesc, c: Slice, f32: Float32Array, at: { key: number; value: number }): void;
+  place(slice: ProblemDesc, c: Slice, heap: HeapViews, at: { key: number; value: number }): void;
 }
 
 /**
@@ -498,12 +498,12 @@ function copiedSlices(p: Plan, k: InputData, v: InputData): SliceKeyValue {
   let held = -1;
   return {
     callerArrays: [k, v],
-    place(slice, c, f32, at) {
+    place(slice, c, heap, at) {
       const these = c.b0 * p.kvHeads + c.h0;
       if (these !== held) {
         const kv = keyValuePart(c);
-        copySlice(f32, at.key, k, p.k, p.layout, kv, p.kvLen, p.headDim, 'in');
-        copySlice(f32, at.value, v, p.v, p.layout, kv, p.kvLen, p.valueDim, 'in');
+        copySlice(heap, at.key, k, p.k, p.layout, kv, p.kvLen, p.headDim, 'in');
+        copySlice(heap, at.value, v, p.v, p.layout, kv, p.kvLen, p.valueDim, 'in');
         held = these;
       }
       slice.key = at.key;
@@ -569,11 +569,11 @@ function runSlices(memory: CallMemory, threads: number, p: Plan, q: InputData, k
       // Fresh views every time: a view is never kept across a call into the module
       // (js/memory.ts), whatever that call allocates.
       const before = memory.heap;
-      copySlice(before.f32, at.query, q, p.q, p.layout, queryRows, p.qLen, p.headDim, 'in');
-      keyValue.place(slice, c, before.f32, at);
+      copySlice(before, at.query, q, p.q, p.layout, queryRows, p.qLen, p.headDim, 'in');
+      keyValue.place(slice, c, before, at);
       slice.mask = masks.place(before, c);
       check(module, p, module.forward(problemArg(module, slice), at.scratch, scratchFloats, threads));
-      const after = memory.heap.f32;
+      const after = memory.heap;
       copySlice(after, at.output, output, p.o, p.layout, queryRows, p.qLen, p.valueDim, 'out');
       if (weights !== null) {
         copySlice(after, at.weights, weights, denseStrides(p, p.kvLen), 'bhsd', queryRows, p.qLen, p.kvLen, 'out');

@@ -362,7 +362,7 @@ function pointAtChunk(desc: ProblemDesc, p: VarlenPlan, c: Chunk, whole: { offse
 
 /** Copies packed rows [from, to) of `data` (`row` elements each) to `address` in wasm memory. */
 function copyRowsIn(memory: CallMemory, data: InputData, row: number, from: number, to: number, address: number): void {
-  memory.heap.f32.set(data.subarray(from * row, to * row), address >>> 2);
+  memory.heap.writeFloats(address, data.subarray(from * row, to * row));
 }
 
 /** Copies `rows` packed rows (`row` elements each) from `address` in wasm memory into `into` from row `at`. */
@@ -459,10 +459,10 @@ function runWhole(memory: CallMemory, threads: number, p: VarlenPlan, plan: Retu
     const { desc, scratchFloats } = plan;
     const at = memory.allocate(plan.request);
     Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
-    const { f32 } = memory.heap;  // after the last allocation
-    f32.set(p.queryData, at.query >>> 2);
-    f32.set(p.keyData, at.key >>> 2);
-    f32.set(p.valueData, at.value >>> 2);
+    const { writeFloats } = memory.heap;  // after the last allocation
+    writeFloats(at.query, p.queryData);
+    writeFloats(at.key, p.keyData);
+    writeFloats(at.value, p.valueData);
     copyStarts(memory, p, at);
     copySmallInputs(memory, p, desc, at);
     check(module, p, module.forwardPacked(problemAddressesArg(module, desc), p.sequences, at.cuSeqlensQ, at.cuSeqlensK,
@@ -635,11 +635,11 @@ function runBackwardWhole(memory: CallMemory, threads: number, bp: VarlenBackwar
       logsumexp: at.logSumExp, gradOutput: at.gradOutput, dQuery: at.dQuery, dKey: at.dKey, dValue: at.dValue,
       dSinks: p.sinks !== null ? at.dSinks : 0,
     });
-    const { f32 } = memory.heap;  // after the last allocation
-    f32.set(q, at.query >>> 2);
-    f32.set(k, at.key >>> 2);
-    f32.set(v, at.value >>> 2);
-    f32.set(bp.gradOutput, at.gradOutput >>> 2);
+    const { f32, writeFloats } = memory.heap;  // after the last allocation
+    writeFloats(at.query, q);
+    writeFloats(at.key, k);
+    writeFloats(at.value, v);
+    writeFloats(at.gradOutput, bp.gradOutput);
     copyStarts(memory, p, at);
     copySmallInputs(memory, p, desc, at);
     if (bp.saved !== null) {

@@ -127,6 +127,11 @@ export interface SdpaModule {
    * `runStride` halves after the one before) holds an Inf or NaN pattern (src/kv-cache.h).
    */
   halvesHaveInfNaN(first: number, runStride: number, runs: number, runLength: number): boolean;
+  /**
+   * Widens the `count` halves stored at byte address `block + 2·count` into `count` floats at
+   * `block` (the upper half of the block, in place; exact), for a Float16Array copied in as raw halves.
+   */
+  widenHalvesInPlace(block: number, count: number): void;
   statusName(status: number): string;
   /** Bytes of the heap in malloc'd blocks (for leak tests). */
   heapBytesInUse(): number;

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "kv-cache.h"
+#include "math/f16-f32-cvt-wasmsimd.h"
 #include "parallel/thread-pool.h"
 #include "sdpa-backward.h"
 #include "sdpa-packed.h"
@@ -366,6 +367,12 @@ bool halves_have_inf_nan(uint32_t first, double run_stride, int32_t runs, double
                                    static_cast<int64_t>(run_length));
 }
 
+// sdpa::f16_widen_in_place: a Float16Array's `count` values, copied as raw halves into the
+// upper half of the float32 block at byte address `block`, widened there (js/memory.ts).
+void widen_halves_in_place(uint32_t block, double count) {
+  sdpa::f16_widen_in_place(at<float>(block), static_cast<int64_t>(count));
+}
+
 // Bytes of the wasm heap in malloc'd blocks right now: the leak tests compare it before
 // and after (a leak of any size shows, where probing for a free block's address may not).
 double heap_bytes_in_use() { return static_cast<double>(mallinfo().uordblks); }
@@ -401,6 +408,7 @@ EMSCRIPTEN_BINDINGS(sdpa_wasm) {
       .function("merge", &SegmentStream::merge);
   emscripten::function("copyRows", &copy_rows);
   emscripten::function("halvesHaveInfNaN", &halves_have_inf_nan);
+  emscripten::function("widenHalvesInPlace", &widen_halves_in_place);
   emscripten::function("statusName", &status_name);
   emscripten::function("heapBytesInUse", &heap_bytes_in_use);
 }

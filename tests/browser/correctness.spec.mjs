@@ -216,3 +216,34 @@ test('Float16Array inputs: the bits of the same values as Float32Array, whole, s
   console.log(`Float16Array inputs in Chromium: ${runs.plain.direct.length} cases, direct (1 and ${runs.isolated.threads} threads) ` +
     'and through the worker (copied and moved), the bits of Float32Array inputs');
 });
+
+// Where a streamed decode copies each segment (js/memory.ts, placeCopy): the bytes copied from
+// the source land 2 KiB from it modulo 4 KiB (against 4K aliasing), as tests/node/binding.test.mjs
+// checks for Float32Array sources; a long Float16Array's bytes are its raw halves, copied into
+// the upper half of the block (writeFloats), a short one's the floats set() writes at the address.
+test('placeCopy: the bytes copied from a Float16Array land 2 KiB from it modulo 4 KiB, inside the block', async ({ page }) => {
+  await page.goto(`${ISOLATED}/tests/browser/harness.html`);
+  const failures = await page.evaluate(async () => {
+    const { COPY_PLACEMENT_SLACK, placeCopy, WIDEN_IN_WASM_MIN_ELEMENTS: W } = await import('/dist/memory.js');
+    const found = [];
+    const buffer = new ArrayBuffer(4 * W + 3 * 4096);
+    for (const length of [1, W - 1, W, W + 1, 2 * W + 3]) {
+      for (let offset = 0; offset < 2 * 4096; offset += 2 * 7) {
+        const source = new Float16Array(buffer, offset, length);
+        const copiedTo = length >= W ? 2 * length : 0;  // where the copied bytes start, from the address
+        for (const block of [0, 16, 8, 2048, 4080, 65536 + 944, 2 ** 31 - 4 * length - 4096]) {
+          const at = placeCopy(block, source);
+          const distance = (((at + copiedTo - offset) % 4096) + 4096) % 4096;
+          // Where the source and the copied bytes are 2 bytes apart modulo 4 (an odd element, or an
+          // odd length's halves), they land 2046 away: the address stays a float's.
+          const rounding = (((offset - copiedTo) % 4) + 4) % 4;
+          if (at < block || at > block + COPY_PLACEMENT_SLACK - 4 || at % 4 !== 0 || distance !== 2048 - rounding) {
+            found.push({ length, offset, block, at, distance });
+          }
+        }
+      }
+    }
+    return { count: found.length, first: found.slice(0, 5) };
+  });
+  expect(failures).toEqual({ count: 0, first: [] });
+});

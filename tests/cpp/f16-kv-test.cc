@@ -16,6 +16,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -132,6 +133,42 @@ TEST(F16Widening, SimdEqualsScalarForEveryPatternInEveryLaneAndAtUnalignedAddres
           ASSERT_EQ(bits_of(out[lane]), bits_of(f16_to_f32(static_cast<uint16_t>(h))));
         }
       }
+    }
+  }
+}
+
+TEST(F16Widening, InPlaceWideningOfTheUpperHalfGivesEveryPatternsBitsAndTouchesNothingElse) {
+  // f16_widen_in_place(block, count): halves in bytes [2·count, 4·count) of the block become
+  // its count floats. Counts around the 4-lane steps (odd ones put the halves 2 bytes past a
+  // 4-byte boundary) and all 65536 patterns at once, rotated so each count sees other patterns;
+  // blocks at each 4-byte offset from a 16-byte boundary; a guard float on each side.
+  constexpr uint32_t kGuard = 0x7FC0DEADu;
+  for (const int64_t count : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{7},
+                              int64_t{8}, int64_t{9}, int64_t{12}, int64_t{13}, int64_t{31}, int64_t{65536},
+                              int64_t{65536 + 3}}) {
+    for (int offset = 0; offset < 4; offset++) {
+      std::vector<float> storage(static_cast<size_t>(count) + 8);
+      float* const block = storage.data() + 4 + offset - (reinterpret_cast<uintptr_t>(storage.data()) % 16) / 4;
+      ASSERT_GE(block, storage.data() + 1);
+      ASSERT_LE(block + count + 1, storage.data() + storage.size());
+      std::vector<uint16_t> halves(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; i++) halves[i] = static_cast<uint16_t>(i * 7 + count + 31 * offset);
+      if (count >= 65536) {  // 7 is odd: i·7 runs through every residue modulo 2^16, Inf and NaN included
+        ASSERT_EQ(std::set<uint16_t>(halves.begin(), halves.end()).size(), 65536u);
+      }
+      if (count > 0) std::memcpy(reinterpret_cast<unsigned char*>(block) + 2 * count, halves.data(), 2 * halves.size());
+      std::memcpy(block - 1, &kGuard, 4);
+      std::memcpy(block + count, &kGuard, 4);
+      f16_widen_in_place(block, count);
+      for (int64_t i = 0; i < count; i++) {
+        ASSERT_EQ(bits_of(block[i]), expected_widened_bits(halves[i]))
+            << std::hex << "half 0x" << halves[i] << std::dec << " at " << i << " of " << count << ", offset " << offset;
+      }
+      uint32_t before, after;
+      std::memcpy(&before, block - 1, 4);
+      std::memcpy(&after, block + count, 4);
+      EXPECT_EQ(before, kGuard) << count;
+      EXPECT_EQ(after, kGuard) << count;
     }
   }
 }

@@ -13,6 +13,7 @@ import { maxRelError, referenceSdpa } from '../node/reference.mjs';
 import { noiseTensor } from '../../web/seeded.mjs';
 import { storedValues } from './kv-cache-cases.mjs';
 import { bitsHash, REFERENCE_TOL } from './reference-cases.mjs';
+import { WIDEN_IN_WASM_MIN_ELEMENTS as W } from '../../dist/memory.js';
 
 /** Values a half holds exactly (so a Float16Array of them is made without rounding): seeded noise times `scale`, rounded to halves. */
 function halfValues(dims, seed, stream, scale = 1) {
@@ -69,6 +70,15 @@ export const FLOAT16_INPUT_CASES = [
     values: (seed) => ({ q: halfValues([B, 29, Hq, 16], seed, 1), k: halfValues([B, 31, Hkv, 16], seed, 2), v: halfValues([B, 31, Hkv, 8], seed, 3) }),
     call: (attn, t, extra) => attn.sdpa(t.q, t.k, t.v, { layout: 'bshd', ...extra }),
     reference: (t) => referenceSdpa(t.q, t.k, t.v, { layout: 'bshd' }).output,
+  },
+  {
+    // A Float16Array of W elements or more is copied in as raw halves and widened in wasm memory,
+    // a shorter one by set() (js/memory.ts, writeFloats): Q of W - 1 elements, V of W, K of 4W - 4.
+    name: `sdpa whole: Float16Arrays beside the length from which they are widened in wasm memory (${W - 1} and ${W} elements)`,
+    values: (seed) => ({ q: halfValues([1, 1, 1, W - 1], seed, 1), k: halfValues([1, 1, 4, W - 1], seed, 2),
+      v: halfValues([1, 1, 4, W / 4], seed, 3, 4) }),
+    call: (attn, t, extra) => attn.sdpa(t.q, t.k, t.v, { scale: 1 / 64, ...extra }),
+    reference: (t) => referenceSdpa(t.q, t.k, t.v, { scale: 1 / 64 }).output,
   },
   {
     // K and V of 4 MiB as float32 (2 MiB as halves): streamed, sized by their float32 bytes.
