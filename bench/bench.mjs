@@ -1,4 +1,4 @@
-// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode] [-- --no-window] [-- --no-alibi] [-- --no-dropout] [-- --no-varlen] [-- --no-worker] [-- --no-browser] [-- --no-engines] [-- --no-backward]
+// npm run bench [-- --quick] [-- --json PATH] [-- --shapes a,b,...] [-- --peers sdpa-wasm,tfjs-wasm,...] [-- --no-decode] [-- --no-window] [-- --no-alibi] [-- --no-dropout] [-- --no-varlen] [-- --no-worker] [-- --no-browser] [-- --no-engines] [-- --no-float16-inputs] [-- --no-backward]
 //
 // Single-threaded forward attention, in one process, side by side:
 //   sdpa-wasm (this package), onnxruntime-web (wasm EP, 1 thread, best of three ONNX graphs),
@@ -38,8 +38,9 @@
 // Then the backward section (backward.mjs, also runnable alone; --no-backward skips it):
 // sdpaBackward's GFLOP/s against the forward's and tfjs-wasm's, (h) in O(N) memory; under
 // `backward`. Then the browser section (browser.mjs; --no-browser skips it): Chromium against
-// Node; last the other engines (engines.mjs; --no-engines skips it): Firefox and WebKit against
-// Node, under `engines`.
+// Node; then the other engines (engines.mjs; --no-engines skips it): Firefox and WebKit against
+// Node, under `engines`; last Float16Array inputs in the three browsers (float16-inputs.mjs;
+// --no-float16-inputs skips it): sdpa() given Float16Array against Float32Array, under `float16Inputs`.
 // Output: tables on stdout and JSON (bench/results/latest.json, or --json PATH).
 import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -53,6 +54,7 @@ import { checkPassed, compare, makeInputs, referenceRows, relativeError, RELATIV
 import { SHAPES, bytes, describe, flops, isDecode, usefulFlops } from './shapes.mjs';
 import { runBrowserBench } from './browser.mjs';
 import { runEnginesBench } from './engines.mjs';
+import { runFloat16InputsBench } from './float16-inputs.mjs';
 import { runWorkerBench } from './worker.mjs';
 import { runWindowBench } from './window.mjs';
 import { runAlibiBench } from './alibi.mjs';
@@ -75,6 +77,7 @@ const withVarlen = !argv.includes('--no-varlen');
 const withBackward = !argv.includes('--no-backward');
 const withBrowser = !argv.includes('--no-browser');
 const withEngines = !argv.includes('--no-engines');
+const withFloat16Inputs = !argv.includes('--no-float16-inputs');
 
 const settings = quick
   ? { warmSeconds: 0.2, minRuns: 5, minSeconds: 0.2, maxRunSeconds: 3, budgetSeconds: 8 }
@@ -747,6 +750,8 @@ const backward = await section(withBackward, 'backward', () => runBackwardBenchI
 const browser = await section(withBrowser, 'browser', () => runBrowserBench({ quick }));
 // The other engines: the same calls in Firefox and WebKit and in this Node.
 const engines = await section(withEngines, 'engines', () => runEnginesBench({ quick }));
+// Float16Array inputs in Chromium, Firefox and WebKit (Node 20 has no Float16Array).
+const float16Inputs = await section(withFloat16Inputs, 'float16Inputs', () => runFloat16InputsBench({ quick }));
 
 // `rows` keeps the earlier format (sdpa-wasm only) for anything that reads it.
 const rows = results.filter((e) => e.peers['sdpa-wasm']?.status === 'ok').map((e) => {
@@ -763,6 +768,6 @@ writeFileSync(jsonPath, JSON.stringify({
   threads: 1, oneThreadTargets, twoThreadShapes: twoThreadResults.map((e) => e.id), twoThreadTargets: TWO_THREAD_TARGETS,
   quick, settings, totalSeconds, limits,
   peers: peers.map((p) => ({ name: p.name, version: p.version, threads: p.threads, config: p.config, build: p.build, remote: p.remote, failed: p.failed })),
-  shapes: results, rows, decode, window: slidingWindow, alibi, dropout, varlen, worker, backward, browser, engines,
+  shapes: results, rows, decode, window: slidingWindow, alibi, dropout, varlen, worker, backward, browser, engines, float16Inputs,
 }, (k, v) => (typeof v === 'number' && !Number.isFinite(v) ? String(v) : v), 2));
 console.log(`results: ${jsonPath}`);

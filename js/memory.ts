@@ -249,8 +249,8 @@ const halvesToWiden = (data: InputData): Uint16Array | null =>
 /**
  * Writes `data`'s values as float32 at byte `address` (a multiple of 4) of wasm memory, `data.length`
  * floats. A Float32Array is copied. A typed array's set() from a Float16Array widens element by
- * element, 8-12 times the time of a float32 copy (16 Mi elements: 31 ms against 4.7 in Chromium 156,
- * 25 against 3.0 in Firefox 153, 49 against 4.0 in WebKitGTK 2.50); so a long one is copied as raw
+ * element, several times the time of a float32 copy (4-7x in Chromium, Firefox and WebKit:
+ * bench/float16-inputs.mjs, the README's numbers); so a long one is copied as raw
  * halves (a plain copy of its bytes) into the upper half of the block and widened in place by the
  * module (src/math/f16-f32-cvt-wasmsimd.h, f16_widen_in_place): exactly, the floats set() writes
  * (a NaN keeps its payload there, where set() writes a NaN of the engine's choosing). Allocates
