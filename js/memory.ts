@@ -14,6 +14,7 @@
 //   writeFloats()  an input's values as float32 at an address (a long Float16Array as raw halves,
 //                  widened there by the module); placeCopy() where a streamed copy lands
 import { halfBitsOf, isFloat16Array } from './typed-arrays.js';
+import type { Float16ArrayType } from './types.js';
 import type { InputData } from './validate.js';
 import type { SdpaModule } from './wasm/sdpa.mjs';
 
@@ -30,12 +31,15 @@ export interface HeapViews {
   f32: Float32Array;
   /** writeFloats() into this module's memory: an input's values as float32 at a byte address. */
   writeFloats(address: number, data: InputData): void;
+  /** writeFloatRuns() into this module's memory: runs of an input's values, one after another from a byte address. */
+  writeFloatRuns(address: number, data: InputData, runs: number, runLength: number, runStart: (run: number) => number): void;
 }
 
 export function heap(module: SdpaModule): HeapViews {
   return {
     u8: module.HEAPU8, u16: module.HEAPU16, i32: module.HEAP32, f32: module.HEAPF32,
     writeFloats: (address, data) => writeFloats(module, address, data),
+    writeFloatRuns: (address, data, runs, runLength, runStart) => writeFloatRuns(module, address, data, runs, runLength, runStart),
   };
 }
 
@@ -238,18 +242,19 @@ export const COPY_PLACEMENT_SLACK = 4096;
 
 /**
  * A Float16Array of at least this many elements is written into wasm memory as raw halves and
- * widened there (writeFloats); a shorter one by set(), under the cost of the call into the module.
+ * widened there (writeFloats); a shorter one by set(). The two took the same time at 64 to 128
+ * elements in Chromium, Firefox and WebKit (the call into the module against set()'s per-element
+ * cost; docs/performance-log.md, 2026-12-06), half as long at 256.
  */
-export const WIDEN_IN_WASM_MIN_ELEMENTS = 1024;
+export const WIDEN_IN_WASM_MIN_ELEMENTS = 128;
 
-/** The raw halves writeFloats copies into the upper half of `data`'s block (then widens there), or null (copied by set()). */
-const halvesToWiden = (data: InputData): Uint16Array | null =>
-  isFloat16Array(data) && data.length >= WIDEN_IN_WASM_MIN_ELEMENTS ? halfBitsOf(data) : null;
+/** Whether writeFloats writes `count` elements of `data` as raw halves into the upper half of their block (then widens them there). */
+const widensInWasm = (data: InputData, count: number): boolean => count >= WIDEN_IN_WASM_MIN_ELEMENTS && isFloat16Array(data);
 
 /**
  * Writes `data`'s values as float32 at byte `address` (a multiple of 4) of wasm memory, `data.length`
  * floats. A Float32Array is copied. A typed array's set() from a Float16Array widens element by
- * element, several times the time of a float32 copy (4-7x in Chromium, Firefox and WebKit:
+ * element, several times the time of a float32 copy (4-8x in Chromium, Firefox and WebKit:
  * bench/float16-inputs.mjs, the README's numbers); so a long one is copied as raw
  * halves (a plain copy of its bytes) into the upper half of the block and widened in place by the
  * module (src/math/f16-f32-cvt-wasmsimd.h, f16_widen_in_place): exactly, the floats set() writes
@@ -257,12 +262,30 @@ const halvesToWiden = (data: InputData): Uint16Array | null =>
  * nothing (heap views stay valid).
  */
 export function writeFloats(module: SdpaModule, address: number, data: InputData): void {
-  const halves = halvesToWiden(data);
-  if (halves !== null) {
-    module.HEAPU16.set(halves, (address + 2 * halves.length) >>> 1);
-    module.widenHalvesInPlace(address, halves.length);
+  if (widensInWasm(data, data.length)) {
+    module.HEAPU16.set(halfBitsOf(data as Float16ArrayType), (address + 2 * data.length) >>> 1);
+    module.widenHalvesInPlace(address, data.length);
   } else {
     module.HEAPF32.set(data, address >>> 2);
+  }
+}
+
+/**
+ * writeFloats of `runs` runs of `runLength` elements of `data` (run r from element runStart(r)),
+ * one after another from byte `address`: a dense block of runs·runLength floats (a slice of a
+ * 'bshd' tensor, one run per position). A Float16Array's runs, however short each is, are
+ * gathered as raw halves into the upper half of the block and widened there at once.
+ */
+export function writeFloatRuns(module: SdpaModule, address: number, data: InputData, runs: number, runLength: number,
+  runStart: (run: number) => number): void {
+  const count = runs * runLength;
+  if (widensInWasm(data, count)) {
+    const halves = halfBitsOf(data as Float16ArrayType), to = module.HEAPU16, at = (address + 2 * count) >>> 1;
+    for (let r = 0; r < runs; r++) to.set(halves.subarray(runStart(r), runStart(r) + runLength), at + r * runLength);
+    module.widenHalvesInPlace(address, count);
+  } else {
+    const to = module.HEAPF32, at = address >>> 2;
+    for (let r = 0; r < runs; r++) to.set(data.subarray(runStart(r), runStart(r) + runLength), at + r * runLength);
   }
 }
 
@@ -275,7 +298,7 @@ export function writeFloats(module: SdpaModule, address: number, data: InputData
  * address says).
  */
 export function placeCopy(block: number, source: InputData): number {
-  const copiedTo = halvesToWiden(source) !== null ? 2 * source.length : 0;  // bytes from the address
+  const copiedTo = widensInWasm(source, source.length) ? 2 * source.length : 0;  // bytes from the address
   return block + ((source.byteOffset + 2048 - copiedTo - block) & 4092);
 }
 

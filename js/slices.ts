@@ -147,22 +147,22 @@ function leastCounts(whole: number, least: (atLeast: number) => number): number[
 /**
  * Copies heads [h0, h0 + heads) of batches [b0, b0 + batches) of `data` (strides `s` in
  * `layout`, L rows of D floats per head), their rows [firstRow, firstRow + rows) (all L when not
- * given; fewer only for one head), into (`'in'`, by heap.writeFloats), or out of (`'out'`, from
+ * given; fewer only for one head), into (`'in'`, by heap.writeFloatRuns), or out of (`'out'`, from
  * wasm memory into data, a Float32Array), the dense slice at byte `address` of `heap`.
  */
 export function copySlice(heap: HeapViews, address: number, data: InputData, s: Strides, layout: Plan['layout'],
   c: TensorPart, L: number, D: number, direction: 'in' | 'out'): void {
-  let to = address >>> 2;
   const firstRow = c.firstRow ?? 0, rows = c.rows ?? L;
   if (rows < L && c.heads > 1) throw new Error('sdpa-wasm: internal error: a slice of rows must have one head');
   // 'bhsd': one run of heads·rows·D floats per batch (rows < L only with one head, whose rows are consecutive).
   const runs = layout === 'bhsd' ? 1 : rows, runFloats = layout === 'bhsd' ? c.heads * rows * D : c.heads * D;
-  for (let b = c.b0; b < c.b0 + c.batches; b++) {
-    for (let r = firstRow; r < firstRow + runs; r++, to += runFloats) {
-      const from = b * s.b + c.h0 * s.h + r * s.l;
-      if (direction === 'in') heap.writeFloats(4 * to, data.subarray(from, from + runFloats));
-      else data.set(heap.f32.subarray(to, to + runFloats), from);
-    }
+  // Run n: batch b0 + n / runs, row firstRow + n % runs; in the slice, n·runFloats floats from its start.
+  const runStart = (n: number) => (c.b0 + Math.floor(n / runs)) * s.b + c.h0 * s.h + (firstRow + (n % runs)) * s.l;
+  if (direction === 'in') {
+    heap.writeFloatRuns(address, data, c.batches * runs, runFloats, runStart);
+  } else {
+    const at = address >>> 2;
+    for (let n = 0; n < c.batches * runs; n++) data.set(heap.f32.subarray(at + n * runFloats, at + (n + 1) * runFloats), runStart(n));
   }
 }
 

@@ -243,7 +243,7 @@ inline v128_t f16x4_load_as_f32(const uint16_t* p, const F16Constants& c) {
 // place into its `count` floats, exactly (f16x4_load_as_f32, f16_to_f32 for the last count % 4;
 // NaN payloads kept as they are): how a Float16Array's values reach wasm memory
 // (js/memory.ts, writeFloats), copied in as raw halves by a plain copy, where a typed array's
-// set() from a Float16Array widens one element at a time (4-7x the time of a float32 copy).
+// set() from a Float16Array widens one element at a time (4-8x the time of a float32 copy).
 // Front to back, so a store never reaches a half still to be read: floats [i, i + 4) are bytes
 // [4i, 4i + 16), and the halves not read yet start at byte 2·count + 2(i + 4) >= 4i + 16 for
 // every i + 4 <= count (for the last ones, one at a time, 2·count + 2(i + 1) >= 4i + 4 for

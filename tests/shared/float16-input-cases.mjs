@@ -114,6 +114,17 @@ export const FLOAT16_INPUT_CASES = [
     call: (attn, t, extra) => attn.sdpa(t.q, t.k, t.v, { attnMask: t.mask, returnWeights: true, ...extra }),
   },
   {
+    // 'bshd' past maxMemoryBytes: a slice's rows are runs of heads·D elements (64 of Q, 32 of K,
+    // 48 of V: each shorter than W), gathered as raw halves into the slice's block and widened
+    // there at once (js/memory.ts, writeFloatRuns).
+    name: 'sdpa past maxMemoryBytes, in slices, bshd: causal, each slice\'s Float16Array rows gathered',
+    share: 0.5,
+    values: (seed) => ({ q: halfValues([4, 200, Hq, 16], seed, 1), k: halfValues([4, 300, Hkv, 16], seed, 2),
+      v: halfValues([4, 300, Hkv, 24], seed, 3) }),
+    call: (attn, t, extra) => attn.sdpa(t.q, t.k, t.v, { layout: 'bshd', isCausal: true, causalOffset: 100, ...extra }),
+    reference: (t) => referenceSdpa(t.q, t.k, t.v, { layout: 'bshd', isCausal: true, causalOffset: 100 }).output,
+  },
+  {
     name: 'KVCache.attend: a Float16Array query and mask [B, Hq, Lq, length]',
     values: (seed) => ({ q: halfValues([B, Hq, 3, 32], seed, 1), k: halfValues([B, Hkv, 70, 32], seed, 2),
       v: halfValues([B, Hkv, 70, 16], seed, 3), mask: halfMask([B, Hq, 3, 70], seed) }),
