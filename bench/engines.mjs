@@ -106,81 +106,93 @@ export async function runEnginesBench({ quick = false, log = console.log } = {})
     }
   }
   const server = await startServer(ROOT);
-  const engines = [];
   try {
-    for (const [name, launch] of ENGINES) {
-      let browser = null;
-      try {
-        browser = await launch();
-        log(`${name}: ${browser.version}`);
-        const page = await browser.open(`${server.url}/tests/browser/harness.html`);
-        // The builds this engine gives: relaxed SIMD only where it runs it (else both keys give simd128).
-        const instances = await page.run(pageSetUp, BUILDS, THREAD_COUNTS);
-        const given = new Map(instances.map(([key, isa, threads]) => [key, { isa, threads }]));
-        const builds = BUILDS.filter(([isa]) => given.get(`${isa} 1`).isa === isa);
+    const engines = await eachEngine(ENGINES, log, async (name, browser) => {
+      log(`${name}: ${browser.version}`);
+      const page = await browser.open(`${server.url}/tests/browser/harness.html`);
+      // The builds this engine gives: relaxed SIMD only where it runs it (else both keys give simd128).
+      const instances = await page.run(pageSetUp, BUILDS, THREAD_COUNTS);
+      const given = new Map(instances.map(([key, isa, threads]) => [key, { isa, threads }]));
+      const builds = BUILDS.filter(([isa]) => given.get(`${isa} 1`).isa === isa);
+      for (const [isa] of builds) {
+        for (const threads of THREAD_COUNTS) {
+          const got = given.get(`${isa} ${threads}`);
+          if (got.isa !== isa || got.threads !== threads) throw new Error(`${name} gave ${got.isa} on ${got.threads} threads for ${isa} on ${threads}`);
+        }
+      }
+      const rows = [];
+      for (const s of shapes) {
+        const x = inputs(s);
+        const out = new Float32Array(x.q.data.length);
+        for (const [isa] of builds) {
+          const key = `${isa} 1`;
+          const pageHash = await page.run(pageSetShape, s, key);
+          node[key].sdpa(x.q, x.k, x.v, { isCausal: s.causal, out });
+          const sameBits = pageHash === bitsHash(out);
+          const timing = await alternate(() => timed(() => node[key].sdpa(x.q, x.k, x.v, { isCausal: s.causal, out })),
+            () => page.run(pageRunShape, key), settings);
+          const row = { kind: 'prefill', label: `(${s.id}) ${describe(s)}`, shape: s.id, isa, threads: 1, sameBits,
+            ...timing, pageVsNode: timing.pageMs / timing.nodeMs };
+          rows.push(row);
+          log(`  ${name.padEnd(7)} ${row.label.padEnd(34)} ${isa.padEnd(13)} 1t  Node ${row.nodeMs.toFixed(2).padStart(8)} ms  ` +
+            `${name} ${row.pageMs.toFixed(2).padStart(8)} ms  ÷ Node ${row.pageVsNode.toFixed(2)}×  (${row.runs} runs each${sameBits ? ', outputs bitwise equal' : ', OUTPUTS DIFFER'})`);
+        }
+      }
+      for (const c of DECODE_CASES) {
+        const x = decodeInputs(c);
         for (const [isa] of builds) {
           for (const threads of THREAD_COUNTS) {
-            const got = given.get(`${isa} ${threads}`);
-            if (got.isa !== isa || got.threads !== threads) throw new Error(`${name} gave ${got.isa} on ${got.threads} threads for ${isa} on ${threads}`);
-          }
-        }
-        const rows = [];
-        for (const s of shapes) {
-          const x = inputs(s);
-          const out = new Float32Array(x.q.data.length);
-          for (const [isa] of builds) {
-            const key = `${isa} 1`;
-            const pageHash = await page.run(pageSetShape, s, key);
-            node[key].sdpa(x.q, x.k, x.v, { isCausal: s.causal, out });
-            const sameBits = pageHash === bitsHash(out);
-            const timing = await alternate(() => timed(() => node[key].sdpa(x.q, x.k, x.v, { isCausal: s.causal, out })),
-              () => page.run(pageRunShape, key), settings);
-            const row = { kind: 'prefill', label: `(${s.id}) ${describe(s)}`, shape: s.id, isa, threads: 1, sameBits,
-              ...timing, pageVsNode: timing.pageMs / timing.nodeMs };
-            rows.push(row);
-            log(`  ${name.padEnd(7)} ${row.label.padEnd(34)} ${isa.padEnd(13)} 1t  Node ${row.nodeMs.toFixed(2).padStart(8)} ms  ` +
-              `${name} ${row.pageMs.toFixed(2).padStart(8)} ms  ÷ Node ${row.pageVsNode.toFixed(2)}×  (${row.runs} runs each${sameBits ? ', outputs bitwise equal' : ', OUTPUTS DIFFER'})`);
-          }
-        }
-        for (const c of DECODE_CASES) {
-          const x = decodeInputs(c);
-          for (const [isa] of builds) {
-            for (const threads of THREAD_COUNTS) {
-              const key = `${isa} ${threads}`;
-              const cache = node[key].createKVCache({ batch: c.B, kvHeads: c.Hkv, headDim: c.E, maxLength: c.context, dtype: c.dtype });
-              try {
-                cache.append(x.k, x.v);
-                const out = new Float32Array(x.q.data.length);
-                const pageHash = await page.run(pageSetCache, c, key);
-                cache.attend(x.q, { out });
-                const sameBits = pageHash === bitsHash(out);
-                const timing = await alternate(() => timed(() => cache.attend(x.q, { out })), () => page.run(pageStep), settings);
-                const row = { kind: 'decode', label: `${c.kind} ${c.context} ${c.dtype}`, isa, threads, cacheBytes: cache.byteLength, sameBits,
-                  ...timing, pageVsNode: timing.pageMs / timing.nodeMs };
-                rows.push(row);
-                log(`  ${name.padEnd(7)} decode ${row.label.padEnd(27)} ${isa.padEnd(13)} ${threads}t  Node ${row.nodeMs.toFixed(2).padStart(8)} ms  ` +
-                  `${name} ${row.pageMs.toFixed(2).padStart(8)} ms  ÷ Node ${row.pageVsNode.toFixed(2)}×  (${row.runs} runs each${sameBits ? ', outputs bitwise equal' : ', OUTPUTS DIFFER'})`);
-              } finally {
-                cache.dispose();
-              }
+            const key = `${isa} ${threads}`;
+            const cache = node[key].createKVCache({ batch: c.B, kvHeads: c.Hkv, headDim: c.E, maxLength: c.context, dtype: c.dtype });
+            try {
+              cache.append(x.k, x.v);
+              const out = new Float32Array(x.q.data.length);
+              const pageHash = await page.run(pageSetCache, c, key);
+              cache.attend(x.q, { out });
+              const sameBits = pageHash === bitsHash(out);
+              const timing = await alternate(() => timed(() => cache.attend(x.q, { out })), () => page.run(pageStep), settings);
+              const row = { kind: 'decode', label: `${c.kind} ${c.context} ${c.dtype}`, isa, threads, cacheBytes: cache.byteLength, sameBits,
+                ...timing, pageVsNode: timing.pageMs / timing.nodeMs };
+              rows.push(row);
+              log(`  ${name.padEnd(7)} decode ${row.label.padEnd(27)} ${isa.padEnd(13)} ${threads}t  Node ${row.nodeMs.toFixed(2).padStart(8)} ms  ` +
+                `${name} ${row.pageMs.toFixed(2).padStart(8)} ms  ÷ Node ${row.pageVsNode.toFixed(2)}×  (${row.runs} runs each${sameBits ? ', outputs bitwise equal' : ', OUTPUTS DIFFER'})`);
+            } finally {
+              cache.dispose();
             }
           }
         }
-        await page.run(pageTearDown);
-        await page.close();
-        engines.push({ engine: name, version: browser.version, builds: builds.map(([isa]) => isa), rows });
-      } catch (error) {
-        log(`  ${name} FAILED: ${error.message}`);
-        engines.push({ engine: name, failed: String(error.message) });
-      } finally {
-        await browser?.close();
       }
-    }
+      await page.run(pageTearDown);
+      await page.close();
+      return { engine: name, version: browser.version, builds: builds.map(([isa]) => isa), rows };
+    });
+    return { date: new Date().toISOString(), host, node: process.versions.node, quick, settings, engines };
   } finally {
     for (const a of Object.values(node)) a.dispose();
     await server.stop();
   }
-  return { date: new Date().toISOString(), host, node: process.versions.node, quick, settings, engines };
+}
+
+/**
+ * `body(name, browser)` for each [name, launch] of `engines` in turn, its result the engine's
+ * entry; a failure is logged and recorded as { engine, failed } (the other engines still run);
+ * each browser is closed whatever happened.
+ */
+export async function eachEngine(engines, log, body) {
+  const entries = [];
+  for (const [name, launch] of engines) {
+    let browser = null;
+    try {
+      browser = await launch();
+      entries.push(await body(name, browser));
+    } catch (error) {
+      log(`  ${name} FAILED: ${error.message}`);
+      entries.push({ engine: name, failed: String(error.message) });
+    } finally {
+      await browser?.close();
+    }
+  }
+  return entries;
 }
 
 // --- standalone ------------------------------------------------------------------------------

@@ -16,6 +16,7 @@
 import { chromium } from '@playwright/test';
 import { ROOT, startServer } from '../tests/browser/helpers.mjs';
 import { launchFirefox, launchWebKit } from '../tests/engines/browsers.mjs';
+import { eachEngine } from './engines.mjs';
 import { describeHostCpu, hostCpu } from './host.mjs';
 import { runStandalone } from './results-file.mjs';
 import { describe, SHAPES } from './shapes.mjs';
@@ -123,37 +124,27 @@ export async function runFloat16InputsBench({ quick = false, log = console.log }
     `shapes ${shapes.map((s) => `(${s.id}) ${describe(s)}`).join(', ')}; and each engine's set() of ${COPY_ELEMENTS / 2 ** 20} Mi elements`);
   log(`host: ${describeHostCpu(host)}`);
   const server = await startServer(ROOT);
-  const engines = [];
   try {
-    for (const [name, launch] of ENGINES) {
-      let browser = null;
-      try {
-        browser = await launch();
-        const page = await browser.open(`${server.url}/tests/browser/harness.html`);
-        const result = await page.run(pageFloat16Bench, shapes, settings, COPY_ELEMENTS);
-        await page.close();
-        const { copy } = result;
-        log(`  ${name} (${browser.version}, ${result.isa}): set() of ${COPY_ELEMENTS / 2 ** 20} Mi elements into a Float32Array ` +
-          `from a Float32Array ${copy.float32Ms.toFixed(2)} ms, from a Float16Array ${copy.float16Ms.toFixed(2)} ms ` +
-          `(${(copy.float16Ms / copy.float32Ms).toFixed(1)}×)`);
-        const rows = result.rows.map((r) => ({ ...r, label: `(${r.shape}) ${describe(shapes.find((s) => s.id === r.shape))}`, float16VsFloat32: r.float16Ms / r.float32Ms }));
-        for (const r of rows) {
-          log(`    ${r.label.padEnd(28)} Float32Array ${r.float32Ms.toFixed(2).padStart(7)} ms  Float16Array ${r.float16Ms.toFixed(2).padStart(7)} ms  ` +
-            `(${r.float16VsFloat32.toFixed(2)}×)  the element-wise set() of its Float16Array inputs ${r.elementwiseSetMs.toFixed(2)} ms  ` +
-            `(${r.runs} runs each${r.sameBits ? ', outputs bitwise equal' : ', OUTPUTS DIFFER'})`);
-        }
-        engines.push({ engine: name, version: browser.version, isa: result.isa, copy, rows });
-      } catch (error) {
-        log(`  ${name} FAILED: ${error.message}`);
-        engines.push({ engine: name, failed: String(error.message) });
-      } finally {
-        await browser?.close();
+    const engines = await eachEngine(ENGINES, log, async (name, browser) => {
+      const page = await browser.open(`${server.url}/tests/browser/harness.html`);
+      const result = await page.run(pageFloat16Bench, shapes, settings, COPY_ELEMENTS);
+      await page.close();
+      const { copy } = result;
+      log(`  ${name} (${browser.version}, ${result.isa}): set() of ${COPY_ELEMENTS / 2 ** 20} Mi elements into a Float32Array ` +
+        `from a Float32Array ${copy.float32Ms.toFixed(2)} ms, from a Float16Array ${copy.float16Ms.toFixed(2)} ms ` +
+        `(${(copy.float16Ms / copy.float32Ms).toFixed(1)}×)`);
+      const rows = result.rows.map((r) => ({ ...r, label: `(${r.shape}) ${describe(shapes.find((s) => s.id === r.shape))}`, float16VsFloat32: r.float16Ms / r.float32Ms }));
+      for (const r of rows) {
+        log(`    ${r.label.padEnd(28)} Float32Array ${r.float32Ms.toFixed(2).padStart(7)} ms  Float16Array ${r.float16Ms.toFixed(2).padStart(7)} ms  ` +
+          `(${r.float16VsFloat32.toFixed(2)}×)  the element-wise set() of its Float16Array inputs ${r.elementwiseSetMs.toFixed(2)} ms  ` +
+          `(${r.runs} runs each${r.sameBits ? ', outputs bitwise equal' : ', OUTPUTS DIFFER'})`);
       }
-    }
+      return { engine: name, version: browser.version, isa: result.isa, copy, rows };
+    });
+    return { date: new Date().toISOString(), host, quick, settings, copyElements: COPY_ELEMENTS, engines };
   } finally {
     await server.stop();
   }
-  return { date: new Date().toISOString(), host, quick, settings, copyElements: COPY_ELEMENTS, engines };
 }
 
 await runStandalone(import.meta.url, 'float16Inputs', (has) => runFloat16InputsBench({ quick: has('--quick') }));
