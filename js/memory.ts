@@ -12,7 +12,8 @@
 //   allocateLongLived()  one block that outlives a call (a KV cache's storage), freed by its owner
 //   withTemporaryInt32()  small arrays a call's request is sized from, freed before the request
 //   writeFloats()  an input's values as float32 at an address (a long Float16Array as raw halves,
-//                  widened there by the module); placeCopy() where a streamed copy lands
+//                  widened there by the module); writeFloatRuns() the same for runs of it, one
+//                  after another (a 'bshd' slice's rows); placeCopy() where a streamed copy lands
 import { halfBitsOf, isFloat16Array } from './typed-arrays.js';
 import type { Float16ArrayType } from './types.js';
 import type { InputData } from './validate.js';
@@ -242,9 +243,10 @@ export const COPY_PLACEMENT_SLACK = 4096;
 
 /**
  * A Float16Array of at least this many elements is written into wasm memory as raw halves and
- * widened there (writeFloats); a shorter one by set(). The two took the same time at 64 to 128
- * elements in Chromium, Firefox and WebKit (the call into the module against set()'s per-element
- * cost; docs/performance-log.md, 2026-12-06), half as long at 256.
+ * widened there (writeFloats, writeFloatRuns); a shorter one by set(). The two took the same time
+ * at 32 to 64 elements in Chromium, 64 to 128 in Firefox and WebKit (the call into the module
+ * against set()'s per-element cost; docs/performance-log.md, 2026-12-06); at 256 the raw copy
+ * took half the time or less.
  */
 export const WIDEN_IN_WASM_MIN_ELEMENTS = 128;
 
