@@ -187,6 +187,9 @@ for (const [label, base, isolated] of [['cross-origin isolated', ISOLATED, true]
 // same values as Float32Array on every way a call runs (tests/shared/float16-input-cases.mjs),
 // directly on one thread and on several, and through the worker, copied and moved.
 test('Float16Array inputs: the bits of the same values as Float32Array, whole, streamed, sliced, packed, cached, backward; direct and worker', async ({ page }) => {
+  // 17 cases, each on three instances (direct, worker copied, worker moved), on two pages: about
+  // 35 s alone, past the default 60 s beside the other Playwright worker on a loaded machine.
+  test.setTimeout(180_000);
   const runs = {};
   for (const [label, base] of [['isolated', ISOLATED], ['plain', PLAIN]]) {
     await page.goto(`${base}/tests/browser/harness.html`);
