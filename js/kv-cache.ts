@@ -35,7 +35,8 @@ const DTYPES: Record<KVCacheDType, { bytes: number; kvType: number }> = {
 const DTYPE_LIST = "'float32', 'float16' or 'bfloat16'";
 /**
  * Appends are copied in through a staging buffer of at most this many bytes (rows at a time),
- * or of one position of every head when that alone is larger.
+ * or of one position of every head when that alone is larger; where maxMemoryBytes leaves less
+ * room, of half as many rows, a quarter, … down to one position (#stagingCap).
  */
 const STAGING_BYTES = 2 ** 20;
 /**
@@ -385,9 +386,10 @@ export class KVCache extends KVCacheShapeInfo {
     try {
       // One staging buffer serves both writes (requested before either, so a refusal leaves
       // the cache unchanged).
-      const { staging } = memory.allocate({ staging: Math.max(this.#stagingBytes(k, layout), this.#stagingBytes(v, layout)) });
-      this.#write(module, memory, staging, k, layout, this.#keys, this.headDim);
-      this.#write(module, memory, staging, v, layout, this.#values, this.valueDim);
+      const cap = this.#stagingCap(memory, k, v, layout);
+      const { staging } = memory.allocate({ staging: this.#stagingBytes(k, v, layout, cap) });
+      this.#write(module, memory, staging, cap, k, layout, this.#keys, this.headDim);
+      this.#write(module, memory, staging, cap, v, layout, this.#values, this.valueDim);
     } finally {
       memory.free();
     }
@@ -426,17 +428,38 @@ export class KVCache extends KVCacheShapeInfo {
     return isUint16Array(t.data) ? DTYPES[this.dtype].kvType : KV_TYPE.float32;
   }
 
-  /** Rows of one batch staged at a time: at least one. */
-  #stagingRows(t: Operand<Float32Array | Uint16Array>): number {
-    return Math.max(1, Math.min(t.L, Math.floor(STAGING_BYTES / (t.H * t.D * t.data.BYTES_PER_ELEMENT))));
+  /** Rows of one batch staged at a time in at most `cap` bytes: at least one. */
+  #stagingRows(t: Operand<Float32Array | Uint16Array>, cap: number): number {
+    return Math.max(1, Math.min(t.L, Math.floor(cap / (t.H * t.D * t.data.BYTES_PER_ELEMENT))));
   }
 
-  /** The staging bytes #write needs for `t` (0: none, copied straight in). */
-  #stagingBytes(t: Operand<Float32Array | Uint16Array>, layout: 'bhsd' | 'bshd'): number {
-    return this.#copiesStraight(t, layout) ? 0 : this.#stagingRows(t) * t.H * t.D * t.data.BYTES_PER_ELEMENT;
+  /** The staging bytes the writes of `k` and `v` need with rows staged in at most `cap` bytes (0: both copied straight in). */
+  #stagingBytes(k: Operand<Float32Array | Uint16Array>, v: Operand<Float32Array | Uint16Array>, layout: 'bhsd' | 'bshd',
+    cap: number): number {
+    const bytes = (t: Operand<Float32Array | Uint16Array>) =>
+      (this.#copiesStraight(t, layout) ? 0 : this.#stagingRows(t, cap) * t.H * t.D * t.data.BYTES_PER_ELEMENT);
+    return Math.max(bytes(k), bytes(v));
   }
 
-  #write(module: SdpaModule, memory: CallMemory, staging: number, t: Operand<Float32Array | Uint16Array>,
+  /**
+   * The staging buffer's byte cap: STAGING_BYTES where that fits the memory limit, else the
+   * largest of its halvings that fits, else (where not even one position fits) the one
+   * position's, whose request then throws the RangeError. A long append near maxMemoryBytes
+   * runs in smaller chunks rather than being refused where one position at a time would fit.
+   */
+  #stagingCap(memory: CallMemory, k: Operand<Float32Array | Uint16Array>, v: Operand<Float32Array | Uint16Array>,
+    layout: 'bhsd' | 'bshd'): number {
+    const least = this.#stagingBytes(k, v, layout, 0);  // one position of each
+    let cap = STAGING_BYTES;
+    let bytes = this.#stagingBytes(k, v, layout, cap);
+    while (bytes > least && !memory.fits({ staging: bytes })) {
+      while (this.#stagingBytes(k, v, layout, cap) === bytes) cap /= 2;  // to the next smaller request
+      bytes = this.#stagingBytes(k, v, layout, cap);
+    }
+    return cap;
+  }
+
+  #write(module: SdpaModule, memory: CallMemory, staging: number, cap: number, t: Operand<Float32Array | Uint16Array>,
     layout: 'bhsd' | 'bshd', storage: number, dim: number): void {
     const srcType = this.#sourceType(t);
     const srcBytes = t.data.BYTES_PER_ELEMENT;
@@ -455,7 +478,7 @@ export class KVCache extends KVCacheShapeInfo {
       }
       return;
     }
-    const rowsPerChunk = this.#stagingRows(t);
+    const rowsPerChunk = this.#stagingRows(t, cap);
     const heap = memory.heap;  // no allocation below
     // Typed as the source (the data's own type was checked above).
     const view = (isUint16Array(t.data) ? heap.u16 : heap.f32) as unknown as { set(a: ArrayLike<number>, at: number): void };
@@ -530,7 +553,7 @@ export class KVCache extends KVCacheShapeInfo {
   truncate(n: number): void {
     this.#live('KVCache.truncate');
     checkTruncate(this.#length, n);
-    this.#length = n;
+    this.#length = n === 0 ? 0 : n;  // -0, which passes the checks, as 0
     this.#version++;
     if (n === 0) this.#maybeInfNaN = false;
   }
@@ -603,10 +626,11 @@ export class KVCache extends KVCacheShapeInfo {
   read(start?: number, end?: number, options?: { layout?: 'bhsd' | 'bshd'; dtype?: KVCacheDType }): KVCacheContents {
     const fn = 'KVCache.read';
     this.#live(fn);
+    const version = this.#version;
     const o = checkOptionNames(fn, options, READ_OPTION_NAMES);
     const layout = checkLayout(fn, o.layout);
     const dtype = checkReadDType(this.dtype, o.dtype);
-    const module = this.#live(fn);  // again: the options' getters may have disposed it
+    const module = this.#unchangedSince(fn, version);  // the options' getters may have disposed or changed it
     const [s, e] = checkRead(this.#length, start, end);
     const views = heap(module);
     const [key, value] = this.#planes().map(({ storage }, plane) => {

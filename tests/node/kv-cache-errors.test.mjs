@@ -130,10 +130,11 @@ describe('disposal', () => {
 });
 
 describe('a cache used by a getter of its own call\'s arguments', () => {
-  test('disposed meanwhile: append and attend throw, and write or read nothing (another cache got its memory)', () => {
+  test('disposed meanwhile: append, attend and read throw, and write or read nothing (another cache got its memory)', () => {
     for (const call of [
       (c, options) => c.append(k(1, 30), v(1, 31), options),
       (c, options) => c.attend(q(), options),
+      (c, options) => c.read(0, 2, options),
     ]) {
       const cache = freshCache();
       let other;
@@ -168,6 +169,11 @@ describe('a cache used by a getter of its own call\'s arguments', () => {
       expect(() => cache.attend(q(), rewind)).toThrow(/KVCache\.attend: the cache was changed/);
       expect(cache.length).toBe(4);
       expect(cache.attend(q()).output.dims).toEqual([B, Hq, 2, Ev]);
+      // read() too (all positions: 4 when called, 2 once its options were read).
+      const shorten = { get dtype() { cache.truncate(2); return undefined; } };
+      expect(() => cache.read(undefined, undefined, shorten)).toThrow(/^KVCache\.read: the cache was changed while this call read its arguments \(by a getter\); nothing was done$/);
+      expect(cache.length).toBe(2);
+      expect(cache.read().key.dims).toEqual([B, Hkv, 2, E]);
     } finally {
       cache.dispose();
     }

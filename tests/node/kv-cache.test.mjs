@@ -511,6 +511,10 @@ describe('token-by-token decoding equals attention over the whole history', () =
         const empty = cache.attend(query, { returnWeights: true });
         expect(Array.from(empty.output.data).every((x) => Object.is(x, 0))).toBe(true);
         expect(empty.weights.dims).toEqual([1, Hq, 1, 0]);
+        // truncate(-0) is truncate(0): the length reads 0, not -0.
+        cache.append(draftK, draftV);
+        cache.truncate(-0);
+        expect(Object.is(cache.length, 0)).toBe(true);
       } finally {
         cache.dispose();
       }
@@ -879,6 +883,66 @@ describe('read(start, end): a copy of the stored positions, as append() takes th
       }
     } finally {
       await worker.dispose();
+    }
+  });
+});
+
+describe('append near maxMemoryBytes: fewer positions staged at a time, down to one', () => {
+  // A float16 cache [1, 4, 1024, 64] (1 MiB of storage) given float32 positions in 'bshd': they
+  // go through the staging buffer, 1 KiB a position (512 KiB for 512 positions, with room).
+  const Hkv = 4, E = 64, maxLength = 1024, positionBytes = Hkv * E * 4;
+  const storageBytes = 2 * Hkv * maxLength * E * 2;
+  const k = randomTensor([1, Hkv, 515, E], 140), v = randomTensor([1, Hkv, 515, E], 141);
+  const shape = { batch: 1, kvHeads: Hkv, headDim: E, maxLength, dtype: 'float16' };
+  const sameElements = (a, b) => Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(Buffer.from(b.buffer, b.byteOffset, b.byteLength));
+  const appendBshd = (cache, from, to) => cache.append(toBshd(positions(k, from, to)), toBshd(positions(v, from, to)), { layout: 'bshd' });
+
+  test.each([
+    [512, 100 * 1024], [512, positionBytes], [512, 3 * positionBytes - 1], [3, 2 * positionBytes],
+  ])('%p positions, %p bytes left beside the storage: the bits of a cache with room, the peak within the limit', async (count, room) => {
+    const limited = await createAttention({ threads: 1, maxMemoryBytes: storageBytes + room });
+    const cache = limited.createKVCache(shape), roomy = attn.createKVCache(shape);
+    try {
+      expect(limited.memory().bytesInUse).toBe(storageBytes);
+      for (const c of [cache, roomy]) {
+        appendBshd(c, 0, count);
+        appendBshd(c, count, count + 3);
+      }
+      expect(cache.length).toBe(count + 3);
+      expect(limited.memory().peakBytes).toBeLessThanOrEqual(storageBytes + room);
+      const [got, want] = [cache.read(), roomy.read()];  // the stored halves (Uint16Array)
+      expect(sameElements(got.key.data, want.key.data)).toBe(true);
+      expect(sameElements(got.value.data, want.value.data)).toBe(true);
+      expect(limited.memory().bytesInUse).toBe(storageBytes);
+    } finally {
+      cache.dispose();
+      roomy.dispose();
+      limited.dispose();
+    }
+  });
+
+  test('not even one position fits: a RangeError naming its bytes, nothing appended, the cache goes on', async () => {
+    const limited = await createAttention({ threads: 1, maxMemoryBytes: storageBytes + positionBytes - 1 });
+    const cache = limited.createKVCache(shape);
+    try {
+      expect(() => appendBshd(cache, 0, 512)).toThrow(new RegExp(`^KVCache\\.append: needs ${positionBytes} bytes of wasm memory, more than is left`));
+      expect(cache.length).toBe(0);
+      expect(limited.memory().bytesInUse).toBe(storageBytes);
+      // Halves in the storage's order, runs of 4 KiB or more (40 positions of 128 bytes): copied
+      // straight in, no staging.
+      const roomy = attn.createKVCache(shape);
+      try {
+        appendBshd(roomy, 0, 40);
+        const { key, value } = roomy.read();
+        cache.append(key, value);
+        expect(cache.length).toBe(40);
+        expect(sameElements(cache.read().key.data, key.data)).toBe(true);
+      } finally {
+        roomy.dispose();
+      }
+    } finally {
+      cache.dispose();
+      limited.dispose();
     }
   });
 });
