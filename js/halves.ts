@@ -3,7 +3,8 @@
 //   exponent e = 0         (-1)^s · m · 2^-24            (zero and the subnormals)
 //   exponent e in 1..30    (-1)^s · (1 + m/1024) · 2^(e-15)
 //   exponent e = 31        ±Infinity (m = 0), NaN (m ≠ 0)
-// Float16Array would do this where the engine has it (not Node 20).
+// Float16Array would do this where the engine has it (not Node 20). A second table holds each
+// half's float32 bits (NaN payloads kept): saved-forward.ts hashes a Float16Array's values by it.
 
 let table: Float32Array | null = null;
 
@@ -18,6 +19,24 @@ function halfValues(): Float32Array {
       : sign * (1 + m / 1024) * 2 ** (e - 15);
   }
   return table;
+}
+
+let bitsTable: Int32Array | null = null;
+
+/**
+ * The float32 bit pattern of each of the 65536 halves (256 KiB, made the first time it is
+ * needed): the bits of halfValues(), and for a NaN the bits the module's widening gives
+ * (f16_widen_in_place: sign kept, exponent all ones, the 10 payload bits at the top of float32's
+ * 23) rather than a canonical NaN.
+ */
+export function float32BitsOfHalves(): Int32Array {
+  if (bitsTable !== null) return bitsTable;
+  const bits = new Int32Array(halfValues().slice().buffer);
+  for (let h = 0; h < 65536; h++) {
+    if ((h & 0x7c00) === 0x7c00 && (h & 0x3ff) !== 0) bits[h] = ((h & 0x8000) << 16) | 0x7f800000 | ((h & 0x3ff) << 13);
+  }
+  bitsTable = bits;
+  return bits;
 }
 
 /** The float32 values of `halves` (raw IEEE binary16 patterns), in a new array. */

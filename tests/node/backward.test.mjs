@@ -13,6 +13,7 @@ import {
   logSumExpError, maxRelError, mulberry32, normwiseError, randomTensor, referenceLogSumExp, referenceSdpa,
   referenceSdpaBackward,
 } from './reference.mjs';
+import { contentsOf, widenedContentsOf } from '../../dist/saved-forward.js';
 
 const TOL = 1e-4;  // max |got - ref| / (1 + |ref|), as the issue asks
 const KEY_TILE = 64;  // kBackwardKeyTile (src/tiles.h)
@@ -1133,6 +1134,33 @@ describe('options.saved is checked against the sdpa() call that returned it: a R
     // The instance keeps working: the right saved gives the recomputed gradients' bits.
     const right = backward(attn, forward());
     for (const name of ['dQuery', 'dKey', 'dValue']) expect(sameBits(right[name].data, recomputed[name].data)).toBe(true);
+  });
+
+  // A Float16Array input (browsers; Node 20 has none) is hashed from its raw halves, each
+  // looked up as its float32 bits, not widened into a copy first: its hash must be the one its
+  // float32 values have in a Float32Array. The widening here is written from the format.
+  test("a Float16Array's halves hash as the Float32Array of their values: every pattern, every lane, views at any offset", () => {
+    const widenedBits = (h) => {
+      const sign = h >>> 15, e = (h >>> 10) & 31, m = h & 1023;
+      if (e === 31) return (sign << 31) | 0x7f800000 | (m << 13);  // ±Infinity; NaN with its payload, as the module widens it
+      const value = (sign ? -1 : 1) * (e === 0 ? m * 2 ** -24 : (1 + m / 1024) * 2 ** (e - 15));
+      return new Int32Array(Float32Array.of(value).buffer)[0];
+    };
+    const halves = Uint16Array.from({ length: 65536 + 7 }, (_, n) => (n < 65536 ? n : 0x3c00 + 37 * n) & 0xffff);
+    const floats = new Float32Array(Int32Array.from(halves, widenedBits).buffer);
+    for (const count of [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 65535, 65536, 65543]) {
+      expect(widenedContentsOf(halves, count)).toBe(contentsOf(floats, count));
+    }
+    for (const offset of [1, 2, 3, 31744]) {  // 31744: from +Infinity on, Infinity and NaN first
+      expect(widenedContentsOf(halves.subarray(offset), 4099)).toBe(contentsOf(floats.subarray(offset), 4099));
+    }
+    // One half changed (its sign), in each lane and the last word: another hash.
+    const whole = widenedContentsOf(halves, 65543);
+    for (const n of [0, 1, 2, 3, 40000, 65542]) {
+      const changed = halves.slice();
+      changed[n] ^= 0x8000;
+      expect(widenedContentsOf(changed, 65543)).not.toBe(whole);
+    }
   });
 
   test('equivalent forms of the options are accepted: the values the kernel uses are compared', () => {

@@ -256,7 +256,8 @@ async function limitFor(make, c, tensors, extra) {
 /**
  * A forward given Float16Array inputs (returnLogSumExp), its backward given the same values as
  * Float32Array with `saved`: accepted (the record compares values, not element types), and the
- * gradients those of the backward that recomputes the forward.
+ * gradients those of the backward that recomputes the forward. Given the key as a Float16Array
+ * with one half changed (the record hashes halves without widening them): refused, naming key.data.
  */
 async function savedFromHalves(make, extra) {
   const values = { q: halfValues([1, 2, 19, 16], 77, 1), k: halfValues([1, 2, 23, 16], 77, 2), v: halfValues([1, 2, 23, 16], 77, 3),
@@ -274,7 +275,18 @@ async function savedFromHalves(make, extra) {
     const recomputed = await attn.sdpaBackward(...args(), { isCausal: true, ...extra });
     const hash = viaSaved === null ? '' : resultHash(viaSaved);
     const same = viaSaved !== null && hash === resultHash(recomputed);
-    return { name: 'sdpaBackward with saved from a Float16Array forward, given Float32Array inputs', same, error, ok: same, hash };
+    const changedKey = asHalves(values.k);
+    changedKey.data[301] = -changedKey.data[301];
+    let refusal = null;
+    try {
+      await attn.sdpaBackward(asHalves(values.q), changedKey, asHalves(values.v), asHalves(values.go),
+        { isCausal: true, saved: { output: forward.output, logSumExp: forward.logSumExp }, ...extra });
+    } catch (e) {
+      refusal = `${e.name}: ${e.message}`;
+    }
+    const refused = /^RangeError: sdpaBackward: options\.saved is not this call's forward: key\.data holds other values/.test(refusal ?? '');
+    return { name: 'sdpaBackward with saved from a Float16Array forward, given Float32Array inputs; refused given a changed Float16Array key',
+      same, error, refusal, ok: same && refused, hash };
   } finally {
     await attn.dispose();
   }
