@@ -168,10 +168,19 @@ describe('createAttention({ maxMemoryBytes })', () => {
         [/^KVCache\.attend: needs \d+ bytes of wasm memory to run one \(batch, KV head\) at a time \(query 76864 bytes \+ output 76864 bytes/,
           /of which 73728 are in use/]);
       // Float32 rows into a float16 cache are staged (converted in wasm memory): 1000 rows × 2
-      // heads × 8 dims × 4 bytes = 64,000 bytes, past the limit beside 72 KiB. Nothing is appended.
+      // heads × 8 dims × 4 bytes = 64,000 bytes, past the limit beside 72 KiB: staged 500 at a
+      // time instead (32,000 bytes; their bits: tests/node/kv-cache.test.mjs).
+      cache.append(randomTensor([1, 1000, 2, 8], 11), randomTensor([1, 1000, 2, 8], 12), { layout: 'bshd' });
+      expect(cache.length).toBe(1010);
+      expect(attn.memory().peakBytes).toBeLessThanOrEqual(LIMIT);
+      cache.truncate(10);
+      // With 32 bytes left beside the caches, not even one position (64 bytes) can be staged:
+      // refused, nothing appended.
+      const filler = attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 4, maxLength: 1791 });  // 57,312 bytes
       expectError(await errorOf(() => cache.append(randomTensor([1, 1000, 2, 8], 11), randomTensor([1, 1000, 2, 8], 12), { layout: 'bshd' })),
-        RangeError, [/^KVCache\.append: needs 64000 bytes of wasm memory/, /of which 73728 are in use/]);
+        RangeError, [/^KVCache\.append: needs 64 bytes of wasm memory/, /of which 131040 are in use/]);
       expect(cache.length).toBe(10);
+      filler.dispose();
       expectBitwiseEqual(cache.attend(q).output.data, before);
       other.dispose();
       cache.dispose();

@@ -621,9 +621,8 @@ function randomLimitedAttend(r) {
   if (long) shape.valueDim = r.chance(0.7) ? shape.headDim : r.pick([5, 8]);
   const model = new CacheModel(shape);
   const appends = [];
-  // A long cache: appends of up to 256 positions until past 2048 (a float16 cache stages each
-  // append in wasm memory: one large one would need more room than the step itself), of plain
-  // values (NaN would need keyLengths before it, as would a saturated half's weight).
+  // A long cache: appends of up to 256 positions until past 2048, of plain values (NaN would
+  // need keyLengths before it, as would a saturated half's weight).
   const filled = long ? r.int(2048, shape.maxLength) : 0;
   for (let n = r.int(1, 3); (n > 0 || model.length < filled) && model.length < model.max; n--) {
     const a = randomAppend(r, model, long ? { upTo: 256, plain: true } : undefined);
