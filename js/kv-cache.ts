@@ -139,6 +139,10 @@ export function checkAppendShapes(shape: KVCacheShape, key: unknown, value: unkn
   return { k, v, layout };
 }
 
+/** The error of a call whose arguments' getters changed the cache (KVCache's and WorkerKVCache's). */
+export const changedByGetter = (fn: string): Error =>
+  new Error(`${fn}: the cache was changed while this call read its arguments (by a getter); nothing was done`);
+
 /** The checks of KVCache.truncate(n) on a cache holding `length` positions. */
 export function checkTruncate(length: number, n: unknown): asserts n is number {
   const fn = 'KVCache.truncate';
@@ -358,9 +362,7 @@ export class KVCache extends KVCacheShapeInfo {
   /** #live(), and that the cache is as it was at `version`: after reading a call's arguments. */
   #unchangedSince(fn: string, version: number): SdpaModule {
     const module = this.#live(fn);
-    if (this.#version !== version) {
-      throw new Error(`${fn}: the cache was changed while this call read its arguments (by a getter); nothing was done`);
-    }
+    if (this.#version !== version) throw changedByGetter(fn);
     return module;
   }
 

@@ -90,26 +90,20 @@ export class Taker {
   }
 
   /**
-   * Options as the direct API reads them (checkOptionNames): each of the call's `known` names
-   * read once, by property access (so inherited and non-enumerable ones count), and any other
-   * own name whose value is not undefined kept as null (its value not copied), for the checks
-   * to reject; without the worker-only `signal` and `transfer`. Masks and per-batch arrays
-   * copied; `out` kept (results land in it).
+   * The options optionValues() read, taken: masks and per-batch arrays copied, `out` kept
+   * (results land in it), `saved`'s tensors taken. What those hold (a mask's data and dims,
+   * saved's, out's gradients) is read here, after the call's tensors, as the direct API's
+   * checks read them after its tensors.
    */
-  options(options: unknown, known: readonly string[]): unknown {
-    if (options === null || typeof options !== 'object' || Array.isArray(options)) return options;
+  options(values: unknown, known: readonly string[]): unknown {
+    if (values === null || typeof values !== 'object' || Array.isArray(values)) return values;
     const copy: Record<string, unknown> = {};
-    for (const name of Object.keys(options)) {
-      if (known.includes(name) || WORKER_OPTION_NAMES.includes(name)) continue;
-      if ((options as Record<string, unknown>)[name] !== undefined) copy[name] = null;
-    }
-    for (const name of known) {
-      const value = (options as Record<string, unknown>)[name];
-      if (value === undefined) continue;
+    for (const [name, value] of Object.entries(values)) {
       if (name === 'attnMask') copy[name] = this.tensor(value, false);
       else if (name === 'saved') copy[name] = this.saved(value);
       else if (name === 'out') copy[name] = this.outs(value);
-      else this.#copyLater(copy, name, value);
+      else if (known.includes(name)) this.#copyLater(copy, name, value);
+      else copy[name] = value;  // another name's null: for the checks to reject
     }
     return copy;
   }
@@ -219,15 +213,55 @@ export function workerCallOptions(fn: string, options: unknown): { signal?: Abor
   return { signal, transfer: transfer ?? false };
 }
 
+/**
+ * A call's options read as the direct API reads them (checkOptionNames), before its tensors:
+ * each of the call's `known` names read once, by property access (so inherited and
+ * non-enumerable ones count), and any other own name whose value is not undefined kept as null
+ * (its value not copied), for the checks to reject; without the worker-only `signal` and
+ * `transfer`. A plain object of them (anything else as it is, for the checks' messages), for
+ * Taker.options() to take after the tensors: so a getter of an option that changes a tensor
+ * (or one of a tensor that changes an option) has the effect it has on the direct call.
+ */
+export function optionValues(options: unknown, known: readonly string[]): unknown {
+  if (options === null || typeof options !== 'object' || Array.isArray(options)) return options;
+  const values: Record<string, unknown> = {};
+  for (const name of Object.keys(options)) {
+    if (known.includes(name) || WORKER_OPTION_NAMES.includes(name)) continue;
+    if ((options as Record<string, unknown>)[name] !== undefined) values[name] = null;
+  }
+  for (const name of known) {
+    const value = (options as Record<string, unknown>)[name];
+    if (value !== undefined) values[name] = value;
+  }
+  return values;
+}
+
 /** The options of a call that takes no direct-API options: only `signal`. */
 export function signalOnly(fn: string, options: unknown): { signal?: AbortSignal } {
   checkOptionNames(fn, options, ['signal']);
   return workerCallOptions(fn, options);
 }
 
+/** AbortSignal.prototype's `aborted` getter, where the engine has AbortSignal: it throws for anything else. */
+const abortedGetter = typeof AbortSignal === 'undefined' ? undefined
+  : Object.getOwnPropertyDescriptor(AbortSignal.prototype, 'aborted')?.get;
+
+/**
+ * An AbortSignal: the engine's own (by its internal slot, whatever properties the object
+ * carries), or an object with what the queue uses of one (a polyfill's): a boolean `aborted`,
+ * addEventListener and removeEventListener. (Without removeEventListener a call's end threw
+ * inside the queue's microtask: the batch left unsent, the process ended in Node.)
+ */
 function isAbortSignal(x: unknown): x is AbortSignal {
-  return x !== null && typeof x === 'object' && typeof (x as AbortSignal).aborted === 'boolean' &&
-    typeof (x as AbortSignal).addEventListener === 'function';
+  if (x === null || typeof x !== 'object') return false;
+  try {
+    abortedGetter?.call(x);
+    if (abortedGetter !== undefined) return true;
+  } catch {
+    // not the engine's: a polyfill's, perhaps
+  }
+  const s = x as AbortSignal;
+  return typeof s.aborted === 'boolean' && typeof s.addEventListener === 'function' && typeof s.removeEventListener === 'function';
 }
 
 /**

@@ -85,6 +85,13 @@ export async function startWorker(): Promise<WorkerLink> {
 
 // ─── the queue of calls ───────────────────────────────────────────────────────────────────
 
+/**
+ * Thrown by a call's prepare() whose checks failed against state that the calls sent before it
+ * in the same batch may not leave (a cache's length, should the worker refuse an append): the
+ * call, and those after it, wait for the batch's answers and are prepared again then.
+ */
+export const PREPARE_AFTER_ANSWERS: unique symbol = Symbol('sdpa-wasm: prepare after the answers');
+
 interface Call {
   op: Op;
   /** At its turn: the checks against the state the calls before it leave, then the args to send. Throws to reject. */
@@ -98,6 +105,8 @@ interface Call {
   signal: AbortSignal | undefined;
   /** The request's id, once sent: its reply carries it. */
   id: number;
+  /** Rejected while waiting (its signal aborted): never sent. */
+  cancelled: boolean;
 }
 
 /** The queued calls that share one AbortSignal, and the one listener on it. */
@@ -143,7 +152,7 @@ export class Channel {
     return new Promise<T>((resolve, reject) => {
       if (this.#dead !== null) return reject(this.#dead);
       if (signal?.aborted) return reject(abortReason(signal));
-      const call: Call = { op, prepare, finish, settled, resolve: resolve as (value: unknown) => void, reject, signal, id: 0 };
+      const call: Call = { op, prepare, finish, settled, resolve: resolve as (value: unknown) => void, reject, signal, id: 0, cancelled: false };
       if (signal !== undefined) this.#watch(call, signal);
       this.#queue.push(call);
       this.#link.hold(true);
@@ -177,18 +186,37 @@ export class Channel {
     return this.#inFlight.length > 0 || this.#queue.length > 0;
   }
 
-  /** Sends the waiting calls as one batch, if the worker is ready and has answered the last one. */
+  /**
+   * Sends the waiting calls as one batch, if the worker is ready and has answered the last one.
+   * A call's prepare() may run the caller's code (a getter read for an error's message), which
+   * may end the worker or abort a call of this batch: each call is looked at again before it
+   * is prepared.
+   */
   #pump(): void {
     if (this.#ready && this.#dead === null && this.#inFlight.length === 0) {
       const batch: Request[] = [];
       const arrays: unknown[] = [];
-      for (const call of this.#queue.splice(0)) {
+      const waiting = this.#queue.splice(0);
+      for (let n = 0; n < waiting.length; n++) {
+        const call = waiting[n];
+        if (call.cancelled) continue;  // aborted meanwhile: already rejected
+        if (this.#dead !== null) {  // ended meanwhile: the calls before it failed with it
+          this.#unwatch(call);
+          call.reject(this.#dead);
+          continue;
+        }
         let args: Record<string, unknown>;
         try {
           args = call.prepare();
         } catch (error) {
+          if (error === PREPARE_AFTER_ANSWERS && batch.length > 0) {
+            // Still waiting (and cancellable), ahead of any call made meanwhile.
+            this.#queue.unshift(...waiting.slice(n).filter((c) => !c.cancelled));
+            break;
+          }
           this.#unwatch(call);
-          call.reject(error);
+          call.reject(error === PREPARE_AFTER_ANSWERS
+            ? new Error('sdpa-wasm: internal error: a call waited for the answers of a batch that had none') : error);
           continue;
         }
         this.#unwatch(call);  // sent: no longer cancellable
@@ -197,7 +225,7 @@ export class Channel {
         arrays.push(...typedArrays(args));
         this.#inFlight.push(call);
       }
-      if (batch.length > 0) {
+      if (batch.length > 0 && this.#dead === null) {
         try {
           // Only buffers a Taker made (copies) or moved: never one the caller still holds.
           this.#link.post(batch, transferList(arrays).filter((buffer) => isTaken(buffer)));
@@ -253,6 +281,7 @@ export class Channel {
           const at = this.#queue.indexOf(waiting);
           if (at >= 0) this.#queue.splice(at, 1);
           this.#unwatch(waiting);
+          waiting.cancelled = true;  // (a batch being prepared skips it)
           waiting.reject(abortReason(signal));
         }
         this.#link.hold(this.#busy());
@@ -269,8 +298,12 @@ export class Channel {
     if (call.signal === undefined) return;
     const watch = this.#watched.get(call.signal);
     if (watch === undefined || !watch.calls.delete(call) || watch.calls.size > 0) return;
-    call.signal.removeEventListener('abort', watch.listener);
     this.#watched.delete(call.signal);
+    try {
+      call.signal.removeEventListener('abort', watch.listener);
+    } catch {
+      // A polyfilled signal's own code threw: its listener stays, and finds no call to reject.
+    }
   }
 
   #die(error: Error): void {
@@ -289,7 +322,7 @@ function abortReason(signal: AbortSignal): unknown {
   return signal.reason ?? new DOMException('The operation was aborted', 'AbortError');
 }
 
-/** Every typed array in a message's args (one level of tensors and options). */
+/** Every typed array in a message's args (tensors, options, and options' tensors: saved.output.data). */
 function typedArrays(args: Record<string, unknown>): unknown[] {
   const found: unknown[] = [];
   const visit = (x: unknown, depth: number) => {
@@ -298,6 +331,6 @@ function typedArrays(args: Record<string, unknown>): unknown[] {
       for (const value of Object.values(x)) visit(value, depth - 1);
     }
   };
-  visit(args, 3);
+  visit(args, 4);
   return found;
 }

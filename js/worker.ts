@@ -24,8 +24,8 @@
 // starting the worker and the queue of calls.
 import type { Isa } from './loader.js';
 import {
-  APPEND_OPTION_NAMES, cacheOperands, checkAppend, checkAppendShapes, checkCacheOptions, checkRead, checkReadDType, checkRemove, checkReorder,
-  checkTruncate, type KVCacheDType, READ_OPTION_NAMES,
+  APPEND_OPTION_NAMES, cacheOperands, changedByGetter, checkAppend, checkAppendShapes, checkCacheOptions, checkRead, checkReadDType, checkRemove,
+  checkReorder, checkTruncate, type KVCacheDType, READ_OPTION_NAMES,
   KVCacheShapeInfo,
   type KVCacheShape,
 } from './kv-cache.js';
@@ -40,8 +40,10 @@ import {
   planAttend, planBackward, type Plan,
 } from './validate.js';
 import { recalled, remember, type ForwardRecord } from './saved-forward.js';
-import { deliver, deliverGradients, outOf, outsOf, sendable, signalOnly, Taker, workerCallOptions, type WorkerCallOptions } from './worker-args.js';
-import { Channel, startWorker } from './worker-channel.js';
+import {
+  deliver, deliverGradients, optionValues, outOf, outsOf, sendable, signalOnly, Taker, workerCallOptions, type WorkerCallOptions,
+} from './worker-args.js';
+import { Channel, PREPARE_AFTER_ANSWERS, startWorker } from './worker-channel.js';
 import type { Op } from './worker-protocol.js';
 
 export type { WorkerCallOptions } from './worker-args.js';
@@ -130,8 +132,9 @@ export class AttentionWorker {
       this.#check(fn);
       const { signal, transfer } = workerCallOptions(fn, options);
       const take = new Taker(transfer);
+      const values = optionValues(options, names);  // read first, as the direct API reads them
       const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
-      const o = take.options(options, names);
+      const o = take.options(values, names);
       this.#check(fn);  // again: the arguments' getters may have disposed it (then nothing moves)
       take.movesChecked(fn, outsOf(o), () => check(q, k, v, o));
       take.done(signal);
@@ -179,9 +182,10 @@ export class AttentionWorker {
       this.#check(fn);
       const { signal, transfer } = workerCallOptions(fn, options);
       const take = new Taker(transfer);
+      const values = optionValues(options, names);  // read first, as the direct API reads them
       const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
       const go = take.tensor(gradOutput, true);
-      const o = take.options(options, names);
+      const o = take.options(values, names);
       this.#check(fn);  // again: the arguments' getters may have disposed it (then nothing moves)
       take.movesChecked(fn, outsOf(o), () => check(q, k, v, go, o));
       take.done(signal);
@@ -289,12 +293,17 @@ export class WorkerKVCache extends KVCacheShapeInfo {
   readonly #shape: KVCacheShape;
   readonly #channel: Channel;
   readonly #id: number;
-  /** As of the last answered call. */
+  /** As of the last answered call (also once disposed: the calls made before still run). */
   #length = 0;
   /** As the calls sent or being prepared will leave it, if they succeed: what the next call's checks see. */
   #expected = 0;
   /** Calls sent and not yet answered. */
   #unanswered = 0;
+  /**
+   * Counts the calls made that change the cache (append, truncate, remove, reorder, reset,
+   * dispose), when made: a call whose arguments' getters made one throws, as KVCache's does.
+   */
+  #version = 0;
   /** Why calls are refused: disposed (its own dispose() or its worker's), or its worker terminated. */
   #ended: string | null = null;
   readonly #onDispose: (cache: WorkerKVCache) => void;
@@ -312,19 +321,22 @@ export class WorkerKVCache extends KVCacheShapeInfo {
     this.#onDispose = onDispose;
   }
 
-  /** Positions stored, as of the last completed call (exact once the calls made have settled). */
+  /** Positions stored, as of the last completed call (exact once the calls made have settled); 0 once disposed. */
   get length(): number {
-    return this.#length;
+    return this.#ended === null ? this.#length : 0;
   }
 
   get disposed(): boolean {
     return this.#ended !== null;
   }
 
-  /** @internal The worker was disposed or terminated: length 0, as a disposed KVCache. */
+  /**
+   * @internal The worker was disposed or terminated: length 0, as a disposed KVCache. Calls
+   * made before still run (after dispose()) and are checked against the length they leave:
+   * #length and #expected go on.
+   */
   markDisposed(how: 'disposed' | 'terminated'): void {
     this.#ended ??= how === 'disposed' ? 'has been disposed' : 'has been disposed: its AttentionWorker was terminated';
-    this.#length = this.#expected = 0;
   }
 
   #check(fn: string): void {
@@ -332,14 +344,29 @@ export class WorkerKVCache extends KVCacheShapeInfo {
     if (this.#channel.dead !== null) throw this.#channel.dead;
   }
 
+  /** #check(), and that no call changing the cache was made since `version`: after reading a call's arguments. */
+  #unchangedSince(fn: string, version: number): void {
+    this.#check(fn);
+    if (this.#version !== version) throw changedByGetter(fn);
+  }
+
   // A call whose checks (in `prepare`) see the cache as the calls before it will leave it:
-  // #expected, which `prepare` advances. Calls sent together are checked before any has run;
-  // if the worker then refuses one that passed (it cannot allocate), the checks of the calls
-  // sent with it saw a length the cache does not have, and the worker's own checks (the same
-  // ones) decide: #expected follows #length again once every sent call is answered.
+  // #expected, which `prepare` advances. Calls sent together are checked before any has run,
+  // and the worker may refuse one that passed (it cannot allocate): then the calls after it
+  // saw a length the cache will not have. So a call that fails its checks while calls of this
+  // cache are unanswered (sent in the same batch) is checked again once they are answered
+  // (PREPARE_AFTER_ANSWERS), against the length they left; one that passed is checked by the
+  // worker's own checks (the same ones). #expected follows #length again once every sent call
+  // is answered.
   #call<T>(op: Op, prepare: () => Record<string, unknown>, finish: (value: unknown) => T, signal?: AbortSignal): Promise<T> {
     return this.#channel.call(op, () => {
-      const args = { cache: this.#id, ...prepare() };
+      let args: Record<string, unknown>;
+      try {
+        args = { cache: this.#id, ...prepare() };
+      } catch (error) {
+        if (this.#unanswered > 0) throw PREPARE_AFTER_ANSWERS;
+        throw error;
+      }
       this.#unanswered++;
       return args;
     }, finish, signal, () => {
@@ -348,7 +375,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
   }
 
   #lengthFrom = (value: unknown) => {
-    if (this.#ended === null) this.#length = (value as { length: number }).length;  // (a disposed cache stays at 0)
+    this.#length = (value as { length: number }).length;
   };
 
   /** KVCache.append() in the worker. `{ transfer: true }` moves key's and value's buffers. */
@@ -356,15 +383,18 @@ export class WorkerKVCache extends KVCacheShapeInfo {
     return settle(() => {
       const fn = 'KVCache.append';
       this.#check(fn);
+      const version = this.#version;
       const { signal, transfer } = workerCallOptions(fn, options);
       const take = new Taker(transfer);
-      const k = take.tensor(key, true), v = take.tensor(value, true), o = take.options(options, APPEND_OPTION_NAMES);
-      this.#check(fn);  // again: the arguments' getters may have disposed it (then nothing moves)
+      const values = optionValues(options, APPEND_OPTION_NAMES);  // read first, as the direct API reads them
+      const k = take.tensor(key, true), v = take.tensor(value, true), o = take.options(values, APPEND_OPTION_NAMES);
+      this.#unchangedSince(fn, version);  // the arguments' getters may have disposed or changed it (then nothing moves)
       take.movesChecked(fn, [], () => {
         // More positions than maxLength fail whatever the calls before leave: the direct API's message, with today's length.
         if (checkAppendShapes(this.#shape, k, v, o).k.L > this.maxLength) checkAppend(this.#shape, this.#expected, k, v, o);
       });
       take.done(signal);
+      this.#version++;
       return this.#call('append', () => {
         this.#expected += checkAppend(this.#shape, this.#expected, k, v, o).k.L;
         return { key: k, value: v, options: o };
@@ -381,10 +411,12 @@ export class WorkerKVCache extends KVCacheShapeInfo {
     return settle(() => {
       const fn = 'KVCache.attend';
       this.#check(fn);
+      const version = this.#version;
       const { signal, transfer } = workerCallOptions(fn, options);
       const take = new Taker(transfer);
-      const q = take.tensor(query, true), o = take.options(options, OPTION_NAMES);
-      this.#check(fn);  // again: the arguments' getters may have disposed it (then nothing moves)
+      const values = optionValues(options, OPTION_NAMES);  // read first, as the direct API reads them
+      const q = take.tensor(query, true), o = take.options(values, OPTION_NAMES);
+      this.#unchangedSince(fn, version);  // the arguments' getters may have disposed or changed it (then nothing moves)
       take.movesChecked(fn, outsOf(o), () => {
         const { q: query } = checkAttendQuery(q, this.#shape, o);
         checkOut(fn, outOf(o), query, this.#shape.valueDim);
@@ -404,6 +436,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
       const fn = 'KVCache.truncate';
       this.#check(fn);
       const { signal } = signalOnly(fn, options);
+      this.#version++;
       return this.#call('truncate', () => {
         checkTruncate(this.#expected, n);
         this.#expected = n;
@@ -418,6 +451,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
       const fn = 'KVCache.remove';
       this.#check(fn);
       const { signal } = signalOnly(fn, options);
+      this.#version++;
       return this.#call('remove', () => {
         this.#expected -= checkRemove(this.#expected, start, end);
         return { start, end };
@@ -434,13 +468,14 @@ export class WorkerKVCache extends KVCacheShapeInfo {
     return settle(() => {
       const fn = 'KVCache.read';
       this.#check(fn);
+      const version = this.#version;
       const { signal, transfer } = workerCallOptions(fn, options);
       if (transfer) throw new TypeError(`${fn}: options.transfer does not apply: read() sends no arrays (its results are moved back)`);
       // The direct API's checks and messages, on the options without the worker's own.
-      const o = checkOptionNames(fn, new Taker(false).options(options, READ_OPTION_NAMES), READ_OPTION_NAMES);
+      const o = checkOptionNames(fn, optionValues(options, READ_OPTION_NAMES), READ_OPTION_NAMES);
       const layout = checkLayout(fn, o.layout);
       const dtype = checkReadDType(this.dtype, o.dtype);
-      this.#check(fn);  // again: the options' getters may have disposed it
+      this.#unchangedSince(fn, version);  // the options' getters may have disposed or changed it
       return this.#call('read', () => {
         checkRead(this.#expected, start, end);
         return { start, end, options: { layout, dtype } };
@@ -456,6 +491,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
       const { signal } = signalOnly(fn, options);
       // Checked and copied now: changing the array afterwards does not reach the call.
       const taken = checkReorder(this.batch, indices);
+      this.#version++;
       return this.#call('reorder', () => ({ indices: taken }), this.#lengthFrom, signal);
     });
   }
@@ -466,6 +502,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
       const fn = 'KVCache.reset';
       this.#check(fn);
       const { signal } = signalOnly(fn, options);
+      this.#version++;
       return this.#call('reset', () => {
         this.#expected = 0;
         return {};
@@ -476,6 +513,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
   /** Frees the storage in the worker (after the calls already made); later calls reject. Harmless twice. */
   dispose(): Promise<void> {
     if (this.#ended !== null) return Promise.resolve();
+    this.#version++;
     this.markDisposed('disposed');
     this.#onDispose(this);
     if (this.#channel.dead !== null) return Promise.resolve();

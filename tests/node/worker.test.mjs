@@ -731,13 +731,16 @@ describe('order and abort', () => {
     try {
       batches.length = 0;
       // append 6, append 11 (past maxLength 16 once the first is in: refused, nothing sent),
-      // attend, truncate 2, append 11 (fits now), attend: the direct API's outcomes, one message.
+      // attend, truncate 2, append 11 (fits now), attend: the direct API's outcomes. The second
+      // append fails its checks while the first is in the same message: it (and the calls
+      // after it) wait for that answer (the worker might have refused the first) and are
+      // checked again then: two messages.
       const calls = [
         cache.append(cacheK(6, 7), cacheV(6, 8)), cache.append(cacheK(11, 9), cacheV(11, 9)), cache.attend(cacheQ()),
         cache.truncate(2), cache.append(cacheK(11, 9), cacheV(11, 9)), cache.attend(cacheQ(1)),
       ];
       const outcomes = await Promise.allSettled(calls);
-      expect(batches).toEqual([['append', 'attend', 'truncate', 'append', 'attend']]);
+      expect(batches).toEqual([['append'], ['attend', 'truncate', 'append', 'attend']]);
       direct.append(cacheK(6, 7), cacheV(6, 8));
       const refused = await errorOf(() => direct.append(cacheK(11, 9), cacheV(11, 9)));
       expect(outcomes[1].status).toBe('rejected');
@@ -790,6 +793,144 @@ describe('order and abort', () => {
     expect((await errorOf(() => cache.append(cacheK(1), cacheV(1), { signal: aborted })))?.name).toBe('AbortError');
     expect((await errorOf(() => cache.truncate(0, { signal: aborted })))?.name).toBe('AbortError');
     expect(cache.length).toBe(0);
+    await cache.dispose();
+  });
+});
+
+describe('the calling side\'s checks and queue: the direct API\'s outcomes in corner cases', () => {
+  const bits = (t) => Buffer.from(t.data.buffer, t.data.byteOffset, t.data.byteLength).toString('hex');
+
+  test('calls made before dispose() are checked against the length they leave (not the 0 a disposed cache reads)', async () => {
+    for (const end of ['cache', 'worker']) {
+      const a = await createAttentionWorker({ threads: 1 });
+      const direct = attn.createKVCache({ ...CACHE_OPTIONS });
+      const cache = await a.createKVCache({ ...CACHE_OPTIONS });
+      try {
+        for (const c of [direct, cache]) await c.append(cacheK(5, 40), cacheV(5, 41));
+        const read = cache.read(0, 3), truncated = cache.truncate(4), attended = cache.attend(cacheQ(1), { attnMask: { data: new Uint8Array(4).fill(1), dims: [4] } });
+        const disposing = end === 'cache' ? cache.dispose() : a.dispose();
+        expect(cache.length).toBe(0);
+        const [r] = await Promise.all([read, truncated]);
+        expect(bits(r.key)).toBe(bits(direct.read(0, 3).key));
+        direct.truncate(4);
+        expect(hashOf(await attended)).toBe(hashOf(direct.attend(cacheQ(1), { attnMask: { data: new Uint8Array(4).fill(1), dims: [4] } })));
+        await disposing;
+        expect(cache.length).toBe(0);
+      } finally {
+        direct.dispose();
+        await a.dispose();
+      }
+    }
+  });
+
+  test('an append the worker refuses (memory) leaves the calls sent with it checked against the length it did not reach: the direct API\'s outcomes', async () => {
+    // A cache of 768 bytes; its appends of 8 float32 positions are staged (32 bytes, one position
+    // at a time, at the least). With 12 bytes left both appends are refused as the direct ones
+    // are; with a second cache disposed between them, the second append fits.
+    const shape = { batch: 1, kvHeads: 1, headDim: 8, maxLength: 12 };
+    const kv = () => [noiseTensor([1, 1, 8, 8], 42, 1), noiseTensor([1, 1, 8, 8], 42, 2)];
+    const outcome = (p) => p.then(() => 'appended', (e) => `${e.name}: ${e.message}`);
+    for (const [limit, between] of [[780, false], [1550, true]]) {
+      const direct = await createAttention({ threads: 1, maxMemoryBytes: limit });
+      const other = between ? direct.createKVCache(shape) : null, cache = direct.createKVCache(shape);
+      const expected = [await outcome(errorOf(() => cache.append(...kv())).then((e) => { if (e) throw e; }))];
+      other?.dispose();
+      expected.push(await outcome(errorOf(() => cache.append(...kv())).then((e) => { if (e) throw e; })), cache.length);
+      direct.dispose();
+      const a = await createAttentionWorker({ threads: 1, maxMemoryBytes: limit });
+      try {
+        const wOther = between ? await a.createKVCache(shape) : null, wCache = await a.createKVCache(shape);
+        const first = outcome(wCache.append(...kv()));  // one batch: first, (dispose), second
+        const disposed = wOther?.dispose();
+        const second = outcome(wCache.append(...kv()));
+        await disposed;
+        expect([await first, await second, wCache.length]).toEqual(expected);
+      } finally {
+        await a.dispose();
+      }
+      expect(expected[0]).toMatch(/^RangeError: KVCache\.append: needs 32 bytes of wasm memory/);
+      expect(expected[1]).toBe(between ? 'appended' : expected[0]);
+    }
+  });
+
+  test('options are read before the tensors, as the direct API reads them: a getter of one changing the other, the same bits', async () => {
+    const { query, key, value } = REFERENCE_CASES[2].make();
+    const other = noiseTensor(query.dims, 43, 1);
+    // An option's getter replacing the query's data (read after it), and the query's data getter
+    // changing an option (read before it: no effect).
+    const cases = [
+      () => { const q = { ...query }; return [q, { get isCausal() { q.data = other.data; return true; } }]; },
+      () => { const o = { isCausal: false }; return [{ get data() { o.isCausal = true; return query.data; }, dims: query.dims }, o]; },
+    ];
+    for (const make of cases) {
+      const direct = hashOf(attn.sdpa(...(([q, o]) => [q, key, value, o])(make())));
+      expect(hashOf(await worker.sdpa(...(([q, o]) => [q, key, value, o])(make())))).toBe(direct);
+    }
+  });
+
+  test('a getter that changes the cache while append, attend or read reads its arguments: the direct API\'s Error, nothing done', async () => {
+    const calls = {
+      append: (c, o) => c.append(cacheK(1, 44), cacheV(1, 45), o),
+      attend: (c, o) => c.attend(cacheQ(1), o),
+      read: (c, o) => c.read(undefined, undefined, o),
+    };
+    for (const [op, call] of Object.entries(calls)) {
+      for (const change of [(c) => c.truncate(2), (c) => c.append(cacheK(1, 46), cacheV(1, 47)), (c) => c.reset()]) {
+        const direct = attn.createKVCache({ ...CACHE_OPTIONS });
+        const cache = await worker.createKVCache({ ...CACHE_OPTIONS });
+        try {
+          const outcomes = [];
+          for (const c of [direct, cache]) {
+            await c.append(cacheK(5, 40), cacheV(5, 41));
+            const error = await errorOf(() => call(c, { get layout() { change(c); return undefined; } }));
+            outcomes.push(`${error?.constructor.name}: ${error?.message}`, await c.length);
+          }
+          expect(outcomes[2]).toBe(outcomes[0]);
+          expect(outcomes[0]).toBe(`Error: KVCache.${op}: the cache was changed while this call read its arguments (by a getter); nothing was done`);
+          expect(bits((await cache.read()).key)).toBe(bits(direct.read().key));  // (after the getter's call)
+          expect(cache.length).toBe(direct.length);
+        } finally {
+          direct.dispose();
+          await cache.dispose();
+        }
+      }
+    }
+  });
+
+  test('options.signal: an object with addEventListener but no removeEventListener is refused; a polyfill\'s with both works', async () => {
+    const { query, key, value } = REFERENCE_CASES[1].make();
+    const error = await errorOf(() => worker.sdpa(query, key, value, { signal: { aborted: false, addEventListener() {} } }));
+    expect(`${error?.constructor.name}: ${error?.message}`).toBe('TypeError: sdpa: options.signal must be an AbortSignal, got an object');
+    const listeners = new Set();
+    const polyfill = { aborted: false, addEventListener: (_, f) => listeners.add(f), removeEventListener: (_, f) => listeners.delete(f) };
+    const done = worker.sdpa(query, key, value, { signal: polyfill });
+    expect(listeners.size).toBe(1);
+    expect(hashOf(await done)).toBe(hashOf(attn.sdpa(query, key, value)));
+    expect(listeners.size).toBe(0);
+  });
+
+  test('caller code run while a batch is prepared (a getter read for a message) that terminates the worker or aborts a later call: every call settles, the aborted one not run', async () => {
+    const { query, key, value } = REFERENCE_CASES[1].make();
+    const outcome = (p) => p.then(() => 'fulfilled', (e) => e.name);
+    const a = await createAttentionWorker({ threads: 1 });
+    const ending = { get [Symbol.toStringTag]() { void a.terminate(); return 'Odd'; } };
+    const settled = Promise.all([
+      outcome(a.sdpa(query, key, value)), outcome(a.sdpa(query, key, value, { keyLengths: ending })), outcome(a.sdpa(query, key, value)),
+    ]);
+    let timer;
+    const timeout = new Promise((resolve) => { timer = setTimeout(() => resolve('pending after 10 s'), 10_000); });
+    expect(await Promise.race([settled, timeout])).toEqual(['Error', 'TypeError', 'Error']);
+    clearTimeout(timer);
+    await a.terminate();
+
+    const cache = await worker.createKVCache({ ...CACHE_OPTIONS });
+    const stop = new AbortController();
+    const aborting = { get [Symbol.toStringTag]() { stop.abort(); return 'Odd'; } };
+    const first = outcome(worker.sdpa(query, key, value, { keyLengths: aborting }));
+    const append = outcome(cache.append(cacheK(3), cacheV(3), { signal: stop.signal }));
+    expect([await first, await append]).toEqual(['TypeError', 'AbortError']);
+    expect(cache.length).toBe(0);
+    expect((await cache.read()).key.dims[2]).toBe(0);
     await cache.dispose();
   });
 });
