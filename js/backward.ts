@@ -111,11 +111,12 @@ function runBackwardWhole(memory: CallMemory, threads: number, bp: BackwardPlan,
       dMask: bp.maskGrad ? at.dMask : 0, dSinks: p.sinks !== null ? at.dSinks : 0,
     });
     // Heap views only after the last allocation.
-    const { f32, writeFloats } = memory.heap;
-    writeFloats(at.query, q);
-    writeFloats(at.key, k);
-    writeFloats(at.value, v);
-    writeFloats(at.gradOutput, bp.gradOutput);
+    const views = memory.heap;
+    views.writeFloats(at.query, q);
+    views.writeFloats(at.key, k);
+    views.writeFloats(at.value, v);
+    views.writeFloats(at.gradOutput, bp.gradOutput);
+    const { f32 } = views;
     copySmallInputs(memory, p, desc, at);
     if (bp.saved !== null) {
       f32.set(bp.saved.output, at.output >>> 2);

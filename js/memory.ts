@@ -24,25 +24,34 @@ export const MAX_WASM_BYTES = 2 ** 31;
 /** Room for malloc beside a block: its chunk headers and memory growth by whole 64 KiB pages. */
 const MALLOC_SLACK = 2 ** 16;
 
-/** Views of the module's current heap. */
-export interface HeapViews {
-  u8: Uint8Array;
-  u16: Uint16Array;
-  i32: Int32Array;
-  f32: Float32Array;
+/** Views of the module's current heap, and the writes of inputs into it (methods: call them on the object). */
+export class HeapViews {
+  readonly u8: Uint8Array;
+  readonly u16: Uint16Array;
+  readonly i32: Int32Array;
+  readonly f32: Float32Array;
+  readonly #module: SdpaModule;
+
+  constructor(module: SdpaModule) {
+    this.#module = module;
+    this.u8 = module.HEAPU8;
+    this.u16 = module.HEAPU16;
+    this.i32 = module.HEAP32;
+    this.f32 = module.HEAPF32;
+  }
+
   /** writeFloats() into this module's memory: an input's values as float32 at a byte address. */
-  writeFloats(address: number, data: InputData): void;
+  writeFloats(address: number, data: InputData): void {
+    writeFloats(this.#module, address, data);
+  }
+
   /** writeFloatRuns() into this module's memory: runs of an input's values, one after another from a byte address. */
-  writeFloatRuns(address: number, data: InputData, runs: number, runLength: number, runStart: (run: number) => number): void;
+  writeFloatRuns(address: number, data: InputData, runs: number, runLength: number, runStart: (run: number) => number): void {
+    writeFloatRuns(this.#module, address, data, runs, runLength, runStart);
+  }
 }
 
-export function heap(module: SdpaModule): HeapViews {
-  return {
-    u8: module.HEAPU8, u16: module.HEAPU16, i32: module.HEAP32, f32: module.HEAPF32,
-    writeFloats: (address, data) => writeFloats(module, address, data),
-    writeFloatRuns: (address, data, runs, runLength, runStart) => writeFloatRuns(module, address, data, runs, runLength, runStart),
-  };
-}
+export const heap = (module: SdpaModule): HeapViews => new HeapViews(module);
 
 /** Named block sizes in bytes, e.g. { query: 4096, key: 8192 }: one request. */
 export type ByteRequest = Record<string, number>;

@@ -239,9 +239,10 @@ export function copySmallInputs(memory: CallMemory, p: Plan, desc: ProblemDesc,
   desc.keyStarts = at.keyStarts;
   desc.sinks = at.sinks;
   desc.alibiSlopes = at.alibiSlopes;
-  const { f32, i32, u8, writeFloats } = memory.heap;
+  const views = memory.heap;
+  const { f32, i32, u8 } = views;
   if (p.mask !== null && wholeMask) {
-    if (p.mask.kind === 'float') writeFloats(desc.mask, p.mask.data as InputData);
+    if (p.mask.kind === 'float') views.writeFloats(desc.mask, p.mask.data as InputData);
     else u8.set(p.mask.data, desc.mask);
   }
   if (p.causalOffsets !== null) i32.set(p.causalOffsets, desc.causalOffsets >>> 2);
@@ -315,9 +316,9 @@ function runCopied(memory: CallMemory, threads: number, p: Plan, desc: ProblemDe
     return runWhole(memory, threads, p, desc, whole, q, (at) => {
       desc.key = at.key;
       desc.value = at.value;
-      const { writeFloats } = memory.heap;
-      writeFloats(desc.key, k);
-      writeFloats(desc.value, v);
+      const views = memory.heap;
+      views.writeFloats(desc.key, k);
+      views.writeFloats(desc.value, v);
     });
   } finally {
     memory.free();
@@ -426,8 +427,8 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: InputData, k: 
     // Embind allocates the C++ object: views after it.
     const streamer = new module.SegmentStream(pairArg);
     try {
-      const { writeFloats } = memory.heap;  // the loop below allocates nothing (plain-number calls)
-      writeFloats(desc.query, q);
+      const views = memory.heap;  // the loop below allocates nothing (plain-number calls)
+      views.writeFloats(desc.query, q);
       copySmallInputs(memory, p, desc, at);
       for (let pair = 0; pair < p.batch * p.kvHeads; pair++) {
         const b = Math.floor(pair / p.kvHeads), firstHead = (pair % p.kvHeads) * group;
@@ -443,8 +444,8 @@ export function runStreamedDecode(memory: CallMemory, p: Plan, q: InputData, k: 
           const keys = k.subarray(keyRows + begin * p.headDim, keyRows + end * p.headDim);
           const values = v.subarray(valueRows + begin * p.valueDim, valueRows + end * p.valueDim);
           const keyAt = placeCopy(at.key, keys), valueAt = placeCopy(at.value, values);
-          writeFloats(keyAt, keys);
-          writeFloats(valueAt, values);
+          views.writeFloats(keyAt, keys);
+          views.writeFloats(valueAt, values);
           check(module, p, streamer.forward(segment, keyAt, valueAt, partials, scratch, scratchFloats));
         }
         check(module, p, streamer.merge(partials));

@@ -459,10 +459,10 @@ function runWhole(memory: CallMemory, threads: number, p: VarlenPlan, plan: Retu
     const { desc, scratchFloats } = plan;
     const at = memory.allocate(plan.request);
     Object.assign(desc, { query: at.query, key: at.key, value: at.value, output: at.output, logsumexp: at.logSumExp });
-    const { writeFloats } = memory.heap;  // after the last allocation
-    writeFloats(at.query, p.queryData);
-    writeFloats(at.key, p.keyData);
-    writeFloats(at.value, p.valueData);
+    const views = memory.heap;  // after the last allocation
+    views.writeFloats(at.query, p.queryData);
+    views.writeFloats(at.key, p.keyData);
+    views.writeFloats(at.value, p.valueData);
     copyStarts(memory, p, at);
     copySmallInputs(memory, p, desc, at);
     check(module, p, module.forwardPacked(problemAddressesArg(module, desc), p.sequences, at.cuSeqlensQ, at.cuSeqlensK,
@@ -635,11 +635,12 @@ function runBackwardWhole(memory: CallMemory, threads: number, bp: VarlenBackwar
       logsumexp: at.logSumExp, gradOutput: at.gradOutput, dQuery: at.dQuery, dKey: at.dKey, dValue: at.dValue,
       dSinks: p.sinks !== null ? at.dSinks : 0,
     });
-    const { f32, writeFloats } = memory.heap;  // after the last allocation
-    writeFloats(at.query, q);
-    writeFloats(at.key, k);
-    writeFloats(at.value, v);
-    writeFloats(at.gradOutput, bp.gradOutput);
+    const views = memory.heap;  // after the last allocation
+    views.writeFloats(at.query, q);
+    views.writeFloats(at.key, k);
+    views.writeFloats(at.value, v);
+    views.writeFloats(at.gradOutput, bp.gradOutput);
+    const { f32 } = views;
     copyStarts(memory, p, at);
     copySmallInputs(memory, p, desc, at);
     if (bp.saved !== null) {
