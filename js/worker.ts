@@ -321,13 +321,14 @@ export class WorkerKVCache extends KVCacheShapeInfo {
     this.#onDispose = onDispose;
   }
 
-  /** Positions stored, as of the last completed call (exact once the calls made have settled); 0 once disposed. */
+  /** Positions stored, as of the last completed call (exact once the calls made have settled); 0 once disposed or its worker has stopped. */
   get length(): number {
-    return this.#ended === null ? this.#length : 0;
+    return this.disposed ? 0 : this.#length;
   }
 
+  /** Disposed (its own dispose() or its worker's), or its worker ended (terminated, or stopped on its own: the storage is gone). */
   get disposed(): boolean {
-    return this.#ended !== null;
+    return this.#ended !== null || this.#channel.dead !== null;
   }
 
   /**

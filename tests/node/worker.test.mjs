@@ -950,6 +950,7 @@ describe('the worker\'s end', () => {
     const later = await errorOf(() => doomed.sdpa(query, key, value));
     expect(later?.message).toMatch(/the attention worker stopped/);
     expect((await errorOf(() => cache.attend(cacheQ())))?.message).toMatch(/the attention worker stopped/);
+    expect([cache.disposed, cache.length]).toEqual([true, 0]);  // its storage went with the worker
     await doomed.dispose();  // harmless after death
   });
 
