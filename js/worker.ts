@@ -25,7 +25,7 @@
 import type { Isa } from './loader.js';
 import {
   APPEND_OPTION_NAMES, cacheOperands, changedByGetter, checkAppend, checkAppendShapes, checkCacheOptions, checkRead, checkReadDType, checkRemove,
-  checkReorder, checkTruncate, type KVCacheDType, READ_OPTION_NAMES,
+  checkReorder, checkTruncate, type KVCacheDType, READ_OPTION_NAMES, reorderSteps,
   KVCacheShapeInfo,
   type KVCacheShape,
 } from './kv-cache.js';
@@ -452,7 +452,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
       const fn = 'KVCache.remove';
       this.#check(fn);
       const { signal } = signalOnly(fn, options);
-      this.#version++;
+      if (!(typeof start === 'number' && start === end)) this.#version++;  // (removing nothing changes nothing, as in KVCache)
       return this.#call('remove', () => {
         this.#expected -= checkRemove(this.#expected, start, end);
         return { start, end };
@@ -492,7 +492,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
       const { signal } = signalOnly(fn, options);
       // Checked and copied now: changing the array afterwards does not reach the call.
       const taken = checkReorder(this.batch, indices);
-      this.#version++;
+      if (reorderSteps(taken).length > 0) this.#version++;  // (the same order changes nothing, as in KVCache)
       return this.#call('reorder', () => ({ indices: taken }), this.#lengthFrom, signal);
     });
   }

@@ -168,8 +168,9 @@ describe('createAttention({ maxMemoryBytes })', () => {
         [/^KVCache\.attend: needs \d+ bytes of wasm memory to run one \(batch, KV head\) at a time \(query 76864 bytes \+ output 76864 bytes/,
           /of which 73728 are in use/]);
       // Float32 rows into a float16 cache are staged (converted in wasm memory): 1000 rows × 2
-      // heads × 8 dims × 4 bytes = 64,000 bytes, past the limit beside 72 KiB: staged 500 at a
-      // time instead (32,000 bytes; their bits: tests/node/kv-cache.test.mjs).
+      // heads × 8 dims × 4 bytes = 64,000 bytes, past the limit beside 72 KiB: staged 512 at a
+      // time instead (a 32 KiB buffer, the 1 MiB halved until it fits; their bits:
+      // tests/node/kv-cache.test.mjs).
       cache.append(randomTensor([1, 1000, 2, 8], 11), randomTensor([1, 1000, 2, 8], 12), { layout: 'bshd' });
       expect(cache.length).toBe(1010);
       expect(attn.memory().peakBytes).toBeLessThanOrEqual(LIMIT);

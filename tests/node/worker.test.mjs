@@ -13,6 +13,8 @@ import { bitsHash, REFERENCE_CASES, runReferenceCases } from '../shared/referenc
 import { sdpaErrorCases } from '../shared/sdpa-error-cases.mjs';
 import { noiseTensor } from '../../web/seeded.mjs';
 import { maxRelError, referenceSdpa, referenceSdpaBackward } from './reference.mjs';
+import { Channel, PREPARE_AFTER_ANSWERS } from '../../dist/worker-channel.js';
+import { READY } from '../../dist/worker-protocol.js';
 
 const DIST_INDEX = fileURLToPath(new URL('../../dist/index.js', import.meta.url));
 const RAW_WORKER = Symbol.for('sdpa-wasm.worker');
@@ -894,7 +896,77 @@ describe('the calling side\'s checks and queue: the direct API\'s outcomes in co
           await cache.dispose();
         }
       }
+      // Calls that change nothing (removing no position, the same order) are no change: the
+      // call goes on, as the direct one does.
+      for (const change of [(c) => c.remove(2, 2), (c) => c.reorder(Int32Array.of(0, 1))]) {
+        const direct = attn.createKVCache({ ...CACHE_OPTIONS });
+        const cache = await worker.createKVCache({ ...CACHE_OPTIONS });
+        try {
+          const results = [];
+          for (const c of [direct, cache]) {
+            await c.append(cacheK(5, 40), cacheV(5, 41));
+            const result = await call(c, { get layout() { change(c); return undefined; } });
+            results.push(op === 'append' ? 'appended' : bits(op === 'attend' ? result.output : result.key));
+          }
+          expect(results[1]).toBe(results[0]);
+          expect(bits((await cache.read()).key)).toBe(bits(direct.read().key));
+        } finally {
+          direct.dispose();
+          await cache.dispose();
+        }
+      }
     }
+  });
+
+  // The queue itself (js/worker-channel.ts), on a link that stands for the worker: answers every
+  // request (or fails to post the first batch), so that these run without one.
+  /** A Channel over a fake worker; `failFirstPost`: its first batch cannot be posted (a DataCloneError). */
+  function fakeChannel({ failFirstPost = false } = {}) {
+    let receive, posts = 0;
+    const link = {
+      post(batch) {
+        if (++posts === 1 && failFirstPost) throw new DOMException('could not be cloned', 'DataCloneError');
+        setTimeout(() => { for (const request of batch) receive({ id: request.id, ok: true, value: request.op }); });
+      },
+      onMessage: (handler) => { receive = handler; }, onDeath() {}, hold() {}, async terminate() {}, raw: null,
+    };
+    const channel = new Channel(link);
+    receive(READY);
+    // A cache's call as WorkerKVCache makes it: checks that fail while the cache has unanswered calls wait for their answers.
+    let unanswered = 0;
+    const cacheCall = (op, passes) => channel.call(op, () => {
+      if (!passes()) throw unanswered > 0 ? PREPARE_AFTER_ANSWERS : new RangeError(`${op}: refused`);
+      unanswered++;
+      return {};
+    }, (value) => value, undefined, () => { unanswered--; });
+    return { channel, cacheCall, posts: () => posts };
+  }
+  const outcomeOf = (p) => p.then((value) => `ok ${value}`, (e) => `${e.name}: ${e.message}`);
+
+  test('the queue: calls waiting for a batch\'s answers keep their order, also 200,000 of them; then a refusal is final', async () => {
+    const { channel, cacheCall } = fakeChannel();
+    let appended = false;
+    const first = outcomeOf(cacheCall('append', () => true));
+    const refused = outcomeOf(cacheCall('truncate', () => { const ok = appended; appended = true; return ok && false; }));
+    const many = Array.from({ length: 200_000 }, (_, n) => outcomeOf(channel.call(`read ${n}`, () => ({}), (v) => v)));
+    expect(await first).toBe('ok append');
+    expect(await refused).toBe('RangeError: truncate: refused');
+    const outcomes = await Promise.all(many);
+    expect(outcomes[0]).toBe('ok read 0');
+    expect(outcomes.every((o, n) => o === `ok read ${n}`)).toBe(true);
+  });
+
+  test('the queue: calls left waiting when a batch cannot be posted are sent (not stranded)', async () => {
+    const { cacheCall, posts } = fakeChannel({ failFirstPost: true });
+    const first = outcomeOf(cacheCall('append', () => true));
+    const deferred = outcomeOf(cacheCall('truncate', () => false));
+    const after = outcomeOf(cacheCall('read', () => true));
+    let timer;
+    const timeout = new Promise((resolve) => { timer = setTimeout(() => resolve('pending after 5 s'), 5_000); });
+    expect(await Promise.race([Promise.all([first, deferred, after]), timeout]))
+      .toEqual(['DataCloneError: could not be cloned', 'RangeError: truncate: refused', 'ok read']);
+    clearTimeout(timer);
+    expect(posts()).toBe(2);
   });
 
   test('options.signal: an object with addEventListener but no removeEventListener is refused; a polyfill\'s with both works', async () => {
