@@ -231,20 +231,20 @@ export class Channel {
         try {
           args = call.prepare();
         } catch (error) {
-          if (error === PREPARE_AFTER_ANSWERS && batch.length > 0) {
+          if (error === PREPARE_AFTER_ANSWERS && batch.length > 0 && this.#dead === null) {
             // Still waiting (and cancellable), ahead of any call made meanwhile (concat, not a
             // spread into unshift: any number of calls).
             this.#queue = waiting.slice(n).filter((c) => !c.cancelled).concat(this.#queue);
             break;
           }
           this.#unwatch(call);
-          call.reject(error === PREPARE_AFTER_ANSWERS
-            ? new Error('sdpa-wasm: internal error: a call waited for the answers of a batch that had none') : error);
+          if (error !== PREPARE_AFTER_ANSWERS) call.reject(error);
+          else call.reject(this.#dead ?? new Error('sdpa-wasm: internal error: a call waited for the answers of a batch that had none'));
           continue;
         }
         this.#unwatch(call);  // sent: no longer cancellable
-        if (this.#dead !== null) {  // ended by its own prepare(): nothing more is sent
-          this.#fail(call, this.#dead);
+        if (call.cancelled || this.#dead !== null) {  // its own prepare() aborted it or ended the worker: not sent
+          this.#fail(call, this.#dead);  // (rejected already if aborted: only its settled() runs)
           continue;
         }
         call.id = this.#nextId++;

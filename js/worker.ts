@@ -25,7 +25,7 @@
 import type { Isa } from './loader.js';
 import {
   APPEND_OPTION_NAMES, cacheOperands, changedByGetter, checkAppend, checkAppendShapes, checkCacheOptions, checkRead, checkReadDType, checkRemove,
-  checkReorder, checkTruncate, type KVCacheDType, READ_OPTION_NAMES, reorderSteps,
+  checkReorder, checkTruncate, type KVCacheDType, READ_OPTION_NAMES,
   KVCacheShapeInfo,
   type KVCacheShape,
 } from './kv-cache.js';
@@ -302,6 +302,8 @@ export class WorkerKVCache extends KVCacheShapeInfo {
   /**
    * Counts the calls made that change the cache (append, truncate, remove, reorder, reset,
    * dispose), when made: a call whose arguments' getters made one throws, as KVCache's does.
+   * Each counts, whatever it finds at its turn (refused, or nothing to remove or reorder),
+   * which is not known when it is made.
    */
   #version = 0;
   /** Why calls are refused: disposed (its own dispose() or its worker's), or its worker terminated. */
@@ -452,7 +454,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
       const fn = 'KVCache.remove';
       this.#check(fn);
       const { signal } = signalOnly(fn, options);
-      if (!(typeof start === 'number' && start === end)) this.#version++;  // (removing nothing changes nothing, as in KVCache)
+      this.#version++;
       return this.#call('remove', () => {
         this.#expected -= checkRemove(this.#expected, start, end);
         return { start, end };
@@ -492,7 +494,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
       const { signal } = signalOnly(fn, options);
       // Checked and copied now: changing the array afterwards does not reach the call.
       const taken = checkReorder(this.batch, indices);
-      if (reorderSteps(taken).length > 0) this.#version++;  // (the same order changes nothing, as in KVCache)
+      this.#version++;
       return this.#call('reorder', () => ({ indices: taken }), this.#lengthFrom, signal);
     });
   }

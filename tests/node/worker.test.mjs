@@ -896,19 +896,22 @@ describe('the calling side\'s checks and queue: the direct API\'s outcomes in co
           await cache.dispose();
         }
       }
-      // Calls that change nothing (removing no position, the same order) are no change: the
-      // call goes on, as the direct one does.
+      // Calls that turn out to change nothing (removing no position, the same order): the
+      // direct call goes on; the worker's counts them when they are made (its outcome unknown
+      // then), as the README says: the Error, and the cache as the direct one.
       for (const change of [(c) => c.remove(2, 2), (c) => c.reorder(Int32Array.of(0, 1))]) {
         const direct = attn.createKVCache({ ...CACHE_OPTIONS });
         const cache = await worker.createKVCache({ ...CACHE_OPTIONS });
         try {
-          const results = [];
+          const outcomes = [];
           for (const c of [direct, cache]) {
             await c.append(cacheK(5, 40), cacheV(5, 41));
-            const result = await call(c, { get layout() { change(c); return undefined; } });
-            results.push(op === 'append' ? 'appended' : bits(op === 'attend' ? result.output : result.key));
+            const error = await errorOf(() => call(c, { get layout() { change(c); return undefined; } }));
+            outcomes.push(error?.message);
           }
-          expect(results[1]).toBe(results[0]);
+          expect(outcomes[0]).toBeUndefined();
+          expect(outcomes[1]).toBe(`KVCache.${op}: the cache was changed while this call read its arguments (by a getter); nothing was done`);
+          if (op === 'append') direct.truncate(5);  // (the direct append went on)
           expect(bits((await cache.read()).key)).toBe(bits(direct.read().key));
         } finally {
           direct.dispose();
@@ -923,9 +926,11 @@ describe('the calling side\'s checks and queue: the direct API\'s outcomes in co
   /** A Channel over a fake worker; `failFirstPost`: its first batch cannot be posted (a DataCloneError). */
   function fakeChannel({ failFirstPost = false } = {}) {
     let receive, posts = 0;
+    const sent = [];
     const link = {
       post(batch) {
         if (++posts === 1 && failFirstPost) throw new DOMException('could not be cloned', 'DataCloneError');
+        for (const request of batch) sent.push(request.op);
         setTimeout(() => { for (const request of batch) receive({ id: request.id, ok: true, value: request.op }); });
       },
       onMessage: (handler) => { receive = handler; }, onDeath() {}, hold() {}, async terminate() {}, raw: null,
@@ -939,7 +944,7 @@ describe('the calling side\'s checks and queue: the direct API\'s outcomes in co
       unanswered++;
       return {};
     }, (value) => value, undefined, () => { unanswered--; });
-    return { channel, cacheCall, posts: () => posts };
+    return { channel, cacheCall, posts: () => posts, sent: () => sent };
   }
   const outcomeOf = (p) => p.then((value) => `ok ${value}`, (e) => `${e.name}: ${e.message}`);
 
@@ -954,6 +959,32 @@ describe('the calling side\'s checks and queue: the direct API\'s outcomes in co
     const outcomes = await Promise.all(many);
     expect(outcomes[0]).toBe('ok read 0');
     expect(outcomes.every((o, n) => o === `ok read ${n}`)).toBe(true);
+  });
+
+  test('the queue: a prepare() that ends the worker or aborts its own call: nothing more sent, every call settles', async () => {
+    const settledIn = (promises) => {
+      let timer;
+      const timeout = new Promise((resolve) => { timer = setTimeout(() => resolve('pending after 5 s'), 5_000); });
+      return Promise.race([Promise.all(promises.map(outcomeOf)), timeout]).finally(() => clearTimeout(timer));
+    };
+    // Ended by a prepare() that passes, and by one that asks to wait for the batch's answers.
+    for (const waits of [false, true]) {
+      const { channel, posts } = fakeChannel();
+      const ending = () => {
+        void channel.terminate(new Error('ended'));
+        if (waits) throw PREPARE_AFTER_ANSWERS;
+        return {};
+      };
+      const call = (prepare) => channel.call('op', prepare, (v) => v);
+      expect(await settledIn([call(() => ({})), call(ending), call(() => ({}))])).toEqual(['Error: ended', 'Error: ended', 'Error: ended']);
+      expect(posts()).toBe(0);
+    }
+    // Its own signal aborted by its prepare(): rejected, and not sent.
+    const { channel, posts, sent } = fakeChannel();
+    const stop = new AbortController();
+    const aborted = channel.call('append', () => { stop.abort(); return {}; }, (v) => v, stop.signal);
+    expect(await settledIn([channel.call('read', () => ({}), (v) => v), aborted])).toEqual(['ok read', 'AbortError: This operation was aborted']);
+    expect([posts(), sent()]).toEqual([1, ['read']]);
   });
 
   test('the queue: calls left waiting when a batch cannot be posted are sent (not stranded)', async () => {
