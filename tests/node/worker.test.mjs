@@ -876,47 +876,45 @@ describe('the calling side\'s checks and queue: the direct API\'s outcomes in co
       attend: (c, o) => c.attend(cacheQ(1), o),
       read: (c, o) => c.read(undefined, undefined, o),
     };
+    const changed = (op) => `Error: KVCache.${op}: the cache was changed while this call read its arguments (by a getter); nothing was done`;
+    /**
+     * `call` on a direct cache and a worker's, each holding 5 positions, with an options getter
+     * that runs `change` on that cache; then `check([direct's error, the worker's], direct, cache)`.
+     */
+    const withChangingGetter = async (call, change, check) => {
+      const direct = attn.createKVCache({ ...CACHE_OPTIONS });
+      const cache = await worker.createKVCache({ ...CACHE_OPTIONS });
+      try {
+        const messages = [];
+        for (const c of [direct, cache]) {
+          await c.append(cacheK(5, 40), cacheV(5, 41));
+          const error = await errorOf(() => call(c, { get layout() { change(c); return undefined; } }));
+          messages.push(error === undefined ? undefined : `${error.constructor.name}: ${error.message}`);
+        }
+        await check(messages, direct, cache);
+        expect(bits((await cache.read()).key)).toBe(bits(direct.read().key));  // (after the getter's call)
+        expect(cache.length).toBe(direct.length);
+      } finally {
+        direct.dispose();
+        await cache.dispose();
+      }
+    };
     for (const [op, call] of Object.entries(calls)) {
       for (const change of [(c) => c.truncate(2), (c) => c.append(cacheK(1, 46), cacheV(1, 47)), (c) => c.reset()]) {
-        const direct = attn.createKVCache({ ...CACHE_OPTIONS });
-        const cache = await worker.createKVCache({ ...CACHE_OPTIONS });
-        try {
-          const outcomes = [];
-          for (const c of [direct, cache]) {
-            await c.append(cacheK(5, 40), cacheV(5, 41));
-            const error = await errorOf(() => call(c, { get layout() { change(c); return undefined; } }));
-            outcomes.push(`${error?.constructor.name}: ${error?.message}`, await c.length);
-          }
-          expect(outcomes[2]).toBe(outcomes[0]);
-          expect(outcomes[0]).toBe(`Error: KVCache.${op}: the cache was changed while this call read its arguments (by a getter); nothing was done`);
-          expect(bits((await cache.read()).key)).toBe(bits(direct.read().key));  // (after the getter's call)
-          expect(cache.length).toBe(direct.length);
-        } finally {
-          direct.dispose();
-          await cache.dispose();
-        }
+        await withChangingGetter(call, change, ([direct, viaWorker]) => {
+          expect(viaWorker).toBe(direct);
+          expect(direct).toBe(changed(op));
+        });
       }
       // Calls that turn out to change nothing (removing no position, the same order): the
-      // direct call goes on; the worker's counts them when they are made (its outcome unknown
+      // direct call goes on; the worker's counts them when they are made (their outcome unknown
       // then), as the README says: the Error, and the cache as the direct one.
       for (const change of [(c) => c.remove(2, 2), (c) => c.reorder(Int32Array.of(0, 1))]) {
-        const direct = attn.createKVCache({ ...CACHE_OPTIONS });
-        const cache = await worker.createKVCache({ ...CACHE_OPTIONS });
-        try {
-          const outcomes = [];
-          for (const c of [direct, cache]) {
-            await c.append(cacheK(5, 40), cacheV(5, 41));
-            const error = await errorOf(() => call(c, { get layout() { change(c); return undefined; } }));
-            outcomes.push(error?.message);
-          }
-          expect(outcomes[0]).toBeUndefined();
-          expect(outcomes[1]).toBe(`KVCache.${op}: the cache was changed while this call read its arguments (by a getter); nothing was done`);
-          if (op === 'append') direct.truncate(5);  // (the direct append went on)
-          expect(bits((await cache.read()).key)).toBe(bits(direct.read().key));
-        } finally {
-          direct.dispose();
-          await cache.dispose();
-        }
+        await withChangingGetter(call, change, ([direct, viaWorker], directCache) => {
+          expect(direct).toBeUndefined();
+          expect(viaWorker).toBe(changed(op));
+          if (op === 'append') directCache.truncate(5);  // (the direct append went on)
+        });
       }
     }
   });
