@@ -95,15 +95,14 @@ export class Taker {
    * saved's, out's gradients) is read here, after the call's tensors, as the direct API's
    * checks read them after its tensors.
    */
-  options(values: unknown, known: readonly string[]): unknown {
+  options(values: unknown): unknown {
     if (values === null || typeof values !== 'object' || Array.isArray(values)) return values;
     const copy: Record<string, unknown> = {};
     for (const [name, value] of Object.entries(values)) {
       if (name === 'attnMask') copy[name] = this.tensor(value, false);
       else if (name === 'saved') copy[name] = this.saved(value);
       else if (name === 'out') copy[name] = this.outs(value);
-      else if (known.includes(name)) this.#copyLater(copy, name, value);
-      else copy[name] = value;  // another name's null: for the checks to reject
+      else this.#copyLater(copy, name, value);  // (another name's null stays null, for the checks to reject)
     }
     return copy;
   }
@@ -254,11 +253,13 @@ const abortedGetter = typeof AbortSignal === 'undefined' ? undefined
  */
 function isAbortSignal(x: unknown): x is AbortSignal {
   if (x === null || typeof x !== 'object') return false;
-  try {
-    abortedGetter?.call(x);
-    if (abortedGetter !== undefined) return true;
-  } catch {
-    // not the engine's: a polyfill's, perhaps
+  if (abortedGetter !== undefined) {
+    try {
+      abortedGetter.call(x);
+      return true;
+    } catch {
+      // not the engine's: a polyfill's, perhaps
+    }
   }
   const s = x as AbortSignal;
   return typeof s.aborted === 'boolean' && typeof s.addEventListener === 'function' && typeof s.removeEventListener === 'function';

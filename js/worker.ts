@@ -134,7 +134,7 @@ export class AttentionWorker {
       const take = new Taker(transfer);
       const values = optionValues(options, names);  // read first, as the direct API reads them
       const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
-      const o = take.options(values, names);
+      const o = take.options(values);
       this.#check(fn);  // again: the arguments' getters may have disposed it (then nothing moves)
       take.movesChecked(fn, outsOf(o), () => check(q, k, v, o));
       take.done(signal);
@@ -185,7 +185,7 @@ export class AttentionWorker {
       const values = optionValues(options, names);  // read first, as the direct API reads them
       const q = take.tensor(query, true), k = take.tensor(key, true), v = take.tensor(value, true);
       const go = take.tensor(gradOutput, true);
-      const o = take.options(values, names);
+      const o = take.options(values);
       this.#check(fn);  // again: the arguments' getters may have disposed it (then nothing moves)
       take.movesChecked(fn, outsOf(o), () => check(q, k, v, go, o));
       take.done(signal);
@@ -390,7 +390,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
       const { signal, transfer } = workerCallOptions(fn, options);
       const take = new Taker(transfer);
       const values = optionValues(options, APPEND_OPTION_NAMES);  // read first, as the direct API reads them
-      const k = take.tensor(key, true), v = take.tensor(value, true), o = take.options(values, APPEND_OPTION_NAMES);
+      const k = take.tensor(key, true), v = take.tensor(value, true), o = take.options(values);
       this.#unchangedSince(fn, version);  // the arguments' getters may have disposed or changed it (then nothing moves)
       take.movesChecked(fn, [], () => {
         // More positions than maxLength fail whatever the calls before leave: the direct API's message, with today's length.
@@ -418,7 +418,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
       const { signal, transfer } = workerCallOptions(fn, options);
       const take = new Taker(transfer);
       const values = optionValues(options, OPTION_NAMES);  // read first, as the direct API reads them
-      const q = take.tensor(query, true), o = take.options(values, OPTION_NAMES);
+      const q = take.tensor(query, true), o = take.options(values);
       this.#unchangedSince(fn, version);  // the arguments' getters may have disposed or changed it (then nothing moves)
       take.movesChecked(fn, outsOf(o), () => {
         const { q: query } = checkAttendQuery(q, this.#shape, o);
