@@ -10,6 +10,11 @@
 const TEXT_EVERY_MS = 250;
 /** One turn of the spinner per second. */
 const DEGREES_PER_MS = 0.36;
+/**
+ * A run shorter than this in which the page drew fewer than two frames (a job stopped as it
+ * started) says nothing about the page's frame rate; a longer one without frames was a freeze.
+ */
+const SHORTEST_COUNTED_MS = 100;
 
 export class FrameMeter {
   #element;
@@ -52,8 +57,9 @@ export class FrameMeter {
     this.#measure(performance.now(), false);
     stats.running = false;
     this.#element.classList.remove('running');
-    this.#text.textContent = `the page drew ${stats.fps.toFixed(0)} frames/s during the run ` +
-      `(longest gap between frames ${stats.longestGapMs.toFixed(0)} ms)`;
+    this.#text.textContent = stats.frames < 2 && stats.ms < SHORTEST_COUNTED_MS
+      ? `the run took ${stats.ms.toFixed(0)} ms: too short to count the page's frames`
+      : `the page drew ${stats.fps.toFixed(0)} frames/s during the run (longest gap between frames ${stats.longestGapMs.toFixed(0)} ms)`;
     return stats;
   }
 

@@ -18,11 +18,17 @@ export function setupLongJobs() {
 }
 
 /**
- * Makes `job` one of the long jobs: `button` starts it (disabled while another one runs), `note`
- * is the data-testid of its panel's waiting note, `name` what the other panels' notes call it.
+ * Makes `job` one of the long jobs: `button` starts it (disabled while another one runs) and,
+ * while it runs, stops it, calling `onPress()` each time it is pressed; `note` is the data-testid
+ * of its panel's waiting note, `name` what the other panels' notes call it.
  */
-export function registerLongJob(job, { button, note, name }) {
+export function registerLongJob(job, { button, note, name, onPress }) {
   LONG_JOBS[job] = { button, note, name };
+  // A double-click is one press: its second click (event.detail 2, and 3 for a triple) would stop
+  // at once the job the first one started. (Keyboard presses and scripts' click() have detail 0.)
+  button.addEventListener('click', (event) => {
+    if (event.detail <= 1) onPress();
+  });
 }
 
 /** Claims the worker for `job`; false if another long job holds it. */

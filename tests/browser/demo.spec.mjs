@@ -297,6 +297,17 @@ test('heatmap: an attention sink takes a share of every row, as Node computes it
   }
   await expect(page.getByTestId('heatmap-summary')).toContainText("With the sink, rows' weights sum to");
   await page.getByTestId('panel-heatmap').screenshot({ path: screenshotPath('02b-heatmap-attention-sink.png') });
+  // A sink so large that it takes every row's whole weight (the keys' exp(s − lse) flush to 0),
+  // without causal: no key is masked, so no row is fully masked, though every weight is 0.
+  await setHeatmapControls(page, { causal: false, sink: 60 });
+  const swamped = await readHeatmap(page);
+  const nodeSwamped = attn.sdpa(query, key, value, { sinks: Float32Array.of(60, 60), returnWeights: true });
+  expect(bitDifferences(swamped.weights, Array.from(nodeSwamped.weights.data))).toEqual([]);
+  expect(swamped.weights.every((x) => x === 0)).toBe(true);
+  expect(swamped.emptyRows).toBe(0);
+  await expect(page.getByTestId('heatmap-empty-rows')).toHaveText('0');
+  await expect(page.getByTestId('heatmap-summary')).toContainText("With the sink, rows' weights sum to 0.000–0.000");
+  await setHeatmapControls(page, { causal: true });
   // Out of float32's range: said next to the field, no map computed with another value.
   await setHeatmapControls(page, { sink: '1e39' });
   await expect(page.getByTestId('sink-error')).toBeVisible();
@@ -480,7 +491,8 @@ test('benchmark: progress bar, ms and GFLOP/s, threads and SIMD, plain-JS compar
   const errors = await openDemo(page);
   await setBenchControls(page, { H: 4, L: 128, E: 64, reps: 5 });
   const posted = { sdpa: await workerPosts(page, ATTENTION_WORKER), js: await workerPosts(page, PLAIN_JS_WORKER) };
-  await recompute(page, 'bench', () => page.getByTestId('bn-run').click());
+  // Double-clicked: one press (its second click does not stop the run the first started).
+  await recompute(page, 'bench', () => page.getByTestId('bn-run').dblclick());
   const b = await page.evaluate(() => window.__demo.bench);
   expect(b.error).toBeUndefined();
   // Both sides ran in workers: the page says so, and the page posted the runs to them
@@ -521,6 +533,36 @@ test('benchmark: progress bar, ms and GFLOP/s, threads and SIMD, plain-JS compar
   await expect(page.getByTestId('bn-simd')).toHaveText('128-bit, relaxed (FMA)');  // Chromium runs relaxed SIMD
   await expect(page.getByTestId('bn-summary')).toContainText('faster than plain JavaScript');
   await page.getByTestId('panel-bench').screenshot({ path: screenshotPath('06-benchmark.png') });
+  // The next run's estimate, at this run's rates, follows the work a call does: with causal, the
+  // L(L+1)/2 of the L² pairs of rows each head attends (the GFLOP shown stays dense-equivalent).
+  await page.getByTestId('bn-causal').setChecked(true);
+  const estimate = await page.evaluate(() => window.__demo.benchEstimate);
+  expect(estimate.flop).toBe(flop);
+  expect(estimate.seconds).toBeCloseTo((((3 + 5) * b.ms + 3 * b.jsMs) * ((128 * 129) / 2 / (128 * 128))) / 1000, 9);
+  await page.getByTestId('bn-causal').setChecked(false);
+  expect((await page.evaluate(() => window.__demo.benchEstimate)).seconds).toBeCloseTo(((3 + 5) * b.ms + 3 * b.jsMs) / 1000, 9);
+  expect(errors).toEqual([]);
+});
+
+test('frame meter: a run stopped as it started is too short to count frames; a page blocked as long gets its 0 frames/s', async ({ page }) => {
+  const errors = await openDemo(page);
+  const texts = await page.evaluate(async () => {
+    const { FrameMeter } = await import('./frame-meter.mjs');
+    const element = document.createElement('span');
+    element.innerHTML = '<span class="spinner"></span><span class="fps"></span>';
+    const meter = new FrameMeter(element);
+    meter.start();
+    const quick = { ...meter.stop(), text: element.querySelector('.fps').textContent };
+    meter.start();
+    for (const t0 = performance.now(); performance.now() - t0 < 150;);  // no frame can be drawn meanwhile
+    const blocked = { ...meter.stop(), text: element.querySelector('.fps').textContent };
+    return { quick, blocked };
+  });
+  expect(texts.quick.frames).toBe(0);
+  expect(texts.quick.text).toMatch(/^the run took \d+ ms: too short to count the page's frames$/);
+  expect(texts.blocked.frames).toBe(0);
+  const gap = /^the page drew 0 frames\/s during the run \(longest gap between frames (\d+) ms\)$/.exec(texts.blocked.text);
+  expect(Number(gap?.[1])).toBeGreaterThanOrEqual(150);
   expect(errors).toEqual([]);
 });
 
@@ -1015,8 +1057,14 @@ test('generation: Stop in "float32 and float16" mode marks the dtype that never 
 test('long jobs: one at a time; the other start buttons wait with a note; a new training run clears the last table', async ({ page }) => {
   const errors = await openDemo(page);
   await page.getByTestId('tr-steps').fill('10');
-  await recompute(page, 'training', () => page.getByTestId('tr-start').click());
+  // Double-clicked: one press, the run not stopped by the second click.
+  await recompute(page, 'training', () => page.getByTestId('tr-start').dblclick());
   await expect(page.getByTestId('tr-table').locator('tbody tr')).toHaveCount(4);
+  expect(await page.evaluate(() => window.__demo.training.stopped)).toBe(false);
+  // Ten steps: the table's and the summary's first-30 and last-20 averages are over all ten.
+  expect(await page.getByTestId('tr-table').locator('thead [data-steps]').allTextContents()).toEqual(Array(4).fill('10 steps'));
+  await expect(page.getByTestId('tr-summary')).toContainText('Over the first 10 steps the gradient');
+  await expect(page.getByTestId('tr-summary')).toContainText('over the last 10 steps the unscaled head');
 
   await page.getByTestId('tr-steps').fill('2000');
   const before = await page.evaluate(() => window.__demo.version.training);

@@ -15,7 +15,8 @@ const bn = {
 const BENCH_CONTROLS = [bn.b, bn.h, bn.l, bn.e, bn.causal, bn.reps, bn.js];
 /**
  * Rates assumed by the estimate shown before a run, until a run on this page has measured its
- * own (GFLOP/s; sdpa-wasm's varies with the cores, plain JavaScript's is about 1 on these shapes).
+ * own (GFLOP/s of work done, `plan.work`; sdpa-wasm's varies with the cores, plain JavaScript's
+ * is about 1 on these shapes).
  */
 const TYPICAL_GFLOPS = { wasm: 10, js: 1 };
 /** Runs estimated to take longer than this (seconds) are flagged as long before they start. */
@@ -36,7 +37,7 @@ class BenchStopped extends Error {
 let benchStop = false;
 /** True while the inputs worker compares the two outputs (every call timed: Stop lets it end). */
 let benchComparing = false;
-/** The rates of the last completed run on this page (for the estimate), or null. */
+/** The rates of the last completed run on this page (GFLOP/s of `plan.work`, for the estimate), or null. */
 let benchRates = null;
 
 /** The plain-JS worker (web/plain-attention-worker.mjs): a promise of it, made by the first comparison, then kept. */
@@ -156,14 +157,19 @@ function benchInputsWorker() {
   return client;
 }
 
-/** The run the controls ask for. */
+/**
+ * The run the controls ask for. `flop` is what the page reports GFLOP/s of, 4·B·H·L²·E also for
+ * causal (dense-equivalent, as the panel says); `work` is what a call computes, the pairs of
+ * query and key rows it attends (L(L+1)/2 a head with causal: both sides skip the rest), which
+ * is what its time follows and what the estimate's rates are measured in.
+ */
 function benchPlan() {
   const B = intValue(bn.b, 1, 8), H = intValue(bn.h, 1, 32), L = intValue(bn.l, 1, 4096), E = intValue(bn.e, 1, 512);
-  const reps = intValue(bn.reps, 1, 100), compareJs = bn.js.checked;
+  const reps = intValue(bn.reps, 1, 100), compareJs = bn.js.checked, isCausal = bn.causal.checked;
   const warmup = 3, jsReps = Math.min(reps, 3);
   return {
-    B, H, L, E, isCausal: bn.causal.checked, reps, compareJs, warmup, jsReps,
-    flop: 4 * B * H * L * L * E, bytes: 4 * B * H * L * E,
+    B, H, L, E, isCausal, reps, compareJs, warmup, jsReps,
+    flop: 4 * B * H * L * L * E, work: 4 * B * H * (isCausal ? (L * (L + 1)) / 2 : L * L) * E, bytes: 4 * B * H * L * E,
     total: warmup + reps + (compareJs ? jsReps : 0),
   };
 }
@@ -174,8 +180,8 @@ const durationText = (s) => (s < 90 ? `${Math.max(1, Math.round(s))} s` : `${Mat
 export function showBenchEstimate() {
   const plan = benchPlan();
   const rates = benchRates ?? TYPICAL_GFLOPS;
-  const wasmS = (plan.flop * (plan.warmup + plan.reps)) / (rates.wasm * 1e9);
-  const jsS = plan.compareJs ? (plan.flop * plan.jsReps) / (rates.js * 1e9) : 0;
+  const wasmS = (plan.work * (plan.warmup + plan.reps)) / (rates.wasm * 1e9);
+  const jsS = plan.compareJs ? (plan.work * plan.jsReps) / (rates.js * 1e9) : 0;
   const seconds = wasmS + jsS;
   const long = seconds > BENCH_LONG_S;
   const el = byTestId('bn-estimate');
@@ -188,7 +194,7 @@ export function showBenchEstimate() {
     (benchRates ? ' at the rates the last run here measured.' : ` at a typical ${rates.wasm} GFLOP/s for sdpa-wasm and ${rates.js} for plain JavaScript.`) +
     (long ? ' A long run: Stop ends it after the sdpa-wasm call in flight.' : '');
   el.classList.toggle('warn', long);
-  demo.benchEstimate = { flop: plan.flop, bytes: plan.bytes, seconds, long };
+  demo.benchEstimate = { flop: plan.flop, work: plan.work, bytes: plan.bytes, seconds, long };
 }
 
 async function runBenchmark() {
@@ -206,7 +212,7 @@ async function runBenchmark() {
     return;
   }
   if (!beginLongJob('bench')) return;
-  const { B, H, L, E, isCausal, reps, compareJs, warmup, jsReps, flop, total } = benchPlan();
+  const { B, H, L, E, isCausal, reps, compareJs, warmup, jsReps, flop, work, total } = benchPlan();
   benchStop = false;
   let done = 0;
   const trail = [];
@@ -301,7 +307,7 @@ async function runBenchmark() {
       (compareJs
         ? `sdpa-wasm is ${result.speedup.toFixed(1)}× faster than plain JavaScript; the two outputs differ by at most ${result.maxDifference.toExponential(1)}.`
         : '');
-    benchRates = { wasm: result.gflops, js: compareJs ? result.jsGflops : (benchRates ?? TYPICAL_GFLOPS).js };
+    benchRates = { wasm: work / (ms * 1e6), js: compareJs ? work / (result.jsMs * 1e6) : (benchRates ?? TYPICAL_GFLOPS).js };
     demo.bench = { running: false, ...result, frames };
   } catch (error) {
     for (const id of ['bn-wasm-ms', 'bn-wasm-gflops', 'bn-js-ms', 'bn-js-gflops']) byTestId(id).textContent = '–';
@@ -327,8 +333,7 @@ async function runBenchmark() {
 
 /** Sets up the panel's controls (once sdpa-wasm has started). */
 export function setupBenchPanel() {
-  registerLongJob('bench', { button: bn.run, note: 'bn-busy', name: 'the benchmark (panel 4)' });
-  bn.run.addEventListener('click', runBenchmark);
+  registerLongJob('bench', { button: bn.run, note: 'bn-busy', name: 'the benchmark (panel 4)', onPress: runBenchmark });
   for (const el of BENCH_CONTROLS) {
     el.addEventListener('input', showBenchEstimate);
     el.addEventListener('change', showBenchEstimate);

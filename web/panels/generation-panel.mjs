@@ -238,8 +238,7 @@ export function setupGenerationPanel() {
     `sampling are plain JavaScript on the page's thread, between the calls to the worker. "Attention alone" times the ` +
     `caches' append + attend as the page sees them, the round trips to the worker included (${TOY.layers} per token: each layer's append and attend travel as one message). ` +
     `Tokens are sampled at temperature ${TOY.temperature}.`;
-  registerLongJob('generation', { button: gn.start, note: 'gn-busy', name: 'the generation (panel 5)' });
-  gn.start.addEventListener('click', startGeneration);
+  registerLongJob('generation', { button: gn.start, note: 'gn-busy', name: 'the generation (panel 5)', onPress: startGeneration });
   clampOnChange(gn.tokens, 1, 2048);
   clampOnChange(gn.seed, 0, 4294967295);
 }

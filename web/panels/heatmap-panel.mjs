@@ -212,11 +212,13 @@ export function renderHeatmap() {
   for (const x of w) if (x > wmax) wmax = x;
   const vmax = p.vscale === 'one' || wmax === 0 ? 1 : wmax;
   const keyLength = hmState.keyLength;
+  // The keys row i may not attend (padding, causal, window): greyed out on the map.
+  const blocked = (i, j) => j >= keyLength || (p.causal && j > i) || (p.window > 0 && j <= i - p.window);
   const labels = inputs.tokens;
   const geometry = drawHeatmap(hm.canvas, w, L, L, {
     width: Math.min(availableWidth(hm.canvas), 640),
     maxCell: labels ? 34 : 30,
-    blocked: (i, j) => j >= keyLength || (p.causal && j > i) || (p.window > 0 && j <= i - p.window),
+    blocked,
     rowLabels: labels,
     colLabels: labels,
     highlightRow: hover.i,
@@ -227,12 +229,14 @@ export function renderHeatmap() {
   drawLegend(hm.legend, { width: Math.min(availableWidth(hm.legend), 420), vmax, label: `attention weight (head ${p.head})` });
 
   // Summary: how exactly rows sum to 1 (with a sink: the range of what the keys keep), and how
-  // many rows have nothing to attend.
+  // many rows have nothing to attend: every key blocked (a row whose weights are all zero because
+  // a large sink took them, below exp's smallest result, has keys: it is not masked).
+  const masked = Array.from({ length: L }, (_, i) => { for (let j = 0; j < L; j++) if (!blocked(i, j)) return false; return true; });
   let worst = 0, empty = 0, least = Infinity, most = 0;
   for (let r = 0; r < p.heads * L; r++) {
     let s = 0;
     for (let j = 0; j < L; j++) s += result.weights.data[r * L + j];
-    if (s === 0) {
+    if (masked[r % L]) {
       empty++;
     } else {
       worst = Math.max(worst, Math.abs(s - 1));

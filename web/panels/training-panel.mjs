@@ -24,15 +24,18 @@ const trainSeries = (what) => (demo.training?.runs ?? []).map((r) => ({
 /** Redraws between steps at most this often. */
 const TRAIN_DRAW_MS = 50;
 const TRAIN_LOSS_BELOW = 0.1;
+/** The table's and summary's early and late averages: over the first and last steps of a run (all of a shorter one). */
+const TRAIN_FIRST_STEPS = 30, TRAIN_LAST_STEPS = 20;
 let trainStop = false;
 
 const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
 const expText = (x) => (Number.isFinite(x) ? x.toExponential(2) : String(x));
+const stepsText = (n) => `${n} step${n === 1 ? '' : 's'}`;
 
 /** The numbers of one run that the table and the tests read. */
 function trainingStats(r) {
   const n = r.losses.length;
-  const tail = Math.min(20, n), head = Math.min(30, n);
+  const tail = Math.min(TRAIN_LAST_STEPS, n), head = Math.min(TRAIN_FIRST_STEPS, n);
   const below = r.losses.findIndex((x) => x < TRAIN_LOSS_BELOW);
   return {
     firstLoss: r.losses[0], finalLoss: mean(r.losses.slice(n - tail)),
@@ -40,6 +43,7 @@ function trainingStats(r) {
     earlyWeightGrad: mean(r.gradNorms.slice(0, head)),
     firstMax: r.maxWeights[0], finalMax: mean(r.maxWeights.slice(n - tail)), finalTarget: mean(r.targetWeights.slice(n - tail)),
     firstBelow: below < 0 ? null : below + 1,
+    firstSteps: head, lastSteps: tail,
   };
 }
 
@@ -53,6 +57,13 @@ export function renderTraining() {
   for (const canvas of [tr.lossChart, tr.gradChart]) canvas.parentElement.style.width = `${width}px`;
   drawLogChart(tr.lossChart, trainSeries('losses'), { width, steps: t.params.steps, yLabel: 'loss' });
   drawLogChart(tr.gradChart, trainSeries('scoreGradNorms'), { width, steps: t.params.steps, yLabel: '‖∂L/∂s‖' });
+  // The columns' step counts: the four heads take their steps together, so one run's say it.
+  const steps = t.runs[0]?.losses.length ?? 0;
+  if (steps > 0) {
+    for (const el of document.querySelectorAll('[data-testid="tr-table"] [data-steps]')) {
+      el.textContent = stepsText(Math.min(el.dataset.steps === 'first' ? TRAIN_FIRST_STEPS : TRAIN_LAST_STEPS, steps));
+    }
+  }
   $('tr-rows').replaceChildren(...t.runs.filter((r) => r.losses.length).map((r) => {
     const s = trainingStats(r);
     const row = document.createElement('tr');
@@ -93,13 +104,13 @@ function trainingSummary(runs, params) {
   const reached = (s) => (s.firstBelow === null ? `never got below ${TRAIN_LOSS_BELOW}` : `first got below ${TRAIN_LOSS_BELOW} at step ${s.firstBelow}`);
   const dk256 = `at d_k = 256 the head with 1/√d_k ends at a loss of ${a.finalLoss.toFixed(4)} (${reached(a)}), the unscaled ` +
     `one at ${b.finalLoss.toFixed(4)} (${comparedText(b.finalLoss, a.finalLoss, 'higher', 'lower', 'about the same')}; it ${reached(b)}). ` +
-    `Over the first 30 steps the gradient through the unscaled softmax was ` +
+    `Over the first ${stepsText(a.firstSteps)} the gradient through the unscaled softmax was ` +
     `${comparedText(b.earlyScoreGrad, a.earlyScoreGrad, 'larger', 'smaller', 'about as large')} (‖∂L/∂s‖ ${expText(b.earlyScoreGrad)} against ` +
     `${expText(a.earlyScoreGrad)}), with its rows' largest weight at ${b.firstMax.toFixed(2)} on average from step 1.`;
   // Stuck: one-hot rows on wrong keys, a loss well above the scaled head's, and less gradient.
   const stuck = d.finalMax > 0.9 && d.finalTarget < 0.9 && d.finalLoss > 1.5 * c.finalLoss && d.finalScoreGrad < c.finalScoreGrad;
-  const dk16 = `At d_k = 16: ${c.finalLoss.toFixed(4)} with the factor, ${d.finalLoss.toFixed(4)} without; over the last 20 ` +
-    `steps the unscaled head's rows had a largest weight of ${d.finalMax.toFixed(2)} and put ${d.finalTarget.toFixed(2)} on the ` +
+  const dk16 = `At d_k = 16: ${c.finalLoss.toFixed(4)} with the factor, ${d.finalLoss.toFixed(4)} without; over the last ` +
+    `${stepsText(d.lastSteps)} the unscaled head's rows had a largest weight of ${d.finalMax.toFixed(2)} and put ${d.finalTarget.toFixed(2)} on the ` +
     `right key on average, and its ‖∂L/∂s‖ was ${expText(d.finalScoreGrad)} against ${expText(c.finalScoreGrad)} with the factor` +
     (stuck ? ': one-hot rows stuck on wrong keys with little gradient to move them off.' : '.');
   return `After ${params.steps} steps at learning rate ${params.lr}: ${dk256} ${dk16}`;
@@ -186,8 +197,7 @@ export function setupTrainingPanel() {
     'steps); 0.013 and 0.013 at 0.3; 0.0052 and 0.15 at 1; 0.0024 and 1.8 (stuck) at 3. The best of these rates gives ' +
     '0.0024 with the factor, 0.013 without. The unscaled heads\' paths are chaotic: the portable build\'s other last bits ' +
     'take them elsewhere (0.13 instead of 0.15 at rate 1), where the scaled heads end the same on both.';
-  registerLongJob('training', { button: tr.start, note: 'tr-busy', name: 'the training (panel 6)' });
-  tr.start.addEventListener('click', startTraining);
+  registerLongJob('training', { button: tr.start, note: 'tr-busy', name: 'the training (panel 6)', onPress: startTraining });
   clampOnChange(tr.steps, 10, 2000);
   clampOnChange(tr.seed, 0, 4294967295);
 }
