@@ -49,7 +49,12 @@ export async function startWorker(): Promise<WorkerLink> {
       onDeath: (handler) => {
         let reason: Error | null = null;
         worker.on('error', (error: Error) => { reason = error; });
-        worker.on('messageerror', (error: Error) => handler(new Error(`sdpa-wasm: a message from the attention worker could not be read: ${error.message}`)));
+        // A message that cannot be read: the worker is declared dead, and ended (its memory freed),
+        // so that it cannot answer after that; its 'exit' then finds the channel dead already.
+        worker.on('messageerror', (error: Error) => {
+          handler(new Error(`sdpa-wasm: a message from the attention worker could not be read: ${error.message}`));
+          void worker.terminate();
+        });
         worker.on('exit', (code: number) => handler(new Error(reason !== null
           ? `sdpa-wasm: the attention worker failed: ${reason.message}`
           : `sdpa-wasm: the attention worker stopped (exit code ${code})`)));
@@ -75,7 +80,10 @@ export async function startWorker(): Promise<WorkerLink> {
         worker.terminate();
         handler(new Error(`sdpa-wasm: the attention worker failed: ${event.message || 'its script could not be loaded or threw'}`));
       });
-      worker.addEventListener('messageerror', () => handler(new Error('sdpa-wasm: a message from the attention worker could not be read')));
+      worker.addEventListener('messageerror', () => {
+        worker.terminate();
+        handler(new Error('sdpa-wasm: a message from the attention worker could not be read'));
+      });
     },
     hold: () => {},
     terminate: async () => worker.terminate(),

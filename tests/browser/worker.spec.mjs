@@ -138,3 +138,25 @@ test('a worker whose script cannot load rejects createAttentionWorker with a cle
     name: 'Error', message: expect.stringMatching(/^sdpa-wasm: the attention worker failed: /), directStillWorks: true,
   });
 });
+
+test('a message the page cannot read (messageerror) declares the worker dead and ends it', async ({ page }) => {
+  await page.goto(`${PLAIN}/tests/browser/harness.html`);
+  const outcome = await page.evaluate(async () => {
+    const { createAttentionWorker } = await import('/dist/index.js');
+    const worker = await createAttentionWorker();
+    const cache = await worker.createKVCache({ batch: 1, kvHeads: 1, headDim: 4, maxLength: 8 });
+    const raw = worker[Symbol.for('sdpa-wasm.worker')];
+    let terminated = 0;
+    const terminate = raw.terminate.bind(raw);
+    raw.terminate = () => { terminated++; terminate(); };
+    const x = { data: new Float32Array(16).fill(1), dims: [1, 1, 4, 4] };
+    const pending = worker.sdpa(x, x, x).then(() => 'answered', (error) => `${error.constructor.name}: ${error.message}`);
+    raw.dispatchEvent(new MessageEvent('messageerror'));  // as the browser fires one
+    const result = { pending: await pending, terminated, cache: [cache.disposed, cache.length] };
+    result.later = await worker.sdpa(x, x, x).then(() => 'answered', (error) => error.message);
+    await worker.dispose();  // harmless after death
+    return result;
+  });
+  const message = 'sdpa-wasm: a message from the attention worker could not be read';
+  expect(outcome).toEqual({ pending: `Error: ${message}`, terminated: 1, cache: [true, 0], later: message });
+});

@@ -1055,6 +1055,25 @@ describe('the worker\'s end', () => {
     await doomed.dispose();  // harmless after death
   });
 
+  test('a message the page cannot read declares the worker dead and ends it: its calls reject, its thread exits', async () => {
+    const unreadable = await createAttentionWorker({ threads: 1 });
+    const cache = await unreadable.createKVCache({ ...CACHE_OPTIONS });
+    const { query, key, value } = longProblem();
+    const pending = errorOf(() => unreadable.sdpa(query, key, value));
+    const raw = unreadable[RAW_WORKER];
+    const exited = new Promise((resolve) => raw.once('exit', () => resolve('exited')));
+    raw.emit('messageerror', new Error('the data could not be deserialized'));  // as Node reports one
+    const error = await pending;
+    expect(error?.constructor).toBe(Error);
+    expect(error.message).toBe('sdpa-wasm: a message from the attention worker could not be read: the data could not be deserialized');
+    expect((await errorOf(() => unreadable.sdpa(query, key, value)))?.message).toBe(error.message);
+    expect([cache.disposed, cache.length]).toEqual([true, 0]);
+    // Ended, not left running with its memory (and able to answer after being declared dead).
+    const timeout = new Promise((resolve) => { setTimeout(resolve, 10_000, 'still running').unref(); });
+    expect(await Promise.race([exited, timeout])).toBe('exited');
+    await unreadable.dispose();  // harmless after death
+  });
+
   test('terminate() stops a running call at once; dispose() lets the calls made finish, then rejects later ones', async () => {
     const a = await createAttentionWorker({ threads: 1 });
     const { query, key, value } = longProblem();
