@@ -12,14 +12,14 @@ import { widenBFloat16, widenHalves } from './halves.js';
 import { KV_TYPE, runResident } from './strategies.js';
 import { detachedOrEmpty, isInt32Array, isUint16Array, lengthOf } from './typed-arrays.js';
 import type { SdpaModule } from './wasm/sdpa.mjs';
-import type { InputTensor, KVCacheContents, KVCacheOptions, KVTensor, SdpaOptions, SdpaResult, SdpaResultWith } from './types.js';
+import type { InputTensor, KVAppendOptions, KVCacheContents, KVCacheDType, KVCacheOptions, KVReadOptions, KVTensor, SdpaOptions, SdpaResult, SdpaResultWith } from './types.js';
 import {
   checkArraysKept, checkHeadDim, checkLayout, checkOptionNames, checkTensor, describe, detachedMessage, dimsMismatch,
   planAttend,
   type CacheOperands, type Operand,
 } from './validate.js';
 
-export type KVCacheDType = 'float32' | 'float16' | 'bfloat16';
+export type { KVCacheDType };
 
 const CACHE_OPTION_NAMES = ['batch', 'kvHeads', 'headDim', 'valueDim', 'maxLength', 'dtype'] as const;
 /** The options of append(): the tensors' layout. */
@@ -378,7 +378,7 @@ export class KVCache extends KVCacheShapeInfo {
    * and into a bfloat16 one round as the same values given as float32. Past maxLength:
    * RangeError, nothing appended. After any error the cache is unchanged.
    */
-  append(key: KVTensor, value: KVTensor, options?: { layout?: 'bhsd' | 'bshd' }): void {
+  append(key: KVTensor, value: KVTensor, options?: KVAppendOptions): void {
     const fn = 'KVCache.append';
     this.#live(fn);
     const version = this.#version;
@@ -625,7 +625,9 @@ export class KVCache extends KVCacheShapeInfo {
    * { dtype: 'float32' } reads a 16-bit cache's elements widened to their exact float32 values
    * (NaN as NaN).
    */
-  read(start?: number, end?: number, options?: { layout?: 'bhsd' | 'bshd'; dtype?: KVCacheDType }): KVCacheContents {
+  read(start: number | undefined, end: number | undefined, options: KVReadOptions & { dtype: 'float32' }): KVCacheContents<Float32Array>;
+  read(start?: number, end?: number, options?: KVReadOptions): KVCacheContents;
+  read(start?: number, end?: number, options?: KVReadOptions): KVCacheContents {
     const fn = 'KVCache.read';
     this.#live(fn);
     const version = this.#version;

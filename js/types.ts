@@ -33,35 +33,39 @@ export interface MaskTensor {
   dims: readonly number[];
 }
 
+/**
+ * sdpa()'s options (and KVCache.attend()'s). Here and in every options object of the package an
+ * option whose value is `undefined` counts as not given (also under `exactOptionalPropertyTypes`).
+ */
 export interface SdpaOptions {
   /** Multiplies Q·Kᵀ. A finite number within float32's range; default `1/sqrt(E)`. */
-  scale?: number;
+  scale?: number | undefined;
   /** > 0 (and within float32's range): scores become `softcap·tanh(s/softcap)`, after scaling and before any mask. */
-  softcap?: number;
+  softcap?: number | undefined;
   /** Additive (float) or boolean (uint8) mask, broadcast to `[B, Hq, Lq, Lk]`. */
-  attnMask?: MaskTensor;
+  attnMask?: MaskTensor | undefined;
   /** Query row `i` may attend key `j` only if `j <= i + causalOffset`. Combines with a mask. */
-  isCausal?: boolean;
+  isCausal?: boolean | undefined;
   /**
    * Integer, or an `Int32Array` with one offset per batch; default 0 (PyTorch's top-left
    * alignment). `Lk - Lq` is the bottom-right alignment of a KV cache. Requires `isCausal` or
    * `alibiSlopes` (whose distances it moves too).
    */
-  causalOffset?: number | Int32Array;
+  causalOffset?: number | Int32Array | undefined;
   /**
    * Sliding-window attention (Mistral, Gemma, FlashAttention's `window_size = (W - 1, 0)`): an
    * integer `W` in `[1, 2^30]`; query row `i` attends only keys `i + causalOffset - W < j <= i + causalOffset`,
    * the `W` keys ending at its causal diagonal. Requires `isCausal`. Keys before a row's window
    * are skipped, never read into the arithmetic.
    */
-  slidingWindow?: number;
+  slidingWindow?: number | undefined;
   /** One valid key count per batch, in `[0, Lk]`: keys `j >= keyLengths[b]` are padding, never read. */
-  keyLengths?: Int32Array;
+  keyLengths?: Int32Array | undefined;
   /**
    * One first valid key per batch, in `[0, Lk]`: keys `j < keyStarts[b]` are padding (a
    * left-padded batch), never read, whatever they hold. Combines with `keyLengths`.
    */
-  keyStarts?: Int32Array;
+  keyStarts?: Int32Array | undefined;
   /**
    * Attention sinks (gpt-oss): one sink logit per query head, a `Float32Array` of length `Hq`,
    * each finite or `-Infinity` (no sink for that head). Every softmax row of head `h` gets one
@@ -69,14 +73,14 @@ export interface SdpaOptions {
    * zero: the keys' weights then sum to less than 1, and the output is Σ_j p_j·v_j with those
    * weights. A row with nothing to attend still gives exact zeros (its log-sum-exp is `sinks[h]`).
    */
-  sinks?: Float32Array;
+  sinks?: Float32Array | undefined;
   /**
    * ALiBi (BLOOM, MPT, Falcon-RW, Baichuan-13B; FlashAttention's `alibi_slopes`): one slope per
    * query head (`[Hq]`) or per batch and query head (`[B, Hq]`), each in `[0, 2^64]`. Key `j`
    * of query row `i` gets the bias `-slope·|i + causalOffset - j|`, added with the mask after the
    * softcap, computed in the kernel: no `[Lq, Lk]` bias is ever stored.
    */
-  alibiSlopes?: Float32Array;
+  alibiSlopes?: Float32Array | undefined;
   /**
    * Attention dropout (PyTorch's `dropout_p`), for training: after the softmax each probability
    * is dropped (0) with probability `dropoutP`, or kept and multiplied by `1/(1 - dropoutP)`. A
@@ -87,26 +91,26 @@ export interface SdpaOptions {
    * each step) its own seed. `weights` are the dropped ones (the output is `weights · V`);
    * `logSumExp` is the softmax's own.
    */
-  dropoutP?: number;
+  dropoutP?: number | undefined;
   /**
    * The dropout mask's seed: an integer in `[0, 2^32)`, a new one per call. Required when
    * `dropoutP` rounds to a step above 0 (`dropoutP >= 2^-33`); without dropout checked but not used.
    */
-  dropoutSeed?: number;
+  dropoutSeed?: number | undefined;
   /** Also return the softmax probabilities `[..., Hq, Lq, Lk]` (zeros on fully masked rows; with `dropoutP`, after dropout). */
-  returnWeights?: boolean;
+  returnWeights?: boolean | undefined;
   /**
    * Also return `logSumExp` `[..., Hq, Lq]`: each row's log Σ_j exp(s_j) (`-Infinity` for a
    * fully masked row), what sdpaBackward's `saved` takes with the output.
    */
-  returnLogSumExp?: boolean;
+  returnLogSumExp?: boolean | undefined;
   /** Write the output into this buffer (at least as long as the output) instead of a new one. */
-  out?: Float32Array;
+  out?: Float32Array | undefined;
   /**
    * `'bhsd'` (default): tensors are `[B, H, L, E]`. `'bshd'`: tensors are `[B, L, H, E]`
    * (the output too: `[B, Lq, Hq, Ev]`); no transposes needed by the caller.
    */
-  layout?: 'bhsd' | 'bshd';
+  layout?: 'bhsd' | 'bshd' | undefined;
 }
 
 export interface SdpaResult {
@@ -126,6 +130,10 @@ export type SdpaResultWith<Requested extends 'weights' | 'logSumExp'> = SdpaResu
 
 /** sdpaBackward's options: sdpa's score options (the same values as the forward call's), and `saved`. */
 export interface SdpaBackwardOptions extends Omit<SdpaOptions, 'returnWeights' | 'returnLogSumExp' | 'out'> {
+  /** Not a backward option: only `undefined`, so that `{ ...forwardOptions, returnWeights: undefined }` passes a forward's options on. */
+  returnWeights?: undefined;
+  /** Not a backward option: only `undefined`, so that `{ ...forwardOptions, returnLogSumExp: undefined }` passes a forward's options on. */
+  returnLogSumExp?: undefined;
   /**
    * The forward call's `output` and `logSumExp` (sdpa(..., { returnLogSumExp: true }) with the
    * same inputs and options): used instead of recomputing the forward. When `logSumExp.data` is
@@ -133,38 +141,38 @@ export interface SdpaBackwardOptions extends Omit<SdpaOptions, 'returnWeights' |
    * that forward: other options or shapes, or inputs or results changed since, are a RangeError
    * naming the first difference. A copy of it is not checked.
    */
-  saved?: { output: Tensor; logSumExp: Tensor };
+  saved?: { output: Tensor; logSumExp: Tensor } | undefined;
   /**
    * Also return `dAttnMask`, the gradient of an additive (Float32Array or Float16Array) `attnMask`: its dims,
    * summed over the axes it broadcasts on; 0 where a key is blocked (-Infinity, causal, key
    * length). One more pass over the scores (Q·Kᵀ and dO·Vᵀ again: 1.4-1.6× the backward's
    * time, measured). Default false; true without a float mask is a TypeError.
    */
-  returnMaskGrad?: boolean;
+  returnMaskGrad?: boolean | undefined;
   /**
    * Arrays to write gradients into instead of new ones: any of `dQuery`, `dKey`, `dValue`,
    * `dAttnMask`, each a Float32Array at least as long as its gradient (its first elements are
    * written, the rest left as they are). The result's `data` is then that array (or, when it is
    * longer, a view of its start). They may be (or overlap) the inputs, not each other.
    */
-  out?: SdpaBackwardOut;
+  out?: SdpaBackwardOut | undefined;
   /**
    * Add each gradient to what its `out` array holds instead of writing over it (a bias shared
    * by several layers, micro-batches): `out[n] += gradient[n]` in float32. Needs `out`;
    * gradients without an array there come in new ones as usual. Default false.
    */
-  accumulate?: boolean;
+  accumulate?: boolean | undefined;
 }
 
 /** sdpaBackward's options.out: where each gradient named is written. */
 export interface SdpaBackwardOut {
-  dQuery?: Float32Array;
-  dKey?: Float32Array;
-  dValue?: Float32Array;
+  dQuery?: Float32Array | undefined;
+  dKey?: Float32Array | undefined;
+  dValue?: Float32Array | undefined;
   /** Only with `returnMaskGrad: true`: the mask's size. */
-  dAttnMask?: Float32Array;
+  dAttnMask?: Float32Array | undefined;
   /** Only with `sinks`: `Hq` floats. */
-  dSinks?: Float32Array;
+  dSinks?: Float32Array | undefined;
 }
 
 /** Gradients of a loss with respect to the inputs: each with its input's dims and layout. */
@@ -195,39 +203,39 @@ export interface SdpaVarlenOptions {
    */
   cuSeqlensQ: Int32Array;
   /** `[S + 1]`: sequence `s`'s keys (and values), as `cuSeqlensQ` over `Tk`; default `cuSeqlensQ` (self-attention). */
-  cuSeqlensK?: Int32Array;
+  cuSeqlensK?: Int32Array | undefined;
   /** Multiplies Q·Kᵀ; default `1/sqrt(E)`. */
-  scale?: number;
+  scale?: number | undefined;
   /** > 0: scores become `softcap·tanh(s/softcap)`. */
-  softcap?: number;
+  softcap?: number | undefined;
   /** Row `i` of a sequence attends that sequence's keys `j <= i + causalOffset` (its own positions). */
-  isCausal?: boolean;
+  isCausal?: boolean | undefined;
   /**
    * Integer for every sequence, or an `Int32Array` of one per sequence (length `S`); default
    * `Lk_s - Lq_s`, each sequence's bottom-right alignment (FlashAttention's varlen; the same as
    * 0 where `Lq_s = Lk_s`). Requires `isCausal` or `alibiSlopes`.
    */
-  causalOffset?: number | Int32Array;
+  causalOffset?: number | Int32Array | undefined;
   /** Each row attends the `W` keys of its sequence ending at its causal diagonal. Requires `isCausal`. */
-  slidingWindow?: number;
+  slidingWindow?: number | undefined;
   /** One sink logit per query head (`[Hq]`, finite or `-Infinity`), as for sdpa(). */
-  sinks?: Float32Array;
+  sinks?: Float32Array | undefined;
   /**
    * ALiBi slopes, `[Hq]` for every sequence or `[S, Hq]`, as for sdpa(): row `i` and key `j` of a
    * sequence (its own positions) get `-slope·|i + causalOffset - j|`.
    */
-  alibiSlopes?: Float32Array;
+  alibiSlopes?: Float32Array | undefined;
   /**
    * Attention dropout, as for sdpa(): each sequence draws the mask of batch `s` (its index) in
    * its own positions `(i, j)`. Needs `dropoutSeed`.
    */
-  dropoutP?: number;
+  dropoutP?: number | undefined;
   /** The dropout mask's seed: an integer in `[0, 2^32)`, as for sdpa(). */
-  dropoutSeed?: number;
+  dropoutSeed?: number | undefined;
   /** Also return `logSumExp` `[Hq, Tq]` (`-Infinity`, or the sink, for a row without keys). */
-  returnLogSumExp?: boolean;
+  returnLogSumExp?: boolean | undefined;
   /** Write the output `[Tq, Hq, Ev]` into this buffer instead of a new one. */
-  out?: Float32Array;
+  out?: Float32Array | undefined;
 }
 
 export interface SdpaVarlenResult {
@@ -242,12 +250,14 @@ export type SdpaVarlenResultWithLogSumExp = SdpaVarlenResult & { logSumExp: Tens
 
 /** sdpaVarlenBackward's options: sdpaVarlen's (the same values as the forward call's), `saved`, `out`, `accumulate`. */
 export interface SdpaVarlenBackwardOptions extends Omit<SdpaVarlenOptions, 'returnLogSumExp' | 'out'> {
+  /** Not a backward option: only `undefined`, so that `{ ...forwardOptions, returnLogSumExp: undefined }` passes a forward's options on. */
+  returnLogSumExp?: undefined;
   /** sdpaVarlen(..., { returnLogSumExp: true })'s `output` and `logSumExp`, as sdpaBackward's `saved`. */
-  saved?: { output: Tensor; logSumExp: Tensor };
+  saved?: { output: Tensor; logSumExp: Tensor } | undefined;
   /** As sdpaBackward's `out`: `dQuery`, `dKey`, `dValue`, and `dSinks` with sinks. */
-  out?: Omit<SdpaBackwardOut, 'dAttnMask'>;
+  out?: Omit<SdpaBackwardOut, 'dAttnMask'> | undefined;
   /** Add each gradient to its `out` array. Needs `out`. */
-  accumulate?: boolean;
+  accumulate?: boolean | undefined;
 }
 
 /** sdpaVarlenBackward's gradients: `[Tq, Hq, E]`, `[Tk, Hkv, E]`, `[Tk, Hkv, Ev]`, and `dSinks` `[Hq]` with sinks. */
@@ -259,13 +269,13 @@ export interface AttentionOptions {
    * More than 1 needs SharedArrayBuffer (Node; cross-origin isolated pages), else the
    * single-threaded build is used. `attn.threads` reports what was chosen.
    */
-  threads?: number;
+  threads?: number | undefined;
   /**
    * Use the relaxed-SIMD build (fused multiply-add) where the engine runs it (Chrome/Edge 114+,
    * Node 22+; not Safari): default true. `false` forces the portable SIMD128 build. Results of
    * the two may differ in the last bits; `attn.isa` reports which one runs.
    */
-  relaxedSimd?: boolean;
+  relaxedSimd?: boolean | undefined;
   /**
    * The most bytes of wasm memory this instance may hold at once: its KV caches' storage plus
    * what the call running now needs (inputs, outputs, scratch). A call whose whole copy would
@@ -278,7 +288,7 @@ export interface AttentionOptions {
    * needed, the limit) before anything is allocated.
    * An integer in [1, 2^31]; default 2^31 (2 GiB), the wasm memory limit of every build.
    */
-  maxMemoryBytes?: number;
+  maxMemoryBytes?: number | undefined;
 }
 
 /** attn.memory(): what an Attention instance holds in wasm memory, in bytes. */
@@ -318,9 +328,30 @@ export interface KVTensor {
  * append() takes them (Float32Array data for a float32 cache, raw 16-bit elements for a float16
  * or bfloat16 one).
  */
-export interface KVCacheContents {
-  key: KVTensor & { data: Float32Array | Uint16Array };
-  value: KVTensor & { data: Float32Array | Uint16Array };
+export interface KVCacheContents<Data extends Float32Array | Uint16Array = Float32Array | Uint16Array> {
+  key: KVTensor & { data: Data };
+  value: KVTensor & { data: Data };
+}
+
+/** A KV cache's element type (KVCacheOptions.dtype). */
+export type KVCacheDType = 'float32' | 'float16' | 'bfloat16';
+
+/** KVCache.append()'s options. */
+export interface KVAppendOptions {
+  /** `'bhsd'` (default): `[B, Hkv, Lnew, E]`; `'bshd'`: `[B, Lnew, Hkv, E]`. */
+  layout?: 'bhsd' | 'bshd' | undefined;
+}
+
+/** KVCache.read()'s options. */
+export interface KVReadOptions {
+  /** `'bhsd'` (default): `[B, Hkv, n, E]`; `'bshd'`: `[B, n, Hkv, E]`. */
+  layout?: 'bhsd' | 'bshd' | undefined;
+  /**
+   * The elements' type: the cache's own (default: Float32Array for float32, the raw 16-bit
+   * elements as a Uint16Array for float16 and bfloat16), or `'float32'`, their exact float32
+   * values (a Float32Array, whatever the cache's dtype).
+   */
+  dtype?: KVCacheDType | undefined;
 }
 
 export interface KVCacheOptions {
@@ -331,7 +362,7 @@ export interface KVCacheOptions {
   /** E: the size of a key (and query) head. */
   headDim: number;
   /** Ev: the size of a value head; default headDim. */
-  valueDim?: number;
+  valueDim?: number | undefined;
   /** Positions the cache can hold; its storage is allocated once for all of them. */
   maxLength: number;
   /**
@@ -340,5 +371,5 @@ export interface KVCacheOptions {
    * significant bits, and beyond ±65504 saturates to ±65504; bfloat16 keeps 8, with float32's
    * range (finite values saturate at ±3.3895e38), and is widened with fewer instructions.
    */
-  dtype?: 'float32' | 'float16' | 'bfloat16';
+  dtype?: KVCacheDType | undefined;
 }

@@ -14,7 +14,7 @@ import {
 /** What every worker call takes besides the direct API's options. */
 export interface WorkerCallOptions {
   /** Cancels the call if it has not started: it rejects with the signal's reason (an AbortError). */
-  signal?: AbortSignal;
+  signal?: AbortSignal | undefined;
   /**
    * Move the input tensors' buffers to the worker instead of copying them (no copy; the
    * caller's arrays are detached, length 0, as soon as the call is made). The query, key and
@@ -23,7 +23,7 @@ export interface WorkerCallOptions {
    * keyLengths, keyStarts, sinks, alibiSlopes and causalOffset are always
    * copied. Default false.
    */
-  transfer?: boolean;
+  transfer?: boolean | undefined;
 }
 
 /**

@@ -25,12 +25,12 @@
 import type { Isa } from './loader.js';
 import {
   APPEND_OPTION_NAMES, cacheOperands, changedByGetter, checkAppend, checkAppendShapes, checkCacheOptions, checkRead, checkReadDType, checkRemove,
-  checkReorder, checkTruncate, type KVCacheDType, READ_OPTION_NAMES,
+  checkReorder, checkTruncate, READ_OPTION_NAMES,
   KVCacheShapeInfo,
   type KVCacheShape,
 } from './kv-cache.js';
 import type {
-  AttentionOptions, KVCacheContents, KVCacheOptions, KVTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaBackwardResultWithSinkGrad, SdpaOptions, SdpaResult,
+  AttentionOptions, KVAppendOptions, KVCacheContents, KVCacheOptions, KVReadOptions, KVTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaBackwardResultWithSinkGrad, SdpaOptions, SdpaResult,
   SdpaResultWith, SdpaVarlenBackwardOptions, SdpaVarlenBackwardResult, SdpaVarlenOptions, SdpaVarlenResult,
   SdpaVarlenResultWithLogSumExp, InputTensor, Tensor,
 } from './types.js';
@@ -64,7 +64,7 @@ function settle<T>(body: () => Promise<T>): Promise<T> {
 /** What the worker's Attention instance reports. */
 interface WorkerInfo {
   threads: number;
-  simd: boolean;
+  simd: true;
   isa: Isa;
 }
 
@@ -74,7 +74,7 @@ export class AttentionWorker {
   /** Threads the kernel runs on inside the worker (> 1: the threaded build, nested workers). */
   readonly threads: number;
   /** Whether the 128-bit SIMD kernel is in use (always). */
-  readonly simd: boolean;
+  readonly simd: true;
   /** The worker's build: 'relaxed-simd' or 'simd128', as Attention.isa. */
   readonly isa: Isa;
   readonly #channel: Channel;
@@ -382,7 +382,7 @@ export class WorkerKVCache extends KVCacheShapeInfo {
   };
 
   /** KVCache.append() in the worker. `{ transfer: true }` moves key's and value's buffers. */
-  append(key: KVTensor, value: KVTensor, options?: { layout?: 'bhsd' | 'bshd' } & WorkerCallOptions): Promise<void> {
+  append(key: KVTensor, value: KVTensor, options?: KVAppendOptions & WorkerCallOptions): Promise<void> {
     return settle(() => {
       const fn = 'KVCache.append';
       this.#check(fn);
@@ -466,8 +466,10 @@ export class WorkerKVCache extends KVCacheShapeInfo {
    * KVCache.read(start, end, { layout, dtype }) in the worker: a copy of positions [start, end) (default
    * all), as the cache holds them when the call's turn comes (after the calls made before it).
    */
-  read(start?: number, end?: number, options?: { layout?: 'bhsd' | 'bshd'; dtype?: KVCacheDType } & Pick<WorkerCallOptions, 'signal'>):
-    Promise<KVCacheContents> {
+  read(start: number | undefined, end: number | undefined, options: KVReadOptions & { dtype: 'float32' } & Pick<WorkerCallOptions, 'signal'>):
+    Promise<KVCacheContents<Float32Array>>;
+  read(start?: number, end?: number, options?: KVReadOptions & Pick<WorkerCallOptions, 'signal'>): Promise<KVCacheContents>;
+  read(start?: number, end?: number, options?: KVReadOptions & Pick<WorkerCallOptions, 'signal'>): Promise<KVCacheContents> {
     return settle(() => {
       const fn = 'KVCache.read';
       this.#check(fn);

@@ -111,6 +111,27 @@ export function typeChecks(attn: Attention, worker: AttentionWorker, cache: KVCa
   // @ts-expect-error length is read-only
   cache.length = 0;
 
+  // An option given as `undefined` counts as not given (with exactOptionalPropertyTypes too, as
+  // here): a forward's options go on to the backward with its forward-only ones undefined.
+  const forwardOptions = { isCausal: true, returnLogSumExp: true } as const;
+  const forward = attn.sdpa(q, k, v, forwardOptions);
+  attn.sdpaBackward(q, k, v, q, { ...forwardOptions, returnLogSumExp: undefined, saved: { output: forward.output, logSumExp: forward.logSumExp } });
+  void worker.sdpaBackward(q, k, v, q, { ...forwardOptions, returnLogSumExp: undefined, signal: undefined });
+  void worker.sdpa(q, k, v, { scale: undefined, signal: undefined, transfer: undefined });
+  attn.sdpaVarlenBackward(q, k, v, q, { cuSeqlensQ, isCausal: true, returnLogSumExp: undefined, out: undefined });
+  attn.createKVCache({ batch: 1, kvHeads: 1, headDim: 8, maxLength: 4, valueDim: undefined, dtype: undefined }).dispose();
+  cache.append(held.key, held.value, { layout: undefined });
+  // read() with dtype 'float32' gives Float32Array data whatever the cache's dtype; without it,
+  // a 16-bit cache's raw elements (Uint16Array) may come.
+  const widenedData: Float32Array = cache.read(0, 1, { dtype: 'float32' }).key.data;
+  void worker.createKVCache({ batch: 1, kvHeads: 1, headDim: 8, maxLength: 4, dtype: 'float16' })
+    .then((c) => c.read(undefined, undefined, { dtype: 'float32', signal: undefined }))
+    .then((r) => { const values: Float32Array = r.value.data; return values; });
+  // @ts-expect-error the cache's own elements: Float32Array or Uint16Array
+  const unwidened: Float32Array = cache.read(0, 1).key.data;
+  const workerSimd: true = worker.simd;
+  void [widenedData, unwidened, workerSimd];
+
   // Instances come from the factories only (the constructors would throw).
   // @ts-expect-error private constructor: use createAttention()
   new Attention();
