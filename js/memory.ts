@@ -208,7 +208,8 @@ function allocateAll<R extends ByteRequest>(module: SdpaModule, account: MemoryA
  */
 export function withTemporaryInt32<T>(module: SdpaModule, fn: string, arrays: Int32Array[], use: (addresses: number[]) => T): T {
   const bytes = arrays.reduce((sum, a) => sum + a.byteLength, 0);
-  const block = module._malloc(Math.max(bytes, 4));
+  // Past the module's memory it cannot fit, and malloc's size is 32-bit (2^32 bytes would wrap to 0).
+  const block = bytes > MAX_WASM_BYTES ? 0 : module._malloc(Math.max(bytes, 4));
   if (block === 0) {
     throw new RangeError(`${fn}: cannot allocate ${bytes} bytes of wasm memory: the module's memory is limited to ` +
       `2 GiB (${MAX_WASM_BYTES} bytes), of which ${module.heapBytesInUse()} are in use`);

@@ -75,9 +75,10 @@ export function contentsOf(view: TypedArray, count: number): string {
   const offset = byteOffsetOf(view);
   // A byte mask may start anywhere: hashed from an aligned copy, so that its words are the same.
   const aligned = offset % 4 === 0 ? new Uint8Array(bufferOf(view), offset, bytes) : new Uint8Array(bufferOf(view), offset, bytes).slice();
-  const words = new Int32Array(aligned.buffer, aligned.byteOffset, bytes >>> 2);
+  // (Counts by division, not by bitwise operators: an array of 4 GiB has 2^32 bytes.)
+  const words = new Int32Array(aligned.buffer, aligned.byteOffset, Math.floor(bytes / 4));
   let [h0, h1, h2, h3] = LANE_SEEDS;
-  const laned = words.length & ~3;  // the words the four lanes take; the rest go to lane 0
+  const laned = words.length - (words.length % 4);  // the words the four lanes take; the rest go to lane 0
   // Each loop has its own index: in Chromium 156 one index shared by both loops (the second
   // continuing where the first stopped) made the first loop 5-10× slower (a page probe, 8 Mi
   // words: 70-240 ms against 8-16 ms).
@@ -103,7 +104,7 @@ export function contentsOf(view: TypedArray, count: number): string {
 export function widenedContentsOf(halves: Uint16Array, count: number): string {
   const bits = float32BitsOfHalves();
   let [h0, h1, h2, h3] = LANE_SEEDS;
-  const laned = count & ~3;  // as in contentsOf (an index per loop)
+  const laned = count - (count % 4);  // as in contentsOf (an index per loop; 2^31 halves and more too)
   for (let n = 0; n < laned; n += 4) {
     h0 = mixWord(h0, bits[halves[n]]);
     h1 = mixWord(h1, bits[halves[n + 1]]);

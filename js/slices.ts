@@ -243,6 +243,12 @@ export function sliceProblem(p: Plan, desc: ProblemDesc, shape: SliceShape, keyV
   const slice = {
     ...desc, batch: shape.batches, qHeads: heads, kvHeads: shape.kvHeads, qLen: rows,
     qStrideB: q.b, qStrideH: q.h, qStrideL: q.l, oStrideB: o.b, oStrideH: o.h, oStrideL: o.l,
+    // The mask keeps the whole call's strides (a slice's copy of it is a span of the whole), but
+    // along an axis the slice has one of the stride is never used: 0, since the whole's may not
+    // fit the block's int32 (a [2, 2, 32768, 32768] boolean mask's batch stride is 2^31, where
+    // its slices of one batch fit).
+    maskStrideB: shape.batches === 1 ? 0 : desc.maskStrideB,
+    maskStrideH: heads === 1 ? 0 : desc.maskStrideH,
   };
   if (keyValueInPlace) return slice;
   const k = layoutStrides(p.layout, shape.kvHeads, p.kvLen, p.headDim), v = layoutStrides(p.layout, shape.kvHeads, p.kvLen, p.valueDim);

@@ -718,6 +718,11 @@ interface KeyValueShape {
 export function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyValueShape, o: SdpaOptions,
   defaults: { causal: boolean; causalOffset: number }): Plan {
   const B = q.B, Hq = q.H, Hkv = kv.kvHeads, Lq = q.L, Lk = kv.kvLen, E = q.D, Ev = kv.valueDim;
+  for (const [count, what] of [[Lq, 'query rows (Lq)'], [Lk, 'keys (Lk)']] as const) {
+    if (count > MAX_COUNT) {
+      throw new RangeError(`${fn}: at most ${MAX_COUNT} (2^29) ${what} in a call, the kernel's counters being 32-bit, got ${count}`);
+    }
+  }
 
   let scale = 1 / Math.sqrt(E);
   if (o.scale !== undefined) {
@@ -932,8 +937,16 @@ export function checkDropout(fn: string, o: { dropoutP?: unknown; dropoutSeed?: 
   return { dropoutThreshold: threshold, dropoutSeed: threshold === 0 ? 0 : seed };
 }
 
-/** The widest sliding window taken: 2^30, twice the most keys a problem can have (src/sdpa.h, kMaxCount). */
-const MAX_SLIDING_WINDOW = 2 ** 30;
+/**
+ * The most query rows (Lq) and keys (Lk) a call may have: 2^29, the kernel's kMaxCount (src/sdpa.h),
+ * within which its 32-bit counters (a count rounded up to a tile, stepped past its end) cannot
+ * overflow. Inputs in wasm memory stay below it anyway (2 GiB); a decode's keys and values read
+ * where they are (streamed from the caller's arrays) need the check.
+ */
+export const MAX_COUNT = 2 ** 29;
+
+/** The widest sliding window taken: 2^30, twice the most keys a problem can have (MAX_COUNT). */
+const MAX_SLIDING_WINDOW = 2 * MAX_COUNT;
 
 /**
  * options.slidingWindow: an integer W in [1, MAX_SLIDING_WINDOW] with isCausal (each query row

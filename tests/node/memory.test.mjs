@@ -975,6 +975,77 @@ describe('no leaks: 10,000 mixed calls return bytesInUse and the module heap to 
   }, 120000);
 });
 
+describe('sizes past 32 bits (arrays of 2 to 4 GiB, allocated but never written: no memory is used)', () => {
+  test('a decode of more than 2^29 keys (streamed from the caller\'s arrays, never copied) is a RangeError naming the limit; the instance keeps working', async () => {
+    const attn = await createAttention({ threads: 1 });
+    try {
+      const n = 2 ** 29 + 1;
+      const query = { data: new Float32Array(1), dims: [1, 1, 1, 1] };
+      const keys = { data: new Float32Array(n), dims: [1, 1, n, 1] };
+      const error = errorOfSync(() => attn.sdpa(query, keys, keys));
+      expect(error?.constructor).toBe(RangeError);
+      expect(error.message).toBe('sdpa: at most 536870912 (2^29) keys (Lk) in a call, the kernel\'s counters being 32-bit, got 536870913');
+      const few = { data: Float32Array.of(1, 2, 3), dims: [1, 1, 3, 1] };
+      expect(Array.from(attn.sdpa(query, few, few).output.data)).toEqual([2]);  // softmax of 0s: the mean
+      expect(attn.memory().bytesInUse).toBe(0);
+    } finally {
+      attn.dispose();
+    }
+  });
+
+  test('slices of a mask whose whole strides pass int32 (a [2, 2, 32768, 32768] boolean mask: 2^31 a batch) run, with the whole call\'s bits', async () => {
+    // The mask's elements are stood in for (its strides and size are a real 4 GiB mask's; the
+    // spans a slice copies are read from a small all-ones array), so that nothing of 4 GiB is
+    // made; under a limit of 64 MiB the call runs in slices of one batch and one KV head, whose
+    // mask strides (the whole's) the block must hold.
+    const [{ plan }, { runSdpa }, { MemoryAccount }] = await Promise.all([
+      import('../../dist/validate.js'), import('../../dist/strategies.js'), import('../../dist/memory.js')]);
+    const { module, release } = await loader.acquireModule(1);
+    try {
+      const L = 64;
+      const tensor = (seed) => randomTensor([2, 2, L, 1], seed);
+      const query = tensor(1), key = tensor(2), value = tensor(3);
+      const mask = { data: new Uint8Array(2 * 2 * L * L).fill(1), dims: [2, 2, L, L] };
+      const engines = () => ({ main: module, threads: 1, single: null, account: new MemoryAccount(2 ** 26) });
+      const whole = plan(query, key, value, { attnMask: mask });
+      const expected = runSdpa(engines(), whole, whole.queryData, whole.keyData, whole.valueData).output.data;
+      for (const plane of [2 ** 29, 2 ** 30]) {  // a batch stride of 2^30 (fits int32) and 2^31
+        const p = plan(query, key, value, { attnMask: mask });
+        const standIn = { length: 4 * plane, subarray: (from, to) => new Uint8Array(to - from).fill(1) };
+        p.mask = { ...p.mask, data: standIn, size: 4 * plane, strides: [2 * plane, plane, L, 1] };
+        const got = runSdpa(engines(), p, p.queryData, p.keyData, p.valueData).output.data;
+        expectBitwiseEqual(got, expected);
+      }
+    } finally {
+      release();
+    }
+  });
+
+  test('the saved-forward hash of a 4 GiB array (2^32 bytes) reads all of it: its last element changes the hash', async () => {
+    const { contentsOf } = await import('../../dist/saved-forward.js');
+    const data = new Float32Array(2 ** 30);
+    const before = contentsOf(data, data.length);
+    data[data.length - 1] = 1;
+    expect(contentsOf(data, data.length)).not.toBe(before);
+    expect(before).toMatch(/^1073741824 elements, hash [0-9a-f]{8}$/);
+  }, 120_000);
+
+  test('temporary blocks of 2^32 bytes or more (malloc\'s size is 32-bit) are refused like any block past 2 GiB', async () => {
+    const { withTemporaryInt32 } = await import('../../dist/memory.js');
+    const { module, release } = await loader.acquireModule(1);
+    try {
+      const half = { byteLength: 2 ** 31 };  // two Int32Arrays of 2 GiB, stood in for (never read: refused first)
+      let used = false;
+      const error = errorOfSync(() => withTemporaryInt32(module, 'sdpaVarlen', [half, half], () => { used = true; }));
+      expect(error?.constructor).toBe(RangeError);
+      expect(error.message).toMatch(/^sdpaVarlen: cannot allocate 4294967296 bytes of wasm memory: the module's memory is limited to 2 GiB/);
+      expect(used).toBe(false);
+    } finally {
+      release();
+    }
+  });
+});
+
 describe('where blocks land in wasm memory', () => {
   test('every block a call hands the kernel starts on a 64-byte boundary, though malloc gives 8', async () => {
     const { module, release } = await loader.acquireModule(1);
