@@ -63,15 +63,11 @@ function store(i32: Int32Array, f32: Float32Array, address: number, field: Field
   value: number | boolean | undefined, what: string): void {
   if (value === undefined) throw new Error(`sdpa-wasm: internal error: ${what}.${field.name} is not set`);
   const word = (address + field.offset) >>> 2;
-  // int32 and uint32 fields alike: an Int32Array store keeps the low 32 bits, so a value past
-  // both ranges (a stride of 2^32) would be cut silently: an internal error instead.
-  const n = +value;
-  if (field.isFloat) {
-    f32[word] = n;
-  } else {
-    if (!(n >= -(2 ** 31) && n < 2 ** 32)) throw new Error(`sdpa-wasm: internal error: ${what}.${field.name} = ${n} does not fit 32 bits`);
-    i32[word] = n;
-  }
+  // int32 and uint32 fields alike: an Int32Array store keeps the low 32 bits. (A whole call's
+  // description, written to size and choose its way, may hold strides past 32 bits along axes
+  // of one, never used; the descriptions that run have their own: slices.ts, the decode's pairs.)
+  if (field.isFloat) f32[word] = +value;
+  else i32[word] = +value;
 }
 
 /** Writes `desc` into the module's ProblemDesc block; its address, for the next call. */

@@ -601,6 +601,7 @@ function planTensors(fn: string, query: unknown, key: unknown, value: unknown, o
   }
   checkHeadDim(fn, "the head size E (query.dims' last axis)", q.D);
   checkHeadDim(fn, "the value size Ev (value.dims' last axis)", v.D);
+  checkCounts(fn, q.L, k.L);
   const plan: SdpaPlan = {
     ...planOptions(fn, layout, q, { kvHeads: k.H, kvLen: k.L, valueDim: v.D, k: k.strides, v: v.strides },
       o, { causal: false, causalOffset: 0 }),
@@ -627,6 +628,7 @@ export interface CacheOperands {
 export function planAttend(query: unknown, cache: CacheOperands, options: unknown): Plan {
   const fn = 'KVCache.attend';
   const { o, layout, q } = checkAttendQuery(query, cache, options);
+  checkCounts(fn, q.L, cache.length);
   const p = planOptions(fn, layout, q,
     { kvHeads: cache.kvHeads, kvLen: cache.length, valueDim: cache.valueDim, k: cache.k, v: cache.v },
     o, { causal: true, causalOffset: cache.length - q.L });
@@ -718,11 +720,6 @@ interface KeyValueShape {
 export function planOptions(fn: string, layout: 'bhsd' | 'bshd', q: Operand, kv: KeyValueShape, o: SdpaOptions,
   defaults: { causal: boolean; causalOffset: number }): Plan {
   const B = q.B, Hq = q.H, Hkv = kv.kvHeads, Lq = q.L, Lk = kv.kvLen, E = q.D, Ev = kv.valueDim;
-  for (const [count, what] of [[Lq, 'query rows (Lq)'], [Lk, 'keys (Lk)']] as const) {
-    if (count > MAX_COUNT) {
-      throw new RangeError(`${fn}: at most ${MAX_COUNT} (2^29) ${what} in a call, the kernel's counters being 32-bit, got ${count}`);
-    }
-  }
 
   let scale = 1 / Math.sqrt(E);
   if (o.scale !== undefined) {
@@ -943,7 +940,19 @@ export function checkDropout(fn: string, o: { dropoutP?: unknown; dropoutSeed?: 
  * overflow. Inputs in wasm memory stay below it anyway (2 GiB); a decode's keys and values read
  * where they are (streamed from the caller's arrays) need the check.
  */
-export const MAX_COUNT = 2 ** 29;
+const MAX_COUNT = 2 ** 29;
+
+/**
+ * Lq and Lk within MAX_COUNT, else a RangeError (sdpa, sdpaBackward, KVCache.attend: packed
+ * sequences run a chunk of whole sequences at a time, each within wasm memory).
+ */
+function checkCounts(fn: string, Lq: number, Lk: number): void {
+  for (const [count, what] of [[Lq, 'query rows (Lq)'], [Lk, 'keys (Lk)']] as const) {
+    if (count > MAX_COUNT) {
+      throw new RangeError(`${fn}: at most ${MAX_COUNT} (2^29) ${what} in a call, the kernel's counters being 32-bit, got ${count}`);
+    }
+  }
+}
 
 /** The widest sliding window taken: 2^30, twice the most keys a problem can have (MAX_COUNT). */
 const MAX_SLIDING_WINDOW = 2 * MAX_COUNT;

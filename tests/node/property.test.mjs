@@ -763,18 +763,30 @@ const gradientNames = (c) => ['dQuery', 'dKey', 'dValue', ...(c.options.returnMa
  * The bound gradients are held to. Float32 results are off by a few ulps of the size of the terms
  * they are computed from, and the gradients' errors grow with two such sizes:
  * - the scores' terms, |scale|·Σ_e |q_e·k_e| (a scale of 1.7 with E = 128 gives terms of about
- *   140, and errors up to 1.4e-4 were seen there);
- * - dP's terms, Σ_e |dO_e·v_e|, times dropout's 1/(1 − p): dS = P·(dP − D), with D = Σ dO·O,
- *   cancels to 0 where a row attends one kept key, leaving the rounding of terms that size
- *   (dropoutP 0.999, so 1/(1 − p) = 1000, and terms of 4,832 gave dQuery an error of 2.0e-4).
- * Up to a size of 64 the issue's 1e-4 holds as it is; past it the bound grows in proportion. The
- * sizes are taken over every pair of rows (rows in the same position of every head and batch, an
- * upper bound: E and Ev are the contiguous axes in every layout).
+ *   140, and errors up to 1.4e-4 were seen there): up to 64 the issue's 1e-4 holds as it is,
+ *   past it the bound grows in proportion;
+ * - dS = P·(dP − D)'s, with D = Σ dO·O: where a row attends one kept key the two cancel to 0 in
+ *   float64, and float32 leaves a few ulps of dP's terms, Σ_e |dO_e·v_e| times dropout's
+ *   1/(1 − p), which dQ and dK carry times |scale|·|k| and |scale|·|q| (dAttnMask as they are).
+ *   At dropoutP 0.999 (1/(1 − p) = 1000) terms of 4,832, a scale of 0.378 and a key of 2.94
+ *   (a size of 5,370) gave dQ an error of 2.0e-4 (CI, seed 2528691213): 3.7e-8 of the size,
+ *   about half an ulp. The bound grows past a size of 256 (1e-4 at 256: 3.9e-7 of it, ten
+ *   times what was seen); without dropout the size stays below 256 (E = 128: about 50).
+ * The sizes are taken over every pair of rows (rows in the same position of every head and
+ * batch, an upper bound: E and Ev are the contiguous axes in every layout).
  */
 function gradientTolerance({ query, key, value, gradOutput, E, Ev, scale = 1 / Math.sqrt(E), dropoutP = 0 }) {
   const scores = Math.abs(scale) * largestRowProduct(query, key, E);
-  const dP = largestRowProduct(gradOutput, value, Ev) / (1 - dropoutP);
-  return BACKWARD_TOL * Math.max(1, scores / 64, dP / 64);
+  const carried = Math.max(1, Math.abs(scale) * Math.max(largestMagnitude(query), largestMagnitude(key)));
+  const cancelled = (largestRowProduct(gradOutput, value, Ev) / (1 - dropoutP)) * carried;
+  return BACKWARD_TOL * Math.max(1, scores / 64, cancelled / 256);
+}
+
+/** max |x| over `xs` (NaN skipped: keys no row attends). */
+function largestMagnitude(xs) {
+  let largest = 0;
+  for (const x of xs) if (Math.abs(x) > largest) largest = Math.abs(x);
+  return largest;
 }
 
 /** max over rows a of `as` and b of `bs` (n elements each) of Σ |a_e·b_e| (NaN rows: skipped). */
