@@ -770,7 +770,7 @@ const gradientNames = (c) => ['dQuery', 'dKey', 'dValue', ...(c.options.returnMa
  *   1/(1 − p), which dQ and dK carry times |scale|·|k| and |scale|·|q| (dAttnMask as they are).
  *   At dropoutP 0.999 (1/(1 − p) = 1000) terms of 4,832, a scale of 0.378 and a key of 2.94
  *   (a size of 5,370) gave dQ an error of 2.0e-4 (CI, seed 2528691213): 3.7e-8 of the size,
- *   about half an ulp. The bound grows past a size of 256 (1e-4 at 256: 3.9e-7 of it, ten
+ *   a third of float32's ulp (2^-23 ≈ 1.2e-7). The bound grows past a size of 256 (1e-4 at 256: 3.9e-7 of it, ten
  *   times what was seen); without dropout the size stays below 256 (E = 128: about 50).
  * The sizes are taken over every pair of rows (rows in the same position of every head and
  * batch, an upper bound: E and Ev are the contiguous axes in every layout).
