@@ -4,6 +4,8 @@
 #        compiler: scripts/clang19-relaxed.sh; emcc's own wasm-ld links them, so no lld-19),
 #        clang-19's libFuzzer runtime (scripts/fuzz.sh), cmake, g++, GoogleTest, SIMDe
 #   npm: the locked devDependencies (npm ci), when node_modules is missing or stale.
+# The build uses Debian's Emscripten 3.1.6 (/usr/bin/emcc; scripts/build.sh), whatever else is on
+# PATH: the relaxed builds' glue is post-processed as 3.1.6 writes it (scripts/minify-glue.mjs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,7 +18,7 @@ if [ "$node_major" -lt 20 ]; then
 fi
 
 need=()
-command -v emcc >/dev/null 2>&1 || need+=(emscripten)
+[ -x /usr/bin/emcc ] || need+=(emscripten)
 command -v clang++-19 >/dev/null 2>&1 || need+=(clang-19)
 ls /usr/lib/llvm-19/lib/clang/19/lib/linux/libclang_rt.fuzzer-*.a >/dev/null 2>&1 || need+=(libclang-rt-19-dev)
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
@@ -28,7 +30,9 @@ if [ ${#need[@]} -gt 0 ]; then
   bash scripts/apt-install.sh setup "${need[@]}"
 fi
 
-if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+# --include=dev: with NODE_ENV=production (many Node images) npm ci would leave them out.
+if [ ! -f node_modules/.package-lock.json ] || [ package-lock.json -nt node_modules/.package-lock.json ] \
+  || [ ! -x node_modules/.bin/tsc ]; then
   echo "setup: npm ci" >&2
-  npm ci --no-audit --no-fund
+  npm ci --include=dev --no-audit --no-fund
 fi
