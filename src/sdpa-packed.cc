@@ -4,10 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
-#include <utility>
-#include <vector>
 
 #include "parallel/thread-pool.h"
 #include "parallel/work-split.h"
@@ -156,27 +155,49 @@ PackedPlan plan_packed(const PackedProblem& p, int32_t threads) {
   return plan;
 }
 
-// The sequences that run side by side, the most multiply-adds first (the longest items handed
-// out first keep the threads' finishing times close; the order changes no result).
+// One side-by-side sequence in the order they are handed out: the most multiply-adds first (the
+// longest items handed out first keep the threads' finishing times close; the order changes no
+// result). The order lives in the scratch, [S] of these at its start (order_floats()), not in a
+// std::vector: a call allocates nothing beyond the blocks its caller asked for (with
+// -fno-exceptions a failed operator new aborts the module; the caller's request, checked
+// against the memory limits before anything is allocated, is the call's whole footprint).
+struct SequenceWork {
+  double negative_multiply_adds;  // sorted ascending: the most work first, then by index
+  int32_t sequence;
+};
+static_assert(sizeof(SequenceWork) == 4 * sizeof(float) && alignof(SequenceWork) <= 16,
+              "four floats a sequence, aligned within a 64-byte region");
+
+// A scratch of `needed` floats or more, aligned for the order's doubles (malloc's blocks are).
+bool scratch_fits(const float* scratch, uint64_t size, uint64_t needed) {
+  return scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % alignof(SequenceWork) == 0 && size >= needed;
+}
+
+uint64_t order_floats(int32_t sequences) {
+  return region(static_cast<uint64_t>(sequences) * (sizeof(SequenceWork) / sizeof(float)));
+}
+
+// The side-by-side sequences, sorted, into `order` (order_floats(sequences) of scratch, 64-byte
+// aligned); their count. std::sort sorts in place (no allocation).
 template <typename SequenceOf>
-std::vector<int32_t> side_by_side_order(const PackedPlan& plan, int32_t sequences, SequenceOf sequence_of) {
-  std::vector<std::pair<double, int32_t>> work;
+int32_t side_by_side_order(const PackedPlan& plan, int32_t sequences, SequenceOf sequence_of, SequenceWork* order) {
+  int32_t count = 0;
   for (int32_t s = 0; s < sequences; s++) {
     const Problem seq = sequence_of(s);
-    if (plan.side_by_side(seq)) work.emplace_back(-multiply_adds(seq), s);
+    if (plan.side_by_side(seq)) order[count++] = SequenceWork{-multiply_adds(seq), s};
   }
-  std::sort(work.begin(), work.end());
-  std::vector<int32_t> order;
-  order.reserve(work.size());
-  for (const auto& w : work) order.push_back(w.second);
-  return order;
+  std::sort(order, order + count, [](const SequenceWork& a, const SequenceWork& b) {
+    return a.negative_multiply_adds < b.negative_multiply_adds ||
+           (a.negative_multiply_adds == b.negative_multiply_adds && a.sequence < b.sequence);
+  });
+  return count;
 }
 
 struct PackedForwardWork {
   const PackedProblem* p;
   PackedPlan plan;
-  float* scratch;
-  const int32_t* order;  // the side-by-side sequences, one per item
+  float* scratch;  // the plan's regions (after the order)
+  const SequenceWork* order;  // the side-by-side sequences, one per item
 };
 
 // Sequence s's rows when it has no keys: nothing to attend (sdpa.h): zeros, lse = the sink or -inf.
@@ -214,13 +235,14 @@ void run_sequence(const PackedProblem& p, int32_t s, float* scratch, uint64_t fl
 
 void small_sequence_item(void* context, int32_t item, int32_t thread) {
   const PackedForwardWork& fw = *static_cast<const PackedForwardWork*>(context);
-  run_sequence(*fw.p, fw.order[item], fw.scratch + static_cast<uint64_t>(thread) * fw.plan.small, fw.plan.small, nullptr);
+  run_sequence(*fw.p, fw.order[item].sequence, fw.scratch + static_cast<uint64_t>(thread) * fw.plan.small, fw.plan.small, nullptr);
 }
 
 }  // namespace
 
+// The scratch: [order_floats(S)] the side-by-side order, then the plan's regions.
 uint64_t packed_scratch_floats(const PackedProblem& p, int32_t threads) {
-  return plan_packed(p, threads).total(threads);
+  return order_floats(p.sequences) + plan_packed(p, threads).total(threads);
 }
 
 Status forward_packed(const PackedProblem& p, float* scratch, uint64_t scratch_size, ThreadPool* pool) {
@@ -228,13 +250,15 @@ Status forward_packed(const PackedProblem& p, float* scratch, uint64_t scratch_s
   if (status != Status::kOk) return status;
   const int32_t threads = pool != nullptr ? pool->threads() : 1;
   const PackedPlan plan = plan_packed(p, threads);
-  if (plan.total(threads) > 0 && (scratch == nullptr || scratch_size < plan.total(threads))) return Status::kBadScratch;
+  if (!scratch_fits(scratch, scratch_size, packed_scratch_floats(p, threads))) return Status::kBadScratch;
   auto sequence_of = [&p](int32_t s) { return packed_sequence(p, s); };
-  const std::vector<int32_t> order = side_by_side_order(plan, p.sequences, sequence_of);
-  PackedForwardWork fw{&p, plan, scratch, order.data()};
-  run_tasks(pool, static_cast<int32_t>(order.size()), small_sequence_item, &fw);
+  SequenceWork* order = reinterpret_cast<SequenceWork*>(scratch);
+  const int32_t side_by_side = side_by_side_order(plan, p.sequences, sequence_of, order);
+  float* regions = scratch + order_floats(p.sequences);
+  PackedForwardWork fw{&p, plan, regions, order};
+  run_tasks(pool, side_by_side, small_sequence_item, &fw);
   for (int32_t s = 0; s < p.sequences; s++) {
-    if (!plan.side_by_side(sequence_of(s))) run_sequence(p, s, scratch, plan.large, pool);
+    if (!plan.side_by_side(sequence_of(s))) run_sequence(p, s, regions, plan.large, pool);
   }
   return Status::kOk;
 }
@@ -285,8 +309,8 @@ struct PackedBackwardWork {
   const PackedBackwardProblem* p;
   PackedPlan plan;
   float* sink_partials;  // [S][Hq], when d_sinks
-  float* scratch;
-  const int32_t* order;  // the side-by-side sequences, one per item
+  float* scratch;  // the plan's regions
+  const SequenceWork* order;  // the side-by-side sequences, one per item
 };
 
 void zero_rows(float* first, int32_t rows, int64_t row_stride, int32_t heads, int64_t head_stride, int32_t dim) {
@@ -326,7 +350,7 @@ void run_backward_sequence(const PackedBackwardWork& bw, int32_t s, float* scrat
 
 void small_backward_item(void* context, int32_t item, int32_t thread) {
   const PackedBackwardWork& bw = *static_cast<const PackedBackwardWork*>(context);
-  run_backward_sequence(bw, bw.order[item], bw.scratch + static_cast<uint64_t>(thread) * bw.plan.small, bw.plan.small,
+  run_backward_sequence(bw, bw.order[item].sequence, bw.scratch + static_cast<uint64_t>(thread) * bw.plan.small, bw.plan.small,
                         nullptr);
 }
 
@@ -340,21 +364,24 @@ Status validate_packed_backward(const PackedBackwardProblem& p) {
   return check_packing(p.whole.forward, p.sequences, p.q_starts, p.k_starts);
 }
 
+// The scratch: [sink_partials_floats] the sinks' partials, [order_floats(S)] the side-by-side
+// order, then the plan's regions.
 uint64_t packed_backward_scratch_floats(const PackedBackwardProblem& p, int32_t threads) {
-  return sink_partials_floats(p) + plan_packed_backward(p, threads).total(threads);
+  return sink_partials_floats(p) + order_floats(p.sequences) + plan_packed_backward(p, threads).total(threads);
 }
 
 Status backward_packed(const PackedBackwardProblem& p, float* scratch, uint64_t scratch_size, ThreadPool* pool) {
   const Status status = validate_packed_backward(p);
   if (status != Status::kOk) return status;
   const int32_t threads = pool != nullptr ? pool->threads() : 1;
-  if (scratch == nullptr || scratch_size < packed_backward_scratch_floats(p, threads)) return Status::kBadScratch;
+  if (!scratch_fits(scratch, scratch_size, packed_backward_scratch_floats(p, threads))) return Status::kBadScratch;
   const PackedPlan plan = plan_packed_backward(p, threads);
   auto sequence_of = [&p](int32_t s) { return backward_sequence(p, s).forward; };
-  const std::vector<int32_t> order = side_by_side_order(plan, p.sequences, sequence_of);
-  PackedBackwardWork bw{&p, plan, nullptr, scratch + sink_partials_floats(p), order.data()};
+  SequenceWork* order = reinterpret_cast<SequenceWork*>(scratch + sink_partials_floats(p));
+  const int32_t side_by_side = side_by_side_order(plan, p.sequences, sequence_of, order);
+  PackedBackwardWork bw{&p, plan, nullptr, scratch + sink_partials_floats(p) + order_floats(p.sequences), order};
   if (p.whole.d_sinks != nullptr) bw.sink_partials = scratch;
-  run_tasks(pool, static_cast<int32_t>(order.size()), small_backward_item, &bw);
+  run_tasks(pool, side_by_side, small_backward_item, &bw);
   for (int32_t s = 0; s < p.sequences; s++) {
     if (!plan.side_by_side(sequence_of(s))) run_backward_sequence(bw, s, bw.scratch, plan.large, pool);
   }

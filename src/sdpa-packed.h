@@ -54,7 +54,9 @@ Status validate_packed(const PackedProblem& p);
 // kv_len may be 0: forward_packed() handles those without forward().
 Problem packed_sequence(const PackedProblem& p, int32_t s);
 
-// Floats of scratch forward_packed() needs on `threads` threads (reads the starts).
+// Floats of scratch forward_packed() needs on `threads` threads (reads the starts; S ≥ 1 needs
+// some). The scratch is the call's only memory besides its tensors (nothing is allocated), at an
+// address aligned to 8 bytes (malloc's are).
 uint64_t packed_scratch_floats(const PackedProblem& p, int32_t threads = 1);
 
 // Writes every output row (and the logsumexp, when whole.logsumexp is set). On failure nothing
@@ -78,6 +80,7 @@ struct PackedBackwardProblem {
 };
 
 Status validate_packed_backward(const PackedBackwardProblem& p);
+// As packed_scratch_floats(): the call's only memory besides its tensors, 8-byte aligned.
 uint64_t packed_backward_scratch_floats(const PackedBackwardProblem& p, int32_t threads = 1);
 // Writes every element of d_query, d_key, d_value (and d_sinks). On failure nothing is written.
 Status backward_packed(const PackedBackwardProblem& p, float* scratch, uint64_t scratch_size,

@@ -241,6 +241,47 @@ describe('createAttention({ maxMemoryBytes })', () => {
     }
   });
 
+  test('with the module\'s 2 GiB all but full, packed sequences (150,000 of one row) are refused or run: the kernel allocates nothing beyond the request', async () => {
+    // The packed kernel ordered its sequences in two std::vectors (20 bytes a sequence), which no
+    // request counted: with the memory all but full a call was admitted and the kernel's
+    // operator new aborted the module (RuntimeError: Aborted(), its blocks leaked). The order is
+    // now in the call's scratch. A cache that fills the memory, as large as fits (to 64 KiB).
+    const attn = await createAttention({ threads: 1 });
+    const start = attn.memory().moduleBytesInUse;
+    const shape = { batch: 1, kvHeads: 1, headDim: 1 };  // 8 bytes a position
+    const fits = (maxLength) => { try { attn.createKVCache({ ...shape, maxLength }).dispose(); return true; } catch { return false; } };
+    let lo = 1, hi = 2 ** 28;  // 2 GiB: too large
+    while (hi - lo > 8192) {
+      const mid = Math.floor((lo + hi) / 2);
+      if (fits(mid)) lo = mid; else hi = mid;
+    }
+    const filler = attn.createKVCache({ ...shape, maxLength: lo });
+    try {
+      const S = 150000;
+      const one = (seed) => { const x = randomTensor([S, 1, 1], seed); return x; };
+      const q = one(1), k = one(2), v = one(3);
+      const cuSeqlensQ = Int32Array.from({ length: S + 1 }, (_, i) => i);
+      let outcome;
+      try {
+        const { output } = attn.sdpaVarlen(q, k, v, { cuSeqlensQ });
+        // One key a sequence: each row's output is its value.
+        outcome = { ran: true, valuesOut: output.data.every((x, i) => x === v.data[i]) };
+      } catch (error) {
+        outcome = { error: error.constructor.name, message: error.message };
+      }
+      expect(outcome).toEqual(expect.objectContaining(outcome.ran ? { valuesOut: true } : {
+        error: 'RangeError', message: expect.stringMatching(/^sdpaVarlen: (needs|cannot allocate) \d+ bytes of wasm memory/),
+      }));
+      expect(attn.memory().bytesInUse).toBe(filler.byteLength);
+    } finally {
+      filler.dispose();
+    }
+    expect(attn.memory().bytesInUse).toBe(0);
+    expect(attn.memory().moduleBytesInUse).toBe(start);
+    expectMatchesReference(attn, smallProblem(11));
+    attn.dispose();
+  });
+
   test('near the module\'s 2 GiB, a request is asked of malloc before it counts as fitting (static data, stack and fragmentation count too)', async () => {
     // MemoryAccount against a stand-in module whose memory is grown to 2 GiB: the sum of the
     // bytes in use and the request fits, but malloc decides. (A real instance reached this in a
