@@ -128,14 +128,10 @@ async function instantiate(create: Factory, overrides: ModuleOverrides, wasm: UR
   try {
     const loading = create(overrides);
     const poolFailed = poolFailure(overrides);
-    if (poolFailed === null) return await loading;
-    try {
-      return await Promise.race([loading, poolFailed]);
-    } catch (error) {
-      (overrides as Pick<SdpaModule, 'PThread'>).PThread?.terminateAllThreads();
-      throw error;
-    }
+    return await (poolFailed === null ? loading : Promise.race([loading, poolFailed]));
   } catch (error) {
+    // The pool's workers, made as the factory ran, would keep running (and a Node process alive).
+    (overrides as Pick<SdpaModule, 'PThread'>).PThread?.terminateAllThreads();
     throw loadError(wasm, error);
   }
 }
@@ -157,11 +153,14 @@ async function readBuild(wasm: URL): Promise<Uint8Array> {
 
 /**
  * In a browser, a promise that rejects when a worker of the threaded build's pool reports an
- * error (its script could not be fetched or was blocked, e.g. by a Content-Security-Policy or the
- * page's Cross-Origin-Embedder-Policy, or it threw): Emscripten's loader would wait for that
- * worker forever. Null where there is no pool to watch (a single-threaded build; Node, whose
- * workers read their files from disk). `module` is the object given to the glue's factory, which
- * the glue fills in as it loads: the pool's workers are made while the factory runs.
+ * error while the module loads (its script could not be fetched or was blocked, e.g. by a
+ * Content-Security-Policy or the page's Cross-Origin-Embedder-Policy; the glue it imports could
+ * not be, or its wasm instance failed, which scripts/patch-pool-worker.mjs makes it report; or it
+ * threw): Emscripten's loader would wait for that worker forever. Null where there is no pool to
+ * watch: a single-threaded build; Node, whose workers read their files from disk, and where the
+ * glue's own 'error' listener rethrows such an error, ending the process with it. `module` is
+ * the object given to the glue's factory, which the glue fills in as it loads: the pool's
+ * workers are made while the factory runs.
  */
 function poolFailure(module: ModuleOverrides): Promise<never> | null {
   const workers = (module as Pick<SdpaModule, 'PThread'>).PThread?.unusedWorkers ?? [];

@@ -117,6 +117,40 @@ test('the threaded build\'s worker script cannot be fetched: createAttention rej
   });
 });
 
+// A pool worker imports the glue itself (Emscripten's worker script, on its 'load' message), in a
+// promise chain whose rejection fired no 'error' at the Worker: the load waited for that worker
+// forever. scripts/patch-pool-worker.mjs makes it one; the load rejects naming it. Only the pool
+// worker's request fails: the glue's first one (the page's own import, or the attention worker's)
+// goes through. The direct API and the worker, each on a page of its own.
+test('a pool worker cannot import the glue: createAttention and createAttentionWorker reject naming it (no hang)', async ({ page, context }) => {
+  let requests = 0;
+  await context.route('**/dist/wasm/sdpa-mt-relaxed.mjs', (route) => (requests++ === 0 ? route.continue() : route.abort()));
+  const load = async (how) => {
+    requests = 0;
+    await page.goto(`${ISOLATED}/tests/browser/harness.html`);
+    const outcome = await page.evaluate(async (how) => {
+      const { createAttention, createAttentionWorker } = await import('/dist/index.js');
+      const loading = how === 'direct' ? createAttention({ threads: 2 }) : createAttentionWorker({ threads: 2 });
+      return Promise.race([
+        loading.then(() => ({ loaded: true }), (error) => ({ name: error.constructor.name, message: error.message })),
+        new Promise((resolve) => setTimeout(() => resolve({ hung: true }), 20_000)),
+      ]);
+    }, how);
+    return { requests, outcome };
+  };
+  // The worker's createAttention() fails as the direct one does, and its error comes back as it is.
+  const failed = {
+    requests: 2,
+    outcome: {
+      name: 'Error',
+      message: expect.stringMatching(new RegExp('^sdpa-wasm: could not load its WebAssembly build from http://127\\.0\\.0\\.1:\\d+/dist/wasm/' +
+        'sdpa-mt-relaxed\\.wasm: Error: a worker of its thread pool failed: .*sdpa-mt-relaxed\\.mjs')),
+    },
+  };
+  expect(await load('direct')).toEqual(failed);
+  expect(await load('worker')).toEqual(failed);
+});
+
 // From another origin the worker starts through a loader that imports its script (js/cross-origin.ts):
 // a script that cannot be fetched rejects the call with the reason, and the direct API still works.
 test('from another origin, the attention worker\'s script cannot be fetched: createAttentionWorker rejects (no hang)', async ({ page, context }) => {

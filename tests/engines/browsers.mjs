@@ -3,6 +3,7 @@
 //   const page = await browser.open(url);   // a page at url
 //   await page.run(fn, ...args);             // fn(env, ...args) in the page (page-cases.mjs); past
 //                                            // PAGE_CALL_LIMIT it throws, saying where the page was
+//                                            // and the errors it reported
 //   page.errors                              // uncaught errors the page reported (Firefox)
 //   await page.close(); await browser.close();
 // Firefox: Debian's firefox-esr through WebDriver BiDi (puppeteer-core). WebKit: WebKitGTK's
@@ -22,8 +23,11 @@ export const TIMEOUT = 600_000;  // a test; a hung page fails its test, not the 
  */
 export const PAGE_CALL_LIMIT = 300_000;
 
-/** `call()`'s result, or past PAGE_CALL_LIMIT an Error naming `what` and the page's last step. */
-async function guarded(what, call, progress) {
+/**
+ * `call()`'s result, or past PAGE_CALL_LIMIT an Error naming `what`, the page's last step and the
+ * errors it reported meanwhile (`errors`, page.errors: e.g. a nested worker's failure).
+ */
+async function guarded(what, call, progress, errors = []) {
   const late = Symbol('late');
   let timer;
   const limit = new Promise((resolve) => { timer = setTimeout(() => resolve(late), PAGE_CALL_LIMIT); });
@@ -34,7 +38,8 @@ async function guarded(what, call, progress) {
     clearTimeout(timer);
   }
   const where = await Promise.race([progress(), new Promise((resolve) => setTimeout(() => resolve('(no answer)'), 10_000))]).catch(String);
-  throw new Error(`${what}: no answer from the page in ${PAGE_CALL_LIMIT / 1000} s; its last step: ${where}`);
+  const reported = errors.length > 0 ? `; the page reported: ${errors.join(' | ')}` : '; the page reported no error';
+  throw new Error(`${what}: no answer from the page in ${PAGE_CALL_LIMIT / 1000} s; its last step: ${where}${reported}`);
 }
 
 export const FIREFOX = process.env.FIREFOX_PATH ?? '/usr/bin/firefox-esr';
@@ -82,7 +87,7 @@ export async function launchFirefox({ prefs } = {}) {
       const progress = () => page.evaluate(() => String(globalThis.__pageProgress ?? '(none reported)'));
       return {
         errors,
-        run: (fn, ...args) => guarded(fn.name || 'a page function', () => page.evaluate(inPage, fn.toString(), args), progress),
+        run: (fn, ...args) => guarded(fn.name || 'a page function', () => page.evaluate(inPage, fn.toString(), args), progress, errors),
         close: () => page.close(),
       };
     },

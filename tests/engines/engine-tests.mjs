@@ -19,7 +19,7 @@
 //     (every package file the page fetched from it); the demo page starting without an error.
 import { after, before, describe, it } from 'node:test';
 import assert from 'node:assert/strict';
-import { cpSync, existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -226,6 +226,39 @@ export function engineTests({ launch, relaxed }) {
         assert.match(outcome.worker.message, /^sdpa-wasm: the attention worker failed: \S/);
         assert.equal(outcome.directWorks, true);
         console.log(`${shared.browser.version}: ${outcome.worker.message}`);
+      } finally {
+        await page.close();
+        await broken.stop();
+        rmSync(root, { recursive: true, force: true });
+      }
+    });
+
+    // A pool worker imports the glue itself, where a failure fired no 'error' at the Worker and the
+    // load waited forever (scripts/patch-pool-worker.mjs makes it one). The package from another
+    // origin whose pool workers cannot import its glue (the page's own import of it goes through):
+    // the load rejects, naming the pool.
+    it('from another origin, a pool worker that cannot import the glue: createAttention rejects naming it (no hang)', { timeout: TIMEOUT }, async () => {
+      const root = mkdtempSync(join(tmpdir(), 'sdpa-engines-'));
+      cpSync(join(ROOT, 'dist'), join(root, 'dist'), { recursive: true });
+      for (const build of ['sdpa-mt', 'sdpa-mt-relaxed']) {
+        const file = join(root, 'dist', 'wasm', `${build}.worker.js`);
+        const text = readFileSync(file, 'utf8');
+        assert.equal(text.split('import(e.data.urlOrBlob)').length, 2, `${file}: one import of the glue`);
+        writeFileSync(file, text.replace('import(e.data.urlOrBlob)', 'import(e.data.urlOrBlob+"-missing")'));
+      }
+      const broken = await startServer(root, { isolation: false, cdn: true });
+      const page = await harness(true);
+      try {
+        const outcome = await page.run(async (env, from) => {
+          const { createAttention } = await import(`${from}/dist/index.js`);
+          return Promise.race([
+            createAttention({ threads: 2 }).then((attn) => ({ loaded: attn.threads }), (error) => ({ name: error.constructor.name, message: error.message })),
+            new Promise((resolve) => setTimeout(() => resolve({ hung: true }), 30_000)),
+          ]);
+        }, broken.url);
+        assert.equal(outcome.name, 'Error', JSON.stringify(outcome));
+        assert.match(outcome.message, /^sdpa-wasm: could not load its WebAssembly build from \S+\.wasm: Error: a worker of its thread pool failed: \S/);
+        console.log(`${shared.browser.version}: ${outcome.message}`);
       } finally {
         await page.close();
         await broken.stop();
