@@ -9,7 +9,7 @@
 export interface ProblemDesc {
   batch: number; qHeads: number; kvHeads: number; qLen: number; kvLen: number;
   headDim: number; valueDim: number;
-  /** sdpa::KvType: 0 float32, 1 float16 (key/value hold IEEE halves), 2 float16 without Inf/NaN. */
+  /** sdpa::KvType: 0 float32, 1 float16 (key/value hold IEEE halves), 2 float16 without Inf/NaN, 3 bfloat16. */
   kvType: number;
   query: number; key: number; value: number; output: number; weights: number;
   mask: number; causalOffsets: number; keyLengths: number;
@@ -118,7 +118,7 @@ export interface SdpaModule {
   SegmentStream: new (desc: number) => SegmentStream;
   /**
    * Rows [B, H, L, D] from `src` to `dst` (byte addresses; strides in elements; types are
-   * sdpa::KvType values), converting float32 to float16 or back (src/kv-cache.h). Status 0 = ok.
+   * sdpa::KvType values), converting between float32, float16 and bfloat16 (src/kv-cache.h). Status 0 = ok.
    */
   copyRows(dst: number, dstType: number, dstB: number, dstH: number, dstL: number, src: number, srcType: number,
     srcB: number, srcH: number, srcL: number, batch: number, heads: number, rows: number, dim: number): number;
