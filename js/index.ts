@@ -23,7 +23,7 @@ export {
 } from './worker.js';
 export type { Isa } from './loader.js';
 export type {
-  AttentionOptions, Float16ArrayType, InputTensor, KVAppendOptions, KVCacheContents, KVCacheOptions, KVReadOptions, KVTensor, MaskTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardOut, SdpaBackwardResult,
+  AttentionOptions, AttentionWorkerOptions, Float16ArrayType, InputTensor, KVAppendOptions, KVCacheContents, KVCacheOptions, KVReadOptions, KVTensor, MaskTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardOut, SdpaBackwardResult,
   SdpaBackwardResultWithMaskGrad, SdpaBackwardResultWithSinkGrad, SdpaOptions, SdpaResult, SdpaResultWith,
   SdpaVarlenBackwardOptions, SdpaVarlenBackwardResult, SdpaVarlenOptions, SdpaVarlenResult, SdpaVarlenResultWithLogSumExp, Tensor,
 } from './types.js';

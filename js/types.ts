@@ -291,6 +291,17 @@ export interface AttentionOptions {
   maxMemoryBytes?: number | undefined;
 }
 
+/** createAttentionWorker's options: createAttention's, and a signal for the start. */
+export interface AttentionWorkerOptions extends AttentionOptions {
+  /**
+   * Stops the worker's start: aborted before it is ready (its module and thread pool loaded),
+   * the worker and its pool's workers are ended and the call rejects with the signal's reason;
+   * e.g. `AbortSignal.timeout(30_000)` bounds a start whose files do not arrive. Not looked at
+   * once the worker has started (each call takes a signal of its own).
+   */
+  signal?: AbortSignal | undefined;
+}
+
 /** attn.memory(): what an Attention instance holds in wasm memory, in bytes. */
 export interface MemoryInfo {
   /** Held now by this instance: its KV caches' storage (and a call's blocks while it runs). */

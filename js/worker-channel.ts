@@ -355,7 +355,8 @@ export class Channel {
   }
 }
 
-function abortReason(signal: AbortSignal): unknown {
+/** What an aborted signal's calls reject with: its reason, or an AbortError where it has none (a polyfill's). */
+export function abortReason(signal: AbortSignal): unknown {
   return signal.reason ?? new DOMException('The operation was aborted', 'AbortError');
 }
 

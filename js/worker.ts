@@ -30,7 +30,7 @@ import {
   type KVCacheShape,
 } from './kv-cache.js';
 import type {
-  AttentionOptions, KVAppendOptions, KVCacheContents, KVCacheOptions, KVReadOptions, KVTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaBackwardResultWithSinkGrad, SdpaOptions, SdpaResult,
+  AttentionWorkerOptions, KVAppendOptions, KVCacheContents, KVCacheOptions, KVReadOptions, KVTensor, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaBackwardResultWithSinkGrad, SdpaOptions, SdpaResult,
   SdpaResultWith, SdpaVarlenBackwardOptions, SdpaVarlenBackwardResult, SdpaVarlenOptions, SdpaVarlenResult,
   SdpaVarlenResultWithLogSumExp, InputTensor, Tensor,
 } from './types.js';
@@ -43,7 +43,7 @@ import { recalled, remember, type ForwardRecord } from './saved-forward.js';
 import {
   deliver, deliverGradients, optionValues, outOf, outsOf, sendable, signalOnly, Taker, workerCallOptions, type WorkerCallOptions,
 } from './worker-args.js';
-import { Channel, PREPARE_AFTER_ANSWERS, startWorker } from './worker-channel.js';
+import { abortReason, Channel, PREPARE_AFTER_ANSWERS, startWorker } from './worker-channel.js';
 import type { Op } from './worker-protocol.js';
 
 export type { WorkerCallOptions } from './worker-args.js';
@@ -537,10 +537,18 @@ export class WorkerKVCache extends KVCacheShapeInfo {
  * createAttention()'s options; in a browser the worker uses the threaded build where the page
  * is cross-origin isolated. Rejects (and stops the worker) if the worker cannot start.
  */
-export async function createAttentionWorker(options: AttentionOptions = {}): Promise<AttentionWorker> {
-  const checked = checkAttentionOptions('createAttentionWorker', options);
+export async function createAttentionWorker(options: AttentionWorkerOptions = {}): Promise<AttentionWorker> {
+  const fn = 'createAttentionWorker';
+  // `signal` is the worker's start's; the others are createAttention's, checked as it does.
+  const { signal, attentionOptions } = startOptions(fn, options);
+  const checked = checkAttentionOptions(fn, attentionOptions);
+  if (signal?.aborted) throw abortReason(signal);  // nothing started
   const channel = new Channel(await startWorker());
+  // Aborted while it starts: the worker ends (its pool's workers with it), the call rejects with the reason.
+  const abort = () => void channel.terminate(new Error('sdpa-wasm: the attention worker\'s start was aborted'));
+  signal?.addEventListener('abort', abort, { once: true });
   try {
+    if (signal?.aborted) abort();  // (while the worker's script was being imported, in Node)
     // The options as the caller gave them, without undefined entries (the worker's check of
     // them then sees what createAttention would).
     const init = Object.fromEntries(Object.entries(checked).filter(([, value]) => value !== undefined));
@@ -548,6 +556,15 @@ export async function createAttentionWorker(options: AttentionOptions = {}): Pro
     return AttentionWorker.create(channel, info);
   } catch (error) {
     await channel.terminate(error instanceof Error ? error : new Error(String(error)));
-    throw error;
+    throw signal?.aborted ? abortReason(signal) : error;
+  } finally {
+    signal?.removeEventListener('abort', abort);
   }
+}
+
+/** createAttentionWorker's options: `signal` apart (checked), the rest for checkAttentionOptions (anything else as it is, for its messages). */
+function startOptions(fn: string, options: unknown): { signal: AbortSignal | undefined; attentionOptions: unknown } {
+  if (options === null || typeof options !== 'object' || Array.isArray(options)) return { signal: undefined, attentionOptions: options };
+  const { signal, ...attentionOptions } = options as AttentionWorkerOptions;
+  return { signal: workerCallOptions(fn, { signal }).signal, attentionOptions };
 }

@@ -160,3 +160,41 @@ test('a message the page cannot read (messageerror) declares the worker dead and
   const message = 'sdpa-wasm: a message from the attention worker could not be read';
   expect(outcome).toEqual({ pending: `Error: ${message}`, terminated: 1, cache: [true, 0], later: message });
 });
+
+// A start whose files do not arrive (a stalled network) waits as long as the browser does; a
+// signal bounds it: the worker (and its pool's workers) end, the call rejects with the signal's
+// reason, and a later start works. Here the glue of the threaded build, which the worker imports,
+// never arrives.
+test('createAttentionWorker({ signal }): a start that stalls is stopped by the signal; a later start works', async ({ page, context }) => {
+  let stalled = 0;
+  let stalling = true;
+  await context.route('**/dist/wasm/sdpa-mt-relaxed.mjs', (route) => {
+    if (!stalling) return route.continue();
+    stalled++;  // never answered
+    return undefined;
+  });
+  await page.goto(`${ISOLATED}/tests/browser/harness.html`);
+  const stopped = await page.evaluate(async () => {
+    const { createAttentionWorker } = await import('/dist/index.js');
+    const started = performance.now();
+    return createAttentionWorker({ threads: 2, signal: AbortSignal.timeout(1500) }).then(
+      () => ({ started: true }),
+      (error) => ({ name: error.name, afterMs: Math.round(performance.now() - started) }));
+  });
+  expect(stalled).toBe(1);
+  expect(stopped).toEqual({ name: 'TimeoutError', afterMs: expect.any(Number) });
+  expect(stopped.afterMs).toBeGreaterThanOrEqual(1400);
+  stalling = false;
+  const later = await page.evaluate(async () => {
+    const { createAttentionWorker } = await import('/dist/index.js');
+    const worker = await createAttentionWorker({ threads: 2, signal: AbortSignal.timeout(60_000) });
+    try {
+      const t = { data: new Float32Array(2 * 16 * 8).fill(0.5), dims: [2, 16, 8] };
+      const { output } = await worker.sdpa(t, t, t);
+      return { threads: worker.threads, first: output.data[0] };
+    } finally {
+      await worker.dispose();
+    }
+  });
+  expect(later).toEqual({ threads: 2, first: 0.5 });
+});

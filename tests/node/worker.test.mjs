@@ -1171,3 +1171,68 @@ describe('the worker\'s end', () => {
     expect(stdout.trim()).toBe(['done 2x16x8 2', printed].filter(Boolean).join('\n'));
   });
 });
+
+describe('createAttentionWorker({ signal }): a start that can be stopped', () => {
+  /** What a new Node process running `body` printed, and how it ended (killed past 20 s: 'hung'). */
+  const runChild = async (body) => {
+    const script = `import { createAttentionWorker } from ${JSON.stringify(DIST_INDEX)};\n${body}`;
+    const child = spawn(process.execPath, ['--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] });
+    let stdout = '', stderr = '';
+    child.stdout.on('data', (d) => { stdout += d; });
+    child.stderr.on('data', (d) => { stderr += d; });
+    const code = await new Promise((resolve) => {
+      const timer = setTimeout(() => { child.kill('SIGKILL'); resolve('hung'); }, 20_000);
+      child.on('exit', (c) => { clearTimeout(timer); resolve(c); });
+    });
+    return { code, stderr, stdout: stdout.trim() };
+  };
+
+  test('aborted while it starts: rejects with the signal\'s reason, and the worker and its pool end (Node exits by itself)', async () => {
+    // Aborted at each point of the start: before the call (nothing starts), with the call (the
+    // worker's script not yet imported), once the worker runs and loads its module (a few ms on).
+    const result = await runChild(`
+      const outcomes = [];
+      for (const when of ['before', 'with the call', 'after 5 ms', 'after 40 ms']) {
+        const controller = new AbortController();
+        const reason = new Error('stopped: ' + when);
+        if (when === 'before') controller.abort(reason);
+        const starting = createAttentionWorker({ threads: 2, signal: controller.signal });
+        if (when === 'with the call') controller.abort(reason);
+        if (when.startsWith('after')) setTimeout(() => controller.abort(reason), Number(when.split(' ')[1]));
+        outcomes.push(await starting.then((w) => (w.terminate(), 'started'), (error) => error === reason ? 'the reason' : String(error)));
+      }
+      // A reason-less abort (AbortController.abort()): the signal's own AbortError.
+      const controller = new AbortController();
+      const starting = createAttentionWorker({ signal: controller.signal });
+      controller.abort();
+      outcomes.push(await starting.then(() => 'started', (error) => error.name));
+      console.log(outcomes.join(', '));
+    `);
+    // (A start takes 100 ms or more: a worker thread, the glue, the wasm compiled, the pool's workers; at 40 ms either may be.)
+    expect(result).toEqual({ code: 0, stderr: '', stdout: expect.stringMatching(/^the reason, the reason, the reason, (the reason|started), AbortError$/) });
+  });
+
+  test('a signal not aborted: the worker starts and works; aborting it afterwards changes nothing', async () => {
+    const controller = new AbortController();
+    const a = await createAttentionWorker({ threads: 1, signal: controller.signal });
+    try {
+      controller.abort();
+      const { query, key, value } = REFERENCE_CASES[0].make();
+      const direct = await createAttention({ threads: 1 });
+      try {
+        expect(bitsHash((await a.sdpa(query, key, value)).output.data)).toBe(bitsHash(direct.sdpa(query, key, value).output.data));
+      } finally {
+        direct.dispose();
+      }
+    } finally {
+      await a.dispose();
+    }
+  });
+
+  test('a signal that is not an AbortSignal is a TypeError naming it; other options are checked as createAttention checks them', async () => {
+    expect(await errorOf(() => createAttentionWorker({ signal: 'soon' }))).toEqual(
+      new TypeError('createAttentionWorker: options.signal must be an AbortSignal, got "soon"'));
+    const error = await errorOf(() => createAttentionWorker({ signal: new AbortController().signal, transfer: true }));
+    expect(error).toEqual(new TypeError('createAttentionWorker: unknown option "transfer"; known options: threads, relaxedSimd, maxMemoryBytes'));
+  });
+});
