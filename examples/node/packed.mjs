@@ -65,6 +65,11 @@ for (let s = 0; s < S; s++) {
   }
 }
 console.log(`padded to ${Lmax} tokens with keyLengths: the sentences' rows differ from packed by at most ${worst.toExponential(1)}`);
+// The same attention two ways: the rows agree to float32 rounding (the values here are of order 1).
+if (!(worst <= 1e-5)) {
+  console.error(`packed.mjs: packed and padded rows differ by ${worst}, more than 1e-5`);
+  process.exitCode = 1;
+}
 
 // Speed: medians of 9 runs after 2 of warm-up.
 const median = (run) => {
