@@ -984,15 +984,21 @@ export const DEFAULT_MAX_THREADS = 4;
 /** The most threads createAttention() accepts. */
 export const MAX_THREADS = 64;
 
-/** The checks of createAttention(options) (and createAttentionWorker's), messages naming `fn`. */
-export function checkAttentionOptions(fn: string, options: unknown): AttentionOptions {
+const ATTENTION_OPTION_NAMES = ['threads', 'relaxedSimd', 'maxMemoryBytes'] as const;
+
+/**
+ * The checks of createAttention(options) (and createAttentionWorker's, which also takes
+ * `alsoKnown`: its `signal`, checked by the caller), messages naming `fn`. The values of
+ * createAttention's options, read by property access (inherited ones count).
+ */
+export function checkAttentionOptions(fn: string, options: unknown, alsoKnown: readonly string[] = []): AttentionOptions {
   if (options === null || typeof options !== 'object' || Array.isArray(options)) {
     throw new TypeError(`${fn}: options must be an object, got ${String(options)}`);
   }
+  const known: readonly string[] = [...ATTENTION_OPTION_NAMES, ...alsoKnown];
   for (const name of Object.keys(options)) {
-    if (name !== 'threads' && name !== 'relaxedSimd' && name !== 'maxMemoryBytes' &&
-        (options as Record<string, unknown>)[name] !== undefined) {
-      throw new TypeError(`${fn}: unknown option "${name}"; known options: threads, relaxedSimd, maxMemoryBytes`);
+    if (!known.includes(name) && (options as Record<string, unknown>)[name] !== undefined) {
+      throw new TypeError(`${fn}: unknown option "${name}"; known options: ${known.join(', ')}`);
     }
   }
   const { threads, relaxedSimd, maxMemoryBytes } = options as AttentionOptions;

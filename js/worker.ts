@@ -534,18 +534,23 @@ export class WorkerKVCache extends KVCacheShapeInfo {
 /**
  * An Attention instance in a dedicated worker (a module Web Worker in browsers, a
  * worker_threads Worker in Node), so attention never blocks the calling thread. Takes
- * createAttention()'s options; in a browser the worker uses the threaded build where the page
- * is cross-origin isolated. Rejects (and stops the worker) if the worker cannot start.
+ * createAttention()'s options, and `signal` (AttentionWorkerOptions), which stops the start; in
+ * a browser the worker uses the threaded build where the page is cross-origin isolated. Rejects
+ * (and stops the worker) if the worker cannot start.
  */
 export async function createAttentionWorker(options: AttentionWorkerOptions = {}): Promise<AttentionWorker> {
   const fn = 'createAttentionWorker';
-  // `signal` is the worker's start's; the others are createAttention's, checked as it does.
-  const { signal, attentionOptions } = startOptions(fn, options);
-  const checked = checkAttentionOptions(fn, attentionOptions);
+  // createAttention's options, checked as it checks them, and `signal`: the start's.
+  const checked = checkAttentionOptions(fn, options, ['signal']);
+  const { signal } = workerCallOptions(fn, { signal: (options as AttentionWorkerOptions).signal });
   if (signal?.aborted) throw abortReason(signal);  // nothing started
   const channel = new Channel(await startWorker());
   // Aborted while it starts: the worker ends (its pool's workers with it), the call rejects with the reason.
-  const abort = () => void channel.terminate(new Error('sdpa-wasm: the attention worker\'s start was aborted'));
+  let aborted = false;
+  const abort = () => {
+    aborted = true;
+    void channel.terminate(new Error('sdpa-wasm: the attention worker\'s start was aborted'));
+  };
   signal?.addEventListener('abort', abort, { once: true });
   try {
     if (signal?.aborted) abort();  // (while the worker's script was being imported, in Node)
@@ -555,16 +560,13 @@ export async function createAttentionWorker(options: AttentionWorkerOptions = {}
     const info = await channel.call('init', () => ({ options: init }), (value) => value as WorkerInfo);
     return AttentionWorker.create(channel, info);
   } catch (error) {
+    // Whether the abort ended the start, decided now: a start that failed of itself, with the
+    // signal aborted while the worker stops, rejects with its own error.
+    const byAbort = aborted;
     await channel.terminate(error instanceof Error ? error : new Error(String(error)));
-    throw signal?.aborted ? abortReason(signal) : error;
+    throw byAbort && signal !== undefined ? abortReason(signal) : error;
   } finally {
     signal?.removeEventListener('abort', abort);
   }
 }
 
-/** createAttentionWorker's options: `signal` apart (checked), the rest for checkAttentionOptions (anything else as it is, for its messages). */
-function startOptions(fn: string, options: unknown): { signal: AbortSignal | undefined; attentionOptions: unknown } {
-  if (options === null || typeof options !== 'object' || Array.isArray(options)) return { signal: undefined, attentionOptions: options };
-  const { signal, ...attentionOptions } = options as AttentionWorkerOptions;
-  return { signal: workerCallOptions(fn, { signal }).signal, attentionOptions };
-}

@@ -21,7 +21,7 @@ echo "$who: installing $* with apt-get" >&2
 # DPkg::Lock::Timeout covers install's lock (dpkg's) only, not the package lists' lock that
 # `update` takes: that one is retried while another apt holds it. Any other failure stops here.
 for attempt in $(seq 60); do
-  if output=$($sudo apt-get update -q 2>&1); then
+  if output=$($sudo env LC_ALL=C apt-get update -q 2>&1); then  # (C: the message looked for below is English)
     break
   fi
   if [ "$attempt" -eq 60 ] || ! grep -q 'Could not get lock' <<<"$output"; then

@@ -5,7 +5,7 @@
 #        clang-19's libFuzzer runtime (scripts/fuzz.sh), cmake, g++, GoogleTest, SIMDe
 #   npm: the locked devDependencies (npm ci), when node_modules is missing or stale.
 # The build uses Debian's Emscripten 3.1.6 (/usr/bin/emcc; scripts/build.sh), whatever else is on
-# PATH: the relaxed builds' glue is post-processed as 3.1.6 writes it (scripts/minify-glue.mjs).
+# PATH: its output is post-processed as 3.1.6 writes it (scripts/minify-glue.mjs, patch-pool-worker.mjs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

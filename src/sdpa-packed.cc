@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <new>
 
 #include "parallel/thread-pool.h"
 #include "parallel/work-split.h"
@@ -157,18 +158,19 @@ PackedPlan plan_packed(const PackedProblem& p, int32_t threads) {
 
 // One side-by-side sequence in the order they are handed out: the most multiply-adds first (the
 // longest items handed out first keep the threads' finishing times close; the order changes no
-// result). The order lives in the scratch, [S] of these at its start (order_floats()), not in a
-// std::vector: a call allocates nothing beyond the blocks its caller asked for (with
-// -fno-exceptions a failed operator new aborts the module; the caller's request, checked
-// against the memory limits before anything is allocated, is the call's whole footprint).
+// result). The order lives in the scratch, [S] of these in a region of their own
+// (order_floats(); where, each entry point's scratch layout says), not in a std::vector: a call
+// allocates nothing beyond the blocks its caller asked for (with -fno-exceptions a failed
+// operator new aborts the module; the caller's request, checked against the memory limits
+// before anything is allocated, is the call's whole footprint).
 struct SequenceWork {
   double negative_multiply_adds;  // sorted ascending: the most work first, then by index
   int32_t sequence;
 };
-static_assert(sizeof(SequenceWork) == 4 * sizeof(float) && alignof(SequenceWork) <= 16,
-              "four floats a sequence, aligned within a 64-byte region");
+static_assert(sizeof(SequenceWork) == 4 * sizeof(float), "four floats a sequence");
 
-// A scratch of `needed` floats or more, aligned for the order's doubles (malloc's blocks are).
+// A scratch of `needed` floats or more, aligned for the order's doubles (8 bytes: malloc's blocks
+// are; every region starts a whole number of 64-byte regions in, so each stays so aligned).
 bool scratch_fits(const float* scratch, uint64_t size, uint64_t needed) {
   return scratch != nullptr && reinterpret_cast<uintptr_t>(scratch) % alignof(SequenceWork) == 0 && size >= needed;
 }
@@ -177,14 +179,14 @@ uint64_t order_floats(int32_t sequences) {
   return region(static_cast<uint64_t>(sequences) * (sizeof(SequenceWork) / sizeof(float)));
 }
 
-// The side-by-side sequences, sorted, into `order` (order_floats(sequences) of scratch, 64-byte
-// aligned); their count. std::sort sorts in place (no allocation).
+// The side-by-side sequences, sorted, into `order` (order_floats(sequences) of scratch, aligned
+// for SequenceWork); their count. std::sort sorts in place (no allocation).
 template <typename SequenceOf>
 int32_t side_by_side_order(const PackedPlan& plan, int32_t sequences, SequenceOf sequence_of, SequenceWork* order) {
   int32_t count = 0;
   for (int32_t s = 0; s < sequences; s++) {
     const Problem seq = sequence_of(s);
-    if (plan.side_by_side(seq)) order[count++] = SequenceWork{-multiply_adds(seq), s};
+    if (plan.side_by_side(seq)) new (order + count++) SequenceWork{-multiply_adds(seq), s};  // in the scratch's floats
   }
   std::sort(order, order + count, [](const SequenceWork& a, const SequenceWork& b) {
     return a.negative_multiply_adds < b.negative_multiply_adds ||

@@ -56,7 +56,7 @@ Problem packed_sequence(const PackedProblem& p, int32_t s);
 
 // Floats of scratch forward_packed() needs on `threads` threads (reads the starts; S ≥ 1 needs
 // some). The scratch is the call's only memory besides its tensors (nothing is allocated), at an
-// address aligned to 8 bytes (malloc's are).
+// address aligned to 8 bytes (malloc's are): kBadScratch for one smaller, missing or misaligned.
 uint64_t packed_scratch_floats(const PackedProblem& p, int32_t threads = 1);
 
 // Writes every output row (and the logsumexp, when whole.logsumexp is set). On failure nothing

@@ -153,7 +153,7 @@ enum class Status : int32_t {
   kBadSoftcap = 4,      // softcap < 0 or not finite
   kBadKeyLength = 5,    // key_lengths[b] or key_starts[b] outside [0, Lk]
   kBadStride = 6,       // a negative stride
-  kBadScratch = 7,      // scratch missing or smaller than scratch_floats()
+  kBadScratch = 7,      // scratch missing or smaller than scratch_floats() (packed calls: or not 8-byte aligned)
   kBadKvType = 9,       // kv_type is not a KvType
   kBadMaskKind = 10,    // mask_kind is not a MaskKind
   kBadSegment = 8,      // forward_segment()/merge_segments() on a problem they do not take,

@@ -500,6 +500,29 @@ TEST(PackedScratch, DependsOnTheShapesAloneNotOnWhichPointersAreSet) {
 }
 
 
+TEST(PackedScratch, AllTheCallNeedsAlignedForItsOrderElseBadScratch) {
+  // The sequences' order lives in the scratch (doubles: 8-byte aligned), so the calls allocate
+  // nothing; a scratch one float short, or 4 bytes off, is refused and nothing is written.
+  PackedBackwardHarness h({.Hq = 2, .Hkv = 1, .q_lens = {3, 1, 6}, .k_lens = {4, 2, 5}, .sinks = test::cycling_sinks(2)});
+  const uint64_t forward_floats = packed_scratch_floats(h.pp, 1);
+  const uint64_t backward_floats = packed_backward_scratch_floats(h.bp, 1);
+  std::vector<double> storage((std::max(forward_floats, backward_floats) + 2) / 2 + 1);  // 8-byte aligned
+  float* aligned = reinterpret_cast<float*>(storage.data());
+  const std::vector<float> computed = h.out;  // the harness's forward_packed, into h.out
+  std::fill(h.out.begin(), h.out.end(), kNaN);
+  EXPECT_EQ(forward_packed(h.pp, aligned, forward_floats - 1), Status::kBadScratch);
+  EXPECT_EQ(forward_packed(h.pp, aligned + 1, forward_floats), Status::kBadScratch);  // 4 bytes off
+  EXPECT_TRUE(std::all_of(h.out.begin(), h.out.end(), [](float x) { return std::isnan(x); })) << "written on failure";
+  EXPECT_EQ(forward_packed(h.pp, aligned, forward_floats), Status::kOk);
+  EXPECT_EQ(std::memcmp(h.out.data(), computed.data(), sizeof(float) * computed.size()), 0);
+  h.dq.assign(h.q.size(), 0.0f), h.dk.assign(h.k.size(), 0.0f), h.dv.assign(h.v.size(), 0.0f), h.ds.assign(2, 0.0f);
+  BackwardProblem& w = h.bp.whole;
+  w.d_query = h.dq.data(), w.d_key = h.dk.data(), w.d_value = h.dv.data(), w.d_sinks = h.ds.data();
+  EXPECT_EQ(backward_packed(h.bp, aligned, backward_floats - 1), Status::kBadScratch);
+  EXPECT_EQ(backward_packed(h.bp, aligned + 1, backward_floats), Status::kBadScratch);
+  EXPECT_EQ(backward_packed(h.bp, aligned, backward_floats), Status::kOk);
+}
+
 // ALiBi in packed sequences: per-sequence slopes [S, Hq] (alibi_stride_b counts sequences) or
 // shared [Hq]; each sequence's biases in its own positions and offset (the oracle's float mask,
 // see the top), and each sequence the bits of forward() on it alone with its row of slopes.

@@ -25,9 +25,10 @@ export const PAGE_CALL_LIMIT = 300_000;
 
 /**
  * `call()`'s result, or past PAGE_CALL_LIMIT an Error naming `what`, the page's last step and the
- * errors it reported meanwhile (`errors`, page.errors: e.g. a nested worker's failure).
+ * errors it reported meanwhile (`errors`, page.errors: e.g. a nested worker's failure; null where
+ * the driver reports none).
  */
-async function guarded(what, call, progress, errors = []) {
+async function guarded(what, call, progress, errors = null) {
   const late = Symbol('late');
   let timer;
   const limit = new Promise((resolve) => { timer = setTimeout(() => resolve(late), PAGE_CALL_LIMIT); });
@@ -38,7 +39,7 @@ async function guarded(what, call, progress, errors = []) {
     clearTimeout(timer);
   }
   const where = await Promise.race([progress(), new Promise((resolve) => setTimeout(() => resolve('(no answer)'), 10_000))]).catch(String);
-  const reported = errors.length > 0 ? `; the page reported: ${errors.join(' | ')}` : '; the page reported no error';
+  const reported = errors === null ? '' : errors.length > 0 ? `; the page reported: ${errors.join(' | ')}` : '; the page reported no error';
   throw new Error(`${what}: no answer from the page in ${PAGE_CALL_LIMIT / 1000} s; its last step: ${where}${reported}`);
 }
 

@@ -1233,6 +1233,13 @@ describe('createAttentionWorker({ signal }): a start that can be stopped', () =>
     expect(await errorOf(() => createAttentionWorker({ signal: 'soon' }))).toEqual(
       new TypeError('createAttentionWorker: options.signal must be an AbortSignal, got "soon"'));
     const error = await errorOf(() => createAttentionWorker({ signal: new AbortController().signal, transfer: true }));
-    expect(error).toEqual(new TypeError('createAttentionWorker: unknown option "transfer"; known options: threads, relaxedSimd, maxMemoryBytes'));
+    expect(error).toEqual(new TypeError('createAttentionWorker: unknown option "transfer"; known options: threads, relaxedSimd, maxMemoryBytes, signal'));
+    // Options are read as createAttention reads them: an inherited one counts.
+    const inherited = await createAttentionWorker(Object.create({ threads: 1, signal: new AbortController().signal }));
+    try {
+      expect(inherited.threads).toBe(1);
+    } finally {
+      await inherited.dispose();
+    }
   });
 });
