@@ -152,28 +152,35 @@ async function readBuild(wasm: URL): Promise<Uint8Array> {
 }
 
 /**
- * In a browser, a promise that rejects when a worker of the threaded build's pool reports an
- * error while the module loads (its script could not be fetched or was blocked, e.g. by a
- * Content-Security-Policy or the page's Cross-Origin-Embedder-Policy; the glue it imports could
- * not be, or its wasm instance failed, which scripts/patch-pool-worker.mjs makes it report; or it
- * threw): Emscripten's loader would wait for that worker forever. Null where there is no pool to
- * watch: a single-threaded build; Node, whose workers read their files from disk, and where the
- * glue's own 'error' listener rethrows such an error, ending the process with it. `module` is
- * the object given to the glue's factory, which the glue fills in as it loads: the pool's
- * workers are made while the factory runs.
+ * A promise that rejects when a worker of the threaded build's pool reports an error while the
+ * module loads (its script could not be fetched or was blocked, e.g. by a Content-Security-Policy
+ * or the page's Cross-Origin-Embedder-Policy; the glue it imports could not be, or its wasm
+ * instance failed; or it threw): Emscripten's loader would wait for that worker forever, or in
+ * Node end the process with the error (scripts/patch-pool-worker.mjs makes the glue report the
+ * first two, and leave a worker's error before it has loaded to this promise). Null where there
+ * is no pool to watch (a single-threaded build). `module` is the object given to the glue's
+ * factory, which the glue fills in as it loads: the pool's workers are made while the factory
+ * runs. In Node they are worker_threads Workers (events by `once`, with the error itself); in a
+ * browser, Workers (an ErrorEvent).
  */
 function poolFailure(module: ModuleOverrides): Promise<never> | null {
   const workers = (module as Pick<SdpaModule, 'PThread'>).PThread?.unusedWorkers ?? [];
-  if (isNode || workers.length === 0) return null;
+  if (workers.length === 0) return null;
   const failed = new Promise<never>((_, reject) => {
-    for (const worker of workers as Worker[]) {
-      worker.addEventListener('error', (event) => {
-        reject(new Error(`a worker of its thread pool failed: ${event.message || 'its script could not be loaded or threw'}`));
-      }, { once: true });
+    const fail = (why: string | undefined) =>
+      reject(new Error(`a worker of its thread pool failed: ${why || 'its script could not be loaded or threw'}`));
+    for (const worker of workers) {
+      if (isNode) (worker as NodeWorker).once('error', (error) => fail(error instanceof Error ? error.message : String(error)));
+      else (worker as Worker).addEventListener('error', (event) => fail(event.message), { once: true });
     }
   });
   failed.catch(() => {});  // once the module has loaded, a later worker error is not this promise's to report
   return failed;
+}
+
+/** What poolFailure uses of a worker_threads Worker. */
+interface NodeWorker {
+  once(event: 'error', listener: (error: unknown) => void): void;
 }
 
 async function loadSingleThread(isa: Isa): Promise<SdpaModule> {

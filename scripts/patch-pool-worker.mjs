@@ -1,6 +1,6 @@
 // Makes a threaded build's pool workers report a failed start, which Emscripten 3.1.6's glue
 // lets pass in silence, so that js/loader.ts (poolFailure) rejects the load naming it instead
-// of waiting for the worker forever:
+// of waiting for the worker forever (or, in Node, the process ending):
 //   node scripts/patch-pool-worker.mjs BUILD.worker.js BUILD.mjs
 // - BUILD.worker.js, on its 'load' message, imports the glue and runs its factory in a promise
 //   chain with no catch: a glue that cannot be fetched or a factory that throws is an unhandled
@@ -12,6 +12,11 @@
 //   instantiateWasm; where that throws, the glue prints it and goes on as if loaded (the first
 //   call would then wait for that thread forever). It rethrows, into the chain above. (The page's
 //   own load never passes an instantiateWasm to the threaded build: js/loader.ts.)
+// - BUILD.mjs, on the main thread, handles a pool worker's 'error' by printing it and throwing
+//   it again: in Node (its worker_threads 'error' listener calls that handler) an uncaught
+//   exception that ended the process. Before the worker has loaded, it only prints it: the
+//   loader's own listener rejects the load (poolFailure); after, a running thread's error is
+//   thrown as before.
 // Each text is the one emcc 3.1.6 writes (minified; the relaxed builds' glue after
 // scripts/minify-glue.mjs): one that is not found exactly once fails the build.
 import { readFileSync, writeFileSync } from 'node:fs';
@@ -23,6 +28,8 @@ const WORKER_LOADED = '.then(function(instance){Module=instance})';
 const WORKER_REPORTS = `${WORKER_LOADED}.catch(function(error){setTimeout(function(){throw error})})`;
 const GLUE_GOES_ON = 'catch(e){err("Module.instantiateWasm callback failed with error: "+e);return false}';
 const GLUE_RETHROWS = 'catch(e){err("Module.instantiateWasm callback failed with error: "+e);throw e}';
+const GLUE_THROWS_WORKER_ERRORS = 'err(message+" "+e.filename+":"+e.lineno+": "+e.message);throw e}';
+const GLUE_THROWS_LOADED_WORKERS_ERRORS = 'err(message+" "+e.filename+":"+e.lineno+": "+e.message);if(worker.loaded)throw e}';
 
 /** `file` with its one `from` replaced by `to` (a file already patched, holding `to`, is left as it is). */
 function patch(file, from, to) {
@@ -37,3 +44,4 @@ function patch(file, from, to) {
 
 patch(workerScript, WORKER_LOADED, WORKER_REPORTS);
 patch(glue, GLUE_GOES_ON, GLUE_RETHROWS);
+patch(glue, GLUE_THROWS_WORKER_ERRORS, GLUE_THROWS_LOADED_WORKERS_ERRORS);

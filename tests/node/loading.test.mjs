@@ -1,16 +1,15 @@
-// A threaded build that cannot start never leaves its caller waiting. Each case runs in a Node
-// process of its own (this run's wasm flags, so the same build) over a copy of dist/ with one
-// thing broken in both threaded builds:
+// A threaded build that cannot start: createAttention() rejects naming the build and why, rather
+// than waiting forever or ending the process, and leaves nothing running (the process ends
+// without dispose()). Each case runs in a Node process of its own (this run's wasm flags, so the
+// same build) over a copy of dist/ with one thing broken in both threaded builds:
 //   - a pool worker's wasm instance fails: Emscripten's worker script went on as if loaded, and
-//     the first call then waited for that thread forever; scripts/patch-pool-worker.mjs makes it
-//     an error of the worker, which in Node the glue's own listener rethrows: the process ends
-//     with it, naming the cause (in a browser, where the page goes on, the load rejects naming
-//     it: tests/browser/loading.spec.mjs);
-//   - a pool worker cannot import the glue: in Node an unhandled rejection in a worker thread
-//     already was such an error (a regression guard here; in a browser it was silent, and the
-//     load waited forever: the patch's test is loading.spec.mjs and tests/engines/);
-//   - the .wasm is not one: the load rejects naming the build, and the pool's workers, made
-//     before, are terminated (they kept the process alive).
+//     the first call then waited for that thread forever;
+//   - a pool worker cannot import the glue: an error of the worker thread;
+//   both now errors of the worker that the loader turns into the load's rejection
+//   (scripts/patch-pool-worker.mjs; the glue's own handler rethrew such an error on the main
+//   thread, ending the process; in a browser the import's was silent: loading.spec.mjs);
+//   - the .wasm is not one: the pool's workers, made before, are terminated (they kept the
+//     process alive).
 import { spawnSync } from 'node:child_process';
 import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -61,40 +60,38 @@ function replaceOnce(file, from, to) {
   writeFileSync(file, text.replace(from, to));
 }
 
-const buildError = (why) => expect.stringMatching(
-  new RegExp(`^sdpa-wasm: could not load its WebAssembly build from file://.*/dist/wasm/sdpa-mt(-relaxed)?\\.wasm: ${why}`));
+/** The outcome of a load that rejected, naming the build and then `why`, in a process that ended by itself. */
+const rejected = (why) => ({
+  status: 0, signal: null, stderr: expect.any(String),
+  outcome: {
+    name: 'Error',
+    message: expect.stringMatching(new RegExp(
+      `^sdpa-wasm: could not load its WebAssembly build from file://.*/dist/wasm/sdpa-mt(-relaxed)?\\.wasm: ${why}`)),
+  },
+});
 
-/** A process that the pool worker's error ended (status 1), printing it: not one that waited to be killed. */
-const endedBy = (cause) => ({ status: 1, signal: null, outcome: null, stderr: expect.stringMatching(cause) });
-
-test('a pool worker that cannot import the glue: the process ends with that error at once', () => {
+test('a pool worker that cannot import the glue: the load rejects naming it, and the process ends by itself', () => {
   const result = loadBroken((wasm) => {
     for (const build of THREADED) replaceOnce(join(wasm, `${build}.worker.js`), `import("./${build}.mjs")`, 'import("./no-such-glue.mjs")');
   });
-  expect(result).toEqual(endedBy(/Cannot find module .*no-such-glue\.mjs/));
+  expect(result).toEqual(rejected('Error: a worker of its thread pool failed: .*no-such-glue\\.mjs'));
 });
 
-test('a pool worker whose wasm instance fails: the process ends with that error at once, rather than at the first call', () => {
+test('a pool worker whose wasm instance fails: the load rejects naming why, rather than the first call waiting for it', () => {
   const result = loadBroken((wasm) => {
     for (const build of THREADED) {
       replaceOnce(join(wasm, `${build}.worker.js`), 'new WebAssembly.Instance(Module["wasmModule"],info)',
         '(()=>{throw new Error("no instance, for this test")})()');
     }
   });
-  expect(result).toEqual(endedBy(/Error: no instance, for this test/));
+  expect(result).toEqual(rejected('Error: a worker of its thread pool failed: no instance, for this test'));
 });
 
 test('a threaded .wasm that is not one: the load rejects naming the build, and the pool\'s workers do not keep the process alive', () => {
   const result = loadBroken((wasm) => {
     for (const build of THREADED) writeFileSync(join(wasm, `${build}.wasm`), readFileSync(join(wasm, `${build}.wasm`)).subarray(0, 100));
   });
-  expect(result).toEqual({
-    status: 0, signal: null, stderr: expect.any(String),
-    outcome: {
-      name: 'Error',
-      message: expect.stringMatching(/^sdpa-wasm: could not load its WebAssembly build from file:\/\/.*\/dist\/wasm\/sdpa-mt(-relaxed)?\.wasm: \S/),
-    },
-  });
+  expect(result).toEqual(rejected('\\S'));
 });
 
 test('the copies load as they are (the cases above break only what they say)', () => {
