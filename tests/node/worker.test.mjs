@@ -1149,8 +1149,7 @@ describe('the worker\'s end', () => {
       'const pending = worker.sdpa(t, t, t).catch((e) => e.message); await worker.terminate(); console.log(await pending);',
       'sdpa-wasm: the attention worker was terminated'],
   ])('Node exits by itself %s', async (_, ending, printed) => {
-    const script = `
-      import { createAttentionWorker } from ${JSON.stringify(DIST_INDEX)};
+    const result = await runChild(`
       const worker = await createAttentionWorker({ threads: 2 });
       const t = { data: new Float32Array(2 * 16 * 8).fill(0.5), dims: [2, 16, 8] };
       const cache = await worker.createKVCache({ batch: 1, kvHeads: 2, headDim: 8, maxLength: 32 });
@@ -1158,34 +1157,29 @@ describe('the worker\'s end', () => {
       const { output } = await cache.attend(t);
       console.log('done', output.dims.join('x'), worker.threads);
       ${ending}
-    `;
-    const child = spawn(process.execPath, ['--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '', stderr = '';
-    child.stdout.on('data', (d) => { stdout += d; });
-    child.stderr.on('data', (d) => { stderr += d; });
-    const code = await new Promise((resolve) => {
-      const timer = setTimeout(() => { child.kill('SIGKILL'); resolve('hung'); }, 20_000);
-      child.on('exit', (c) => { clearTimeout(timer); resolve(c); });
-    });
-    expect({ code, stderr }).toEqual({ code: 0, stderr: '' });
-    expect(stdout.trim()).toBe(['done 2x16x8 2', printed].filter(Boolean).join('\n'));
+    `);
+    expect(result).toEqual({ code: 0, stderr: '', stdout: ['done 2x16x8 2', printed].filter(Boolean).join('\n') });
   });
 });
 
+/**
+ * What a new Node process running `body` (an ES module, createAttentionWorker imported) printed,
+ * and how it ended: its exit code, or 'hung' (killed past 20 s).
+ */
+async function runChild(body) {
+  const script = `import { createAttentionWorker } from ${JSON.stringify(DIST_INDEX)};\n${body}`;
+  const child = spawn(process.execPath, ['--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '', stderr = '';
+  child.stdout.on('data', (d) => { stdout += d; });
+  child.stderr.on('data', (d) => { stderr += d; });
+  const code = await new Promise((resolve) => {
+    const timer = setTimeout(() => { child.kill('SIGKILL'); resolve('hung'); }, 20_000);
+    child.on('exit', (c) => { clearTimeout(timer); resolve(c); });
+  });
+  return { code, stderr, stdout: stdout.trim() };
+}
+
 describe('createAttentionWorker({ signal }): a start that can be stopped', () => {
-  /** What a new Node process running `body` printed, and how it ended (killed past 20 s: 'hung'). */
-  const runChild = async (body) => {
-    const script = `import { createAttentionWorker } from ${JSON.stringify(DIST_INDEX)};\n${body}`;
-    const child = spawn(process.execPath, ['--input-type=module', '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] });
-    let stdout = '', stderr = '';
-    child.stdout.on('data', (d) => { stdout += d; });
-    child.stderr.on('data', (d) => { stderr += d; });
-    const code = await new Promise((resolve) => {
-      const timer = setTimeout(() => { child.kill('SIGKILL'); resolve('hung'); }, 20_000);
-      child.on('exit', (c) => { clearTimeout(timer); resolve(c); });
-    });
-    return { code, stderr, stdout: stdout.trim() };
-  };
 
   test('aborted while it starts: rejects with the signal\'s reason, and the worker and its pool end (Node exits by itself)', async () => {
     // Aborted at each point of the start: before the call (nothing starts), with the call (the
