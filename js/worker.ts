@@ -569,4 +569,3 @@ export async function createAttentionWorker(options: AttentionWorkerOptions = {}
     signal?.removeEventListener('abort', abort);
   }
 }
-
