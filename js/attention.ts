@@ -11,7 +11,7 @@ import type {
   AttentionOptions, KVCacheOptions, MemoryInfo, SdpaBackwardOptions, SdpaBackwardResult, SdpaBackwardResultWithMaskGrad, SdpaBackwardResultWithSinkGrad, SdpaOptions, SdpaResult, SdpaResultWith,
   SdpaVarlenBackwardOptions, SdpaVarlenBackwardResult, SdpaVarlenOptions, SdpaVarlenResult, SdpaVarlenResultWithLogSumExp, InputTensor, Tensor,
 } from './types.js';
-import { checkAttentionOptions, DEFAULT_MAX_THREADS, plan, planBackward, type SdpaPlan } from './validate.js';
+import { checkAttentionOptions, DEFAULT_MAX_THREADS, FactoryGate, plan, planBackward, type SdpaPlan } from './validate.js';
 
 /**
  * A forward call (`run`, of plan `p`) whose log-sum-exp, when returned, is remembered with what
@@ -26,6 +26,8 @@ function recorded(p: SdpaPlan, run: () => SdpaResult): SdpaResult {
   }
   return result;
 }
+
+const ATTENTION_GATE = new FactoryGate('Attention', 'await createAttention(options?)');
 
 export class Attention {
   /** Threads the kernel runs on: > 1 means the threaded build (pthreads in Web Workers). */
@@ -47,10 +49,11 @@ export class Attention {
 
   /** @internal Use createAttention(). */
   static create(handle: ModuleHandle, streamHandle: ModuleHandle | null, maxMemoryBytes?: number): Attention {
-    return new Attention(handle, streamHandle, maxMemoryBytes);
+    return ATTENTION_GATE.make(() => new Attention(handle, streamHandle, maxMemoryBytes));
   }
 
   private constructor(handle: ModuleHandle, streamHandle: ModuleHandle | null, maxMemoryBytes?: number) {
+    ATTENTION_GATE.check();
     this.#handle = handle;
     this.#streamHandle = streamHandle;
     this.#account = new MemoryAccount(maxMemoryBytes);

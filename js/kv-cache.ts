@@ -15,7 +15,7 @@ import type { SdpaModule } from './wasm/sdpa.mjs';
 import type { InputTensor, KVAppendOptions, KVCacheContents, KVCacheDType, KVCacheOptions, KVReadOptions, KVTensor, SdpaOptions, SdpaResult, SdpaResultWith } from './types.js';
 import {
   checkArraysKept, checkHeadDim, checkLayout, checkOptionNames, checkTensor, describe, detachedMessage, dimsMismatch,
-  planAttend,
+  FactoryGate, planAttend,
   type CacheOperands, type Operand,
 } from './validate.js';
 
@@ -283,6 +283,9 @@ export abstract class KVCacheShapeInfo {
   readonly byteLength: number;
 
   protected constructor(shape: KVCacheShape) {
+    if (new.target === KVCacheShapeInfo) {
+      throw new TypeError('KVCacheShapeInfo: the base of KVCache and WorkerKVCache; use attn.createKVCache() or worker.createKVCache() to make a cache');
+    }
     this.batch = shape.batch;
     this.kvHeads = shape.kvHeads;
     this.headDim = shape.headDim;
@@ -293,6 +296,8 @@ export abstract class KVCacheShapeInfo {
     this.byteLength = bytes.keys + bytes.values;
   }
 }
+
+const KV_CACHE_GATE = new FactoryGate('KVCache', 'attn.createKVCache(options)');
 
 export class KVCache extends KVCacheShapeInfo {
   #module: SdpaModule | null;
@@ -313,11 +318,12 @@ export class KVCache extends KVCacheShapeInfo {
   /** @internal Use attn.createKVCache(). */
   static create(module: SdpaModule, account: MemoryAccount, threads: number, shape: KVCacheShape,
     onDispose: (cache: KVCache) => void): KVCache {
-    return new KVCache(module, account, threads, shape, onDispose);
+    return KV_CACHE_GATE.make(() => new KVCache(module, account, threads, shape, onDispose));
   }
 
   private constructor(module: SdpaModule, account: MemoryAccount, threads: number, shape: KVCacheShape,
     onDispose: (cache: KVCache) => void) {
+    KV_CACHE_GATE.check();
     super(shape);
     const bytes = cacheBytes(shape);
     // Refused before allocating when it would pass the instance's limit or not fit beside

@@ -984,6 +984,32 @@ export const DEFAULT_MAX_THREADS = 4;
 /** The most threads createAttention() accepts. */
 export const MAX_THREADS = 64;
 
+/**
+ * The gate of a public class that only its factory makes (createAttention(), attn.createKVCache(),
+ * …): the factory constructs through make(), and the constructor calls check() first, which
+ * throws a TypeError naming the factory when called any other way (`new Attention()` from
+ * JavaScript, whose arguments would otherwise be read as undefined: "Cannot read properties of
+ * undefined").
+ */
+export class FactoryGate {
+  #open = false;
+
+  constructor(readonly className: string, readonly factory: string) {}
+
+  make<T>(construct: () => T): T {
+    this.#open = true;
+    try {
+      return construct();
+    } finally {
+      this.#open = false;
+    }
+  }
+
+  check(): void {
+    if (!this.#open) throw new TypeError(`${this.className}: use ${this.factory} to make one (its constructor is internal)`);
+  }
+}
+
 const ATTENTION_OPTION_NAMES = ['threads', 'relaxedSimd', 'maxMemoryBytes'] as const;
 
 /**

@@ -36,7 +36,7 @@ import type {
 } from './types.js';
 import { planVarlen, planVarlenBackward, VARLEN_BACKWARD_OPTION_NAMES, VARLEN_OPTION_NAMES } from './varlen.js';
 import {
-  BACKWARD_OPTION_NAMES, type BackwardPlan, checkAttendQuery, checkAttentionOptions, checkLayout, checkOptionNames, checkOut, OPTION_NAMES, plan,
+  BACKWARD_OPTION_NAMES, type BackwardPlan, checkAttendQuery, checkAttentionOptions, checkLayout, checkOptionNames, checkOut, FactoryGate, OPTION_NAMES, plan,
   planAttend, planBackward, type Plan,
 } from './validate.js';
 import { recalled, remember, type ForwardRecord } from './saved-forward.js';
@@ -70,6 +70,8 @@ interface WorkerInfo {
 
 // ─── the public classes ───────────────────────────────────────────────────────────────────
 
+const WORKER_GATE = new FactoryGate('AttentionWorker', 'await createAttentionWorker(options?)');
+
 export class AttentionWorker {
   /** Threads the kernel runs on inside the worker (> 1: the threaded build, nested workers). */
   readonly threads: number;
@@ -86,10 +88,11 @@ export class AttentionWorker {
 
   /** @internal Use createAttentionWorker(). */
   static create(channel: Channel, info: WorkerInfo): AttentionWorker {
-    return new AttentionWorker(channel, info);
+    return WORKER_GATE.make(() => new AttentionWorker(channel, info));
   }
 
   private constructor(channel: Channel, info: WorkerInfo) {
+    WORKER_GATE.check();
     this.#channel = channel;
     this.threads = info.threads;
     this.simd = info.simd;
@@ -289,6 +292,8 @@ export class AttentionWorker {
 }
 
 /** A KVCache living in an AttentionWorker: the same members, with promises. */
+const WORKER_CACHE_GATE = new FactoryGate('WorkerKVCache', 'await worker.createKVCache(options)');
+
 export class WorkerKVCache extends KVCacheShapeInfo {
   readonly #shape: KVCacheShape;
   readonly #channel: Channel;
@@ -312,10 +317,11 @@ export class WorkerKVCache extends KVCacheShapeInfo {
 
   /** @internal Use worker.createKVCache(). */
   static create(channel: Channel, id: number, shape: KVCacheShape, onDispose: (cache: WorkerKVCache) => void): WorkerKVCache {
-    return new WorkerKVCache(channel, id, shape, onDispose);
+    return WORKER_CACHE_GATE.make(() => new WorkerKVCache(channel, id, shape, onDispose));
   }
 
   private constructor(channel: Channel, id: number, shape: KVCacheShape, onDispose: (cache: WorkerKVCache) => void) {
+    WORKER_CACHE_GATE.check();
     super(shape);
     this.#shape = shape;
     this.#channel = channel;

@@ -561,3 +561,29 @@ describe('a typed-array option detached by a later option\'s getter is said to b
     expectError(() => attn.sdpa(q(), k(), v(), options), RangeError, [message]);
   });
 });
+
+describe('the public classes are made by their factories: `new` from JavaScript is a TypeError naming the factory', () => {
+  test.each([
+    ['Attention', /^Attention: use await createAttention\(options\?\) to make one \(its constructor is internal\)$/],
+    ['KVCache', /^KVCache: use attn\.createKVCache\(options\) to make one/],
+    ['AttentionWorker', /^AttentionWorker: use await createAttentionWorker\(options\?\) to make one/],
+    ['WorkerKVCache', /^WorkerKVCache: use await worker\.createKVCache\(options\) to make one/],
+    ['KVCacheShapeInfo', /^KVCacheShapeInfo: the base of KVCache and WorkerKVCache; use attn\.createKVCache\(\) or worker\.createKVCache\(\)/],
+  ])('new %s()', async (name, message) => {
+    const api = await import('sdpa-wasm');
+    // (Without the gate: "Cannot read properties of undefined (reading 'threads')" and the like.)
+    expectError(() => new api[name](), TypeError, [message]);
+    expectError(() => new api[name]({ batch: 1, kvHeads: 1, headDim: 1, valueDim: 1, maxLength: 1, dtype: 'float32' }), TypeError, [message]);
+  });
+
+  test('the factories still make them, and the instance keeps working', async () => {
+    const other = await createAttention({ threads: 1 });
+    try {
+      const cache = other.createKVCache({ batch: 1, kvHeads: 1, headDim: 4, maxLength: 8 });
+      expect(cache).toBeInstanceOf((await import('sdpa-wasm')).KVCache);
+      cache.dispose();
+    } finally {
+      other.dispose();
+    }
+  });
+});

@@ -666,7 +666,9 @@ describe('errors: the same class and message as the direct API', () => {
       const expected = await errorOf(() => createAttention(options));
       const error = await errorOf(() => createAttentionWorker(options));
       expect(error?.constructor).toBe(expected.constructor);
-      expect(error.message).toBe(expected.message.replace('createAttention:', 'createAttentionWorker:'));
+      // (An unknown option's message also lists the worker's own option, signal.)
+      expect(error.message).toBe(expected.message.replace('createAttention:', 'createAttentionWorker:')
+        .replace('known options: threads, relaxedSimd, maxMemoryBytes', 'known options: threads, relaxedSimd, maxMemoryBytes, signal'));
     }
   });
 
