@@ -240,11 +240,15 @@ void small_sequence_item(void* context, int32_t item, int32_t thread) {
   run_sequence(*fw.p, fw.order[item].sequence, fw.scratch + static_cast<uint64_t>(thread) * fw.plan.small, fw.plan.small, nullptr);
 }
 
+// The forward's scratch: [order_floats(S)] the side-by-side order, then the plan's regions.
+uint64_t forward_layout_floats(const PackedProblem& p, const PackedPlan& plan, int32_t threads) {
+  return order_floats(p.sequences) + plan.total(threads);
+}
+
 }  // namespace
 
-// The scratch: [order_floats(S)] the side-by-side order, then the plan's regions.
 uint64_t packed_scratch_floats(const PackedProblem& p, int32_t threads) {
-  return order_floats(p.sequences) + plan_packed(p, threads).total(threads);
+  return forward_layout_floats(p, plan_packed(p, threads), threads);
 }
 
 Status forward_packed(const PackedProblem& p, float* scratch, uint64_t scratch_size, ThreadPool* pool) {
@@ -252,7 +256,7 @@ Status forward_packed(const PackedProblem& p, float* scratch, uint64_t scratch_s
   if (status != Status::kOk) return status;
   const int32_t threads = pool != nullptr ? pool->threads() : 1;
   const PackedPlan plan = plan_packed(p, threads);
-  if (!scratch_fits(scratch, scratch_size, packed_scratch_floats(p, threads))) return Status::kBadScratch;
+  if (!scratch_fits(scratch, scratch_size, forward_layout_floats(p, plan, threads))) return Status::kBadScratch;
   auto sequence_of = [&p](int32_t s) { return packed_sequence(p, s); };
   SequenceWork* order = reinterpret_cast<SequenceWork*>(scratch);
   const int32_t side_by_side = side_by_side_order(plan, p.sequences, sequence_of, order);
@@ -366,22 +370,31 @@ Status validate_packed_backward(const PackedBackwardProblem& p) {
   return check_packing(p.whole.forward, p.sequences, p.q_starts, p.k_starts);
 }
 
-// The scratch: [sink_partials_floats] the sinks' partials, [order_floats(S)] the side-by-side
-// order, then the plan's regions.
+namespace {
+
+// The backward's scratch: [sink_partials_floats] the sinks' partials, [order_floats(S)] the
+// side-by-side order, then the plan's regions.
+uint64_t backward_layout_floats(const PackedBackwardProblem& p, const PackedPlan& plan, int32_t threads) {
+  return sink_partials_floats(p) + order_floats(p.sequences) + plan.total(threads);
+}
+
+}  // namespace
+
 uint64_t packed_backward_scratch_floats(const PackedBackwardProblem& p, int32_t threads) {
-  return sink_partials_floats(p) + order_floats(p.sequences) + plan_packed_backward(p, threads).total(threads);
+  return backward_layout_floats(p, plan_packed_backward(p, threads), threads);
 }
 
 Status backward_packed(const PackedBackwardProblem& p, float* scratch, uint64_t scratch_size, ThreadPool* pool) {
   const Status status = validate_packed_backward(p);
   if (status != Status::kOk) return status;
   const int32_t threads = pool != nullptr ? pool->threads() : 1;
-  if (!scratch_fits(scratch, scratch_size, packed_backward_scratch_floats(p, threads))) return Status::kBadScratch;
   const PackedPlan plan = plan_packed_backward(p, threads);
+  if (!scratch_fits(scratch, scratch_size, backward_layout_floats(p, plan, threads))) return Status::kBadScratch;
   auto sequence_of = [&p](int32_t s) { return backward_sequence(p, s).forward; };
-  SequenceWork* order = reinterpret_cast<SequenceWork*>(scratch + sink_partials_floats(p));
+  float* const order_at = scratch + sink_partials_floats(p);
+  SequenceWork* order = reinterpret_cast<SequenceWork*>(order_at);
   const int32_t side_by_side = side_by_side_order(plan, p.sequences, sequence_of, order);
-  PackedBackwardWork bw{&p, plan, nullptr, scratch + sink_partials_floats(p) + order_floats(p.sequences), order};
+  PackedBackwardWork bw{&p, plan, nullptr, order_at + order_floats(p.sequences), order};
   if (p.whole.d_sinks != nullptr) bw.sink_partials = scratch;
   run_tasks(pool, side_by_side, small_backward_item, &bw);
   for (int32_t s = 0; s < p.sequences; s++) {

@@ -246,8 +246,8 @@ describe('createAttention({ maxMemoryBytes })', () => {
     // request counted: with the memory all but full a call was admitted and the kernel's
     // operator new aborted the module (RuntimeError: Aborted(), its blocks leaked). The order is
     // now in the call's scratch. A cache that fills the memory, as large as fits (to 64 KiB):
-    // what it leaves (a few MB, as malloc's blocks fall) holds this call's request, where the
-    // old kernel's vectors then aborted (seen: RuntimeError: Aborted()); it runs now.
+    // what it leaves (a few MB, as malloc's blocks fall) holds this call's request, where the old
+    // kernel aborted; it runs now.
     const attn = await createAttention({ threads: 1 });
     const start = attn.memory().moduleBytesInUse;
     const shape = { batch: 1, kvHeads: 1, headDim: 1 };  // 8 bytes a position
